@@ -1,0 +1,127 @@
+"""Pure-torch reference implementations of the structural kernels.
+
+Plain tensors in and out; nothing here knows about ``MultiJaggedTensor``. Each function is the
+CPU implementation, the specification of any Triton twin with the same signature, and the test
+oracle for it. All are vectorised (no per-sample Python loop) and host-sync free: sizes that
+depend on the data arrive as arguments (``rows``) that the caller reads off a shape carrier.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["row_sample", "row_coords", "row_map", "segment_reduce", "segment_softmax"]
+
+
+def row_sample(offsets: torch.Tensor, rows) -> torch.Tensor:
+    """(T,) sample index of every packed row. ``offsets``: (B+1,) int64, ``rows`` = T."""
+    r = torch.arange(rows, device=offsets.device, dtype=offsets.dtype)
+    return torch.searchsorted(offsets, r, right=True) - 1
+
+
+def row_coords(offsets: torch.Tensor, sizes: torch.Tensor, rows) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sample index (T,) and local ragged coordinates (T, R) of every packed row.
+
+    ``sizes``: (B, R) per-sample extents. Row ``o_i + Σ_k a_k Π_{l>k} n_{i,l}`` has coordinates
+    ``(a_1..a_R)``. Rows only exist for samples whose extents are all ≥ 1, so the divisions
+    below never see a zero."""
+    sample = row_sample(offsets, rows)
+    local = torch.arange(rows, device=offsets.device, dtype=offsets.dtype) - offsets[sample]
+    r = sizes.shape[1]
+    coords = [local] * r
+    for k in reversed(range(r)):
+        if k == 0:
+            coords[0] = local
+            break
+        n = sizes[sample, k]
+        coords[k] = torch.remainder(local, n)
+        local = torch.div(local, n, rounding_mode="floor")
+    if r == 0:
+        return sample, local.new_zeros(rows, 0)
+    return sample, torch.stack(coords, dim=1)
+
+
+def row_map(
+    offsets: torch.Tensor, sizes: torch.Tensor, rows, keep: tuple[int, ...], sub_offsets: torch.Tensor
+) -> torch.Tensor:
+    """For every row of a partition, the row of its sub-partition that keeps ragged dims ``keep``.
+
+    This single map serves both directions: gathering with it broadcasts the sub-partition's
+    rows over the dropped dims (pair from singles, ``expand``), and scatter-reducing with it
+    reduces the dropped dims (``sum`` over a pair's columns, the autograd engine's
+    un-broadcast). ``sub_offsets``: (B+1,) row offsets of the sub-partition (``arange(B+1)``
+    when ``keep`` is empty: one row per sample)."""
+    sample, coords = row_coords(offsets, sizes, rows)
+    idx = sub_offsets[sample]
+    stride = None
+    for k in reversed(keep):
+        term = coords[:, k] if stride is None else coords[:, k] * stride
+        idx = idx + term
+        n = sizes[sample, k]
+        stride = n if stride is None else stride * n
+    return idx
+
+
+def segment_reduce(
+    values: torch.Tensor, index: torch.Tensor, out_rows, reduce: str
+) -> torch.Tensor:
+    """Reduce rows of ``values`` (T, *F) into ``out_rows`` rows by ``index`` (T,).
+
+    ``reduce``: "sum", "amax", "amin" or "prod". Output rows that receive nothing hold the
+    identity of the reduction (0 for sum; for amax/amin such rows belong to empty segments,
+    which the caller must not expose)."""
+    out_shape = (out_rows, *values.shape[1:])
+    if reduce == "sum":
+        out = values.new_zeros(out_shape)
+        return out.index_add(0, index, values)
+    idx = index.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
+    out = values.new_zeros(out_shape)
+    return out.scatter_reduce(0, idx, values, reduce=reduce, include_self=False)
+
+
+def segment_softmax(values: torch.Tensor, index: torch.Tensor, out_rows, log: bool = False) -> torch.Tensor:
+    """Softmax of ``values`` (T, *F) over the rows that share a segment ``index`` (T,)."""
+    mx = segment_reduce(values.detach(), index, out_rows, "amax")[index]
+    z = values - mx
+    e = z.exp()
+    s = segment_reduce(e, index, out_rows, "sum")[index]
+    return z - s.log() if log else e / s
+
+
+def storage_perm(ndim: int, ragged_dims: tuple[int, ...]) -> tuple[list[int], list[int]]:
+    """Permutations between a component's logical dims (``ndim - 1`` of them) and storage order
+    (ragged dims first, then static dims, each in logical order): ``(to_storage, to_logical)``."""
+    comp = list(range(ndim - 1))
+    rag = [d - 1 for d in ragged_dims]
+    to_storage = rag + [d for d in comp if d not in rag]
+    to_logical = [to_storage.index(d) for d in comp]
+    return to_storage, to_logical
+
+
+def pack_components(components, ragged_dims: tuple[int, ...]) -> torch.Tensor:
+    """Concatenate components (each ``(*logical)``) into packed values ``(T, *static)``.
+
+    A per-sample loop is inherent here (the input is a list)."""
+    ndim = components[0].dim() + 1
+    to_storage, _ = storage_perm(ndim, ragged_dims)
+    r = len(ragged_dims)
+    rows = []
+    for c in components:
+        s = c.permute(to_storage)
+        rows.append(s.reshape(-1, *s.shape[r:]) if r else s.unsqueeze(0))
+    return torch.cat(rows, 0)
+
+
+def unpack_components(
+    values: torch.Tensor, host_sizes: torch.Tensor, ragged_dims: tuple[int, ...]
+) -> list[torch.Tensor]:
+    """Split packed values into components (views where possible), given (B, R) host sizes."""
+    r = len(ragged_dims)
+    ndim = r + values.dim()
+    _, to_logical = storage_perm(ndim, ragged_dims)
+    counts = host_sizes.prod(dim=1).tolist() if r else [1] * host_sizes.shape[0]
+    static = values.shape[1:]
+    out = []
+    for piece, ns in zip(values.split(counts, 0), host_sizes.tolist()):
+        out.append(piece.reshape(*ns, *static).permute(to_logical))
+    return out

@@ -1,0 +1,115 @@
+"""The op table: one handler per aten overload, registered with a schema string.
+
+NOTE [ Op table ]
+
+``register_multi_jagged_func(aten_ops, "self: mjt, other: any?, ...")`` files a handler for each
+overload in ``aten_ops``. The schema string lists positional arguments as ``name: kind`` with
+kind ``mjt`` (a MultiJaggedTensor), ``t`` (a dense tensor), ``any``; a trailing ``?`` makes an
+argument optional and a final ``...`` admits further unchecked arguments. Handlers are named
+after the aten overload (``sum_dim_IntList``) and receive ``(func, *args, **kwargs)``.
+
+Lookup: the table, then the pointwise tag (``pointwise.py``), then ``NotImplementedError``
+naming the op and the layout. There is no per-sample fallback.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+import torch
+
+from ..tensor import MultiJaggedTensor
+
+__all__ = ["register_multi_jagged_func", "dispatch", "MULTI_JAGGED_OPS", "op_name"]
+
+MULTI_JAGGED_OPS: dict[Any, tuple[Callable, "_Schema"]] = {}
+
+
+def op_name(func) -> str:
+    name = getattr(func, "__name__", str(func))
+    return name[: -len(".default")] if name.endswith(".default") else name
+
+
+_KINDS: dict[str, Callable[[Any], bool]] = {
+    "mjt": lambda x: isinstance(x, MultiJaggedTensor),
+    "t": lambda x: isinstance(x, torch.Tensor) and not isinstance(x, MultiJaggedTensor),
+    "any": lambda x: True,
+}
+_DESC = {"mjt": "a multi_jagged tensor", "t": "a dense tensor", "any": "anything"}
+
+
+class _Schema:
+    """A parsed schema string; ``check`` is the per-call cost, so it is kept to a loop."""
+
+    __slots__ = ("args", "min_args", "variadic", "text")
+
+    def __init__(self, text: str) -> None:
+        parts = [p.strip() for p in text.split(",")]
+        self.variadic = parts[-1] == "..."
+        if self.variadic:
+            parts = parts[:-1]
+        self.args = []
+        for p in parts:
+            name, kind = (s.strip() for s in p.split(":"))
+            optional = kind.endswith("?")
+            kind = kind.rstrip("?")
+            if kind not in _KINDS:
+                raise AssertionError(f"unknown argument kind {kind!r} in schema {text!r}")
+            self.args.append((name, kind, optional))
+        self.min_args = sum(not opt for _, _, opt in self.args)
+        self.text = text
+
+    def check(self, func, args: Sequence[Any]) -> None:
+        n = len(args)
+        if n < self.min_args or (n > len(self.args) and not self.variadic):
+            raise TypeError(
+                f"{op_name(func)}(): expected {self.min_args} to {len(self.args)} positional "
+                f"arguments ({self.text}), got {n}"
+            )
+        for (name, kind, optional), a in zip(self.args, args):
+            if kind == "any" or (optional and a is None):
+                continue
+            if not _KINDS[kind](a):
+                raise TypeError(
+                    f"{op_name(func)}(): expected {name} to be {_DESC[kind]}, got "
+                    f"{type(a).__name__} for layout torch.multi_jagged"
+                )
+
+
+def register_multi_jagged_func(aten_ops, schema: str):
+    """Decorator: file ``handler(func, *args, **kwargs)`` for every overload in ``aten_ops``."""
+    if not isinstance(aten_ops, (list, tuple)):
+        aten_ops = [aten_ops]
+    parsed = _Schema(schema)
+
+    def wrapper(handler):
+        for op in aten_ops:
+            if op in MULTI_JAGGED_OPS:
+                raise AssertionError(f"{op} is registered twice")
+            MULTI_JAGGED_OPS[op] = (handler, parsed)
+        return handler
+
+    return wrapper
+
+
+def dispatch(func, args, kwargs):
+    if len(args) == 1 and not kwargs:
+        fast = metadata.FAST.get(func)
+        if fast is not None:
+            return fast(args[0])
+    entry = MULTI_JAGGED_OPS.get(func)
+    if entry is not None:
+        handler, schema = entry
+        schema.check(func, args)
+        return handler(func, *args, **kwargs)
+    if torch.Tag.pointwise in func.tags:
+        return pointwise.pointwise(func, *args, **kwargs)
+    raise NotImplementedError(
+        f"{op_name(func)}(): not supported for layout torch.multi_jagged "
+        "(no handler in the op table; see CONTRIBUTING.md to add one)"
+    )
+
+
+# Handler modules register themselves on import; order does not matter.
+from . import metadata, pointwise, factory, views, reductions, nn, custom  # noqa: E402,F401
+from . import routes  # noqa: E402,F401

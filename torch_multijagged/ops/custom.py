@@ -1,0 +1,123 @@
+"""Handlers for the ``multijagged::`` ops (compile/library.py) when given multi_jagged tensors."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..compile import library  # noqa: F401  (defines the ops)
+from ..kernels import reference as ref
+from . import register_multi_jagged_func
+from ._common import MJT, device_sizes, wrap
+
+mj = torch.ops.multijagged
+
+
+@register_multi_jagged_func(mj.linear.default, "x: mjt, weight: t, bias: t?")
+def linear_default(func, x, weight, bias=None):
+    if x._values.dim() < 2 or x.shape[-1] != weight.shape[-1]:
+        raise ValueError(
+            f"linear(): expected the last dim of input to be static and equal to weight.shape[-1] = "
+            f"{weight.shape[-1]}, got input shape {tuple(x.shape)}"
+        )
+    return wrap(F.linear(x._values, weight, bias), x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func(mj.linear_param_grads.default, "grad: mjt, x: mjt")
+def linear_param_grads_default(func, grad, x):
+    g = grad._values.reshape(-1, grad._values.shape[-1])
+    return g.t().mm(x._values.reshape(-1, x._values.shape[-1])), g.sum(0)
+
+
+@register_multi_jagged_func(mj.unbind.default, "x: mjt")
+def unbind_default(func, x):
+    # SYNC: none — host sizes are cached on the extents.
+    return [c.clone() for c in ref.unpack_components(x._values, x._partition.host_sizes(), x._ragged_dims)]
+
+
+@register_multi_jagged_func(mj.pack_like.default, "components: any, like: mjt")
+def pack_like_default(func, components, like):
+    host = like._partition.host_sizes()
+    if len(components) != like._partition.batch:
+        raise ValueError(f"pack_like(): expected {like._partition.batch} components, got {len(components)}")
+    empty = like._values.new_zeros((0, *like._values.shape[1:]))
+    comps = []
+    for c, ns in zip(components, host.tolist()):
+        if c is None:
+            rows = 1
+            for n in ns:
+                rows *= n
+            comps.append(empty.new_zeros((rows, *empty.shape[1:])))
+        else:
+            s = c.permute(ref.storage_perm(like.dim(), like._ragged_dims)[0])
+            comps.append(s.reshape(-1, *s.shape[len(ns):]))
+    values = torch.cat(comps, 0) if comps else empty
+    return wrap(values, like._partition, like._ragged_dims)
+
+
+def _padded_positions(x: MJT, maxes: list[int]) -> torch.Tensor:
+    """Flat position in the padded ``(B, *maxes)`` ragged envelope of every packed row."""
+    p = x._partition
+    key = ("padded_pos", tuple(maxes))
+    hit = p.cache.get(key)
+    if hit is not None:
+        return hit
+    sample, coords = ref.row_coords(p.offsets, device_sizes(p), p.rows)
+    pos = sample
+    for k, m in enumerate(maxes):
+        pos = pos * m + coords[:, k]
+    p.cache[key] = pos
+    return pos
+
+
+def _envelope(x: MJT, output_size):
+    """Padded ragged extents: each extent's max (from its carrier), or ``output_size``."""
+    maxes = [e.max for e in x._partition.extents]
+    if output_size is not None:
+        if len(output_size) != x.dim():
+            raise ValueError(f"to_padded_tensor(): expected output_size of length {x.dim()}, got {list(output_size)}")
+        want = [output_size[d] for d in x._ragged_dims]
+        for m, w, d in zip(maxes, want, x._ragged_dims):
+            if w < m:
+                raise ValueError(f"to_padded_tensor(): output_size[{d}] = {w} is smaller than the longest extent {m}")
+        maxes = want
+    return maxes
+
+
+@register_multi_jagged_func(mj.to_padded.default, "x: mjt, padding: any, output_size: any?")
+def to_padded_default(func, x, padding, output_size=None):
+    p = x._partition
+    maxes = _envelope(x, output_size)
+    static = x._values.shape[1:]
+    cells = p.batch
+    for m in maxes:
+        cells = cells * m
+    flat = x._values.new_full((cells, *static), padding)
+    flat = flat.index_copy(0, _padded_positions(x, maxes), x._values)
+    out = flat.reshape(p.batch, *maxes, *static)
+    # storage order (B, ragged…, static…) → logical order
+    _, to_logical = ref.storage_perm(x.dim(), x._ragged_dims)
+    out = out.permute(0, *[d + 1 for d in to_logical])
+    if output_size is not None:
+        pads = []
+        for d in reversed(range(1, x.dim())):
+            pads += [0, output_size[d] - out.shape[d]]
+        if output_size[0] != p.batch:
+            raise ValueError(f"to_padded_tensor(): output_size[0] must equal the batch size {p.batch}")
+        out = F.pad(out, pads, value=padding)
+    return out.contiguous()
+
+
+@register_multi_jagged_func(mj.from_padded_like.default, "padded: t, like: mjt")
+def from_padded_like_default(func, padded, like):
+    p = like._partition
+    maxes = [padded.shape[d] for d in like._ragged_dims]
+    to_storage, _ = ref.storage_perm(like.dim(), like._ragged_dims)
+    stor = padded.permute(0, *[d + 1 for d in to_storage])
+    static = stor.shape[1 + len(maxes):]
+    expected = tuple(like._values.shape[1:])
+    if tuple(static) != expected:
+        stor = stor[(slice(None),) * (1 + len(maxes)) + tuple(slice(0, s) for s in expected)]
+        static = stor.shape[1 + len(maxes):]
+    flat = stor.reshape(-1, *static)
+    return wrap(flat.index_select(0, _padded_positions(like, maxes)), p, like._ragged_dims)

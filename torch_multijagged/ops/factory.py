@@ -1,0 +1,102 @@
+"""Ops that keep the structure and act on the values as a whole: copies, ``*_like``, fills,
+conversions, random fills."""
+
+from __future__ import annotations
+
+import torch
+
+from . import op_name, register_multi_jagged_func
+from ._common import MJT, describe, same_partition, wrap
+from .pointwise import pointwise
+
+aten = torch.ops.aten
+
+
+def _same_values_op(func, inp, *args, **kwargs):
+    return wrap(func(inp._values, *args, **kwargs), inp._partition, inp._ragged_dims)
+
+
+@register_multi_jagged_func(
+    [
+        aten.clone.default,
+        aten.detach.default,
+        aten.alias.default,
+        aten.empty_like.default,
+        aten.zeros_like.default,
+        aten.ones_like.default,
+        aten.full_like.default,
+        aten.rand_like.default,
+        aten.randn_like.default,
+        aten.randint_like.default,
+        aten.randint_like.low_dtype,
+        aten.bernoulli.default,
+        aten.bernoulli.p,
+    ],
+    "self: mjt, ...",
+)
+def like_default(func, inp, *args, **kwargs):
+    """Same structure, values from ``func`` on the values (``clone``, ``detach``, ``*_like``…).
+
+    Memory-format requests are honoured on the values (they are the storage)."""
+    return _same_values_op(func, inp, *args, **kwargs)
+
+
+@register_multi_jagged_func(aten._to_copy.default, "self: mjt")
+def _to_copy_default(func, inp, **kwargs):
+    values = func(inp._values, **kwargs)
+    if values.device == inp._values.device:
+        return wrap(values, inp._partition, inp._ragged_dims)
+    # A new device gets new offsets, hence new nested ints (as with torch.jagged).
+    return wrap(values, inp._partition.to(values.device), inp._ragged_dims)
+
+
+@register_multi_jagged_func(
+    [aten.fill_.Scalar, aten.zero_.default, aten.bernoulli_.float, aten.bernoulli_.Tensor,
+     aten.uniform_.default, aten.normal_.default, aten.random_.default, getattr(aten.random_, "from"), aten.random_.to,
+     aten.exponential_.default],
+    "self: mjt, ...",
+)
+def fill__Scalar(func, inp, *args, **kwargs):
+    func(inp._values, *args, **kwargs)
+    return inp
+
+
+@register_multi_jagged_func(aten.fill_.Tensor, "self: mjt, value: t")
+def fill__Tensor(func, inp, value):
+    if value.dim() != 0:
+        raise ValueError(f"fill_(): expected a 0-dim value tensor, got shape {tuple(value.shape)}")
+    inp._values.fill_(value)
+    return inp
+
+
+@register_multi_jagged_func(aten.copy_.default, "self: mjt, src: any, non_blocking: any?")
+def copy__default(func, dst, src, non_blocking=False):
+    if isinstance(src, MJT):
+        if src._ragged_dims != dst._ragged_dims or not same_partition(src._partition, dst._partition):
+            raise ValueError(f"copy_(): expected src with the structure of self {describe(dst)}, got {describe(src)}")
+        dst._values.copy_(src._values, non_blocking)
+        return dst
+    # Dense src broadcasts over static dims (the pointwise rules).
+    return pointwise(aten.copy_.default, dst, src, non_blocking)
+
+
+@register_multi_jagged_func(aten.masked_fill.Tensor, "self: any, mask: any, value: t")
+def masked_fill_Tensor(func, inp, mask, value):
+    return pointwise(aten.where.self, mask, value.to(inp.dtype), inp)
+
+
+@register_multi_jagged_func(aten.masked_fill_.Tensor, "self: mjt, mask: any, value: t")
+def masked_fill__Tensor(func, inp, mask, value):
+    out = pointwise(aten.where.self, mask, value.to(inp.dtype), inp)
+    inp._values.copy_(out._values)
+    return inp
+
+
+@register_multi_jagged_func(aten.masked_fill_.Scalar, "self: mjt, mask: any, value: any")
+def masked_fill__Scalar(func, inp, mask, value):
+    out = pointwise(aten.masked_fill.Scalar, inp, mask, value)
+    if out._partition is not inp._partition or out._ragged_dims != inp._ragged_dims:
+        raise ValueError(f"{op_name(func)}(): the mask would change the structure of self {describe(inp)}")
+    inp._values.copy_(out._values)
+    return inp
+

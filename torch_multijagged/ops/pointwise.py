@@ -1,0 +1,177 @@
+"""Pointwise ops (the ``torch.Tag.pointwise`` fallback) and their broadcasting.
+
+NOTE [ Broadcasting over ragged dims ]
+
+Operands are aligned on logical dims (dense operands right-aligned, as in torch). At each dim:
+
+* if some multi_jagged operand is ragged there, every other multi_jagged operand must be ragged
+  with the same extent (same nested int, or equal sizes) or static of size 1, and dense operands
+  must have size 1 there; the output is ragged with that extent;
+* otherwise the usual dense broadcasting of static sizes applies;
+* at the batch dim, multi_jagged operands need equal B; a dense operand that spans it with size B
+  is gathered per packed row (its sample's slice).
+
+So ``(B, j0, 1, C) + (B, 1, j0, C)`` creates the square pair ``(B, j0, j0, C)`` (both pair dims
+carry the operands' extent ``j0``), and ``(B, j0, 1, C) * (B, 1, j1, C)`` the rectangular one.
+An operand whose ragged dims are a subset of the output's is *gathered* into the output rows
+with the cached row map (``map_to_sub``); its size-1 dims at the new ragged positions vanish.
+Two tensors that merely pack to the same number of rows — ``(2, 6, C)`` and ``(3, 4, C)`` — never
+combine: extents are compared, not row counts.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ._common import MJT, describe, map_to_sub, note_sub, partition_for, row_sample, same_extent, static_dims, wrap
+from . import op_name
+
+__all__ = ["pointwise"]
+
+
+def _error(func, args, why: str) -> ValueError:
+    shapes = " and ".join(describe(a) for a in args if isinstance(a, torch.Tensor))
+    return ValueError(f"{op_name(func)}(): cannot broadcast multi_jagged operands of shapes {shapes}: {why}")
+
+
+def _fast_path(mjts, dense, ref) -> bool:
+    """Same partition and ragged dims everywhere, dense operands only over trailing static dims:
+    the op runs on the values as they are."""
+    p, rd, vd = ref._partition, ref._ragged_dims, ref._values.dim()
+    for m in mjts:
+        if m is ref:
+            continue
+        if m._ragged_dims != rd or m._values.dim() != vd:
+            return False
+        if m._partition is not p and not (
+            len(m._partition.extents) == len(p.extents)
+            and all(same_extent(a, b) for a, b in zip(m._partition.extents, p.extents))
+        ):
+            return False
+    trailing = ref.dim() - 1 - (rd[-1] if rd else 0)
+    return all(t.dim() <= trailing for t in dense)
+
+
+def pointwise(func, *args, **kwargs):
+    mjts = [a for a in args if isinstance(a, MJT)]
+    if not mjts or any(isinstance(v, MJT) for v in kwargs.values()):
+        raise NotImplementedError(f"{op_name(func)}(): multi_jagged tensors as keyword arguments are not supported")
+    if func._schema.is_mutable and not _is_inplace(func):
+        raise NotImplementedError(f"{op_name(func)}(): out= variants are not supported for layout torch.multi_jagged")
+    ref = mjts[0]
+    dense = [a for a in args if isinstance(a, torch.Tensor) and not isinstance(a, MJT)]
+    if _fast_path(mjts, dense, ref):
+        new_args = [a._values if isinstance(a, MJT) else a for a in args]
+        if _is_inplace(func):
+            return _inplace(func, args, new_args, kwargs)
+        return wrap(func(*new_args, **kwargs), ref._partition, ref._ragged_dims)
+    partition, ragged_dims, new_args = _broadcast(func, args)
+    if _is_inplace(func):
+        self = args[0]
+        if not isinstance(self, MJT) or self._ragged_dims != ragged_dims or self._partition is not partition:
+            raise _error(func, args, "an in-place op cannot change the structure of self")
+        return _inplace(func, args, new_args, kwargs)
+    return wrap(func(*new_args, **kwargs), partition, ragged_dims)
+
+
+def _is_inplace(func) -> bool:
+    return func._schema.name.endswith("_") and func._schema.arguments[0].alias_info is not None
+
+
+def _inplace(func, args, new_args, kwargs):
+    self = args[0]
+    if not isinstance(self, MJT):
+        raise _error(func, args, "in-place op on a dense self with a multi_jagged operand")
+    func(*new_args, **kwargs)
+    return self
+
+
+def _broadcast(func, args):
+    """Output partition, ragged dims and the operands' values aligned to the output rows."""
+    tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    mjts = [a for a in tensors if isinstance(a, MJT)]
+    ndim = mjts[0].dim()
+    batch = mjts[0]._partition.batch
+    for m in mjts:
+        if m.dim() != ndim:
+            raise _error(func, args, f"multi_jagged operands need the same number of dims, got {m.dim()} and {ndim}")
+        if m._partition.batch != batch:
+            raise _error(func, args, f"batch sizes differ ({m._partition.batch} vs {batch})")
+    if any(t.dim() > ndim for t in tensors):
+        raise _error(func, args, "a dense operand has more dims than the multi_jagged one")
+
+    # Output ragged dims and their extents, in logical (= storage) order.
+    out_dims, extents = [], []
+    for d in range(1, ndim):
+        ext = None
+        for m in mjts:
+            if d in m._ragged_dims:
+                e = m._partition.extents[m._ragged_dims.index(d)]
+                if ext is None:
+                    ext = e
+                elif not same_extent(ext, e):
+                    raise _error(func, args, f"ragged dim {d} has different per-sample sizes")
+        if ext is None:
+            continue
+        for t in tensors:
+            if isinstance(t, MJT):
+                if d not in t._ragged_dims and t.shape[d] != 1:
+                    raise _error(func, args, f"dim {d} is ragged in one operand and static of size {t.shape[d]} in another")
+            else:
+                dd = d - (ndim - t.dim())
+                if dd >= 0 and t.shape[dd] != 1:
+                    raise _error(func, args, f"a dense operand has size {t.shape[dd]} along ragged dim {d}")
+        out_dims.append(d)
+        extents.append(ext)
+    out_dims = tuple(out_dims)
+    partition = _output_partition(mjts, out_dims, extents)
+    out_static = static_dims(ndim, out_dims)
+
+    new_args = []
+    for a in args:
+        if isinstance(a, MJT):
+            new_args.append(_align_mjt(a, partition, out_dims, out_static))
+        elif isinstance(a, torch.Tensor):
+            new_args.append(_align_dense(func, args, a, partition, ndim, out_static, batch))
+        else:
+            new_args.append(a)
+    return partition, out_dims, new_args
+
+
+def _output_partition(mjts, out_dims, extents):
+    for m in mjts:
+        if m._ragged_dims == out_dims:
+            return m._partition
+    if not extents:
+        raise AssertionError("multi_jagged operands without ragged dims")
+    p = partition_for(extents)
+    for m in mjts:
+        keep = tuple(out_dims.index(d) for d in m._ragged_dims)
+        note_sub(p, keep, m._partition)
+    return p
+
+
+def _align_mjt(m: MJT, partition, out_dims, out_static):
+    vals = m._values
+    if m._ragged_dims != out_dims:
+        keep = tuple(out_dims.index(d) for d in m._ragged_dims)
+        index, _ = map_to_sub(partition, keep)
+        vals = vals.index_select(0, index)
+    # Drop m's size-1 static dims that sit where the output is ragged.
+    m_static = static_dims(m.dim(), m._ragged_dims)
+    if len(m_static) != len(out_static):
+        keep_dims = [i + 1 for i, d in enumerate(m_static) if d in out_static]
+        vals = vals.reshape(vals.shape[0], *[vals.shape[i] for i in keep_dims])
+    return vals
+
+
+def _align_dense(func, args, t: torch.Tensor, partition, ndim, out_static, batch):
+    lead = ndim - t.dim()
+    spans_batch = lead == 0 and t.shape[0] != 1
+    if spans_batch and t.shape[0] != batch:
+        raise _error(func, args, f"a dense operand has size {t.shape[0]} along the batch dim, expected {batch} or 1")
+    kept = [t.shape[d - lead] if d - lead >= 0 else 1 for d in out_static]
+    if spans_batch:
+        t = t.reshape(batch, *kept).index_select(0, row_sample(partition))
+        return t
+    return t.reshape(1, *kept) if t.dim() else t

@@ -1,0 +1,102 @@
+"""``__torch_function__`` routes: composite ops whose decomposition would reshape across ragged
+dims, or whose aten derivative cannot handle ragged sizes, are sent to ops that reach
+``__torch_dispatch__`` intact. A route only *routes*: it calls other torch functions and never
+touches packed values. Returning ``NotImplemented`` falls back to the ordinary call.
+
+See NOTE [ Subclass mechanism ] in ``tensor.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..compile import library  # noqa: F401
+from ._common import MJT, canonical_dim
+
+mj = torch.ops.multijagged
+
+ROUTES: dict[Any, Callable[..., Any]] = {}
+
+
+def route(*funcs):
+    def wrapper(fn):
+        for f in funcs:
+            ROUTES[f] = fn
+        return fn
+
+    return wrapper
+
+
+def _dense(t) -> bool:
+    return isinstance(t, torch.Tensor) and not isinstance(t, MJT)
+
+
+@route(F.linear, torch._C._nn.linear)
+def _linear(input, weight, bias=None):
+    if isinstance(input, MJT) and _dense(weight) and (bias is None or _dense(bias)):
+        return mj.linear(input, weight, bias)
+    return NotImplemented
+
+
+@route(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
+def _matmul(input, other, *, out=None):
+    if out is None and isinstance(input, MJT) and _dense(other) and other.dim() == 2:
+        return mj.linear(input, other.t(), None)
+    return NotImplemented
+
+
+@route(torch.mean, torch.Tensor.mean)
+def _mean(input, dim=None, keepdim=False, *, dtype=None):
+    if not isinstance(input, MJT) or dim is None:
+        return NotImplemented
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    canon = [canonical_dim("mean", input.dim(), d) for d in dims]
+    if 0 in canon or not any(d in input._ragged_dims for d in canon):
+        return NotImplemented
+    # aten's mean backward divides by the product of the reduced sizes, a nested int here.
+    total = torch.sum(input, dims, keepdim=keepdim, dtype=dtype)
+    return total * mj.mean_scale(input.detach(), canon, keepdim)
+
+
+@route(torch.unbind, torch.Tensor.unbind)
+def _unbind(input, dim=0):
+    if isinstance(input, MJT) and dim == 0:
+        return tuple(mj.unbind(input))
+    return NotImplemented
+
+
+@route(torch.Tensor.__getitem__)
+def _getitem(input, index):
+    if isinstance(input, MJT) and isinstance(index, int):
+        b = input._partition.batch
+        if not -b <= index < b:
+            raise IndexError(f"index {index} is out of bounds for dimension 0 with size {b}")
+        return mj.unbind(input)[index]
+    return NotImplemented
+
+
+@route(torch.select, torch.Tensor.select)
+def _select(input, dim, index):
+    if isinstance(input, MJT) and isinstance(dim, int) and canonical_dim("select", input.dim(), dim) == 0:
+        return _getitem(input, index)
+    return NotImplemented
+
+
+@route(F.group_norm)
+def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """Per component ``(n, C, *rest)``: dim 0 of the component is group_norm's batch, so on the
+    packed values ``(T, C, *rest)`` it is exactly ``group_norm`` — valid when the only ragged dim
+    is dim 1."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if input._ragged_dims != (1,):
+        raise ValueError(
+            f"group_norm(): expected components (n, C, *) with only dim 1 ragged, got ragged dims "
+            f"{input._ragged_dims} for layout torch.multi_jagged"
+        )
+    from ..bridge import values_of, wrap_values_like
+
+    return wrap_values_like(F.group_norm(values_of(input), num_groups, weight, bias, eps), input)

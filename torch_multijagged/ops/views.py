@@ -1,0 +1,149 @@
+"""Structure ops: unsqueeze / squeeze / expand / permute / transpose, component access."""
+
+from __future__ import annotations
+
+import torch
+from torch.fx.experimental.symbolic_shapes import is_nested_int
+
+from ..kernels import reference as ref
+from . import register_multi_jagged_func
+from ._common import MJT, canonical_dim, describe, map_to_sub, partition_for, note_sub, static_dims, wrap
+
+aten = torch.ops.aten
+
+
+@register_multi_jagged_func(aten.unsqueeze.default, "self: mjt, dim: any")
+def unsqueeze_default(func, inp, dim):
+    d = canonical_dim("unsqueeze", inp.dim() + 1, dim)
+    if d == 0:
+        raise ValueError(f"unsqueeze(): cannot insert a dim before the batch dim of {describe(inp)}")
+    ragged = tuple(r + 1 if r >= d else r for r in inp._ragged_dims)
+    vd = sum(1 for s in static_dims(inp.dim(), inp._ragged_dims) if s < d) + 1
+    return wrap(inp._values.unsqueeze(vd), inp._partition, ragged)
+
+
+def _squeeze(inp, dims):
+    ndim = inp.dim()
+    stat = static_dims(ndim, inp._ragged_dims)
+    drop = []
+    for d in sorted({canonical_dim("squeeze", ndim, d) for d in dims}):
+        if d == 0:
+            raise ValueError(f"squeeze(): cannot squeeze the batch dim of {describe(inp)}")
+        if d in inp._ragged_dims:
+            raise ValueError(f"squeeze(): cannot squeeze ragged dim {d} of {describe(inp)}")
+        if inp.shape[d] == 1:
+            drop.append(d)
+    if not drop:
+        return wrap(inp._values, inp._partition, inp._ragged_dims)
+    values = inp._values.squeeze(tuple(stat.index(d) + 1 for d in drop))
+    ragged = tuple(r - sum(1 for d in drop if d < r) for r in inp._ragged_dims)
+    return wrap(values, inp._partition, ragged)
+
+
+@register_multi_jagged_func(aten.squeeze.dim, "self: mjt, dim: any")
+def squeeze_dim(func, inp, dim):
+    return _squeeze(inp, [dim])
+
+
+@register_multi_jagged_func(aten.squeeze.dims, "self: mjt, dim: any")
+def squeeze_dims(func, inp, dims):
+    return _squeeze(inp, list(dims))
+
+
+@register_multi_jagged_func(aten.squeeze.default, "self: mjt")
+def squeeze_default(func, inp):
+    return _squeeze(inp, list(static_dims(inp.dim(), inp._ragged_dims)))
+
+
+@register_multi_jagged_func(aten.expand.default, "self: mjt, size: any, implicit: any?")
+def expand_default(func, inp, size, implicit=False):
+    """Expand static size-1 dims, including to a ragged extent the tensor already carries
+    (``(B, j0, 1, C).expand(B, j0, j0, C)`` gathers rows into the square pair)."""
+    ndim = inp.dim()
+    if len(size) != ndim:
+        raise ValueError(f"expand(): expected {ndim} sizes for {describe(inp)}, got {len(size)}")
+    if size[0] not in (-1, inp._partition.batch):
+        raise ValueError(f"expand(): cannot expand the batch dim of {describe(inp)} to {size[0]}")
+    known = {id(e): e for e in inp._partition.extents}
+    out_dims, extents, static_size = [], [], []
+    for d in range(1, ndim):
+        s = size[d]
+        if d in inp._ragged_dims:
+            e = inp._partition.extents[inp._ragged_dims.index(d)]
+            if not (s == -1 or (is_nested_int(s) and s == e.nested_int)):
+                raise ValueError(f"expand(): ragged dim {d} of {describe(inp)} cannot be expanded to {s}")
+            out_dims.append(d)
+            extents.append(e)
+        elif is_nested_int(s):
+            e = next((e for e in known.values() if e.nested_int == s), None)
+            if e is None or inp.shape[d] != 1:
+                raise ValueError(
+                    f"expand(): cannot expand dim {d} of {describe(inp)} to ragged size {s}: only a size-1 "
+                    "dim can become ragged, with an extent the tensor already has"
+                )
+            out_dims.append(d)
+            extents.append(e)
+        else:
+            static_size.append(s)
+    out_dims = tuple(out_dims)
+    values = inp._values
+    partition = inp._partition
+    if out_dims != inp._ragged_dims:
+        partition = partition_for(extents)
+        keep = tuple(out_dims.index(d) for d in inp._ragged_dims)
+        note_sub(partition, keep, inp._partition)
+        index, _ = map_to_sub(partition, keep)
+        values = values.index_select(0, index)
+        in_static = static_dims(ndim, inp._ragged_dims)
+        keep_v = [i + 1 for i, d in enumerate(in_static) if d not in out_dims]
+        values = values.reshape(values.shape[0], *[values.shape[i] for i in keep_v])
+    return wrap(values.expand(values.shape[0], *static_size), partition, out_dims)
+
+
+def _permute(inp, perm):
+    ndim = inp.dim()
+    perm = [canonical_dim("permute", ndim, p) for p in perm]
+    if sorted(perm) != list(range(ndim)):
+        raise ValueError(f"permute(): expected a permutation of {ndim} dims, got {perm}")
+    if perm[0] != 0:
+        raise ValueError(f"permute(): the batch dim of {describe(inp)} must stay first")
+    new_ragged = tuple(i for i, p in enumerate(perm) if p in inp._ragged_dims)
+    order = [perm[i] for i in new_ragged]
+    if order != sorted(order):
+        raise NotImplementedError(
+            f"permute(): reordering ragged dims among themselves ({describe(inp)} with {perm}) is not supported yet"
+        )
+    stat = static_dims(ndim, inp._ragged_dims)
+    vperm = [0] + [stat.index(p) + 1 for p in perm if p not in inp._ragged_dims and p != 0]
+    return wrap(inp._values.permute(vperm), inp._partition, new_ragged)
+
+
+@register_multi_jagged_func(aten.permute.default, "self: mjt, dims: any")
+def permute_default(func, inp, dims):
+    return _permute(inp, dims)
+
+
+@register_multi_jagged_func(aten.transpose.int, "self: mjt, dim0: any, dim1: any")
+def transpose_int(func, inp, dim0, dim1):
+    ndim = inp.dim()
+    perm = list(range(ndim))
+    a, b = canonical_dim("transpose", ndim, dim0), canonical_dim("transpose", ndim, dim1)
+    perm[a], perm[b] = perm[b], perm[a]
+    return _permute(inp, perm)
+
+
+@register_multi_jagged_func(aten.unbind.int, "self: mjt, dim: any?")
+def unbind_int(func, inp, dim=0):
+    if canonical_dim("unbind", inp.dim(), dim) != 0:
+        raise ValueError(f"unbind(): only dim 0 is supported for layout torch.multi_jagged, got {dim}")
+    return tuple(ref.unpack_components(inp._values, inp._partition.host_sizes(), inp._ragged_dims))
+
+
+@register_multi_jagged_func(aten.select.int, "self: mjt, dim: any, index: any")
+def select_int(func, inp, dim, index):
+    if canonical_dim("select", inp.dim(), dim) != 0:
+        raise ValueError(f"select(): only dim 0 is supported for layout torch.multi_jagged, got {dim}")
+    b = inp._partition.batch
+    if not -b <= index < b:
+        raise IndexError(f"select(): index {index} is out of range for batch size {b}")
+    return unbind_int(aten.unbind.int, inp)[index]

@@ -1,0 +1,247 @@
+"""Ragged extents and packed-row partitions: the metadata behind a MultiJaggedTensor.
+
+NOTE [ Ragged extents and nested ints ]
+
+A *ragged extent* is the vector ``n = (n_0, …, n_{B-1})`` of per-sample sizes of one ragged dim.
+It is stored as its exclusive prefix sum ``offsets = [0, n_0, n_0+n_1, …]`` ((B+1,) int64, on
+the values' device), and that tensor *is* the extent's identity: the nested int that appears in
+the logical shape (``j0``) is ``get_tensor_symint(offsets)``, keyed on the tensor object, exactly as
+``torch.jagged`` keys its nested int on its offsets. A sequence ``(B, j0, C)`` therefore has the
+same ``j0`` as the NJT with the same offsets, and a square pair built from it carries that same
+extent on both pair dims, so reducing one pair dim gives back singles that add to the originals.
+
+Each extent also carries three *shape carriers*: empty CPU tensors of shape ``(Σn, 0)``,
+``(max n, 0)`` and ``(Σn², 0)``. Their dim 0 is the only place a size that depends on the
+lengths lives. Under ``torch.compile`` they are inputs whose dim 0 is a backed dynamic symbol, so
+building a square pair (Σn² rows) or padding (max n) inside a compiled region needs no
+``.item()`` and creates no new nested int (DESIGN.md §6). They are computed once, when an extent
+is created from host lengths, and are shared by every tensor derived from it.
+
+NOTE [ Packed-row partition ]
+
+A *partition* describes how the packed rows of ``values`` (dim 0) split into samples and ragged
+coordinates: the extents of the R ragged dims in storage order, the (B+1,) row offsets
+(``o_{i+1} - o_i = Π_k n_{i,k}``), and the number of rows T. Row ``o_i + Σ_k a_k Π_{l>k} n_{i,l}``
+holds ragged coordinate ``(a_1..a_R)`` of sample i (row-major). For R = 1 the row offsets are the
+extent's offsets (the same tensor object). The partition is independent of where the ragged dims
+sit among the static dims and of the static sizes, so ``linear``, ``unsqueeze`` of a static dim or
+a reduction over static dims reuse it — and with it the index maps cached on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+import torch
+from torch.nested._internal.nested_tensor import get_tensor_symint
+
+__all__ = ["RaggedExtent", "Partition", "same_extent"]
+
+
+def _mark_dynamic0(t: torch.Tensor) -> torch.Tensor:
+    # Unguarded dynamism hint read by dynamo's builder (NJT does the same for its values).
+    t._dynamo_propagated_dynamic_indices = {0}  # type: ignore[attr-defined]
+    return t
+
+
+def _carrier(n) -> torch.Tensor:
+    return _mark_dynamic0(torch.empty(n, 0))
+
+
+def _exclusive_cumsum(lengths: torch.Tensor) -> torch.Tensor:
+    out = lengths.new_zeros(lengths.shape[0] + 1)
+    torch.cumsum(lengths, 0, out=out[1:])
+    return out
+
+
+class RaggedExtent:
+    """Per-sample sizes of one ragged dim; see NOTE [ Ragged extents and nested ints ]."""
+
+    __slots__ = ("offsets", "sum_carrier", "max_carrier", "sq_carrier", "_host_lengths", "cache")
+
+    def __init__(
+        self,
+        offsets: torch.Tensor,
+        sum_carrier: torch.Tensor,
+        max_carrier: torch.Tensor,
+        sq_carrier: torch.Tensor,
+        host_lengths: Optional[torch.Tensor] = None,
+    ) -> None:
+        self.offsets = offsets
+        self.sum_carrier = sum_carrier
+        self.max_carrier = max_carrier
+        self.sq_carrier = sq_carrier
+        self._host_lengths = host_lengths
+        # Partitions whose first ragged dim has this extent, keyed by the extents' ids (see
+        # ``ops/_common.partition_for``).
+        self.cache: dict[Any, Any] = {}
+
+    @staticmethod
+    def from_lengths(
+        lengths: torch.Tensor, device: torch.device, offsets: Optional[torch.Tensor] = None
+    ) -> "RaggedExtent":
+        """``lengths``: (B,) int64 on the CPU. ``offsets`` reuses an existing prefix-sum tensor
+        (and so its nested int) when the caller has one."""
+        lengths = lengths.to(dtype=torch.int64)
+        if offsets is None:
+            offsets = _exclusive_cumsum(lengths).to(device)
+        b = lengths.shape[0]
+        # SYNC: none — ``lengths`` is a host tensor; these three ints size the shape carriers.
+        total = int(lengths.sum()) if b else 0
+        mx = int(lengths.max()) if b else 0
+        sq = int((lengths * lengths).sum()) if b else 0
+        return RaggedExtent(offsets, _carrier(total), _carrier(mx), _carrier(sq), lengths)
+
+    @staticmethod
+    def from_offsets(offsets: torch.Tensor) -> "RaggedExtent":
+        # SYNC: the host copy of the lengths is needed to size the carriers; this runs once per
+        # new extent (a constructor), never per op.
+        lengths = offsets.diff().cpu() if offsets.shape[0] > 1 else offsets.new_zeros(0, device="cpu")
+        return RaggedExtent.from_lengths(lengths, offsets.device, offsets=offsets)
+
+    @property
+    def nested_int(self):
+        # coeff must always be 1: the registry keeps the first coeff it sees (DESIGN.md §6).
+        return get_tensor_symint(self.offsets, coeff=1)
+
+    @property
+    def batch(self) -> int:
+        return self.offsets.shape[0] - 1
+
+    @property
+    def total(self):
+        return self.sum_carrier.shape[0]
+
+    @property
+    def max(self):
+        return self.max_carrier.shape[0]
+
+    @property
+    def sum_sq(self):
+        return self.sq_carrier.shape[0]
+
+    def lengths(self) -> torch.Tensor:
+        """(B,) int64 on the values' device (no sync)."""
+        return self.offsets.diff()
+
+    def host_lengths(self) -> torch.Tensor:
+        """(B,) int64 on the CPU, for Python-side decisions (splits in ``unbind``, repr)."""
+        if self._host_lengths is None:
+            # SYNC: only reached for extents rebuilt from device tensors (e.g. the outputs of a
+            # compiled graph); the result is cached on the extent.
+            self._host_lengths = self.offsets.diff().cpu()
+        return self._host_lengths
+
+    def to(self, device: torch.device) -> "RaggedExtent":
+        return RaggedExtent(
+            self.offsets.to(device),
+            self.sum_carrier,
+            self.max_carrier,
+            self.sq_carrier,
+            self._host_lengths,
+        )
+
+
+def _is_traced(t: torch.Tensor) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t) or isinstance(t, torch._subclasses.functional_tensor.FunctionalTensor)
+
+
+def same_extent(a: RaggedExtent, b: RaggedExtent) -> bool:
+    """Same nested int, or (eagerly) equal per-sample sizes.
+
+    Two extents built independently from equal lengths are different nested ints, as in NJT; we
+    still treat them as compatible in eager mode, comparing the host copies (no device sync)."""
+    if a is b or a.offsets is b.offsets:
+        return True
+    if a.nested_int == b.nested_int:
+        return True
+    if _is_traced(a.offsets) or _is_traced(b.offsets):
+        return False
+    ha, hb = a.host_lengths(), b.host_lengths()
+    return ha.shape == hb.shape and bool(torch.equal(ha, hb))
+
+
+class Partition:
+    """How packed rows split into samples and ragged coordinates; see NOTE [ Packed-row partition ]."""
+
+    __slots__ = ("extents", "offsets", "rows", "cache")
+
+    def __init__(self, extents: Sequence[RaggedExtent], offsets: torch.Tensor, rows) -> None:
+        self.extents = tuple(extents)
+        self.offsets = offsets
+        self.rows = rows
+        # Lazily built index maps and derived partitions, keyed by name; shared by every tensor
+        # with this partition.
+        self.cache: dict[Any, Any] = {}
+
+    @staticmethod
+    def from_extents(extents: Sequence[RaggedExtent]) -> "Partition":
+        """The partition whose ragged dims have ``extents`` (storage order), with row offsets
+        computed on the device (no sync) and the row count from the carriers where possible."""
+        extents = tuple(extents)
+        if len(extents) == 1:
+            return Partition(extents, extents[0].offsets, extents[0].total)
+        counts = extents[0].lengths()
+        for e in extents[1:]:
+            counts = counts * e.lengths()
+        offsets = _exclusive_cumsum(counts)
+        return Partition(extents, offsets, _rows_of_product(extents))
+
+    @property
+    def batch(self) -> int:
+        return self.offsets.shape[0] - 1
+
+    @property
+    def nragged(self) -> int:
+        return len(self.extents)
+
+    def host_sizes(self) -> torch.Tensor:
+        """(B, R) int64 per-sample extents, on the CPU."""
+        if not self.extents:
+            return torch.zeros(self.batch, 0, dtype=torch.int64)
+        return torch.stack([e.host_lengths() for e in self.extents], dim=1)
+
+    def sizes(self) -> torch.Tensor:
+        """(B, R) int64 per-sample extents, on the values' device (no sync)."""
+        return torch.stack([e.lengths() for e in self.extents], dim=1)
+
+    def to(self, device: torch.device) -> "Partition":
+        """This partition on ``device``: new offsets, hence new nested ints (as ``torch.jagged``);
+        extent sharing (one nested int for both dims of a square pair) is kept."""
+        moved: dict[int, RaggedExtent] = {}
+        extents = []
+        for e in self.extents:
+            if id(e) not in moved:
+                moved[id(e)] = e.to(device)
+            extents.append(moved[id(e)])
+        if len(extents) == 1 and self.offsets is self.extents[0].offsets:
+            offsets = extents[0].offsets
+        else:
+            offsets = self.offsets.to(device)
+        return Partition(extents, offsets, self.rows)
+
+    def same_as(self, other: "Partition") -> bool:
+        if self is other:
+            return True
+        return len(self.extents) == len(other.extents) and all(
+            same_extent(a, b) for a, b in zip(self.extents, other.extents)
+        )
+
+
+def _rows_of_product(extents: tuple[RaggedExtent, ...]):
+    """Σ_i Π_k n_{i,k}: from a carrier for the square case, else from the host lengths."""
+    if len(extents) == 2 and same_extent(extents[0], extents[1]):
+        return extents[0].sum_sq
+    if any(_is_traced(e.offsets) for e in extents):
+        raise NotImplementedError(
+            "multi_jagged: building a partition with distinct ragged extents "
+            f"({len(extents)} dims) inside a traced region needs a shape carrier; "
+            "construct it eagerly and pass it in"
+        )
+    prod = extents[0].host_lengths()
+    for e in extents[1:]:
+        prod = prod * e.host_lengths()
+    # SYNC: none — host lengths.
+    return int(prod.sum()) if prod.numel() else 0
