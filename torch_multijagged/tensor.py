@@ -99,6 +99,9 @@ class MultiJaggedTensor(torch.Tensor):
             False,
             storage_size=values.untyped_storage().size(),
         )
+        # Packed rows are data-dependent: keep dim 0 dynamic under dynamo (unguarded hint, as
+        # torch.jagged does for its values).
+        values._dynamo_propagated_dynamic_indices = {0}
         r._values = values
         r._partition = partition
         r._ragged_dims = ragged_dims
@@ -113,10 +116,6 @@ class MultiJaggedTensor(torch.Tensor):
     @property
     def layout(self):  # type: ignore[override]
         return multi_jagged
-
-    @property
-    def is_nested(self) -> bool:  # type: ignore[override]
-        return True
 
     @property
     def ragged_dims(self) -> tuple[int, ...]:

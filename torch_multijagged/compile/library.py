@@ -32,6 +32,8 @@ LIB.define("pack_like(Tensor?[] components, Tensor like) -> Tensor")
 LIB.define("to_padded(Tensor x, float padding, SymInt[]? output_size=None) -> Tensor")
 LIB.define("from_padded_like(Tensor padded, Tensor like) -> Tensor")
 LIB.define("mean_scale(Tensor x, int[] dim, bool keepdim) -> Tensor")
+LIB.define("reduce(Tensor x, str kind, int[]? dim, bool keepdim) -> Tensor")
+LIB.define("expand_like(Tensor grad, Tensor like, int[]? dim, bool keepdim) -> Tensor")
 
 
 # --------------------------------------------------------------------------- dense kernels
@@ -72,7 +74,24 @@ def _mean_scale_dense(x, dim, keepdim):
     return x.new_full(shape, 1.0 / n)
 
 
+def _reduce_dense(x, kind, dim=None, keepdim=False):
+    dims = list(range(x.dim())) if dim is None else list(dim)
+    if kind in ("sum", "mean"):
+        return getattr(torch, kind)(x, dims, keepdim=keepdim)
+    return getattr(torch, kind)(x, dims, keepdim=keepdim)
+
+
+def _expand_like_dense(grad, like, dim=None, keepdim=False):
+    dims = sorted(d % like.dim() for d in (range(like.dim()) if dim is None else dim))
+    if not keepdim:
+        for d in dims:
+            grad = grad.unsqueeze(d)
+    return grad.expand(like.shape).clone()
+
+
 for _name, _fn in [
+    ("reduce", _reduce_dense),
+    ("expand_like", _expand_like_dense),
     ("mean_scale", _mean_scale_dense),
     ("linear", _linear_dense),
     ("linear_param_grads", _linear_param_grads_dense),
@@ -153,3 +172,22 @@ def _from_padded_backward(ctx, grad):
 torch.library.register_autograd(
     "multijagged::from_padded_like", _from_padded_backward, setup_context=_from_padded_setup, lib=LIB
 )
+
+
+def _reduce_setup(ctx, inputs, output):
+    x, kind, dim, keepdim = inputs
+    ctx.save_for_backward(x)
+    ctx.args = (kind, dim, keepdim)
+
+
+def _reduce_backward(ctx, grad):
+    (x,) = ctx.saved_tensors
+    kind, dim, keepdim = ctx.args
+    if kind not in ("sum", "mean"):
+        raise NotImplementedError(f"multijagged::reduce: no derivative for {kind!r} yet")
+    if kind == "mean":
+        grad = grad * mj.mean_scale(x.detach(), list(range(x.dim())) if dim is None else dim, keepdim)
+    return mj.expand_like(grad, x, dim, keepdim), None, None, None
+
+
+torch.library.register_autograd("multijagged::reduce", _reduce_backward, setup_context=_reduce_setup, lib=LIB)

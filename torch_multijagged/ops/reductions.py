@@ -151,7 +151,15 @@ def mean_scale_default(func, x, dim, keepdim):
     """``1 / count`` shaped like ``x.sum(dim, keepdim)``: the route for ``mean`` over ragged dims
     multiplies by it, since aten's ``mean`` backward divides by the (nested int) size."""
     dims, batch, red_r, vdims = _split_dims(func, x, dim)
-    if batch or not red_r:
+    if batch:
+        n = x._values.shape[0]
+        for vd in vdims:
+            n = n * x._values.shape[vd]
+        shape = [1 if d in dims else s for d, s in enumerate(x.shape)] if keepdim else [
+            s for d, s in enumerate(x.shape) if d not in dims
+        ]
+        return x._values.new_ones(shape) / n
+    if not red_r:
         raise AssertionError("mean_scale is only routed for reductions over ragged dims")
     keep = tuple(k for k in range(len(x._ragged_dims)) if k not in red_r)
     _, sub = map_to_sub(x._partition, keep)
@@ -206,3 +214,32 @@ def _softmax_backward_data_default(func, grad, out, dim, input_dtype):
     else:
         gi = y * (g - ref.segment_reduce(g * y, index, sub.rows, "sum")[index])
     return wrap(gi, out._partition, out._ragged_dims)
+
+
+_KINDS = {"sum": sum_dim_IntList, "mean": mean_dim, "amax": amax_default, "amin": amin_default}
+
+
+@register_multi_jagged_func(mj.reduce.default, "x: mjt, kind: any, dim: any?, keepdim: any")
+def reduce_default(func, x, kind, dim, keepdim):
+    """The routed form of reductions whose result is dense (every ragged dim reduced) or whose
+    aten derivative would divide by a nested int (``mean``); see ``ops/routes.py``."""
+    handler = _KINDS.get(kind)
+    if handler is None:
+        raise ValueError(f"reduce(): expected kind in {sorted(_KINDS)}, got {kind!r}")
+    return handler(func, x, dim, keepdim)
+
+
+@register_multi_jagged_func(mj.expand_like.default, "grad: any, like: mjt, dim: any?, keepdim: any")
+def expand_like_default(func, grad, like, dim, keepdim):
+    """Backward of ``reduce``: broadcast the reduced gradient back over ``like``'s structure."""
+    dims, *_ = _split_dims(func, like, dim)
+    if not keepdim:
+        for d in dims:
+            grad = grad.unsqueeze(d)
+    if isinstance(grad, MJT):
+        return grad.expand(like.shape)
+    # A dense gradient (B or 1, 1…, static…): gather it per row as pointwise broadcasting does.
+    from .pointwise import _align_dense
+
+    aligned = _align_dense(func, (grad, like), grad, like._partition, like.dim(), static_dims(like.dim(), like._ragged_dims), like._partition.batch)
+    return wrap(aligned.expand(like._values.shape).contiguous(), like._partition, like._ragged_dims)

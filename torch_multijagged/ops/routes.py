@@ -48,17 +48,25 @@ def _matmul(input, other, *, out=None):
     return NotImplemented
 
 
-@route(torch.mean, torch.Tensor.mean)
-def _mean(input, dim=None, keepdim=False, *, dtype=None):
-    if not isinstance(input, MJT) or dim is None:
+def _reduction_route(kind: str):
+    def routed(input, dim=None, keepdim=False, *, dtype=None):
+        if not isinstance(input, MJT) or dtype is not None:
+            return NotImplemented
+        if dim is None:
+            return mj.reduce(input, kind, None, False)
+        dims = [dim] if isinstance(dim, int) else list(dim)
+        canon = {canonical_dim(kind, input.dim(), d) for d in dims}
+        # Dense results (every ragged dim reduced) and means over ragged dims: aten's backward
+        # would expand a dense grad to nested-int sizes or divide by a nested int.
+        if (0 in canon or set(input._ragged_dims) <= canon) or (kind == "mean" and canon & set(input._ragged_dims)):
+            return mj.reduce(input, kind, sorted(canon), keepdim)
         return NotImplemented
-    dims = [dim] if isinstance(dim, int) else list(dim)
-    canon = [canonical_dim("mean", input.dim(), d) for d in dims]
-    if 0 in canon or not any(d in input._ragged_dims for d in canon):
-        return NotImplemented
-    # aten's mean backward divides by the product of the reduced sizes, a nested int here.
-    total = torch.sum(input, dims, keepdim=keepdim, dtype=dtype)
-    return total * mj.mean_scale(input.detach(), canon, keepdim)
+
+    return routed
+
+
+route(torch.sum, torch.Tensor.sum)(_reduction_route("sum"))
+route(torch.mean, torch.Tensor.mean)(_reduction_route("mean"))
 
 
 @route(torch.unbind, torch.Tensor.unbind)
