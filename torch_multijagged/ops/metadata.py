@@ -21,7 +21,8 @@ FAST = {
 
 
 @register_multi_jagged_func(
-    [aten.is_contiguous.default, aten.is_contiguous.memory_format], "self: mjt, memory_format: any?"
+    [aten.is_contiguous.default, aten.is_contiguous.memory_format, aten.sym_is_contiguous.default],
+    "self: mjt, memory_format: any?",
 )
 def is_contiguous_default(func, inp, memory_format=torch.contiguous_format):
     if memory_format not in (torch.contiguous_format, torch.preserve_format):
