@@ -37,6 +37,19 @@ aten = torch.ops.aten
 
 
 def _outer_size_stride(values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...]):
+    """Logical (size, stride), cached on the partition: every op builds one, and computing the
+    nested ints (a weak-dict lookup each) dominated the construction cost."""
+    key = (ragged_dims, values.shape[1:], values.stride())
+    try:
+        hit = partition.cache.get(key)
+    except TypeError:  # symbolic sizes while tracing are unhashable; tracing is not hot
+        return _compute_size_stride(values, partition, ragged_dims)
+    if hit is None:
+        hit = partition.cache[key] = _compute_size_stride(values, partition, ragged_dims)
+    return hit
+
+
+def _compute_size_stride(values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...]):
     ndim = len(ragged_dims) + values.dim()
     size = [partition.batch]
     vstride = values.stride()
@@ -247,25 +260,19 @@ class MultiJaggedTensor(torch.Tensor):
     # ------------------------------------------------------------------ dispatch
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        from .ops.routes import ROUTES
-
-        route = ROUTES.get(func)
+        route = _ROUTES.get(func)
         if route is not None:
             result = route(*args, **(kwargs or {}))
             if result is not NotImplemented:
                 return result
-        with torch._C.DisableTorchFunctionSubclass():
-            return func(*args, **(kwargs or {}))
+        return torch._C._disabled_torch_function_impl(func, types, args, kwargs or {})
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        from .ops import dispatch
-
-        return dispatch(func, args, kwargs or {})
+        return _dispatch(func, args, kwargs or {})
 
 
-def make_like(values: torch.Tensor, like: MultiJaggedTensor, ragged_dims: Optional[tuple[int, ...]] = None):
-    """A tensor with ``like``'s partition (and so its nested ints) and new ``values``."""
-    return MultiJaggedTensor(
-        values, like._partition, like._ragged_dims if ragged_dims is None else ragged_dims
-    )
+# Bound by ``ops/__init__.py`` once the op table exists (ops/ imports this module, not the
+# reverse, so the layering of DESIGN.md §5 holds).
+_ROUTES: dict = {}
+_dispatch = None

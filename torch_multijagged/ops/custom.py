@@ -15,12 +15,13 @@ mj = torch.ops.multijagged
 
 @register_multi_jagged_func(mj.linear.default, "x: mjt, weight: t, bias: t?")
 def linear_default(func, x, weight, bias=None):
-    if x._values.dim() < 2 or x.shape[-1] != weight.shape[-1]:
+    v = x._values
+    if v.dim() < 2 or x._ragged_dims[-1] == len(x._size) - 1 or v.shape[-1] != weight.shape[-1]:
         raise ValueError(
             f"linear(): expected the last dim of input to be static and equal to weight.shape[-1] = "
             f"{weight.shape[-1]}, got input shape {tuple(x.shape)}"
         )
-    return wrap(F.linear(x._values, weight, bias), x._partition, x._ragged_dims)
+    return wrap(F.linear(v, weight, bias), x._partition, x._ragged_dims)
 
 
 @register_multi_jagged_func(mj.linear_param_grads.default, "grad: mjt, x: mjt")

@@ -34,48 +34,70 @@ def _error(func, args, why: str) -> ValueError:
     return ValueError(f"{op_name(func)}(): cannot broadcast multi_jagged operands of shapes {shapes}: {why}")
 
 
-def _fast_path(mjts, dense, ref) -> bool:
-    """Same partition and ragged dims everywhere, dense operands only over trailing static dims:
-    the op runs on the values as they are."""
-    p, rd, vd = ref._partition, ref._ragged_dims, ref._values.dim()
-    for m in mjts:
-        if m is ref:
-            continue
-        if m._ragged_dims != rd or m._values.dim() != vd:
-            return False
-        if m._partition is not p and not (
-            len(m._partition.extents) == len(p.extents)
-            and all(same_extent(a, b) for a, b in zip(m._partition.extents, p.extents))
-        ):
-            return False
-    trailing = ref.dim() - 1 - (rd[-1] if rd else 0)
-    return all(t.dim() <= trailing for t in dense)
+def _same_layout(m: MJT, ref: MJT) -> bool:
+    if m._ragged_dims != ref._ragged_dims or m._values.dim() != ref._values.dim():
+        return False
+    p, q = m._partition, ref._partition
+    return p is q or (
+        len(p.extents) == len(q.extents) and all(same_extent(a, b) for a, b in zip(p.extents, q.extents))
+    )
+
+
+# func -> 0 functional, 1 in-place on self, 2 other mutation (out=); schema parsing is not free.
+_KIND: dict = {}
+
+
+def _kind(func) -> int:
+    k = _KIND.get(func)
+    if k is None:
+        schema = func._schema
+        if not schema.is_mutable:
+            k = 0
+        elif schema.name.endswith("_") and schema.arguments[0].alias_info is not None:
+            k = 1
+        else:
+            k = 2
+        _KIND[func] = k
+    return k
 
 
 def pointwise(func, *args, **kwargs):
-    mjts = [a for a in args if isinstance(a, MJT)]
-    if not mjts or any(isinstance(v, MJT) for v in kwargs.values()):
-        raise NotImplementedError(f"{op_name(func)}(): multi_jagged tensors as keyword arguments are not supported")
-    if func._schema.is_mutable and not _is_inplace(func):
+    kind = _kind(func)
+    if kind == 2:
         raise NotImplementedError(f"{op_name(func)}(): out= variants are not supported for layout torch.multi_jagged")
-    ref = mjts[0]
-    dense = [a for a in args if isinstance(a, torch.Tensor) and not isinstance(a, MJT)]
-    if _fast_path(mjts, dense, ref):
+    ref = None
+    simple = True  # every tensor operand lines up with ref's values as they are
+    for a in args:
+        if isinstance(a, MJT):
+            if ref is None:
+                ref = a
+            elif simple and not _same_layout(a, ref):
+                simple = False
+        elif isinstance(a, torch.Tensor) and simple and a.dim():
+            simple = None  # decide below, once ref is known
+    if ref is None or any(isinstance(v, MJT) for v in kwargs.values()):
+        raise NotImplementedError(f"{op_name(func)}(): multi_jagged tensors as keyword arguments are not supported")
+    if simple is None:
+        # Dense operands may broadcast over the static dims after the last ragged dim only.
+        rd = ref._ragged_dims
+        trailing = len(ref._size) - 1 - (rd[-1] if rd else 0)
+        simple = all(
+            _same_layout(a, ref) if isinstance(a, MJT) else a.dim() <= trailing
+            for a in args
+            if isinstance(a, torch.Tensor)
+        )
+    if simple:
         new_args = [a._values if isinstance(a, MJT) else a for a in args]
-        if _is_inplace(func):
+        if kind == 1:
             return _inplace(func, args, new_args, kwargs)
         return wrap(func(*new_args, **kwargs), ref._partition, ref._ragged_dims)
     partition, ragged_dims, new_args = _broadcast(func, args)
-    if _is_inplace(func):
+    if kind == 1:
         self = args[0]
         if not isinstance(self, MJT) or self._ragged_dims != ragged_dims or self._partition is not partition:
             raise _error(func, args, "an in-place op cannot change the structure of self")
         return _inplace(func, args, new_args, kwargs)
     return wrap(func(*new_args, **kwargs), partition, ragged_dims)
-
-
-def _is_inplace(func) -> bool:
-    return func._schema.name.endswith("_") and func._schema.arguments[0].alias_info is not None
 
 
 def _inplace(func, args, new_args, kwargs):

@@ -1,0 +1,162 @@
+"""Per-op host overhead, eager, one thread: µs per call of small feature ops on a tiny batch.
+
+B = 8 samples with lengths 1..8, C = 16, so the arithmetic is negligible and the time is the
+Python/dispatch cost of each layout. ``dense`` runs the op on the packed ``(ΣN, C)`` buffer and is
+the floor; the figure of merit is ours' overhead above that floor relative to ``torch.jagged``'s:
+
+    ratio = (ours - dense) / (jagged - dense)        goal: <= 0.25 for every op
+
+Every method's output is checked against dense before it is timed.
+
+    python benchmarks/overhead.py [--quick] [--json PATH] [--profile OP]
+"""
+
+from __future__ import annotations
+
+import cProfile
+import pstats
+import time
+from typing import Any, Callable, Optional
+
+import torch
+import torch.nn.functional as F
+
+try:
+    from . import _harness as h
+except ImportError:  # run as a script: python benchmarks/overhead.py
+    import _harness as h
+
+import torch_multijagged as mj
+
+B, C = 8, 16
+LENGTHS = list(range(1, B + 1))
+GOAL = 0.25
+ATOL = 1e-5
+
+
+def make_ops(weight: torch.Tensor, bias: torch.Tensor) -> dict[str, Callable[[Any], Any]]:
+    return {
+        "add": lambda x: x + x,
+        "sin": torch.sin,
+        "linear": lambda x: F.linear(x, weight, bias),
+        "layer_norm": lambda x: F.layer_norm(x, (C,)),
+        "softmax": lambda x: x.softmax(-1),
+    }
+
+
+def make_methods(comps: list[torch.Tensor]) -> dict[str, tuple[Any, Callable[[Any], torch.Tensor], Optional[type]]]:
+    """name -> (input, packed values of an output, the type an output must have)."""
+    methods: dict[str, tuple[Any, Callable[[Any], torch.Tensor], Optional[type]]] = {
+        "dense": (torch.cat(comps), lambda y: y, None),
+        "torch.jagged": (
+            torch.nested.nested_tensor(comps, layout=torch.jagged),
+            lambda y: y.values(),
+            type(torch.nested.nested_tensor(comps[:1], layout=torch.jagged)),
+        ),
+    }
+    danling = h.optional_import("danling.tensors") or h.optional_import("danling.tensor")
+    if danling is not None and hasattr(danling, "NestedTensor"):
+        NT = danling.NestedTensor
+        methods["danling"] = (NT(comps), lambda y: y.concat, NT)
+    methods["ours"] = (mj.nested_tensor(comps), lambda y: y._values, mj.MultiJaggedTensor)
+    return methods
+
+
+def check(op: Callable, x: Any, packed: Callable, kind: Optional[type], ref: torch.Tensor) -> Optional[str]:
+    """None when ``op(x)`` agrees with the dense reference, else the reason it cannot be timed."""
+    try:
+        y = op(x)
+    except Exception as e:  # a method that cannot run an op is reported, not timed
+        return f"{type(e).__name__}: {str(e).splitlines()[0][:80] if str(e) else ''}"
+    if kind is not None and not isinstance(y, kind):
+        return f"returned {type(y).__name__}, not {kind.__name__}"
+    v = packed(y)
+    if v.shape != ref.shape or not torch.allclose(v, ref, atol=ATOL, rtol=0):
+        return f"wrong values (shape {tuple(v.shape)}, expected {tuple(ref.shape)})"
+    return None
+
+
+def profile_ours(op_name: str, ops: dict, x: Any, calls: int = 20000, top: int = 15) -> None:
+    op = ops[op_name]
+    with torch.no_grad():
+        for _ in range(200):
+            op(x)
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(calls):
+            op(x)
+        prof.disable()
+    print(f"\ncProfile of ours {op_name!r}, {calls} calls (times are for all calls; profiler inflates them):")
+    pstats.Stats(prof).sort_stats("tottime").print_stats(top)
+
+
+def main() -> None:
+    p = h.parser(__doc__.splitlines()[0])
+    p.add_argument("--profile", metavar="OP", help="after the table, cProfile 20000 calls of OP on ours")
+    args = p.parse_args()
+    threads = h.set_one_thread()
+    calls, samples, warmup = (100, 9, 2) if args.quick else (200, 41, 3)
+
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, C, generator=g) for n in LENGTHS]
+    weight, bias = torch.randn(C, C, generator=g), torch.randn(C, generator=g)
+    ops = make_ops(weight, bias)
+    methods = make_methods(comps)
+    names = list(methods)
+    if "danling" not in methods:
+        print("danling: not installed, skipped (pip install danling)")
+
+    t_start = time.perf_counter()
+    rows, results, notes = [], {}, []
+    with torch.no_grad():
+        for op_name, op in ops.items():
+            ref = op(methods["dense"][0])
+            runnable = {}
+            for name, (x, packed, kind) in methods.items():
+                reason = check(op, x, packed, kind, ref)
+                if reason is None:
+                    runnable[name] = (lambda op=op, x=x: op(x))
+                else:
+                    notes.append(f"{op_name} / {name}: n/a ({reason})")
+            samples_ns = h.time_interleaved(runnable, calls=calls, samples=samples, warmup=warmup)
+            us = {n: h.median(s) / 1e3 for n, s in samples_ns.items()}
+            floor = us.get("dense")
+            over_j = us["torch.jagged"] - floor if "torch.jagged" in us else None
+            over_o = us["ours"] - floor if "ours" in us else None
+            r = h.ratio(over_o, over_j)
+            verdict = "n/a" if r is None else ("ok" if r <= GOAL else "MISS")
+            rows.append(
+                [op_name]
+                + [h.fmt(us.get(n)) for n in names]
+                + [h.fmt(over_j), h.fmt(over_o), h.fmt(r, 2), verdict]
+            )
+            results[op_name] = {
+                "us_per_call": us,
+                "overhead_us": {"torch.jagged": over_j, "ours": over_o},
+                "ratio": r,
+                "samples_ns": samples_ns,
+            }
+
+    headers = ["op"] + [f"{n} µs" for n in names] + ["jagged−dense", "ours−dense", "ratio", f"≤{GOAL}"]
+    print(f"Host overhead per call (median of {samples} samples × {calls} calls, interleaved)")
+    print(h.format_table(headers, rows))
+    for n in notes:
+        print(n)
+    misses = [r[0] for r in rows if r[-1] == "MISS"]
+    print(f"ratio = (ours − dense) / (jagged − dense); goal ≤ {GOAL}: "
+          + (f"missed for {', '.join(misses)}" if misses else "met for every op"))
+    print(f"torch {torch.__version__}, {threads} thread, eager, no_grad, B={B}, lengths {LENGTHS[0]}..{LENGTHS[-1]}, "
+          f"C={C}, float32; timing {time.perf_counter() - t_start:.1f} s")
+
+    h.write_json(args.json, {
+        "benchmark": "overhead",
+        "config": {"B": B, "C": C, "lengths": LENGTHS, "calls": calls, "samples": samples, "goal": GOAL},
+        "results": results,
+        "notes": notes,
+    })
+    if args.profile:
+        profile_ours(args.profile, ops, methods["ours"][0])
+
+
+if __name__ == "__main__":
+    main()
