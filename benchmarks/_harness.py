@@ -10,8 +10,10 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import platform
 import statistics
+import subprocess
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -108,8 +110,21 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
 
 
+def _git_revision() -> Optional[str]:
+    """``git describe --always --dirty`` of the checkout, so results can be tied to the code."""
+    try:
+        out = subprocess.run(
+            ["git", "describe", "--always", "--dirty"], capture_output=True, text=True, timeout=5,
+            cwd=os.path.dirname(os.path.abspath(__file__)),
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return out.stdout.strip() or None
+
+
 def environment() -> dict[str, Any]:
     return {
+        "git": _git_revision(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "python": platform.python_version(),

@@ -71,8 +71,10 @@ def check(op: Callable, x: Any, packed: Callable, kind: Optional[type], ref: tor
     if kind is not None and not isinstance(y, kind):
         return f"returned {type(y).__name__}, not {kind.__name__}"
     v = packed(y)
-    if v.shape != ref.shape or not torch.allclose(v, ref, atol=ATOL, rtol=0):
-        return f"wrong values (shape {tuple(v.shape)}, expected {tuple(ref.shape)})"
+    if v.shape != ref.shape:
+        return f"wrong packed shape {tuple(v.shape)}, expected {tuple(ref.shape)}"
+    if not torch.allclose(v, ref, atol=ATOL, rtol=0):
+        return f"wrong values (max |diff| {(v - ref).abs().max().item():.2e} > {ATOL})"
     return None
 
 

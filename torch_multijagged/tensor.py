@@ -110,20 +110,15 @@ class MultiJaggedTensor(torch.Tensor):
             "sizes",
             False,
             False,
-            storage_size=values.untyped_storage().size(),
+            # The wrapper owns no storage; a size computed from nested-int sizes would fail.
+            storage_size=0,
         )
-        # Packed rows are data-dependent: keep dim 0 dynamic under dynamo (unguarded hint, as
-        # torch.jagged does for its values).
-        values._dynamo_propagated_dynamic_indices = {0}
         r._values = values
         r._partition = partition
         r._ragged_dims = ragged_dims
         r._size = size
         r._strides = stride
         return r
-
-    def __init__(self, *args, **kwargs) -> None:
-        super().__init__()
 
     # ------------------------------------------------------------------ public accessors
     @property
@@ -208,6 +203,10 @@ class MultiJaggedTensor(torch.Tensor):
         return uniq, tuple(index)
 
     def __tensor_flatten__(self):
+        # Packed rows are data-dependent: keep dim 0 dynamic under dynamo (an unguarded hint, as
+        # torch.jagged sets on its values). Set here, where dynamo meets an input, rather than
+        # on every construction.
+        self._values._dynamo_propagated_dynamic_indices = {0}
         uniq, index = self._unique_extents()
         p = self._partition
         names = ["_values", "_offsets"]

@@ -34,7 +34,7 @@ def static_dims(ndim: int, ragged_dims: tuple[int, ...]) -> tuple[int, ...]:
 
 def values_dim(x: MJT, d: int) -> int:
     """Values dim of static logical dim ``d`` (already canonical and not ragged)."""
-    return static_dims(x.dim(), x._ragged_dims).index(d) + 1
+    return static_dims(len(x._size), x._ragged_dims).index(d) + 1
 
 
 def canonical_dim(op: str, ndim: int, d: int) -> int:

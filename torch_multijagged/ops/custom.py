@@ -50,7 +50,7 @@ def pack_like_default(func, components, like):
                 rows *= n
             comps.append(empty.new_zeros((rows, *empty.shape[1:])))
         else:
-            s = c.permute(ref.storage_perm(like.dim(), like._ragged_dims)[0])
+            s = c.permute(ref.storage_perm(len(like._size), like._ragged_dims)[0])
             comps.append(s.reshape(-1, *s.shape[len(ns):]))
     values = torch.cat(comps, 0) if comps else empty
     return wrap(values, like._partition, like._ragged_dims)
@@ -75,8 +75,8 @@ def _envelope(x: MJT, output_size):
     """Padded ragged extents: each extent's max (from its carrier), or ``output_size``."""
     maxes = [e.max for e in x._partition.extents]
     if output_size is not None:
-        if len(output_size) != x.dim():
-            raise ValueError(f"to_padded_tensor(): expected output_size of length {x.dim()}, got {list(output_size)}")
+        if len(output_size) != len(x._size):
+            raise ValueError(f"to_padded_tensor(): expected output_size of length {len(x._size)}, got {list(output_size)}")
         want = [output_size[d] for d in x._ragged_dims]
         for m, w, d in zip(maxes, want, x._ragged_dims):
             if w < m:
@@ -97,11 +97,11 @@ def to_padded_default(func, x, padding, output_size=None):
     flat = flat.index_copy(0, _padded_positions(x, maxes), x._values)
     out = flat.reshape(p.batch, *maxes, *static)
     # storage order (B, ragged…, static…) → logical order
-    _, to_logical = ref.storage_perm(x.dim(), x._ragged_dims)
+    _, to_logical = ref.storage_perm(len(x._size), x._ragged_dims)
     out = out.permute(0, *[d + 1 for d in to_logical])
     if output_size is not None:
         pads = []
-        for d in reversed(range(1, x.dim())):
+        for d in reversed(range(1, len(x._size))):
             pads += [0, output_size[d] - out.shape[d]]
         if output_size[0] != p.batch:
             raise ValueError(f"to_padded_tensor(): output_size[0] must equal the batch size {p.batch}")
@@ -113,7 +113,7 @@ def to_padded_default(func, x, padding, output_size=None):
 def from_padded_like_default(func, padded, like):
     p = like._partition
     maxes = [padded.shape[d] for d in like._ragged_dims]
-    to_storage, _ = ref.storage_perm(like.dim(), like._ragged_dims)
+    to_storage, _ = ref.storage_perm(len(like._size), like._ragged_dims)
     stor = padded.permute(0, *[d + 1 for d in to_storage])
     static = stor.shape[1 + len(maxes):]
     expected = tuple(like._values.shape[1:])

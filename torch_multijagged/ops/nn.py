@@ -13,8 +13,8 @@ aten = torch.ops.aten
 
 def _check_trailing(op: str, x: MJT, normalized_shape) -> None:
     n = len(normalized_shape)
-    stat = static_dims(x.dim(), x._ragged_dims)
-    if n and (n > len(stat) or stat[-n:] != tuple(range(x.dim() - n, x.dim()))):
+    stat = static_dims(len(x._size), x._ragged_dims)
+    if n and (n > len(stat) or stat[-n:] != tuple(range(len(x._size) - n, len(x._size)))):
         raise ValueError(
             f"{op}(): expected normalized_shape {list(normalized_shape)} to cover static trailing dims "
             f"of {describe(x)}"
@@ -29,15 +29,17 @@ def _like(x: MJT, v: torch.Tensor):
 def native_layer_norm_default(func, x, normalized_shape, weight, bias, eps):
     _check_trailing("layer_norm", x, normalized_shape)
     out, mean, rstd = func(x._values, normalized_shape, weight, bias, eps)
-    return _like(x, out), _like(x, mean), _like(x, rstd)
+    # mean / rstd are not differentiable outputs (derivatives.yaml) and only come back to the
+    # backward below: they stay packed, which saves two wrapper constructions per call.
+    return _like(x, out), mean, rstd
 
 
 @register_multi_jagged_func(
     aten.native_layer_norm_backward.default,
-    "grad_out: mjt, input: mjt, normalized_shape: any, mean: mjt, rstd: mjt, weight: t?, bias: t?, output_mask: any",
+    "grad_out: mjt, input: mjt, normalized_shape: any, mean: t, rstd: t, weight: t?, bias: t?, output_mask: any",
 )
 def native_layer_norm_backward_default(func, grad, x, normalized_shape, mean, rstd, weight, bias, mask):
-    gx, gw, gb = func(grad._values, x._values, normalized_shape, mean._values, rstd._values, weight, bias, mask)
+    gx, gw, gb = func(grad._values, x._values, normalized_shape, mean, rstd, weight, bias, mask)
     return (_like(x, gx) if gx is not None else None), gw, gb
 
 
@@ -45,15 +47,15 @@ def native_layer_norm_backward_default(func, grad, x, normalized_shape, mean, rs
 def _fused_rms_norm_default(func, x, normalized_shape, weight=None, eps=None):
     _check_trailing("rms_norm", x, normalized_shape)
     out, rstd = func(x._values, normalized_shape, weight, eps)
-    return _like(x, out), _like(x, rstd)
+    return _like(x, out), rstd  # see native_layer_norm_default
 
 
 @register_multi_jagged_func(
     aten._fused_rms_norm_backward.default,
-    "grad_out: mjt, input: mjt, normalized_shape: any, rstd: mjt, weight: t?, output_mask: any",
+    "grad_out: mjt, input: mjt, normalized_shape: any, rstd: t, weight: t?, output_mask: any",
 )
 def _fused_rms_norm_backward_default(func, grad, x, normalized_shape, rstd, weight, mask):
-    gx, gw = func(grad._values, x._values, normalized_shape, rstd._values, weight, mask)
+    gx, gw = func(grad._values, x._values, normalized_shape, rstd, weight, mask)
     return (_like(x, gx) if gx is not None else None), gw
 
 

@@ -112,11 +112,11 @@ def _broadcast(func, args):
     """Output partition, ragged dims and the operands' values aligned to the output rows."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     mjts = [a for a in tensors if isinstance(a, MJT)]
-    ndim = mjts[0].dim()
+    ndim = len(mjts[0]._size)
     batch = mjts[0]._partition.batch
     for m in mjts:
-        if m.dim() != ndim:
-            raise _error(func, args, f"multi_jagged operands need the same number of dims, got {m.dim()} and {ndim}")
+        if len(m._size) != ndim:
+            raise _error(func, args, f"multi_jagged operands need the same number of dims, got {len(m._size)} and {ndim}")
         if m._partition.batch != batch:
             raise _error(func, args, f"batch sizes differ ({m._partition.batch} vs {batch})")
     if any(t.dim() > ndim for t in tensors):
@@ -180,7 +180,7 @@ def _align_mjt(m: MJT, partition, out_dims, out_static):
         index, _ = map_to_sub(partition, keep)
         vals = vals.index_select(0, index)
     # Drop m's size-1 static dims that sit where the output is ragged.
-    m_static = static_dims(m.dim(), m._ragged_dims)
+    m_static = static_dims(len(m._size), m._ragged_dims)
     if len(m_static) != len(out_static):
         keep_dims = [i + 1 for i, d in enumerate(m_static) if d in out_static]
         vals = vals.reshape(vals.shape[0], *[vals.shape[i] for i in keep_dims])

@@ -26,7 +26,7 @@ mj = torch.ops.multijagged
 
 def _split_dims(func, x: MJT, dims):
     """Canonical reduced dims → (batch?, ragged positions reduced, static values dims)."""
-    ndim = x.dim()
+    ndim = len(x._size)
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         dims = range(ndim)
     elif isinstance(dims, int):
@@ -53,7 +53,7 @@ def _reduce_values(v: torch.Tensor, vdims, kind: str, **kw) -> torch.Tensor:
 
 def _finish(x: MJT, v: torch.Tensor, sub, dims, red_r, keepdim: bool):
     """``v``: (rows of ``sub``, *static of x with reduced dims kept as 1). Shape the output."""
-    ndim = x.dim()
+    ndim = len(x._size)
     kept_r = [d for k, d in enumerate(x._ragged_dims) if k not in red_r]
     # insert size-1 dims where reduced ragged dims sit (among the non-kept-ragged dims)
     non_kept = [d for d in range(1, ndim) if d not in kept_r]
@@ -177,7 +177,7 @@ def mean_default(func, x, dtype=None):
 
 
 def _softmax_common(func, x, dim, log):
-    d = canonical_dim(op_name(func), x.dim(), dim)
+    d = canonical_dim(op_name(func), len(x._size), dim)
     if d == 0:
         raise ValueError(f"{op_name(func)}(): softmax over the batch dim of {describe(x)} is not supported")
     if d in x._ragged_dims:
@@ -193,7 +193,7 @@ def _softmax_default(func, x, dim, half_to_float):
     log = func is aten._log_softmax.default
     d, index, sub = _softmax_common(func, x, dim, log)
     if index is None:
-        vd = static_dims(x.dim(), x._ragged_dims).index(d) + 1
+        vd = static_dims(len(x._size), x._ragged_dims).index(d) + 1
         return wrap(func(x._values, vd, half_to_float), x._partition, x._ragged_dims)
     return wrap(ref.segment_softmax(x._values, index, sub.rows, log=log), x._partition, x._ragged_dims)
 
@@ -241,5 +241,5 @@ def expand_like_default(func, grad, like, dim, keepdim):
     # A dense gradient (B or 1, 1…, static…): gather it per row as pointwise broadcasting does.
     from .pointwise import _align_dense
 
-    aligned = _align_dense(func, (grad, like), grad, like._partition, like.dim(), static_dims(like.dim(), like._ragged_dims), like._partition.batch)
+    aligned = _align_dense(func, (grad, like), grad, like._partition, len(like._size), static_dims(len(like._size), like._ragged_dims), like._partition.batch)
     return wrap(aligned.expand(like._values.shape).contiguous(), like._partition, like._ragged_dims)

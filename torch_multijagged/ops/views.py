@@ -14,16 +14,16 @@ aten = torch.ops.aten
 
 @register_multi_jagged_func(aten.unsqueeze.default, "self: mjt, dim: any")
 def unsqueeze_default(func, inp, dim):
-    d = canonical_dim("unsqueeze", inp.dim() + 1, dim)
+    d = canonical_dim("unsqueeze", len(inp._size) + 1, dim)
     if d == 0:
         raise ValueError(f"unsqueeze(): cannot insert a dim before the batch dim of {describe(inp)}")
     ragged = tuple(r + 1 if r >= d else r for r in inp._ragged_dims)
-    vd = sum(1 for s in static_dims(inp.dim(), inp._ragged_dims) if s < d) + 1
+    vd = sum(1 for s in static_dims(len(inp._size), inp._ragged_dims) if s < d) + 1
     return wrap(inp._values.unsqueeze(vd), inp._partition, ragged)
 
 
 def _squeeze(inp, dims):
-    ndim = inp.dim()
+    ndim = len(inp._size)
     stat = static_dims(ndim, inp._ragged_dims)
     drop = []
     for d in sorted({canonical_dim("squeeze", ndim, d) for d in dims}):
@@ -52,14 +52,14 @@ def squeeze_dims(func, inp, dims):
 
 @register_multi_jagged_func(aten.squeeze.default, "self: mjt")
 def squeeze_default(func, inp):
-    return _squeeze(inp, list(static_dims(inp.dim(), inp._ragged_dims)))
+    return _squeeze(inp, list(static_dims(len(inp._size), inp._ragged_dims)))
 
 
 @register_multi_jagged_func(aten.expand.default, "self: mjt, size: any, implicit: any?")
 def expand_default(func, inp, size, implicit=False):
     """Expand static size-1 dims, including to a ragged extent the tensor already carries
     (``(B, j0, 1, C).expand(B, j0, j0, C)`` gathers rows into the square pair)."""
-    ndim = inp.dim()
+    ndim = len(inp._size)
     if len(size) != ndim:
         raise ValueError(f"expand(): expected {ndim} sizes for {describe(inp)}, got {len(size)}")
     if size[0] not in (-1, inp._partition.batch):
@@ -101,7 +101,7 @@ def expand_default(func, inp, size, implicit=False):
 
 
 def _permute(inp, perm):
-    ndim = inp.dim()
+    ndim = len(inp._size)
     perm = [canonical_dim("permute", ndim, p) for p in perm]
     if sorted(perm) != list(range(ndim)):
         raise ValueError(f"permute(): expected a permutation of {ndim} dims, got {perm}")
@@ -125,7 +125,7 @@ def permute_default(func, inp, dims):
 
 @register_multi_jagged_func(aten.transpose.int, "self: mjt, dim0: any, dim1: any")
 def transpose_int(func, inp, dim0, dim1):
-    ndim = inp.dim()
+    ndim = len(inp._size)
     perm = list(range(ndim))
     a, b = canonical_dim("transpose", ndim, dim0), canonical_dim("transpose", ndim, dim1)
     perm[a], perm[b] = perm[b], perm[a]
@@ -134,14 +134,14 @@ def transpose_int(func, inp, dim0, dim1):
 
 @register_multi_jagged_func(aten.unbind.int, "self: mjt, dim: any?")
 def unbind_int(func, inp, dim=0):
-    if canonical_dim("unbind", inp.dim(), dim) != 0:
+    if canonical_dim("unbind", len(inp._size), dim) != 0:
         raise ValueError(f"unbind(): only dim 0 is supported for layout torch.multi_jagged, got {dim}")
     return tuple(ref.unpack_components(inp._values, inp._partition.host_sizes(), inp._ragged_dims))
 
 
 @register_multi_jagged_func(aten.select.int, "self: mjt, dim: any, index: any")
 def select_int(func, inp, dim, index):
-    if canonical_dim("select", inp.dim(), dim) != 0:
+    if canonical_dim("select", len(inp._size), dim) != 0:
         raise ValueError(f"select(): only dim 0 is supported for layout torch.multi_jagged, got {dim}")
     b = inp._partition.batch
     if not -b <= index < b:

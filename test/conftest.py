@@ -1,0 +1,30 @@
+import os
+
+import pytest
+import torch
+from hypothesis import HealthCheck, settings
+
+import torch_multijagged  # noqa: F401  (registers the layout)
+
+# Small, deterministic examples: the suite must stay fast and reproducible. Set
+# HYPOTHESIS_PROFILE=thorough for a longer randomised run.
+settings.register_profile(
+    "default",
+    max_examples=25,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+settings.register_profile(
+    "thorough",
+    max_examples=300,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)
+    yield
