@@ -25,6 +25,7 @@ __all__ = [
     "parser",
     "time_interleaved",
     "median",
+    "quartiles",
     "ratio",
     "fmt",
     "format_table",
@@ -87,6 +88,15 @@ def median(xs: Sequence[float]) -> float:
     return statistics.median(xs) if xs else float("nan")
 
 
+def quartiles(xs: Sequence[float]) -> tuple[float, float, float]:
+    """(q25, median, q75); with noisy machines the spread says how far to trust a median."""
+    if len(xs) < 2:
+        m = median(xs)
+        return m, m, m
+    q = statistics.quantiles(xs, n=4, method="inclusive")
+    return q[0], q[1], q[2]
+
+
 def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     """``a / b``, or ``None`` when either is missing or ``b`` is not positive."""
     if a is None or b is None or b <= 0:
@@ -127,6 +137,7 @@ def environment() -> dict[str, Any]:
         "git": _git_revision(),
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
+        "loadavg_1min": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "python": platform.python_version(),
         "machine": platform.machine(),
         "processor": platform.processor() or platform.machine(),

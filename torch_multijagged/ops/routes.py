@@ -37,14 +37,14 @@ def _dense(t) -> bool:
 @route(F.linear, torch._C._nn.linear)
 def _linear(input, weight, bias=None):
     if isinstance(input, MJT) and _dense(weight) and (bias is None or _dense(bias)):
-        return mj.linear(input, weight, bias)
+        return mj.linear.default(input, weight, bias)
     return NotImplemented
 
 
 @route(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
 def _matmul(input, other, *, out=None):
     if out is None and isinstance(input, MJT) and _dense(other) and other.dim() == 2:
-        return mj.linear(input, other.t(), None)
+        return mj.linear.default(input, other.t(), None)
     return NotImplemented
 
 
@@ -53,13 +53,13 @@ def _reduction_route(kind: str):
         if not isinstance(input, MJT) or dtype is not None:
             return NotImplemented
         if dim is None:
-            return mj.reduce(input, kind, None, False)
+            return mj.reduce.default(input, kind, None, False)
         dims = [dim] if isinstance(dim, int) else list(dim)
         canon = {canonical_dim(kind, input.dim(), d) for d in dims}
         # Dense results (every ragged dim reduced) and means over ragged dims: aten's backward
         # would expand a dense grad to nested-int sizes or divide by a nested int.
         if (0 in canon or set(input._ragged_dims) <= canon) or (kind == "mean" and canon & set(input._ragged_dims)):
-            return mj.reduce(input, kind, sorted(canon), keepdim)
+            return mj.reduce.default(input, kind, sorted(canon), keepdim)
         return NotImplemented
 
     return routed
@@ -72,7 +72,7 @@ route(torch.mean, torch.Tensor.mean)(_reduction_route("mean"))
 @route(torch.unbind, torch.Tensor.unbind)
 def _unbind(input, dim=0):
     if isinstance(input, MJT) and dim == 0:
-        return tuple(mj.unbind(input))
+        return tuple(mj.unbind.default(input))
     return NotImplemented
 
 
@@ -82,7 +82,7 @@ def _getitem(input, index):
         b = input._partition.batch
         if not -b <= index < b:
             raise IndexError(f"index {index} is out of bounds for dimension 0 with size {b}")
-        return mj.unbind(input)[index]
+        return mj.unbind.default(input)[index]
     return NotImplemented
 
 
