@@ -92,6 +92,9 @@ def register_multi_jagged_func(aten_ops, schema: str):
     return wrapper
 
 
+_POINTWISE: dict[Any, bool] = {}  # func.tags builds a list per access
+
+
 def dispatch(func, args, kwargs):
     if len(args) == 1 and not kwargs:
         fast = metadata.FAST.get(func)
@@ -102,7 +105,10 @@ def dispatch(func, args, kwargs):
         handler, schema = entry
         schema.check(func, args)
         return handler(func, *args, **kwargs)
-    if torch.Tag.pointwise in func.tags:
+    is_pointwise = _POINTWISE.get(func)
+    if is_pointwise is None:
+        is_pointwise = _POINTWISE[func] = torch.Tag.pointwise in func.tags
+    if is_pointwise:
         return pointwise.pointwise(func, *args, **kwargs)
     raise NotImplementedError(
         f"{op_name(func)}(): not supported for layout torch.multi_jagged "

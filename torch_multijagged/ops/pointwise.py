@@ -71,11 +71,11 @@ def pointwise(func, *args, **kwargs):
         if isinstance(a, MJT):
             if ref is None:
                 ref = a
-            elif simple and not _same_layout(a, ref):
+            elif simple and a is not ref and not _same_layout(a, ref):
                 simple = False
         elif isinstance(a, torch.Tensor) and simple and a.dim():
             simple = None  # decide below, once ref is known
-    if ref is None or any(isinstance(v, MJT) for v in kwargs.values()):
+    if ref is None or (kwargs and any(isinstance(v, MJT) for v in kwargs.values())):
         raise NotImplementedError(f"{op_name(func)}(): multi_jagged tensors as keyword arguments are not supported")
     if simple is None:
         # Dense operands may broadcast over the static dims after the last ragged dim only.
