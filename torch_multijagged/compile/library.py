@@ -31,9 +31,10 @@ LIB.define("unbind(Tensor x) -> Tensor[]")
 LIB.define("pack_like(Tensor?[] components, Tensor like) -> Tensor")
 LIB.define("to_padded(Tensor x, float padding, SymInt[]? output_size=None) -> Tensor")
 LIB.define("from_padded_like(Tensor padded, Tensor like) -> Tensor")
-LIB.define("mean_scale(Tensor x, int[] dim, bool keepdim) -> Tensor")
 LIB.define("reduce(Tensor x, str kind, int[]? dim, bool keepdim) -> Tensor")
-LIB.define("expand_like(Tensor grad, Tensor like, int[]? dim, bool keepdim) -> Tensor")
+LIB.define(
+    "reduce_backward(Tensor grad, Tensor x, Tensor result, str kind, int[]? dim, bool keepdim) -> Tensor"
+)
 
 
 # --------------------------------------------------------------------------- dense kernels
@@ -64,35 +65,33 @@ def _from_padded_like_dense(padded, like):
     return padded[tuple(slice(0, s) for s in like.shape)].clone()
 
 
-def _mean_scale_dense(x, dim, keepdim):
-    n = 1
-    for d in dim:
-        n *= x.shape[d]
-    shape = [1 if d in dim or d - x.dim() in dim else s for d, s in enumerate(x.shape)]
-    if not keepdim:
-        shape = [s for d, s in enumerate(shape) if not (d in dim or d - x.dim() in dim)]
-    return x.new_full(shape, 1.0 / n)
+REDUCTIONS = ("sum", "mean", "amax", "amin", "prod", "logsumexp")
+
+
+def _dims(x, dim):
+    return list(range(x.dim())) if dim is None else [d % x.dim() for d in dim]
 
 
 def _reduce_dense(x, kind, dim=None, keepdim=False):
-    dims = list(range(x.dim())) if dim is None else list(dim)
-    if kind in ("sum", "mean"):
-        return getattr(torch, kind)(x, dims, keepdim=keepdim)
+    dims = _dims(x, dim)
+    if kind == "prod":
+        for d in sorted(dims, reverse=True):
+            x = x.prod(d, keepdim=True)
+        return x if keepdim else x.reshape([s for i, s in enumerate(x.shape) if i not in dims])
+    if kind == "logsumexp":
+        return torch.logsumexp(x, dims, keepdim=keepdim)
     return getattr(torch, kind)(x, dims, keepdim=keepdim)
 
 
-def _expand_like_dense(grad, like, dim=None, keepdim=False):
-    dims = sorted(d % like.dim() for d in (range(like.dim()) if dim is None else dim))
-    if not keepdim:
-        for d in dims:
-            grad = grad.unsqueeze(d)
-    return grad.expand(like.shape).clone()
+def _reduce_backward_dense(grad, x, result, kind, dim=None, keepdim=False):
+    with torch.enable_grad():
+        xx = x.detach().requires_grad_()
+        return torch.autograd.grad(_reduce_dense(xx, kind, dim, keepdim), xx, grad)[0]
 
 
 for _name, _fn in [
     ("reduce", _reduce_dense),
-    ("expand_like", _expand_like_dense),
-    ("mean_scale", _mean_scale_dense),
+    ("reduce_backward", _reduce_backward_dense),
     ("linear", _linear_dense),
     ("linear_param_grads", _linear_param_grads_dense),
     ("unbind", _unbind_dense),
@@ -176,18 +175,13 @@ torch.library.register_autograd(
 
 def _reduce_setup(ctx, inputs, output):
     x, kind, dim, keepdim = inputs
-    ctx.save_for_backward(x)
+    ctx.save_for_backward(x, output)
     ctx.args = (kind, dim, keepdim)
 
 
 def _reduce_backward(ctx, grad):
-    (x,) = ctx.saved_tensors
-    kind, dim, keepdim = ctx.args
-    if kind not in ("sum", "mean"):
-        raise NotImplementedError(f"multijagged::reduce: no derivative for {kind!r} yet")
-    if kind == "mean":
-        grad = grad * mj.mean_scale(x.detach(), list(range(x.dim())) if dim is None else dim, keepdim)
-    return mj.expand_like(grad, x, dim, keepdim), None, None, None
+    x, result = ctx.saved_tensors
+    return mj.reduce_backward(grad, x, result, *ctx.args), None, None, None
 
 
 torch.library.register_autograd("multijagged::reduce", _reduce_backward, setup_context=_reduce_setup, lib=LIB)

@@ -63,19 +63,18 @@ def row_map(
 
 
 def segment_reduce(
-    values: torch.Tensor, index: torch.Tensor, out_rows, reduce: str
+    values: torch.Tensor, index: torch.Tensor, out_rows, reduce: str, empty=0
 ) -> torch.Tensor:
     """Reduce rows of ``values`` (T, *F) into ``out_rows`` rows by ``index`` (T,).
 
-    ``reduce``: "sum", "amax", "amin" or "prod". Output rows that receive nothing hold the
-    identity of the reduction (0 for sum; for amax/amin such rows belong to empty segments,
-    which the caller must not expose)."""
+    ``reduce``: "sum", "amax", "amin" or "prod". Output rows that receive no row hold ``empty``
+    (pass the reduction's identity; amax/amin have none, so the caller decides)."""
     out_shape = (out_rows, *values.shape[1:])
     if reduce == "sum":
-        out = values.new_zeros(out_shape)
+        out = values.new_full(out_shape, empty) if empty else values.new_zeros(out_shape)
         return out.index_add(0, index, values)
     idx = index.view(-1, *([1] * (values.dim() - 1))).expand_as(values)
-    out = values.new_zeros(out_shape)
+    out = values.new_full(out_shape, empty)
     return out.scatter_reduce(0, idx, values, reduce=reduce, include_self=False)
 
 

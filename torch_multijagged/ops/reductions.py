@@ -2,20 +2,31 @@
 
 NOTE [ Reducing ragged dims ]
 
-Reducing a set of ragged dims maps every packed row to its row in the sub-partition that keeps
-the other ragged dims (``map_to_sub``), and scatter-reduces into it (``segment_reduce``). A pair
-built from singles recorded the singles' partition as that sub-partition, so
-``pair.sum(dim=-2)`` comes back with the singles' own partition and nested int. Reducing every
-ragged dim leaves one row per sample: the result is a dense ``(B, …)`` tensor, as ``torch.jagged``
-returns for a sum over its ragged dim. Reducing the batch dim requires reducing every ragged dim
-with it (a global reduction over the listed dims), again as ``torch.jagged`` does.
+A reduction over ``dims`` is planned once (``_plan``): the static dims go to the values' dims
+(``vdims``); the reduced ragged dims map every packed row to its row in the sub-partition that
+keeps the other ragged dims (``map_to_sub``), where rows are scatter-reduced (``segment_reduce``).
+A pair built from singles recorded the singles' partition as that sub-partition, so
+``pair.sum(dim=-2)`` returns tensors with the singles' own partition and nested int. Reducing
+every ragged dim leaves one row per sample: a dense ``(B, …)`` result, as ``torch.jagged`` gives
+for its ragged dim. Reducing the batch dim requires reducing every ragged dim too; then all rows
+form one segment and the result is dense without a batch dim.
+
+Intermediate layout "K": ``(rows of the sub-partition, *static dims of x with vdims as 1)``. The
+forward produces K and shapes it into the output (``_to_output``); backward formulas bring the
+output back to K (``_from_output``) and gather it to x's rows (``_to_rows``).
+
+Reductions over ragged dims are routed (``ops/routes.py``) to ``multijagged::reduce``, whose
+backward (``reduce_backward`` below) is written on packed values: aten's formulas would divide
+by (``mean``) or expand to (dense results) nested-int sizes, or (``prod``) use ``cumprod`` along
+a ragged dim. The aten overloads below still serve calls that reach dispatch directly, such as
+the autograd engine's ``sum_to_size`` un-broadcast.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..compile import library  # noqa: F401  (defines multijagged::mean_scale)
+from ..compile import library  # noqa: F401  (defines multijagged::reduce*)
 from ..kernels import reference as ref
 from . import op_name, register_multi_jagged_func
 from ._common import MJT, canonical_dim, describe, map_to_sub, static_dims, wrap
@@ -24,80 +35,154 @@ aten = torch.ops.aten
 mj = torch.ops.multijagged
 
 
-def _split_dims(func, x: MJT, dims):
-    """Canonical reduced dims → (batch?, ragged positions reduced, static values dims)."""
-    ndim = len(x._size)
-    if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
-        dims = range(ndim)
-    elif isinstance(dims, int):
-        dims = [dims]
-    dims = sorted({canonical_dim(op_name(func), ndim, d) for d in dims})
-    stat = static_dims(ndim, x._ragged_dims)
-    batch = 0 in dims
-    red_r = tuple(k for k, d in enumerate(x._ragged_dims) if d in dims)
-    vdims = [stat.index(d) + 1 for d in dims if d in stat]
-    if batch and len(red_r) != len(x._ragged_dims):
-        raise NotImplementedError(
-            f"{op_name(func)}(): reducing the batch dim of {describe(x)} requires reducing all its ragged dims too"
-        )
-    return dims, batch, red_r, vdims
+class _Plan:
+    __slots__ = ("dims", "batch", "red_r", "vdims", "index", "sub", "rows")
+
+    def __init__(self, func, x: MJT, dims) -> None:
+        ndim = len(x._size)
+        if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
+            dims = range(ndim)
+        elif isinstance(dims, int):
+            dims = [dims]
+        self.dims = sorted({canonical_dim(op_name(func), ndim, d) for d in dims})
+        stat = static_dims(ndim, x._ragged_dims)
+        self.batch = 0 in self.dims
+        self.red_r = tuple(k for k, d in enumerate(x._ragged_dims) if d in self.dims)
+        self.vdims = [stat.index(d) + 1 for d in self.dims if d in stat]
+        if self.batch and len(self.red_r) != len(x._ragged_dims):
+            raise NotImplementedError(
+                f"{op_name(func)}(): reducing the batch dim of {describe(x)} requires reducing all its ragged dims too"
+            )
+        p = x._partition
+        if self.batch:  # every row is one segment
+            self.index, self.sub, self.rows = p.offsets.new_zeros(p.rows), None, 1
+        elif self.red_r:
+            keep = tuple(k for k in range(len(x._ragged_dims)) if k not in self.red_r)
+            self.index, self.sub = map_to_sub(p, keep)
+            self.rows = self.sub.rows
+        else:
+            self.index, self.sub, self.rows = None, p, p.rows
+
+    def count(self, x: MJT) -> torch.Tensor:
+        """Number of elements reduced into each K row (K layout, float of x's dtype)."""
+        n = 1
+        for vd in self.vdims:
+            n *= x._values.shape[vd]
+        if self.index is None:
+            c = torch.full((1,), float(n), dtype=x._values.dtype, device=x._values.device)
+        else:
+            ones = x._values.new_ones(x._values.shape[0])
+            c = ref.segment_reduce(ones, self.index, self.rows, "sum") * n
+        return c.reshape(-1, *([1] * (x._values.dim() - 1)))
 
 
-def _reduce_values(v: torch.Tensor, vdims, kind: str, **kw) -> torch.Tensor:
+def _static_reduce(v: torch.Tensor, vdims, kind: str) -> torch.Tensor:
     if not vdims:
         return v
-    if kind == "sum":
-        return v.sum(vdims, keepdim=True, **kw)
-    return getattr(v, kind)(vdims, keepdim=True)
+    if kind in ("sum", "amax", "amin"):
+        return getattr(v, kind)(vdims, keepdim=True)
+    for d in vdims:  # prod / any / all take one dim at a time
+        v = getattr(v, kind)(d, keepdim=True)
+    return v
 
 
-def _finish(x: MJT, v: torch.Tensor, sub, dims, red_r, keepdim: bool):
-    """``v``: (rows of ``sub``, *static of x with reduced dims kept as 1). Shape the output."""
+_SEGMENT = {"sum": "sum", "amax": "amax", "amin": "amin", "prod": "prod", "any": "amax", "all": "amin"}
+_EMPTY = {"sum": 0, "prod": 1, "any": 0, "all": 1}  # identities of the reductions
+
+
+def _empty_value(kind: str, dtype: torch.dtype):
+    """What an empty segment holds. amax/amin have no identity: like torch.jagged, an empty
+    extent gives the dtype's lowest (amax) / highest (amin) finite value."""
+    if kind in _EMPTY:
+        return _EMPTY[kind]
+    info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
+    return info.min if kind == "amax" else info.max
+
+
+def _forward_k(plan: _Plan, x: MJT, v: torch.Tensor, kind: str) -> torch.Tensor:
+    """Reduce values ``v`` (x's rows) to layout K."""
+    if kind in ("any", "all"):
+        v = v.to(torch.uint8) if v.dtype == torch.bool else (v != 0).to(torch.uint8)
+    v = _static_reduce(v, plan.vdims, {"any": "amax", "all": "amin"}.get(kind, kind))
+    if plan.index is not None:
+        v = ref.segment_reduce(v, plan.index, plan.rows, _SEGMENT[kind], empty=_empty_value(kind, v.dtype))
+    return v.bool() if kind in ("any", "all") else v
+
+
+def _to_output(plan: _Plan, x: MJT, k: torch.Tensor, keepdim: bool):
     ndim = len(x._size)
-    kept_r = [d for k, d in enumerate(x._ragged_dims) if k not in red_r]
-    # insert size-1 dims where reduced ragged dims sit (among the non-kept-ragged dims)
+    kept_r = [d for i, d in enumerate(x._ragged_dims) if i not in plan.red_r]
     non_kept = [d for d in range(1, ndim) if d not in kept_r]
-    red_ragged_dims = {x._ragged_dims[k] for k in red_r}
+    reduced_ragged = {x._ragged_dims[i] for i in plan.red_r}
     for i, d in enumerate(non_kept):
-        if d in red_ragged_dims:
-            v = v.unsqueeze(i + 1)
+        if d in reduced_ragged:
+            k = k.unsqueeze(i + 1)
     out_ragged = tuple(kept_r)
     if not keepdim:
-        drop = [i + 1 for i, d in enumerate(non_kept) if d in dims]
-        v = v.squeeze(drop) if drop else v
-        out_ragged = tuple(d - sum(1 for e in dims if e < d) for d in kept_r)
-    if not kept_r:
-        return v  # dense (B, …): one row per sample
-    return wrap(v, sub, out_ragged)
+        drop = [i + 1 for i, d in enumerate(non_kept) if d in plan.dims]
+        k = k.squeeze(drop) if drop else k
+        out_ragged = tuple(d - sum(1 for e in plan.dims if e < d) for d in kept_r)
+    if kept_r:
+        return wrap(k, plan.sub, out_ragged)
+    if plan.batch and not keepdim:
+        return k.squeeze(0)
+    return k  # dense (B, …) — or (1, …) with keepdim over the batch dim
 
 
-def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, **kw):
-    dims, batch, red_r, vdims = _split_dims(func, x, dims)
-    v = x._values
-    if batch:
-        # Global over batch, all ragged dims and the listed static dims: a dense result.
-        out = v.sum([0] + vdims, **kw) if kind == "sum" else getattr(v, kind)([0] + vdims)
-        if keepdim:
-            out = out.reshape(*[1 if d in dims else s for d, s in enumerate(x.shape)])
-        return out
-    v = _reduce_values(v, vdims, kind, **kw)
-    if not red_r:
-        sub = x._partition
+def _from_output(plan: _Plan, x: MJT, r, keepdim: bool) -> torch.Tensor:
+    """Inverse of ``_to_output``: an output-shaped tensor back to layout K."""
+    ndim = len(x._size)
+    k = r._values if isinstance(r, MJT) else r
+    if plan.batch and not keepdim:
+        k = k.unsqueeze(0)
+    kept_r = [d for i, d in enumerate(x._ragged_dims) if i not in plan.red_r]
+    non_kept = [d for d in range(1, ndim) if d not in kept_r]
+    if not keepdim:
+        for i, d in enumerate(non_kept):
+            if d in plan.dims:
+                k = k.unsqueeze(i + 1)
+    reduced_ragged = {x._ragged_dims[i] for i in plan.red_r}
+    drop = [i + 1 for i, d in enumerate(non_kept) if d in reduced_ragged]
+    return k.squeeze(drop) if drop else k
+
+
+def _to_rows(plan: _Plan, k: torch.Tensor) -> torch.Tensor:
+    return k if plan.index is None else k.index_select(0, plan.index)
+
+
+def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None):
+    plan = _Plan(func, x, dims)
+    v = x._values if dtype is None else x._values.to(dtype)
+    if kind == "mean":
+        k = _forward_k(plan, x, v, "sum") / plan.count(x)
+    elif kind == "logsumexp":
+        m = _forward_k(plan, x, v.detach(), "amax")
+        m = torch.where(torch.isinf(m) | (m == torch.finfo(m.dtype).min), torch.zeros_like(m), m)
+        k = _forward_k(plan, x, (v - _to_rows(plan, m)).exp(), "sum").log() + m
     else:
-        keep = tuple(k for k in range(len(x._ragged_dims)) if k not in red_r)
-        index, sub = map_to_sub(x._partition, keep)
-        v = ref.segment_reduce(v, index, sub.rows, {"sum": "sum", "amax": "amax", "amin": "amin"}[kind])
-    return _finish(x, v, sub, dims, red_r, keepdim)
+        k = _forward_k(plan, x, v, kind)
+    return _to_output(plan, x, k, keepdim)
 
 
+# ----------------------------------------------------------------------------- aten overloads
 @register_multi_jagged_func(aten.sum.dim_IntList, "self: mjt, dim: any?, keepdim: any?, dtype: any?")
 def sum_dim_IntList(func, x, dim=None, keepdim=False, dtype=None):
-    return _reduce(func, x, dim, keepdim, "sum", **({"dtype": dtype} if dtype is not None else {}))
+    return _reduce(func, x, dim, keepdim, "sum", dtype)
 
 
 @register_multi_jagged_func(aten.sum.default, "self: mjt")
 def sum_default(func, x, dtype=None):
     return x._values.sum(dtype=dtype)
+
+
+@register_multi_jagged_func(aten.mean.dim, "self: mjt, dim: any?, keepdim: any?, dtype: any?")
+def mean_dim(func, x, dim=None, keepdim=False, dtype=None):
+    return _reduce(func, x, dim, keepdim, "mean", dtype)
+
+
+@register_multi_jagged_func(aten.mean.default, "self: mjt")
+def mean_default(func, x, dtype=None):
+    return x._values.mean(dtype=dtype)
 
 
 @register_multi_jagged_func(aten.amax.default, "self: mjt, dim: any?, keepdim: any?")
@@ -110,73 +195,107 @@ def amin_default(func, x, dim=(), keepdim=False):
     return _reduce(func, x, dim, keepdim, "amin")
 
 
-def _inv_counts(x: MJT, red_r, vdims, out):
-    """1 / (number of elements reduced into each output element), broadcastable to ``out``'s
-    values (or to the dense ``out``)."""
-    n = 1
-    for vd in vdims:
-        n *= x._values.shape[vd]
-    keep = tuple(k for k in range(len(x._ragged_dims)) if k not in red_r)
-    _, sub = map_to_sub(x._partition, keep)
-    sample = map_to_sub(sub, ())[0] if keep else torch.arange(sub.rows, device=x._values.device)
-    count = torch.ones_like(sample)
-    for k in red_r:
-        count = count * x._partition.extents[k].lengths()[sample]
-    vals = out._values if isinstance(out, MJT) else out
-    inv = (1.0 / (count * n).to(vals.dtype))
-    return inv.reshape(-1, *([1] * (vals.dim() - 1)))
+@register_multi_jagged_func(aten.prod.dim_int, "self: mjt, dim: any, keepdim: any?, dtype: any?")
+def prod_dim_int(func, x, dim, keepdim=False, dtype=None):
+    return _reduce(func, x, [dim], keepdim, "prod", dtype)
 
 
-@register_multi_jagged_func(aten.mean.dim, "self: mjt, dim: any?, keepdim: any?, dtype: any?")
-def mean_dim(func, x, dim=None, keepdim=False, dtype=None):
-    dims, batch, red_r, vdims = _split_dims(func, x, dim)
-    if batch:
-        v = x._values if dtype is None else x._values.to(dtype)
-        out = v.mean([0] + vdims)
-        if keepdim:
-            out = out.reshape(*[1 if d in dims else s for d, s in enumerate(x.shape)])
-        return out
-    if not red_r:
-        v = x._values.mean(vdims, keepdim=True, dtype=dtype)
-        return _finish(x, v, x._partition, dims, red_r, keepdim)
-    out = sum_dim_IntList(aten.sum.dim_IntList, x, dim, keepdim, dtype)
-    inv = _inv_counts(x, red_r, vdims, out)
-    if isinstance(out, MJT):
-        return wrap(out._values * inv, out._partition, out._ragged_dims)
-    return out * inv
+@register_multi_jagged_func(aten.prod.default, "self: mjt")
+def prod_default(func, x, dtype=None):
+    return x._values.prod(dtype=dtype)
 
 
-@register_multi_jagged_func(mj.mean_scale.default, "x: mjt, dim: any, keepdim: any")
-def mean_scale_default(func, x, dim, keepdim):
-    """``1 / count`` shaped like ``x.sum(dim, keepdim)``: the route for ``mean`` over ragged dims
-    multiplies by it, since aten's ``mean`` backward divides by the (nested int) size."""
-    dims, batch, red_r, vdims = _split_dims(func, x, dim)
-    if batch:
-        n = x._values.shape[0]
-        for vd in vdims:
-            n = n * x._values.shape[vd]
-        shape = [1 if d in dims else s for d, s in enumerate(x.shape)] if keepdim else [
-            s for d, s in enumerate(x.shape) if d not in dims
-        ]
-        return x._values.new_ones(shape) / n
-    if not red_r:
-        raise AssertionError("mean_scale is only routed for reductions over ragged dims")
-    keep = tuple(k for k in range(len(x._ragged_dims)) if k not in red_r)
-    _, sub = map_to_sub(x._partition, keep)
-    ones = x._values.new_ones(sub.rows, *[1 if i + 1 in vdims else s for i, s in enumerate(x._values.shape[1:])])
-    shaped = _finish(x, ones, sub, dims, red_r, keepdim)
-    inv = _inv_counts(x, red_r, vdims, shaped)
-    if isinstance(shaped, MJT):
-        return wrap(shaped._values * inv, shaped._partition, shaped._ragged_dims)
-    return shaped * inv
+@register_multi_jagged_func(aten.logsumexp.default, "self: mjt, dim: any, keepdim: any?")
+def logsumexp_default(func, x, dim, keepdim=False):
+    return _reduce(func, x, dim, keepdim, "logsumexp")
 
 
-@register_multi_jagged_func(aten.mean.default, "self: mjt")
-def mean_default(func, x, dtype=None):
-    return x._values.mean(dtype=dtype)
+@register_multi_jagged_func([aten.any.dim, aten.any.dims, aten.all.dim, aten.all.dims], "self: mjt, dim: any?, keepdim: any?")
+def any_dim(func, x, dim=None, keepdim=False):
+    kind = "any" if func in (aten.any.dim, aten.any.dims) else "all"
+    return _reduce(func, x, dim, keepdim, kind)
 
 
-def _softmax_common(func, x, dim, log):
+@register_multi_jagged_func([aten.any.default, aten.all.default], "self: mjt")
+def any_default(func, x):
+    return func(x._values)
+
+
+@register_multi_jagged_func([aten.argmax.default, aten.argmin.default], "self: mjt, dim: any?, keepdim: any?")
+def argmax_default(func, x, dim=None, keepdim=False):
+    """Index of the first extreme element along ``dim`` (local to the sample along a ragged dim)."""
+    if dim is None:
+        raise NotImplementedError(f"{op_name(func)}(): a flat index over a multi_jagged tensor has no meaning; pass dim")
+    kind = "amax" if func is aten.argmax.default else "amin"
+    plan = _Plan(func, x, [dim])
+    if plan.batch:
+        raise ValueError(f"{op_name(func)}(): cannot take the arg-extreme over the batch dim of {describe(x)}")
+    v = x._values
+    if not plan.red_r:
+        return _to_output(plan, x, getattr(torch, "arg" + kind[1:])(v, plan.vdims[0], keepdim=True), keepdim)
+    best = _to_rows(plan, _forward_k(plan, x, v, kind))
+    k = list(plan.red_r)[0]
+    from ._common import device_sizes
+
+    p = x._partition
+    _, coords = ref.row_coords(p.offsets, device_sizes(p), p.rows)
+    pos = coords[:, k].reshape(-1, *([1] * (v.dim() - 1))).expand_as(v)
+    hit = (v == best) | (v.isnan() & best.isnan())
+    big = torch.iinfo(torch.int64).max
+    first = torch.where(hit, pos, torch.full_like(pos, big))
+    k_out = ref.segment_reduce(first, plan.index, plan.rows, "amin", empty=0)
+    return _to_output(plan, x, k_out, keepdim)
+
+
+# ----------------------------------------------------------------------------- routed op
+_KINDS = ("sum", "mean", "amax", "amin", "prod", "logsumexp")
+
+
+@register_multi_jagged_func(mj.reduce.default, "x: mjt, kind: any, dim: any?, keepdim: any")
+def reduce_default(func, x, kind, dim, keepdim):
+    if kind not in _KINDS:
+        raise ValueError(f"reduce(): expected kind in {_KINDS}, got {kind!r}")
+    return _reduce(func, x, dim, keepdim, kind)
+
+
+@register_multi_jagged_func(
+    mj.reduce_backward.default, "grad: any, x: mjt, result: any, kind: any, dim: any?, keepdim: any"
+)
+def reduce_backward_default(func, grad, x, result, kind, dim, keepdim):
+    """Gradient of ``reduce`` w.r.t. x, on packed values: the output gradient gathered back to
+    x's rows (K layout in between), times the kind's local derivative."""
+    plan = _Plan(func, x, dim)
+    v = x._values
+    g = _to_rows(plan, _from_output(plan, x, grad, keepdim))
+    if kind == "sum":
+        gi = g.expand_as(v)
+    elif kind == "mean":
+        gi = (g / _to_rows(plan, plan.count(x))).expand_as(v)
+    elif kind == "logsumexp":
+        gi = g * (v - _to_rows(plan, _from_output(plan, x, result, keepdim))).exp()
+    elif kind in ("amax", "amin"):
+        # Ties share the gradient evenly, as for dense amax/amin.
+        hit = (v == _to_rows(plan, _from_output(plan, x, result, keepdim))).to(v.dtype)
+        gi = g * hit / _to_rows(plan, _forward_k(plan, x, hit, "sum"))
+    elif kind == "prod":
+        gi = g * _prod_others(plan, x, v)
+    else:
+        raise ValueError(f"reduce_backward(): expected kind in {_KINDS}, got {kind!r}")
+    return wrap(gi.contiguous(), x._partition, x._ragged_dims)
+
+
+def _prod_others(plan: _Plan, x: MJT, v: torch.Tensor) -> torch.Tensor:
+    """∏ of the other elements of each element's segment, exact with zeros in the segment."""
+    zero = v == 0
+    nonzero_prod = _to_rows(plan, _forward_k(plan, x, torch.where(zero, torch.ones_like(v), v), "prod"))
+    zeros = _to_rows(plan, _forward_k(plan, x, zero.to(v.dtype), "sum"))
+    only_me = torch.where(zero, nonzero_prod, torch.zeros_like(v))  # I am the single zero
+    return torch.where(zeros == 0, nonzero_prod / torch.where(zero, torch.ones_like(v), v),
+                       torch.where(zeros == 1, only_me, torch.zeros_like(v)))
+
+
+# ----------------------------------------------------------------------------- softmax
+def _softmax_segments(func, x, dim):
     d = canonical_dim(op_name(func), len(x._size), dim)
     if d == 0:
         raise ValueError(f"{op_name(func)}(): softmax over the batch dim of {describe(x)} is not supported")
@@ -191,7 +310,7 @@ def _softmax_common(func, x, dim, log):
 @register_multi_jagged_func([aten._softmax.default, aten._log_softmax.default], "self: mjt, dim: any, half_to_float: any")
 def _softmax_default(func, x, dim, half_to_float):
     log = func is aten._log_softmax.default
-    d, index, sub = _softmax_common(func, x, dim, log)
+    d, index, sub = _softmax_segments(func, x, dim)
     if index is None:
         vd = static_dims(len(x._size), x._ragged_dims).index(d) + 1
         return wrap(func(x._values, vd, half_to_float), x._partition, x._ragged_dims)
@@ -204,9 +323,9 @@ def _softmax_default(func, x, dim, half_to_float):
 )
 def _softmax_backward_data_default(func, grad, out, dim, input_dtype):
     log = func is aten._log_softmax_backward_data.default
-    d, index, sub = _softmax_common(func, out, dim, log)
+    d, index, sub = _softmax_segments(func, out, dim)
     if index is None:
-        vd = static_dims(out.dim(), out._ragged_dims).index(d) + 1
+        vd = static_dims(len(out._size), out._ragged_dims).index(d) + 1
         return wrap(func(grad._values, out._values, vd, input_dtype), out._partition, out._ragged_dims)
     g, y = grad._values, out._values
     if log:
@@ -216,30 +335,11 @@ def _softmax_backward_data_default(func, grad, out, dim, input_dtype):
     return wrap(gi, out._partition, out._ragged_dims)
 
 
-_KINDS = {"sum": sum_dim_IntList, "mean": mean_dim, "amax": amax_default, "amin": amin_default}
-
-
-@register_multi_jagged_func(mj.reduce.default, "x: mjt, kind: any, dim: any?, keepdim: any")
-def reduce_default(func, x, kind, dim, keepdim):
-    """The routed form of reductions whose result is dense (every ragged dim reduced) or whose
-    aten derivative would divide by a nested int (``mean``); see ``ops/routes.py``."""
-    handler = _KINDS.get(kind)
-    if handler is None:
-        raise ValueError(f"reduce(): expected kind in {sorted(_KINDS)}, got {kind!r}")
-    return handler(func, x, dim, keepdim)
-
-
-@register_multi_jagged_func(mj.expand_like.default, "grad: any, like: mjt, dim: any?, keepdim: any")
-def expand_like_default(func, grad, like, dim, keepdim):
-    """Backward of ``reduce``: broadcast the reduced gradient back over ``like``'s structure."""
-    dims, *_ = _split_dims(func, like, dim)
-    if not keepdim:
-        for d in dims:
-            grad = grad.unsqueeze(d)
-    if isinstance(grad, MJT):
-        return grad.expand(like.shape)
-    # A dense gradient (B or 1, 1…, static…): gather it per row as pointwise broadcasting does.
-    from .pointwise import _align_dense
-
-    aligned = _align_dense(func, (grad, like), grad, like._partition, len(like._size), static_dims(len(like._size), like._ragged_dims), like._partition.batch)
-    return wrap(aligned.expand(like._values.shape).contiguous(), like._partition, like._ragged_dims)
+@register_multi_jagged_func([aten.max.dim, aten.min.dim], "self: mjt, dim: any, keepdim: any?")
+def max_dim(func, x, dim, keepdim=False):
+    """``(values, indices)``; values as ``amax``/``amin`` (an empty extent gives the dtype's
+    lowest / highest value, as torch.jagged), indices as ``argmax``/``argmin``."""
+    is_max = func is aten.max.dim
+    values = _reduce(func, x, [dim], keepdim, "amax" if is_max else "amin")
+    indices = argmax_default(aten.argmax.default if is_max else aten.argmin.default, x, dim, keepdim)
+    return values, indices

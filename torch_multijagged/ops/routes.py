@@ -64,25 +64,124 @@ def _matmul(input, other, *, out=None):
     return NotImplemented
 
 
+def _touches_ragged(input, dim) -> list[int] | None:
+    """Canonical dims when a reduction of ``input`` over ``dim`` involves a ragged or the batch
+    dim (so aten's derivative cannot run on it), else None."""
+    if not isinstance(input, MJT):
+        return None
+    if dim is None:
+        return list(range(input.dim()))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    if not dims:
+        return list(range(input.dim()))
+    canon = sorted({canonical_dim("reduce", input.dim(), d) for d in dims})
+    if 0 in canon or any(d in input._ragged_dims for d in canon):
+        return canon
+    return None
+
+
+def _reduce(input, kind, dims, keepdim):
+    return _call(mj.reduce.default, input, kind, dims, keepdim)
+
+
 def _reduction_route(kind: str):
     def routed(input, dim=None, keepdim=False, *, dtype=None):
-        if not isinstance(input, MJT) or dtype is not None:
+        dims = _touches_ragged(input, dim)
+        if dims is None:
             return NotImplemented
-        if dim is None:
-            return mj.reduce.default(input, kind, None, False)
-        dims = [dim] if isinstance(dim, int) else list(dim)
-        canon = {canonical_dim(kind, input.dim(), d) for d in dims}
-        # Dense results (every ragged dim reduced) and means over ragged dims: aten's backward
-        # would expand a dense grad to nested-int sizes or divide by a nested int.
-        if (0 in canon or set(input._ragged_dims) <= canon) or (kind == "mean" and canon & set(input._ragged_dims)):
-            return mj.reduce.default(input, kind, sorted(canon), keepdim)
-        return NotImplemented
+        if dtype is not None:
+            input = input.to(dtype)
+        return _reduce(input, kind, None if dim is None else dims, keepdim)
 
     return routed
 
 
 route(torch.sum, torch.Tensor.sum)(_reduction_route("sum"))
 route(torch.mean, torch.Tensor.mean)(_reduction_route("mean"))
+route(torch.prod, torch.Tensor.prod)(_reduction_route("prod"))
+route(torch.logsumexp, torch.Tensor.logsumexp)(_reduction_route("logsumexp"))
+route(torch.amax, torch.Tensor.amax)(_reduction_route("amax"))
+route(torch.amin, torch.Tensor.amin)(_reduction_route("amin"))
+
+
+def _max_min(is_max: bool):
+    kind = "amax" if is_max else "amin"
+
+    def routed(input, dim=None, keepdim=False, *args, **kwargs):
+        if not isinstance(input, MJT) or not isinstance(dim, int) or args or kwargs:
+            return NotImplemented
+        if _touches_ragged(input, dim) is None:
+            return NotImplemented
+        # values through the routed reduction (differentiable; ties share the gradient as for
+        # amax), indices from the aten overload (not differentiable)
+        values = _reduce(input, kind, [dim], keepdim)
+        indices = (torch.argmax if is_max else torch.argmin)(input.detach(), dim, keepdim)
+        return torch.return_types.max((values, indices)) if is_max else torch.return_types.min((values, indices))
+
+    return routed
+
+
+route(torch.max, torch.Tensor.max)(_max_min(True))
+route(torch.min, torch.Tensor.min)(_max_min(False))
+
+
+def _var_std(sqrt: bool):
+    def routed(input, dim=None, *args, correction=None, keepdim=False, unbiased=None):
+        # torch.var(x, dim, unbiased, keepdim) and torch.var(x, dim, *, correction, keepdim)
+        if args:
+            if isinstance(args[0], bool) and unbiased is None and len(args) <= 2:
+                unbiased = args[0]
+                keepdim = args[1] if len(args) > 1 else keepdim
+            else:
+                return NotImplemented
+        dims = _touches_ragged(input, dim)
+        if dims is None:
+            return NotImplemented
+        if correction is None:
+            correction = 1 if unbiased is None or unbiased else 0
+        # A composite of routed ops: its gradient needs no formula of its own.
+        d = None if dim is None else dims
+        centred = input - _reduce(input, "mean", d, True)
+        n = _reduce(torch.ones_like(input).detach(), "sum", d, keepdim)
+        var = _reduce(centred * centred, "sum", d, keepdim) / (n - correction).clamp_min(0)
+        return var.sqrt() if sqrt else var
+
+    return routed
+
+
+route(torch.var, torch.Tensor.var)(_var_std(False))
+route(torch.std, torch.Tensor.std)(_var_std(True))
+
+
+@route(torch.linalg.vector_norm)
+def _vector_norm(input, ord=2, dim=None, keepdim=False, *, dtype=None):
+    dims = _touches_ragged(input, dim)
+    if dims is None:
+        return NotImplemented
+    if dtype is not None:
+        input = input.to(dtype)
+    d = None if dim is None else dims
+    a = input.abs()
+    if ord == float("inf"):
+        return _reduce(a, "amax", d, keepdim)
+    if ord == -float("inf"):
+        return _reduce(a, "amin", d, keepdim)
+    if ord == 0:
+        return _reduce((a != 0).to(a.dtype), "sum", d, keepdim)
+    if ord == 1:
+        return _reduce(a, "sum", d, keepdim)
+    if ord == 2:
+        return _reduce(input * input, "sum", d, keepdim).sqrt()
+    return _reduce(a.pow(ord), "sum", d, keepdim).pow(1.0 / ord)
+
+
+@route(torch.norm, torch.Tensor.norm)
+def _norm(input, p="fro", dim=None, keepdim=False, dtype=None):
+    if p == "fro":
+        p = 2
+    if not isinstance(p, (int, float)):
+        return NotImplemented
+    return _vector_norm(input, p, dim, keepdim, dtype=dtype)
 
 
 @route(torch.unbind, torch.Tensor.unbind)
