@@ -62,6 +62,26 @@ def row_map(
     return idx
 
 
+def row_reorder(
+    offsets: torch.Tensor, sizes: torch.Tensor, rows, order: tuple[int, ...], src_offsets: torch.Tensor
+) -> torch.Tensor:
+    """For every row of a partition whose k-th ragged dim is the source's dim ``order[k]``, the
+    source row holding the same element (a per-sample transpose of ragged dims)."""
+    sample, coords = row_coords(offsets, sizes, rows)
+    r = len(order)
+    src_sizes = [None] * r
+    src_coords = [None] * r
+    for k, j in enumerate(order):
+        src_sizes[j] = sizes[sample, k]
+        src_coords[j] = coords[:, k]
+    idx = src_offsets[sample]
+    stride = None
+    for j in reversed(range(r)):
+        idx = idx + (src_coords[j] if stride is None else src_coords[j] * stride)
+        stride = src_sizes[j] if stride is None else stride * src_sizes[j]
+    return idx
+
+
 def segment_reduce(
     values: torch.Tensor, index: torch.Tensor, out_rows, reduce: str, empty=0
 ) -> torch.Tensor:

@@ -223,3 +223,76 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     from ..bridge import values_of, wrap_values_like
 
     return wrap_values_like(F.group_norm(values_of(input), num_groups, weight, bias, eps), input)
+
+
+def _split_route(chunks: bool):
+    def routed(input, split_size_or_sections, dim=0):
+        """``split`` / ``chunk`` of a static dim as ``narrow`` views, so that each piece has its own
+        backward (aten's ``split_backward`` builds zeros of nested-int sizes for unused pieces)."""
+        if not isinstance(input, MJT):
+            return NotImplemented
+        n = input.shape[dim]
+        if chunks:
+            step = -(-n // split_size_or_sections)
+            sizes = [min(step, n - i) for i in range(0, n, step)] if n else [0]
+        elif isinstance(split_size_or_sections, int):
+            sizes = [min(split_size_or_sections, n - i) for i in range(0, n, split_size_or_sections)] or [0]
+        else:
+            sizes = list(split_size_or_sections)
+        out, start = [], 0
+        for size in sizes:
+            out.append(input.narrow(dim, start, size))
+            start += size
+        return tuple(out)
+
+    return routed
+
+
+route(torch.split, torch.Tensor.split)(_split_route(False))
+route(torch.chunk, torch.Tensor.chunk)(_split_route(True))
+
+
+@route(torch.einsum)
+def _einsum(equation, *operands):
+    """``einsum`` that contracts static dims only: every multi_jagged operand carries the same
+    batch and ragged subscripts (and structure), which the output keeps in order; the packed rows
+    stand in for them, so the contraction runs on the values."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    mjts = [o for o in operands if isinstance(o, MJT)]
+    if not mjts:
+        return NotImplemented
+    from ..bridge import values_of, wrap_values
+    from ._common import same_partition
+
+    lhs, _, out = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if not out or "." in equation or len(terms) != len(operands):
+        raise NotImplementedError(
+            f"einsum(): layout torch.multi_jagged needs an explicit '->' output and no ellipsis, got {equation!r}"
+        )
+    ref = mjts[0]
+    ragged_letters = None
+    for term, op in zip(terms, operands):
+        if isinstance(op, MJT):
+            letters = term[0] + "".join(term[d] for d in op._ragged_dims)
+            if ragged_letters is None:
+                ragged_letters = letters
+            if letters != ragged_letters or op._ragged_dims != ref._ragged_dims or not same_partition(op._partition, ref._partition):
+                raise ValueError(f"einsum(): multi_jagged operands must share batch and ragged subscripts and structure in {equation!r}")
+    dense_terms = [t for t, o in zip(terms, operands) if not isinstance(o, MJT)]
+    if any(c in t for t in dense_terms for c in ragged_letters):
+        raise NotImplementedError(f"einsum(): dense operands cannot index the batch or ragged dims in {equation!r}")
+    positions = [out.find(c) for c in ragged_letters]
+    if -1 in positions or positions != sorted(positions) or positions[0] != 0:
+        raise NotImplementedError(f"einsum(): the output must keep the batch and ragged subscripts in order in {equation!r}")
+    row = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in equation)
+
+    def packed(term):
+        return row + "".join(c for c in term if c not in ragged_letters)
+
+    values = torch.einsum(
+        ",".join(packed(t) if isinstance(o, MJT) else t for t, o in zip(terms, operands)) + "->" + packed(out),
+        *[values_of(o) if isinstance(o, MJT) else o for o in operands],
+    )
+    return wrap_values(values, ref._partition, tuple(positions[1:]))

@@ -7,7 +7,7 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int
 
 from ..kernels import reference as ref
 from . import register_multi_jagged_func
-from ._common import MJT, canonical_dim, describe, map_to_sub, partition_for, note_sub, static_dims, wrap
+from ._common import MJT, canonical_dim, describe, device_sizes, same_partition, map_to_sub, partition_for, note_sub, static_dims, wrap
 
 aten = torch.ops.aten
 
@@ -108,14 +108,27 @@ def _permute(inp, perm):
     if perm[0] != 0:
         raise ValueError(f"permute(): the batch dim of {describe(inp)} must stay first")
     new_ragged = tuple(i for i, p in enumerate(perm) if p in inp._ragged_dims)
-    order = [perm[i] for i in new_ragged]
-    if order != sorted(order):
-        raise NotImplementedError(
-            f"permute(): reordering ragged dims among themselves ({describe(inp)} with {perm}) is not supported yet"
-        )
+    # ragged_order[k]: which of the input's ragged dims becomes the output's k-th ragged dim
+    ragged_order = tuple(inp._ragged_dims.index(perm[i]) for i in new_ragged)
     stat = static_dims(ndim, inp._ragged_dims)
     vperm = [0] + [stat.index(p) + 1 for p in perm if p not in inp._ragged_dims and p != 0]
-    return wrap(inp._values.permute(vperm), inp._partition, new_ragged)
+    values, partition = inp._values.permute(vperm), inp._partition
+    if ragged_order != tuple(sorted(ragged_order)):
+        # The ragged dims change storage order: a per-sample transpose of the packed rows.
+        index, partition = _reorder_rows(partition, ragged_order)
+        values = values.index_select(0, index)
+    return wrap(values, partition, new_ragged)
+
+
+def _reorder_rows(p, order: tuple[int, ...]):
+    """Rows of ``p`` gathered so that ragged dim ``order[k]`` becomes the k-th (cached)."""
+    key = ("reorder", order)
+    hit = p.cache.get(key)
+    if hit is None:
+        out = partition_for([p.extents[k] for k in order])
+        index = ref.row_reorder(out.offsets, device_sizes(out), out.rows, order, p.offsets)
+        hit = p.cache[key] = (index, out)
+    return hit
 
 
 @register_multi_jagged_func(aten.permute.default, "self: mjt, dims: any")
@@ -139,11 +152,116 @@ def unbind_int(func, inp, dim=0):
     return tuple(ref.unpack_components(inp._values, inp._partition.host_sizes(), inp._ragged_dims))
 
 
+def _static_vdim(op: str, inp, dim) -> tuple[int, int]:
+    d = canonical_dim(op, len(inp._size), dim)
+    if d == 0 or d in inp._ragged_dims:
+        raise ValueError(f"{op}(): expected a static dim of {describe(inp)}, got dim {dim} (batch or ragged)")
+    return d, static_dims(len(inp._size), inp._ragged_dims).index(d) + 1
+
+
 @register_multi_jagged_func(aten.select.int, "self: mjt, dim: any, index: any")
 def select_int(func, inp, dim, index):
     if canonical_dim("select", len(inp._size), dim) != 0:
-        raise ValueError(f"select(): only dim 0 is supported for layout torch.multi_jagged, got {dim}")
+        d, vd = _static_vdim("select", inp, dim)
+        ragged = tuple(r - 1 if r > d else r for r in inp._ragged_dims)
+        return wrap(inp._values.select(vd, index), inp._partition, ragged)
     b = inp._partition.batch
     if not -b <= index < b:
         raise IndexError(f"select(): index {index} is out of range for batch size {b}")
     return unbind_int(aten.unbind.int, inp)[index]
+
+
+def _segments(shape, ragged_dims):
+    """Static sizes of ``shape`` (without the batch dim) grouped between ragged dims."""
+    segs, cur = [], []
+    for d in range(1, len(shape)):
+        if d in ragged_dims:
+            segs.append(cur)
+            cur = []
+        else:
+            cur.append(shape[d])
+    segs.append(cur)
+    return segs
+
+
+def _prod(xs):
+    out = 1
+    for v in xs:
+        out = out * v
+    return out
+
+
+@register_multi_jagged_func([aten.view.default, aten._unsafe_view.default, aten.reshape.default], "self: mjt, size: any")
+def view_default(func, inp, size):
+    """View / reshape of static dims. The batch and ragged dims stay (as the same nested ints);
+    static dims may regroup only within the runs between ragged dims."""
+    size = list(size)
+    ragged_new = tuple(d for d, s in enumerate(size) if is_nested_int(s))
+    if len(ragged_new) != len(inp._ragged_dims) or any(
+        size[d] != inp._size[o] for d, o in zip(ragged_new, inp._ragged_dims)
+    ) or size[0] not in (inp._partition.batch, -1):
+        raise ValueError(
+            f"{func.__name__.split('.')[0]}(): cannot view {describe(inp)} as {tuple(size)}: the batch and ragged "
+            "dims must stay, with the same nested ints"
+        )
+    old_segs = _segments(inp._size, inp._ragged_dims)
+    new_segs = _segments(size, ragged_new)
+    for o, n in zip(old_segs, new_segs):
+        if -1 in n:
+            known = _prod([s for s in n if s != -1])
+            n[n.index(-1)] = _prod(o) // known if known else 0
+        if _prod(o) != _prod(n):
+            raise ValueError(
+                f"{func.__name__.split('.')[0]}(): cannot view {describe(inp)} as {tuple(size)}: static dims may only "
+                "regroup between ragged dims"
+            )
+    static = [s for seg in new_segs for s in seg]
+    v = inp._values
+    values = v.view(v.shape[0], *static) if func is aten.view.default else v.reshape(v.shape[0], *static)
+    return wrap(values, inp._partition, ragged_new)
+
+
+@register_multi_jagged_func(aten.slice.Tensor, "self: mjt, dim: any?, start: any?, end: any?, step: any?")
+def slice_Tensor(func, inp, dim=0, start=None, end=None, step=1):
+    _, vd = _static_vdim("slice", inp, dim)
+    return wrap(func(inp._values, vd, start, end, step), inp._partition, inp._ragged_dims)
+
+
+@register_multi_jagged_func(aten.slice_backward.default, "grad: mjt, input_sizes: any, dim: any, start: any, end: any, step: any")
+def slice_backward_default(func, grad, input_sizes, dim, start, end, step):
+    _, vd = _static_vdim("slice_backward", grad, dim)
+    static = [s for d, s in enumerate(input_sizes) if d and d not in grad._ragged_dims]
+    return wrap(func(grad._values, [grad._values.shape[0], *static], vd, start, end, step), grad._partition, grad._ragged_dims)
+
+
+@register_multi_jagged_func(aten.select_backward.default, "grad: mjt, input_sizes: any, dim: any, index: any")
+def select_backward_default(func, grad, input_sizes, dim, index):
+    d = canonical_dim("select_backward", len(input_sizes), dim)
+    ragged = tuple(r + 1 if r >= d else r for r in grad._ragged_dims)
+    vd = static_dims(len(input_sizes), ragged).index(d) + 1
+    static = [s for e, s in enumerate(input_sizes) if e and e not in ragged]
+    return wrap(func(grad._values, [grad._values.shape[0], *static], vd, index), grad._partition, ragged)
+
+
+@register_multi_jagged_func(aten.cat.default, "tensors: any, dim: any?")
+def cat_default(func, tensors, dim=0):
+    """Concatenate multi_jagged tensors of one structure along a static dim."""
+    first = tensors[0]
+    if not all(isinstance(t, MJT) for t in tensors):
+        raise TypeError("cat(): expected all tensors to be multi_jagged for layout torch.multi_jagged")
+    _, vd = _static_vdim("cat", first, dim)
+    for t in tensors[1:]:
+        if t._ragged_dims != first._ragged_dims or not same_partition(t._partition, first._partition):
+            raise ValueError(f"cat(): expected tensors of one structure, got {describe(first)} and {describe(t)}")
+    return wrap(torch.cat([t._values for t in tensors], vd), first._partition, first._ragged_dims)
+
+
+@register_multi_jagged_func(aten.stack.default, "tensors: any, dim: any?")
+def stack_default(func, tensors, dim=0):
+    """Stack multi_jagged tensors of one structure along a new static dim."""
+    first = tensors[0]
+    d = canonical_dim("stack", len(first._size) + 1, dim)
+    if d == 0:
+        raise ValueError(f"stack(): cannot stack along the batch dim of {describe(first)}")
+    pieces = [unsqueeze_default(aten.unsqueeze.default, t, d) if isinstance(t, MJT) else t for t in tensors]
+    return cat_default(aten.cat.default, pieces, d)
