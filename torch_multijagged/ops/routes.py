@@ -59,8 +59,16 @@ def _linear(input, weight, bias=None):
 
 @route(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
 def _matmul(input, other, *, out=None):
-    if out is None and isinstance(input, MJT) and _dense(other) and other.dim() == 2:
+    if out is not None or input.dim() < 3 or other.dim() < 2:
+        return NotImplemented
+    if isinstance(input, MJT) and _dense(other) and other.dim() == 2:
         return _call(mj.linear.default, input, other.t(), None)
+    if isinstance(input, MJT) and isinstance(other, MJT) and input.dim() == other.dim():
+        # Batched matmul whose row, column or contracted dims may be ragged (attention:
+        # (B, j0, C) @ (B, C, j0) → (B, j0, j0); (B, j0, j0) @ (B, j0, C) → (B, j0, C)), as the
+        # broadcast product summed over the contracted dim. Eagerly this materialises
+        # (…, n, k, m); compiled, Inductor fuses the gather, product and sum.
+        return (input.unsqueeze(-1) * other.unsqueeze(-3)).sum(-2)
     return NotImplemented
 
 
