@@ -1,0 +1,120 @@
+"""torch.compile end to end (CPU, Inductor, default settings): fullgraph forward and backward of
+the single–pair–single block and of a transformer-encoder-style layer, one graph across length
+vectors, compiled outputs into an eager loss, no graph breaks."""
+
+import random
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import torch_multijagged as mj
+
+C, CP = 12, 8
+
+
+class PairBlock(nn.Module):
+    """The single–pair–single block (DanLing paper, Eq. 1), small."""
+
+    def __init__(self):
+        super().__init__()
+        self.left, self.right = nn.Linear(C, CP), nn.Linear(C, CP)
+        self.ln = nn.LayerNorm(CP)
+        self.gate, self.up, self.down = nn.Linear(CP, 4 * CP), nn.Linear(CP, 4 * CP), nn.Linear(4 * CP, CP)
+        self.g = nn.Linear(CP, C)
+
+    def forward(self, x):
+        pair = self.left(x).unsqueeze(-2) + self.right(x).unsqueeze(-3)
+        z = self.ln(pair)
+        pair = pair + self.down(F.silu(self.gate(z)) * self.up(z))
+        return x + self.g(pair.mean(dim=-2)), pair
+
+
+class EncoderLayer(nn.Module):
+    """Pre-norm attention (matmul + softmax over the ragged dim) and MLP, with residuals."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.o = nn.Linear(C, 3 * C), nn.Linear(C, C)
+        self.ln1, self.ln2 = nn.LayerNorm(C), nn.LayerNorm(C)
+        self.f1, self.f2 = nn.Linear(C, 2 * C), nn.Linear(2 * C, C)
+
+    def forward(self, x):
+        q, k, v = self.qkv(self.ln1(x)).chunk(3, dim=-1)
+        attn = torch.softmax(q @ k.transpose(1, 2) / C**0.5, dim=-1)
+        x = x + self.o(attn @ v)
+        return (x + self.f2(F.gelu(self.f1(self.ln2(x)))),)
+
+
+def _loss(*outs):
+    # sum of squares over every element: defined for zero-length samples too
+    return sum((o * o).sum() for o in outs)
+
+
+def _lengths(b: int, count: int, seed: int):
+    rng = random.Random(seed)
+    out = [[rng.randint(1, 9) for _ in range(b)] for _ in range(count)]
+    out[3] = [6] * b  # all equal
+    out[5][1] = 0  # a zero-length sample
+    return out
+
+
+@pytest.fixture(autouse=True)
+def _fresh_dynamo():
+    torch._dynamo.reset()
+    yield
+    torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("model_cls", [PairBlock, EncoderLayer])
+def test_fullgraph_inductor_one_graph_twenty_batches(model_cls):
+    torch.manual_seed(0)
+    model = model_cls()
+    counter = CompileCounterWithBackend("inductor")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    for lengths in _lengths(4, 20, seed=1):
+        comps = [torch.randn(n, C) for n in lengths]
+        x_eager = mj.nested_tensor(comps, requires_grad=True)
+        x_comp = mj.nested_tensor(comps, requires_grad=True)
+
+        out_eager = model(x_eager)
+        loss_eager = _loss(*out_eager)
+        grads_eager = torch.autograd.grad(loss_eager, [x_eager, *model.parameters()])
+
+        out_comp = compiled(x_comp)  # multi_jagged outputs, loss in eager
+        loss_comp = _loss(*out_comp)
+        grads_comp = torch.autograd.grad(loss_comp, [x_comp, *model.parameters()])
+
+        torch.testing.assert_close(loss_comp, loss_eager, rtol=1e-5, atol=1e-5)
+        for a, b in zip(out_comp, out_eager):
+            # compiled outputs keep the input's nested int; per-sample sizes match eager's
+            assert a.shape[1] == x_comp.shape[1] and b.shape[1] == x_eager.shape[1]
+            assert torch.equal(a.sizes(), b.sizes())
+            torch.testing.assert_close(a.values(), b.values(), rtol=1e-5, atol=1e-5)
+        torch.testing.assert_close(grads_comp[0].values(), grads_eager[0].values(), rtol=1e-5, atol=1e-5)
+        for a, b in zip(grads_comp[1:], grads_eager[1:]):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-4)
+    assert counter.frame_count == 1, "new lengths at a fixed batch size must not recompile"
+
+
+def test_batch_size_change_recompiles_at_most_once():
+    model = PairBlock()
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(model, backend=counter, fullgraph=True)
+    frames = []
+    for b in (4, 4, 6, 6, 3, 7):
+        x = mj.nested_tensor([torch.randn(n, C) for n in _lengths(b, 6, seed=b)[0]], requires_grad=True)
+        _loss(*compiled(x)).backward()
+        frames.append(counter.frame_count)
+    # the first B change marks B dynamic (automatic dynamic shapes); later changes reuse it
+    assert frames == [1, 1, 2, 2, 2, 2]
+
+
+@pytest.mark.parametrize("model_cls", [PairBlock, EncoderLayer])
+def test_no_graph_breaks(model_cls):
+    x = mj.nested_tensor([torch.randn(3, C), torch.randn(0, C), torch.randn(5, C)])
+    explanation = torch._dynamo.explain(model_cls())(x)
+    assert explanation.graph_break_count == 0
+    assert explanation.graph_count == 1
