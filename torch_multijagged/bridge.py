@@ -12,7 +12,7 @@ import torch
 from .structure import Partition
 from .tensor import MultiJaggedTensor
 
-__all__ = ["values_of", "wrap_values", "wrap_values_like"]
+__all__ = ["values_of", "wrap_values", "wrap_values_like", "relabel"]
 
 
 class _ValuesOf(torch.autograd.Function):
@@ -34,6 +34,23 @@ class _WrapValues(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad: MultiJaggedTensor):  # type: ignore[override]
         return grad._values, None, None
+
+
+class _Relabel(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: MultiJaggedTensor, partition: Partition):  # type: ignore[override]
+        ctx.partition = x._partition
+        return MultiJaggedTensor(x._values.view_as(x._values), partition, x._ragged_dims)
+
+    @staticmethod
+    def backward(ctx, grad: MultiJaggedTensor):  # type: ignore[override]
+        return MultiJaggedTensor(grad._values, ctx.partition, grad._ragged_dims), None
+
+
+def relabel(x: MultiJaggedTensor, partition: Partition) -> MultiJaggedTensor:
+    """``x`` with the nested ints of an equal-sized ``partition``; differentiable (gradients
+    return with x's own nested ints, as the autograd engine checks)."""
+    return _Relabel.apply(x, partition)
 
 
 def values_of(x: MultiJaggedTensor) -> torch.Tensor:

@@ -259,6 +259,8 @@ class MultiJaggedTensor(torch.Tensor):
     # ------------------------------------------------------------------ dispatch
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if len(args) > 1:
+            args = _unify(args)
         route = _ROUTES.get(func)
         if route is not None:
             result = route(*args, **(kwargs or {}))
@@ -275,3 +277,4 @@ class MultiJaggedTensor(torch.Tensor):
 # reverse, so the layering of DESIGN.md §5 holds).
 _ROUTES: dict = {}
 _dispatch = None
+_unify = None

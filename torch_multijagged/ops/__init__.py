@@ -124,3 +124,4 @@ from .. import tensor as _tensor  # noqa: E402
 
 _tensor._ROUTES = routes.ROUTES
 _tensor._dispatch = dispatch
+_tensor._unify = routes.unify_extents

@@ -31,6 +31,54 @@ def route(*funcs):
     return wrapper
 
 
+def unify_extents(args: tuple) -> tuple:
+    """NOTE [ Equal sizes, different nested ints ]
+
+    Two tensors built separately from equal lengths have different nested ints (as in
+    torch.jagged), yet DESIGN.md §4 lets them combine. The autograd engine, however, checks each
+    gradient's shape against its input's, nested ints included: ``(B, j1, C)`` may not receive a
+    ``(B, j0, C)`` gradient. So before an op sees them, later operands are relabelled onto the
+    first operand's extents with a differentiable, zero-copy ``relabel`` whose backward restores
+    their own. Eager only: under tracing extents are compared by identity."""
+    first = None
+    out = None
+    for i, a in enumerate(args):
+        if not isinstance(a, MJT):
+            continue
+        if first is None:
+            first = a
+            continue
+        if a._partition is first._partition:
+            continue
+        mapping = _relabel_map(first, a)
+        if mapping is None:
+            continue
+        if out is None:
+            out = list(args)
+        from ..bridge import relabel
+
+        out[i] = relabel(a, mapping)
+    return args if out is None else tuple(out)
+
+
+def _relabel_map(first: MJT, other: MJT):
+    """The partition of ``other`` with its extents replaced by equal-sized, non-identical
+    extents of ``first`` (None when nothing needs replacing)."""
+    from ._common import partition_for, same_extent
+
+    known = first._partition.extents
+    new, changed = [], False
+    for e in other._partition.extents:
+        twin = e
+        if not any(e is k for k in known):
+            for k in known:
+                if same_extent(k, e):
+                    twin, changed = k, True
+                    break
+        new.append(twin)
+    return partition_for(new) if changed else None
+
+
 def _dense(t) -> bool:
     return isinstance(t, torch.Tensor) and not isinstance(t, MJT)
 
