@@ -24,7 +24,9 @@ from __future__ import annotations
 import torch
 
 from ._common import MJT, describe, map_to_sub, note_sub, partition_for, row_sample, same_extent, static_dims, wrap
-from . import op_name
+from . import op_name, register_multi_jagged_func
+
+aten = torch.ops.aten
 
 __all__ = ["pointwise"]
 
@@ -197,3 +199,21 @@ def _align_dense(func, args, t: torch.Tensor, partition, ndim, out_static, batch
         t = t.reshape(batch, *kept).index_select(0, row_sample(partition))
         return t
     return t.reshape(1, *kept) if t.dim() else t
+
+
+# Elementwise ops that lack the pointwise tag (mostly activation backwards).
+_UNTAGGED = [
+    aten.leaky_relu_backward.default,
+    aten.hardtanh_backward.default,
+    aten.elu_backward.default,
+    aten.softplus_backward.default,
+    aten.hardsigmoid_backward.default,
+    aten.hardswish_backward.default,
+    aten.mish_backward.default,
+    aten.softshrink_backward.default,
+    aten.hardshrink_backward.default,
+    aten._masked_scale.default,
+    aten.rsub.Tensor,
+    aten.rsub.Scalar,
+]
+register_multi_jagged_func(_UNTAGGED, "a: any, ...")(pointwise)
