@@ -26,7 +26,7 @@ __all__ = ["LIB"]
 LIB = torch.library.Library("multijagged", "DEF")
 
 LIB.define("linear(Tensor x, Tensor weight, Tensor? bias=None) -> Tensor")
-LIB.define("linear_param_grads(Tensor grad, Tensor x) -> (Tensor, Tensor)")
+LIB.define("linear_param_grads(Tensor grad, Tensor x, bool weight, bool bias) -> (Tensor, Tensor)")
 LIB.define("unbind(Tensor x) -> Tensor[]")
 LIB.define("pack_like(Tensor?[] components, Tensor like) -> Tensor")
 LIB.define("to_padded(Tensor x, float padding, SymInt[]? output_size=None) -> Tensor")
@@ -42,9 +42,11 @@ def _linear_dense(x, weight, bias=None):
     return F.linear(x, weight, bias)
 
 
-def _linear_param_grads_dense(grad, x):
+def _linear_param_grads_dense(grad, x, weight, bias):
+    """(grad_weight, grad_bias) over all leading dims; an empty tensor for the one not asked for."""
     g2 = grad.reshape(-1, grad.shape[-1])
-    return g2.t().mm(x.reshape(-1, x.shape[-1])), g2.sum(0)
+    gw = g2.t().mm(x.reshape(-1, x.shape[-1])) if weight else g2.new_empty(0)
+    return gw, g2.sum(0) if bias else g2.new_empty(0)
 
 
 def _unbind_dense(x):
@@ -116,10 +118,12 @@ def _linear_setup(ctx, inputs, output):
 def _linear_backward(ctx, grad):
     x, weight = ctx.saved_tensors
     gx = mj.linear(grad, weight.t().contiguous(), None) if ctx.needs_input_grad[0] else None
+    need_w = ctx.needs_input_grad[1]
+    need_b = ctx.has_bias and ctx.needs_input_grad[2]
     gw = gb = None
-    if ctx.needs_input_grad[1] or (ctx.has_bias and ctx.needs_input_grad[2]):
-        gw, gb = mj.linear_param_grads(grad, x)
-    return gx, gw, gb if ctx.has_bias else None
+    if need_w or need_b:
+        gw, gb = mj.linear_param_grads(grad, x, need_w, need_b)
+    return gx, gw if need_w else None, gb if need_b else None
 
 
 torch.library.register_autograd("multijagged::linear", _linear_backward, setup_context=_linear_setup, lib=LIB)

@@ -24,10 +24,9 @@ def linear_default(func, x, weight, bias=None):
     return wrap(F.linear(v, weight, bias), x._partition, x._ragged_dims)
 
 
-@register_multi_jagged_func(mj.linear_param_grads.default, "grad: mjt, x: mjt")
-def linear_param_grads_default(func, grad, x):
-    g = grad._values.reshape(-1, grad._values.shape[-1])
-    return g.t().mm(x._values.reshape(-1, x._values.shape[-1])), g.sum(0)
+@register_multi_jagged_func(mj.linear_param_grads.default, "grad: mjt, x: mjt, weight: any, bias: any")
+def linear_param_grads_default(func, grad, x, weight, bias):
+    return library._linear_param_grads_dense(grad._values, x._values, weight, bias)
 
 
 @register_multi_jagged_func(mj.unbind.default, "x: mjt")

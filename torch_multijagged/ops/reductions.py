@@ -266,11 +266,12 @@ def reduce_backward_default(func, grad, x, result, kind, dim, keepdim):
     x's rows (K layout in between), times the kind's local derivative."""
     plan = _Plan(func, x, dim)
     v = x._values
-    g = _to_rows(plan, _from_output(plan, x, grad, keepdim))
-    if kind == "sum":
-        gi = g.expand_as(v)
-    elif kind == "mean":
-        gi = (g / _to_rows(plan, plan.count(x))).expand_as(v)
+    k = _from_output(plan, x, grad, keepdim)
+    if kind == "mean":
+        k = k / plan.count(x)  # per output row, before the gather
+    g = _to_rows(plan, k)
+    if kind in ("sum", "mean"):
+        gi = g if g.shape == v.shape else g.expand_as(v)
     elif kind == "logsumexp":
         gi = g * (v - _to_rows(plan, _from_output(plan, x, result, keepdim))).exp()
     elif kind in ("amax", "amin"):
@@ -281,7 +282,7 @@ def reduce_backward_default(func, grad, x, result, kind, dim, keepdim):
         gi = g * _prod_others(plan, x, v)
     else:
         raise ValueError(f"reduce_backward(): expected kind in {_KINDS}, got {kind!r}")
-    return wrap(gi.contiguous(), x._partition, x._ragged_dims)
+    return wrap(gi if gi.is_contiguous() else gi.contiguous(), x._partition, x._ragged_dims)
 
 
 def _prod_others(plan: _Plan, x: MJT, v: torch.Tensor) -> torch.Tensor:
