@@ -83,6 +83,10 @@ def _dense(t) -> bool:
     return isinstance(t, torch.Tensor) and not isinstance(t, MJT)
 
 
+def _needs_grad(*args) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
 def _call(op, *args):
     """Call a ``multijagged::`` op, skipping torch.library's Python autograd wrapper when no
     argument needs a gradient (it was half of ``linear``'s eager overhead). Under dynamo the
@@ -90,7 +94,7 @@ def _call(op, *args):
     if (
         torch.compiler.is_compiling()
         or torch._C._len_torch_dispatch_stack()
-        or (torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args))
+        or _needs_grad(*args)
     ):
         return op(*args)
     # Below autograd, with no dispatch mode active, the dispatcher would only forward the call to
@@ -101,7 +105,14 @@ def _call(op, *args):
 @route(F.linear, torch._C._nn.linear)
 def _linear(input, weight, bias=None):
     if isinstance(input, MJT) and _dense(weight) and (bias is None or _dense(bias)):
-        return _call(mj.linear.default, input, weight, bias)
+        if torch.compiler.is_compiling() or not _needs_grad(input, weight, bias):
+            return _call(mj.linear.default, input, weight, bias)
+        # Eagerly, with gradients, the values bridge lets the dense linear run under torch's own (C++) autograd:
+        # cheaper than torch.library's Python autograd wrapper, on the op that dominates models.
+        # Dynamo cannot trace the bridge (it reads the subclass's attributes), hence the op above.
+        from ..bridge import values_of, wrap_values_like
+
+        return wrap_values_like(F.linear(values_of(input), weight, bias), input)
     return NotImplemented
 
 
