@@ -8,12 +8,14 @@ Absolute times from these machines are only meaningful next to the floor they ar
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
 import os
 import platform
 import statistics
 import subprocess
+import sys
 import time
 from typing import Any, Callable, Mapping, Optional, Sequence
 
@@ -22,8 +24,12 @@ import torch
 __all__ = [
     "optional_import",
     "set_one_thread",
+    "retain_freed_memory",
     "parser",
     "time_interleaved",
+    "paired_ratios",
+    "peak_live_bytes",
+    "stderr_fd_silenced",
     "median",
     "quartiles",
     "ratio",
@@ -48,6 +54,28 @@ def set_one_thread() -> int:
     return torch.get_num_threads()
 
 
+def retain_freed_memory() -> Optional[str]:
+    """Make glibc malloc serve large blocks from its heap and keep freed memory there.
+
+    By default glibc gives every block above a dynamic threshold (128 KiB to 32 MiB) its own
+    ``mmap`` and returns it on free, so the next allocation of that size pays fresh page faults;
+    whether it does depends on what ran before (the threshold adapts to earlier frees). Interleaved
+    methods then tax each other: a padded step after a packed one took up to 1.7× its solo time.
+    Raising the mmap and trim thresholds makes every method's step cost what it costs when run
+    alone in a loop. Returns a description for the report, or None where this is not glibc.
+    """
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return None
+    M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
+    if mallopt(M_MMAP_THRESHOLD, 1 << 30) != 1 or mallopt(M_TRIM_THRESHOLD, (1 << 31) - 1) != 1:
+        return None
+    return "glibc malloc: mmap threshold 1 GiB, trim threshold 2 GiB (freed memory stays in the heap)"
+
+
 def parser(description: str) -> argparse.ArgumentParser:
     """An argument parser with the options every benchmark shares."""
     p = argparse.ArgumentParser(description=description)
@@ -62,16 +90,19 @@ def time_interleaved(
     calls: int = 200,
     samples: int = 25,
     warmup: int = 3,
+    clock: Callable[[], int] = time.perf_counter_ns,
 ) -> dict[str, list[float]]:
     """Nanoseconds per call for each method: ``samples`` samples, each the mean of a batch of
     ``calls`` back-to-back calls. Methods alternate between samples (A B C A B C …), so a slow
     phase of the machine lands on all of them. The first ``warmup`` rounds are discarded.
 
     The Python loop and call costs (~0.05 µs per call) are included, equally for every method.
+    ``clock`` is wall time by default; ``time.thread_time_ns`` counts only the CPU time of the
+    calling thread, which excludes time the thread spent descheduled by other jobs — an honest
+    step time only when all the work runs on that thread (one intra-op thread, CPU autograd).
     """
     names = list(fns)
     out: dict[str, list[float]] = {n: [] for n in names}
-    clock = time.perf_counter_ns
     for rnd in range(warmup + samples):
         for name in names:
             fn = fns[name]
@@ -82,6 +113,56 @@ def time_interleaved(
             if rnd >= warmup:
                 out[name].append(dt / calls)
     return out
+
+
+@contextlib.contextmanager
+def stderr_fd_silenced():
+    """Silence file descriptor 2 (C++ code such as kineto writes there, bypassing sys.stderr)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+            yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def paired_ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:
+    """``num[k] / den[k]`` per interleaving round. The two methods of a round ran back to back, so
+    a slow phase of the machine cancels better than in a ratio of medians; report the median."""
+    return [a / b for a, b in zip(num, den) if b > 0]
+
+
+def peak_live_bytes(fn: Callable[[], Any]) -> tuple[int, Any]:
+    """(peak, fn()) where peak is the maximum, over the call, of CPU tensor bytes allocated during
+    the call and still live, i.e. the high-water mark above what was live when it started.
+
+    CPU has no allocator statistics like ``torch.cuda.max_memory_allocated``, and ``tracemalloc``
+    does not see torch's allocations, so this replays the allocation and free events that
+    ``torch.profiler`` records with ``profile_memory=True`` (every CPU storage allocation/free,
+    in time order). torch's default CPU allocator does not cache blocks, so live bytes are what the
+    process holds for tensors. Tensors alive before the call (weights, inputs, old gradients) are
+    not counted, and freeing one of them during the call lowers the running total: clear
+    gradients *before* the call to count the new ones in full.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with stderr_fd_silenced():  # kineto prints profiler_start/stop lines on fd 2
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+            out = fn()
+    events = sorted(
+        (e.start_ns(), e.nbytes())
+        for e in prof.profiler.kineto_results.events()  # type: ignore[union-attr]
+        if e.name() == "[memory]" and e.device_type().name == "CPU"
+    )
+    live = peak = 0
+    for _, nbytes in events:
+        live += nbytes
+        peak = max(peak, live)
+    return peak, out
 
 
 def median(xs: Sequence[float]) -> float:
