@@ -37,12 +37,23 @@ def unify_extents(args: tuple) -> tuple:
     Two tensors built separately from equal lengths have different nested ints (as in
     torch.jagged), yet DESIGN.md §4 lets them combine. The autograd engine, however, checks each
     gradient's shape against its input's, nested ints included: ``(B, j1, C)`` may not receive a
-    ``(B, j0, C)`` gradient. So before an op sees them, later operands are relabelled onto the
-    first operand's extents with a differentiable, zero-copy ``relabel`` whose backward restores
-    their own. Eager only: under tracing extents are compared by identity."""
+    ``(B, j0, C)`` gradient. So before an op sees them, operands are relabelled onto the first
+    operand's extent *at the same logical dim* with a differentiable, zero-copy ``relabel``
+    whose backward restores their own. Extents at different dims are left alone: ``x (B, j0, 1)
+    * y (B, 1, j1)`` stays rectangular ``(B, j0, j1)`` even when the lengths are equal. Tensors
+    inside a list argument (``cat``, ``stack``) are unified too. Eager only: under tracing
+    extents are compared by identity."""
     first = None
     out = None
     for i, a in enumerate(args):
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], MJT):
+            inner = unify_extents(tuple(a) if first is None else (first, *a))
+            inner = inner if first is None else inner[1:]
+            if any(x is not y for x, y in zip(inner, a)):
+                out = list(args) if out is None else out
+                out[i] = type(a)(inner)
+            first = first if first is not None else a[0]
+            continue
         if not isinstance(a, MJT):
             continue
         if first is None:
@@ -62,21 +73,19 @@ def unify_extents(args: tuple) -> tuple:
 
 
 def _relabel_map(first: MJT, other: MJT):
-    """The partition of ``other`` with its extents replaced by equal-sized, non-identical
-    extents of ``first`` (None when nothing needs replacing)."""
+    """``other``'s partition with each extent replaced by ``first``'s extent at the same logical
+    dim when the two are equal-sized but not identical (None when nothing changes)."""
     from ._common import partition_for, same_extent
 
-    known = first._partition.extents
-    new, changed = [], False
-    for e in other._partition.extents:
-        twin = e
-        if not any(e is k for k in known):
-            for k in known:
-                if same_extent(k, e):
-                    twin, changed = k, True
-                    break
-        new.append(twin)
-    return partition_for(new) if changed else None
+    swap = {}
+    for d, e in zip(other._ragged_dims, other._partition.extents):
+        if d in first._ragged_dims:
+            k = first._partition.extents[first._ragged_dims.index(d)]
+            if k is not e and id(e) not in swap and same_extent(k, e):
+                swap[id(e)] = k
+    if not swap:
+        return None
+    return partition_for([swap.get(id(e), e) for e in other._partition.extents])
 
 
 def _dense(t) -> bool:
@@ -192,6 +201,26 @@ route(torch.max, torch.Tensor.max)(_max_min(True))
 route(torch.min, torch.Tensor.min)(_max_min(False))
 
 
+class _NanIfUsed(torch.autograd.Function):
+    """nan forward; backward nan where the incoming gradient is non-zero, else 0."""
+
+    @staticmethod
+    def forward(ctx, t):  # type: ignore[override]
+        return torch.full_like(t, float("nan"))
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return torch.where(grad != 0, torch.full_like(grad, float("nan")), torch.zeros_like(grad))
+
+
+def _safe_root(t, p=2):
+    """``t ** (1/p)`` whose gradient is 0 (not nan) where t == 0, as dense std / norm backward
+    give; nan stays nan."""
+    zero = t == 0
+    safe = torch.where(zero, torch.ones_like(t), t)
+    return torch.where(zero, torch.zeros_like(t), safe.sqrt() if p == 2 else safe.pow(1.0 / p))
+
+
 def _var_std(sqrt: bool):
     def routed(input, dim=None, *args, correction=None, keepdim=False, unbiased=None):
         # torch.var(x, dim, unbiased, keepdim) and torch.var(x, dim, *, correction, keepdim)
@@ -209,9 +238,14 @@ def _var_std(sqrt: bool):
         # A composite of routed ops: its gradient needs no formula of its own.
         d = None if dim is None else dims
         centred = input - _reduce(input, "mean", d, True)
-        n = _reduce(torch.ones_like(input).detach(), "sum", d, keepdim)
-        var = _reduce(centred * centred, "sum", d, keepdim) / (n - correction).clamp_min(0)
-        return var.sqrt() if sqrt else var
+        denom = _reduce(torch.ones_like(input).detach(), "sum", d, keepdim) - correction
+        ok = denom > 0
+        # Where n - correction <= 0 the result is nan, as dense torch gives; so is its gradient
+        # when the result is used, and 0 when it is not (dense torch then never runs its
+        # backward). A plain division would put 0/0 into every sample's gradient.
+        total = _reduce(centred * centred, "sum", d, keepdim)
+        var = torch.where(ok, total / torch.where(ok, denom, torch.ones_like(denom)), _NanIfUsed.apply(total))
+        return _safe_root(var) if sqrt else var
 
     return routed
 
@@ -238,8 +272,8 @@ def _vector_norm(input, ord=2, dim=None, keepdim=False, *, dtype=None):
     if ord == 1:
         return _reduce(a, "sum", d, keepdim)
     if ord == 2:
-        return _reduce(input * input, "sum", d, keepdim).sqrt()
-    return _reduce(a.pow(ord), "sum", d, keepdim).pow(1.0 / ord)
+        return _safe_root(_reduce(input * input, "sum", d, keepdim))
+    return _safe_root(_reduce(a.pow(ord), "sum", d, keepdim), ord)
 
 
 @route(torch.norm, torch.Tensor.norm)
@@ -292,12 +326,66 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     return wrap_values_like(F.group_norm(values_of(input), num_groups, weight, bias, eps), input)
 
 
+def _static_dim(op: str, input, dim) -> int:
+    d = canonical_dim(op, input.dim(), dim)
+    if d == 0 or d in input._ragged_dims:
+        raise ValueError(f"{op}(): expected a static dim of a multi_jagged tensor, got dim {dim} (batch or ragged)")
+    return d
+
+
+@route(torch.narrow, torch.Tensor.narrow)
+def _narrow(input, dim, start, length):
+    if isinstance(input, MJT):
+        _static_dim("narrow", input, dim)
+    return NotImplemented
+
+
+@route(torch.squeeze, torch.Tensor.squeeze)
+def _squeeze(input, dim=None):
+    """``squeeze()`` drops static size-1 dims only; aten's backward for it would unsqueeze every
+    size-1 dim, the batch dim (B = 1) included, so name the dims."""
+    if not isinstance(input, MJT) or dim is not None:
+        return NotImplemented
+    dims = [d for d in range(1, input.dim()) if d not in input._ragged_dims and input.shape[d] == 1]
+    return torch.squeeze(input, dims) if dims else input.view(input.shape)
+
+
+@route(torch.reshape, torch.Tensor.reshape)
+def _reshape(input, *shape):
+    """``reshape`` = ``view``, after a copy when the static dims cannot be viewed; aten's
+    composite would multiply nested ints to check the element count."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (list, tuple, torch.Size)) else shape
+    try:
+        return input.view(shape)
+    except RuntimeError:  # not viewable with these strides: copy, as reshape does
+        return input.contiguous().view(shape)
+
+
+@route(torch.flatten, torch.Tensor.flatten)
+def _flatten(input, start_dim=0, end_dim=-1):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    start = canonical_dim("flatten", input.dim(), start_dim)
+    end = canonical_dim("flatten", input.dim(), end_dim)
+    if start == end:
+        return input
+    if start == 0 or any(start <= d <= end for d in input._ragged_dims):
+        raise ValueError(f"flatten(): only static dims of a multi_jagged tensor can be flattened, got dims {start}..{end}")
+    size = 1
+    for d in range(start, end + 1):
+        size *= input.shape[d]
+    return _reshape(input, (*input.shape[:start], size, *input.shape[end + 1:]))
+
+
 def _split_route(chunks: bool):
     def routed(input, split_size_or_sections, dim=0):
         """``split`` / ``chunk`` of a static dim as ``narrow`` views, so that each piece has its own
         backward (aten's ``split_backward`` builds zeros of nested-int sizes for unused pieces)."""
         if not isinstance(input, MJT):
             return NotImplemented
+        _static_dim("chunk" if chunks else "split", input, dim)
         n = input.shape[dim]
         if chunks:
             step = -(-n // split_size_or_sections)

@@ -244,15 +244,15 @@ def select_backward_default(func, grad, input_sizes, dim, index):
 
 
 @register_multi_jagged_func(aten.cat.default, "tensors: any, dim: any?")
-def cat_default(func, tensors, dim=0):
+def cat_default(func, tensors, dim=0, op="cat"):
     """Concatenate multi_jagged tensors of one structure along a static dim."""
     first = tensors[0]
     if not all(isinstance(t, MJT) for t in tensors):
-        raise TypeError("cat(): expected all tensors to be multi_jagged for layout torch.multi_jagged")
-    _, vd = _static_vdim("cat", first, dim)
+        raise TypeError(f"{op}(): expected all tensors to be multi_jagged for layout torch.multi_jagged")
+    _, vd = _static_vdim(op, first, dim)
     for t in tensors[1:]:
         if t._ragged_dims != first._ragged_dims or not same_partition(t._partition, first._partition):
-            raise ValueError(f"cat(): expected tensors of one structure, got {describe(first)} and {describe(t)}")
+            raise ValueError(f"{op}(): expected tensors of one structure, got {describe(first)} and {describe(t)}")
     return wrap(torch.cat([t._values for t in tensors], vd), first._partition, first._ragged_dims)
 
 
@@ -264,4 +264,4 @@ def stack_default(func, tensors, dim=0):
     if d == 0:
         raise ValueError(f"stack(): cannot stack along the batch dim of {describe(first)}")
     pieces = [unsqueeze_default(aten.unsqueeze.default, t, d) if isinstance(t, MJT) else t for t in tensors]
-    return cat_default(aten.cat.default, pieces, d)
+    return cat_default(aten.cat.default, pieces, d, op="stack")

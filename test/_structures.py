@@ -1,0 +1,157 @@
+"""Helpers for the broadcast / ragged-reduction / structure-op tests.
+
+Complements ``_reference.py`` (whose ``per_sample_check`` is the main oracle): length strategies
+for singles that broadcast into pairs, an empty-aware dense reference for reductions, bitwise
+comparison for the no-leakage property and ``from_packed`` inputs for ``gradcheck``. Nothing here
+calls the package to compute an expected value.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+from hypothesis import strategies as st
+
+import torch_multijagged as mj
+
+DTYPE = torch.float64
+
+
+# ----------------------------------------------------------------------------- strategies
+@st.composite
+def lengths(draw, max_batch: int = 4, max_len: int = 4, batch: int | None = None):
+    """Per-sample lengths with at least one zero (STYLE.md habit 9)."""
+    b = batch if batch is not None else draw(st.integers(1, max_batch))
+    ns = draw(st.lists(st.integers(0, max_len), min_size=b, max_size=b))
+    ns[draw(st.integers(0, b - 1))] = 0
+    return tuple(ns)
+
+
+@st.composite
+def length_pairs(draw, max_batch: int = 4, max_len: int = 4):
+    """``(ns, ms)`` for a rectangular pair; a zero on either side, so ``(0, m)`` and ``(n, 0)``
+    both occur; ``ns != ms`` is likely but not forced."""
+    b = draw(st.integers(1, max_batch))
+    ns = list(draw(st.lists(st.integers(0, max_len), min_size=b, max_size=b)))
+    ms = list(draw(st.lists(st.integers(0, max_len), min_size=b, max_size=b)))
+    z = draw(st.integers(0, b - 1))
+    (ns if draw(st.booleans()) else ms)[z] = 0
+    return tuple(ns), tuple(ms)
+
+
+def randn(shape, gen: torch.Generator, dtype=DTYPE, low=-2.0, high=2.0) -> torch.Tensor:
+    return (torch.rand(tuple(shape), generator=gen, dtype=torch.float64) * (high - low) + low).to(dtype)
+
+
+def comps_for(shapes: Sequence[Sequence[int]], seed: int, **kw) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [randn(s, g, **kw) for s in shapes]
+
+
+# ----------------------------------------------------------------------------- references
+_FILL = {
+    "amax": lambda dt: torch.finfo(dt).min,
+    "amin": lambda dt: torch.finfo(dt).max,
+    "argmax": lambda dt: 0,
+    "argmin": lambda dt: 0,
+}
+
+
+def empty_aware(fn: Callable, kind: str, dims: Sequence[int]) -> Callable:
+    """Dense reference ``fn`` for a component, except that a reduction of kind ``amax`` /
+    ``amin`` / ``argmax`` / ``argmin`` over an empty extent (which dense torch refuses) gives
+    the torch.jagged value: finfo.min / finfo.max / 0. Other kinds follow dense torch as is
+    (sum 0, mean nan, prod 1, logsumexp -inf, any False, all True, norm 0)."""
+    if kind not in _FILL:
+        return fn
+
+    def ref(c: torch.Tensor):
+        zero = [d for d in dims if c.shape[d] == 0]
+        if not zero:
+            return fn(c)
+        probe = list(c.shape)
+        for d in zero:
+            probe[d] = 1
+        like = fn(torch.zeros(probe, dtype=c.dtype))
+        return torch.full(like.shape, _FILL[kind](c.dtype), dtype=like.dtype)
+
+    return ref
+
+
+def per_sample_outputs(out) -> list[torch.Tensor]:
+    """Sample i's output: a component of a multi_jagged output or row i of a dense one."""
+    if isinstance(out, mj.MultiJaggedTensor):
+        return list(out.unbind())
+    return list(out.unbind(0))
+
+
+def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Shape, dtype and every bit equal (NaN == NaN of the same payload)."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    if a.is_floating_point():
+        ints = {8: torch.int64, 4: torch.int32, 2: torch.int16}[a.element_size()]
+        return torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+    return torch.equal(a, b)
+
+
+def packed_args(comps: Sequence[torch.Tensor], ragged_dims: tuple[int, ...]):
+    """``(values, offsets, sizes)`` for ``mj.from_packed`` computed by hand (storage order:
+    ragged component dims first, row-major, then the static dims) — independent of the
+    package's packing code."""
+    rc = [d - 1 for d in ragged_dims]
+    rows, sizes = [], []
+    for c in comps:
+        static = [d for d in range(c.dim()) if d not in rc]
+        p = c.permute(*rc, *static)
+        n = 1
+        for d in rc:
+            n *= c.shape[d]
+        rows.append(p.reshape(n, *[c.shape[d] for d in static]))
+        sizes.append([c.shape[d] for d in rc])
+    counts = [r.shape[0] for r in rows]
+    offsets = torch.tensor([0] + list(torch.tensor(counts).cumsum(0).tolist()), dtype=torch.int64)
+    return torch.cat(rows).clone(), offsets, torch.tensor(sizes, dtype=torch.int64).reshape(len(comps), len(rc))
+
+
+def dense_forward_check(fn: Callable, ref: Callable, comps: Sequence[torch.Tensor], ragged_dims: tuple[int, ...]):
+    """Forward-only check of a dense ``(B, …)`` output against ``stack(ref per component)``,
+    for integer / bool outputs (``_reference.per_sample_check(dense_out=True)`` draws a float
+    cotangent of the output's dtype, which fails for them)."""
+    from _reference import assert_close
+
+    out = fn(mj.nested_tensor(list(comps), ragged_dims=ragged_dims))
+    assert not isinstance(out, mj.MultiJaggedTensor), f"expected a dense output, got {out!r}"
+    assert_close(out, torch.stack([ref(c) for c in comps]), "dense output", rtol=0, atol=0)
+    return out
+
+
+def per_sample_check_any_ints(
+    fn: Callable, ref: Callable, comps: Sequence[torch.Tensor], ragged_dims: tuple[int, ...], seed: int = 0, grad: bool = True
+):
+    """Like ``_reference.per_sample_check`` for one ragged operand, for ops that legitimately
+    move nested ints between dims (a rectangular pair's transpose is ``(B, j1, j0, C)``):
+    components and gradients are compared, nested ints are left to the caller. Returns
+    ``(x, out)``."""
+    from _reference import assert_close, build
+
+    x, leaves = build(comps, ragged_dims, requires_grad=True)
+    ref_leaves = [c.detach().clone().requires_grad_() for c in comps]
+    out = fn(x)
+    assert isinstance(out, mj.MultiJaggedTensor), f"expected a multi_jagged output, got {type(out).__name__}"
+    got = list(out.unbind())
+    expected = [ref(c) for c in ref_leaves]
+    assert len(got) == len(expected)
+    for i, (o, e) in enumerate(zip(got, expected)):
+        assert_close(o, e, f"sample {i}")
+    if not grad:
+        return x, out
+    gen = torch.Generator().manual_seed(seed)
+    cot = [torch.randn(e.shape, generator=gen, dtype=e.dtype) for e in expected]
+    g_mj = torch.autograd.grad(sum((o * c).sum() for o, c in zip(got, cot)), leaves, allow_unused=True)
+    g_ref = torch.autograd.grad(sum((e * c).sum() for e, c in zip(expected, cot)), ref_leaves, allow_unused=True)
+    for k, (a, b, leaf) in enumerate(zip(g_mj, g_ref, comps)):
+        z = torch.zeros_like(leaf)
+        assert_close(z if a is None else a, z if b is None else b, f"grad of sample {k}")
+    return x, out

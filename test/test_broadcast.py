@@ -1,0 +1,473 @@
+"""Broadcasting that creates ragged axes (ops/pointwise.py, NOTE [ Broadcasting over ragged dims ]).
+
+``(B, j0, 1, C) ∘ (B, 1, j0, C)`` → square pair, ``(B, j0, 1, C) ∘ (B, 1, j1, C)`` →
+rectangular pair, for every pointwise binary op, against the per-sample reference (forward and
+gradients), gradcheck on packed values, golden cases and structural errors.
+"""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import torch_multijagged as mj
+from torch_multijagged import multi_jagged
+
+from _reference import PS, R, assert_close, per_sample_check, seeds
+from _structures import comps_for, length_pairs, lengths, packed_args
+
+FEW = settings(max_examples=12, deadline=None)
+
+
+def _row(t):  # (B, j0, 1, C) / (n, 1, C): negative dims mean the same on both sides
+    return t.unsqueeze(-2)
+
+
+def _col(t):
+    return t.unsqueeze(-3)
+
+
+# Each op takes (row, col) operands; divisors / bases kept away from 0 so gradients are finite.
+OPS = {
+    "add": torch.add,
+    "sub": torch.sub,
+    "mul": torch.mul,
+    "div": lambda a, b: a / (b.abs() + 0.5),
+    "rdiv": lambda a, b: (a.abs() + 0.5) / b.abs().add(0.5),
+    "maximum": torch.maximum,
+    "minimum": torch.minimum,
+    "pow": lambda a, b: torch.pow(a.abs() + 0.5, b),
+    "lt": torch.lt,
+    "le": torch.le,
+    "gt": torch.gt,
+    "ge": torch.ge,
+    "eq": lambda a, b: a.round() == b.round(),
+    "ne": lambda a, b: a.round() != b.round(),
+    "where": lambda a, b: torch.where(a > b, a, b * 2),
+    "where_scalar": lambda a, b: torch.where(a > b, a * b, 0.0),
+    "atan2": torch.atan2,
+    "lerp": lambda a, b: torch.lerp(a, b, 0.3),
+}
+
+
+# ----------------------------------------------------------------------------- square / rect
+@pytest.mark.parametrize("op", OPS, ids=str)
+def test_square_pair_from_one_tensor(op):
+    """``x.unsqueeze(-2) ∘ x.unsqueeze(-3)``: one operand, both pair dims carry its ``j0``."""
+
+    @FEW
+    @given(lengths(), st.integers(1, 3), seeds)
+    def check(ns, c, seed):
+        f = OPS[op]
+        per_sample_check(lambda x: f(_row(x), _col(x)), R(comps_for([(n, c) for n in ns], seed), (1,)))
+
+    check()
+
+
+@pytest.mark.parametrize("op", OPS, ids=str)
+def test_square_pair_from_two_tensors(op):
+    """Two separately built singles with equal lengths (different nested ints)."""
+
+    @FEW
+    @given(lengths(), st.integers(1, 3), seeds)
+    def check(ns, c, seed):
+        f = OPS[op]
+        xs = comps_for([(n, c) for n in ns], seed)
+        ys = comps_for([(n, c) for n in ns], seed + 1)
+        per_sample_check(lambda x, y: f(_row(x), _col(y)), R(xs, (1,)), R(ys, (1,)))
+
+    check()
+
+
+@pytest.mark.parametrize("op", OPS, ids=str)
+def test_rectangular_pair(op):
+    """x from lengths n_i, y from m_i: ``(B, j0, 1, C) ∘ (B, 1, j1, C)`` → ``(B, j0, j1, C)``."""
+
+    @FEW
+    @given(length_pairs(), st.integers(1, 3), seeds)
+    def check(nm, c, seed):
+        ns, ms = nm
+        f = OPS[op]
+        xs = comps_for([(n, c) for n in ns], seed)
+        ys = comps_for([(m, c) for m in ms], seed + 1)
+        out = per_sample_check(lambda x, y: f(_row(x), _col(y)), R(xs, (1,)), R(ys, (1,)))
+        assert out.sizes().tolist() == [[n, m] for n, m in zip(ns, ms)]
+
+    check()
+
+
+@pytest.mark.parametrize("op", ["add", "mul", "where"])
+def test_rectangular_pair_col_first(op):
+    """Operand order does not matter: ``(B, 1, j1, C) ∘ (B, j0, 1, C)``."""
+
+    @FEW
+    @given(length_pairs(), seeds)
+    def check(nm, seed):
+        ns, ms = nm
+        f = OPS[op]
+        per_sample_check(
+            lambda y, x: f(_col(y), _row(x)),
+            R(comps_for([(m, 2) for m in ms], seed), (1,)),
+            R(comps_for([(n, 2) for n in ns], seed + 1), (1,)),
+        )
+
+    check()
+
+
+def test_pair_nested_ints():
+    """The pair reuses its operands' nested ints: square ``(B, j0, j0, C)`` with x's ``j0``,
+    rectangular ``(B, j0, j1, C)`` with x's and y's."""
+    x = mj.nested_tensor([torch.randn(n, 3) for n in (2, 0, 3)], ragged_dims=(1,))
+    y = mj.nested_tensor([torch.randn(m, 3) for m in (1, 4, 0)], ragged_dims=(1,))
+    sq = _row(x) * _col(x)
+    assert sq.layout is multi_jagged
+    assert sq.shape == (3, x.shape[1], x.shape[1], 3)
+    assert sq.ragged_dims == (1, 2)
+    assert sq.sizes().tolist() == [[2, 2], [0, 0], [3, 3]]
+    rect = _row(x) * _col(y)
+    assert rect.shape == (3, x.shape[1], y.shape[1], 3)
+    assert rect.shape[1] != rect.shape[2]
+    assert rect.sizes().tolist() == [[2, 1], [0, 4], [3, 0]]
+    assert rect.values().shape == (2 * 1 + 0 + 0, 3)  # = Σ n_i m_i rows
+
+
+# ----------------------------------------------------------------------------- other tails
+TAILS = {"no_C": (), "C": (3,), "C1xC2": (2, 3)}
+
+
+@pytest.mark.parametrize("tail", TAILS, ids=str)
+@pytest.mark.parametrize("op", ["add", "mul", "maximum", "gt", "where"])
+def test_pair_other_static_tails(tail, op):
+    """Static tails ``()`` and ``(C1, C2)``: row at logical dim 2, column at dim 1 (the
+    component's dims 1 and 0)."""
+
+    @FEW
+    @given(length_pairs(), seeds)
+    def check(nm, seed):
+        ns, ms = nm
+        t = TAILS[tail]
+        f = OPS[op]
+        per_sample_check(
+            lambda x, y: f(x.unsqueeze(2), y.unsqueeze(1)),
+            R(comps_for([(n, *t) for n in ns], seed), (1,)),
+            R(comps_for([(m, *t) for m in ms], seed + 1), (1,)),
+            ref=lambda a, b: f(a.unsqueeze(1), b.unsqueeze(0)),
+        )
+
+    check()
+
+
+@pytest.mark.parametrize("op", ["add", "mul", "div", "maximum", "le", "where"])
+def test_non_leading_ragged_dims(op):
+    """``(B, S, j0, 1, C) ∘ (B, S, 1, j0, C)`` → ``(B, S, j0, j0, C)``, x built from components
+    ``(S, n_i, C)`` with ``ragged_dims=(2,)``; also rectangular with y from ``(S, m_i, C)``."""
+
+    @FEW
+    @given(length_pairs(), st.integers(1, 3), seeds)
+    def check(nm, s, seed):
+        ns, ms = nm
+        f = OPS[op]
+        xs = comps_for([(s, n, 2) for n in ns], seed)
+        ys = comps_for([(s, m, 2) for m in ms], seed + 1)
+        sq = per_sample_check(lambda x: f(_row(x), _col(x)), R(xs, (2,)))
+        assert sq.ragged_dims == (2, 3)
+        rect = per_sample_check(lambda x, y: f(_row(x), _col(y)), R(xs, (2,)), R(ys, (2,)))
+        assert rect.ragged_dims == (2, 3)
+
+    check()
+
+
+# ----------------------------------------------------------------------------- dense operands
+DENSE3 = {
+    "addcmul": lambda a, b, d: torch.addcmul(a, b, d, value=0.5),  # row + 0.5 · col · d
+    "addcmul_dense_self": lambda a, b, d: torch.addcmul(d, a, b),  # d + row · col
+    "lerp_tensor_weight": lambda a, b, d: torch.lerp(a, b, d),
+    "where_dense_other": lambda a, b, d: torch.where(a > b, a, d),
+    "chain": lambda a, b, d: (a * d) + b,  # row·d stays a row, then the pair
+}
+
+
+@pytest.mark.parametrize("op", DENSE3, ids=str)
+@pytest.mark.parametrize("dshape", ["(C,)", "(1, 1, C)", "()"])
+def test_pair_with_dense_static_operand(op, dshape):
+    """A dense operand broadcasting over the static dims joins the row/column broadcast."""
+
+    @FEW
+    @given(length_pairs(), st.integers(1, 3), seeds)
+    def check(nm, c, seed):
+        ns, ms = nm
+        d = comps_for([{"(C,)": (c,), "(1, 1, C)": (1, 1, c), "()": ()}[dshape]], seed + 7)[0]
+        f = DENSE3[op]
+        per_sample_check(
+            lambda x, y, w: f(_row(x), _col(y), w),
+            R(comps_for([(n, c) for n in ns], seed), (1,)),
+            R(comps_for([(m, c) for m in ms], seed + 1), (1,)),
+            d,
+        )
+
+    check()
+
+
+@pytest.mark.parametrize("op", DENSE3, ids=str)
+def test_pair_with_dense_per_sample_operand(op):
+    """A dense ``(B, 1, 1, C)`` operand applies per sample (sample i sees ``d[i]``)."""
+
+    @FEW
+    @given(length_pairs(), st.integers(1, 3), seeds)
+    def check(nm, c, seed):
+        ns, ms = nm
+        d = comps_for([(len(ns), 1, 1, c)], seed + 7)[0]
+        f = DENSE3[op]
+        per_sample_check(
+            lambda x, y, w: f(_row(x), _col(y), w),
+            R(comps_for([(n, c) for n in ns], seed), (1,)),
+            R(comps_for([(m, c) for m in ms], seed + 1), (1,)),
+            PS(d),
+        )
+
+    check()
+
+
+def test_pair_plus_dense_after_creation():
+    """Binary ops on an existing pair with a ``(C,)`` and a ``(B, 1, 1, C)`` operand."""
+
+    @FEW
+    @given(lengths(), seeds)
+    def check(ns, seed):
+        c = 3
+        bias = comps_for([(c,)], seed + 3)[0]
+        scale = comps_for([(len(ns), 1, 1, c)], seed + 4)[0]
+        per_sample_check(
+            lambda x, b, s: (_row(x) + _col(x)) * s + b,
+            R(comps_for([(n, c) for n in ns], seed), (1,)),
+            bias,
+            PS(scale),
+        )
+
+    check()
+
+
+# ----------------------------------------------------------------------------- masks
+def _mask_comps(ns, seed):
+    """Float 0/1 components (per_sample_check makes every ragged operand a grad leaf); the
+    test turns them into a bool mask with ``> 0.5`` on both sides."""
+    g = torch.Generator().manual_seed(seed)
+    return [(torch.rand(n, generator=g, dtype=torch.float64) > 0.3).to(torch.float64) for n in ns]
+
+
+MASK_USES = {
+    "masked_fill": lambda p, pm: p.masked_fill(~pm.unsqueeze(-1), -1.5),
+    "where_tensor": lambda p, pm: torch.where(pm.unsqueeze(-1), p, p * 0.25),
+    "where_scalar": lambda p, pm: torch.where(pm.unsqueeze(-1), p, 0.0),
+    "mul_mask": lambda p, pm: p * pm.unsqueeze(-1).to(p.dtype),
+}
+
+
+@pytest.mark.parametrize("use", MASK_USES, ids=str)
+def test_pair_mask(use):
+    """``m.unsqueeze(-1) & m.unsqueeze(-2)`` is a ``(B, j0, j0)`` mask usable on the pair."""
+
+    @FEW
+    @given(lengths(), seeds)
+    def check(ns, seed):
+        f = MASK_USES[use]
+
+        def fn(x, m):
+            m = m > 0.5
+            pm = m.unsqueeze(-1) & m.unsqueeze(-2)
+            return f(_row(x) + _col(x), pm)
+
+        per_sample_check(fn, R(comps_for([(n, 2) for n in ns], seed), (1,)), R(_mask_comps(ns, seed), (1,)))
+
+    check()
+
+
+def test_pair_mask_golden():
+    x = mj.nested_tensor([torch.tensor([1.0, 2.0, 3.0]), torch.tensor([4.0])], ragged_dims=(1,))
+    m = mj.nested_tensor([torch.tensor([True, False, True]), torch.tensor([True])], ragged_dims=(1,))
+    pm = m.unsqueeze(-1) & m.unsqueeze(-2)
+    assert pm.shape == (2, m.shape[1], m.shape[1])
+    out = (x.unsqueeze(-1) * x.unsqueeze(-2)).masked_fill(~pm, 0.0)
+    expected = [
+        [[1.0, 0.0, 3.0], [0.0, 0.0, 0.0], [3.0, 0.0, 9.0]],  # = [[1·1, -, 1·3], [-, -, -], [3·1, -, 3·3]]
+        [[16.0]],  # = [[4·4]]
+    ]
+    for o, e in zip(out.unbind(), expected):
+        torch.testing.assert_close(o, torch.tensor(e), rtol=0, atol=0)
+
+
+# ----------------------------------------------------------------------------- golden
+def test_square_pair_golden():
+    x = mj.nested_tensor([torch.tensor([1.0, 2.0]), torch.zeros(0), torch.tensor([5.0])], ragged_dims=(1,))
+    cases = {
+        "add": (
+            x.unsqueeze(-1) + x.unsqueeze(-2),
+            [[[2.0, 3.0], [3.0, 4.0]], torch.zeros(0, 0), [[10.0]]],  # = [[1+1, 1+2], [2+1, 2+2]], [], [[5+5]]
+        ),
+        "sub": (
+            x.unsqueeze(-1) - x.unsqueeze(-2),
+            [[[0.0, -1.0], [1.0, 0.0]], torch.zeros(0, 0), [[0.0]]],  # = [[1-1, 1-2], [2-1, 2-2]], [], [[5-5]]
+        ),
+        "pow": (
+            x.unsqueeze(-1) ** x.unsqueeze(-2),
+            [[[1.0, 1.0], [2.0, 4.0]], torch.zeros(0, 0), [[3125.0]]],  # = [[1^1, 1^2], [2^1, 2^2]], [], [[5^5]]
+        ),
+    }
+    for name, (out, expected) in cases.items():
+        assert out.shape == (3, x.shape[1], x.shape[1])
+        for o, e in zip(out.unbind(), expected):
+            torch.testing.assert_close(o, torch.as_tensor(e), rtol=0, atol=0, msg=name)
+
+
+def test_rectangular_pair_golden():
+    x = mj.nested_tensor([torch.tensor([[1.0], [2.0]]), torch.zeros(0, 1)], ragged_dims=(1,))
+    y = mj.nested_tensor([torch.tensor([[3.0], [4.0], [5.0]]), torch.tensor([[7.0]])], ragged_dims=(1,))
+    out = x.unsqueeze(-2) * y.unsqueeze(-3)
+    assert out.shape == (2, x.shape[1], y.shape[1], 1)
+    expected = [
+        [[[3.0], [4.0], [5.0]], [[6.0], [8.0], [10.0]]],  # = [[1·3, 1·4, 1·5], [2·3, 2·4, 2·5]]
+        torch.zeros(0, 1, 1),  # (0, 1) pair: no cells
+    ]
+    for o, e in zip(out.unbind(), expected):
+        torch.testing.assert_close(o, torch.as_tensor(e), rtol=0, atol=0)
+    mx = torch.maximum(x.unsqueeze(-2) * 3, y.unsqueeze(-3))
+    torch.testing.assert_close(
+        mx.unbind()[0][..., 0],
+        torch.tensor([[3.0, 4.0, 5.0], [6.0, 6.0, 6.0]]),  # = [[max(3,3), max(3,4), max(3,5)], [max(6,3), max(6,4), max(6,5)]]
+        rtol=0,
+        atol=0,
+    )
+
+
+def test_square_pair_grad_golden():
+    """d/dx Σ_{a,b} x_a · x_b = 2 Σ_b x_b for every a."""
+    leaves = [torch.tensor([1.0, 2.0], requires_grad=True), torch.tensor([4.0], requires_grad=True)]
+    x = mj.as_nested_tensor(leaves, ragged_dims=(1,))
+    (x.unsqueeze(-1) * x.unsqueeze(-2)).sum().backward()
+    torch.testing.assert_close(leaves[0].grad, torch.tensor([6.0, 6.0]))  # = 2·(1+2)
+    torch.testing.assert_close(leaves[1].grad, torch.tensor([8.0]))  # = 2·4
+
+
+# ----------------------------------------------------------------------------- gradcheck
+def test_gradcheck_square_pair():
+    comps = comps_for([(2, 2), (0, 2), (3, 2)], 0)
+    v, off, sizes = packed_args(comps, (1,))
+
+    def f(v):
+        x = mj.from_packed(v, off, sizes, (1,))
+        return (_row(x) * _col(x) + torch.maximum(_row(x), _col(x))).values()
+
+    assert torch.autograd.gradcheck(f, (v.requires_grad_(),))
+
+
+def test_gradcheck_rectangular_pair():
+    xs = comps_for([(2, 2), (0, 2), (3, 2), (1, 2)], 1)
+    ys = comps_for([(3, 2), (2, 2), (0, 2), (1, 2)], 2)
+    vx, ox, sx = packed_args(xs, (1,))
+    vy, oy, sy = packed_args(ys, (1,))
+
+    def f(vx, vy):
+        x = mj.from_packed(vx, ox, sx, (1,))
+        y = mj.from_packed(vy, oy, sy, (1,))
+        return (_row(x) / (_col(y).abs() + 1) - _col(y) ** 2).values()
+
+    assert torch.autograd.gradcheck(f, (vx.requires_grad_(), vy.requires_grad_()))
+
+
+def test_gradcheck_non_leading_pair_with_dense():
+    xs = comps_for([(2, 2, 3), (2, 0, 3), (2, 3, 3)], 3)
+    v, off, sizes = packed_args(xs, (2,))
+    w = comps_for([(3,)], 4)[0].requires_grad_()
+
+    def f(v, w):
+        x = mj.from_packed(v, off, sizes, (2,))
+        return torch.addcmul(_row(x), _col(x), w).values()
+
+    assert torch.autograd.gradcheck(f, (v.requires_grad_(), w))
+
+
+# ----------------------------------------------------------------------------- errors
+def _nt(shapes, ragged_dims, seed=0):
+    return mj.nested_tensor(comps_for(shapes, seed), ragged_dims=ragged_dims)
+
+
+ERR_OPS = {"add": torch.add, "mul": torch.mul, "sub": torch.sub, "maximum": torch.maximum, "div": torch.div}
+
+
+@pytest.mark.parametrize("op", ERR_OPS, ids=str)
+def test_square_vs_rectangular_equal_cell_counts_raise(op):
+    """Square (2,2,C),(3,3,C) and rectangular (1,4,C),(1,9,C) pack 4 and 9 rows per sample."""
+    sq = _nt([(2, 2, 3), (3, 3, 3)], (1, 2))
+    rect = _nt([(1, 4, 3), (1, 9, 3)], (1, 2), seed=1)
+    assert sq.offsets().tolist() == rect.offsets().tolist()  # the trap: same packing
+    with pytest.raises(ValueError, match=rf"^{op}\b.*\(\):.*different per-sample sizes"):
+        ERR_OPS[op](sq, rect)
+    with pytest.raises(ValueError, match=rf"^{op}\b"):
+        ERR_OPS[op](rect, sq)
+
+
+@pytest.mark.parametrize("op", ERR_OPS, ids=str)
+def test_2x6_vs_3x4_raise(op):
+    a = _nt([(2, 6, 3), (1, 1, 3)], (1, 2))
+    b = _nt([(3, 4, 3), (1, 1, 3)], (1, 2), seed=1)
+    assert a.values().shape == b.values().shape
+    with pytest.raises(ValueError, match=rf"^{op}\b.*\(2, j\d+, j\d+, 3\) and \(2, j\d+, j\d+, 3\)"):
+        ERR_OPS[op](a, b)
+
+
+@pytest.mark.parametrize("op", ERR_OPS, ids=str)
+def test_singles_of_different_lengths_raise(op):
+    """Singles with different lengths (same total) never combine, nor do their rows, columns
+    or pairs."""
+    f = ERR_OPS[op]
+    x = _nt([(2, 3), (3, 3)], (1,))
+    y = _nt([(3, 3), (2, 3)], (1,), seed=1)
+    cases = {
+        "x ∘ y": lambda: f(x, y),
+        "row(x) ∘ row(y)": lambda: f(_row(x), _row(y)),
+        "col(x) ∘ col(y)": lambda: f(_col(x), _col(y)),
+        "pair(x) ∘ col(y)": lambda: f(_row(x) + _col(x), _col(y)),
+        "pair(x) ∘ row(y)": lambda: f(_row(x) + _col(x), _row(y)),
+        "pair(x) ∘ pair(y)": lambda: f(_row(x) + _col(x), _row(y) + _col(y)),
+        "rect ∘ rect.T": lambda: f(_row(x) * _col(y), (_row(x) * _col(y)).transpose(1, 2)),
+    }
+    for name, call in cases.items():
+        with pytest.raises(ValueError, match=rf"^{op}\b"):
+            call()
+            pytest.fail(name)
+
+
+def test_broadcast_errors_name_op_and_shapes():
+    x = _nt([(2, 3), (3, 3)], (1,))
+    y = _nt([(3, 3), (2, 3)], (1,), seed=1)
+    with pytest.raises(ValueError) as info:
+        torch.where(_row(x) > 0, _row(y), 1.0)
+    msg = str(info.value)
+    assert msg.startswith("where"), msg
+    assert "(2, j" in msg and "1, 3)" in msg, msg
+
+
+def test_batch_mismatch_and_dense_on_ragged_dim_raise():
+    x = _nt([(2, 3), (3, 3)], (1,))
+    z = _nt([(2, 3), (3, 3), (1, 3)], (1,))
+    with pytest.raises(ValueError, match=r"^add\b.*batch"):
+        _row(x) + _col(z)
+    with pytest.raises(ValueError, match=r"^add\b.*ragged dim 1"):
+        _row(x) + torch.ones(4, 1, 3)  # a dense size 4 along the ragged dim
+    with pytest.raises(ValueError, match=r"^add\b.*batch dim"):
+        _row(x) + torch.ones(3, 1, 1, 3)  # dense batch dim 3 ≠ B = 2
+    # (4, 3) right-aligns with the static dims (1, 3): a legal static broadcast
+    out = _row(x) + torch.ones(4, 3)
+    assert [tuple(o.shape) for o in out.unbind()] == [(2, 4, 3), (3, 4, 3)]
+
+
+def test_rect_plus_square_of_one_side_raises_unless_equal():
+    """A rectangular pair and the square pair of its row operand combine only when n == m."""
+    x = _nt([(2, 3), (0, 3)], (1,))
+    y = _nt([(3, 3), (1, 3)], (1,), seed=1)
+    rect = _row(x) * _col(y)
+    with pytest.raises(ValueError, match=r"^add\b"):
+        rect + (_row(x) + _col(x))
+    y2 = _nt([(2, 3), (0, 3)], (1,), seed=2)  # same lengths as x: fine
+    out = _row(x) * _col(y2) + (_row(x) + _col(x))
+    for o, a, b in zip(out.unbind(), x.unbind(), y2.unbind()):
+        assert_close(o, a.unsqueeze(1) * b.unsqueeze(0) + (a.unsqueeze(1) + a.unsqueeze(0)))

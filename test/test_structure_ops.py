@@ -1,0 +1,575 @@
+"""Structure ops (ops/views.py, routes for split/chunk/einsum): transpose / permute of ragged
+dims, unsqueeze / squeeze, flatten / unflatten / view / reshape of static dims, narrow / slicing
+/ select of static dims, cat / stack, chunk / split, einsum over static dims — per-sample
+reference with gradients, nested-int bookkeeping, gradcheck, golden cases and errors."""
+
+import pytest
+import torch
+from hypothesis import given, settings, strategies as st
+
+import torch_multijagged as mj
+
+from _reference import R, RECT, SEQ, SQUARE, STATIC_LEAD, assert_close, components, per_sample_check, seeds, structures
+from _structures import comps_for, length_pairs, lengths, packed_args, per_sample_check_any_ints
+
+FEW = settings(max_examples=10, deadline=None)
+LAYOUT = {"seq": SEQ, "square": SQUARE, "rect": RECT, "static_lead": STATIC_LEAD}
+
+
+def _pair_structs(draw_rect: bool):
+    return structures(RECT if draw_rect else SQUARE, max_batch=3, max_len=4)
+
+
+# ----------------------------------------------------------------------------- transpose / permute
+# (fn on the multi_jagged tensor, fn on a component); logical dim d is component dim d - 1.
+PAIR_PERMS = {
+    "transpose(1,2)": (lambda t: t.transpose(1, 2), lambda c: c.transpose(0, 1)),
+    "transpose(-2,-3)": (lambda t: t.transpose(-2, -3), lambda c: c.transpose(-2, -3)),
+    "permute(0,2,1,3)": (lambda t: t.permute(0, 2, 1, 3), lambda c: c.permute(1, 0, 2)),
+    "permute(0,3,1,2)": (lambda t: t.permute(0, 3, 1, 2), lambda c: c.permute(2, 0, 1)),
+    "permute(0,3,2,1)": (lambda t: t.permute(0, 3, 2, 1), lambda c: c.permute(2, 1, 0)),
+    "permute(0,1,3,2)": (lambda t: t.permute(0, 1, 3, 2), lambda c: c.permute(0, 2, 1)),
+    "movedim(-1,1)": (lambda t: t.movedim(-1, 1), lambda c: c.movedim(-1, 0)),
+    "transpose_twice": (lambda t: t.transpose(1, 2).transpose(1, 2), lambda c: c),
+    "transpose_then_add": (lambda t: t.transpose(1, 2) * 2 + 1, lambda c: c.transpose(0, 1) * 2 + 1),
+}
+
+
+@pytest.mark.parametrize("rect", [False, True], ids=["square", "rect"])
+@pytest.mark.parametrize("op", PAIR_PERMS, ids=str)
+def test_pair_permutations(op, rect):
+    """A pair's transpose of its ragged dims is the per-sample transpose (square and
+    rectangular), also when a static dim moves between or before them."""
+    f, ref = PAIR_PERMS[op]
+
+    @FEW
+    @given(_pair_structs(rect), seeds)
+    def check(s, seed):
+        comps = components(s.shapes, seed)
+        x, out = per_sample_check_any_ints(f, ref, comps, s.ragged_dims, seed)
+        # the ragged dims keep their nested ints, in their new places: follow marker sizes
+        # 5 and 7 (≠ C ≤ 3) through the dense op to see where each goes
+        marker = ref(torch.empty(5, 7, s.c)).shape
+        expected = [x.shape[1] if m == 5 else x.shape[2] if m == 7 else m for m in marker]
+        assert out.shape == (x.shape[0], *expected)
+
+    check()
+
+
+def test_rect_transpose_swaps_nested_ints():
+    @FEW
+    @given(length_pairs(), seeds)
+    def check(nm, seed):
+        ns, ms = nm
+        x = mj.nested_tensor(comps_for([(n, 2) for n in ns], seed), ragged_dims=(1,))
+        y = mj.nested_tensor(comps_for([(m, 2) for m in ms], seed + 1), ragged_dims=(1,))
+        rect = x.unsqueeze(-2) * y.unsqueeze(-3)  # (B, j_x, j_y, C)
+        t = rect.transpose(1, 2)
+        assert t.shape == (len(ns), rect.shape[2], rect.shape[1], 2)
+        if ns != ms:  # equal lengths: see test_rect_from_equal_lengths_keeps_each_sides_nested_int
+            assert t.shape == (len(ns), y.shape[1], x.shape[1], 2)
+        assert t.sizes().tolist() == [[m, n] for n, m in zip(ns, ms)]
+        # reducing the transposed pair's last ragged dim gives y's structure back
+        back = t.sum(-2)
+        if ns != ms:
+            assert back.shape == y.shape
+        for o, xi, yi in zip((back + y).unbind(), x.unbind(), y.unbind()):
+            assert_close(o, (xi.unsqueeze(-2) * yi.unsqueeze(-3)).transpose(0, 1).sum(-2) + yi)
+        # a transposed rect combines with the pair built the other way round
+        other = y.unsqueeze(-2) - x.unsqueeze(-3)  # (B, j_y, j_x, C)
+        for o, xi, yi in zip((t + other).unbind(), x.unbind(), y.unbind()):
+            assert_close(o, (xi.unsqueeze(1) * yi.unsqueeze(0)).transpose(0, 1) + (yi.unsqueeze(1) - xi.unsqueeze(0)))
+
+    check()
+
+
+def test_square_transpose_adds_to_itself():
+    """``pair + pair.transpose(1, 2)`` (symmetrisation, as in triangle updates)."""
+
+    @FEW
+    @given(structures(SQUARE, max_batch=3), seeds)
+    def check(s, seed):
+        per_sample_check(lambda p: p + p.transpose(1, 2), R(components(s.shapes, seed), s.ragged_dims),
+                         ref=lambda c: c + c.transpose(0, 1))
+
+    check()
+
+
+SINGLE_PERMS = {
+    "seq.transpose(1,2)": ("seq", lambda t: t.transpose(1, 2), lambda c: c.transpose(0, 1)),
+    "seq.mT": ("seq", lambda t: t.mT, lambda c: c.mT),
+    "static_lead.transpose(1,2)": ("static_lead", lambda t: t.transpose(1, 2), lambda c: c.transpose(0, 1)),
+    "static_lead.permute(0,3,2,1)": ("static_lead", lambda t: t.permute(0, 3, 2, 1), lambda c: c.permute(2, 1, 0)),
+    "static_lead.transpose(1,3)": ("static_lead", lambda t: t.transpose(1, 3), lambda c: c.transpose(0, 2)),
+}
+
+
+@pytest.mark.parametrize("op", SINGLE_PERMS, ids=str)
+def test_single_ragged_dim_permutations(op):
+    layout, f, ref = SINGLE_PERMS[op]
+
+    @FEW
+    @given(structures(LAYOUT[layout], max_batch=3), seeds)
+    def check(s, seed):
+        x, out = per_sample_check_any_ints(f, ref, components(s.shapes, seed), s.ragged_dims, seed)
+        assert x.shape[s.ragged_dims[0]] in tuple(out.shape)  # the nested int moved, unchanged
+
+    check()
+
+
+def test_transpose_golden():
+    x = mj.nested_tensor([torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), torch.zeros(0, 2)], ragged_dims=(1, 2))
+    t = x.transpose(1, 2)
+    assert t.sizes().tolist() == [[3, 2], [2, 0]]
+    torch.testing.assert_close(t.unbind()[0], torch.tensor([[1.0, 4.0], [2.0, 5.0], [3.0, 6.0]]))  # = rows ↔ columns
+    assert t.unbind()[1].shape == (2, 0)
+    torch.testing.assert_close(t.values(), torch.tensor([1.0, 4.0, 2.0, 5.0, 3.0, 6.0]))  # packed row-major over (3, 2)
+
+
+def test_permute_errors():
+    x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
+    with pytest.raises(ValueError, match="batch dim"):
+        x.transpose(0, 1)
+    with pytest.raises(ValueError, match="permute"):
+        x.permute(0, 1, 1)
+
+
+def test_gradcheck_pair_transpose():
+    for comps in (comps_for([(2, 2, 2), (0, 0, 2), (3, 3, 2)], 0), comps_for([(2, 3, 2), (0, 2, 2), (3, 0, 2), (1, 2, 2)], 1)):
+        v, off, sizes = packed_args(comps, (1, 2))
+
+        def f(v):
+            p = mj.from_packed(v, off, sizes, (1, 2))
+            return (p.transpose(1, 2) * p.transpose(1, 2).sum(-1, keepdim=True)).values()
+
+        assert torch.autograd.gradcheck(f, (v.requires_grad_(),))
+
+
+def test_gradcheck_square_symmetrise():
+    comps = comps_for([(2, 2, 2), (0, 0, 2), (3, 3, 2)], 2)
+    v, off, sizes = packed_args(comps, (1, 2))
+    assert torch.autograd.gradcheck(lambda v: (lambda p: (p + p.transpose(1, 2)).values())(mj.from_packed(v, off, sizes, (1, 2))),
+                                    (v.requires_grad_(),))
+
+
+# ----------------------------------------------------------------------------- unsqueeze / squeeze
+UNSQ = {
+    "seq.unsqueeze(1)": ("seq", lambda t: t.unsqueeze(1), lambda c: c.unsqueeze(0)),
+    "seq.unsqueeze(2)": ("seq", lambda t: t.unsqueeze(2), lambda c: c.unsqueeze(1)),
+    "seq.unsqueeze(-1)": ("seq", lambda t: t.unsqueeze(-1), lambda c: c.unsqueeze(-1)),
+    "seq.unsqueeze.squeeze(1)": ("seq", lambda t: t.unsqueeze(1).squeeze(1), lambda c: c),
+    # squeeze() drops every static size-1 dim (C too when C = 1), never the ragged one; its
+    # backward with B = 1 is an xfail below, so this case is forward-only
+    "seq.squeeze()": ("seq", lambda t: t.unsqueeze(1).unsqueeze(-1).squeeze(), lambda c: c[:, 0] if c.shape[1] == 1 else c),
+    "square.unsqueeze(2)": ("square", lambda t: t.unsqueeze(2), lambda c: c.unsqueeze(1)),
+    "square.unsqueeze(-1).squeeze(-1)": ("square", lambda t: t.unsqueeze(-1).squeeze(-1), lambda c: c),
+    "square.squeeze(dims)": ("square", lambda t: t.unsqueeze(3).unsqueeze(1).squeeze((1, 4)), lambda c: c),
+    "static_lead.unsqueeze(3)": ("static_lead", lambda t: t.unsqueeze(3), lambda c: c.unsqueeze(2)),
+    "static_lead.squeeze(1)": ("static_lead", lambda t: t.narrow(1, 0, 1).squeeze(1), lambda c: c.narrow(0, 0, 1).squeeze(0)),
+}
+
+
+@pytest.mark.parametrize("op", UNSQ, ids=str)
+def test_unsqueeze_squeeze(op):
+    layout, f, ref = UNSQ[op]
+
+    @FEW
+    @given(structures(LAYOUT[layout], max_batch=3), seeds)
+    def check(s, seed):
+        x, out = per_sample_check_any_ints(f, ref, components(s.shapes, seed), s.ragged_dims, seed, grad=op != "seq.squeeze()")
+        for d in s.ragged_dims:  # every nested int of x is still there
+            assert x.shape[d] in tuple(out.shape)
+
+    check()
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_squeeze_all_grad(batch):
+    comps = comps_for([(2, 1)] * batch, 3)
+    per_sample_check_any_ints(lambda t: t.unsqueeze(2).squeeze(), lambda c: c[:, 0], comps, (1,))
+
+
+def test_squeeze_unsqueeze_errors():
+    x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
+    with pytest.raises(ValueError, match=r"^squeeze\(\).*ragged dim 1"):
+        x.squeeze(1)
+    with pytest.raises(ValueError, match=r"^squeeze\(\).*batch"):
+        x.squeeze(0)
+    with pytest.raises(ValueError, match=r"^unsqueeze\(\).*batch"):
+        x.unsqueeze(0)
+    assert x.squeeze(2).shape == x.shape  # size 3: no-op, as dense
+
+
+# ----------------------------------------------------------------------------- view family
+VIEWS = {
+    # square pair with a (2, 3) tail: (B, j0, j0, 2, 3)
+    "flatten(-2)": (lambda t: t.flatten(-2), lambda c: c.flatten(-2)),
+    "unflatten": (lambda t: t.flatten(-2).unflatten(-1, (3, 2)), lambda c: c.flatten(-2).unflatten(-1, (3, 2))),
+    "view(...,-1)": (lambda t: t.view(*t.shape[:3], -1), lambda c: c.view(*c.shape[:2], 6)),
+    "view(...,6,1)": (lambda t: t.view(t.shape[0], t.shape[1], t.shape[2], 6, 1), lambda c: c.view(c.shape[0], c.shape[1], 6, 1)),
+    "reshape(...,3,2)": (lambda t: t.reshape(*t.shape[:3], 3, 2), lambda c: c.reshape(*c.shape[:2], 3, 2)),
+    "transpose.contiguous.view": (lambda t: t.transpose(-1, -2).contiguous().view(*t.shape[:3], 6),
+                                  lambda c: c.transpose(-1, -2).reshape(*c.shape[:2], 6)),
+}
+
+
+@pytest.mark.parametrize("op", VIEWS, ids=str)
+def test_view_family_on_pair(op):
+    f, ref = VIEWS[op]
+
+    @FEW
+    @given(lengths(max_batch=3), seeds)
+    def check(ns, seed):
+        out = per_sample_check(f, R(comps_for([(n, n, 2, 3) for n in ns], seed), (1, 2)), ref=ref, seed=seed)
+        assert out.ragged_dims == (1, 2)
+
+    check()
+
+
+@pytest.mark.parametrize("how", ["reshape", "flatten"])
+@pytest.mark.parametrize("shapes", [[(0, 2, 3), (3, 2, 3)], [(0, 0, 2, 3), (2, 2, 2, 3)]], ids=["seq", "square"])
+def test_reshape_non_contiguous(how, shapes):
+    comps = comps_for(shapes, 0)
+    x = mj.nested_tensor(comps)
+    q = x.transpose(-1, -2)
+    out = q.flatten(-2) if how == "flatten" else q.reshape(*x.shape[:-2], 6)
+    for o, c in zip(out.unbind(), comps):
+        assert_close(o, c.transpose(-1, -2).flatten(-2))
+
+
+def test_flatten_static_dims_before_a_ragged_dim():
+    """(B, S1, S2, j0, C).flatten(1, 2) → (B, S1·S2, j0, C); and unflatten back."""
+
+    @FEW
+    @given(lengths(max_batch=3), seeds)
+    def check(ns, seed):
+        comps = comps_for([(2, 3, n, 2) for n in ns], seed)
+        out = per_sample_check(lambda t: t.flatten(1, 2), R(comps, (3,)), ref=lambda c: c.flatten(0, 1), seed=seed)
+        assert out.ragged_dims == (2,)
+        per_sample_check(lambda t: t.flatten(1, 2).unflatten(1, (3, 2)), R(comps, (3,)),
+                         ref=lambda c: c.flatten(0, 1).unflatten(0, (3, 2)), seed=seed)
+
+    check()
+
+
+def test_view_errors():
+    x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
+    with pytest.raises(ValueError, match=r"^flatten\(\).*static dims"):
+        x.flatten(1, 2)  # folds a ragged dim into a static one
+    s = mj.nested_tensor(comps_for([(2, 4, n, 3) for n in (2, 0)], 0), ragged_dims=(3,))
+    with pytest.raises(ValueError, match=r"^view\(\).*regroup between ragged dims"):
+        s.view(s.shape[0], 2, s.shape[3], 12)  # 4 moved across the ragged dim
+    with pytest.raises(ValueError, match=r"^view\(\)"):
+        x.view(x.shape[0], x.shape[1], 4)  # 3 ≠ 4 elements per row
+
+
+# ----------------------------------------------------------------------------- narrow / slice / select
+SLICES = {
+    "[...,1:3]": (lambda t: t[..., 1:3], lambda c: c[..., 1:3]),
+    "[...,::2]": (lambda t: t[..., ::2], lambda c: c[..., ::2]),
+    "[...,-2:]": (lambda t: t[..., -2:], lambda c: c[..., -2:]),
+    "narrow(-1,1,2)": (lambda t: t.narrow(-1, 1, 2), lambda c: c.narrow(-1, 1, 2)),
+    "select(-1,0)": (lambda t: t.select(-1, 0), lambda c: c.select(-1, 0)),
+    "[...,2]": (lambda t: t[..., 2], lambda c: c[..., 2]),
+    "[...,-1]": (lambda t: t[..., -1], lambda c: c[..., -1]),
+    "slice_combine": (lambda t: t[..., 1:3] * 2 + t[..., :2], lambda c: c[..., 1:3] * 2 + c[..., :2]),
+}
+
+
+@pytest.mark.parametrize("layout", ["seq", "square", "rect", "static_lead"])
+@pytest.mark.parametrize("op", SLICES, ids=str)
+def test_slicing_static_dims(op, layout):
+    f, ref = SLICES[op]
+
+    @FEW
+    @given(structures(LAYOUT[layout], max_batch=3, min_c=3, max_c=4), seeds)
+    def check(s, seed):
+        per_sample_check(f, R(components(s.shapes, seed), s.ragged_dims), ref=ref, seed=seed)
+
+    check()
+
+
+STATIC_LEAD_OPS = {
+    "select(1,0)": (lambda t: t.select(1, 0), lambda c: c.select(0, 0)),
+    "[:,-1]": (lambda t: t[:, -1], lambda c: c[-1]),
+    "narrow(1,1,1)": (lambda t: t.narrow(1, 1, 1), lambda c: c.narrow(0, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("op", STATIC_LEAD_OPS, ids=str)
+def test_slicing_static_dim_before_ragged(op):
+    """(B, S, j0, C): select / narrow the leading static dim."""
+    f, ref = STATIC_LEAD_OPS[op]
+
+    @FEW
+    @given(structures(STATIC_LEAD, max_batch=3), st.integers(2, 3), seeds)
+    def check(s, s_size, seed):
+        shapes = [(s_size, *sh[1:]) for sh in s.shapes]
+        per_sample_check(f, R(components(shapes, seed), s.ragged_dims), ref=ref, seed=seed)
+
+    check()
+
+
+def test_slicing_golden():
+    x = mj.nested_tensor([torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]]), torch.zeros(0, 3), torch.tensor([[7.0, 8.0, 9.0]])],
+                         ragged_dims=(1,))
+    cases = {
+        "x[..., 1:3]": (x[..., 1:3], [[[2.0, 3.0], [5.0, 6.0]], torch.zeros(0, 2), [[8.0, 9.0]]]),
+        "x[..., 0]": (x[..., 0], [[1.0, 4.0], torch.zeros(0), [7.0]]),
+        "x[..., ::2]": (x[..., ::2], [[[1.0, 3.0], [4.0, 6.0]], torch.zeros(0, 2), [[7.0, 9.0]]]),
+    }
+    for name, (out, expected) in cases.items():
+        assert out.shape[1] == x.shape[1], name
+        for o, e in zip(out.unbind(), expected):
+            torch.testing.assert_close(o, torch.as_tensor(e), msg=name)
+
+
+def test_slicing_ragged_dims_raises():
+    x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
+    with pytest.raises(ValueError, match=r"^slice\(\).*static dim"):
+        x[:, 1:]
+    with pytest.raises(ValueError, match=r"^select\(\).*static dim"):
+        x.select(1, 0)
+
+
+def test_narrow_ragged_dim_raises_value_error():
+    x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
+    with pytest.raises(ValueError, match=r"^(narrow|slice)\(\)"):
+        x.narrow(1, 0, 1)
+
+
+# ----------------------------------------------------------------------------- cat / stack
+JOIN = {
+    "cat(-1)": (lambda a, b: torch.cat([a, b], -1), lambda a, b: torch.cat([a, b], -1)),
+    "cat(-1,3)": (lambda a, b: torch.cat([a, b * 2, a], dim=-1), lambda a, b: torch.cat([a, b * 2, a], dim=-1)),
+    "stack(-1)": (lambda a, b: torch.stack([a, b], -1), lambda a, b: torch.stack([a, b], -1)),
+    "stack(-2)": (lambda a, b: torch.stack([a, b], -2), lambda a, b: torch.stack([a, b], -2)),
+}
+
+
+@pytest.mark.parametrize("layout", ["seq", "square", "rect", "static_lead"])
+@pytest.mark.parametrize("op", JOIN, ids=str)
+def test_cat_stack(op, layout):
+    """Operands of one structure (the second derived from the first: same nested ints)."""
+    f, ref = JOIN[op]
+
+    @FEW
+    @given(structures(LAYOUT[layout], max_batch=3), seeds)
+    def check(s, seed):
+        per_sample_check(lambda x: f(x, torch.tanh(x) * 3), R(components(s.shapes, seed), s.ragged_dims),
+                         ref=lambda c: ref(c, torch.tanh(c) * 3), seed=seed)
+
+    check()
+
+
+@pytest.mark.parametrize("layout", ["seq", "square", "rect", "static_lead"])
+@pytest.mark.parametrize("op", JOIN, ids=str)
+def test_cat_stack_forward_two_tensors(op, layout):
+    """Two tensors built separately with the same extents (different nested ints): forward."""
+    f, ref = JOIN[op]
+
+    @FEW
+    @given(structures(LAYOUT[layout], max_batch=3), seeds)
+    def check(s, seed):
+        per_sample_check(f, R(components(s.shapes, seed), s.ragged_dims), R(components(s.shapes, seed + 1), s.ragged_dims),
+                         ref=ref, grad=False)
+
+    check()
+
+
+@pytest.mark.parametrize("op", ["cat(-1)", "stack(-1)"])
+def test_cat_stack_backward_two_tensors(op):
+    f, ref = JOIN[op]
+    comps = [comps_for([(2, 3), (0, 3)], 0), comps_for([(2, 3), (0, 3)], 1)]
+    per_sample_check(f, R(comps[0], (1,)), R(comps[1], (1,)), ref=ref)
+
+
+def test_cat_stack_derived_and_before_ragged():
+    """Operands derived from one tensor; stack at dim 1 puts a static dim before the ragged one."""
+
+    @FEW
+    @given(structures(SQUARE, max_batch=3), seeds)
+    def check(s, seed):
+        comps = components(s.shapes, seed)
+        out = per_sample_check(lambda p: torch.stack([p, p.sin(), p.transpose(1, 2)], 1), R(comps, s.ragged_dims),
+                               ref=lambda c: torch.stack([c, c.sin(), c.transpose(0, 1)], 0), seed=seed)
+        assert out.ragged_dims == (2, 3)
+        per_sample_check(lambda p: torch.cat([p, p.transpose(1, 2)], 3), R(comps, s.ragged_dims),
+                         ref=lambda c: torch.cat([c, c.transpose(0, 1)], 2), seed=seed)
+
+    check()
+
+
+def test_cat_stack_golden():
+    a = mj.nested_tensor([torch.tensor([[1.0], [2.0]]), torch.zeros(0, 1)], ragged_dims=(1,))
+    b = mj.nested_tensor([torch.tensor([[3.0], [4.0]]), torch.zeros(0, 1)], ragged_dims=(1,))
+    c = torch.cat([a, b], -1)
+    torch.testing.assert_close(c.unbind()[0], torch.tensor([[1.0, 3.0], [2.0, 4.0]]))  # = [[a0, b0], [a1, b1]]
+    st_ = torch.stack([a, b], 1)
+    assert st_.shape == (2, 2, a.shape[1], 1)
+    torch.testing.assert_close(st_.unbind()[0], torch.tensor([[[1.0], [2.0]], [[3.0], [4.0]]]))  # = [a, b]
+    assert st_.unbind()[1].shape == (2, 0, 1)
+
+
+def test_cat_stack_errors():
+    a = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
+    other = mj.nested_tensor(comps_for([(0, 3), (2, 3)], 1), ragged_dims=(1,))  # same total, other lengths
+    with pytest.raises(ValueError, match=r"^cat\(\).*one structure"):
+        torch.cat([a, other], -1)
+    with pytest.raises(ValueError, match=r"^cat\(\)"):
+        torch.cat([a, a], 1)  # the ragged dim
+    with pytest.raises(ValueError, match=r"^stack\(\).*batch"):
+        torch.stack([a, a], 0)
+    with pytest.raises(TypeError, match=r"^cat\(\)"):
+        torch.cat([a, torch.ones(2, 2, 3)], -1)
+
+
+def test_stack_error_names_stack():
+    a = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
+    other = mj.nested_tensor(comps_for([(0, 3), (2, 3)], 1), ragged_dims=(1,))
+    with pytest.raises(ValueError, match=r"^stack\(\)"):
+        torch.stack([a, other], -1)
+
+
+# ----------------------------------------------------------------------------- chunk / split
+SPLITS = {
+    "chunk(2,-1)": (lambda t: t.chunk(2, -1), lambda c: c.chunk(2, -1)),
+    "chunk(3,-1)": (lambda t: torch.chunk(t, 3, -1), lambda c: torch.chunk(c, 3, -1)),
+    "split(1,-1)": (lambda t: t.split(1, -1), lambda c: c.split(1, -1)),
+    "split([1,3],-1)": (lambda t: torch.split(t, [1, 3], -1), lambda c: torch.split(c, [1, 3], -1)),
+}
+
+
+@pytest.mark.parametrize("layout", ["seq", "square", "static_lead"])
+@pytest.mark.parametrize("op", SPLITS, ids=str)
+def test_chunk_split(op, layout):
+    """Every piece per sample; gradients with only one piece used (the others get none)."""
+    f, ref = SPLITS[op]
+
+    @FEW
+    @given(structures(LAYOUT[layout], max_batch=3, min_c=4, max_c=4), seeds, st.integers(0, 3))
+    def check(s, seed, k):
+        comps = components(s.shapes, seed)
+        pieces = f(mj.nested_tensor(comps, ragged_dims=s.ragged_dims))
+        ref_pieces = [ref(c) for c in comps]
+        assert len(pieces) == len(ref_pieces[0])
+        for j, p in enumerate(pieces):
+            for i, comp in enumerate(p.unbind()):
+                assert_close(comp, ref_pieces[i][j], f"piece {j} sample {i}")
+        k = k % len(pieces)
+        per_sample_check(lambda t: f(t)[k], R(comps, s.ragged_dims), ref=lambda c: ref(c)[k], seed=seed)
+
+    check()
+
+
+def test_chunk_split_all_pieces_grad():
+    """Using every piece (with different weights) gives the dense gradient."""
+
+    @FEW
+    @given(structures(SQUARE, max_batch=3, min_c=3, max_c=3), seeds)
+    def check(s, seed):
+        def f(t):
+            a, b, c = t.chunk(3, -1)
+            return a * 1 + b * 2 + c * 3
+
+        per_sample_check(f, R(components(s.shapes, seed), s.ragged_dims), seed=seed)
+
+    check()
+
+
+@pytest.mark.parametrize("how", ["split", "chunk"])
+def test_split_ragged_dim_raises_value_error(how):
+    x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
+    with pytest.raises(ValueError, match=how):
+        getattr(x, how)(1, 1)
+
+
+# ----------------------------------------------------------------------------- einsum
+EINSUM = {
+    "bijc,cd->bijd": ("square", lambda c: (c, 2), "ijc,cd->ijd"),
+    "bijc,c->bij": ("rect", lambda c: (c,), "ijc,c->ij"),
+    "bic,cd->bid": ("seq", lambda c: (c, 3), "ic,cd->id"),
+}
+
+
+@pytest.mark.parametrize("eq", ["bijc,cd->bijd", "bijc,c->bij", "bic,cd->bid"])
+def test_einsum_with_dense(eq):
+    layout, wshape, ref_eq = EINSUM[eq]
+
+    @FEW
+    @given(structures(LAYOUT[layout], max_batch=3), seeds)
+    def check(s, seed):
+        w = comps_for([wshape(s.c)], seed + 5)[0]
+        per_sample_check(lambda x, w: torch.einsum(eq, x, w), R(components(s.shapes, seed), s.ragged_dims), w,
+                         ref=lambda c, w: torch.einsum(ref_eq, c, w), seed=seed)
+
+    check()
+
+
+def test_einsum_static_lead_contracts_s_and_c():
+    @FEW
+    @given(structures(STATIC_LEAD, max_batch=3), seeds)
+    def check(s, seed):
+        w = comps_for([(s.s, s.c)], seed + 5)[0]
+        per_sample_check(lambda x, w: torch.einsum("bsic,sc->bi", x, w), R(components(s.shapes, seed), s.ragged_dims), w,
+                         ref=lambda c, w: torch.einsum("sic,sc->i", c, w), seed=seed)
+
+    check()
+
+
+MJ_EINSUM = {
+    "bijc,bijc->bij": "ijc,ijc->ij",
+    "bijc,bijd->bijcd": "ijc,ijd->ijcd",
+    "bijc,bijc->bijc": "ijc,ijc->ijc",
+}
+
+
+@pytest.mark.parametrize("eq", MJ_EINSUM, ids=str)
+def test_einsum_two_multi_jagged(eq):
+    """Two pairs of one structure (built separately): the cell-wise contraction of static dims."""
+
+    @FEW
+    @given(structures(RECT, max_batch=3), seeds)
+    def check(s, seed):
+        per_sample_check(lambda a, b: torch.einsum(eq, a, b), R(components(s.shapes, seed), s.ragged_dims),
+                         R(components(s.shapes, seed + 1), s.ragged_dims), ref=lambda a, b: torch.einsum(MJ_EINSUM[eq], a, b),
+                         seed=seed)
+
+    check()
+
+
+def test_einsum_golden():
+    x = mj.nested_tensor([torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.zeros(0, 2)], ragged_dims=(1,))
+    w = torch.tensor([[1.0, 0.0, 1.0], [0.0, 1.0, 1.0]])
+    out = torch.einsum("bic,cd->bid", x, w)
+    assert out.shape == (2, x.shape[1], 3)
+    torch.testing.assert_close(out.unbind()[0], torch.tensor([[1.0, 2.0, 3.0], [3.0, 4.0, 7.0]]))  # = [x0, x1, x0+x1] per row
+    dot = torch.einsum("bic,bic->bi", x, x)
+    torch.testing.assert_close(dot.unbind()[0], torch.tensor([5.0, 25.0]))  # = [1²+2², 3²+4²]
+
+
+def test_einsum_errors():
+    p = mj.nested_tensor(comps_for([(2, 2, 3), (0, 0, 3)], 0), ragged_dims=(1, 2))
+    x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
+    with pytest.raises(ValueError, match=r"^einsum\(\)"):
+        torch.einsum("bijc,bjkc->bikc", p, p)  # contracts a ragged dim
+    with pytest.raises(NotImplementedError, match=r"^einsum\(\)"):
+        torch.einsum("bic,id->bid", x, torch.ones(2, 2))  # a dense operand indexes the ragged dim
+    with pytest.raises(NotImplementedError, match=r"^einsum\(\)"):
+        torch.einsum("...c,cd->...d", x, torch.ones(3, 2))
+    with pytest.raises(NotImplementedError, match=r"^einsum\(\)"):
+        torch.einsum("bijc->bjic", p)  # reorders the ragged dims (use transpose)
+
+
+def test_gradcheck_structure_ops():
+    comps = comps_for([(2, 2, 4), (0, 0, 4), (3, 3, 4)], 7)
+    v, off, sizes = packed_args(comps, (1, 2))
+    w = comps_for([(2, 3)], 8)[0].requires_grad_()
+
+    def f(v, w):
+        p = mj.from_packed(v, off, sizes, (1, 2))
+        a, b = p.chunk(2, -1)
+        q = torch.cat([torch.einsum("bijc,cd->bijd", a, w), b[..., :1].unsqueeze(-1).squeeze(-1)], -1)
+        return torch.stack([q, q.transpose(1, 2)], -1).flatten(-2).values()
+
+    assert torch.autograd.gradcheck(f, (v.requires_grad_(), w))
