@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Optional, Sequence
 
 import torch
-from hypothesis import strategies as st
+from hypothesis import settings, strategies as st
 
 import torch_multijagged as mj
 from torch_multijagged import multi_jagged
@@ -101,6 +101,12 @@ def any_structure(**kw):
 seeds = st.integers(0, 2**31 - 1)
 
 
+def grid(test):
+    """Settings for a test that is one cell of an (op × layout) grid: a third of the profile's
+    examples per cell (8 by default), so that the whole grid stays fast."""
+    return settings(max_examples=max(5, settings.default.max_examples // 3))(test)
+
+
 def components(shapes: Sequence[Sequence[int]], seed: int, dtype=DTYPE, low: float = -2.0, high: float = 2.0):
     """Random dense components; deterministic in ``seed``."""
     g = torch.Generator().manual_seed(seed)
@@ -168,6 +174,7 @@ def per_sample_check(
     rtol: float = 1e-7,
     atol: float = 1e-7,
     seed: int = 0,
+    share: bool = False,
 ):
     """Check ``fn`` on multi_jagged operands against ``ref`` (default ``fn``) per sample.
 
@@ -176,21 +183,27 @@ def per_sample_check(
     one is a leaf whose gradient is compared too) or anything else (passed through).
 
     * multi_jagged output: ``out.unbind()[i]`` must equal ``ref(*sample_i_args)`` (shape, dtype,
-      values), and where ``out`` keeps the ragged dims of the first ragged input, it keeps their
-      nested ints too;
+      values), and where ``out`` has the ragged dims of a ragged input, it has that input's
+      nested ints;
     * ``dense_out``: ``out`` is a dense ``(B, …)`` tensor equal to ``stack(ref per sample)``.
+
+    ``share``: every ragged operand after the first is re-expressed with the first one's nested
+    ints (``zeros_like(x0) + x``) instead of only having equal sizes.
 
     With ``grad``, a random cotangent is pulled back through both sides and the gradients of
     every component and every dense operand must agree. Returns ``out``."""
     ref = ref or fn
     ragged = [a for a in args if isinstance(a, R)]
     batch = len(ragged[0].comps)
-    mj_args, ref_leaves, mj_leaves, first_x = [], [], [], None
+    mj_args, ref_leaves, mj_leaves, mj_inputs = [], [], [], []
     ref_parts: list[Callable[[int], Any]] = []
     for a in args:
         if isinstance(a, R):
             x, leaves = build(a.comps, a.ragged_dims, requires_grad=grad)
-            first_x = first_x if first_x is not None else x
+            if share and mj_inputs:
+                x = torch.zeros_like(mj_inputs[0]) + x
+                assert all(x.shape[d] == mj_inputs[0].shape[d] for d in x.ragged_dims)
+            mj_inputs.append(x)
             rl = [c.detach().clone().requires_grad_(grad) for c in a.comps]
             mj_args.append(x)
             mj_leaves += leaves
@@ -226,9 +239,12 @@ def per_sample_check(
         assert len(got) == batch, f"unbind gave {len(got)} components for B = {batch}"
         for i, (o, e) in enumerate(zip(got, expected)):
             assert_close(o, e, f"sample {i}", rtol, atol)
-        if first_x is not None and out.ragged_dims == first_x.ragged_dims:
-            for d in out.ragged_dims:
-                assert out.shape[d] == first_x.shape[d], f"dim {d}: nested int {out.shape[d]} != input's {first_x.shape[d]}"
+        # the output keeps the nested ints of an input with its ragged dims
+        same = [x for x in mj_inputs if x.ragged_dims == out.ragged_dims]
+        if same:
+            assert any(all(out.shape[d] == x.shape[d] for d in out.ragged_dims) for x in same), (
+                f"output shape {out.shape} has none of the inputs' nested ints {[x.shape for x in same]}"
+            )
         gen = torch.Generator().manual_seed(seed)
         cot_exp = [torch.randn(e.shape, generator=gen, dtype=e.dtype) if e.is_floating_point() else None for e in expected]
         exp_list = expected

@@ -7,14 +7,13 @@ import sys
 
 import pytest
 import torch
-from hypothesis import given
+from hypothesis import assume, given
 
 import torch_multijagged as mj
 from torch_multijagged import MultiJaggedTensor, multi_jagged
 
 from _reference import (
     LAYOUTS,
-    RECT,
     SEQ,
     SQUARE,
     STATIC_LEAD,
@@ -100,6 +99,12 @@ def test_roundtrip_and_accessors(layout):
                 assert is_nested_int(x.shape[d]), (d, x.shape)
             else:
                 assert x.shape[d] == comps[0].shape[d - 1]
+        # one nested int per distinct per-sample extent vector (a square pair shares one)
+        if r == 2:
+            same = [e[0] for e in s.sizes] == [e[1] for e in s.sizes]
+            assert (x.shape[1] == x.shape[2]) == same, (x.shape, s.sizes)
+            if layout is SQUARE:
+                assert x.shape[1] == x.shape[2]
         # sizes: (B, R) int64 exact per-sample extents (distinguishes (0, 3) from (0, 7))
         sizes = x.sizes()
         assert sizes.dtype == torch.int64 and tuple(sizes.shape) == (b, r)
@@ -155,6 +160,18 @@ def test_to_padded_tensor_golden():
     assert x.occupancy() == pytest.approx(7 / 12)  # = (2·2 + 1·3) / (2 · 2 · 3)
 
 
+def test_nested_tensor_from_python_lists():
+    x = torch.nested.nested_tensor([[1.0, 2.0], [3.0]], layout=multi_jagged)
+    assert x.ragged_dims == (1,) and [c.tolist() for c in x.unbind()] == [[1.0, 2.0], [3.0]]
+
+
+def test_values_is_differentiable():
+    x = mj.nested_tensor([torch.ones(3, 2), torch.ones(0, 2), torch.ones(1, 2)], requires_grad=True)
+    w = torch.tensor([1.0, 10.0])
+    (x.values() * w).sum().backward()
+    assert [g.tolist() for g in x.grad.unbind()] == [[[1.0, 10.0]] * 3, [], [[1.0, 10.0]]]  # = w per row
+
+
 # ----------------------------------------------------------------------------- inference rules
 def _c(*shape):
     return torch.zeros(*shape)
@@ -175,6 +192,40 @@ def test_inference(shapes, ragged_dims):
     x = torch.nested.nested_tensor([_c(*s) for s in shapes], layout=multi_jagged)
     assert x.ragged_dims == ragged_dims
     assert x.sizes().tolist() == [[s[d - 1] for d in ragged_dims] for s in shapes]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_inference_random(layout):
+    @given(structures(layout), seeds)
+    def check(s, seed):
+        comps = components(s.shapes, seed)
+        differ = tuple(d + 1 for d in range(comps[0].dim()) if len({c.shape[d] for c in comps}) > 1)
+        ragged = differ or (1,)
+        # a zero-size dim left static is test_zero_size_static_dim's business
+        assume(all(comps[0].shape[d - 1] > 0 for d in range(1, comps[0].dim() + 1) if d not in ragged))
+        x = torch.nested.nested_tensor(comps, layout=multi_jagged)
+        assert x.ragged_dims == ragged
+        for g, c in zip(x.unbind(), comps):
+            assert_close(g, c, "unbind")
+
+    check()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: pack_components reshape(-1, *static) is ambiguous when a static dim has size 0")
+@pytest.mark.parametrize(
+    "shapes, ragged_dims",
+    [
+        ([(2, 0), (1, 0)], (1,)),  # (B, j0, 0): torch.jagged accepts it
+        ([(2, 0, 3), (1, 0, 3)], (1,)),
+        ([(0, 0, 1)], (1,)),  # one empty sample: only dim 1 is inferred ragged, dim 2 (size 0) is static
+    ],
+)
+def test_zero_size_static_dim(shapes, ragged_dims):
+    comps = [torch.zeros(*s) for s in shapes]
+    x = mj.nested_tensor(comps)
+    assert x.ragged_dims == ragged_dims
+    assert [tuple(c.shape) for c in x.unbind()] == shapes
+    assert (x + 1).shape == x.shape
 
 
 def test_square_pair_shares_one_nested_int():
@@ -390,6 +441,9 @@ def test_to_jagged(layout):
 
 
 def test_jagged_bridge_errors():
+    nc = torch.nested.narrow(torch.zeros(2, 5, 4), 1, torch.tensor([0, 1]), torch.tensor([3, 2]), layout=torch.jagged)
+    with pytest.raises(ValueError, match="from_jagged.*contiguous"):
+        mj.from_jagged(nc)
     pair = mj.nested_tensor([_c(2, 3, 1), _c(1, 0, 1)])
     with pytest.raises(ValueError, match="to_jagged.*ragged"):
         pair.to_jagged()

@@ -147,3 +147,15 @@ def test_clone_detach_contiguous_requires_grad():
     assert isinstance(d, MultiJaggedTensor) and not d.requires_grad and d.shape == x.shape
     (x * 3).sum().backward()
     assert [g.tolist() for g in x.grad.unbind()][0] == [[[3.0] * 3] * 2] * 2  # d(3x)/dx = 3
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a second device")
+def test_to_another_device_and_back():
+    x = _pair()
+    y = x.to("cuda")
+    assert y.device.type == "cuda" and y.offsets().device.type == "cuda"
+    assert torch.equal(y.sizes(), x.sizes()) and y.ragged_dims == x.ragged_dims
+    assert y.shape[1] == y.shape[2]  # extent sharing survives the move
+    z = y.cpu()
+    for a, b in zip(z.unbind(), x.unbind()):
+        assert torch.equal(a, b)

@@ -1,0 +1,205 @@
+"""Bad inputs raise typed errors that name the op (STYLE.md habit 4, DESIGN.md §4)."""
+
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_multijagged as mj
+
+
+def _z(*shape):
+    return torch.zeros(*shape)
+
+
+def _pairs(*shapes):
+    return mj.nested_tensor([_z(*s) for s in shapes], ragged_dims=(1, 2))
+
+
+def _seqs(*lengths, c=3):
+    return mj.nested_tensor([_z(n, c) for n in lengths], ragged_dims=(1,))
+
+
+# Pairs of operands that pack to the same number of rows (or are otherwise plausible) but whose
+# structures differ: elementwise ops must compare extents, not row counts.
+MISMATCHED = {
+    "rect (2,6) vs (3,4)": lambda: (_pairs((2, 6, 3)), _pairs((3, 4, 3))),  # 12 rows each
+    "square (4,4) vs rect (2,8)": lambda: (_pairs((4, 4, 3)), _pairs((2, 8, 3))),  # 16 rows each
+    "square [2,3] vs [3,2]": lambda: (_pairs((2, 2, 3), (3, 3, 3)), _pairs((3, 3, 3), (2, 2, 3))),  # 13 rows each
+    "rect B=2 (2,6),(1,1) vs (3,4),(1,1)": lambda: (_pairs((2, 6, 3), (1, 1, 3)), _pairs((3, 4, 3), (1, 1, 3))),
+    "rect (0,3) vs (0,7)": lambda: (_pairs((0, 3, 3), (1, 1, 3)), _pairs((0, 7, 3), (1, 1, 3))),  # 1 row each
+    "seq [3,1] vs [1,3]": lambda: (_seqs(3, 1), _seqs(1, 3)),  # 4 rows each
+    "seq [2,0] vs [0,2]": lambda: (_seqs(2, 0), _seqs(0, 2)),
+    "static_lead [2,1] vs [1,2]": lambda: tuple(
+        mj.nested_tensor([_z(2, n, 3) for n in ns], ragged_dims=(2,)) for ns in ((2, 1), (1, 2))
+    ),
+}
+
+BINARY_OPS = {
+    "add": (torch.add, "add"),
+    "mul": (torch.mul, "mul"),
+    "sub": (lambda a, b: a - b, "sub"),
+    "maximum": (torch.maximum, "maximum"),
+    "where": (lambda a, b: torch.where(a > 0, a, b), "where"),
+    "masked_fill": (lambda a, b: a.masked_fill(b > 0, 1.0), "masked_fill"),
+    "lerp": (lambda a, b: torch.lerp(a, b, 0.5), "lerp"),
+}
+
+
+@pytest.mark.parametrize("op", BINARY_OPS, ids=str)
+@pytest.mark.parametrize("case", MISMATCHED, ids=str)
+def test_mismatched_structures_do_not_combine(case, op):
+    a, b = MISMATCHED[case]()
+    fn, name = BINARY_OPS[op]
+    with pytest.raises(ValueError, match=rf"^{name}[\w.]*\(\): .*shapes .*j\d+.* and .*j\d+"):
+        fn(a, b)
+
+
+@pytest.mark.parametrize("case", MISMATCHED, ids=str)
+def test_mismatched_structures_in_place_and_copy(case):
+    a, b = MISMATCHED[case]()
+    with pytest.raises(ValueError, match=r"^add_"):
+        a.add_(b)
+    with pytest.raises(ValueError, match=r"^copy_"):
+        a.copy_(b)
+
+
+def test_mismatched_structure_message_says_what_differs():
+    a, b = _seqs(3, 1), _seqs(1, 3)
+    with pytest.raises(ValueError, match="per-sample sizes"):
+        a + b
+
+
+def test_mismatched_batch():
+    a, b = _seqs(2, 1), _seqs(2, 1, 0)
+    with pytest.raises(ValueError, match=r"^add[\w.]*\(\): .*batch"):
+        a + b
+    with pytest.raises(ValueError, match=r"^mul[\w.]*\(\): .*batch"):
+        a * torch.ones(3, 1, 3)  # a dense per-sample operand for B = 3, not 2
+
+
+def test_dense_operand_along_a_ragged_dim():
+    with pytest.raises(ValueError, match=r"^add[\w.]*\(\): .*ragged dim 1"):
+        _seqs(2, 1) + torch.ones(5, 3)  # size 5 at the ragged dim
+
+
+def test_rank_mismatch_between_multi_jagged_operands():
+    with pytest.raises(ValueError, match=r"^add[\w.]*\(\): .*number of dims"):
+        _seqs(2, 1) + mj.nested_tensor([_z(2, 3, 1), _z(1, 3, 1)], ragged_dims=(1,))
+
+
+def test_dense_operand_with_more_dims():
+    with pytest.raises(ValueError, match=r"^add[\w.]*\(\): .*more dims"):
+        _seqs(2, 1) + torch.ones(2, 1, 1, 3)
+
+
+def test_in_place_on_a_dense_self_with_a_multi_jagged_operand():
+    with pytest.raises(ValueError, match=r"^add_"):
+        torch.ones(3).add_(_seqs(2, 1))
+
+
+def test_in_place_op_cannot_change_the_structure_of_self():
+    x = _seqs(2, 1).unsqueeze(2)  # (B, j0, 1, C)
+    pair = torch.zeros_like(x) + torch.zeros_like(x).transpose(1, 2)  # (B, j0, j0, C)
+    assert pair.shape[1] == pair.shape[2] == x.shape[1]
+    with pytest.raises(ValueError, match=r"^add_[\w.]*\(\): .*in-place"):
+        x.add_(pair)
+
+
+# ----------------------------------------------------------------------------- constructors
+CONSTRUCTOR_ERRORS = {
+    "offsets int32": (lambda: mj.from_packed(_z(5, 2), torch.tensor([0, 3, 3, 5], dtype=torch.int32), torch.tensor([3, 0, 2])),
+                      TypeError, "from_packed.*offsets"),
+    "offsets float": (lambda: mj.from_packed(_z(5, 2), torch.tensor([0.0, 3, 3, 5]), torch.tensor([3, 0, 2])),
+                      TypeError, "from_packed.*offsets"),
+    "offsets not at 0": (lambda: mj.from_packed(_z(5, 2), torch.tensor([1, 3, 3, 5]), torch.tensor([3, 0, 2]), validate=True),
+                         ValueError, "from_packed.*offsets"),
+    "offsets past T": (lambda: mj.from_packed(_z(5, 2), torch.tensor([0, 3, 3, 6]), torch.tensor([3, 0, 3]), validate=True),
+                       ValueError, "from_packed.*offsets"),
+    "negative sizes": (lambda: mj.from_packed(_z(0, 2), torch.tensor([0, 0]), torch.tensor([-1]), validate=True),
+                       ValueError, "from_packed.*sizes"),
+    "empty list": (lambda: mj.nested_tensor([]), ValueError, "nested_tensor"),
+    "not tensors": (lambda: mj.as_nested_tensor([_z(2, 3), "x"]), TypeError, "as_nested_tensor"),
+    "mixed dtypes": (lambda: mj.nested_tensor([_z(2, 3), _z(1, 3).double()]), ValueError, "nested_tensor.*dtype"),
+    "0-dim components": (lambda: mj.nested_tensor([torch.tensor(1.0), torch.tensor(2.0)]), ValueError, "nested_tensor"),
+    "from_padded lengths": (lambda: mj.from_padded(_z(2, 3, 4), torch.tensor([[1, 1]]), ragged_dims=(1, 2)),
+                            ValueError, "from_padded.*lengths"),
+    "to_padded output_size too small": (lambda: torch.nested.to_padded_tensor(_seqs(3, 1), 0.0, output_size=(2, 2, 3)),
+                                        ValueError, "to_padded_tensor.*output_size"),
+}
+
+
+@pytest.mark.parametrize("case", CONSTRUCTOR_ERRORS, ids=str)
+def test_constructor_errors(case):
+    fn, exc, pattern = CONSTRUCTOR_ERRORS[case]
+    with pytest.raises(exc, match=pattern):
+        fn()
+
+
+# ----------------------------------------------------------------------------- unsupported ops
+UNSUPPORTED = {
+    "sort": lambda x: torch.sort(x, -1),
+    "flip": lambda x: torch.flip(x, [-1]),
+    "topk": lambda x: torch.topk(x, 1),
+    "kthvalue": lambda x: torch.kthvalue(x, 1),
+    "roll": lambda x: torch.roll(x, 1, -1),
+}
+
+
+@pytest.mark.parametrize("op", UNSUPPORTED, ids=str)
+def test_unsupported_ops_raise_not_implemented(op):
+    with pytest.raises(NotImplementedError, match=rf"{op}.*multi_jagged"):
+        UNSUPPORTED[op](_seqs(2, 0, 1))
+
+
+def test_out_variants_are_rejected():
+    x = _seqs(2, 1)
+    with pytest.raises((NotImplementedError, RuntimeError), match="multi_jagged|out"):
+        torch.sin(x, out=torch.zeros_like(x))
+
+
+BATCH_DIM = {
+    "sum": lambda x: x.sum(0),
+    "mean": lambda x: x.mean(0),
+    "amax": lambda x: x.amax(0),
+    "softmax": lambda x: x.softmax(0),
+}
+
+
+@pytest.mark.parametrize("op", BATCH_DIM, ids=str)
+def test_reducing_the_batch_dim_alone_is_rejected(op):
+    with pytest.raises((NotImplementedError, ValueError), match="batch"):
+        BATCH_DIM[op](_seqs(2, 0, 1))
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: x.sum(0) / x.mean(0) errors name the internal op 'reduce()' instead of sum/mean")
+@pytest.mark.parametrize("op", ["sum", "mean"])
+def test_reducing_the_batch_dim_error_names_the_op(op):
+    with pytest.raises(NotImplementedError, match=rf"^{op}"):
+        BATCH_DIM[op](_seqs(2, 0, 1))
+
+
+def test_dim_out_of_range():
+    x = _seqs(2, 1)
+    with pytest.raises(IndexError):
+        x.sum(5)
+    with pytest.raises(IndexError):
+        x[2]
+    with pytest.raises(IndexError):
+        x[-3]
+
+
+def test_group_norm_and_linear_errors_name_the_op():
+    with pytest.raises(ValueError, match="group_norm"):
+        F.group_norm(_pairs((2, 3, 4), (1, 0, 4)), 2)
+    with pytest.raises(ValueError, match="to_jagged"):
+        _pairs((2, 3, 4), (1, 0, 4)).to_jagged()
+
+
+def test_errors_mention_both_shapes():
+    a, b = _pairs((2, 6, 3)), _pairs((3, 4, 3))
+    with pytest.raises(ValueError) as info:
+        a + b
+    shapes = re.findall(r"\(1, j\d+, j\d+, 3\)", str(info.value))
+    assert len(shapes) == 2, str(info.value)
