@@ -211,7 +211,6 @@ def test_inference_random(layout):
     check()
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: pack_components reshape(-1, *static) is ambiguous when a static dim has size 0")
 @pytest.mark.parametrize(
     "shapes, ragged_dims",
     [
@@ -516,12 +515,7 @@ def plain_and_ours():
     "part",
     [
         "construct",
-        pytest.param(
-            "to_padded",
-            marks=pytest.mark.xfail(
-                strict=True, reason="BUG: torch.nested.to_padded_tensor wrapper passes out= to the C builtin for non-multi_jagged inputs"
-            ),
-        ),
+        "to_padded",
     ],
 )
 def test_strided_and_jagged_layouts_unchanged(plain_and_ours, part):

@@ -127,14 +127,7 @@ PARITY = {
     "add other batch": Row(lambda x, y: x + _other(x, [3, 0, 2]), njt_raises=True),
 }
 
-_TO_PADDED_BUG = "BUG: torch.nested.to_padded_tensor wrapper passes out= to the C builtin, so the NJT side fails"
-XFAIL = {
-    "to_padded_tensor": _TO_PADDED_BUG,
-    "to_padded_tensor output_size": _TO_PADDED_BUG,
-    "softmax over the batch dim": "BUG (parity vs STYLE habit 4): NJT raises RuntimeError, multi_jagged raises ValueError",
-    "add other lengths": "BUG (parity vs STYLE habit 4): NJT raises RuntimeError, multi_jagged raises ValueError",
-    "add other batch": "BUG (parity vs STYLE habit 4): NJT raises RuntimeError, multi_jagged raises ValueError",
-}
+XFAIL: dict[str, str] = {}  # rows where we knowingly differ from torch.jagged (none)
 
 
 def _other(x, lengths):
@@ -158,8 +151,11 @@ def _inputs():
         return torch.cat(cs)
 
     off = torch.tensor([0] + torch.tensor(LENGTHS).cumsum(0).tolist())
-    nx = torch.nested.nested_tensor_from_jagged(packed(leaves["nx"]), off)
-    ny = torch.nested.nested_tensor_from_jagged(packed(leaves["ny"]), off)
+    # NJT pads to its cached max_seqlen, or to ΣN when it has none; give it the max, as
+    # torch.nested.nested_tensor(list, layout=torch.jagged) would.
+    seq = dict(min_seqlen=min(LENGTHS), max_seqlen=max(LENGTHS))
+    nx = torch.nested.nested_tensor_from_jagged(packed(leaves["nx"]), off, **seq)
+    ny = torch.nested.nested_tensor_from_jagged(packed(leaves["ny"]), off, **seq)
     mx = mj.from_jagged(torch.nested.nested_tensor_from_jagged(packed(leaves["mx"]), off))
     my = mj.from_jagged(torch.nested.nested_tensor_from_jagged(packed(leaves["my"]), off))
     assert mx.shape == nx.shape and mx.shape[1] == nx.shape[1]

@@ -193,17 +193,10 @@ TERNARY = {
     "clamp_tensor_positional": lambda a, b, c: torch.clamp(a, torch.minimum(b, c), torch.maximum(b, c)),
 }
 
-CLAMP_BUG = pytest.mark.xfail(
-    strict=True,
-    reason="BUG: clamp(a, min=b) backward fails when b has equal sizes but another nested int: "
-    "MultiJaggedTensor.__torch_function__ unifies extents of positional args only, not of kwargs",
-)
-
-
 @pytest.mark.parametrize(
     "op, share",
     [(op, True) for op in TERNARY]
-    + [pytest.param(op, False, marks=CLAMP_BUG) if op == "clamp_tensor" else (op, False) for op in TERNARY],
+    + [(op, False) for op in TERNARY],
     ids=lambda v: v if isinstance(v, str) else ("shared_nested_ints" if v else "equal_sizes"),
 )
 @layouts

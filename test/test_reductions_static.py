@@ -161,7 +161,6 @@ def test_batch_zero_reductions():
     assert y.amax(1).unbind() == () and y.mean(-1).shape[0] == 0
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: mean of an integer multi_jagged tensor returns float32 instead of raising like dense/NJT")
 @pytest.mark.parametrize("op", ["mean(-1)", "mean()", "mean(1)"])
 def test_mean_of_integers_raises_like_dense(op):
     comps = [torch.ones(3, 4, dtype=torch.int64), torch.ones(0, 4, dtype=torch.int64)]

@@ -5,6 +5,7 @@ and teaches ``torch.nested.nested_tensor`` / ``as_nested_tensor`` / ``to_padded_
 it. See DESIGN.md §2 for the public API contract.
 """
 
+from .errors import StructureError
 from .layout import multi_jagged
 from .tensor import MultiJaggedTensor
 from . import ops  # noqa: F401  (fills the op table)
@@ -25,6 +26,7 @@ _install()
 __all__ = [
     "multi_jagged",
     "MultiJaggedTensor",
+    "StructureError",
     "nested_tensor",
     "as_nested_tensor",
     "from_packed",

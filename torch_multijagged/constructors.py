@@ -292,6 +292,8 @@ def _install() -> None:
             if out is not None:
                 raise NotImplementedError("to_padded_tensor(): out= is not supported for layout torch.multi_jagged")
             return to_padded_tensor(input, padding, output_size)
+        if out is None:
+            return _ORIGINAL["to_padded_tensor"](input, padding, output_size)
         return _ORIGINAL["to_padded_tensor"](input, padding, output_size, out=out)
 
     tn.nested_tensor = nested_tensor_

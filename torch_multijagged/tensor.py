@@ -261,6 +261,10 @@ class MultiJaggedTensor(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         if len(args) > 1:
             args = _unify(args)
+        if kwargs and len(args) and any(isinstance(v, MultiJaggedTensor) for v in kwargs.values()):
+            names = list(kwargs)
+            unified = _unify((*args, *kwargs.values()))
+            args, kwargs = unified[: len(args)], dict(zip(names, unified[len(args) :]))
         route = _ROUTES.get(func)
         if route is not None:
             result = route(*args, **(kwargs or {}))

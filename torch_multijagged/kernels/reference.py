@@ -127,7 +127,11 @@ def pack_components(components, ragged_dims: tuple[int, ...]) -> torch.Tensor:
     rows = []
     for c in components:
         s = c.permute(to_storage)
-        rows.append(s.reshape(-1, *s.shape[r:]) if r else s.unsqueeze(0))
+        n = 1
+        for k in range(r):
+            n *= s.shape[k]
+        # an explicit row count: reshape(-1, …) is ambiguous when a static dim has size 0
+        rows.append(s.reshape(n, *s.shape[r:]) if r else s.unsqueeze(0))
     return torch.cat(rows, 0)
 
 

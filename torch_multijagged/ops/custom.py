@@ -50,7 +50,10 @@ def pack_like_default(func, components, like):
             comps.append(empty.new_zeros((rows, *empty.shape[1:])))
         else:
             s = c.permute(ref.storage_perm(len(like._size), like._ragged_dims)[0])
-            comps.append(s.reshape(-1, *s.shape[len(ns):]))
+            rows = 1
+            for n in ns:
+                rows *= n
+            comps.append(s.reshape(rows, *s.shape[len(ns):]))
     values = torch.cat(comps, 0) if comps else empty
     return wrap(values, like._partition, like._ragged_dims)
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 
 from ._common import MJT, describe, map_to_sub, note_sub, partition_for, row_sample, same_extent, static_dims, wrap
+from ..errors import StructureError
 from . import op_name, register_multi_jagged_func
 
 aten = torch.ops.aten
@@ -31,9 +32,9 @@ aten = torch.ops.aten
 __all__ = ["pointwise"]
 
 
-def _error(func, args, why: str) -> ValueError:
+def _error(func, args, why: str) -> StructureError:
     shapes = " and ".join(describe(a) for a in args if isinstance(a, torch.Tensor))
-    return ValueError(f"{op_name(func)}(): cannot broadcast multi_jagged operands of shapes {shapes}: {why}")
+    return StructureError(f"{op_name(func)}(): cannot broadcast multi_jagged operands of shapes {shapes}: {why}")
 
 
 def _same_layout(m: MJT, ref: MJT) -> bool:

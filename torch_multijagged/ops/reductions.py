@@ -27,6 +27,7 @@ from __future__ import annotations
 import torch
 
 from ..compile import library  # noqa: F401  (defines multijagged::reduce*)
+from ..errors import StructureError
 from ..kernels import reference as ref
 from . import op_name, register_multi_jagged_func
 from ._common import MJT, canonical_dim, describe, map_to_sub, static_dims, wrap
@@ -38,20 +39,21 @@ mj = torch.ops.multijagged
 class _Plan:
     __slots__ = ("dims", "batch", "red_r", "vdims", "index", "sub", "rows")
 
-    def __init__(self, func, x: MJT, dims) -> None:
+    def __init__(self, func, x: MJT, dims, name: str | None = None) -> None:
+        name = name or op_name(func)
         ndim = len(x._size)
         if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
             dims = range(ndim)
         elif isinstance(dims, int):
             dims = [dims]
-        self.dims = sorted({canonical_dim(op_name(func), ndim, d) for d in dims})
+        self.dims = sorted({canonical_dim(name, ndim, d) for d in dims})
         stat = static_dims(ndim, x._ragged_dims)
         self.batch = 0 in self.dims
         self.red_r = tuple(k for k, d in enumerate(x._ragged_dims) if d in self.dims)
         self.vdims = [stat.index(d) + 1 for d in self.dims if d in stat]
         if self.batch and len(self.red_r) != len(x._ragged_dims):
             raise NotImplementedError(
-                f"{op_name(func)}(): reducing the batch dim of {describe(x)} requires reducing all its ragged dims too"
+                f"{name}(): reducing the batch dim of {describe(x)} requires reducing all its ragged dims too"
             )
         p = x._partition
         if self.batch:  # every row is one segment
@@ -150,9 +152,14 @@ def _to_rows(plan: _Plan, k: torch.Tensor) -> torch.Tensor:
     return k if plan.index is None else k.index_select(0, plan.index)
 
 
-def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None):
-    plan = _Plan(func, x, dims)
+def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str | None = None):
+    plan = _Plan(func, x, dims, name)
     v = x._values if dtype is None else x._values.to(dtype)
+    if kind in ("mean", "logsumexp") and not (v.dtype.is_floating_point or v.dtype.is_complex):
+        raise RuntimeError(
+            f"{name or op_name(func)}(): could not infer output dtype. Input dtype must be either a floating point "
+            f"or complex dtype. Got: {str(v.dtype).replace('torch.', '').capitalize()}"
+        )
     if kind == "mean":
         k = _forward_k(plan, x, v, "sum") / plan.count(x)
     elif kind == "logsumexp":
@@ -182,7 +189,7 @@ def mean_dim(func, x, dim=None, keepdim=False, dtype=None):
 
 @register_multi_jagged_func(aten.mean.default, "self: mjt")
 def mean_default(func, x, dtype=None):
-    return x._values.mean(dtype=dtype)
+    return x._values.mean(dtype=dtype)  # raises for integer dtypes, as dense torch
 
 
 @register_multi_jagged_func(aten.amax.default, "self: mjt, dim: any?, keepdim: any?")
@@ -229,7 +236,7 @@ def argmax_default(func, x, dim=None, keepdim=False):
     kind = "amax" if func is aten.argmax.default else "amin"
     plan = _Plan(func, x, [dim])
     if plan.batch:
-        raise ValueError(f"{op_name(func)}(): cannot take the arg-extreme over the batch dim of {describe(x)}")
+        raise StructureError(f"{op_name(func)}(): cannot take the arg-extreme over the batch dim of {describe(x)}")
     v = x._values
     if not plan.red_r:
         return _to_output(plan, x, getattr(torch, "arg" + kind[1:])(v, plan.vdims[0], keepdim=True), keepdim)
@@ -255,7 +262,7 @@ _KINDS = ("sum", "mean", "amax", "amin", "prod", "logsumexp")
 def reduce_default(func, x, kind, dim, keepdim):
     if kind not in _KINDS:
         raise ValueError(f"reduce(): expected kind in {_KINDS}, got {kind!r}")
-    return _reduce(func, x, dim, keepdim, kind)
+    return _reduce(func, x, dim, keepdim, kind, name=kind)
 
 
 @register_multi_jagged_func(
@@ -299,7 +306,7 @@ def _prod_others(plan: _Plan, x: MJT, v: torch.Tensor) -> torch.Tensor:
 def _softmax_segments(func, x, dim):
     d = canonical_dim(op_name(func), len(x._size), dim)
     if d == 0:
-        raise ValueError(f"{op_name(func)}(): softmax over the batch dim of {describe(x)} is not supported")
+        raise StructureError(f"{op_name(func)}(): softmax over the batch dim of {describe(x)} is not supported")
     if d in x._ragged_dims:
         k = x._ragged_dims.index(d)
         keep = tuple(i for i in range(len(x._ragged_dims)) if i != k)

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from ..compile import library  # noqa: F401
+from ..errors import StructureError
 from . import dispatch as _dispatch
 from ._common import MJT, canonical_dim
 
@@ -329,7 +330,7 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
 def _static_dim(op: str, input, dim) -> int:
     d = canonical_dim(op, input.dim(), dim)
     if d == 0 or d in input._ragged_dims:
-        raise ValueError(f"{op}(): expected a static dim of a multi_jagged tensor, got dim {dim} (batch or ragged)")
+        raise StructureError(f"{op}(): expected a static dim of a multi_jagged tensor, got dim {dim} (batch or ragged)")
     return d
 
 
@@ -372,7 +373,7 @@ def _flatten(input, start_dim=0, end_dim=-1):
     if start == end:
         return input
     if start == 0 or any(start <= d <= end for d in input._ragged_dims):
-        raise ValueError(f"flatten(): only static dims of a multi_jagged tensor can be flattened, got dims {start}..{end}")
+        raise StructureError(f"flatten(): only static dims of a multi_jagged tensor can be flattened, got dims {start}..{end}")
     size = 1
     for d in range(start, end + 1):
         size *= input.shape[d]

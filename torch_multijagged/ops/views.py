@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int
 
+from ..errors import StructureError
 from ..kernels import reference as ref
 from . import register_multi_jagged_func
 from ._common import MJT, canonical_dim, describe, device_sizes, same_partition, map_to_sub, partition_for, note_sub, static_dims, wrap
@@ -16,7 +17,7 @@ aten = torch.ops.aten
 def unsqueeze_default(func, inp, dim):
     d = canonical_dim("unsqueeze", len(inp._size) + 1, dim)
     if d == 0:
-        raise ValueError(f"unsqueeze(): cannot insert a dim before the batch dim of {describe(inp)}")
+        raise StructureError(f"unsqueeze(): cannot insert a dim before the batch dim of {describe(inp)}")
     ragged = tuple(r + 1 if r >= d else r for r in inp._ragged_dims)
     vd = sum(1 for s in static_dims(len(inp._size), inp._ragged_dims) if s < d) + 1
     return wrap(inp._values.unsqueeze(vd), inp._partition, ragged)
@@ -28,9 +29,9 @@ def _squeeze(inp, dims):
     drop = []
     for d in sorted({canonical_dim("squeeze", ndim, d) for d in dims}):
         if d == 0:
-            raise ValueError(f"squeeze(): cannot squeeze the batch dim of {describe(inp)}")
+            raise StructureError(f"squeeze(): cannot squeeze the batch dim of {describe(inp)}")
         if d in inp._ragged_dims:
-            raise ValueError(f"squeeze(): cannot squeeze ragged dim {d} of {describe(inp)}")
+            raise StructureError(f"squeeze(): cannot squeeze ragged dim {d} of {describe(inp)}")
         if inp.shape[d] == 1:
             drop.append(d)
     if not drop:
@@ -61,9 +62,9 @@ def expand_default(func, inp, size, implicit=False):
     (``(B, j0, 1, C).expand(B, j0, j0, C)`` gathers rows into the square pair)."""
     ndim = len(inp._size)
     if len(size) != ndim:
-        raise ValueError(f"expand(): expected {ndim} sizes for {describe(inp)}, got {len(size)}")
+        raise StructureError(f"expand(): expected {ndim} sizes for {describe(inp)}, got {len(size)}")
     if size[0] not in (-1, inp._partition.batch):
-        raise ValueError(f"expand(): cannot expand the batch dim of {describe(inp)} to {size[0]}")
+        raise StructureError(f"expand(): cannot expand the batch dim of {describe(inp)} to {size[0]}")
     known = {id(e): e for e in inp._partition.extents}
     out_dims, extents, static_size = [], [], []
     for d in range(1, ndim):
@@ -71,13 +72,13 @@ def expand_default(func, inp, size, implicit=False):
         if d in inp._ragged_dims:
             e = inp._partition.extents[inp._ragged_dims.index(d)]
             if not (s == -1 or (is_nested_int(s) and s == e.nested_int)):
-                raise ValueError(f"expand(): ragged dim {d} of {describe(inp)} cannot be expanded to {s}")
+                raise StructureError(f"expand(): ragged dim {d} of {describe(inp)} cannot be expanded to {s}")
             out_dims.append(d)
             extents.append(e)
         elif is_nested_int(s):
             e = next((e for e in known.values() if e.nested_int == s), None)
             if e is None or inp.shape[d] != 1:
-                raise ValueError(
+                raise StructureError(
                     f"expand(): cannot expand dim {d} of {describe(inp)} to ragged size {s}: only a size-1 "
                     "dim can become ragged, with an extent the tensor already has"
                 )
@@ -104,9 +105,9 @@ def _permute(inp, perm):
     ndim = len(inp._size)
     perm = [canonical_dim("permute", ndim, p) for p in perm]
     if sorted(perm) != list(range(ndim)):
-        raise ValueError(f"permute(): expected a permutation of {ndim} dims, got {perm}")
+        raise StructureError(f"permute(): expected a permutation of {ndim} dims, got {perm}")
     if perm[0] != 0:
-        raise ValueError(f"permute(): the batch dim of {describe(inp)} must stay first")
+        raise StructureError(f"permute(): the batch dim of {describe(inp)} must stay first")
     new_ragged = tuple(i for i, p in enumerate(perm) if p in inp._ragged_dims)
     # ragged_order[k]: which of the input's ragged dims becomes the output's k-th ragged dim
     ragged_order = tuple(inp._ragged_dims.index(perm[i]) for i in new_ragged)
@@ -148,14 +149,14 @@ def transpose_int(func, inp, dim0, dim1):
 @register_multi_jagged_func(aten.unbind.int, "self: mjt, dim: any?")
 def unbind_int(func, inp, dim=0):
     if canonical_dim("unbind", len(inp._size), dim) != 0:
-        raise ValueError(f"unbind(): only dim 0 is supported for layout torch.multi_jagged, got {dim}")
+        raise StructureError(f"unbind(): only dim 0 is supported for layout torch.multi_jagged, got {dim}")
     return tuple(ref.unpack_components(inp._values, inp._partition.host_sizes(), inp._ragged_dims))
 
 
 def _static_vdim(op: str, inp, dim) -> tuple[int, int]:
     d = canonical_dim(op, len(inp._size), dim)
     if d == 0 or d in inp._ragged_dims:
-        raise ValueError(f"{op}(): expected a static dim of {describe(inp)}, got dim {dim} (batch or ragged)")
+        raise StructureError(f"{op}(): expected a static dim of {describe(inp)}, got dim {dim} (batch or ragged)")
     return d, static_dims(len(inp._size), inp._ragged_dims).index(d) + 1
 
 
@@ -200,7 +201,7 @@ def view_default(func, inp, size):
     if len(ragged_new) != len(inp._ragged_dims) or any(
         size[d] != inp._size[o] for d, o in zip(ragged_new, inp._ragged_dims)
     ) or size[0] not in (inp._partition.batch, -1):
-        raise ValueError(
+        raise StructureError(
             f"{func.__name__.split('.')[0]}(): cannot view {describe(inp)} as {tuple(size)}: the batch and ragged "
             "dims must stay, with the same nested ints"
         )
@@ -211,7 +212,7 @@ def view_default(func, inp, size):
             known = _prod([s for s in n if s != -1])
             n[n.index(-1)] = _prod(o) // known if known else 0
         if _prod(o) != _prod(n):
-            raise ValueError(
+            raise StructureError(
                 f"{func.__name__.split('.')[0]}(): cannot view {describe(inp)} as {tuple(size)}: static dims may only "
                 "regroup between ragged dims"
             )
@@ -252,7 +253,7 @@ def cat_default(func, tensors, dim=0, op="cat"):
     _, vd = _static_vdim(op, first, dim)
     for t in tensors[1:]:
         if t._ragged_dims != first._ragged_dims or not same_partition(t._partition, first._partition):
-            raise ValueError(f"{op}(): expected tensors of one structure, got {describe(first)} and {describe(t)}")
+            raise StructureError(f"{op}(): expected tensors of one structure, got {describe(first)} and {describe(t)}")
     return wrap(torch.cat([t._values for t in tensors], vd), first._partition, first._ragged_dims)
 
 
@@ -262,6 +263,6 @@ def stack_default(func, tensors, dim=0):
     first = tensors[0]
     d = canonical_dim("stack", len(first._size) + 1, dim)
     if d == 0:
-        raise ValueError(f"stack(): cannot stack along the batch dim of {describe(first)}")
+        raise StructureError(f"stack(): cannot stack along the batch dim of {describe(first)}")
     pieces = [unsqueeze_default(aten.unsqueeze.default, t, d) if isinstance(t, MJT) else t for t in tensors]
     return cat_default(aten.cat.default, pieces, d, op="stack")
