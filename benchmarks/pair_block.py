@@ -44,6 +44,8 @@ memory events (``_harness.peak_live_bytes``); weights and prepared inputs are no
     python benchmarks/pair_block.py                  # default: C=96, Cp=32, stated lengths; < 2 min
     python benchmarks/pair_block.py --full           # the paper's widths C=384, Cp=128
     python benchmarks/pair_block.py [--steps N] [--json PATH] [--plot PNG] [--profile REGIME]
+    python benchmarks/pair_block.py --compile        # torch.compile'd padded / explicit / ours over a
+                                                     # trace of changing lengths (_pair_block_compile.py)
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ import cProfile
 import io
 import math
 import pstats
+import sys
 import time
 import warnings
 from dataclasses import dataclass
@@ -63,8 +66,10 @@ import torch.nn.functional as F
 
 try:
     from . import _harness as h
+    from . import _pair_block_compile as compiled_mode
 except ImportError:  # run as a script: python benchmarks/pair_block.py
     import _harness as h
+    import _pair_block_compile as compiled_mode
 
 import torch_multijagged as mj
 
@@ -563,13 +568,18 @@ def main() -> None:
                    help="step time: CPU time of the main thread (default with 1 thread: excludes time "
                         "descheduled by other jobs) or wall time (default with more threads)")
     p.add_argument("--regimes", default="near-uniform,moderate,skewed", help="comma-separated subset")
-    p.add_argument("--methods", default="padded,explicit,danling,ours",
-                   help="comma-separated subset, in the order of each interleaving round")
+    p.add_argument("--methods",
+                   help="comma-separated subset, in the order of each interleaving round (default "
+                        "padded,explicit,danling,ours; with --compile " + compiled_mode.DEFAULT_VARIANTS + ")")
     p.add_argument("--default-malloc", action="store_true",
                    help="leave glibc's mmap/trim thresholds alone (then methods tax each other with page faults)")
     p.add_argument("--prep-in-step", action="store_true", help="time each method's batch preparation too")
     p.add_argument("--plot", metavar="PNG", help="also plot speedup and peak memory per regime (matplotlib)")
     p.add_argument("--profile", metavar="REGIME", help="after the tables, profile 9 interleaved steps of explicit and ours on REGIME")
+    p.add_argument("--compile", action="store_true",
+                   help="compiled mode instead: torch.compile'd padded (dynamic=None and True), explicit and "
+                        "ours, plus ours eager, over a trace of batches with changing lengths (~5 min)")
+    p.add_argument("--batches", type=int, help="with --compile: batches per regime's trace (default 12, --quick 8)")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
     args.clock = args.clock or ("cpu" if args.threads == 1 else "wall")
@@ -580,11 +590,15 @@ def main() -> None:
     args.steps = args.steps or (5 if args.quick else 25)
     malloc_note = None if args.default_malloc else h.retain_freed_memory()
     warnings.filterwarnings("ignore", module="danling")  # its non-leaf .grad warnings, once per op
+    if args.compile:
+        return compiled_mode.main(args, p, sys.modules[__name__], c, cp, malloc_note)
+    if args.batches is not None:
+        p.error("--batches needs --compile")
 
     torch.manual_seed(0)
     block = PairBlock(c, cp)
     methods, setup_notes = make_methods()
-    order = [n.strip() for n in args.methods.split(",") if n.strip()]
+    order = [n.strip() for n in (args.methods or "padded,explicit,danling,ours").split(",") if n.strip()]
     methods = sorted((m for m in methods if m.name in order), key=lambda m: order.index(m.name))
     names = [m.name for m in methods]
     all_lengths = regime_lengths()
