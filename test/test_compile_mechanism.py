@@ -115,3 +115,24 @@ def test_compiled_unused_multi_jagged_output_known_limitation():
     x = mj.nested_tensor([torch.randn(n, 3) for n in (4, 2)], requires_grad=True)
     _, loss = compiled(x)
     loss.backward()  # no gradient reaches `single`: the engine must build zeros for it
+
+
+def test_compiles_with_aot_graph_logging():
+    """AOTAutograd logs its metadata, fake inputs included, when ``aot_graphs`` logging is on (as
+    pytest ≥ 9.2's log capture turns it on): the repr of a traced tensor must not read data (it
+    once minted unbacked symbols there and broke compilation)."""
+    # caches off: a cache hit would skip the logging under test
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(
+        enable_autograd_cache=False
+    ):
+        torch._logging.set_logs(aot_graphs=True)
+        try:
+            w = torch.randn(5, 3, dtype=torch.float64, requires_grad=True)
+            compiled = torch.compile(_single, backend="inductor", fullgraph=True)
+            x = mj.nested_tensor([torch.randn(n, 3, dtype=torch.float64) for n in (4, 0, 2)], requires_grad=True)
+            single = compiled(x, w)
+            (single * single).sum().backward()
+            ref = _single(mj.nested_tensor([t.detach() for t in x.unbind()]), w.detach())
+            torch.testing.assert_close(single.values(), ref.values())
+        finally:
+            torch._logging.set_logs()

@@ -24,12 +24,15 @@ the static dims; code must use ``values`` for memory layout.
 
 from __future__ import annotations
 
-from typing import Optional
+import functools
+import hashlib
+import pathlib
+
 
 import torch
 
 from .layout import multi_jagged
-from .structure import Partition, RaggedExtent
+from .structure import Partition, RaggedExtent, _is_traced
 
 __all__ = ["MultiJaggedTensor"]
 
@@ -66,6 +69,15 @@ def _compute_size_stride(values: torch.Tensor, partition: Partition, ragged_dims
             stride.append(vstride[s])
             s += 1
     return tuple(size), tuple(stride)
+
+
+@functools.lru_cache(maxsize=1)
+def _source_digest() -> str:
+    root = pathlib.Path(__file__).parent
+    h = hashlib.sha256()
+    for f in sorted(root.rglob("*.py")):
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
 
 
 def _rebuild(values, offsets, extents, ragged_dims, requires_grad):
@@ -157,7 +169,10 @@ class MultiJaggedTensor(torch.Tensor):
     # ------------------------------------------------------------------ repr / serialization
     def __repr__(self) -> str:  # type: ignore[override]
         shape = ", ".join(str(s) for s in self._size)
-        sizes = self._partition.host_sizes().tolist()
+        # Under tracing there is no data to show; reading it would mint unbacked symbols (AOT's
+        # debug logging formats its inputs' reprs).
+        traced = any(_is_traced(e.offsets) and e._host_lengths is None for e in self._partition.extents)
+        sizes = "<traced>" if traced else self._partition.host_sizes().tolist()
         grad = f", grad_fn={self.grad_fn}" if self.grad_fn else (
             ", requires_grad=True" if self.requires_grad else ""
         )
@@ -252,9 +267,11 @@ class MultiJaggedTensor(torch.Tensor):
         return MultiJaggedTensor(values, partition, ragged_dims, requires_grad=requires_grad)
 
     def _stable_hash_for_caching(self) -> str:
-        # Cache key for FX graph caching: the structure, not the data.
+        # Cache key for compiled-graph caches: the structure (not the data) and the package's own
+        # source, since the traced graph is made by our handlers — an edited handler must not be
+        # served a graph compiled from the old one.
         _, ctx = self.__tensor_flatten__()
-        return repr((ctx, self.dtype, self._values.shape[1:]))
+        return repr((ctx, self.dtype, self._values.shape[1:], _source_digest()))
 
     # ------------------------------------------------------------------ dispatch
     @classmethod
