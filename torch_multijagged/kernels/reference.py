@@ -142,6 +142,7 @@ def unpack_components(
     r = len(ragged_dims)
     ndim = r + values.dim()
     _, to_logical = storage_perm(ndim, ragged_dims)
+    # SYNC: none — ``host_sizes`` lives on the CPU (split sizes must be Python ints)
     counts = host_sizes.prod(dim=1).tolist() if r else [1] * host_sizes.shape[0]
     static = values.shape[1:]
     out = []

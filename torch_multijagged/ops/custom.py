@@ -42,7 +42,7 @@ def pack_like_default(func, components, like):
         raise ValueError(f"pack_like(): expected {like._partition.batch} components, got {len(components)}")
     empty = like._values.new_zeros((0, *like._values.shape[1:]))
     comps = []
-    for c, ns in zip(components, host.tolist()):
+    for c, ns in zip(components, host.tolist()):  # SYNC: none — host sizes
         if c is None:
             rows = 1
             for n in ns:
