@@ -8,7 +8,7 @@ from typing import Sequence
 import torch
 
 from ..kernels import reference as ref
-from ..structure import Partition, RaggedExtent, same_extent
+from ..structure import Partition, RaggedExtent
 from ..tensor import MultiJaggedTensor
 
 __all__ = [
@@ -119,7 +119,7 @@ def note_sub(p: Partition, keep: tuple[int, ...], sub: Partition) -> None:
 
 
 def same_partition(a: Partition, b: Partition) -> bool:
-    return a is b or (len(a.extents) == len(b.extents) and all(same_extent(x, y) for x, y in zip(a.extents, b.extents)))
+    return a.same_as(b)
 
 
 def describe(x) -> str:

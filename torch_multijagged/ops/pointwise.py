@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import torch
 
-from ._common import MJT, describe, map_to_sub, note_sub, partition_for, row_sample, same_extent, static_dims, wrap
+from ..structure import same_extent
+from ._common import MJT, describe, map_to_sub, note_sub, partition_for, row_sample, static_dims, wrap
 from ..errors import StructureError
 from . import op_name, register_multi_jagged_func
 
@@ -40,10 +41,7 @@ def _error(func, args, why: str) -> StructureError:
 def _same_layout(m: MJT, ref: MJT) -> bool:
     if m._ragged_dims != ref._ragged_dims or m._values.dim() != ref._values.dim():
         return False
-    p, q = m._partition, ref._partition
-    return p is q or (
-        len(p.extents) == len(q.extents) and all(same_extent(a, b) for a, b in zip(p.extents, q.extents))
-    )
+    return m._partition.same_as(ref._partition)
 
 
 # func -> 0 functional, 1 in-place on self, 2 other mutation (out=); schema parsing is not free.

@@ -76,7 +76,8 @@ def unify_extents(args: tuple) -> tuple:
 def _relabel_map(first: MJT, other: MJT):
     """``other``'s partition with each extent replaced by ``first``'s extent at the same logical
     dim when the two are equal-sized but not identical (None when nothing changes)."""
-    from ._common import partition_for, same_extent
+    from ..structure import same_extent
+    from ._common import partition_for
 
     swap = {}
     for d, e in zip(other._ragged_dims, other._partition.extents):
