@@ -287,10 +287,19 @@ def _norm(input, p="fro", dim=None, keepdim=False, dtype=None):
     return _vector_norm(input, p, dim, keepdim, dtype=dtype)
 
 
+def _components(input):
+    """The B components: views of the packed values when no gradient is needed (aten's
+    ``unbind``, as torch.jagged); otherwise ``multijagged::unbind`` (copies), whose backward packs
+    the component gradients back — aten's would ``stack`` components of different shapes."""
+    if torch.compiler.is_compiling() or _needs_grad(input) or torch._C._len_torch_dispatch_stack():
+        return tuple(mj.unbind.default(input))
+    return _dispatch(torch.ops.aten.unbind.int, (input, 0), {})
+
+
 @route(torch.unbind, torch.Tensor.unbind)
 def _unbind(input, dim=0):
     if isinstance(input, MJT) and dim == 0:
-        return tuple(mj.unbind.default(input))
+        return _components(input)
     return NotImplemented
 
 
@@ -300,7 +309,7 @@ def _getitem(input, index):
         b = input._partition.batch
         if not -b <= index < b:
             raise IndexError(f"index {index} is out of bounds for dimension 0 with size {b}")
-        return mj.unbind.default(input)[index]
+        return _components(input)[index]
     return NotImplemented
 
 
