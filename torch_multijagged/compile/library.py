@@ -86,9 +86,33 @@ def _reduce_dense(x, kind, dim=None, keepdim=False):
 
 
 def _reduce_backward_dense(grad, x, result, kind, dim=None, keepdim=False):
-    with torch.enable_grad():
-        xx = x.detach().requires_grad_()
-        return torch.autograd.grad(_reduce_dense(xx, kind, dim, keepdim), xx, grad)[0]
+    """d reduce / d x, written out (no autograd inside a kernel: it must also run on fakes)."""
+    dims = _dims(x, dim)
+    if not keepdim:
+        for d in sorted(dims):
+            grad, result = grad.unsqueeze(d), result.unsqueeze(d)
+    if kind == "sum":
+        return grad.expand_as(x).clone()
+    if kind == "mean":
+        n = 1
+        for d in dims:
+            n *= x.shape[d]
+        return (grad / n).expand_as(x).clone()
+    if kind == "logsumexp":
+        return grad * (x - result).exp()
+    if kind in ("amax", "amin"):
+        hit = (x == result).to(x.dtype)
+        return grad * hit / hit.sum(dims, keepdim=True)
+    if kind == "prod":
+        zero = x == 0
+        nonzero = torch.where(zero, torch.ones_like(x), x)
+        nonzero_prod = nonzero.prod(dims[0], keepdim=True) if len(dims) == 1 else _reduce_dense(nonzero, "prod", dims, True)
+        zeros = zero.to(x.dtype).sum(dims, keepdim=True)
+        others = torch.where(
+            zeros == 0, nonzero_prod / nonzero, torch.where((zeros == 1) & zero, nonzero_prod, torch.zeros_like(x))
+        )
+        return grad * others
+    raise ValueError(f"reduce_backward(): expected kind in {REDUCTIONS}, got {kind!r}")
 
 
 for _name, _fn in [

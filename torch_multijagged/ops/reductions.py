@@ -255,7 +255,7 @@ def argmax_default(func, x, dim=None, keepdim=False):
 
 
 # ----------------------------------------------------------------------------- routed op
-_KINDS = ("sum", "mean", "amax", "amin", "prod", "logsumexp")
+_KINDS = library.REDUCTIONS
 
 
 @register_multi_jagged_func(mj.reduce.default, "x: mjt, kind: any, dim: any?, keepdim: any")
