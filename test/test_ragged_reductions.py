@@ -40,7 +40,7 @@ REDUCTIONS = {
     "logsumexp": (lambda t, d, k: torch.logsumexp(t, d, keepdim=k), "logsumexp", True),
     "var": (lambda t, d, k: t.var(d, keepdim=k), "var", True),
     "var_c0": (lambda t, d, k: torch.var(t, d, correction=0, keepdim=k), "var", True),
-    "std": (lambda t, d, k: t.std(d, keepdim=k), "std", True),  # correction=0 at n=1: see the xfail below
+    "std": (lambda t, d, k: t.std(d, keepdim=k), "std", True),  # n - correction <= 0 gives nan, as dense
     "vector_norm": (lambda t, d, k: torch.linalg.vector_norm(t, 2, d, keepdim=k), "norm", True),
     "vector_norm_1": (lambda t, d, k: torch.linalg.vector_norm(t, 1, d, keepdim=k), "norm", True),
     "vector_norm_3": (lambda t, d, k: torch.linalg.vector_norm(t, 3, d, keepdim=k), "norm", True),
@@ -480,7 +480,7 @@ LEAK = {
     "amin": lambda t, d: t.amin(d),
     "prod": lambda t, d: t.prod(d[0]),
     "logsumexp": lambda t, d: torch.logsumexp(t, d),
-    "var": lambda t, d: t.var(d, correction=0),  # correction=1 with n = 1: see the xfail below
+    "var": lambda t, d: t.var(d, correction=0),  # correction=1 with n = 1 is nan: tested separately
     "var_unbiased": lambda t, d: t.var(d),  # forward only
     "std": lambda t, d: t.std(d),
     "norm": lambda t, d: torch.linalg.vector_norm(t, dim=d),

@@ -158,8 +158,8 @@ UNSQ = {
     "seq.unsqueeze(2)": ("seq", lambda t: t.unsqueeze(2), lambda c: c.unsqueeze(1)),
     "seq.unsqueeze(-1)": ("seq", lambda t: t.unsqueeze(-1), lambda c: c.unsqueeze(-1)),
     "seq.unsqueeze.squeeze(1)": ("seq", lambda t: t.unsqueeze(1).squeeze(1), lambda c: c),
-    # squeeze() drops every static size-1 dim (C too when C = 1), never the ragged one; its
-    # backward with B = 1 is an xfail below, so this case is forward-only
+    # squeeze() drops every static size-1 dim (C too when C = 1), never the ragged one or the
+    # batch dim (B = 1 is covered by test_squeeze_all_grad)
     "seq.squeeze()": ("seq", lambda t: t.unsqueeze(1).unsqueeze(-1).squeeze(), lambda c: c[:, 0] if c.shape[1] == 1 else c),
     "square.unsqueeze(2)": ("square", lambda t: t.unsqueeze(2), lambda c: c.unsqueeze(1)),
     "square.unsqueeze(-1).squeeze(-1)": ("square", lambda t: t.unsqueeze(-1).squeeze(-1), lambda c: c),
