@@ -58,6 +58,14 @@ _FILL = {
 }
 
 
+def rect_pair(ns: Sequence[int], ms: Sequence[int], seed: int, c: int = 2):
+    """``(x, y, x.unsqueeze(-2) * y.unsqueeze(-3))``: singles of lengths ``ns`` and ``ms`` (built
+    separately, so with their own nested ints) and the rectangular pair ``(B, j_x, j_y, c)``."""
+    x = mj.nested_tensor(comps_for([(n, c) for n in ns], seed), ragged_dims=(1,))
+    y = mj.nested_tensor(comps_for([(m, c) for m in ms], seed + 1), ragged_dims=(1,))
+    return x, y, x.unsqueeze(-2) * y.unsqueeze(-3)
+
+
 def empty_aware(fn: Callable, kind: str, dims: Sequence[int]) -> Callable:
     """Dense reference ``fn`` for a component, except that a reduction of kind ``amax`` /
     ``amin`` / ``argmax`` / ``argmin`` over an empty extent (which dense torch refuses) gives

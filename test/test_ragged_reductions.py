@@ -15,7 +15,7 @@ from hypothesis import given, settings, strategies as st
 import torch_multijagged as mj
 
 from _reference import LAYOUTS, R, SQUARE, assert_close, build, components, per_sample_check, seeds, structures
-from _structures import bit_equal, comps_for, dense_forward_check, empty_aware, length_pairs, lengths, packed_args, per_sample_outputs
+from _structures import rect_pair, bit_equal, comps_for, dense_forward_check, empty_aware, length_pairs, lengths, packed_args, per_sample_outputs
 
 FEW = settings(max_examples=10, deadline=None)
 
@@ -157,9 +157,7 @@ def test_rect_reduction_returns_each_sides_nested_int():
     @given(length_pairs(), seeds)
     def check(nm, seed):
         ns, ms = nm
-        x = mj.nested_tensor(comps_for([(n, 2) for n in ns], seed), ragged_dims=(1,))
-        y = mj.nested_tensor(comps_for([(m, 2) for m in ms], seed + 1), ragged_dims=(1,))
-        rect = x.unsqueeze(-2) * y.unsqueeze(-3)
+        x, y, rect = rect_pair(ns, ms, seed)  # (B, j_x, j_y, 2)
         over_keys, over_queries = rect.sum(-2), rect.mean(-3)
         assert over_keys.shape == x.shape
         if ns != ms:  # equal lengths: see test_rect_from_equal_lengths_keeps_each_sides_nested_int

@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 import torch_multijagged as mj
 
 from _reference import R, RECT, SEQ, SQUARE, STATIC_LEAD, assert_close, components, per_sample_check, seeds, structures
-from _structures import comps_for, length_pairs, lengths, packed_args, per_sample_check_any_ints
+from _structures import rect_pair, comps_for, length_pairs, lengths, packed_args, per_sample_check_any_ints
 
 FEW = settings(max_examples=10, deadline=None)
 LAYOUT = {"seq": SEQ, "square": SQUARE, "rect": RECT, "static_lead": STATIC_LEAD}
@@ -61,9 +61,7 @@ def test_rect_transpose_swaps_nested_ints():
     @given(length_pairs(), seeds)
     def check(nm, seed):
         ns, ms = nm
-        x = mj.nested_tensor(comps_for([(n, 2) for n in ns], seed), ragged_dims=(1,))
-        y = mj.nested_tensor(comps_for([(m, 2) for m in ms], seed + 1), ragged_dims=(1,))
-        rect = x.unsqueeze(-2) * y.unsqueeze(-3)  # (B, j_x, j_y, C)
+        x, y, rect = rect_pair(ns, ms, seed)  # (B, j_x, j_y, 2)
         t = rect.transpose(1, 2)
         assert t.shape == (len(ns), rect.shape[2], rect.shape[1], 2)
         if ns != ms:  # equal lengths: see test_rect_from_equal_lengths_keeps_each_sides_nested_int
