@@ -1,4 +1,4 @@
-"""Shared benchmark harness (STYLE.md habit 10, DESIGN.md §7).
+"""Shared benchmark harness.
 
 Every benchmark times several *methods* on the same inputs, interleaved in one process
 (A B C A B C …) so that machine noise hits all methods alike, and reports medians and ratios.

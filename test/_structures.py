@@ -14,34 +14,41 @@ import torch
 from hypothesis import strategies as st
 
 import torch_multijagged as mj
+from _reference import batch_sizes, extent_rows, random_values
 
 DTYPE = torch.float64
 
 
 # ----------------------------------------------------------------------------- strategies
 @st.composite
-def lengths(draw, max_batch: int = 4, max_len: int = 4, batch: int | None = None):
-    """Per-sample lengths with at least one zero (STYLE.md habit 9)."""
-    b = batch if batch is not None else draw(st.integers(1, max_batch))
-    ns = draw(st.lists(st.integers(0, max_len), min_size=b, max_size=b))
-    ns[draw(st.integers(0, b - 1))] = 0
-    return tuple(ns)
+def lengths(draw, max_batch: int = 4, max_len: int = 4, batch: int | None = None, min_batch: int = 1):
+    """Per-sample lengths: mostly non-empty, with a zero-length sample in most batches
+    (``_reference.extent_rows``). ``min_batch=0`` admits B = 0 (build it with
+    ``_reference.empty_batch``: a list cannot express it)."""
+    b = batch if batch is not None else draw(batch_sizes(min_batch, max_batch))
+    return tuple(r[0] for r in draw(extent_rows(b, 1, 1, max_len)))
 
 
 @st.composite
-def length_pairs(draw, max_batch: int = 4, max_len: int = 4):
+def length_pairs(draw, max_batch: int = 4, max_len: int = 4, min_batch: int = 1):
     """``(ns, ms)`` for a rectangular pair; a zero on either side, so ``(0, m)`` and ``(n, 0)``
     both occur; ``ns != ms`` is likely but not forced."""
-    b = draw(st.integers(1, max_batch))
-    ns = list(draw(st.lists(st.integers(0, max_len), min_size=b, max_size=b)))
-    ms = list(draw(st.lists(st.integers(0, max_len), min_size=b, max_size=b)))
-    z = draw(st.integers(0, b - 1))
-    (ns if draw(st.booleans()) else ms)[z] = 0
-    return tuple(ns), tuple(ms)
+    b = draw(batch_sizes(min_batch, max_batch))
+    rows = draw(extent_rows(b, 2, 2, max_len))
+    return tuple(r[0] for r in rows), tuple(r[1] for r in rows)
+
+
+@st.composite
+def length_triples(draw, max_batch: int = 4, max_len: int = 3, min_batch: int = 1):
+    """``(ns, ms, ks)`` for three ragged dims; a zero on any of them."""
+    b = draw(batch_sizes(min_batch, max_batch))
+    rows = draw(extent_rows(b, 3, 3, max_len))
+    return tuple(tuple(r[k] for r in rows) for k in range(3))
 
 
 def randn(shape, gen: torch.Generator, dtype=DTYPE, low=-2.0, high=2.0) -> torch.Tensor:
-    return (torch.rand(tuple(shape), generator=gen, dtype=torch.float64) * (high - low) + low).to(dtype)
+    """Random values of ``dtype`` (``_reference.random_values``: bools, small ints, floats)."""
+    return random_values(shape, gen, dtype, low, high)
 
 
 def comps_for(shapes: Sequence[Sequence[int]], seed: int, **kw) -> list[torch.Tensor]:
@@ -153,7 +160,7 @@ def per_sample_check_any_ints(
     assert len(got) == len(expected)
     for i, (o, e) in enumerate(zip(got, expected)):
         assert_close(o, e, f"sample {i}")
-    if not grad:
+    if not grad or not expected:  # B = 0: nothing to differentiate
         return x, out
     gen = torch.Generator().manual_seed(seed)
     cot = [torch.randn(e.shape, generator=gen, dtype=e.dtype) for e in expected]

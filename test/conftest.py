@@ -39,3 +39,8 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
 def _seed():
     torch.manual_seed(0)
     yield
+
+
+def pytest_report_header(config):
+    p = settings.default
+    return f"hypothesis profile: {os.environ.get('HYPOTHESIS_PROFILE', 'default')} (max_examples={p.max_examples}; grid cells and few(n) scale with it)"

@@ -7,15 +7,15 @@ gradients), gradcheck on packed values, golden cases and structural errors.
 
 import pytest
 import torch
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
 from torch_multijagged import multi_jagged
 
-from _reference import PS, R, assert_close, per_sample_check, seeds
+from _reference import PS, R, assert_close, few, per_sample_check, seeds
 from _structures import comps_for, length_pairs, lengths, packed_args
 
-FEW = settings(max_examples=12, deadline=None)
+FEW = few(12)  # 12 examples under the default profile, scaled by HYPOTHESIS_PROFILE
 
 
 def _row(t):  # (B, j0, 1, C) / (n, 1, C): negative dims mean the same on both sides

@@ -1,4 +1,4 @@
-"""Construction, conversions and the public accessors of DESIGN.md §2 (constructors.py, tensor.py)."""
+"""Construction, conversions and the public accessors listed in README.md (constructors.py, tensor.py)."""
 
 import json
 import math
@@ -34,8 +34,17 @@ def expected_values(comps, ragged_dims):
         rag = [d - 1 for d in ragged_dims]
         s = c.movedim(rag, list(range(len(rag))))
         rows += [s[idx] for idx in _ragged_coords(s.shape[: len(rag)])]
-    static = [n for d, n in enumerate(comps[0].shape) if d + 1 not in ragged_dims]
-    return torch.stack(rows) if rows else comps[0].new_zeros(0, *static)
+    static = [n for d, n in enumerate(_shape0(comps)) if d + 1 not in ragged_dims]
+    return torch.stack(rows) if rows else torch.zeros(0, *static, dtype=_dtype(comps))
+
+
+def _shape0(comps):
+    """A component's shape; for B = 0 the template that ``components`` remembers."""
+    return tuple(comps[0].shape) if len(comps) else tuple(comps.template)
+
+
+def _dtype(comps):
+    return comps[0].dtype if len(comps) else comps.dtype
 
 
 def _ragged_coords(extents):
@@ -45,8 +54,8 @@ def _ragged_coords(extents):
 
 
 def expected_padded(comps, pad, envelope=None):
-    shape = envelope or [max(c.shape[d] for c in comps) for d in range(comps[0].dim())]
-    out = comps[0].new_full((len(comps), *shape), pad)
+    shape = envelope or [max((c.shape[d] for c in comps), default=n) for d, n in enumerate(_shape0(comps))]
+    out = torch.full((len(comps), *shape), pad, dtype=_dtype(comps))
     for i, c in enumerate(comps):
         out[(i,) + tuple(slice(0, n) for n in c.shape)] = c
     return out
@@ -89,16 +98,18 @@ def test_roundtrip_and_accessors(layout):
     @given(structures(layout), seeds)
     def check(s, seed):
         comps = components(s.shapes, seed)
-        x = mj.nested_tensor(comps, ragged_dims=s.ragged_dims)
+        # B = 0: a list cannot express it, from_packed can (``build``)
+        x = mj.nested_tensor(comps, ragged_dims=s.ragged_dims) if comps else build(comps, s.ragged_dims)[0]
         b, r = s.batch, len(s.ragged_dims)
+        shape0 = comps[0].shape if comps else s.shapes.template  # a component's shape
         assert x.ragged_dims == s.ragged_dims
         # logical shape: B, nested ints at the ragged dims, plain ints elsewhere
-        assert x.dim() == comps[0].dim() + 1 and x.shape[0] == b
+        assert x.dim() == len(shape0) + 1 and x.shape[0] == b
         for d in range(1, x.dim()):
             if d in s.ragged_dims:
                 assert is_nested_int(x.shape[d]), (d, x.shape)
             else:
-                assert x.shape[d] == comps[0].shape[d - 1]
+                assert x.shape[d] == shape0[d - 1]
         # one nested int per distinct per-sample extent vector (a square pair shares one)
         if r == 2:
             same = [e[0] for e in s.sizes] == [e[1] for e in s.sizes]
@@ -138,7 +149,7 @@ def test_to_padded_tensor(layout):
         assert_close(out, expected_padded(comps, -7.0), "to_padded_tensor")
         # gradient: the valid region of the padded cotangent, per component
         cot = torch.randn(out.shape, dtype=out.dtype)
-        grads = torch.autograd.grad((out * cot).sum(), leaves)
+        grads = torch.autograd.grad((out * cot).sum(), leaves) if leaves else ()  # B = 0: no leaves
         for i, (g, c) in enumerate(zip(grads, comps)):
             assert_close(g, cot[(i,) + tuple(slice(0, n) for n in c.shape)], f"grad {i}")
         # output_size: a larger envelope, padded on every dim
@@ -196,7 +207,7 @@ def test_inference(shapes, ragged_dims):
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_inference_random(layout):
-    @given(structures(layout), seeds)
+    @given(structures(layout, min_batch=1), seeds)  # inference needs a component
     def check(s, seed):
         comps = components(s.shapes, seed)
         differ = tuple(d + 1 for d in range(comps[0].dim()) if len({c.shape[d] for c in comps}) > 1)
@@ -353,21 +364,23 @@ def test_from_packed_offsets_on_another_device():
         ([0, 2, 3, 5], "disagree with sizes"),
     ],
 )
-def test_from_packed_validate(offsets, why):
+@pytest.mark.parametrize("validate", [False, True])
+def test_from_packed_validate(offsets, why, validate):
+    # offsets on the CPU cost no device sync to read: checked with or without validate=
     v, sizes = torch.zeros(5, 2), torch.tensor([3, 0, 2])
     off = torch.tensor(offsets)
     with pytest.raises(ValueError, match=f"from_packed\\(\\): offsets .*{why}"):
-        mj.from_packed(v, off, sizes, validate=True)
-    mj.from_packed(v, off, sizes)  # data-dependent checks only when validating
+        mj.from_packed(v, off, sizes, validate=validate)
 
 
 def test_from_packed_validate_pairs():
     v = torch.zeros(7, 1)
     # (2, 3) and (1, 1): 6 + 1 rows
     mj.from_packed(v, torch.tensor([0, 6, 7]), torch.tensor([[2, 3], [1, 1]]), ragged_dims=(1, 2), validate=True)
-    with pytest.raises(ValueError, match="from_packed.*sizes"):
-        # (3, 2) would also be 6 rows, but (1, 2) is 2 ≠ 1
-        mj.from_packed(v, torch.tensor([0, 6, 7]), torch.tensor([[3, 2], [1, 2]]), ragged_dims=(1, 2), validate=True)
+    for validate in (False, True):
+        with pytest.raises(ValueError, match="from_packed.*sizes"):
+            # (3, 2) would also be 6 rows, but (1, 2) is 2 ≠ 1
+            mj.from_packed(v, torch.tensor([0, 6, 7]), torch.tensor([[3, 2], [1, 2]]), ragged_dims=(1, 2), validate=validate)
 
 
 # ----------------------------------------------------------------------------- from_padded
@@ -376,9 +389,9 @@ def test_from_padded(layout):
     @given(structures(layout), seeds)
     def check(s, seed):
         comps = components(s.shapes, seed)
-        envelope = [max(c.shape[d] for c in comps) + (d + 1 in s.ragged_dims) for d in range(comps[0].dim())]
+        envelope = [max((c.shape[d] for c in comps), default=n) + (d + 1 in s.ragged_dims) for d, n in enumerate(_shape0(comps))]
         padded = expected_padded(comps, 99.0, envelope).requires_grad_()
-        lengths = torch.tensor(s.sizes)
+        lengths = torch.tensor(s.sizes, dtype=torch.int64).reshape(s.batch, len(s.ragged_dims))
         if lengths.shape[1] == 1 and seed % 2:
             lengths = lengths[:, 0]  # (B,) is accepted for R = 1
         x = mj.from_padded(padded, lengths, ragged_dims=s.ragged_dims)
@@ -387,7 +400,8 @@ def test_from_padded(layout):
             assert_close(g, c, "from_padded")
         # gradient: the cotangent inside the valid region, zero in the padding
         cots = components(s.shapes, seed + 1)
-        (gp,) = torch.autograd.grad(sum((g * c).sum() for g, c in zip(x.unbind(), cots)), padded)
+        loss = sum(((g * c).sum() for g, c in zip(x.unbind(), cots)), (x.values() * 0).sum())  # a graph for B = 0 too
+        (gp,) = torch.autograd.grad(loss, padded)
         assert_close(gp, expected_padded(cots, 0.0, envelope), "grad of padded")
 
     check()
@@ -397,6 +411,8 @@ def test_from_padded_errors():
     p = torch.zeros(2, 3, 4)
     with pytest.raises(ValueError, match="from_padded.*lengths"):
         mj.from_padded(p, torch.tensor([1, 5]))  # 5 > 3
+    with pytest.raises(ValueError, match="from_padded.*lengths"):
+        mj.from_padded(p, torch.tensor([1, -1]))
     with pytest.raises(ValueError, match="from_padded.*lengths"):
         mj.from_padded(p, torch.tensor([1, 2, 3]))  # B = 2
     with pytest.raises(ValueError, match="from_padded.*ragged_dims"):
@@ -432,6 +448,8 @@ def test_to_jagged(layout):
         y = mj.from_jagged(njt * 2)
         assert y.shape == x.shape
         cots = components(s.shapes, seed + 1)
+        if not leaves:  # B = 0
+            return
         grads = torch.autograd.grad(sum((g * c).sum() for g, c in zip(y.unbind(), cots)), leaves)
         for g, c in zip(grads, cots):
             assert_close(g, 2 * c, "grad through to_jagged / from_jagged")

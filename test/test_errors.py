@@ -1,4 +1,4 @@
-"""Bad inputs raise typed errors that name the op (STYLE.md habit 4, DESIGN.md §4)."""
+"""Bad inputs raise typed errors that name the op."""
 
 import re
 
@@ -127,6 +127,35 @@ CONSTRUCTOR_ERRORS = {
                             ValueError, "from_padded.*lengths"),
     "to_padded output_size too small": (lambda: torch.nested.to_padded_tensor(_seqs(3, 1), 0.0, output_size=(2, 2, 3)),
                                         ValueError, "to_padded_tensor.*output_size"),
+    # host checks run without validate=True (the sizes are on the host already)
+    "negative sizes without validate": (lambda: mj.from_packed(_z(0, 2), torch.tensor([0, 0]), torch.tensor([-1])),
+                                        ValueError, r"^from_packed\(\): sizes must be non-negative"),
+    "rows vs sizes without validate": (lambda: mj.from_packed(torch.zeros(5, 2, device="meta"), torch.zeros(4, dtype=torch.int64, device="meta"),
+                                                              torch.tensor([3, 0, 1])),
+                                       ValueError, r"^from_packed\(\): sizes describe 4 packed rows"),
+    "multi_jagged values": (lambda: mj.from_packed(_seqs(3, 2), torch.tensor([0, 3, 5]), torch.tensor([3, 2])),
+                            TypeError, r"^from_packed\(\): expected values to be a dense tensor, got a multi_jagged"),
+    "str component": (lambda: mj.nested_tensor([_z(2, 3), "ab"]), TypeError, r"^nested_tensor\(\): expected a list of tensors"),
+    "str component (torch.nested)": (lambda: torch.nested.nested_tensor([_z(2, 3), "ab"], layout=mj.multi_jagged),
+                                     TypeError, r"^nested_tensor\(\): expected a list of tensors"),
+    "multi_jagged component": (lambda: mj.nested_tensor([_z(2, 3), _seqs(1)]),
+                               TypeError, r"^nested_tensor\(\): expected each component to be a dense tensor, got a multi_jagged"),
+    "multi_jagged component (as_)": (lambda: mj.as_nested_tensor([_seqs(1)]),
+                                     TypeError, r"^as_nested_tensor\(\): expected each component to be a dense tensor, got a multi_jagged"),
+    "jagged component": (lambda: mj.nested_tensor([torch.nested.nested_tensor([_z(2, 3)], layout=torch.jagged)]),
+                         TypeError, r"^nested_tensor\(\): expected each component to be a dense tensor, got a nested"),
+    "ragged_dims float": (lambda: mj.from_packed(_z(5, 2), torch.tensor([0, 3, 5]), torch.tensor([3, 2]), ragged_dims=(1.5,)),
+                          TypeError, r"^from_packed\(\): expected ragged_dims to hold ints"),
+    "ragged_dims bare float": (lambda: mj.nested_tensor([_z(2, 3)], ragged_dims=1.5),
+                               TypeError, r"^nested_tensor\(\): expected ragged_dims to be an int or a sequence of ints"),
+    "lengths float": (lambda: mj.from_padded(_z(2, 3, 4), torch.tensor([1.5, 2.0])),
+                      TypeError, r"^from_padded\(\): expected lengths of an integer dtype"),
+    "lengths on meta": (lambda: mj.from_padded(_z(2, 3, 4), torch.tensor([1, 2], device="meta")),
+                        ValueError, r"^from_padded\(\): expected lengths with data .*meta"),
+    "sizes on meta": (lambda: mj.from_packed(_z(5, 2), torch.tensor([0, 3, 5]), torch.tensor([3, 2], device="meta")),
+                      ValueError, r"^from_packed\(\): expected sizes with data .*meta"),
+    "from_padded multi_jagged": (lambda: mj.from_padded(_seqs(2, 1), torch.tensor([1, 1])),
+                                 TypeError, r"^from_padded\(\): expected padded to be a dense tensor"),
 }
 
 

@@ -1,4 +1,4 @@
-"""Parity with ``torch.jagged`` on (B, j0, C) inputs (DESIGN.md §4).
+"""Parity with ``torch.jagged`` on (B, j0, C) inputs.
 
 Each row of ``PARITY`` runs one op on an NJT and on ``mj.from_jagged`` of an NJT with the *same
 offsets* (so the same nested int ``j0``). Where NJT succeeds, ours must give the same values, the
@@ -245,3 +245,15 @@ def test_same_nested_int_both_ways():
     assert mj.from_jagged(y.to_jagged()).shape[1] == y.shape[1]
     # results of ops on each side keep that j0, so they mix back
     assert (F.relu(x).to_jagged() + njt).shape == njt.shape
+
+
+def test_is_nested_and_layout_as_documented():
+    """README, "Where we differ from torch.jagged": ``is_nested`` is False (dynamo refuses a
+    non-NJT subclass that claims it) and ``layout`` is ``torch.multi_jagged``; the NJT of the
+    same data answers True / ``torch.jagged``."""
+    comps = [torch.randn(2, 3), torch.randn(0, 3)]
+    x = torch.nested.nested_tensor(comps, layout=torch.multi_jagged)
+    assert x.is_nested is False
+    assert x.layout is torch.multi_jagged and str(x.layout) == "torch.multi_jagged"
+    njt = x.to_jagged()
+    assert njt.is_nested is True and njt.layout == torch.jagged

@@ -14,10 +14,10 @@ from hypothesis import given, settings, strategies as st
 
 import torch_multijagged as mj
 
-from _reference import LAYOUTS, R, SQUARE, assert_close, build, components, per_sample_check, seeds, structures
+from _reference import LAYOUTS, R, SQUARE, few, assert_close, build, components, per_sample_check, seeds, structures
 from _structures import rect_pair, bit_equal, comps_for, dense_forward_check, empty_aware, length_pairs, lengths, packed_args, per_sample_outputs
 
-FEW = settings(max_examples=10, deadline=None)
+FEW = few(10)
 
 # Negative dims mean the same thing on a (B, …) multi_jagged tensor and on its (…) components.
 # dims per layout: single ragged dims, ragged mixed with static, and every ragged dim (dense).
@@ -171,7 +171,7 @@ def test_rect_reduction_returns_each_sides_nested_int():
 
 
 def test_rect_from_equal_lengths_keeps_each_sides_nested_int():
-    """DESIGN.md §3: a tensor derived from another keeps that tensor's size source for the dims
+    """A tensor derived from another keeps that tensor's size source for the dims
     it inherits — dim 2 of ``x.unsqueeze(-2) * y.unsqueeze(-3)`` comes from y."""
     x = mj.nested_tensor(comps_for([(n, 2) for n in (2, 0)], 0), ragged_dims=(1,))
     y = mj.nested_tensor(comps_for([(n, 2) for n in (2, 0)], 1), ragged_dims=(1,))

@@ -51,7 +51,7 @@ def test_reduce_static_dims(layout, op):
         )
         assert isinstance(out, MultiJaggedTensor)
         if keepdim:
-            assert out.ragged_dims == s.ragged_dims and out.dim() == len(s.shapes[0]) + 1
+            assert out.ragged_dims == s.ragged_dims and out.dim() == len(s.shapes.template) + 1
 
     check()
 

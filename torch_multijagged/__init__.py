@@ -2,7 +2,7 @@
 
 ``import torch_multijagged`` registers the layout ``multi_jagged`` (also ``torch.multi_jagged``)
 and teaches ``torch.nested.nested_tensor`` / ``as_nested_tensor`` / ``to_padded_tensor`` about
-it. See DESIGN.md §2 for the public API contract.
+it. README.md lists the public API.
 """
 
 from .errors import StructureError

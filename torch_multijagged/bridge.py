@@ -3,6 +3,17 @@
 ``values_of(x)`` is ``x.values()``; ``wrap_values(values, partition, ragged_dims)`` is the
 zero-copy view behind ``from_packed``. Gradients cross unchanged: the packed values *are* the
 elements, with no padding.
+
+NOTE [ Differentiable backward of the bridge ]
+
+Each crossing's backward is the opposite crossing, called through its autograd function when the
+incoming gradient carries a graph (``create_graph=True``), so that second-order gradients flow
+through the bridge too. Building the wrapper directly there would cut the graph: the gradient
+would come back with ``requires_grad=False`` and a double backward would silently see zero.
+Without a graph the plain construction is used (first-order backward stays as cheap as before).
+An undefined incoming gradient stays undefined: autograd would materialise it as
+``at::zeros(sizes)``, which cannot take nested-int sizes (NOTE [ Undefined gradients ] in
+``compile/library.py``).
 """
 
 from __future__ import annotations
@@ -15,35 +26,53 @@ from .tensor import MultiJaggedTensor
 __all__ = ["values_of", "wrap_values", "wrap_values_like", "relabel"]
 
 
+def _graph(grad: torch.Tensor) -> bool:
+    # In backward, grad mode is on only under create_graph=True.
+    return torch.is_grad_enabled() and grad.requires_grad
+
+
 class _ValuesOf(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: MultiJaggedTensor):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
         ctx.partition, ctx.ragged_dims = x._partition, x._ragged_dims
         return x._values.view_as(x._values)
 
     @staticmethod
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        if grad is None:
+            return None
+        if _graph(grad):
+            return _WrapValues.apply(grad, ctx.partition, ctx.ragged_dims)
         return MultiJaggedTensor(grad, ctx.partition, ctx.ragged_dims)
 
 
 class _WrapValues(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values: torch.Tensor, partition: Partition, ragged_dims):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
         return MultiJaggedTensor(values.view_as(values), partition, ragged_dims)
 
     @staticmethod
     def backward(ctx, grad: MultiJaggedTensor):  # type: ignore[override]
-        return grad._values, None, None
+        if grad is None:
+            return None, None, None
+        return (_ValuesOf.apply(grad) if _graph(grad) else grad._values), None, None
 
 
 class _Relabel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: MultiJaggedTensor, partition: Partition):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
         ctx.partition = x._partition
         return MultiJaggedTensor(x._values.view_as(x._values), partition, x._ragged_dims)
 
     @staticmethod
     def backward(ctx, grad: MultiJaggedTensor):  # type: ignore[override]
+        if grad is None:
+            return None, None
+        if _graph(grad):
+            return _Relabel.apply(grad, ctx.partition), None
         return MultiJaggedTensor(grad._values, ctx.partition, grad._ragged_dims), None
 
 

@@ -1,8 +1,9 @@
-"""Constructors and conversions (DESIGN.md §2) and the ``torch.nested`` integration."""
+"""Constructors and conversions (the public API of README.md, "Use") and the ``torch.nested`` integration."""
 
 from __future__ import annotations
 
 import functools
+import operator
 from typing import Optional, Sequence
 
 import torch
@@ -11,7 +12,7 @@ from .bridge import values_of, wrap_values
 from .kernels import reference as ref
 from .layout import multi_jagged
 from .ops import _common
-from .structure import Partition, RaggedExtent
+from .structure import Partition, RaggedExtent, _is_traced
 from .tensor import MultiJaggedTensor
 
 __all__ = [
@@ -56,13 +57,55 @@ def _partition(host_sizes: torch.Tensor, device, offsets: Optional[torch.Tensor]
     return _common.register_partition(p)
 
 
-def _check_ragged_dims(op: str, ragged_dims: Sequence[int], ndim: int) -> tuple[int, ...]:
-    rd = tuple(int(d) for d in ragged_dims)
+def _ragged_dims_tuple(op: str, ragged_dims) -> tuple[int, ...]:
+    """``ragged_dims`` as a tuple of ints. A bare int is one dim (as torch's ``dim=`` arguments
+    accept); entries must be integers: ``1.5`` or ``True`` is a mistake, not dim 1."""
+    if isinstance(ragged_dims, (bool, float, str, bytes, torch.Tensor)):
+        raise TypeError(f"{op}(): expected ragged_dims to be an int or a sequence of ints, got {ragged_dims!r}")
+    if not isinstance(ragged_dims, Sequence):
+        try:
+            return (operator.index(ragged_dims),)
+        except TypeError:
+            raise TypeError(
+                f"{op}(): expected ragged_dims to be an int or a sequence of ints, got {type(ragged_dims).__name__}"
+            ) from None
+    out = []
+    for d in ragged_dims:
+        if isinstance(d, (bool, float)) or isinstance(d, torch.Tensor) and d.is_floating_point():
+            raise TypeError(f"{op}(): expected ragged_dims to hold ints, got {ragged_dims!r}")
+        try:
+            out.append(operator.index(d))
+        except TypeError:
+            raise TypeError(f"{op}(): expected ragged_dims to hold ints, got {ragged_dims!r}") from None
+    return tuple(out)
+
+
+def _check_ragged_dims(op: str, ragged_dims, ndim: int) -> tuple[int, ...]:
+    rd = _ragged_dims_tuple(op, ragged_dims)
     if not rd or list(rd) != sorted(set(rd)) or rd[0] < 1 or rd[-1] >= ndim:
         raise ValueError(
-            f"{op}(): expected ragged_dims to be increasing logical dims in [1, {ndim - 1}], got {tuple(ragged_dims)}"
+            f"{op}(): expected ragged_dims to be increasing logical dims in [1, {ndim - 1}], got {rd}"
         )
     return rd
+
+
+def _check_dense(op: str, what: str, t) -> None:
+    """``t`` is a plain (strided) tensor: a multi_jagged or torch.jagged one is a mistake here."""
+    if isinstance(t, MultiJaggedTensor):
+        raise TypeError(f"{op}(): expected {what} to be a dense tensor, got a multi_jagged tensor")
+    if isinstance(t, torch.Tensor) and t.is_nested:
+        raise TypeError(f"{op}(): expected {what} to be a dense tensor, got a nested tensor of layout {t.layout}")
+
+
+def _host_ints(op: str, what: str, t: torch.Tensor) -> torch.Tensor:
+    """An integer tensor of sizes/lengths, copied to the CPU as int64; floats are not truncated."""
+    _check_dense(op, what, t)
+    if t.dtype == torch.bool or t.is_floating_point() or t.is_complex():
+        raise TypeError(f"{op}(): expected {what} of an integer dtype, got {t.dtype}")
+    if t.device.type == "meta":
+        raise ValueError(f"{op}(): expected {what} with data (they size the structure), got a tensor on the meta device")
+    # SYNC: a host copy of the sizes, once per constructed tensor (Python-side decisions).
+    return t.detach().to("cpu", torch.int64)
 
 
 def _infer(op: str, tensors: Sequence[torch.Tensor], ragged_dims) -> tuple[tuple[int, ...], torch.Tensor]:
@@ -73,6 +116,7 @@ def _infer(op: str, tensors: Sequence[torch.Tensor], ragged_dims) -> tuple[tuple
     for t in tensors:
         if not isinstance(t, torch.Tensor):
             raise TypeError(f"{op}(): expected a list of tensors, got {type(t).__name__}")
+        _check_dense(op, "each component", t)
         if t.dim() != first.dim():
             raise ValueError(f"{op}(): expected components of equal rank, got {first.dim()} and {t.dim()}")
         if t.dtype != first.dtype or t.device != first.device:
@@ -95,13 +139,32 @@ def _infer(op: str, tensors: Sequence[torch.Tensor], ragged_dims) -> tuple[tuple
 class _FromComponents(torch.autograd.Function):
     @staticmethod
     def forward(ctx, partition, ragged_dims, *components):  # type: ignore[override]
+        ctx.set_materialize_grads(False)  # zeros of nested-int sizes cannot be made
+        ctx.count = len(components)
         values = ref.pack_components(components, ragged_dims)
         return MultiJaggedTensor(values, partition, ragged_dims)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        comps = ref.unpack_components(grad._values, grad._partition.host_sizes(), grad._ragged_dims)
+        if grad is None:
+            return (None, None) + (None,) * ctx.count
+        # Through the differentiable bridge under create_graph=True (NOTE [ Differentiable
+        # backward of the bridge ]): the split / reshape / permute below are plain autograd ops.
+        values = values_of(grad) if torch.is_grad_enabled() and grad.requires_grad else grad._values
+        comps = ref.unpack_components(values, grad._partition.host_sizes(), grad._ragged_dims)
         return (None, None, *comps)
+
+
+def _as_component(op: str, t) -> torch.Tensor:
+    """A component given as a tensor or as (nested lists of) numbers, as torch.nested accepts."""
+    if isinstance(t, torch.Tensor):
+        return t
+    if isinstance(t, (str, bytes)):
+        raise TypeError(f"{op}(): expected a list of tensors (or nested lists of numbers), got {type(t).__name__}")
+    try:
+        return torch.as_tensor(t)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"{op}(): expected a list of tensors (or nested lists of numbers), got {type(t).__name__}: {e}") from None
 
 
 def as_nested_tensor(
@@ -130,7 +193,7 @@ def nested_tensor(
     pin_memory: bool = False,
 ) -> MultiJaggedTensor:
     """A new leaf ``(B, …)`` multi_jagged tensor holding a copy of ``tensors``."""
-    tensors = [t if isinstance(t, torch.Tensor) else torch.as_tensor(t) for t in tensors]
+    tensors = [_as_component("nested_tensor", t) for t in tensors]
     ragged_dims, sizes = _infer("nested_tensor", tensors, ragged_dims)
     with torch.no_grad():
         values = ref.pack_components([t.detach() for t in tensors], ragged_dims)
@@ -145,76 +208,169 @@ def from_packed(
     values: torch.Tensor,
     offsets: torch.Tensor,
     sizes: torch.Tensor,
-    ragged_dims: Sequence[int] = (1,),
+    ragged_dims: Sequence[int] | int = (1,),
     *,
     validate: bool = False,
 ) -> MultiJaggedTensor:
     """Zero-copy view of packed ``values`` ``(T, *static)`` as a multi_jagged tensor.
 
     ``offsets``: (B+1,) int64 row offsets on the values' device; ``sizes``: (B, R) (or (B,) for
-    R = 1) int64 per-sample extents of ``ragged_dims``. Cheap checks always run; with
-    ``validate=True`` the data-dependent ones too (offsets start at 0, increase, end at T, and
-    agree with ``sizes``). For one ragged dim the nested int is keyed on ``offsets`` itself."""
+    R = 1) int64 per-sample extents of ``ragged_dims`` (an int is one dim). Host checks always run:
+    types, shapes, ``sizes >= 0``, ``Σ_i Π_k sizes[i, k] == T``, and — when ``offsets`` are on the
+    CPU, where reading them costs no device sync — that the offsets start at 0, increase, end at T
+    and agree with ``sizes``. ``validate=True`` runs the offsets checks on any device (a sync). For
+    one ragged dim the nested int is keyed on ``offsets`` itself."""
     op = "from_packed"
+    _check_dense(op, "values", values)
     if not isinstance(values, torch.Tensor) or values.dim() < 1:
         raise TypeError(f"{op}(): expected values to be a tensor with a packed dim 0, got {type(values).__name__}")
     if not isinstance(offsets, torch.Tensor) or offsets.dim() != 1:
         raise TypeError(f"{op}(): expected offsets to be a 1-D tensor, got {getattr(offsets, 'shape', type(offsets))}")
+    _check_dense(op, "offsets", offsets)
     if offsets.dtype != torch.int64:
         raise TypeError(f"{op}(): expected offsets of dtype torch.int64, got {offsets.dtype}")
     if offsets.device != values.device:
         raise ValueError(f"{op}(): expected offsets on the values' device {values.device}, got {offsets.device}")
     if not isinstance(sizes, torch.Tensor) or sizes.dtype != torch.int64:
         raise TypeError(f"{op}(): expected sizes to be an int64 tensor, got {getattr(sizes, 'dtype', type(sizes))}")
-    ragged_dims = _check_ragged_dims(op, ragged_dims, len(tuple(ragged_dims)) + values.dim())
-    # SYNC: a host copy of the sizes, once per constructed tensor (Python-side decisions).
-    host = sizes.detach().cpu()
+    rd = _ragged_dims_tuple(op, ragged_dims)
+    ragged_dims = _check_ragged_dims(op, rd, len(rd) + values.dim())
+    host = _host_ints(op, "sizes", sizes)
     if host.dim() == 1:
         host = host.unsqueeze(1)
     b = offsets.shape[0] - 1
-    if host.dim() != 2 or host.shape != (b, len(ragged_dims)):
-        raise ValueError(f"{op}(): expected sizes of shape ({b}, {len(ragged_dims)}) for {b + 1} offsets, got {tuple(sizes.shape)}")
     if b < 0:
         raise ValueError(f"{op}(): expected at least one offset (B + 1 >= 1), got none")
-    if validate:
-        _validate_offsets(op, offsets, host, values.shape[0])
+    if host.dim() != 2 or host.shape != (b, len(ragged_dims)):
+        raise ValueError(f"{op}(): expected sizes of shape ({b}, {len(ragged_dims)}) for {b + 1} offsets, got {tuple(sizes.shape)}")
+    _check_sizes(op, host)
+    traced = _is_traced(values) or _is_traced(offsets)
+    if not traced and offsets.device.type != "meta" and (validate or offsets.device.type == "cpu"):
+        _check_offsets(op, offsets, values.shape[0], host.prod(1))
+    if not traced:
+        _check_rows(op, host, values.shape[0])
     partition = _partition(host, values.device, offsets)
     return wrap_values(values, partition, ragged_dims)
 
 
-def _validate_offsets(op: str, offsets: torch.Tensor, host: torch.Tensor, rows: int) -> None:
-    # SYNC: validation reads the offsets on the host, by request.
-    off = offsets.detach().cpu()
+def _check_sizes(op: str, host: torch.Tensor) -> None:
     if (host < 0).any():
         raise ValueError(f"{op}(): sizes must be non-negative, got {host.tolist()}")
-    if off[0] != 0:
-        raise ValueError(f"{op}(): offsets must start at 0, got offsets[0] = {int(off[0])}")
-    if (off.diff() < 0).any():
-        raise ValueError(f"{op}(): offsets must be non-decreasing, got {off.tolist()}")
-    if off[-1] != rows:
-        raise ValueError(f"{op}(): offsets must end at the packed row count {rows}, got offsets[-1] = {int(off[-1])}")
-    counts = host.prod(1)
-    if not torch.equal(off.diff(), counts):
+
+
+def _check_rows(op: str, host: torch.Tensor, rows: int) -> None:
+    total = int(host.prod(1).sum()) if host.numel() else 0  # SYNC: none — host sizes
+    if total != rows:
         raise ValueError(
-            f"{op}(): offsets disagree with sizes: rows per sample {off.diff().tolist()} vs product of sizes {counts.tolist()}"
+            f"{op}(): sizes describe {total} packed rows (the sum over samples of the product of "
+            f"sizes), but values have {rows} rows"
         )
 
 
+def _offsets_problem(name: str, off: torch.Tensor, rows: int, counts: torch.Tensor) -> Optional[str]:
+    """What is wrong with host offsets ``off`` (B+1,) of ``rows`` packed rows whose samples hold
+    ``counts`` (B,) rows each, or None."""
+    if off[0] != 0:
+        return f"{name} must start at 0, got {name}[0] = {int(off[0])}"
+    if (off.diff() < 0).any():
+        return f"{name} must be non-decreasing, got {off.tolist()}"
+    if off[-1] != rows:
+        return f"{name} must end at the packed row count {rows}, got {name}[-1] = {int(off[-1])}"
+    if not torch.equal(off.diff(), counts):
+        return f"{name} disagree with sizes: rows per sample {off.diff().tolist()} vs product of sizes {counts.tolist()}"
+    return None
+
+
+def _check_offsets(op: str, offsets: torch.Tensor, rows: int, counts: torch.Tensor) -> None:
+    # SYNC: none for CPU offsets; for others the caller asked for validation.
+    problem = _offsets_problem("offsets", offsets.detach().cpu(), rows, counts)
+    if problem:
+        raise ValueError(f"{op}(): {problem}")
+
+
+def _load_error(msg: str) -> ValueError:
+    return ValueError(f"torch.load(): invalid multi_jagged tensor in file: {msg}")
+
+
+def _check_serialized_parts(values, offsets, extent_offsets, ragged_dims, requires_grad) -> None:
+    """Types, dtypes, shapes and devices of ``_rebuild``'s arguments (no data read)."""
+    if not isinstance(values, torch.Tensor) or isinstance(values, MultiJaggedTensor) or values.is_nested or values.dim() < 1:
+        raise _load_error(f"expected values to be a dense tensor with a packed dim 0, got {type(values).__name__}")
+    if not isinstance(requires_grad, bool):
+        raise _load_error(f"expected requires_grad to be a bool, got {type(requires_grad).__name__}")
+    if requires_grad and not (values.is_floating_point() or values.is_complex()):
+        raise _load_error(f"requires_grad=True needs a floating point or complex dtype, got {values.dtype}")
+    if not isinstance(ragged_dims, tuple) or not all(type(d) is int for d in ragged_dims):
+        raise _load_error(f"expected ragged_dims to be a tuple of ints, got {ragged_dims!r}")
+    ndim = len(ragged_dims) + values.dim()
+    if not ragged_dims or list(ragged_dims) != sorted(set(ragged_dims)) or ragged_dims[0] < 1 or ragged_dims[-1] >= ndim:
+        raise _load_error(f"expected ragged_dims to be increasing logical dims in [1, {ndim - 1}], got {ragged_dims}")
+    if not isinstance(extent_offsets, tuple) or len(extent_offsets) != len(ragged_dims):
+        raise _load_error(f"expected one offsets tensor per ragged dim {ragged_dims}, got {type(extent_offsets).__name__}")
+    named = [("offsets", offsets)] + [(f"offsets of ragged dim {d}", e) for d, e in zip(ragged_dims, extent_offsets)]
+    for name, t in named:
+        if not isinstance(t, torch.Tensor) or isinstance(t, MultiJaggedTensor) or t.is_nested:
+            raise _load_error(f"expected {name} to be a tensor, got {type(t).__name__}")
+        if t.dtype != torch.int64 or t.dim() != 1 or t.shape[0] != offsets.shape[0] or t.shape[0] < 1:
+            raise _load_error(
+                f"expected {name} to be a 1-D int64 tensor of B + 1 = {offsets.shape[0]} >= 1 entries, "
+                f"got {t.dtype} of shape {tuple(t.shape)}"
+            )
+        if t.device != values.device:
+            raise _load_error(f"expected {name} on the values' device {values.device}, got {t.device}")
+
+
+def _from_serialized(values, offsets, extent_offsets, ragged_dims, requires_grad) -> MultiJaggedTensor:
+    """Rebuild a saved tensor (``tensor._rebuild``; NOTE [ Serialized form ]) after host checks
+    that every part agrees: a tampered or corrupted file raises ValueError instead of giving a
+    tensor whose ops disagree with each other."""
+    if isinstance(extent_offsets, tuple):
+        # Files from older versions pickled RaggedExtent objects (loadable with weights_only=False).
+        extent_offsets = tuple(e.offsets if isinstance(e, RaggedExtent) else e for e in extent_offsets)
+    _check_serialized_parts(values, offsets, extent_offsets, ragged_dims, requires_grad)
+    # Each distinct extent once: the identity of its offsets is its nested int (a square pair
+    # names one tensor twice, and pickle's memo keeps that).
+    unique: dict[int, RaggedExtent] = {}
+    for d, e in zip(ragged_dims, extent_offsets):
+        if id(e) not in unique:
+            # SYNC: loading reads the offsets on the host, once, to check and size the structure.
+            host = e.detach().cpu()
+            if host[0] != 0 or (host.diff() < 0).any():
+                raise _load_error(f"offsets of ragged dim {d} must start at 0 and be non-decreasing, got {host.tolist()}")
+            unique[id(e)] = RaggedExtent.from_lengths(host.diff(), values.device, offsets=e)
+    extents = [unique[id(e)] for e in extent_offsets]
+    counts = torch.stack([e.host_lengths() for e in extents], 1).prod(1)
+    rows = values.shape[0]
+    # SYNC: loading reads the row offsets on the host, once.
+    problem = _offsets_problem("offsets", offsets.detach().cpu(), rows, counts)
+    if problem:
+        raise _load_error(f"{problem} (the row offsets, the ragged extents and the values' rows must agree)")
+    if len(extents) == 1 and offsets is extent_offsets[0]:
+        partition = Partition(extents, offsets, extents[0].total)
+    else:
+        partition = Partition(extents, offsets, rows)
+    return MultiJaggedTensor(values, _common.register_partition(partition), ragged_dims, requires_grad=requires_grad)
+
+
 def from_padded(
-    padded: torch.Tensor, lengths: torch.Tensor, ragged_dims: Sequence[int] = (1,)
+    padded: torch.Tensor, lengths: torch.Tensor, ragged_dims: Sequence[int] | int = (1,)
 ) -> MultiJaggedTensor:
-    """The valid region of a padded ``(B, max…)`` tensor; ``lengths``: (B,) or (B, R). Differentiable."""
+    """The valid region of a padded ``(B, max…)`` tensor; ``lengths``: (B,) or (B, R) integers with
+    ``0 <= lengths[:, k] <= padded.shape[ragged_dims[k]]``. Differentiable."""
     op = "from_padded"
+    if not isinstance(padded, torch.Tensor):
+        raise TypeError(f"{op}(): expected padded to be a tensor, got {type(padded).__name__}")
+    _check_dense(op, "padded", padded)
     ragged_dims = _check_ragged_dims(op, ragged_dims, padded.dim())
-    # SYNC: a host copy of the lengths, once per constructed tensor.
-    host = torch.as_tensor(lengths).detach().to("cpu", torch.int64)
+    host = _host_ints(op, "lengths", lengths if isinstance(lengths, torch.Tensor) else torch.as_tensor(lengths))
     if host.dim() == 1:
         host = host.unsqueeze(1)
     if host.shape != (padded.shape[0], len(ragged_dims)):
         raise ValueError(f"{op}(): expected lengths of shape ({padded.shape[0]}, {len(ragged_dims)}), got {tuple(host.shape)}")
     for k, d in enumerate(ragged_dims):
-        if host.numel() and (host[:, k].max() > padded.shape[d] or host[:, k].min() < 0):
-            raise ValueError(f"{op}(): lengths along dim {d} must lie in [0, {padded.shape[d]}], got {host[:, k].tolist()}")
+        col = host[:, k]
+        if col.numel() and (bool((col > padded.shape[d]).any()) or bool((col < 0).any())):
+            raise ValueError(f"{op}(): lengths along dim {d} must lie in [0, {padded.shape[d]}], got {col.tolist()}")
     partition = _partition(host, padded.device)
     static = [s for d, s in enumerate(padded.shape) if d and d not in ragged_dims]
     # A structure-only template: no memory behind its values.

@@ -2,7 +2,7 @@
 
 ``StructureError`` is raised when operands' structures do not fit together (different ragged
 extents, batch sizes, or an op over the batch dim that the layout cannot express). It is both a
-``ValueError`` (a user mistake, STYLE.md habit 4) and a ``RuntimeError`` (what ``torch.jagged``
+``ValueError`` (a user mistake) and a ``RuntimeError`` (what ``torch.jagged``
 raises for the same mistakes, so code written against NJT keeps catching it).
 """
 

@@ -14,7 +14,7 @@ Each extent also carries three *shape carriers*: empty CPU tensors of shape ``(�
 ``(max n, 0)`` and ``(Σn², 0)``. Their dim 0 is the only place a size that depends on the
 lengths lives. Under ``torch.compile`` they are inputs whose dim 0 is a backed dynamic symbol, so
 building a square pair (Σn² rows) or padding (max n) inside a compiled region needs no
-``.item()`` and creates no new nested int (DESIGN.md §6). They are computed once, when an extent
+``.item()`` and creates no new nested int (docs/design.md §1). They are computed once, when an extent
 is created from host lengths, and are shared by every tensor derived from it.
 
 NOTE [ Packed-row partition ]
@@ -101,7 +101,7 @@ class RaggedExtent:
 
     @property
     def nested_int(self):
-        # coeff must always be 1: the registry keeps the first coeff it sees (DESIGN.md §6).
+        # coeff must always be 1: the registry keeps the first coeff it sees for a tensor.
         return get_tensor_symint(self.offsets, coeff=1)
 
     @property

@@ -80,10 +80,40 @@ def _source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-def _rebuild(values, offsets, extents, ragged_dims, requires_grad):
-    # serialization entry point (module level so that pickle can find it)
-    partition = Partition(extents, offsets, values.shape[0])
-    return MultiJaggedTensor(values, partition, ragged_dims, requires_grad=requires_grad)
+# NOTE [ Serialized form ]
+#
+# ``torch.save`` / ``pickle`` / ``copy.copy`` reduce a MultiJaggedTensor to
+# ``_rebuild_from_type_v2(_rebuild, MultiJaggedTensor, args, state)`` with
+# ``args = (values, offsets, extent_offsets, ragged_dims, requires_grad)``: plain tensors, a tuple
+# of R plain tensors (one per ragged dim; a square pair lists the same tensor twice, and pickle's
+# memo keeps that identity, hence one nested int), a tuple of ints and a bool. So the default
+# ``torch.load(weights_only=True)`` needs only ``_rebuild`` and the class allowlisted (done at
+# import, below the class); no other global of this package is ever named by a file. ``_rebuild``
+# validates everything it is given with host checks before building (constructors.py,
+# ``_from_serialized``), and ``__setstate__`` refuses state that would overwrite the structure.
+# ``state`` carries user attributes only: internal and cached keys (``_size``, ``_strides``, torch's
+# ``_sym_sizes_capsule``…) are never written.
+
+
+def _rebuild(values, offsets, extent_offsets, ragged_dims, requires_grad):
+    """Serialization entry point (module level so that pickle can name it)."""
+    from .constructors import _from_serialized
+
+    return _from_serialized(values, offsets, extent_offsets, ragged_dims, requires_grad)
+
+
+# Attributes set by ``__new__``; with torch's size/stride caches (``_sym_*``) they are the wrapper's
+# internal state, rebuilt from ``_rebuild``'s arguments and never serialized.
+_INTERNAL_ATTRS = frozenset({"_values", "_partition", "_ragged_dims", "_size", "_strides"})
+
+
+def _is_internal_attr(name: str, value) -> bool:
+    return name in _INTERNAL_ATTRS or name.startswith("_sym_") or type(value).__name__ == "PyCapsule"
+
+
+def _user_state(t: "MultiJaggedTensor") -> dict:
+    """The attributes a user set on ``t`` (dense tensors serialize and deep-copy these too)."""
+    return {k: v for k, v in t.__dict__.items() if not _is_internal_attr(k, v)}
 
 
 class MultiJaggedTensor(torch.Tensor):
@@ -91,7 +121,7 @@ class MultiJaggedTensor(torch.Tensor):
 
     Logical shape e.g. ``(B, j0, j0, C)``; storage: ``values`` ``(T, *static)`` with the ragged
     dims flattened into packed rows (row-major over the sample's ragged coordinates), split by
-    ``offsets`` ``(B+1,)``. See DESIGN.md §3 and NOTE [ Packed-row partition ].
+    ``offsets`` ``(B+1,)``. See NOTE [ Packed-row partition ] in structure.py.
     """
 
     _values: torch.Tensor
@@ -182,26 +212,66 @@ class MultiJaggedTensor(torch.Tensor):
         )
 
     def __reduce_ex__(self, proto):
-        # SymInt sizes are not picklable; rebuild from the plain tensors.
+        # NOTE [ Serialized form ]. SymInt sizes are not picklable; rebuild from plain tensors.
         p = self._partition
-        extents = [
-            RaggedExtent(e.offsets, e.sum_carrier, e.max_carrier, e.sq_carrier, e._host_lengths)
-            for e in p.extents
-        ]
-        # Keep the extent sharing of a square pair (one nested int for both dims).
-        for i, e in enumerate(p.extents):
-            for j in range(i):
-                if p.extents[j] is e:
-                    extents[i] = extents[j]
-        if len(extents) == 1 and p.offsets is p.extents[0].offsets:
-            offsets = extents[0].offsets
-        else:
-            offsets = p.offsets
-        state = dict(torch._utils._get_obj_state(self))
-        for k in ("_size", "_values", "_partition", "_ragged_dims"):
-            state.pop(k, None)
-        args = (self._values, offsets, tuple(extents), self._ragged_dims, self.requires_grad)
-        return (torch._tensor._rebuild_from_type_v2, (_rebuild, type(self), args, state))
+        values = self._values.detach() if self._values.requires_grad else self._values
+        args = (values, p.offsets, tuple(e.offsets for e in p.extents), self._ragged_dims, self.requires_grad)
+        return (torch._tensor._rebuild_from_type_v2, (_rebuild, type(self), args, _user_state(self)))
+
+    def __setstate__(self, state):
+        # Called by ``_rebuild_from_type_v2`` after ``_rebuild`` with the file's ``state``: user
+        # attributes only. Internal keys written by older versions (``_strides``) are dropped; a key
+        # that would shadow the structure (``_values``, ``offsets``…) means a tampered file.
+        if "_partition" not in self.__dict__:
+            # A file may pair the class with another allowlisted rebuild function (a plain tensor
+            # turned into this class by ``as_subclass``): no structure at all.
+            raise ValueError("torch.load(): invalid multi_jagged tensor in file: not built by its own rebuild function")
+        if isinstance(state, tuple) and len(state) == 2:
+            state = state[0]
+        if not state:
+            return
+        if not isinstance(state, dict):
+            raise ValueError(f"torch.load(): expected a dict of attributes for a MultiJaggedTensor, got {type(state).__name__}")
+        for k, v in state.items():
+            if not isinstance(k, str):
+                raise ValueError(f"torch.load(): expected attribute names, got {k!r}")
+            if k in ("_size", "_strides") or k.startswith("_sym_"):
+                continue
+            if k in _INTERNAL_ATTRS or hasattr(type(self), k):
+                raise ValueError(
+                    f"torch.load(): a MultiJaggedTensor's saved attributes may not replace its structure, got {k!r}"
+                )
+            setattr(self, k, v)
+
+    def __deepcopy__(self, memo):
+        # torch's default copies ``__dict__`` (new offsets) but keeps the clone's size (the old
+        # nested ints): the copy's shape and structure disagreed. Copy the structure as a whole:
+        # new values and offsets, hence new nested ints, extent sharing kept.
+        if not self.is_leaf:
+            raise RuntimeError(
+                "Only Tensors created explicitly by the user (graph leaves) support the deepcopy "
+                "protocol at the moment."
+            )
+        if id(self) in memo:
+            return memo[id(self)]
+        import copy
+
+        with torch.no_grad():
+            # deepcopy through ``memo``: storages shared with other copied objects stay shared.
+            values = copy.deepcopy(self._values.detach(), memo)
+            partition = _copy_partition(self._partition, memo)
+            new = MultiJaggedTensor(values, partition, self._ragged_dims, requires_grad=self.requires_grad)
+            grad = self.grad
+            if grad is not None:
+                if isinstance(grad, MultiJaggedTensor) and grad._partition.same_as(self._partition):
+                    grad = MultiJaggedTensor(copy.deepcopy(grad._values.detach(), memo), partition, grad._ragged_dims)
+                else:
+                    grad = copy.deepcopy(grad, memo)
+                new.grad = grad
+        for k, v in _user_state(self).items():
+            setattr(new, k, copy.deepcopy(v, memo))
+        memo[id(self)] = new
+        return new
 
     # ------------------------------------------------------------------ compile protocol
     def _unique_extents(self) -> tuple[list[RaggedExtent], tuple[int, ...]]:
@@ -256,7 +326,7 @@ class MultiJaggedTensor(torch.Tensor):
         for i, is_off in enumerate(is_offsets):
             off = offsets if is_off else inner[f"_ext{i}_offsets"]
             if isinstance(off, FakeTensor):
-                # Reuse the traced nested int instead of minting a new one (DESIGN.md §6). Only
+                # Reuse the traced nested int instead of minting a new one (docs/design.md §1). Only
                 # for fake inners: at runtime outer_size is not meaningful.
                 off.nested_int_memo = outer_size[ragged_dims[index.index(i)]]
             uniq.append(
@@ -276,12 +346,11 @@ class MultiJaggedTensor(torch.Tensor):
     # ------------------------------------------------------------------ dispatch
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
-        if len(args) > 1:
-            args = _unify(args)
-        if kwargs and len(args) and any(isinstance(v, MultiJaggedTensor) for v in kwargs.values()):
-            names = list(kwargs)
-            unified = _unify((*args, *kwargs.values()))
-            args, kwargs = unified[: len(args)], dict(zip(names, unified[len(args) :]))
+        if len(args) > 1 or kwargs:
+            # Operands with equal sizes but other nested ints are relabelled onto the first's,
+            # except where a tensor is held by identity (NOTE [ Equal sizes, different nested
+            # ints ] in ops/routes.py).
+            args, kwargs = _unify(func, args, kwargs)
         route = _ROUTES.get(func)
         if route is not None:
             result = route(*args, **(kwargs or {}))
@@ -291,11 +360,38 @@ class MultiJaggedTensor(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        return _dispatch(func, args, kwargs or {})
+        kwargs = kwargs or {}
+        # In-place writes into a copy made by reordering ragged dims would be lost (NOTE
+        # [ Reordered ragged dims are copies ] in ops/views.py).
+        _guard_write(func, args, kwargs)
+        return _dispatch(func, args, kwargs)
+
+
+def _copy_partition(p: Partition, memo: dict) -> Partition:
+    """``p`` with deep-copied offsets (new nested ints); extents shared between dims stay shared.
+    Host lengths and shape carriers describe sizes only and are reused."""
+    import copy
+
+    moved: dict[int, RaggedExtent] = {}
+    extents = []
+    for e in p.extents:
+        if id(e) not in moved:
+            host = None if e._host_lengths is None else e._host_lengths.clone()
+            off = copy.deepcopy(e.offsets, memo)
+            moved[id(e)] = RaggedExtent(off, e.sum_carrier, e.max_carrier, e.sq_carrier, host)
+        extents.append(moved[id(e)])
+    # For one ragged dim the row offsets are the extent's offsets: ``memo`` maps them to the same copy.
+    return Partition(extents, copy.deepcopy(p.offsets, memo), p.rows)
+
+
+# ``torch.load(weights_only=True)`` (torch's default) may name these two globals and no other of
+# this package; NOTE [ Serialized form ].
+torch.serialization.add_safe_globals([_rebuild, MultiJaggedTensor])
 
 
 # Bound by ``ops/__init__.py`` once the op table exists (ops/ imports this module, not the
-# reverse, so the layering of DESIGN.md §5 holds).
+# reverse, so the layering of CONTRIBUTING.md holds).
 _ROUTES: dict = {}
 _dispatch = None
 _unify = None
+_guard_write = None

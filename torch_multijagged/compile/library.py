@@ -132,21 +132,38 @@ for _name, _fn in [
 # --------------------------------------------------------------------------- autograd
 mj = torch.ops.multijagged
 
+# NOTE [ Undefined gradients ]
+#
+# An autograd function materialises an undefined output gradient as ``at::zeros(sizes)``, which
+# cannot take a multi_jagged tensor's nested-int sizes. Under ``create_graph=True`` undefined
+# gradients are common (a formula returns None for an input whose derivative is 0), so every
+# formula here turns materialisation off and passes None through. Inputs used only for their
+# structure or with a zero derivative are passed detached, so that no edge carries an undefined
+# gradient back at all.
+
+
+def _no_zero_fill(ctx) -> None:
+    ctx.set_materialize_grads(False)
+
 
 def _linear_setup(ctx, inputs, output):
     x, weight, bias = inputs
+    _no_zero_fill(ctx)
     ctx.save_for_backward(x, weight)
     ctx.has_bias = bias is not None
 
 
 def _linear_backward(ctx, grad):
+    if grad is None:
+        return None, None, None
     x, weight = ctx.saved_tensors
     gx = mj.linear(grad, weight.t().contiguous(), None) if ctx.needs_input_grad[0] else None
     need_w = ctx.needs_input_grad[1]
     need_b = ctx.has_bias and ctx.needs_input_grad[2]
     gw = gb = None
     if need_w or need_b:
-        gw, gb = mj.linear_param_grads(grad, x, need_w, need_b)
+        # x enters gw only: without it, x is structure only (NOTE [ Undefined gradients ])
+        gw, gb = mj.linear_param_grads(grad, x if need_w else x.detach(), need_w, need_b)
     return gx, gw if need_w else None, gb if need_b else None
 
 
@@ -154,22 +171,34 @@ torch.library.register_autograd("multijagged::linear", _linear_backward, setup_c
 
 
 def _unbind_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])  # only its structure is used
+    _no_zero_fill(ctx)
+    ctx.save_for_backward(inputs[0].detach())  # only its structure is used
+    ctx.shapes = [o.shape for o in output]
 
 
 def _unbind_backward(ctx, grads):
     (x,) = ctx.saved_tensors
-    return mj.pack_like(list(grads), x)
+    if all(g is None for g in grads):
+        return None
+    # Unused components get explicit zeros (dense, so they can be made): torch.library's autograd
+    # does not see that pack_like's output needs a gradient when its list holds a None, and a
+    # double backward through it would silently be 0.
+    like = next(g for g in grads if g is not None)
+    grads = [like.new_zeros(s) if g is None else g for g, s in zip(grads, ctx.shapes)]
+    return mj.pack_like(grads, x)
 
 
 torch.library.register_autograd("multijagged::unbind", _unbind_backward, setup_context=_unbind_setup, lib=LIB)
 
 
 def _pack_like_setup(ctx, inputs, output):
-    pass
+    _no_zero_fill(ctx)
+    ctx.count = len(inputs[0])
 
 
 def _pack_like_backward(ctx, grad):
+    if grad is None:
+        return [None] * ctx.count, None
     return list(mj.unbind(grad)), None
 
 
@@ -177,10 +206,13 @@ torch.library.register_autograd("multijagged::pack_like", _pack_like_backward, s
 
 
 def _to_padded_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0])
+    _no_zero_fill(ctx)
+    ctx.save_for_backward(inputs[0].detach())  # only its structure is used
 
 
 def _to_padded_backward(ctx, grad):
+    if grad is None:
+        return None, None, None
     (x,) = ctx.saved_tensors
     return mj.from_padded_like(grad, x), None, None
 
@@ -189,10 +221,13 @@ torch.library.register_autograd("multijagged::to_padded", _to_padded_backward, s
 
 
 def _from_padded_setup(ctx, inputs, output):
+    _no_zero_fill(ctx)
     ctx.shape = inputs[0].shape
 
 
 def _from_padded_backward(ctx, grad):
+    if grad is None:
+        return None, None
     return mj.to_padded(grad, 0.0, list(ctx.shape)), None
 
 
@@ -203,13 +238,128 @@ torch.library.register_autograd(
 
 def _reduce_setup(ctx, inputs, output):
     x, kind, dim, keepdim = inputs
-    ctx.save_for_backward(x, output)
+    _no_zero_fill(ctx)
+    # result matters to the second derivative of logsumexp only (NOTE [ Double backward ])
+    ctx.save_for_backward(x, output if kind == "logsumexp" else output.detach())
     ctx.args = (kind, dim, keepdim)
 
 
 def _reduce_backward(ctx, grad):
+    if grad is None:
+        return None, None, None, None
     x, result = ctx.saved_tensors
+    kind = ctx.args[0]
+    # x matters to the second derivative of logsumexp and prod only
+    x = x if kind in ("logsumexp", "prod") else x.detach()
     return mj.reduce_backward(grad, x, result, *ctx.args), None, None, None
 
 
 torch.library.register_autograd("multijagged::reduce", _reduce_backward, setup_context=_reduce_setup, lib=LIB)
+
+
+# NOTE [ Double backward ]
+#
+# Every ``multijagged::`` op has an autograd formula: torch's fallback for an op without one
+# returns *no* gradient (a warning and zeros), which would be a silently wrong second derivative.
+# The formulas below are written with other ``multijagged::`` ops and pointwise ops, which are
+# differentiable in turn, so third and higher orders are right too or raise.
+#
+# ``reduce_backward`` is linear in ``grad``: gi = gather(grad) · local(x, result), where
+# local = reduce_backward(1, x, result) is the kind's local derivative. Hence
+#   d/dgrad   = reduce(gg · local, "sum")   (for sum: reduce(gg, "sum"); not reduce(gg, "mean")
+#               for mean, which is 0/0 = nan over an empty extent where the adjoint is 0)
+#   d/dx      = 0 for sum, mean, amax, amin (local is constant in x almost everywhere);
+#               gg · gi for logsumexp (local = exp(x − result));
+#               for prod, Σ_{j≠k} gg_j · g · Π_{l≠j,k} x_l — see ``_prod_double_backward``
+#   d/dresult = 0, except −reduce_sum(gg · gi) for logsumexp.
+
+
+def _reduce_backward_setup(ctx, inputs, output):
+    grad, x, result, kind, dim, keepdim = inputs
+    _no_zero_fill(ctx)
+    ctx.save_for_backward(grad, x, result, output)
+    ctx.args = (kind, dim, keepdim)
+
+
+def _reduce_backward_backward(ctx, gg):
+    if gg is None:
+        return None, None, None, None, None, None
+    grad, x, result, gi = ctx.saved_tensors
+    kind, dim, keepdim = ctx.args
+    need_grad, need_x, need_result = ctx.needs_input_grad[:3]
+    d_grad = d_x = d_result = None
+    if kind == "sum":
+        if need_grad:
+            d_grad = mj.reduce(gg, "sum", dim, keepdim)
+        return d_grad, None, None, None, None, None
+    local = None
+    if need_grad or (kind == "prod" and need_x):
+        # the local derivative depends on x (differentiably) for logsumexp and prod only
+        lx, lr = (x, result) if kind in ("logsumexp", "prod") else (x.detach(), result.detach())
+        local = mj.reduce_backward(torch.ones_like(grad), lx, lr, kind, dim, keepdim)
+    if need_grad:
+        d_grad = mj.reduce(gg * local, "sum", dim, keepdim)
+    if kind == "logsumexp":
+        if need_x:
+            d_x = gg * gi
+        if need_result:
+            d_result = -mj.reduce(gg * gi, "sum", dim, keepdim)
+    elif kind == "prod" and need_x:
+        d_x = _prod_double_backward(gg, grad, x, result, local, dim, keepdim)
+    return d_grad, d_x, d_result, None, None, None
+
+
+def _prod_double_backward(gg, grad, x, result, others, dim, keepdim):
+    """d/dx_k of Σ_j gg_j · g · Π_{l≠j} x_l  =  g · Σ_{j≠k} gg_j · Π_{l≠j,k} x_l.
+
+    Without zeros in the segment this is g · (S − gg_k · others_k) / x_k with
+    S = Σ_j gg_j · others_j; with a zero the division is undefined and the exact form needs the
+    segment's zero count, which this formula does not carry: raise rather than return a wrong
+    number."""
+    # SYNC: one host read, on the double-backward path only, to refuse what this formula
+    # cannot compute exactly.
+    if bool((x == 0).any()):
+        raise NotImplementedError(
+            "prod(): double backward w.r.t. the input is not supported for layout torch.multi_jagged "
+            "when the reduced elements contain zeros"
+        )
+    s = mj.reduce_backward(mj.reduce(gg * others, "sum", dim, keepdim), x, result, "sum", dim, keepdim)
+    g = mj.reduce_backward(grad, x, result, "sum", dim, keepdim)
+    return g * (s - gg * others) / x
+
+
+torch.library.register_autograd(
+    "multijagged::reduce_backward", _reduce_backward_backward, setup_context=_reduce_backward_setup, lib=LIB
+)
+
+
+def _linear_param_grads_setup(ctx, inputs, output):
+    grad, x, weight, bias = inputs
+    _no_zero_fill(ctx)
+    ctx.save_for_backward(grad, x)
+    ctx.flags = (weight, bias)
+
+
+def _linear_param_grads_backward(ctx, ggw, ggb):
+    """gw = gradᵀ·x and gb = Σ grad over rows: d/dgrad = x·ggwᵀ + ggb, d/dx = grad·ggw."""
+    grad, x = ctx.saved_tensors
+    weight, bias = ctx.flags
+    ggw = ggw if weight else None  # the output not asked for is an empty placeholder
+    ggb = ggb if bias else None
+    d_grad = d_x = None
+    if ctx.needs_input_grad[0]:
+        if ggw is not None:
+            d_grad = mj.linear(x, ggw, ggb)
+        elif ggb is not None:
+            d_grad = torch.zeros_like(grad) + ggb
+    if ctx.needs_input_grad[1] and ggw is not None:
+        d_x = mj.linear(grad, ggw.t().contiguous(), None)
+    return d_grad, d_x, None, None
+
+
+torch.library.register_autograd(
+    "multijagged::linear_param_grads",
+    _linear_param_grads_backward,
+    setup_context=_linear_param_grads_setup,
+    lib=LIB,
+)

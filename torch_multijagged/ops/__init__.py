@@ -124,4 +124,5 @@ from .. import tensor as _tensor  # noqa: E402
 
 _tensor._ROUTES = routes.ROUTES
 _tensor._dispatch = dispatch
-_tensor._unify = routes.unify_extents
+_tensor._unify = routes.unify_call
+_tensor._guard_write = views.guard_write

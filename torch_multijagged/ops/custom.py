@@ -121,6 +121,6 @@ def from_padded_like_default(func, padded, like):
     expected = tuple(like._values.shape[1:])
     if tuple(static) != expected:
         stor = stor[(slice(None),) * (1 + len(maxes)) + tuple(slice(0, s) for s in expected)]
-        static = stor.shape[1 + len(maxes):]
-    flat = stor.reshape(-1, *static)
+    # flatten, not reshape(-1, …): with a zero-size static dim, -1 is ambiguous (0 elements).
+    flat = stor.flatten(0, len(maxes))
     return wrap(flat.index_select(0, _padded_positions(like, maxes)), p, like._ragged_dims)

@@ -100,3 +100,31 @@ def masked_fill__Scalar(func, inp, mask, value):
     inp._values.copy_(out._values)
     return inp
 
+
+
+@register_multi_jagged_func(
+    [aten.new_zeros.default, aten.new_ones.default, aten.new_empty.default, aten.new_full.default],
+    "self: mjt, size: any, ...",
+)
+def new_zeros_default(func, inp, size, *args, **kwargs):
+    """``new_*(size)``. A size of plain ints gives a dense tensor (as ``torch.jagged``). A size
+    holding ``self``'s own nested ints, in the order of its ragged dims, gives a multi_jagged
+    tensor with ``self``'s structure, those ragged dims and the other entries as static sizes —
+    what aten's backward formulas ask for (``max(dim)``'s ``new_zeros(self.sizes())``)."""
+    from torch.fx.experimental.symbolic_shapes import is_nested_int
+
+    size = list(size)
+    ragged = tuple(d for d, s in enumerate(size) if is_nested_int(s))
+    if not ragged:
+        return func(inp._values, size, *args, **kwargs)
+    p = inp._partition
+    mine = [e.nested_int for e in p.extents]
+    if len(ragged) != len(mine) or any(size[d] != j for d, j in zip(ragged, mine)) or ragged[0] == 0:
+        raise NotImplementedError(
+            f"{op_name(func)}(): expected a size holding the nested ints of self {describe(inp)} in order, "
+            f"got {tuple(size)} for layout torch.multi_jagged"
+        )
+    if size[0] != p.batch:
+        raise ValueError(f"{op_name(func)}(): expected batch size {p.batch} at dim 0, got {size[0]}")
+    static = [s for d, s in enumerate(size) if d and d not in ragged]
+    return wrap(func(inp._values, [inp._values.shape[0], *static], *args, **kwargs), p, ragged)

@@ -2,7 +2,7 @@
 
 import torch
 
-from . import register_multi_jagged_func
+from . import register_multi_jagged_func, views
 
 aten = torch.ops.aten
 
@@ -27,9 +27,23 @@ FAST = {
 def is_contiguous_default(func, inp, memory_format=torch.contiguous_format):
     if memory_format not in (torch.contiguous_format, torch.preserve_format):
         return False
-    return inp._values.is_contiguous()
+    # A copy made by reordering ragged dims is not contiguous, so that .contiguous() gives a
+    # writable tensor (NOTE [ Reordered ragged dims are copies ] in views.py).
+    return inp._values.is_contiguous() and not views.is_reorder_copy(inp)
 
 
 @register_multi_jagged_func(aten.is_strides_like_format.default, "self: mjt, memory_format: any")
 def is_strides_like_format_default(func, inp, memory_format):
     return memory_format == torch.contiguous_format and inp._values.is_contiguous()
+
+
+@register_multi_jagged_func(aten.size.default, "self: mjt")
+def size_default(func, inp):
+    # C++ code that asks for concrete sizes (``t.sizes()``) lands here; a ragged dim has none.
+    # The usual caller is an aten derivative formula run under create_graph=True (sgn's, reached
+    # through a composite op that calls ``abs``): say so instead of "no handler".
+    raise NotImplementedError(
+        f"size(): concrete sizes were requested of a tensor of layout torch.multi_jagged, shape "
+        f"{tuple(inp._size)}, whose ragged dims are nested ints; the caller (often an aten "
+        "double-backward formula) is not supported for this layout"
+    )

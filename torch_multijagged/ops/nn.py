@@ -1,12 +1,25 @@
 """Feature transforms over static trailing dims: norms and dropout. They keep the structure and
-run on the packed values; statistics tensors (mean / rstd) share the input's partition."""
+run on the packed values; statistics tensors (mean / rstd) share the input's partition.
+
+NOTE [ Norms under double backward ]
+
+aten's double-backward formulas of ``native_layer_norm_backward`` and
+``_fused_rms_norm_backward`` are composites that ``view`` the input as ``(M, N)`` with
+M = Π leading sizes — a product with a nested int, which no handler can honour. Eagerly, when a
+gradient is needed, ``layer_norm`` / ``rms_norm`` are therefore routed through the values bridge
+(the norm runs on the packed ``(T, *static)`` values under torch's own autograd, every order
+included). Under ``torch.compile`` (dynamo cannot trace the bridge) the handlers below serve
+first-order gradients; a double backward there raises from the ``view``.
+"""
 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from . import register_multi_jagged_func
 from ._common import MJT, describe, static_dims, wrap
+from .routes import _dense, _needs_grad, route
 
 aten = torch.ops.aten
 
@@ -63,3 +76,35 @@ def _fused_rms_norm_backward_default(func, grad, x, normalized_shape, rstd, weig
 def native_dropout_default(func, x, p, train=None):
     out, mask = func(x._values, p, train)
     return _like(x, out), _like(x, mask)
+
+
+# ----------------------------------------------------------------------------- routes
+def _bridged(input, *params) -> bool:
+    """Eager, with a gradient to compute: take the values bridge (NOTE [ Norms under double
+    backward ])."""
+    return (
+        isinstance(input, MJT)
+        and all(p is None or _dense(p) for p in params)
+        and not torch.compiler.is_compiling()
+        and _needs_grad(input, *params)
+    )
+
+
+@route(F.layer_norm)
+def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if not _bridged(input, weight, bias):
+        return NotImplemented
+    from ..bridge import values_of, wrap_values_like
+
+    _check_trailing("layer_norm", input, normalized_shape)
+    return wrap_values_like(F.layer_norm(values_of(input), normalized_shape, weight, bias, eps), input)
+
+
+@route(F.rms_norm)
+def _rms_norm(input, normalized_shape, weight=None, eps=None):
+    if not _bridged(input, weight):
+        return NotImplemented
+    from ..bridge import values_of, wrap_values_like
+
+    _check_trailing("rms_norm", input, normalized_shape)
+    return wrap_values_like(F.rms_norm(values_of(input), normalized_shape, weight, eps), input)

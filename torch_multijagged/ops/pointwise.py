@@ -214,5 +214,12 @@ _UNTAGGED = [
     aten._masked_scale.default,
     aten.rsub.Tensor,
     aten.rsub.Scalar,
+    # elementwise ops that torch 2.13 leaves untagged (``x // 2``, ``F.hardswish``)
+    aten.floor_divide.default,
+    aten.floor_divide.Scalar,
+    aten.floor_divide_.Tensor,
+    aten.floor_divide_.Scalar,
+    aten.hardswish.default,
+    aten.hardswish_.default,
 ]
 register_multi_jagged_func(_UNTAGGED, "a: any, ...")(pointwise)

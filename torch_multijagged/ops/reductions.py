@@ -15,6 +15,11 @@ Intermediate layout "K": ``(rows of the sub-partition, *static dims of x with vd
 forward produces K and shapes it into the output (``_to_output``); backward formulas bring the
 output back to K (``_from_output``) and gather it to x's rows (``_to_rows``).
 
+Result dtypes are dense torch's: ``sum``/``prod`` of bool and integers accumulate in int64 (an
+explicit ``dtype=`` is honoured), ``logsumexp`` of them runs in the default float dtype,
+float16/bfloat16 accumulate in float32 and round once, ``any``/``all`` give bool (uint8 for
+uint8), ``amax``/``amin`` keep the dtype (bool included).
+
 Reductions over ragged dims are routed (``ops/routes.py``) to ``multijagged::reduce``, whose
 backward (``reduce_backward`` below) is written on packed values: aten's formulas would divide
 by (``mean``) or expand to (dense results) nested-int sizes, or (``prod``) use ``cumprod`` along
@@ -81,10 +86,12 @@ class _Plan:
 def _static_reduce(v: torch.Tensor, vdims, kind: str) -> torch.Tensor:
     if not vdims:
         return v
-    if kind in ("sum", "amax", "amin"):
+    if kind == "sum":  # in v's dtype: _reduce has promoted it already (or dtype= asked for it)
+        return v.sum(vdims, keepdim=True, dtype=v.dtype)
+    if kind in ("amax", "amin"):
         return getattr(v, kind)(vdims, keepdim=True)
     for d in vdims:  # prod / any / all take one dim at a time
-        v = getattr(v, kind)(d, keepdim=True)
+        v = v.prod(d, keepdim=True, dtype=v.dtype) if kind == "prod" else getattr(v, kind)(d, keepdim=True)
     return v
 
 
@@ -94,9 +101,11 @@ _EMPTY = {"sum": 0, "prod": 1, "any": 0, "all": 1}  # identities of the reductio
 
 def _empty_value(kind: str, dtype: torch.dtype):
     """What an empty segment holds. amax/amin have no identity: like torch.jagged, an empty
-    extent gives the dtype's lowest (amax) / highest (amin) finite value."""
+    extent gives the dtype's lowest (amax) / highest (amin) value (False / True for bool)."""
     if kind in _EMPTY:
         return _EMPTY[kind]
+    if dtype == torch.bool:
+        return kind == "amin"
     info = torch.finfo(dtype) if dtype.is_floating_point else torch.iinfo(dtype)
     return info.min if kind == "amax" else info.max
 
@@ -108,7 +117,21 @@ def _forward_k(plan: _Plan, x: MJT, v: torch.Tensor, kind: str) -> torch.Tensor:
     v = _static_reduce(v, plan.vdims, {"any": "amax", "all": "amin"}.get(kind, kind))
     if plan.index is not None:
         v = ref.segment_reduce(v, plan.index, plan.rows, _SEGMENT[kind], empty=_empty_value(kind, v.dtype))
-    return v.bool() if kind in ("any", "all") else v
+    if kind in ("any", "all"):  # bool, except uint8 in → uint8 out (dense torch's legacy rule)
+        return v if x.dtype == torch.uint8 else v.bool()
+    return v
+
+
+def _promote(kind: str, v: torch.Tensor) -> torch.Tensor:
+    """The input dtype dense torch reduces in when no ``dtype=`` is given: ``sum``/``prod`` of
+    bool and integers accumulate in int64; ``logsumexp`` of them in the default float dtype."""
+    if v.dtype.is_floating_point or v.dtype.is_complex:
+        return v
+    if kind in ("sum", "prod"):
+        return v.to(torch.int64)
+    if kind == "logsumexp":
+        return v.to(torch.get_default_dtype())
+    return v
 
 
 def _to_output(plan: _Plan, x: MJT, k: torch.Tensor, keepdim: bool):
@@ -154,7 +177,12 @@ def _to_rows(plan: _Plan, k: torch.Tensor) -> torch.Tensor:
 
 def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str | None = None):
     plan = _Plan(func, x, dims, name)
-    v = x._values if dtype is None else x._values.to(dtype)
+    v = _promote(kind, x._values) if dtype is None else x._values.to(dtype)
+    # float16 / bfloat16 accumulate in float32 and round once, as dense torch does: a segment
+    # sum rounded at every step drifts by several ulps
+    low = v.dtype if v.dtype in (torch.float16, torch.bfloat16) and kind in ("sum", "mean", "prod", "logsumexp") else None
+    if low is not None:
+        v = v.float()
     if kind in ("mean", "logsumexp") and not (v.dtype.is_floating_point or v.dtype.is_complex):
         raise RuntimeError(
             f"{name or op_name(func)}(): could not infer output dtype. Input dtype must be either a floating point "
@@ -168,7 +196,7 @@ def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str 
         k = _forward_k(plan, x, (v - _to_rows(plan, m)).exp(), "sum").log() + m
     else:
         k = _forward_k(plan, x, v, kind)
-    return _to_output(plan, x, k, keepdim)
+    return _to_output(plan, x, k if low is None else k.to(low), keepdim)
 
 
 # ----------------------------------------------------------------------------- aten overloads
@@ -233,11 +261,18 @@ def argmax_default(func, x, dim=None, keepdim=False):
     """Index of the first extreme element along ``dim`` (local to the sample along a ragged dim)."""
     if dim is None:
         raise NotImplementedError(f"{op_name(func)}(): a flat index over a multi_jagged tensor has no meaning; pass dim")
-    kind = "amax" if func is aten.argmax.default else "amin"
+    if x.dtype == torch.bool:
+        raise RuntimeError(f"{op_name(func)}(): does not support bool input")  # as dense torch
+    return _arg_extreme(func, x, dim, keepdim)
+
+
+def _arg_extreme(func, x, dim, keepdim):
+    kind = "amax" if func in (aten.argmax.default, aten.max.dim) else "amin"
     plan = _Plan(func, x, [dim])
     if plan.batch:
         raise StructureError(f"{op_name(func)}(): cannot take the arg-extreme over the batch dim of {describe(x)}")
-    v = x._values
+    # bool has no arg-extreme kernel; uint8 orders False < True the same way (max(dim) needs it)
+    v = x._values if x.dtype != torch.bool else x._values.to(torch.uint8)
     if not plan.red_r:
         return _to_output(plan, x, getattr(torch, "arg" + kind[1:])(v, plan.vdims[0], keepdim=True), keepdim)
     best = _to_rows(plan, _forward_k(plan, x, v, kind))
@@ -302,6 +337,101 @@ def _prod_others(plan: _Plan, x: MJT, v: torch.Tensor) -> torch.Tensor:
                        torch.where(zeros == 1, only_me, torch.zeros_like(v)))
 
 
+# ----------------------------------------------------------------------------- scatter / gather
+# NOTE [ Scatter and gather ]: what the backward of value-selecting reductions needs (aten's
+# ``max(dim)`` backward is ``new_zeros(sizes).scatter(dim, indices, grad)``, its double backward a
+# ``gather``), plus the one-hot that routes ``max(dim)`` over a ragged dim (``routes._selected``).
+# Along a static dim they act on the values; every tensor operand must then have self's ragged
+# dims and structure. Along a ragged dim the index must have size 1 there (one position per
+# sample and remaining coordinate) and carry self's other ragged dims (a dense ``(B, …)`` index
+# when that dim is self's only ragged one): it is compared with each row's coordinate. An index
+# outside a sample's extent selects nothing there (dense torch raises; an empty extent's
+# arg-extreme is 0, which must select nothing).
+def _same_structure(func, x: MJT, t, what: str) -> None:
+    if isinstance(t, MJT) and (t._ragged_dims != x._ragged_dims or not t._partition.same_as(x._partition)):
+        raise StructureError(f"{op_name(func)}(): expected {what} with the structure of self {describe(x)}, got {describe(t)}")
+    if isinstance(t, torch.Tensor) and not isinstance(t, MJT):
+        raise NotImplementedError(f"{op_name(func)}(): a dense {what} along a static dim of layout torch.multi_jagged")
+
+
+def _to_rows_along(func, x: MJT, d: int, t, what: str):
+    """``t`` (index or src, size 1 along ragged dim ``d`` of x) as ``(x rows, *x static)``, and
+    the map of x's rows to t's rows (``(index, sub)``)."""
+    k = x._ragged_dims.index(d)
+    keep = tuple(i for i in range(len(x._ragged_dims)) if i != k)
+    rowidx, sub = map_to_sub(x._partition, keep)
+    if isinstance(t, MJT):
+        want = tuple(r for r in x._ragged_dims if r != d)
+        if t._ragged_dims != want or not t._partition.same_as(sub) or t.shape[d] != 1:
+            raise NotImplementedError(
+                f"{op_name(func)}(): along ragged dim {d} of {describe(x)}, expected a {what} of size 1 there "
+                f"with the other ragged dims of self, got {describe(t)} for layout torch.multi_jagged"
+            )
+        v = t._values.squeeze(static_dims(len(t._size), t._ragged_dims).index(d) + 1)
+    else:
+        if keep or t.dim() != len(x._size) or t.shape[0] != x._partition.batch or t.shape[d] != 1:
+            raise NotImplementedError(
+                f"{op_name(func)}(): along ragged dim {d} of {describe(x)}, expected a dense {what} (B, …) with "
+                f"size 1 there, got {describe(t)} for layout torch.multi_jagged"
+            )
+        v = t.squeeze(d)
+    if tuple(v.shape[1:]) != tuple(x._values.shape[1:]):
+        raise NotImplementedError(f"{op_name(func)}(): expected a {what} matching the static sizes of self {describe(x)}, got {describe(t)}")
+    return v.index_select(0, rowidx), rowidx, sub
+
+
+def _hits(x: MJT, d: int, index_rows: torch.Tensor) -> torch.Tensor:
+    from ._common import device_sizes
+
+    p = x._partition
+    _, coords = ref.row_coords(p.offsets, device_sizes(p), p.rows)
+    pos = coords[:, x._ragged_dims.index(d)].reshape(-1, *([1] * (index_rows.dim() - 1)))
+    return index_rows == pos
+
+
+@register_multi_jagged_func(
+    [aten.scatter.src, aten.scatter.value, aten.scatter_add.default], "self: mjt, dim: any, index: any, src: any"
+)
+def scatter_src(func, x, dim, index, src):
+    d = canonical_dim(op_name(func), len(x._size), dim)
+    if d == 0:
+        raise NotImplementedError(f"{op_name(func)}(): along the batch dim of layout torch.multi_jagged")
+    if d not in x._ragged_dims:
+        for t, what in ((index, "index"), (src, "src")):
+            _same_structure(func, x, t, what)
+        vd = static_dims(len(x._size), x._ragged_dims).index(d) + 1
+        s = src._values if isinstance(src, MJT) else src
+        return wrap(func(x._values, vd, index._values, s), x._partition, x._ragged_dims)
+    idx, _, _ = _to_rows_along(func, x, d, index, "index")
+    s = _to_rows_along(func, x, d, src, "src")[0] if isinstance(src, torch.Tensor) else src
+    hit = _hits(x, d, idx)
+    v = x._values
+    if func is aten.scatter_add.default:
+        out = v + torch.where(hit, s, torch.zeros_like(v))
+    else:
+        out = torch.where(hit, s, v) if isinstance(s, torch.Tensor) else v.masked_fill(hit, s)
+    return wrap(out, x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func(aten.gather.default, "self: mjt, dim: any, index: any, sparse_grad: any?")
+def gather_default(func, x, dim, index, sparse_grad=False):
+    d = canonical_dim(op_name(func), len(x._size), dim)
+    if d == 0:
+        raise NotImplementedError(f"{op_name(func)}(): along the batch dim of layout torch.multi_jagged")
+    if d not in x._ragged_dims:
+        _same_structure(func, x, index, "index")
+        vd = static_dims(len(x._size), x._ragged_dims).index(d) + 1
+        return wrap(func(x._values, vd, index._values), x._partition, x._ragged_dims)
+    idx, rowidx, sub = _to_rows_along(func, x, d, index, "index")
+    v = x._values
+    # the one hit of each index row, summed out of its segment (0 where nothing is hit)
+    k = ref.segment_reduce(torch.where(_hits(x, d, idx), v, torch.zeros_like(v)), rowidx, sub.rows, "sum")
+    if isinstance(index, MJT):
+        vd = static_dims(len(index._size), index._ragged_dims).index(d) + 1
+        return wrap(k.unsqueeze(vd), index._partition, index._ragged_dims)
+    return k.unsqueeze(d)
+
+
 # ----------------------------------------------------------------------------- softmax
 def _softmax_segments(func, x, dim):
     d = canonical_dim(op_name(func), len(x._size), dim)
@@ -322,6 +452,10 @@ def _softmax_default(func, x, dim, half_to_float):
     if index is None:
         vd = static_dims(len(x._size), x._ragged_dims).index(d) + 1
         return wrap(func(x._values, vd, half_to_float), x._partition, x._ragged_dims)
+    if not x._values.is_floating_point():
+        # Dense torch has no integer / bool softmax kernel: raise its own error (a one-element
+        # probe; an empty tensor would skip the kernel's dtype check).
+        func(x._values.new_zeros(1), 0, half_to_float)
     return wrap(ref.segment_softmax(x._values, index, sub.rows, log=log), x._partition, x._ragged_dims)
 
 
@@ -349,5 +483,4 @@ def max_dim(func, x, dim, keepdim=False):
     lowest / highest value, as torch.jagged), indices as ``argmax``/``argmin``."""
     is_max = func is aten.max.dim
     values = _reduce(func, x, [dim], keepdim, "amax" if is_max else "amin")
-    indices = argmax_default(aten.argmax.default if is_max else aten.argmin.default, x, dim, keepdim)
-    return values, indices
+    return values, _arg_extreme(func, x, dim, keepdim)

@@ -32,27 +32,49 @@ def route(*funcs):
     return wrapper
 
 
-def unify_extents(args: tuple) -> tuple:
+def unify_extents(args: tuple, keep_first: bool = False) -> tuple:
     """NOTE [ Equal sizes, different nested ints ]
 
     Two tensors built separately from equal lengths have different nested ints (as in
-    torch.jagged), yet DESIGN.md §4 lets them combine. The autograd engine, however, checks each
+    torch.jagged), yet this layout lets them combine (README, Compatibility). The autograd engine, however, checks each
     gradient's shape against its input's, nested ints included: ``(B, j1, C)`` may not receive a
     ``(B, j0, C)`` gradient. So before an op sees them, operands are relabelled onto the first
     operand's extent *at the same logical dim* with a differentiable, zero-copy ``relabel``
     whose backward restores their own. Extents at different dims are left alone: ``x (B, j0, 1)
     * y (B, 1, j1)`` stays rectangular ``(B, j0, j1)`` even when the lengths are equal. Tensors
     inside a list argument (``cat``, ``stack``) are unified too. Eager only: under tracing
-    extents are compared by identity."""
+    extents are compared by identity.
+
+    The rule: a relabelled operand is a *new* tensor standing in for the user's, so relabelling
+    is only right where the op merely *reads* its operands to compute a new tensor. It never
+    replaces a tensor that is held by identity (``relabel_policy``):
+
+    * the autograd API (``torch.autograd.grad`` / ``backward``, ``Tensor.backward``): its
+      ``inputs`` are the leaves whose gradients are asked for — a relabelled stand-in is not in
+      the graph, so its gradient would be ``None`` (and ``.grad`` would land on the stand-in).
+      Only its cotangents (``grad_outputs``, ``gradient``) are relabelled, pairwise onto their
+      outputs (``_unify_cotangents``);
+    * the written argument of an in-place op (``self`` of ``add_``, the first list of a
+      ``_foreach_*_``) and ``out=``: the write must reach the user's tensor;
+    * ``torch.ops`` calls (``multijagged::*``, ``aten::*``): these are made by our routes (whose
+      operands were unified at the user's call) and by backward formulas, whose tensor arguments
+      are structure templates — ``reduce_backward(grad (B, j1, C), x (B, j0, j1, C), …)`` must
+      not turn ``x`` into ``(B, j1, j1, C)`` when the lengths agree.
+
+    Everything else relabels: the op reads the stand-in, whose gradient flows back to the
+    user's tensor. Attribute setters too: ``x.grad = g`` (torch checks the size, nested ints
+    included) stores a stand-in for ``g`` that shares its values, so in-place updates reach both.
+    """
     first = None
     out = None
     for i, a in enumerate(args):
         if isinstance(a, (list, tuple)) and a and isinstance(a[0], MJT):
-            inner = unify_extents(tuple(a) if first is None else (first, *a))
-            inner = inner if first is None else inner[1:]
-            if any(x is not y for x, y in zip(inner, a)):
-                out = list(args) if out is None else out
-                out[i] = type(a)(inner)
+            if not (keep_first and i == 0):
+                inner = unify_extents(tuple(a) if first is None else (first, *a))
+                inner = inner if first is None else inner[1:]
+                if any(x is not y for x, y in zip(inner, a)):
+                    out = list(args) if out is None else out
+                    out[i] = type(a)(inner)
             first = first if first is not None else a[0]
             continue
         if not isinstance(a, MJT):
@@ -71,6 +93,77 @@ def unify_extents(args: tuple) -> tuple:
 
         out[i] = relabel(a, mapping)
     return args if out is None else tuple(out)
+
+
+# Functions whose tensor arguments are held by identity (see the NOTE above).
+_HELD = {torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward}
+NEVER, OPERANDS, INPLACE = 0, 1, 2
+_POLICY: dict = {}
+
+
+def relabel_policy(func) -> int:
+    """``NEVER``, ``OPERANDS`` (relabel every operand after the first) or ``INPLACE`` (also
+    keep the written first argument as it is); cached per function."""
+    try:
+        hit = _POLICY.get(func)
+        held = func in _HELD
+    except TypeError:  # an unhashable callable: decide every time
+        hit, held = None, False
+    if hit is not None:
+        return hit
+    name = getattr(func, "__name__", "")
+    if held or isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        policy = NEVER
+    elif name.endswith("_") and not name.endswith("__"):
+        policy = INPLACE
+    else:
+        policy = OPERANDS
+    try:
+        _POLICY[func] = policy
+    except TypeError:
+        pass
+    return policy
+
+
+_COTANGENT = {torch.autograd.grad: "grad_outputs", torch.autograd.backward: "grad_tensors", torch.Tensor.backward: "gradient"}
+
+
+def _unify_cotangents(func, args: tuple, kwargs: dict) -> dict:
+    """The autograd API's cotangents (``grad_outputs``, ``gradient``) relabelled pairwise onto
+    their outputs, which the engine requires to match in shape, nested ints included; the
+    ``inputs`` stay the user's tensors."""
+    name = _COTANGENT[func]
+    grads = kwargs.get(name)
+    if grads is None or not args:
+        return kwargs
+    single = isinstance(grads, torch.Tensor)
+    outs = (args[0],) if isinstance(args[0], torch.Tensor) else tuple(args[0])
+    gs = (grads,) if single else tuple(grads)
+    new = tuple(unify_extents((o, g))[1] if isinstance(o, MJT) and isinstance(g, MJT) else g for o, g in zip(outs, gs))
+    new = new + gs[len(new):]
+    if all(a is b for a, b in zip(new, gs)):
+        return kwargs
+    return {**kwargs, name: new[0] if single else new}
+
+
+def unify_call(func, args: tuple, kwargs: dict | None):
+    """``(args, kwargs)`` of a ``__torch_function__`` call with operands unified as the NOTE
+    [ Equal sizes, different nested ints ] allows; ``out=`` is never relabelled."""
+    policy = relabel_policy(func)
+    if policy == NEVER:
+        if func in _HELD and kwargs:
+            kwargs = _unify_cotangents(func, args, kwargs)
+        return args, kwargs
+    keep_first = policy == INPLACE
+    if kwargs and any(isinstance(v, MJT) or (isinstance(v, (list, tuple)) and v and isinstance(v[0], MJT))
+                      for k, v in kwargs.items() if k != "out"):
+        names = [k for k in kwargs if k != "out"]
+        unified = unify_extents((*args, *(kwargs[k] for k in names)), keep_first)
+        kwargs = {**kwargs, **dict(zip(names, unified[len(args):]))}
+        return unified[: len(args)], kwargs
+    if len(args) > 1:
+        args = unify_extents(args, keep_first)
+    return args, kwargs
 
 
 def _relabel_map(first: MJT, other: MJT):
@@ -142,17 +235,22 @@ def _matmul(input, other, *, out=None):
     return NotImplemented
 
 
-def _touches_ragged(input, dim) -> list[int] | None:
-    """Canonical dims when a reduction of ``input`` over ``dim`` involves a ragged or the batch
-    dim (so aten's derivative cannot run on it), else None."""
-    if not isinstance(input, MJT):
-        return None
+def _reduced_dims(input, dim) -> list[int]:
+    """Canonical, sorted dims of a reduction of ``input`` over ``dim`` (every dim for None / ())."""
     if dim is None:
         return list(range(input.dim()))
     dims = [dim] if isinstance(dim, int) else list(dim)
     if not dims:
         return list(range(input.dim()))
-    canon = sorted({canonical_dim("reduce", input.dim(), d) for d in dims})
+    return sorted({canonical_dim("reduce", input.dim(), d) for d in dims})
+
+
+def _touches_ragged(input, dim) -> list[int] | None:
+    """Canonical dims when a reduction of ``input`` over ``dim`` involves a ragged or the batch
+    dim (so aten's derivative cannot run on it), else None."""
+    if not isinstance(input, MJT):
+        return None
+    canon = _reduced_dims(input, dim)
     if 0 in canon or any(d in input._ragged_dims for d in canon):
         return canon
     return None
@@ -162,24 +260,36 @@ def _reduce(input, kind, dims, keepdim):
     return _call(mj.reduce.default, input, kind, dims, keepdim)
 
 
-def _reduction_route(kind: str):
+def _reduction_route(kind: str, static_too: bool = False):
+    """``static_too``: route reductions over static dims as well (``prod``: aten's
+    ``prod_backward`` builds tensors of the input's nested-int sizes; ``amax``: below)."""
+
     def routed(input, dim=None, keepdim=False, *, dtype=None):
-        dims = _touches_ragged(input, dim)
+        if static_too and isinstance(input, MJT):
+            dims = _reduced_dims(input, dim)
+        else:
+            dims = _touches_ragged(input, dim)
         if dims is None:
             return NotImplemented
         if dtype is not None:
             input = input.to(dtype)
-        return _reduce(input, kind, None if dim is None else dims, keepdim)
+        out = _reduce(input, kind, None if dim is None else dims, keepdim)
+        # reduce() accumulates integers in int64 (as dense torch without dtype=); an explicit
+        # integer dtype= wraps as dense torch does, which the cast reproduces exactly (sums and
+        # products agree modulo 2^bits)
+        return out if dtype is None or out.dtype == dtype else out.to(dtype)
 
     return routed
 
 
 route(torch.sum, torch.Tensor.sum)(_reduction_route("sum"))
 route(torch.mean, torch.Tensor.mean)(_reduction_route("mean"))
-route(torch.prod, torch.Tensor.prod)(_reduction_route("prod"))
+route(torch.prod, torch.Tensor.prod)(_reduction_route("prod", static_too=True))
 route(torch.logsumexp, torch.Tensor.logsumexp)(_reduction_route("logsumexp"))
-route(torch.amax, torch.Tensor.amax)(_reduction_route("amax"))
-route(torch.amin, torch.Tensor.amin)(_reduction_route("amin"))
+# amax/amin over static dims too: aten's amax_backward views a gradient whose values may be an
+# expanded (stride-0) buffer, which the view handler refuses
+route(torch.amax, torch.Tensor.amax)(_reduction_route("amax", static_too=True))
+route(torch.amin, torch.Tensor.amin)(_reduction_route("amin", static_too=True))
 
 
 def _max_min(is_max: bool):
@@ -189,14 +299,26 @@ def _max_min(is_max: bool):
         if not isinstance(input, MJT) or not isinstance(dim, int) or args or kwargs:
             return NotImplemented
         if _touches_ragged(input, dim) is None:
-            return NotImplemented
-        # values through the routed reduction (differentiable; ties share the gradient as for
-        # amax), indices from the aten overload (not differentiable)
-        values = _reduce(input, kind, [dim], keepdim)
-        indices = (torch.argmax if is_max else torch.argmin)(input.detach(), dim, keepdim)
+            return NotImplemented  # static dim: aten.max.dim, whose backward scatters to the index
+        src = input.detach()
+        indices = (torch.argmax if is_max else torch.argmin)(src if src.dtype != torch.bool else src.to(torch.uint8), dim, keepdim)
+        values = _reduce(src if _needs_grad(input) else input, kind, [dim], keepdim)
+        if _needs_grad(input):
+            values = _selected(input, values, indices, dim, keepdim)
         return torch.return_types.max((values, indices)) if is_max else torch.return_types.min((values, indices))
 
     return routed
+
+
+def _selected(input, values, indices, dim, keepdim):
+    """``values`` (max/min over ``dim``, detached) made differentiable as dense ``max(dim)`` is:
+    the whole gradient goes to the element at ``indices`` (``amax`` would share it among ties).
+    The picked element is summed out of a one-hot mask, which is exact (x + 0 = x); an empty
+    extent picks nothing (sum 0) and keeps the amax rule's value."""
+    hit = torch.zeros_like(input, dtype=torch.bool).scatter(dim, indices if keepdim else indices.unsqueeze(dim), True)
+    picked = _reduce(torch.where(hit, input, torch.zeros_like(input)), "sum", [dim], keepdim)
+    p = picked.detach()
+    return torch.where((p == values) | p.isnan(), picked, values)
 
 
 route(torch.max, torch.Tensor.max)(_max_min(True))
@@ -204,14 +326,18 @@ route(torch.min, torch.Tensor.min)(_max_min(False))
 
 
 class _NanIfUsed(torch.autograd.Function):
-    """nan forward; backward nan where the incoming gradient is non-zero, else 0."""
+    """``t / 0`` forward (inf, or nan where t is 0 or nan: dense var's value when
+    n - correction <= 0); backward nan where the incoming gradient is non-zero, else 0."""
 
     @staticmethod
     def forward(ctx, t):  # type: ignore[override]
-        return torch.full_like(t, float("nan"))
+        ctx.set_materialize_grads(False)  # no zeros of nested-int sizes (see bridge.py)
+        return t / torch.zeros_like(t)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return None
         return torch.where(grad != 0, torch.full_like(grad, float("nan")), torch.zeros_like(grad))
 
 
@@ -225,29 +351,43 @@ def _safe_root(t, p=2):
 
 def _var_std(sqrt: bool):
     def routed(input, dim=None, *args, correction=None, keepdim=False, unbiased=None):
-        # torch.var(x, dim, unbiased, keepdim) and torch.var(x, dim, *, correction, keepdim)
+        # torch.var(x, dim, unbiased, keepdim), torch.var(x, dim, *, correction, keepdim) and
+        # x.var(unbiased)
+        if not isinstance(input, MJT):
+            return NotImplemented
+        if isinstance(dim, bool) and not args:
+            dim, unbiased = None, dim
         if args:
             if isinstance(args[0], bool) and unbiased is None and len(args) <= 2:
                 unbiased = args[0]
                 keepdim = args[1] if len(args) > 1 else keepdim
             else:
                 return NotImplemented
-        dims = _touches_ragged(input, dim)
-        if dims is None:
-            return NotImplemented
+        if not (input.dtype.is_floating_point or input.dtype.is_complex):
+            raise RuntimeError(f"{'std' if sqrt else 'var'}(): std and var only support floating point and complex dtypes")
+        # Static dims too: aten's var/std have no handler, and this composite of routed ops is
+        # correct over any dims (its gradient needs no formula of its own).
+        dims = _reduced_dims(input, dim)
         if correction is None:
             correction = 1 if unbiased is None or unbiased else 0
-        # A composite of routed ops: its gradient needs no formula of its own.
         d = None if dim is None else dims
-        centred = input - _reduce(input, "mean", d, True)
+        # The mean gathered back to the input's rows rather than broadcast: a dense (B, 1, …)
+        # mean would broadcast over the batch, and the double backward of that broadcast expands
+        # a dense tensor to nested-int sizes (NOTE [ Double backward ] in compile/library.py).
+        mean = _reduce(input, "mean", d, True)
+        centred = input - _call(mj.reduce_backward.default, mean, input.detach(), mean.detach(), "sum", d, True)
         denom = _reduce(torch.ones_like(input).detach(), "sum", d, keepdim) - correction
         ok = denom > 0
-        # Where n - correction <= 0 the result is nan, as dense torch gives; so is its gradient
+        # Where n - correction <= 0 the result is Σ/0 (inf, nan for no spread), as dense torch gives; its gradient is nan
         # when the result is used, and 0 when it is not (dense torch then never runs its
         # backward). A plain division would put 0/0 into every sample's gradient.
         total = _reduce(centred * centred, "sum", d, keepdim)
         var = torch.where(ok, total / torch.where(ok, denom, torch.ones_like(denom)), _NanIfUsed.apply(total))
-        return _safe_root(var) if sqrt else var
+        if not sqrt:
+            return var
+        # Where var is nan (n <= correction) std is that nan itself: the root's derivative there
+        # (nan) would reach a double backward as 0 · nan for a sample with no elements.
+        return torch.where(ok, _safe_root(torch.where(ok, var, torch.ones_like(var))), var)
 
     return routed
 
@@ -258,31 +398,46 @@ route(torch.std, torch.Tensor.std)(_var_std(True))
 
 @route(torch.linalg.vector_norm)
 def _vector_norm(input, ord=2, dim=None, keepdim=False, *, dtype=None):
-    dims = _touches_ragged(input, dim)
-    if dims is None:
+    """Over any dims (static ones too: aten's ``linalg_vector_norm`` has no handler).
+
+    NOTE [ Norm of an empty extent ]: dense torch raises for the ±inf and negative norms of an
+    empty vector (no identity). Per sample we define them instead of failing the batch: an empty
+    extent has norm 0 for every ``ord >= 0`` and for ``inf`` (the largest of no magnitudes,
+    which are all >= 0), and ``inf`` for ``-inf`` and ``ord < 0`` (the smallest of no magnitudes;
+    the limit ``(Σ∅ |x|^p)^(1/p) = 0^(1/p)``)."""
+    if not isinstance(input, MJT):
         return NotImplemented
+    if not (input.dtype.is_floating_point or input.dtype.is_complex):
+        got = str(input.dtype).replace("torch.", "").capitalize()
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {got}")
+    dims = _reduced_dims(input, dim)
     if dtype is not None:
         input = input.to(dtype)
     d = None if dim is None else dims
     a = input.abs()
     if ord == float("inf"):
-        return _reduce(a, "amax", d, keepdim)
+        # amax over an empty extent is the dtype's lowest value; the norm is 0 there
+        return _reduce(a, "amax", d, keepdim).clamp_min(0)
     if ord == -float("inf"):
-        return _reduce(a, "amin", d, keepdim)
+        m = _reduce(a, "amin", d, keepdim)
+        empty = _reduce(torch.ones_like(a, dtype=torch.bool).detach(), "sum", d, keepdim) == 0
+        return torch.where(empty, torch.full_like(m, float("inf")).detach(), m)
     if ord == 0:
         return _reduce((a != 0).to(a.dtype), "sum", d, keepdim)
     if ord == 1:
         return _reduce(a, "sum", d, keepdim)
     if ord == 2:
         return _safe_root(_reduce(input * input, "sum", d, keepdim))
+    if ord < 0:
+        return _reduce(a.pow(ord), "sum", d, keepdim).pow(1.0 / ord)  # Σ = 0 (empty) → inf
     return _safe_root(_reduce(a.pow(ord), "sum", d, keepdim), ord)
 
 
 @route(torch.norm, torch.Tensor.norm)
-def _norm(input, p="fro", dim=None, keepdim=False, dtype=None):
+def _norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
     if p == "fro":
         p = 2
-    if not isinstance(p, (int, float)):
+    if not isinstance(p, (int, float)) or out is not None:
         return NotImplemented
     return _vector_norm(input, p, dim, keepdim, dtype=dtype)
 
@@ -361,104 +516,62 @@ def _squeeze(input, dim=None):
     return torch.squeeze(input, dims) if dims else input.view(input.shape)
 
 
-@route(torch.reshape, torch.Tensor.reshape)
-def _reshape(input, *shape):
-    """``reshape`` = ``view``, after a copy when the static dims cannot be viewed; aten's
-    composite would multiply nested ints to check the element count."""
-    if not isinstance(input, MJT):
-        return NotImplemented
-    shape = tuple(shape[0]) if len(shape) == 1 and isinstance(shape[0], (list, tuple, torch.Size)) else shape
-    try:
-        return input.view(shape)
-    except RuntimeError:  # not viewable with these strides: copy, as reshape does
-        return input.contiguous().view(shape)
+class _AbsReal(torch.autograd.Function):
+    """``abs`` with the derivative ``grad · sgn(x)`` taken on a detached x. aten's formula
+    records ``x.sgn()``, whose own derivative (``sgn_backward``, reached under
+    ``create_graph=True``) builds a zero tensor from the input's concrete sizes, which a
+    multi_jagged tensor does not have. sgn is piecewise constant, so detaching it loses nothing."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        ctx.set_materialize_grads(False)  # no zeros of nested-int sizes (see bridge.py)
+        ctx.save_for_backward(x)
+        return x.abs()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return None
+        (x,) = ctx.saved_tensors
+        return grad * x.detach().sgn()
 
 
-@route(torch.flatten, torch.Tensor.flatten)
-def _flatten(input, start_dim=0, end_dim=-1):
-    if not isinstance(input, MJT):
-        return NotImplemented
-    start = canonical_dim("flatten", input.dim(), start_dim)
-    end = canonical_dim("flatten", input.dim(), end_dim)
-    if start == end:
-        return input
-    if start == 0 or any(start <= d <= end for d in input._ragged_dims):
-        raise StructureError(f"flatten(): only static dims of a multi_jagged tensor can be flattened, got dims {start}..{end}")
-    size = 1
-    for d in range(start, end + 1):
-        size *= input.shape[d]
-    return _reshape(input, (*input.shape[:start], size, *input.shape[end + 1:]))
+class _SgnReal(torch.autograd.Function):
+    """``sgn`` of a real tensor: derivative 0 (see ``_AbsReal`` for why not aten's formula)."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        return x.sgn()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return None if grad is None else torch.zeros_like(grad)
 
 
-def _split_route(chunks: bool):
-    def routed(input, split_size_or_sections, dim=0):
-        """``split`` / ``chunk`` of a static dim as ``narrow`` views, so that each piece has its own
-        backward (aten's ``split_backward`` builds zeros of nested-int sizes for unused pieces)."""
-        if not isinstance(input, MJT):
+def _sgn_route(fn):
+    def routed(input):
+        if (
+            not isinstance(input, MJT)
+            or not input.dtype.is_floating_point
+            or torch.compiler.is_compiling()
+            or not _needs_grad(input)
+        ):
             return NotImplemented
-        _static_dim("chunk" if chunks else "split", input, dim)
-        n = input.shape[dim]
-        if chunks:
-            step = -(-n // split_size_or_sections)
-            sizes = [min(step, n - i) for i in range(0, n, step)] if n else [0]
-        elif isinstance(split_size_or_sections, int):
-            sizes = [min(split_size_or_sections, n - i) for i in range(0, n, split_size_or_sections)] or [0]
-        else:
-            sizes = list(split_size_or_sections)
-        out, start = [], 0
-        for size in sizes:
-            out.append(input.narrow(dim, start, size))
-            start += size
-        return tuple(out)
+        return fn.apply(input)
 
     return routed
 
 
-route(torch.split, torch.Tensor.split)(_split_route(False))
-route(torch.chunk, torch.Tensor.chunk)(_split_route(True))
+route(torch.abs, torch.Tensor.abs, torch.absolute, torch.Tensor.absolute)(_sgn_route(_AbsReal))
+route(torch.sgn, torch.Tensor.sgn)(_sgn_route(_SgnReal))
 
 
-@route(torch.einsum)
-def _einsum(equation, *operands):
-    """``einsum`` that contracts static dims only: every multi_jagged operand carries the same
-    batch and ragged subscripts (and structure), which the output keeps in order; the packed rows
-    stand in for them, so the contraction runs on the values."""
-    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
-        operands = tuple(operands[0])
-    mjts = [o for o in operands if isinstance(o, MJT)]
-    if not mjts:
-        return NotImplemented
-    from ..bridge import values_of, wrap_values
-    from ._common import same_partition
+@route(F.softsign)
+def _softsign(input):
+    # F.softsign's body would call abs with the router off (aten's formula, see _AbsReal)
+    return input / (input.abs() + 1) if isinstance(input, MJT) else NotImplemented
 
-    lhs, _, out = equation.replace(" ", "").partition("->")
-    terms = lhs.split(",")
-    if not out or "." in equation or len(terms) != len(operands):
-        raise NotImplementedError(
-            f"einsum(): layout torch.multi_jagged needs an explicit '->' output and no ellipsis, got {equation!r}"
-        )
-    ref = mjts[0]
-    ragged_letters = None
-    for term, op in zip(terms, operands):
-        if isinstance(op, MJT):
-            letters = term[0] + "".join(term[d] for d in op._ragged_dims)
-            if ragged_letters is None:
-                ragged_letters = letters
-            if letters != ragged_letters or op._ragged_dims != ref._ragged_dims or not same_partition(op._partition, ref._partition):
-                raise ValueError(f"einsum(): multi_jagged operands must share batch and ragged subscripts and structure in {equation!r}")
-    dense_terms = [t for t, o in zip(terms, operands) if not isinstance(o, MJT)]
-    if any(c in t for t in dense_terms for c in ragged_letters):
-        raise NotImplementedError(f"einsum(): dense operands cannot index the batch or ragged dims in {equation!r}")
-    positions = [out.find(c) for c in ragged_letters]
-    if -1 in positions or positions != sorted(positions) or positions[0] != 0:
-        raise NotImplementedError(f"einsum(): the output must keep the batch and ragged subscripts in order in {equation!r}")
-    row = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in equation)
 
-    def packed(term):
-        return row + "".join(c for c in term if c not in ragged_letters)
-
-    values = torch.einsum(
-        ",".join(packed(t) if isinstance(o, MJT) else t for t, o in zip(terms, operands)) + "->" + packed(out),
-        *[values_of(o) if isinstance(o, MJT) else o for o in operands],
-    )
-    return wrap_values(values, ref._partition, tuple(positions[1:]))
+# The shape family (reshape / flatten / unflatten, split, einsum) registers its routes here.
+from . import shape_routes  # noqa: E402,F401

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import weakref
+
 import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int
 
 from ..errors import StructureError
 from ..kernels import reference as ref
 from . import register_multi_jagged_func
-from ._common import MJT, canonical_dim, describe, device_sizes, same_partition, map_to_sub, partition_for, note_sub, static_dims, wrap
+from ..structure import same_extent
+from ._common import (
+    MJT, canonical_dim, describe, device_sizes, map_to_sub, note_sub, partition_for, row_sample, same_partition, static_dims, wrap,
+)
 
 aten = torch.ops.aten
 
@@ -115,10 +120,89 @@ def _permute(inp, perm):
     vperm = [0] + [stat.index(p) + 1 for p in perm if p not in inp._ragged_dims and p != 0]
     values, partition = inp._values.permute(vperm), inp._partition
     if ragged_order != tuple(sorted(ragged_order)):
-        # The ragged dims change storage order: a per-sample transpose of the packed rows.
+        # The ragged dims change storage order: a per-sample transpose of the packed rows, which
+        # no strides can express — a copy (NOTE [ Reordered ragged dims are copies ]).
         index, partition = _reorder_rows(partition, ragged_order)
         values = values.index_select(0, index)
+        _mark_reorder_copy(values)
     return wrap(values, partition, new_ragged)
+
+
+# NOTE [ Reordered ragged dims are copies ]
+#
+# ``transpose`` / ``permute`` that reorders ragged dims gathers the packed rows (a per-sample
+# transpose of a rectangular block is not a strided view), so the result does not share memory
+# with its input, unlike a dense transpose. Reads are the same; a *write* would silently not
+# reach the original. So such a copy (and every view of it, which shares its storage) reports
+# ``is_contiguous() == False`` and refuses in-place ops (``guard_write``, checked once per
+# dispatch for every aten op that writes a tensor argument); ``.contiguous()`` / ``.clone()``
+# give an ordinary, writable tensor, as ``.contiguous()`` does for a dense transpose.
+# Copies are recognised by their storage: a registry of storage pointer → weak reference to
+# the gathered values (a pointer only counts while that tensor lives, so reuse cannot confuse
+# it). Empty values have no storage to write and are not registered.
+_REORDER_COPIES: dict[int, weakref.ref] = {}
+
+
+def _storage_ptr(v: torch.Tensor) -> int:
+    try:
+        return v.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):  # fake / functional tensors while tracing
+        return 0
+
+
+def _mark_reorder_copy(values: torch.Tensor) -> None:
+    ptr = _storage_ptr(values) if values.numel() else 0
+    if ptr:
+        _REORDER_COPIES[ptr] = weakref.ref(values, lambda _, ptr=ptr: _REORDER_COPIES.pop(ptr, None))
+
+
+def is_reorder_copy(x: MJT) -> bool:
+    """Whether ``x``'s values are (a view of) the copy made by reordering ragged dims."""
+    if not _REORDER_COPIES:
+        return False
+    ptr = _storage_ptr(x._values)
+    ref_ = _REORDER_COPIES.get(ptr) if ptr else None
+    return ref_ is not None and ref_() is not None
+
+
+_WRITTEN: dict = {}  # func -> (positions, keyword names) of the tensor arguments it writes
+_METADATA_WRITES = {"detach_", "requires_grad_"}
+
+
+def _written(func):
+    hit = _WRITTEN.get(func)
+    if hit is None:
+        schema = getattr(func, "_schema", None)
+        if schema is None or not schema.is_mutable or schema.name.split("::")[-1] in _METADATA_WRITES:
+            hit = ((), ())
+        else:
+            args = schema.arguments
+            w = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
+            hit = (tuple(i for i in w if not args[i].kwarg_only), tuple(args[i].name for i in w if args[i].kwarg_only))
+        _WRITTEN[func] = hit
+    return hit
+
+
+def guard_write(func, args, kwargs) -> None:
+    """Raise when an aten op would write into a reordered-ragged-dims copy (NOTE [ Reordered
+    ragged dims are copies ]); called for every dispatched op, so the common case is two dict
+    lookups."""
+    if not _REORDER_COPIES:
+        return
+    pos, names = _written(func)
+    if not pos and not names:
+        return
+    targets = [args[i] for i in pos if i < len(args)] + [kwargs[n] for n in names if n in kwargs]
+    for t in targets:
+        for x in (t if isinstance(t, (list, tuple)) else (t,)):
+            if isinstance(x, MJT) and is_reorder_copy(x):
+                name = func.__name__.split(".")[0]
+                raise NotImplementedError(
+                    f"{name}(): cannot write in place to {describe(x)}: it comes from a transpose / permute "
+                    "that reorders ragged dims, which is a copy for layout torch.multi_jagged (not a view "
+                    "of the original), so the write would not reach the original; write to the original, "
+                    "or call .contiguous() to write to the copy deliberately"
+                )
 
 
 def _reorder_rows(p, order: tuple[int, ...]):
@@ -192,17 +276,19 @@ def _prod(xs):
     return out
 
 
-@register_multi_jagged_func([aten.view.default, aten._unsafe_view.default, aten.reshape.default], "self: mjt, size: any")
-def view_default(func, inp, size):
-    """View / reshape of static dims. The batch and ragged dims stay (as the same nested ints);
-    static dims may regroup only within the runs between ragged dims."""
+def check_view_shape(op: str, inp, size) -> tuple[list, tuple[int, ...]]:
+    """``(static sizes, ragged dims)`` of ``inp`` viewed as ``size``, or a StructureError naming
+    ``op`` (the op the user called: ``view``, ``reshape``, ``flatten``, ``unflatten``). The batch
+    and ragged dims stay (as the same nested ints); static dims may regroup only within the runs
+    between ragged dims."""
     size = list(size)
+    what = f"cannot view {describe(inp)} as" if op == "view" else f"cannot {op} {describe(inp)} to"
     ragged_new = tuple(d for d, s in enumerate(size) if is_nested_int(s))
     if len(ragged_new) != len(inp._ragged_dims) or any(
         size[d] != inp._size[o] for d, o in zip(ragged_new, inp._ragged_dims)
     ) or size[0] not in (inp._partition.batch, -1):
         raise StructureError(
-            f"{func.__name__.split('.')[0]}(): cannot view {describe(inp)} as {tuple(size)}: the batch and ragged "
+            f"{op}(): {what} {tuple(size)}: the batch and ragged "
             "dims must stay, with the same nested ints"
         )
     old_segs = _segments(inp._size, inp._ragged_dims)
@@ -213,10 +299,16 @@ def view_default(func, inp, size):
             n[n.index(-1)] = _prod(o) // known if known else 0
         if _prod(o) != _prod(n):
             raise StructureError(
-                f"{func.__name__.split('.')[0]}(): cannot view {describe(inp)} as {tuple(size)}: static dims may only "
+                f"{op}(): {what} {tuple(size)}: static dims may only "
                 "regroup between ragged dims"
             )
-    static = [s for seg in new_segs for s in seg]
+    return [s for seg in new_segs for s in seg], ragged_new
+
+
+@register_multi_jagged_func([aten.view.default, aten._unsafe_view.default, aten.reshape.default], "self: mjt, size: any")
+def view_default(func, inp, size):
+    """View / reshape of static dims (``check_view_shape``)."""
+    static, ragged_new = check_view_shape(func.__name__.split(".")[0], inp, size)
     v = inp._values
     values = v.view(v.shape[0], *static) if func is aten.view.default else v.reshape(v.shape[0], *static)
     return wrap(values, inp._partition, ragged_new)
@@ -266,3 +358,82 @@ def stack_default(func, tensors, dim=0):
         raise StructureError(f"stack(): cannot stack along the batch dim of {describe(first)}")
     pieces = [unsqueeze_default(aten.unsqueeze.default, t, d) if isinstance(t, MJT) else t for t in tensors]
     return cat_default(aten.cat.default, pieces, d, op="stack")
+
+
+# ----------------------------------------------------------------------------- diagonal
+def _diag_dims(op: str, inp_ndim: int, ragged_dims, offset, dim1, dim2):
+    a, b = canonical_dim(op, inp_ndim, dim1), canonical_dim(op, inp_ndim, dim2)
+    if a == b:
+        raise ValueError(f"{op}(): expected distinct dims, got dim1 = dim2 = {a}")
+    if 0 in (a, b):
+        raise StructureError(f"{op}(): cannot take a diagonal over the batch dim of a multi_jagged tensor")
+    ragged = (a in ragged_dims) + (b in ragged_dims)
+    if ragged == 1:
+        raise StructureError(f"{op}(): cannot take a diagonal over a ragged and a static dim (dims {a}, {b})")
+    if ragged == 2 and offset != 0:
+        raise NotImplementedError(
+            f"{op}(): a diagonal with offset {offset} over ragged dims changes their extent; only offset 0 "
+            "is supported for layout torch.multi_jagged"
+        )
+    return min(a, b), max(a, b), ragged == 2
+
+
+def _diagonal_rows(pair, single) -> torch.Tensor:
+    """Row of the square ``pair`` partition holding cell ``(a, a)`` for every row ``a`` of the
+    ``single`` partition of the same extent (cached): ``o²_i + a·(n_i + 1)``."""
+    key = ("diagonal_rows", id(pair))
+    hit = single.cache.get(key)
+    if hit is None:
+        sample = row_sample(single)
+        local = torch.arange(single.rows, device=single.offsets.device) - single.offsets[sample]
+        n = single.offsets[1:] - single.offsets[:-1]
+        hit = single.cache[key] = pair.offsets[sample] + local * (n[sample] + 1)
+    return hit
+
+
+def _square_extent(op: str, inp, a: int, b: int):
+    p = inp._partition
+    ea, eb = p.extents[inp._ragged_dims.index(a)], p.extents[inp._ragged_dims.index(b)]
+    if len(p.extents) != 2 or not same_extent(ea, eb):
+        raise NotImplementedError(
+            f"{op}(): a diagonal over ragged dims needs a square pair (two ragged dims of one extent), got "
+            f"{describe(inp)} for layout torch.multi_jagged"
+        )
+    return ea
+
+
+@register_multi_jagged_func(aten.diagonal.default, "self: mjt, offset: any?, dim1: any?, dim2: any?")
+def diagonal_default(func, inp, offset=0, dim1=0, dim2=1):
+    """Diagonal as dense torch defines it (the two dims removed, the diagonal appended last).
+    Over two static dims: a view of the values. Over the two ragged dims of a square pair
+    ``(B, j0, j0, *S)``: the cells ``(a, a)`` gathered — ``(B, *S, j0)`` with the singles'
+    partition; a copy (NOTE [ Reordered ragged dims are copies ])."""
+    ndim = len(inp._size)
+    a, b, ragged = _diag_dims("diagonal", ndim, inp._ragged_dims, offset, dim1, dim2)
+    stat = static_dims(ndim, inp._ragged_dims)
+    if not ragged:
+        values = inp._values.diagonal(offset, stat.index(a) + 1, stat.index(b) + 1)
+        out_ragged = tuple(r - (r > a) - (r > b) for r in inp._ragged_dims)
+        return wrap(values, inp._partition, out_ragged)
+    e = _square_extent("diagonal", inp, a, b)
+    single = partition_for([e])
+    values = inp._values.index_select(0, _diagonal_rows(inp._partition, single))
+    _mark_reorder_copy(values)
+    return wrap(values, single, (ndim - 2,))
+
+
+@register_multi_jagged_func(aten.diagonal_backward.default, "grad: mjt, input_sizes: any, offset: any, dim1: any, dim2: any")
+def diagonal_backward_default(func, grad, input_sizes, offset, dim1, dim2):
+    ndim = len(input_sizes)
+    in_ragged = tuple(d for d in range(1, ndim) if is_nested_int(input_sizes[d]))
+    a, b, ragged = _diag_dims("diagonal_backward", ndim, in_ragged, offset, dim1, dim2)
+    stat = static_dims(ndim, in_ragged)
+    static_sizes = [input_sizes[d] for d in stat]
+    v = grad._values
+    if not ragged:
+        values = func(v, [v.shape[0], *static_sizes], offset, stat.index(a) + 1, stat.index(b) + 1)
+        return wrap(values, grad._partition, in_ragged)
+    e = grad._partition.extents[0]
+    pair = partition_for([e, e])
+    values = v.new_zeros((pair.rows, *v.shape[1:])).index_copy(0, _diagonal_rows(pair, grad._partition), v)
+    return wrap(values, pair, in_ragged)

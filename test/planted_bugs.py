@@ -1,0 +1,150 @@
+"""Measure what the suite catches: plant plausible one-line bugs, one at a time, and run tests.
+
+Not a test module (pytest collects ``test_*.py`` only). Each entry below is a one-line change a
+reviewer could plausibly miss — an off-by-one, a dropped cast, a wrong tie rule, a swapped
+order — in a handler, an index map or a backward formula. For each, the package and its tests are
+copied to a scratch directory, the line is changed there, and pytest runs on the copy
+(``PYTHONPATH`` puts it first) with ``-x``: a bug is *caught* when some test fails.
+
+    python test/planted_bugs.py            # every planted bug, a table at the end
+    python test/planted_bugs.py -k amax    # those whose name contains "amax"
+    python test/planted_bugs.py --full     # run the whole suite per bug (slow), not the subset
+    python test/planted_bugs.py --rev HEAD~3   # measure an earlier revision's suite
+
+Each bug names the test files most likely to catch it; ``--full`` removes that hint, which
+only matters for a bug the subset misses.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+ROOT = pathlib.Path(__file__).resolve().parent.parent
+PKG = ROOT / "torch_multijagged"
+
+
+@dataclass(frozen=True)
+class Bug:
+    name: str
+    file: str  # relative to the package
+    old: str  # must occur exactly once
+    new: str
+    tests: tuple[str, ...]  # test files (relative to test/) to run
+
+
+BUGS = [
+    # ------------------------------------------------------------------ the nine of issue 7
+    Bug("from_padded length check off by one", "constructors.py",
+        "(col > padded.shape[d]).any()", "(col > padded.shape[d] + 1).any()", ("test_constructor_checks.py", "test_constructors.py", "test_errors.py")),
+    Bug("masked_fill drops the dtype cast", "ops/factory.py",
+        "return pointwise(aten.where.self, mask, value.to(inp.dtype), inp)",
+        "return pointwise(aten.where.self, mask, value, inp)", ("test_op_chains.py", "test_pointwise.py")),
+    Bug("amax gradient: ties each take the whole gradient", "ops/reductions.py",
+        "gi = g * hit / _to_rows(plan, _forward_k(plan, x, hit, \"sum\"))", "gi = g * hit",
+        ("test_ragged_reductions.py", "test_reductions_static.py", "test_reduction_grads.py")),
+    Bug("row_map visits kept dims in the wrong order", "kernels/reference.py",
+        "for k in reversed(keep):", "for k in keep:", ("test_reduction_grads.py", "test_ragged_reductions.py", "test_broadcast.py")),
+    Bug("dense reduce_backward(mean) forgets 1/n", "compile/library.py",
+        "return (grad / n).expand_as(x).clone()", "return grad.expand_as(x).clone()",
+        ("test_custom_ops.py", "test_reduction_grads.py", "test_ragged_reductions.py")),
+    # ------------------------------------------------------------------ more of the same kind
+    Bug("amax over an empty extent gives the highest value", "ops/reductions.py",
+        "return info.min if kind == \"amax\" else info.max", "return info.max if kind == \"amax\" else info.min",
+        ("test_ragged_reductions.py",)),
+    Bug("mean counts rows, not static elements", "ops/reductions.py",
+        "n *= x._values.shape[vd]", "n *= 1", ("test_ragged_reductions.py", "test_reductions_static.py")),
+    Bug("logsumexp forgets to add back the max", "ops/reductions.py",
+        "\"sum\").log() + m", "\"sum\").log()", ("test_ragged_reductions.py",)),
+    Bug("prod gradient with one zero is zero", "ops/reductions.py",
+        "only_me = torch.where(zero, nonzero_prod, torch.zeros_like(v))",
+        "only_me = torch.zeros_like(v)", ("test_ragged_reductions.py",)),
+    Bug("to_padded ignores the padding value", "ops/custom.py",
+        "flat = x._values.new_full((cells, *static), padding)",
+        "flat = x._values.new_zeros((cells, *static))", ("test_constructors.py",)),
+    Bug("square-pair row count from (Σn)² instead of Σn²", "structure.py",
+        "sq = int((lengths * lengths).sum()) if b else 0", "sq = int(lengths.sum() ** 2) if b else 0",
+        ("test_broadcast.py", "test_constructors.py")),
+    Bug("row_map stride ignores the inner extent", "kernels/reference.py",
+        "stride = n if stride is None else stride * n", "stride = n", ("test_reduction_grads.py", "test_ragged_reductions.py", "test_broadcast.py")),
+    Bug("argmax picks the last of tied maxima", "ops/reductions.py",
+        "k_out = ref.segment_reduce(first, plan.index, plan.rows, \"amin\", empty=0)",
+        "k_out = ref.segment_reduce(torch.where(hit, pos, torch.full_like(pos, -1)), plan.index, plan.rows, \"amax\", empty=0)",
+        ("test_ragged_reductions.py",)),
+    # ------------------------------------------------------------------ code paths added for issue 7
+    Bug("integer sum accumulates in the input dtype", "ops/reductions.py",
+        "        return v.to(torch.int64)\n", "        return v\n", ("test_reduction_dtypes.py", "test_op_chains.py")),
+    Bug("logsumexp of integers in float64, not the default dtype", "ops/reductions.py",
+        "        return v.to(torch.get_default_dtype())", "        return v.double()",
+        ("test_reduction_dtypes.py", "test_op_chains.py")),
+    Bug("autograd.grad's inputs relabelled again", "ops/routes.py",
+        "    if held or isinstance(func, (torch._ops.OpOverload", "    if isinstance(func, (torch._ops.OpOverload",
+        ("test_gradients_reach_leaves.py",)),
+    Bug("double backward of a reduction ignores the local derivative", "compile/library.py",
+        "d_grad = mj.reduce(gg * local, \"sum\", dim, keepdim)", "d_grad = mj.reduce(gg, \"sum\", dim, keepdim)",
+        ("test_double_backward.py",)),
+    Bug("row offsets not checked against sizes", "constructors.py",
+        "    if not torch.equal(off.diff(), counts):", "    if False:",
+        ("test_serialization.py", "test_constructor_checks.py", "test_constructors.py")),
+]
+
+
+def _tree(dest: pathlib.Path, rev: str | None) -> None:
+    """The package, its tests and pyproject.toml from the working tree or a git revision."""
+    dest.mkdir()
+    if rev is None:
+        for part in ("torch_multijagged", "test"):
+            shutil.copytree(ROOT / part, dest / part, ignore=shutil.ignore_patterns("__pycache__", ".hypothesis"))
+        shutil.copy(ROOT / "pyproject.toml", dest)
+        return
+    archive = subprocess.run(["git", "archive", rev, "torch_multijagged", "test", "pyproject.toml"],
+                             cwd=ROOT, capture_output=True, check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True)
+
+
+def run(bug: Bug, full: bool, rev: str | None) -> tuple[str, float]:
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = pathlib.Path(tmp) / "tree"
+        _tree(tree, rev)
+        target = tree / "torch_multijagged" / bug.file
+        src = target.read_text()
+        if src.count(bug.old) != 1:
+            return f"stale ({src.count(bug.old)} matches)", 0.0
+        target.write_text(src.replace(bug.old, bug.new))
+        env = dict(os.environ, PYTHONPATH=str(tree) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        env.setdefault("HYPOTHESIS_PROFILE", "default")
+        tests = ["test"] if full else [f"test/{t}" for t in bug.tests if (tree / "test" / t).exists()]
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests]
+        t0 = time.perf_counter()
+        r = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True)
+        dt = time.perf_counter() - t0
+        # exit code 1: a test failed; 0: all passed; anything else (collection error…) also fails CI
+        return ("caught" if r.returncode != 0 else "MISSED"), dt
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-k", default="", help="only bugs whose name contains this")
+    ap.add_argument("--full", action="store_true", help="run the whole suite for each bug")
+    ap.add_argument("--rev", default=None, help="plant into this git revision instead of the working tree")
+    args = ap.parse_args()
+    rows = []
+    for bug in BUGS:
+        if args.k not in bug.name:
+            continue
+        verdict, dt = run(bug, args.full, args.rev)
+        rows.append((bug.name, verdict, dt))
+        print(f"{verdict:>8}  {dt:6.1f}s  {bug.name}", flush=True)
+    caught = sum(v == "caught" for _, v, _ in rows)
+    print(f"\ncaught {caught} of {len(rows)} planted bugs")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,238 @@
+"""Result dtypes of reductions (ops/reductions.py, ops/routes.py): every reduction over static,
+ragged, mixed and all ragged dims, for every dtype, equals the dense op per sample — values
+*and dtype* (integer and bool sums and products accumulate in int64; ``any``/``all`` give bool,
+uint8 for uint8; ``logsumexp`` of integers gives the default float dtype; bool ``amax`` works).
+Also the norm of an empty extent (NOTE [ Norm of an empty extent ] in ops/routes.py).
+"""
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+
+from _reference import CUBE, LAYOUTS, SEQ, build, components, few, seeds, structures
+
+ALL = (torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64,
+       torch.float16, torch.bfloat16, torch.float32, torch.float64)
+FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+NOT_BOOL = tuple(d for d in ALL if d != torch.bool)
+
+# dims (negative: the same dims of the batch and of a component) per layout: static only,
+# one ragged dim, ragged + static, every ragged dim (a dense result)
+DIMS = {
+    "seq": [(-1,), (-2,), (-2, -1)],
+    "square": [(-1,), (-3,), (-2,), (-2, -1), (-3, -2)],
+    "rect": [(-1,), (-3,), (-3, -1), (-3, -2), (-3, -2, -1)],
+    "static_lead": [(-3,), (-1,), (-2,), (-3, -2)],
+    "cube": [(-1,), (-3,), (-4, -2), (-4, -3, -2)],
+}
+RAGGED = {"seq": {-2}, "square": {-3, -2}, "rect": {-3, -2}, "static_lead": {-2}, "cube": {-4, -3, -2}}
+LAYOUT = {str(lay): lay for lay in (*LAYOUTS, CUBE)}
+
+# name -> (fn(t, dims, keepdim), empty-extent rule, dtypes, takes several dims)
+REDUCTIONS = {
+    "sum": (lambda t, d, k: t.sum(d, keepdim=k), None, ALL, True),
+    "torch.sum": (lambda t, d, k: torch.sum(t, d, keepdim=k), None, ALL, True),
+    "sum_dtype_int32": (lambda t, d, k: t.sum(d, keepdim=k, dtype=torch.int32), None, ALL, True),
+    "sum_dtype_float64": (lambda t, d, k: t.sum(d, keepdim=k, dtype=torch.float64), None, ALL, True),
+    "prod": (lambda t, d, k: t.prod(d[0], keepdim=k), None, ALL, False),
+    "prod_dtype_int16": (lambda t, d, k: torch.prod(t, d[0], keepdim=k, dtype=torch.int16), None, ALL, False),
+    "mean": (lambda t, d, k: t.mean(d, keepdim=k), None, FLOATS, True),
+    "mean_dtype_float64": (lambda t, d, k: t.mean(d, keepdim=k, dtype=torch.float64), None, ALL, True),
+    "amax": (lambda t, d, k: t.amax(d, keepdim=k), "lowest", ALL, True),
+    "amin": (lambda t, d, k: torch.amin(t, d, keepdim=k), "highest", ALL, True),
+    "max.values": (lambda t, d, k: t.max(d[0], keepdim=k).values, "lowest", ALL, False),
+    "max.indices": (lambda t, d, k: t.max(d[0], keepdim=k).indices, "zero", ALL, False),
+    "min.values": (lambda t, d, k: torch.min(t, d[0], keepdim=k).values, "highest", ALL, False),
+    "min.indices": (lambda t, d, k: t.min(d[0], keepdim=k).indices, "zero", ALL, False),
+    "argmax": (lambda t, d, k: t.argmax(d[0], keepdim=k), "zero", NOT_BOOL, False),
+    "argmin": (lambda t, d, k: torch.argmin(t, d[0], keepdim=k), "zero", NOT_BOOL, False),
+    "any": (lambda t, d, k: t.any(d, keepdim=k), None, ALL, True),
+    "all": (lambda t, d, k: torch.all(t, d, keepdim=k), None, ALL, True),
+    "logsumexp": (lambda t, d, k: torch.logsumexp(t, d, keepdim=k), None, ALL, True),
+    "var": (lambda t, d, k: t.var(d, keepdim=k), None, FLOATS, True),
+    "std_c0": (lambda t, d, k: torch.std(t, d, correction=0, keepdim=k), None, FLOATS, True),
+    "vector_norm": (lambda t, d, k: torch.linalg.vector_norm(t, 2, d, keepdim=k), None, FLOATS, True),
+    "vector_norm_inf": (lambda t, d, k: torch.linalg.vector_norm(t, math.inf, d, keepdim=k), "zero", FLOATS, True),
+    "norm_1": (lambda t, d, k: t.norm(1, d, keepdim=k), None, FLOATS, True),
+}
+
+
+def _lowest(dt):
+    return False if dt == torch.bool else (torch.finfo(dt) if dt.is_floating_point else torch.iinfo(dt)).min
+
+
+def _highest(dt):
+    return True if dt == torch.bool else (torch.finfo(dt) if dt.is_floating_point else torch.iinfo(dt)).max
+
+
+_FILL = {"lowest": _lowest, "highest": _highest, "zero": lambda dt: 0}
+
+
+def empty_rule(fn, rule, dims):
+    """Dense ``fn`` on a component, except over an empty extent where dense torch refuses (no
+    identity): the README's rule (dtype's lowest / highest value, index 0, inf-norm 0)."""
+
+    def ref(c):
+        canon = {d % c.dim() for d in dims}
+        if rule is None or not any(c.shape[d] == 0 for d in canon):
+            return fn(c)
+        like = fn(torch.zeros([1 if d in canon and n == 0 else n for d, n in enumerate(c.shape)], dtype=c.dtype))
+        return torch.full(like.shape, _FILL[rule](like.dtype), dtype=like.dtype)
+
+    return ref
+
+
+def _tol(dtype):
+    return {torch.float16: 2e-2, torch.bfloat16: 5e-2, torch.float32: 1e-5}.get(dtype, 1e-9)
+
+
+def check_per_sample(fn, ref, s, seed, dense: bool):
+    """``fn(x)`` against ``ref`` per component: values and dtype; for B = 0, rank and dtype as
+    the dense op gives on a component of extents 1."""
+    comps = components(s.shapes, seed, dtype=s.dtype)
+    x, _ = build(comps, s.ragged_dims)
+    out = fn(x)
+    assert isinstance(out, mj.MultiJaggedTensor) != dense, f"expected a {'dense' if dense else 'multi_jagged'} result"
+    if s.batch == 0:
+        like = ref(torch.ones(s.layout.shape(1, 1, s.s, s.c, 1), dtype=s.dtype))
+        assert out.dtype == like.dtype, f"B = 0: dtype {out.dtype} != {like.dtype}"
+        assert out.shape[0] == 0 and out.dim() == like.dim() + 1
+        if dense:
+            assert tuple(out.shape[1:]) == tuple(like.shape)
+        return
+    got = list(out.unbind()) if not dense else list(out.unbind(0))
+    assert len(got) == s.batch
+    for i, (o, c) in enumerate(zip(got, comps)):
+        e = ref(c)
+        assert o.dtype == e.dtype, f"sample {i}: dtype {o.dtype} != {e.dtype}"
+        tol = _tol(e.dtype)
+        torch.testing.assert_close(o, e, rtol=tol, atol=tol, equal_nan=True, msg=lambda m: f"sample {i}: {m}")
+
+
+def _cases():
+    for name, (_, _, _, multi) in REDUCTIONS.items():
+        for layout, dims_list in DIMS.items():
+            for dims in dims_list:
+                if multi or len(dims) == 1:
+                    yield pytest.param(name, layout, dims, id=f"{name}-{layout}-{dims}")
+
+
+@pytest.mark.parametrize("keepdim", [False, True], ids=["", "keepdim"])
+@pytest.mark.parametrize("name,layout,dims", list(_cases()))
+def test_reduction_dtype_per_sample(name, layout, dims, keepdim):
+    """Values and result dtype equal the dense op per sample for every dtype the dense op takes
+    (bool, uint8, int8, int16, int32, int64, float16, bfloat16, float32, float64)."""
+    fn, rule, dtypes, _ = REDUCTIONS[name]
+    lay = LAYOUT[layout]
+    dense = RAGGED[layout] <= set(dims)
+
+    @few(6)
+    @given(structures(lay, max_batch=3, max_len=3, dtypes=dtypes), seeds)
+    def check(s, seed):
+        ref = empty_rule(lambda t: fn(t, dims, keepdim), rule, dims)
+        check_per_sample(lambda t: fn(t, dims, keepdim), ref, s, seed, dense)
+
+    check()
+
+
+# ----------------------------------------------------------------------------- golden
+def test_bool_sum_counts_golden():
+    mask = mj.nested_tensor([torch.tensor([[True], [True], [True]]), torch.tensor([[False]]), torch.zeros(0, 1, dtype=torch.bool)])
+    c = mask.sum(dim=1)
+    assert c.dtype == torch.int64
+    assert c.tolist() == [[3], [0], [0]]  # = [1+1+1], [0], [empty]
+    assert mask.sum().dtype == torch.int64 and mask.sum().item() == 3
+    assert mask.sum(-1).dtype == torch.int64  # over a static dim too
+    assert [t.tolist() for t in mask.sum(-1).unbind()] == [[1, 1, 1], [0], []]
+
+
+def test_int32_sum_does_not_wrap_golden():
+    big = 2**30
+    x = mj.nested_tensor([torch.full((3, 1), big, dtype=torch.int32), torch.ones(0, 1, dtype=torch.int32)])
+    s = x.sum(1)
+    assert s.dtype == torch.int64 and s.tolist() == [[3 * big], [0]]  # = 3·2³⁰ (int32 would wrap to -2³⁰)
+    assert x.sum(1, dtype=torch.int32).tolist() == [[-(2**30)], [0]]  # dtype=int32 wraps as dense torch
+    assert torch.full((3, 1), big, dtype=torch.int32).sum(0, dtype=torch.int32).tolist() == [-(2**30)]
+    p = mj.nested_tensor([torch.tensor([[2], [3]], dtype=torch.int8), torch.ones(0, 1, dtype=torch.int8)]).prod(1)
+    assert p.dtype == torch.int64 and p.tolist() == [[6], [1]]  # = 2·3, empty → 1
+
+
+def test_bool_prod_and_extremes_golden():
+    b = mj.nested_tensor([torch.tensor([True, False, True]), torch.tensor([True]), torch.zeros(0, dtype=torch.bool)])
+    assert b.prod(1).dtype == torch.int64 and b.prod(1).tolist() == [0, 1, 1]  # = 1·0·1, 1, empty → 1
+    assert b.amax(1).tolist() == [True, True, False]  # = any, any, empty → False (lowest bool)
+    assert b.amin(1).tolist() == [False, True, True]  # = all, all, empty → True (highest bool)
+    v, i = b.max(1)
+    assert v.dtype == torch.bool and v.tolist() == [True, True, False] and i.tolist() == [0, 0, 0]
+    v, i = b.min(dim=1)
+    assert v.tolist() == [False, True, True] and i.tolist() == [1, 0, 0]
+    with pytest.raises(RuntimeError, match="bool"):
+        b.argmax(1)  # as dense torch
+    with pytest.raises(RuntimeError, match="bool"):
+        torch.tensor([True]).argmax(0)
+
+
+def test_any_all_dtypes_golden():
+    u = mj.nested_tensor([torch.tensor([0, 3], dtype=torch.uint8), torch.zeros(0, dtype=torch.uint8)])
+    assert u.any(1).dtype == torch.uint8 and u.any(1).tolist() == [1, 0]  # uint8 stays uint8, as dense
+    f = mj.nested_tensor([torch.tensor([0.0, 2.5]), torch.zeros(0)])
+    assert f.all(1).dtype == torch.bool and f.all(1).tolist() == [False, True]  # = 0≠0 and …, empty → True
+
+
+def test_logsumexp_of_integers_golden():
+    x = mj.nested_tensor([torch.tensor([0, 0], dtype=torch.int32), torch.zeros(0, dtype=torch.int32)])
+    out = torch.logsumexp(x, 1)
+    assert out.dtype == torch.get_default_dtype()
+    torch.testing.assert_close(out, torch.tensor([math.log(2.0), -math.inf]))  # = log(e⁰+e⁰), log 0
+
+
+@pytest.mark.parametrize("op", ["mean(1)", "mean(-1)", "var(1)", "std(-1)", "vector_norm(1)", "norm(-1)"])
+def test_float_only_reductions_raise_for_integers_like_dense(op):
+    fn = {
+        "mean(1)": lambda t: t.mean(1 if isinstance(t, mj.MultiJaggedTensor) else 0),
+        "mean(-1)": lambda t: t.mean(-1),
+        "var(1)": lambda t: t.var(1 if isinstance(t, mj.MultiJaggedTensor) else 0),
+        "std(-1)": lambda t: t.std(-1),
+        "vector_norm(1)": lambda t: torch.linalg.vector_norm(t, dim=1 if isinstance(t, mj.MultiJaggedTensor) else 0),
+        "norm(-1)": lambda t: t.norm(dim=-1),
+    }[op]
+    comps = [torch.ones(3, 2, dtype=torch.int64), torch.ones(0, 2, dtype=torch.int64)]
+    with pytest.raises(RuntimeError) as dense:
+        fn(comps[0])
+    with pytest.raises(RuntimeError) as ours:
+        fn(mj.nested_tensor(comps))
+    assert type(ours.value) is type(dense.value)
+
+
+# ----------------------------------------------------------------------------- norms of empty extents
+def test_inf_norm_of_empty_extent_is_zero_golden():
+    x = mj.nested_tensor([torch.tensor([[3.0, -4.0], [-5.0, 1.0]]), torch.zeros(0, 2)], ragged_dims=(1,))
+    for out in (torch.linalg.vector_norm(x, math.inf, 1), x.norm(math.inf, 1), torch.norm(x, p=math.inf, dim=1)):
+        assert out.tolist() == [[5.0, 4.0], [0.0, 0.0]]  # = [max(|3|,|-5|), max(|-4|,|1|)], empty → 0
+    assert torch.linalg.vector_norm(x, math.inf, (1, 2)).tolist() == [5.0, 0.0]
+
+
+def test_negative_norms_of_empty_extent_are_inf_golden():
+    x = mj.nested_tensor([torch.tensor([[3.0, -4.0], [-5.0, 2.0]]), torch.zeros(0, 2)], ragged_dims=(1,))
+    assert torch.linalg.vector_norm(x, -math.inf, 1).tolist() == [[3.0, 2.0], [math.inf, math.inf]]  # = min |x|; empty → inf
+    m1 = torch.linalg.vector_norm(x, -1, 1)
+    torch.testing.assert_close(m1[0], torch.tensor([1 / (1 / 3 + 1 / 5), 1 / (1 / 4 + 1 / 2)]))  # = (Σ|x|⁻¹)⁻¹
+    assert m1[1].tolist() == [math.inf, math.inf]  # = (Σ∅)^(1/p) = 0⁻¹
+
+
+def test_inf_norm_over_empty_extent_never_negative():
+    @few(10)
+    @given(structures(SEQ, dtypes=FLOATS), seeds, st.sampled_from([math.inf, 2, 1, 0.5]))
+    def check(s, seed, ord):
+        x, _ = build(components(s.shapes, seed, dtype=s.dtype), s.ragged_dims)
+        out = torch.linalg.vector_norm(x, ord, 1)
+        assert bool((out >= 0).all())
+        for o, n in zip(out.unbind(0), [e[0] for e in s.sizes]):
+            if n == 0:
+                assert bool((o == 0).all())
+
+    check()

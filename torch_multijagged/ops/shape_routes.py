@@ -1,0 +1,239 @@
+"""``__torch_function__`` routes of the shape family: ``reshape`` / ``flatten`` / ``unflatten``,
+the ``split`` family and ``einsum`` (see ``routes.py`` for what a route may do).
+
+Errors name the op the user called (``reshape()``, not the ``view()`` it routes to); piece sizes
+of the ``split`` family and the sizes of ``unflatten`` come from dense torch itself, run on a
+meta tensor of the static sizes, so edge cases (size 0, more chunks than elements, uneven
+pieces, ``-1``) and their errors are exactly dense torch's.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..errors import StructureError
+from ..structure import same_extent
+from ._common import MJT, canonical_dim, describe
+from .routes import _static_dim, route
+from .views import check_view_shape
+
+
+# ----------------------------------------------------------------------------- reshape family
+def _normalize_shape(shape) -> tuple:
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple, torch.Size)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def reshape_as(op: str, input: MJT, shape) -> MJT:
+    """``reshape`` = ``view``, after a copy when the static dims cannot be viewed with their
+    strides; aten's composite would multiply nested ints to check the element count. The shape
+    is checked first, so that a bad one is reported under ``op``'s name."""
+    check_view_shape(op, input, shape)
+    try:
+        return input.view(shape)
+    except StructureError:
+        raise
+    except RuntimeError:  # not viewable with these strides: copy, as reshape does
+        return input.contiguous().view(shape)
+
+
+@route(torch.reshape, torch.Tensor.reshape)
+def _reshape(input, *shape):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    return reshape_as("reshape", input, _normalize_shape(shape))
+
+
+@route(torch.flatten, torch.Tensor.flatten)
+def _flatten(input, start_dim=0, end_dim=-1):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    start = canonical_dim("flatten", input.dim(), start_dim)
+    end = canonical_dim("flatten", input.dim(), end_dim)
+    if start > end:
+        raise ValueError(f"flatten(): expected start_dim <= end_dim, got {start_dim} and {end_dim}")
+    if start == end:
+        return input
+    if start == 0 or any(start <= d <= end for d in input._ragged_dims):
+        raise StructureError(
+            f"flatten(): only static dims of a multi_jagged tensor can be flattened, got dims {start}..{end} of "
+            f"{describe(input)}"
+        )
+    size = 1
+    for d in range(start, end + 1):
+        size *= input.shape[d]
+    return reshape_as("flatten", input, (*input.shape[:start], size, *input.shape[end + 1:]))
+
+
+@route(torch.unflatten, torch.Tensor.unflatten)
+def _unflatten(input, dim, sizes):
+    """``unflatten`` of a static dim (``-1`` inferred as dense torch does); a batch or ragged
+    dim cannot be split into several."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    d = _static_dim("unflatten", input, dim)
+    # dense torch's own checks and -1 inference (its errors name the dim the user gave)
+    new = _probe(input, d).unflatten(dim, sizes).shape[d : d + len(sizes)]
+    return reshape_as("unflatten", input, (*input.shape[:d], *new, *input.shape[d + 1:]))
+
+
+# ----------------------------------------------------------------------------- split family
+def _probe(input: MJT, d: int) -> torch.Tensor:
+    """A meta tensor with ``input``'s static sizes (1 for the batch and ragged dims) whose only
+    non-zero stride is 1 at dim ``d``: a piece's storage offset is where it starts along ``d``."""
+    shape = [1 if i == 0 or i in input._ragged_dims else s for i, s in enumerate(input.shape)]
+    return torch.empty_strided(shape, [1 if i == d else 0 for i in range(len(shape))], device="meta")
+
+
+def _split_pieces(op: str, input: MJT, dim: int, dense_split) -> tuple:
+    """Pieces of ``input`` along static ``dim`` as ``narrow`` views, so that each piece has its
+    own backward (aten's ``split_backward`` builds zeros of nested-int sizes for unused pieces).
+    ``dense_split(probe)`` is the dense op on a 1-D meta tensor of the dim's size: its pieces'
+    sizes and offsets are the pieces' (tensor_split's can overlap or be empty)."""
+    d = _static_dim(op, input, dim)
+    return tuple(input.narrow(d, p.storage_offset(), p.shape[d]) for p in dense_split(_probe(input, d)))
+
+
+def _dim_arg(args, kwargs, index: int):
+    if "dim" in kwargs:
+        return kwargs["dim"]
+    return args[index] if len(args) > index else 0
+
+
+def _split_route(op: str, method: str):
+    def routed(input, *args, **kwargs):
+        if not isinstance(input, MJT):
+            return NotImplemented
+        dim = _dim_arg(args, kwargs, 1)
+        rest = {k: v for k, v in kwargs.items() if k != "dim"}
+        return _split_pieces(op, input, dim, lambda t: getattr(t, method)(*args[:1], **rest, dim=dim))
+
+    return routed
+
+
+route(torch.split, torch.Tensor.split)(_split_route("split", "split"))
+route(torch.chunk, torch.Tensor.chunk)(_split_route("chunk", "chunk"))
+route(torch.split_with_sizes, torch.Tensor.split_with_sizes)(_split_route("split_with_sizes", "split_with_sizes"))
+route(torch.unsafe_split, torch.Tensor.unsafe_split)(_split_route("unsafe_split", "unsafe_split"))
+route(torch.unsafe_chunk, torch.Tensor.unsafe_chunk)(_split_route("unsafe_chunk", "unsafe_chunk"))
+route(torch.tensor_split, torch.Tensor.tensor_split)(_split_route("tensor_split", "tensor_split"))
+
+
+def _xsplit_route(op: str, pick_dim):
+    """``hsplit`` / ``vsplit`` / ``dsplit``: ``tensor_split`` along a fixed dim."""
+
+    def routed(input, sections):
+        if not isinstance(input, MJT):
+            return NotImplemented
+        d = pick_dim(input.dim())
+        _static_dim(op, input, d)
+
+        def dense(t):
+            return getattr(torch, op)(t, sections)  # dense torch's dim choice and checks
+
+        return _split_pieces(op, input, d, dense)
+
+    return routed
+
+
+route(torch.hsplit, torch.Tensor.hsplit)(_xsplit_route("hsplit", lambda n: 1 if n > 1 else 0))
+route(torch.vsplit, torch.Tensor.vsplit)(_xsplit_route("vsplit", lambda n: 0))
+route(torch.dsplit, torch.Tensor.dsplit)(_xsplit_route("dsplit", lambda n: 2))
+
+
+# ----------------------------------------------------------------------------- einsum
+_LAYOUT = "layout torch.multi_jagged"
+
+
+def _diagonals(op: MJT, term: str, equation: str):
+    """``(op, term)`` with every subscript repeated on two ragged dims replaced by the diagonal
+    (``biic`` on a square pair → ``bic``, via ``torch.diagonal``)."""
+    for d1 in op._ragged_dims:
+        c = term[d1]
+        d2 = next((d for d in op._ragged_dims if d > d1 and term[d] == c), None)
+        if d2 is None:
+            continue
+        p = op._partition
+        e1, e2 = p.extents[op._ragged_dims.index(d1)], p.extents[op._ragged_dims.index(d2)]
+        if len(p.extents) != 2 or not same_extent(e1, e2):
+            raise NotImplementedError(
+                f"einsum(): subscript {c!r} on ragged dims {d1} and {d2} of {describe(op)} asks for a diagonal, "
+                f"which needs a square pair (two ragged dims of one extent) for {_LAYOUT}; got {equation!r}"
+            )
+        # diagonal removes both dims and appends the diagonal; move it back to d1
+        op = torch.diagonal(op, 0, d1, d2).movedim(-1, d1)
+        term = term[:d2] + term[d2 + 1:]
+        return _diagonals(op, term, equation)
+    for d in range(1, op.dim()):
+        c = term[d]
+        if d not in op._ragged_dims and any(term[r] == c for r in op._ragged_dims):
+            raise NotImplementedError(
+                f"einsum(): subscript {c!r} labels both a ragged and a static dim of {describe(op)} in "
+                f"{equation!r}, which {_LAYOUT} cannot express"
+            )
+    if term[0] in term[1:]:
+        raise NotImplementedError(f"einsum(): the batch subscript {term[0]!r} labels another dim too in {equation!r}")
+    return op, term
+
+
+@route(torch.einsum)
+def _einsum(equation, *operands):
+    """``einsum`` that contracts static dims only: every multi_jagged operand carries the same
+    batch and ragged subscripts (and structure), which the output keeps in order; the packed rows
+    stand in for them, so the contraction runs on the values. A subscript repeated on the two
+    ragged dims of a square pair takes its diagonal first (``bii->bi``)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not any(isinstance(o, MJT) for o in operands):
+        return NotImplemented
+    from ..bridge import values_of, wrap_values
+    from ._common import same_partition
+
+    lhs, arrow, out = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if not arrow or "." in equation:
+        raise NotImplementedError(f"einsum(): {_LAYOUT} needs an explicit '->' output and no ellipsis, got {equation!r}")
+    if len(terms) != len(operands):
+        raise ValueError(f"einsum(): expected {len(terms)} operands for {equation!r}, got {len(operands)}")
+    for k, (term, o) in enumerate(zip(terms, operands)):
+        if len(term) != o.dim():
+            raise ValueError(
+                f"einsum(): the number of subscripts in the equation ({len(term)}) does not match the number "
+                f"of dimensions ({o.dim()}) for operand {k} in {equation!r}"
+            )
+    if len(set(out)) != len(out):
+        raise ValueError(f"einsum(): expected each output subscript once, got {out!r} in {equation!r}")
+    operands, terms = list(operands), list(terms)
+    for k, o in enumerate(operands):
+        if isinstance(o, MJT):
+            operands[k], terms[k] = _diagonals(o, terms[k], equation)
+    mjts = [o for o in operands if isinstance(o, MJT)]
+    ref = mjts[0]
+    ragged_letters = None
+    for term, op in zip(terms, operands):
+        if isinstance(op, MJT):
+            letters = term[0] + "".join(term[d] for d in op._ragged_dims)
+            if ragged_letters is None:
+                ragged_letters = letters
+            if letters != ragged_letters or op._ragged_dims != ref._ragged_dims or not same_partition(op._partition, ref._partition):
+                raise ValueError(f"einsum(): multi_jagged operands must share batch and ragged subscripts and structure in {equation!r}")
+    dense_terms = [t for t, o in zip(terms, operands) if not isinstance(o, MJT)]
+    if any(c in t for t in dense_terms for c in ragged_letters):
+        raise NotImplementedError(f"einsum(): dense operands cannot index the batch or ragged dims in {equation!r}")
+    positions = [out.find(c) for c in ragged_letters]
+    if -1 in positions or positions != sorted(positions) or positions[0] != 0:
+        raise NotImplementedError(
+            f"einsum(): the output must keep the batch and ragged subscripts in order in {equation!r} "
+            f"({_LAYOUT} contracts static dims only; use transpose to reorder ragged dims)"
+        )
+    row = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in equation)
+
+    def packed(term):
+        return row + "".join(c for c in term if c not in ragged_letters)
+
+    values = torch.einsum(
+        ",".join(packed(t) if isinstance(o, MJT) else t for t, o in zip(terms, operands)) + "->" + packed(out),
+        *[values_of(o) if isinstance(o, MJT) else o for o in operands],
+    )
+    return wrap_values(values, ref._partition, tuple(positions[1:]))
