@@ -244,6 +244,27 @@ def test_three_ragged_dims_order_golden(dims):
     torch.testing.assert_close(got_max, comp.amax(tuple(d - 1 for d in dims)))
 
 
+@pytest.mark.parametrize("dim", [1, 2, 3, 4])
+def test_four_ragged_dims_keep_three_golden(dim):
+    """(B, j0, j1, j2, j3): reducing one ragged dim keeps three, the only case where the row map
+    composes strides over more than two kept dims. Extents (2, 3, 2, 2) hold 1000a + 100b + 10c + d
+    at (a, b, c, d), so a wrong stride shows in the digits; gradients per sample too."""
+    a, b, c, d = torch.meshgrid(*(torch.arange(n, dtype=torch.float64) for n in (2, 3, 2, 2)), indexing="ij")
+    comp = 1000 * a + 100 * b + 10 * c + d
+    comps = [comp, torch.zeros(1, 2, 0, 3, dtype=torch.float64), comp[:1, 1:, :, :1] + 0.5]
+    per_sample_check(lambda t: t.sum(dim), R(comps, (1, 2, 3, 4)), ref=lambda x: x.sum(dim - 1))
+    per_sample_check(lambda t: t.amax(dim, keepdim=True), R(comps[::2], (1, 2, 3, 4)), ref=lambda x: x.amax(dim - 1, keepdim=True))
+
+
+def test_argmax_ties_pick_the_first_golden():
+    """Dense argmax/argmin return the first of tied extremes; so do ours along a ragged dim, per
+    sample (indices local to the sample)."""
+    x = mj.nested_tensor([torch.tensor([[1.0, 5.0], [3.0, 5.0], [3.0, 0.0]]), torch.zeros(0, 2), torch.tensor([[2.0, 2.0]])])
+    assert x.argmax(1).tolist() == [[1, 0], [0, 0], [0, 0]]  # col 0: 3 at rows 1 and 2 -> 1; col 1: 5 at rows 0, 1 -> 0
+    assert x.argmin(1).tolist() == [[0, 2], [0, 0], [0, 0]]  # empty sample -> 0, as torch.jagged
+    assert x.max(1).indices.tolist() == [[1, 0], [0, 0], [0, 0]]
+
+
 # ----------------------------------------------------------------------------- dense reduce_backward kernel
 def _dense_reduce(x, kind, dims, keepdim):
     dims = list(range(x.dim())) if dims is None else dims

@@ -1,0 +1,289 @@
+"""Structure ops whose dense counterparts are views or edge cases: a transpose that reorders
+ragged dims is a copy (in-place writes raise), the split family's piece sizes as dense torch makes
+them, the per-sample diagonal of a square pair (``diagonal``, ``einsum('bii->bi')``), and errors
+that name the op the user called (reshape family, unflatten) — per-sample reference with gradients."""
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+
+from _reference import R, SEQ, assert_close, components, few, per_sample_check, seeds, structures
+from _structures import comps_for, lengths
+
+FEW = few(10)
+
+# ----------------------------------------------------------------------------- reordered ragged dims are copies
+def _static_slice(t):
+    """An index that slices the last static dim of ``t`` (``t[..., :1]`` or ``t[:, :1]``)."""
+    return (slice(None), slice(0, 1)) if t.ragged_dims[-1] == t.dim() - 1 else (Ellipsis, slice(0, 1))
+
+
+IN_PLACE = {
+    "add_": lambda t: t.add_(1.0),
+    "mul_": lambda t: t.mul_(2.0),
+    "fill_": lambda t: t.fill_(0.5),
+    "zero_": lambda t: t.zero_(),
+    "copy_": lambda t: t.copy_(t * 3),
+    "masked_fill_": lambda t: t.masked_fill_(t > 0, 7.0),
+    "setitem": lambda t: t.__setitem__(_static_slice(t), 1.0),
+    "iadd": lambda t: t.__iadd__(1.0),
+    "view.add_": lambda t: t[_static_slice(t)].add_(1.0),  # a view of the copy shares its storage
+    "detach.add_": lambda t: t.detach().add_(1.0),
+}
+REORDERS = {
+    "transpose(1,2)": lambda p: p.transpose(1, 2),
+    "permute(0,2,1,3)": lambda p: p.permute(0, 2, 1, 3),
+    "mT.mT": lambda p: p.transpose(-2, -3).unsqueeze(-1).squeeze(-1),
+    "diagonal": lambda p: p.diagonal(0, 1, 2),
+}
+
+
+@pytest.mark.parametrize("reorder", REORDERS, ids=str)
+@pytest.mark.parametrize("op", IN_PLACE, ids=str)
+def test_in_place_on_reordered_ragged_dims_raises(op, reorder):
+    """A transpose / permute that reorders ragged dims (and a pair's diagonal) gathers rows: a copy,
+    where dense torch gives a view. An in-place op on it would silently not reach the original,
+    so it raises, naming the op; the original is untouched."""
+    p = mj.nested_tensor(comps_for([(2, 3, 2), (0, 4, 2), (1, 1, 2)] if reorder != "diagonal" else [(2, 2, 2), (0, 0, 2), (1, 1, 2)], 0),
+                         ragged_dims=(1, 2))
+    before = [c.clone() for c in p.unbind()]
+    t = REORDERS[reorder](p)
+    assert not t.is_contiguous()
+    name = {"setitem": "(copy_|fill_|index_put_)", "iadd": "add_", "view.add_": "add_", "detach.add_": "add_"}.get(op, op)
+    with pytest.raises(NotImplementedError, match=rf"^{name}\(\): cannot write in place .* copy"):
+        IN_PLACE[op](t)
+    for a, b in zip(p.unbind(), before):
+        assert torch.equal(a, b)
+
+
+def test_contiguous_of_reordered_copy_is_writable():
+    """``.contiguous()`` gives an ordinary tensor, as for a dense transpose; writing to it
+    leaves the original alone (it is a copy in dense torch too)."""
+    comps = comps_for([(2, 3, 2), (0, 4, 2), (1, 1, 2)], 1)
+    p = mj.nested_tensor(comps, ragged_dims=(1, 2))
+    c = p.transpose(1, 2).contiguous()
+    assert c.is_contiguous()
+    c.add_(1.0).mul_(2.0)
+    for got, comp in zip(c.unbind(), comps):
+        assert_close(got, (comp.transpose(0, 1) + 1) * 2)
+    for got, comp in zip(p.unbind(), comps):
+        assert torch.equal(got, comp)
+    p.transpose(1, 2).clone().zero_()  # clone: writable too
+
+
+def test_in_place_on_static_transpose_reaches_original():
+    """Transposes that keep the ragged dims' order are views of the values, as in dense torch."""
+    comps = comps_for([(2, 3), (0, 3), (1, 3)], 2)
+    x = mj.nested_tensor(comps, ragged_dims=(1,))
+    x.transpose(1, 2).mul_(2.0)  # (B, C, j0): the ragged dim moves, no other ragged dim to swap with
+    for got, comp in zip(x.unbind(), comps):
+        assert_close(got, comp * 2)
+    p = mj.nested_tensor(comps_for([(2, 3, 2, 2), (0, 1, 2, 2)], 3), ragged_dims=(1, 2))
+    before = [c.clone() for c in p.unbind()]
+    p.transpose(-1, -2).add_(1.0)
+    for got, b in zip(p.unbind(), before):
+        assert_close(got, b + 1)
+
+
+# ----------------------------------------------------------------------------- split family: dense edge cases
+SPLIT_EDGE = {
+    "chunk": [lambda t, k: t.chunk(k, -1), [1, 2, 3, 4, 7]],
+    "split": [lambda t, k: t.split(k, -1), [1, 2, 3, 6]],
+    "split_with_sizes": [lambda t, k: t.split_with_sizes(k, -1), None],
+    "tensor_split(sections)": [lambda t, k: torch.tensor_split(t, k, -1), [1, 2, 3, 7]],
+    "tensor_split(indices)": [lambda t, k: t.tensor_split(k, dim=-1), [[1], [0, 2], [3, 1], [2, 9]]],
+    "unsafe_split": [lambda t, k: t.unsafe_split(k, -1), [1, 2, 4]],
+}
+
+
+def _pieces_check(f, k, comps, ragged_dims, seed):
+    """Same number of pieces as dense torch on every component, each piece per sample, and the
+    gradient of one piece (the others unused)."""
+    x = mj.nested_tensor(comps, ragged_dims=ragged_dims)
+    ref = [f(c, k) for c in comps]
+    pieces = f(x, k)
+    assert isinstance(pieces, tuple)
+    assert len(pieces) == len(ref[0]), f"{len(pieces)} pieces, dense gives {len(ref[0])}"
+    for j, piece in enumerate(pieces):
+        assert piece.shape[1] == x.shape[1]
+        for i, comp in enumerate(piece.unbind()):
+            assert_close(comp, ref[i][j], f"piece {j} sample {i}")
+    j = seed % len(pieces)
+    per_sample_check(lambda t: f(t, k)[j] * 2, R(comps, ragged_dims), ref=lambda c: f(c, k)[j] * 2, seed=seed)
+
+
+@pytest.mark.parametrize("c", [0, 1, 2, 5])
+@pytest.mark.parametrize("op", SPLIT_EDGE, ids=str)
+def test_split_family_edge_cases_match_dense(op, c):
+    """Size 0, more chunks than elements, uneven pieces, empty and overlapping tensor_split
+    indices: pieces as dense torch makes them (``chunk(3)`` of a size-0 dim is 3 pieces)."""
+    f, ks = SPLIT_EDGE[op]
+    if ks is None:
+        ks = [[c], [0, c], [c, 0, 0]] + ([[1, c - 1]] if c else [])
+    if op.startswith("split") or op == "unsafe_split":
+        ks = [k for k in ks if c or isinstance(k, list)] + ([0] if c == 0 and op == "split" else [])
+    comps = comps_for([(2, c), (0, c), (3, c)], c)
+    for k in ks:
+        _pieces_check(f, k, comps, (1,), seed=c)
+
+
+def test_chunk_of_zero_size_dim_golden():
+    x = mj.nested_tensor([torch.zeros(2, 0), torch.zeros(0, 0)], ragged_dims=(1,))
+    pieces = x.chunk(3, -1)
+    assert len(pieces) == 3 == len(torch.zeros(2, 0).chunk(3, -1))  # dense: 3 empty pieces
+    assert [tuple(p.unbind()[0].shape) for p in pieces] == [(2, 0)] * 3
+
+
+def test_split_family_errors_mirror_dense():
+    """Errors are dense torch's own (computed on a meta tensor), with the user's dim."""
+    x = mj.nested_tensor(comps_for([(2, 5), (0, 5)], 0), ragged_dims=(1,))
+    d = torch.zeros(2, 3, 5)  # a dense tensor of the same logical rank and static sizes
+    calls = {
+        "chunk(0)": lambda t: t.chunk(0, -1),
+        "split(0)": lambda t: t.split(0, -1),
+        "split([2, 2])": lambda t: t.split([2, 2], -1),
+        "dsplit(2)": lambda t: torch.dsplit(t.unsqueeze(2), 2),  # logical dim 2 has size 1
+    }
+    for name, call in calls.items():
+        with pytest.raises(RuntimeError) as dense:
+            call(d)
+        with pytest.raises(RuntimeError) as ours:
+            call(x)
+        assert str(ours.value) == str(dense.value), name
+    for how in ("hsplit", "vsplit"):
+        with pytest.raises(ValueError, match=rf"^{how}\(\).*static dim"):
+            getattr(torch, how)(x, 1)  # dim 1 is ragged, dim 0 the batch
+
+
+def test_hsplit_dsplit_static_dims():
+    """``hsplit`` / ``dsplit`` split logical dims 1 and 2 as dense torch does on (B, …)."""
+    comps = comps_for([(4, 2, 6), (4, 0, 6), (4, 3, 6)], 4)
+    for f, ref in ((lambda t: torch.hsplit(t, 2), lambda c: torch.tensor_split(c, 2, 0)),
+                   (lambda t: torch.hsplit(t, [1, 3]), lambda c: torch.tensor_split(c, [1, 3], 0))):
+        for j in range(len(ref(comps[0]))):
+            per_sample_check(lambda t: f(t)[j], R(comps, (2,)), ref=lambda c: ref(c)[j])
+    comps = comps_for([(2, 4, 6), (0, 4, 6)], 5)
+    for j in range(2):  # logical dim 2 (size 4) is component dim 1
+        per_sample_check(lambda t: torch.dsplit(t, 2)[j], R(comps, (1,)), ref=lambda c: torch.tensor_split(c, 2, 1)[j])
+
+
+# ----------------------------------------------------------------------------- diagonal / einsum diagonal
+def test_pair_diagonal():
+    """``diagonal`` over the two ragged dims of a square pair: per-sample diagonal (moved last,
+    as dense torch does), with gradients; over two static dims: a view of the values."""
+
+    @FEW
+    @given(lengths(max_batch=3), st.integers(1, 3), seeds)
+    def check(ns, c, seed):
+        comps = comps_for([(n, n, c) for n in ns], seed)
+        out = per_sample_check(lambda p: p.diagonal(0, 1, 2), R(comps, (1, 2)), ref=lambda t: t.diagonal(0, 0, 1), seed=seed)
+        assert out.ragged_dims == (2,)
+        per_sample_check(lambda p: torch.diagonal(p, 0, -2, -3).sin(), R(comps, (1, 2)), ref=lambda t: torch.diagonal(t, 0, -2, -3).sin(),
+                         seed=seed)
+        sq = comps_for([(n, c, c) for n in ns], seed + 1)
+        for off in (0, 1, -1):
+            per_sample_check(lambda x: x.diagonal(off, -2, -1), R(sq, (1,)), ref=lambda t: t.diagonal(off, -2, -1), seed=seed)
+
+    check()
+
+
+def test_diagonal_errors():
+    rect = mj.nested_tensor(comps_for([(2, 3, 2), (0, 1, 2)], 0), ragged_dims=(1, 2))
+    with pytest.raises(NotImplementedError, match=r"^diagonal\(\).*square pair"):
+        rect.diagonal(0, 1, 2)
+    sq = mj.nested_tensor(comps_for([(2, 2, 2), (1, 1, 2)], 0), ragged_dims=(1, 2))
+    with pytest.raises(NotImplementedError, match=r"^diagonal\(\).*offset 1"):
+        sq.diagonal(1, 1, 2)
+    with pytest.raises(ValueError, match=r"^diagonal\(\).*ragged and a static"):
+        sq.diagonal(0, 1, 3)
+    with pytest.raises(ValueError, match=r"^diagonal\(\).*batch"):
+        sq.diagonal(0, 0, 1)
+
+
+EINSUM_DIAG = {
+    "bii->bi": ((1, 2), lambda n, c: (n, n), "ii->i", None),
+    "biic->bic": ((1, 2), lambda n, c: (n, n, c), "iic->ic", None),
+    "biic->bci": ((1, 2), lambda n, c: (n, n, c), "iic->ci", None),
+    "biic,cd->bid": ((1, 2), lambda n, c: (n, n, c), "iic,cd->id", lambda c: (c, 2)),
+    "biic,c->bi": ((1, 2), lambda n, c: (n, n, c), "iic,c->i", lambda c: (c,)),
+}
+
+
+@pytest.mark.parametrize("eq", EINSUM_DIAG, ids=str)
+def test_einsum_diagonal_of_square_pair(eq):
+    """A subscript repeated on the two ragged dims of a square pair takes the per-sample
+    diagonal (``einsum('bii->bi', pair)`` raised an IndexError)."""
+    ragged, shape, ref_eq, wshape = EINSUM_DIAG[eq]
+
+    @FEW
+    @given(lengths(max_batch=3), st.integers(1, 3), seeds)
+    def check(ns, c, seed):
+        comps = comps_for([shape(n, c) for n in ns], seed)
+        if wshape is None:
+            per_sample_check(lambda p: torch.einsum(eq, p), R(comps, ragged), ref=lambda t: torch.einsum(ref_eq, t), seed=seed)
+        else:
+            w = comps_for([wshape(c)], seed + 1)[0]
+            per_sample_check(lambda p, w: torch.einsum(eq, p, w), R(comps, ragged), w,
+                             ref=lambda t, w: torch.einsum(ref_eq, t, w), seed=seed)
+
+    check()
+
+
+def test_einsum_diagonal_golden():
+    p = mj.nested_tensor([torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.zeros(0, 0)], ragged_dims=(1, 2))
+    d = torch.einsum("bii->bi", p)
+    assert d.shape == (2, p.shape[1])  # the pair's nested int
+    torch.testing.assert_close(d.unbind()[0], torch.tensor([1.0, 4.0]))  # = [p00, p11]
+    assert d.unbind()[1].shape == (0,)
+
+
+def test_einsum_misuse_errors():
+    p = mj.nested_tensor(comps_for([(2, 2, 3), (0, 0, 3)], 0), ragged_dims=(1, 2))
+    rect = mj.nested_tensor(comps_for([(2, 3, 3), (0, 1, 3)], 0), ragged_dims=(1, 2))
+    x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
+    with pytest.raises(NotImplementedError, match=r"^einsum\(\).*square pair"):
+        torch.einsum("bii->bi", rect[..., 0])  # a rectangular pair has no diagonal
+    with pytest.raises(NotImplementedError, match=r"^einsum\(\).*ragged and a static"):
+        torch.einsum("bicc->bic", p)  # c labels ragged dim 2 and static dim 3
+    with pytest.raises(ValueError, match=r"^einsum\(\).*number of subscripts"):
+        torch.einsum("bic->bic", p)
+    with pytest.raises(ValueError, match=r"^einsum\(\).*output subscript"):
+        torch.einsum("bic->bicc", x)
+    with pytest.raises(ValueError, match=r"^einsum\(\).*operands"):
+        torch.einsum("bic,bic->bic", x)
+    with pytest.raises(NotImplementedError, match=r"^einsum\(\).*batch"):
+        torch.einsum("bib->bi", x[..., :2].unsqueeze(-1).expand(-1, -1, 2, 2).flatten(-2)[..., :2].unsqueeze(-1)[..., 0])
+    with pytest.raises(NotImplementedError, match=r"^einsum\(\)"):
+        torch.einsum("bii->b", p[..., 0])  # contracts the ragged dims
+
+
+# ----------------------------------------------------------------------------- errors name the op
+def test_reshape_family_errors_name_the_op():
+    x = mj.nested_tensor(comps_for([(2, 6), (0, 6)], 0), ragged_dims=(1,))
+    with pytest.raises(ValueError, match=r"^reshape\(\).*regroup"):
+        x.reshape(x.shape[0], x.shape[1], 4)
+    with pytest.raises(ValueError, match=r"^reshape\(\).*batch and ragged"):
+        torch.reshape(x, (-1, 6))
+    with pytest.raises(ValueError, match=r"^view\(\)"):
+        x.view(x.shape[0], x.shape[1], 4)
+    with pytest.raises(ValueError, match=r"^flatten\(\).*static dims"):
+        x.flatten(0, 1)
+    with pytest.raises(ValueError, match=r"^unflatten\(\).*static dim"):
+        x.unflatten(1, (1, -1))  # the ragged dim (was an internal AttributeError)
+    with pytest.raises(ValueError, match=r"^unflatten\(\).*static dim"):
+        torch.unflatten(x, 0, (1, 2))
+    with pytest.raises(RuntimeError, match=r"dim 2"):  # dense torch's message, with the user's dim
+        x.unflatten(2, (4, -1))
+
+
+@pytest.mark.parametrize("sizes", [(3, 2), (3, -1), (-1, 1, 2), (6,)], ids=str)
+def test_unflatten_static_dims(sizes):
+    @FEW
+    @given(structures(SEQ, max_batch=3, min_c=6, max_c=6), seeds)
+    def check(s, seed):
+        per_sample_check(lambda t: t.unflatten(-1, sizes), R(components(s.shapes, seed), s.ragged_dims),
+                         ref=lambda c: c.unflatten(-1, sizes), seed=seed)
+
+    check()
