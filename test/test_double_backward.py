@@ -207,6 +207,18 @@ def test_gradgrad_dense_operand_requiring_grad_known_limitation():
     assert gradgrad(lambda x, w: (x * w).tanh(), "lead", _p(3))
 
 
+@pytest.mark.parametrize("fn", ["x * w", "x - x.mean(1, keepdim=True)"])
+def test_dense_operand_double_backward_raises_a_clear_error(fn):
+    """The known limitation above says what it is when the user's autograd call holds a
+    multi_jagged tensor, instead of aten's bare "concrete integers" error; first order works."""
+    x = mj.nested_tensor(comps_for([(3, 4), (0, 4), (2, 4)], 7)).requires_grad_()
+    w = torch.randn(4, dtype=x.dtype, requires_grad=True)
+    f = {"x * w": lambda: (x * w).tanh(), "x - x.mean(1, keepdim=True)": lambda: (x - x.mean(1, keepdim=True)) * w}[fn]
+    gx, gw = torch.autograd.grad(f().values().pow(2).sum(), (x, w), create_graph=True)
+    with pytest.raises(NotImplementedError, match="double backward .* dense operand"):
+        torch.autograd.grad(gw.sum() + gx.values().sum(), (x, w))
+
+
 # ----------------------------------------------------------------------------- nn
 def test_gradgrad_linear_bridge():
     assert gradgrad(lambda x, w, b: F.linear(x, w, b) ** 2, "seq", _p(4, 3), _p(4))

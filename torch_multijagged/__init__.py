@@ -20,6 +20,15 @@ from .constructors import (
     to_padded_tensor,
 )
 from .constructors import _install
+from .packing import (
+    block_diagonal_mask,
+    collate,
+    first_fit_decreasing,
+    packed_position_ids,
+    padding_rate,
+    position_ids,
+    segment_ids,
+)
 
 _install()
 
@@ -35,6 +44,13 @@ __all__ = [
     "to_jagged",
     "to_padded_tensor",
     "occupancy",
+    "first_fit_decreasing",
+    "position_ids",
+    "packed_position_ids",
+    "segment_ids",
+    "block_diagonal_mask",
+    "padding_rate",
+    "collate",
 ]
 
 __version__ = "0.1.0"

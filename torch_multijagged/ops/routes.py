@@ -573,5 +573,39 @@ def _softsign(input):
     return input / (input.abs() + 1) if isinstance(input, MJT) else NotImplemented
 
 
+_CONCRETE_SIZES = "SymIntArrayRef expected to contain only concrete integers"
+
+
+def _autograd_entry(fn):
+    """``torch.autograd.grad`` / ``backward`` with a multi_jagged argument, unchanged except that
+    aten's bare "concrete integers" error — raised inside the C++ engine, where no handler can
+    intercept the op — becomes a ``NotImplementedError`` (a ``RuntimeError``) that says what
+    causes it (README, Gradients)."""
+    name = fn.__name__
+
+    def routed(*args, **kwargs):
+        try:
+            with torch._C.DisableTorchFunctionSubclass():
+                return fn(*args, **kwargs)
+        except RuntimeError as e:
+            if _CONCRETE_SIZES not in str(e):
+                raise
+            raise NotImplementedError(
+                f"{name}(): the autograd engine asked for concrete sizes of a gradient whose shape holds "
+                "nested ints (layout torch.multi_jagged). The known cause is a double backward "
+                "(create_graph=True) through a dense operand that requires grad and broadcasts over ragged "
+                "dims, such as x * w with w of shape (C,) or x - x.mean(1, keepdim=True): the engine "
+                "un-broadcasts its gradient with a sum whose own derivative expands a dense tensor to "
+                "nested-int sizes. This is not supported."
+            ) from e
+
+    return routed
+
+
+route(torch.autograd.grad)(_autograd_entry(torch.autograd.grad))
+route(torch.autograd.backward)(_autograd_entry(torch.autograd.backward))
+route(torch.Tensor.backward)(_autograd_entry(torch.Tensor.backward))
+
+
 # The shape family (reshape / flatten / unflatten, split, einsum) registers its routes here.
 from . import shape_routes  # noqa: E402,F401
