@@ -363,7 +363,8 @@ class MultiJaggedTensor(torch.Tensor):
         kwargs = kwargs or {}
         # In-place writes into a copy made by reordering ragged dims would be lost (NOTE
         # [ Reordered ragged dims are copies ] in ops/views.py).
-        _guard_write(func, args, kwargs)
+        if _reorder_copies:  # only while such a copy is alive: no call per op otherwise
+            _guard_write(func, args, kwargs)
         return _dispatch(func, args, kwargs)
 
 
@@ -395,3 +396,4 @@ _ROUTES: dict = {}
 _dispatch = None
 _unify = None
 _guard_write = None
+_reorder_copies: dict = {}  # ops/views.py's live registry of reordered copies (the same dict)

@@ -126,3 +126,4 @@ _tensor._ROUTES = routes.ROUTES
 _tensor._dispatch = dispatch
 _tensor._unify = routes.unify_call
 _tensor._guard_write = views.guard_write
+_tensor._reorder_copies = views._REORDER_COPIES
