@@ -20,6 +20,7 @@ from .constructors import (
     to_padded_tensor,
 )
 from .constructors import _install
+from . import packing
 from .packing import (
     block_diagonal_mask,
     collate,
@@ -44,13 +45,7 @@ __all__ = [
     "to_jagged",
     "to_padded_tensor",
     "occupancy",
-    "first_fit_decreasing",
-    "position_ids",
-    "packed_position_ids",
-    "segment_ids",
-    "block_diagonal_mask",
-    "padding_rate",
-    "collate",
+    *packing.__all__,
 ]
 
 __version__ = "0.1.0"

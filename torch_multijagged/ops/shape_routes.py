@@ -12,10 +12,9 @@ from __future__ import annotations
 import torch
 
 from ..errors import StructureError
-from ..structure import same_extent
 from ._common import MJT, canonical_dim, describe
 from .routes import _static_dim, route
-from .views import check_view_shape
+from .views import check_view_shape, square_extent
 
 
 # ----------------------------------------------------------------------------- reshape family
@@ -154,13 +153,7 @@ def _diagonals(op: MJT, term: str, equation: str):
         d2 = next((d for d in op._ragged_dims if d > d1 and term[d] == c), None)
         if d2 is None:
             continue
-        p = op._partition
-        e1, e2 = p.extents[op._ragged_dims.index(d1)], p.extents[op._ragged_dims.index(d2)]
-        if len(p.extents) != 2 or not same_extent(e1, e2):
-            raise NotImplementedError(
-                f"einsum(): subscript {c!r} on ragged dims {d1} and {d2} of {describe(op)} asks for a diagonal, "
-                f"which needs a square pair (two ragged dims of one extent) for {_LAYOUT}; got {equation!r}"
-            )
+        square_extent("einsum", op, d1, d2, f" (subscript {c!r} on ragged dims {d1} and {d2} of {equation!r})")
         # diagonal removes both dims and appends the diagonal; move it back to d1
         op = torch.diagonal(op, 0, d1, d2).movedim(-1, d1)
         term = term[:d2] + term[d2 + 1:]

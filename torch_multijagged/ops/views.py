@@ -391,13 +391,15 @@ def _diagonal_rows(pair, single) -> torch.Tensor:
     return hit
 
 
-def _square_extent(op: str, inp, a: int, b: int):
+def square_extent(op: str, inp, a: int, b: int, context: str = ""):
+    """The extent of ragged dims ``a`` and ``b`` of a square pair; else a NotImplementedError
+    naming ``op`` (``context`` says more, e.g. the einsum equation)."""
     p = inp._partition
     ea, eb = p.extents[inp._ragged_dims.index(a)], p.extents[inp._ragged_dims.index(b)]
     if len(p.extents) != 2 or not same_extent(ea, eb):
         raise NotImplementedError(
             f"{op}(): a diagonal over ragged dims needs a square pair (two ragged dims of one extent), got "
-            f"{describe(inp)} for layout torch.multi_jagged"
+            f"{describe(inp)} for layout torch.multi_jagged{context}"
         )
     return ea
 
@@ -415,7 +417,7 @@ def diagonal_default(func, inp, offset=0, dim1=0, dim2=1):
         values = inp._values.diagonal(offset, stat.index(a) + 1, stat.index(b) + 1)
         out_ragged = tuple(r - (r > a) - (r > b) for r in inp._ragged_dims)
         return wrap(values, inp._partition, out_ragged)
-    e = _square_extent("diagonal", inp, a, b)
+    e = square_extent("diagonal", inp, a, b)
     single = partition_for([e])
     values = inp._values.index_select(0, _diagonal_rows(inp._partition, single))
     _mark_reorder_copy(values)
