@@ -42,6 +42,11 @@ class _ValuesOf(torch.autograd.Function):
     def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
         if grad is None:
             return None
+        if 0 in grad.stride() and grad.numel() > 1:
+            # An expanded gradient (``values().sum()``'s) would reach aten's view/reshape
+            # backward formulas, which reshape in C++ and fail on a non-viewable wrapper with
+            # nested-int sizes: materialise it.
+            grad = grad.contiguous()
         if _graph(grad):
             return _WrapValues.apply(grad, ctx.partition, ctx.ragged_dims)
         return MultiJaggedTensor(grad, ctx.partition, ctx.ragged_dims)

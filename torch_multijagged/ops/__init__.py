@@ -117,7 +117,7 @@ def dispatch(func, args, kwargs):
 
 
 # Handler modules register themselves on import; order does not matter.
-from . import metadata, pointwise, factory, views, reductions, nn, custom  # noqa: E402,F401
+from . import metadata, pointwise, factory, views, reductions, nn, custom, attention  # noqa: E402,F401
 from . import routes  # noqa: E402,F401
 
 from .. import tensor as _tensor  # noqa: E402

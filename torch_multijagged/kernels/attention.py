@@ -1,0 +1,368 @@
+"""Attention over packed variable-length segments: the pure-torch CPU paths and the test oracle.
+
+NOTE [ Varlen attention contract ]
+
+Every attention this package computes — self or cross attention over a ragged sequence dim,
+rows of a pair attending along their columns — reduces to *segments*: segment ``s`` has
+``Lq_s`` query rows and ``Lk_s`` key rows in packed buffers. Plain tensors only:
+
+* ``q (Tq, Hq, D)``, ``k (Tk, Hk, D)``, ``v (Tk, Hk, Dv)`` with ``Hq % Hk == 0``: query head
+  ``h`` reads key/value head ``h // (Hq // Hk)`` (``enable_gqa``'s ``repeat_interleave``);
+* ``cu_q``, ``cu_k`` ``(N+1,)`` int64: segment ``s`` is q rows ``cu_q[s]:cu_q[s+1]`` and k/v
+  rows ``cu_k[s]:cu_k[s+1]`` (flash-attn's ``cu_seqlens``); ``max_q``/``max_k`` bound the lengths;
+* ``bias (Tb, Hb)`` or None, ``Hb`` in ``{1, Hq}``, added to the scores: segment ``s`` reads the
+  ``(Lq_s, Lk_s)`` block at rows ``bias_start[s] + a·Lk_s + b`` (row-major). Several segments may
+  share one block (the rows of a pair attending along their columns with a bias shared by rows);
+* ``keep (Ts, Hq)`` bool or None: the dropout keep mask in *score layout* — segment ``s``'s block
+  at rows ``cs[s] + a·Lk_s + b`` with ``cs`` the exclusive prefix sum of ``Lq_s·Lk_s``; kept
+  probabilities are scaled by ``1 / (1 - dropout_p)`` (dense SDPA's dropout, after softmax);
+* ``causal``: key ``b`` is visible to query ``a`` iff ``b <= a`` (top-left, as dense SDPA).
+
+The forward returns ``out (Tq, Hq, Dv)`` in q's dtype and ``lse (Tq, Hq)`` (float32 for half
+types, else q's dtype), the log-sum-exp
+of the visible scores (before dropout). A query with no visible key (``Lk_s = 0`` or every key
+masked) gets a zero output row and no gradient, as dense SDPA gives for a fully masked row; its
+``lse`` is not specified. The backward returns ``(dq, dk, dv, dbias)``, ``dbias`` summed over the
+segments that share a block (and over heads when ``Hb = 1``).
+
+Two CPU paths implement the contract (the dispatcher in ``ops/attention.py`` picks one per call):
+``attention_bucketed`` sorts segments by length and pads only within buckets of similar length
+(one dense call per bucket), ``attention_loop`` runs one dense call per segment on views. Both
+run torch's fused CPU flash kernel where it applies (no bias gradient, no dropout) and a
+padded math formula otherwise. ``attention_reference`` is the single-bucket case: the oracle.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+__all__ = [
+    "attention_reference",
+    "attention_reference_backward",
+    "attention_bucketed",
+    "attention_bucketed_backward",
+    "attention_loop",
+    "attention_loop_backward",
+    "bucket_plan",
+    "score_offsets",
+]
+
+_flash_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+NEG_INF = float("-inf")
+
+
+def score_offsets(cu_q: torch.Tensor, cu_k: torch.Tensor) -> torch.Tensor:
+    """``(N+1,)`` exclusive prefix sum of ``Lq_s · Lk_s``: where each segment's score block starts."""
+    n = cu_q.diff() * cu_k.diff()
+    out = n.new_zeros(n.shape[0] + 1)
+    torch.cumsum(n, 0, out=out[1:])
+    return out
+
+
+# ----------------------------------------------------------------------------- padded math
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _scores(qb, kb, bias_b, causal, scale):
+    """Masked scores ``(n, Hq, Lm, Sm)`` in the compute dtype; ``bias_b`` holds -inf at padded keys."""
+    ct = _compute_dtype(qb.dtype)
+    s = torch.matmul(qb.to(ct), kb.to(ct).transpose(-1, -2)) * scale
+    if bias_b is not None:
+        s = s + bias_b.to(ct)
+    if causal:
+        lm, sm = s.shape[-2], s.shape[-1]
+        hide = torch.ones(lm, sm, dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(hide, NEG_INF)
+    return s
+
+
+def _probs(s, lse):
+    p = torch.exp(s - lse.unsqueeze(-1))
+    # rows with no visible key: lse = -inf and s - lse = nan; they get no probability mass
+    return torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros((), dtype=p.dtype), p)
+
+
+def _math_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p):
+    s = _scores(qb, kb, bias_b, causal, scale)
+    lse = torch.logsumexp(s, -1)
+    p = _probs(s, lse)
+    if keep_b is not None:
+        p = p * keep_b / (1.0 - dropout_p)
+    out = torch.matmul(p, vb.to(p.dtype)).to(qb.dtype)
+    return out, lse
+
+
+def _math_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropout_p):
+    ct = _compute_dtype(qb.dtype)
+    s = _scores(qb, kb, bias_b, causal, scale)
+    p = _probs(s, lse.to(ct))
+    go, vb, qb_c, kb_c = go.to(ct), vb.to(ct), qb.to(ct), kb.to(ct)
+    pd = p if keep_b is None else p * keep_b / (1.0 - dropout_p)
+    dv = torch.matmul(pd.transpose(-1, -2), go)
+    dp = torch.matmul(go, vb.transpose(-1, -2))
+    if keep_b is not None:
+        dp = dp * keep_b / (1.0 - dropout_p)
+    delta = (go * ob.to(ct)).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    dq = torch.matmul(ds, kb_c) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), qb_c) * scale
+    return dq, dk, dv, ds
+
+
+def _flash_ok(q, v, keep, need_dbias) -> bool:
+    # torch's fused CPU kernel: no dropout, no gradient for the mask, one head size
+    return (
+        keep is None and not need_dbias and q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
+        and not _FORCE_MATH[0]
+    )
+
+
+def _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p):
+    """One padded batch ``(n, H, L, D)``: torch's fused CPU kernel when it applies."""
+    if _flash_ok(qb, vb, keep_b, False):
+        mask = None if bias_b is None else bias_b.to(qb.dtype)
+        out, lse = _flash_fwd(qb, kb, vb, 0.0, causal, attn_mask=mask, scale=scale)
+        return out, lse.to(_compute_dtype(qb.dtype))
+    return _math_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p)
+
+
+def _dense_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropout_p, need_dbias):
+    if _flash_ok(qb, vb, keep_b, need_dbias):
+        mask = None if bias_b is None else bias_b.to(qb.dtype)
+        # the fused kernel's own lse convention: a row with no visible key has lse 0, not -inf
+        lse_k = torch.where(torch.isneginf(lse), torch.zeros((), dtype=lse.dtype), lse)
+        dq, dk, dv = _flash_bwd(go, qb, kb, vb, ob, lse_k, 0.0, causal, attn_mask=mask, scale=scale)
+        return dq, dk, dv, None
+    return _math_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropout_p)
+
+
+# ----------------------------------------------------------------------------- gathers
+class _Bucket:
+    """Index maps of a group of segments padded to ``(Lm, Sm)``."""
+
+    __slots__ = ("segs", "qrow", "qvalid", "krow", "kvalid", "lm", "sm", "lq", "lk")
+
+    def __init__(self, segs, cu_q, cu_k, lq, lk, lm, sm):
+        dev = cu_q.device
+        self.segs, self.lm, self.sm, self.lq, self.lk = segs, lm, sm, lq, lk
+        a = torch.arange(lm, device=dev)
+        b = torch.arange(sm, device=dev)
+        self.qvalid = a < lq[:, None]
+        self.kvalid = b < lk[:, None]
+        self.qrow = torch.where(self.qvalid, cu_q[segs][:, None] + a, 0)
+        self.krow = torch.where(self.kvalid, cu_k[segs][:, None] + b, 0)
+
+    def gather(self, x, rows, valid):
+        """``x (T, H, D)`` → ``(n, H, L, D)``, zeros at padded positions."""
+        g = x[rows.reshape(-1)].reshape(*rows.shape, *x.shape[1:])
+        g = g * valid.reshape(*valid.shape, *([1] * (x.dim() - 1))).to(g.dtype) if not bool(valid.all()) else g
+        return g.permute(0, 2, 1, 3)
+
+    def scatter(self, out, g, rows, valid):
+        """Write ``g (n, H, L, D)`` back to rows of ``out`` at valid positions (index_put)."""
+        g = g.permute(0, 2, 1, 3)
+        out[rows[valid]] = g[valid].to(out.dtype)
+
+    def scatter_add(self, out, g, rows, valid):
+        g = g.permute(0, 2, 1, 3)
+        out.index_add_(0, rows[valid], g[valid].to(out.dtype))
+
+    def bias_index(self, bias_start):
+        """``(n, Lm, Sm)`` bias rows and the mask of real (query, key) pairs."""
+        pair = self.qvalid[:, :, None] & self.kvalid[:, None, :]
+        a = torch.arange(self.lm, device=pair.device)[None, :, None]
+        b = torch.arange(self.sm, device=pair.device)[None, None, :]
+        idx = bias_start[self.segs][:, None, None] + a * self.lk[:, None, None] + b
+        return torch.where(pair, idx, 0), pair
+
+    def bias(self, bias, bias_start, hq):
+        """The additive mask ``(n, Hb, Lm, Sm)``: the user's bias at real pairs, -inf at padded keys.
+        None when there is neither a bias nor padding."""
+        if bias is None and bool(self.kvalid.all()):
+            return None
+        ct = torch.float32 if bias is None else bias.dtype
+        if bias is None:
+            m = torch.zeros(self.kvalid.shape, dtype=ct, device=self.kvalid.device)
+            return m.masked_fill(~self.kvalid, NEG_INF)[:, None, None, :]
+        idx, pair = self.bias_index(bias_start)
+        g = bias[idx.reshape(-1)].reshape(*idx.shape, bias.shape[1]).permute(0, 3, 1, 2)
+        return g.masked_fill(~self.kvalid[:, None, None, :], NEG_INF)
+
+    def keep(self, keep, cs):
+        idx, pair = self.bias_index(cs)  # same layout, offsets cs
+        g = keep[idx.reshape(-1)].reshape(*idx.shape, keep.shape[1]).permute(0, 3, 1, 2)
+        return g & pair[:, None]
+
+
+def _expand_heads(x, hq):
+    """``(n, Hk, S, D)`` → ``(n, Hq, S, D)`` by ``repeat_interleave`` (enable_gqa)."""
+    r = hq // x.shape[1]
+    return x if r == 1 else x.repeat_interleave(r, dim=1)
+
+
+def _reduce_heads(dx, hk):
+    r = dx.shape[1] // hk
+    return dx if r == 1 else dx.reshape(dx.shape[0], hk, r, *dx.shape[2:]).sum(2)
+
+
+def _scale(q, scale):
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
+# ----------------------------------------------------------------------------- bucket plan
+def bucket_plan(lq: torch.Tensor, lk: torch.Tensor, slack: float = 0.15, floor: int = 4096) -> list[torch.Tensor]:
+    """Group segments (host lengths) into buckets padded to their largest member.
+
+    Segments are sorted by (Lk, Lq) descending and added to the current bucket while the padded
+    area ``n · Lm · Sm`` stays within ``(1 + slack) · Σ Lq·Lk + floor`` (``floor``: score entries
+    a bucket may waste to save a call). Segments with no query or no key are left out (their
+    rows are zero). Returns one index tensor of segments per bucket."""
+    live = ((lq > 0) & (lk > 0)).nonzero().flatten()
+    if live.numel() == 0:
+        return []
+    key = lk[live] * (int(lq.max()) + 1) + lq[live]
+    order = live[torch.argsort(key, descending=True, stable=True)]
+    lq_l, lk_l = lq[order].tolist(), lk[order].tolist()
+    buckets, start = [], 0
+    lm, sm, area = lq_l[0], lk_l[0], 0
+    for i, (a, b) in enumerate(zip(lq_l, lk_l)):
+        nlm, nsm = max(lm, a), max(sm, b)
+        narea = area + a * b
+        if i > start and (i - start + 1) * nlm * nsm > (1.0 + slack) * narea + floor:
+            buckets.append(order[start:i])
+            start, lm, sm, area = i, a, b, a * b
+        else:
+            lm, sm, area = nlm, nsm, narea
+    buckets.append(order[start:])
+    return buckets
+
+
+def _host_lengths(cu):
+    # SYNC: the CPU paths size their padded buckets from the lengths (free on the CPU; the CUDA
+    # paths never come here).
+    return cu.diff().cpu()
+
+
+# ----------------------------------------------------------------------------- entry points
+def attention_bucketed(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None, causal=False,
+                       scale=None, dropout_p=0.0, *, buckets=None, slack=0.15, floor=4096):
+    """Forward by length buckets (NOTE [ Varlen attention contract ]); ``buckets`` overrides the plan."""
+    scale = _scale(q, scale)
+    hq = q.shape[1]
+    lq_h, lk_h = _host_lengths(cu_q), _host_lengths(cu_k)
+    if buckets is None:
+        buckets = bucket_plan(lq_h, lk_h, slack, floor)
+    out = q.new_zeros(q.shape[0], hq, v.shape[-1])
+    lse = torch.full((q.shape[0], hq), NEG_INF, dtype=_compute_dtype(q.dtype), device=q.device)
+    cs = score_offsets(cu_q, cu_k) if keep is not None else None
+    lq_d, lk_d = cu_q.diff(), cu_k.diff()
+    for segs in buckets:
+        segs = segs.to(q.device)
+        lm, sm = int(lq_h[segs.cpu()].max()), int(lk_h[segs.cpu()].max())
+        bk = _Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], lm, sm)
+        qb = bk.gather(q, bk.qrow, bk.qvalid)
+        kb = _expand_heads(bk.gather(k, bk.krow, bk.kvalid), hq)
+        vb = _expand_heads(bk.gather(v, bk.krow, bk.kvalid), hq)
+        bias_b = bk.bias(bias, bias_start, hq)
+        keep_b = bk.keep(keep, cs) if keep is not None else None
+        ob, lb = _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p)
+        bk.scatter(out, ob, bk.qrow, bk.qvalid)
+        lse[bk.qrow[bk.qvalid]] = lb.permute(0, 2, 1)[bk.qvalid]
+    return out, lse
+
+
+def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias_start=None, keep=None,
+                                causal=False, scale=None, dropout_p=0.0, need_dbias=False, *, buckets=None,
+                                slack=0.15, floor=4096):
+    scale = _scale(q, scale)
+    hq, hk = q.shape[1], k.shape[1]
+    lq_h, lk_h = _host_lengths(cu_q), _host_lengths(cu_k)
+    if buckets is None:
+        buckets = bucket_plan(lq_h, lk_h, slack, floor)
+    ct = _compute_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=ct, device=q.device)
+    dk = torch.zeros(k.shape, dtype=ct, device=q.device)
+    dv = torch.zeros(v.shape, dtype=ct, device=q.device)
+    dbias = torch.zeros(bias.shape, dtype=ct, device=q.device) if need_dbias else None
+    cs = score_offsets(cu_q, cu_k) if keep is not None else None
+    lq_d, lk_d = cu_q.diff(), cu_k.diff()
+    for segs in buckets:
+        segs = segs.to(q.device)
+        lm, sm = int(lq_h[segs.cpu()].max()), int(lk_h[segs.cpu()].max())
+        bk = _Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], lm, sm)
+        qb = bk.gather(q, bk.qrow, bk.qvalid)
+        kb = _expand_heads(bk.gather(k, bk.krow, bk.kvalid), hq)
+        vb = _expand_heads(bk.gather(v, bk.krow, bk.kvalid), hq)
+        gb = bk.gather(grad, bk.qrow, bk.qvalid)
+        ob = bk.gather(out, bk.qrow, bk.qvalid)
+        lb = lse[bk.qrow.reshape(-1)].reshape(*bk.qrow.shape, hq).permute(0, 2, 1)
+        lb = torch.where(bk.qvalid[:, None, :], lb, torch.zeros((), dtype=lb.dtype))
+        bias_b = bk.bias(bias, bias_start, hq)
+        keep_b = bk.keep(keep, cs) if keep is not None else None
+        gq, gk, gv, ds = _dense_backward(gb, qb, kb, vb, ob, lb, bias_b, keep_b, causal, scale, dropout_p, need_dbias)
+        bk.scatter_add(dq, gq, bk.qrow, bk.qvalid)
+        bk.scatter_add(dk, _reduce_heads(gk, hk), bk.krow, bk.kvalid)
+        bk.scatter_add(dv, _reduce_heads(gv, hk), bk.krow, bk.kvalid)
+        if need_dbias:
+            idx, pair = bk.bias_index(bias_start)
+            ds = ds.permute(0, 2, 3, 1)  # (n, Lm, Sm, Hq)
+            if bias.shape[1] == 1:
+                ds = ds.sum(-1, keepdim=True)
+            dbias.index_add_(0, idx[pair], ds[pair])
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None if dbias is None else dbias.to(bias.dtype)
+
+
+def attention_reference(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None, causal=False,
+                        scale=None, dropout_p=0.0):
+    """The oracle: every segment in one padded bucket, padded math (no fused kernel)."""
+    n = cu_q.shape[0] - 1
+    lq, lk = _host_lengths(cu_q), _host_lengths(cu_k)
+    live = ((lq > 0) & (lk > 0)).nonzero().flatten()
+    buckets = [live] if live.numel() else []
+    return _with_math(attention_bucketed, q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale,
+                      dropout_p, buckets=buckets)
+
+
+def attention_reference_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias_start=None, keep=None,
+                                 causal=False, scale=None, dropout_p=0.0, need_dbias=False):
+    lq, lk = _host_lengths(cu_q), _host_lengths(cu_k)
+    live = ((lq > 0) & (lk > 0)).nonzero().flatten()
+    buckets = [live] if live.numel() else []
+    return _with_math(attention_bucketed_backward, grad, q, k, v, out, lse, cu_q, cu_k, bias, bias_start, keep,
+                      causal, scale, dropout_p, need_dbias, buckets=buckets)
+
+
+_FORCE_MATH = [False]
+
+
+def _with_math(fn, *args, **kwargs):
+    prev, _FORCE_MATH[0] = _FORCE_MATH[0], True
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        _FORCE_MATH[0] = prev
+
+
+def attention_loop(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None, causal=False,
+                   scale=None, dropout_p=0.0):
+    """One dense call per segment; no gather for q/k/v (views of the packed buffers)."""
+    buckets = _singletons(cu_q, cu_k)
+    return attention_bucketed(q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p,
+                              buckets=buckets)
+
+
+def attention_loop_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias_start=None, keep=None,
+                            causal=False, scale=None, dropout_p=0.0, need_dbias=False):
+    buckets = _singletons(cu_q, cu_k)
+    return attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias, bias_start, keep, causal,
+                                       scale, dropout_p, need_dbias, buckets=buckets)
+
+
+def _singletons(cu_q, cu_k):
+    lq, lk = _host_lengths(cu_q), _host_lengths(cu_k)
+    return [s.reshape(1) for s in ((lq > 0) & (lk > 0)).nonzero().flatten()]

@@ -1,0 +1,334 @@
+"""Scaled dot-product attention on multi_jagged tensors.
+
+NOTE [ Attention over ragged dims ]
+
+``F.scaled_dot_product_attention(q, k, v)`` attends along dim -2 of q (L) and of k/v (S); every
+dim before it is a batch dim. On this layout the batch dims may themselves be ragged:
+
+* ``q (B, H, j0, D)`` — the ``torch.jagged`` convention, from ``(B, j0, H, D).transpose(1, 2)``;
+* ``q (B, j0, H, j1, D)`` — the rows of a pair attending along their columns (triangle
+  attention), with a bias ``(B, 1, H, j1, j1)`` shared by every row;
+* ``q (B, j0, H, L, D)`` with L static — attention inside each packed row.
+
+When L is ragged it is the *last* ragged dim, so in the packed values each (sample, ragged batch
+coordinates) owns consecutive rows: a *segment*. q's values ``(Tq, *heads, D)`` are then exactly
+flash-attn's varlen layout, with ``cu_seqlens`` the segments' prefix sums (``segments``), and
+k/v's segments pair up one to one with q's (same batch extents, their own S extent: cross
+attention). The heads are the static batch dims, flattened. A mask becomes an additive bias in
+the score layout, addressed per segment (``_bias``), so a bias shared by the rows of a pair is
+never copied per row. The route checks the structure and normalises the mask; the handler of
+``multijagged::sdpa`` runs ``multijagged::varlen_attention`` (compile/attention.py), whose
+kernel picks a backend (NOTE [ Attention backends ]).
+
+Semantics are dense SDPA's per sample: a query with no visible key (a sample with no keys, or a
+fully masked row) gives a zero output row; ``is_causal`` is top-left aligned; ``attn_mask`` and
+``is_causal`` together raise, as dense.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..compile import attention as cattn
+from ..compile.attention import BACKENDS, backend  # noqa: F401  (public: re-exported)
+from ..errors import StructureError
+from ..kernels import attention as kattn
+from ..structure import same_extent
+from . import register_multi_jagged_func
+from ._common import MJT, describe, partition_for, row_sample, static_dims, wrap
+from .routes import _call, route
+
+__all__ = ["backend", "BACKENDS", "segments"]
+
+mj = torch.ops.multijagged
+_OP = "scaled_dot_product_attention"
+
+
+# ----------------------------------------------------------------------------- segments
+def _exclusive_cumsum(n: torch.Tensor) -> torch.Tensor:
+    out = n.new_zeros(n.shape[0] + 1)
+    torch.cumsum(n, 0, out=out[1:])
+    return out
+
+
+def segments(x: MJT):
+    """``(cu, seg_sample)`` of ``x`` attending along its last ragged dim: ``cu (N+1,)`` the
+    segments' row offsets (flash-attn's ``cu_seqlens``), ``seg_sample (N,)`` each segment's sample.
+    Cached on the partition."""
+    p = x._partition
+    hit = p.cache.get("attn_segments")
+    if hit is not None:
+        return hit
+    if p.nragged == 1:
+        hit = (p.offsets, torch.arange(p.batch, device=p.offsets.device))
+    else:
+        sub = partition_for(p.extents[:-1])
+        sample = row_sample(sub)
+        hit = (_exclusive_cumsum(p.extents[-1].lengths()[sample]), sample)
+    p.cache["attn_segments"] = hit
+    return hit
+
+
+# ----------------------------------------------------------------------------- route
+def _err(msg: str):
+    return StructureError(f"{_OP}(): {msg} for layout torch.multi_jagged")
+
+
+def _check(query, key, value, attn_mask, is_causal, enable_gqa):
+    """The structural checks of NOTE [ Attention over ragged dims ]; returns whether L is ragged."""
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if not isinstance(t, MJT):
+            raise _err(f"expected {name} to be a multi_jagged tensor like the others, got {type(t).__name__} {describe(t)}")
+    n = query.dim()
+    if key.dim() != n or value.dim() != n or n < 3:
+        raise _err(f"expected query, key and value of one rank ≥ 3, got {describe(query)}, {describe(key)}, {describe(value)}")
+    for name, t in (("query", query), ("key", key), ("value", value)):
+        if n - 1 in t._ragged_dims:
+            raise _err(f"expected the last dim of {name} (the embedding) to be static, got {describe(t)}")
+    if query.shape[-1] != key.shape[-1]:
+        raise _err(f"expected query and key of one embedding size, got {query.shape[-1]} and {key.shape[-1]}")
+    if key._ragged_dims != value._ragged_dims or not all(
+        same_extent(a, b) for a, b in zip(key._partition.extents, value._partition.extents)
+    ):
+        raise _err(f"expected key and value on the same ragged extents, got {describe(key)} and {describe(value)}")
+    if any(key.shape[d] != value.shape[d] for d in static_dims(n, key._ragged_dims) if d < n - 1):
+        raise _err(f"expected key and value with equal sizes but the last, got {describe(key)} and {describe(value)}")
+    ragged_l = n - 2 in query._ragged_dims
+    if ragged_l != (n - 2 in key._ragged_dims):
+        raise _err(f"expected dim -2 ragged in both query and key or in neither, got {describe(query)} and {describe(key)}")
+    qb = query._ragged_dims[:-1] if ragged_l else query._ragged_dims
+    kb = key._ragged_dims[:-1] if ragged_l else key._ragged_dims
+    if qb != kb or not all(same_extent(a, b) for a, b in zip(query._partition.extents, key._partition.extents[: len(kb)])):
+        raise _err(f"expected query and key with the same batch dims (ragged ones on the same extents), got "
+                   f"{describe(query)} and {describe(key)}")
+    if not ragged_l and not query._partition.same_as(key._partition):
+        raise _err(f"expected query and key on the same ragged extents, got {describe(query)} and {describe(key)}")
+    for d in static_dims(n, query._ragged_dims):
+        if d >= n - 2:
+            continue
+        hq, hk = query.shape[d], key.shape[d]
+        if hq == hk:
+            continue
+        if enable_gqa and d == n - 3 and hk and hq % hk == 0:
+            continue
+        hint = "" if d != n - 3 else " (enable_gqa=True admits fewer key heads dividing the query heads)"
+        raise _err(f"expected query and key with equal batch dims, got sizes {hq} and {hk} at dim {d}{hint}")
+    if attn_mask is not None and is_causal:
+        raise RuntimeError(f"{_OP}(): Explicit attn_mask should not be set when is_causal=True")
+    return ragged_l
+
+
+def _float_mask(mask, dtype):
+    if mask.dtype == torch.bool:
+        # dense SDPA's convention: True takes part in attention
+        return torch.zeros_like(mask, dtype=dtype).masked_fill(mask.logical_not(), float("-inf"))
+    if mask.dtype != dtype:
+        raise RuntimeError(
+            f"{_OP}(): Expected attn_mask dtype to be bool or float or to match query dtype, got attn_mask.dtype: "
+            f"{mask.dtype} and query.dtype: {dtype}"
+        )
+    return mask
+
+
+def _check_mask(mask, query, key, ragged_l):
+    """Sizes of an attention mask against the scores ``(B, *batch, L, S)`` (NOTE above)."""
+    n = query.dim()
+    scores = (*query.shape[:-1], key.shape[-2])
+    if isinstance(mask, MJT):
+        if mask.dim() != n:
+            raise _err(f"expected a multi_jagged attn_mask of rank {n} (the scores {tuple(scores)}), got {describe(mask)}")
+        qext = dict(zip(query._ragged_dims, query._partition.extents))
+        if ragged_l:
+            qext[n - 1] = key._partition.extents[-1]
+        for d, e in zip(mask._ragged_dims, mask._partition.extents):
+            if d not in qext or not same_extent(e, qext[d]):
+                raise _err(f"expected attn_mask's ragged dims to be those of the scores {tuple(scores)}, got "
+                           f"{describe(mask)} (dim {d})")
+        if ragged_l and not {n - 2, n - 1} <= set(mask._ragged_dims):
+            raise _err(f"expected attn_mask ragged over both query and key dims of the scores {tuple(scores)}, got "
+                       f"{describe(mask)}")
+        for d in range(1, n):
+            if d in mask._ragged_dims:
+                continue
+            if mask.shape[d] != 1 and (d in qext or mask.shape[d] != scores[d]):
+                raise _err(f"expected attn_mask {describe(mask)} to broadcast to the scores {tuple(scores)} (dim {d})")
+        return
+    # a dense mask broadcasts over the ragged dims (size 1 there) and the batch
+    shape = (1,) * (n - mask.dim()) + tuple(mask.shape)
+    if mask.dim() > n or any(
+        s != 1 and (d in query._ragged_dims or (d == n - 1 and ragged_l) or s != scores[d])
+        for d, s in enumerate(shape)
+        if d > 0
+    ) or shape[0] not in (1, scores[0]):
+        raise _err(f"expected a dense attn_mask that broadcasts to the scores {tuple(scores)} with size 1 at the "
+                   f"ragged dims, got {tuple(mask.shape)}")
+
+
+@route(F.scaled_dot_product_attention)
+def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                                  enable_gqa=False):
+    if not any(isinstance(t, MJT) for t in (query, key, value, attn_mask)):
+        return NotImplemented
+    ragged_l = _check(query, key, value, attn_mask, is_causal, enable_gqa)
+    mask = None
+    if attn_mask is not None:
+        _check_mask(attn_mask, query, key, ragged_l)
+        mask = _float_mask(attn_mask, query.dtype)
+    seed = None
+    if dropout_p > 0:
+        # drawn from the default generator: torch.manual_seed makes runs reproducible
+        seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
+    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
+    out, _ = _call(mj.sdpa.default, query, key, value, mask, seed, bool(is_causal), scale, float(dropout_p))
+    return out
+
+
+# ----------------------------------------------------------------------------- handlers
+def _heads(x: MJT) -> tuple[int, ...]:
+    """Sizes of the static batch dims (the heads), in storage order."""
+    n = len(x._size)
+    return tuple(x._size[d] for d in static_dims(n, x._ragged_dims) if d < n - 1)
+
+
+def _flat(x: MJT) -> torch.Tensor:
+    """``(T, H, D)``: the values with the static batch dims flattened into one head dim."""
+    v = x._values
+    h = 1
+    for s in v.shape[1:-1]:
+        h *= s
+    return v.reshape(v.shape[0], h, v.shape[-1])
+
+
+def _bias(mask, q: MJT, k: MJT, cu_q, cu_k, seg_sample):
+    """``(bias (Tb, Hb), bias_start (N,), restore)`` for a float mask (dense or multi_jagged):
+    ``restore(dbias)`` maps a gradient in that layout back to the mask's own shape."""
+    n = len(q._size)
+    qh = _heads(q)
+    hq = math.prod(qh)
+    qstat = [d for d in static_dims(n, q._ragged_dims) if d < n - 1]
+    if isinstance(mask, MJT):
+        mv = mask._values
+        mstat = static_dims(n, mask._ragged_dims)
+        # mask static dims: q's head dims keep their size (1 or q's); dims ragged in q drop (size 1)
+        sel = [i + 1 for i, d in enumerate(mstat) if d in qstat]
+        drop = [i + 1 for i, d in enumerate(mstat) if d not in qstat]
+        hv = mv.reshape(mv.shape[0], *[mv.shape[i] for i in sel])  # the dropped dims have size 1
+        ones = all(s == 1 for s in hv.shape[1:])
+        if ones:
+            bias = hv.reshape(mv.shape[0], 1)
+        else:
+            bias = hv.expand(mv.shape[0], *qh).reshape(mv.shape[0], hq)
+        start = _block_starts(mask, q, cu_q, cu_k, seg_sample)
+        mshape, hshape = mv.shape, hv.shape
+
+        def restore(db):
+            db = db.reshape(db.shape[0], *((1,) * len(qh) if ones else qh)).sum_to_size(hshape)
+            return wrap(db.reshape(mshape), mask._partition, mask._ragged_dims)
+
+        del drop
+        return bias, start, restore
+    # dense: one value per (sample, head); materialised over each sample's score block
+    shape = (1,) * (n - mask.dim()) + tuple(mask.shape)
+    m = mask.reshape(shape)
+    per = m.reshape(shape[0], *[shape[d] for d in qstat]).expand(q._partition.batch, *[shape[d] for d in qstat])
+    ones = all(shape[d] == 1 for d in qstat)
+    per = per.reshape(per.shape[0], 1) if ones else per.expand(per.shape[0], *qh).reshape(per.shape[0], hq)
+    blocks = (cu_q.diff() * cu_k.diff())
+    # one block per segment, in segment order (the score layout)
+    starts = _exclusive_cumsum(blocks)
+    rows = kattn.score_offsets(cu_q, cu_k)
+    row_seg = torch.searchsorted(rows, torch.arange(_score_rows(q, k, rows), device=rows.device), right=True) - 1
+    bias = per[seg_sample[row_seg]]
+    mask_shape = tuple(mask.shape)
+    bsz = per.shape[0]
+
+    def restore(db):
+        per_grad = torch.zeros(bsz, db.shape[1], dtype=db.dtype, device=db.device).index_add_(0, seg_sample[row_seg], db)
+        g = per_grad.reshape(bsz, *((1,) * len(qh) if ones else qh))
+        full = g.reshape(bsz, *[qh[qstat.index(d)] if (d in qstat and not ones) else 1 for d in range(1, n)])
+        return full.sum_to_size(shape).reshape(mask_shape)
+
+    return bias, starts[:-1], restore
+
+
+def _score_rows(q: MJT, k: MJT, rows) -> int:
+    # SYNC: the number of score entries sizes a dense mask's bias (dense masks only)
+    return int(rows[-1])
+
+
+def _block_starts(mask: MJT, q: MJT, cu_q, cu_k, seg_sample):
+    """For every segment of q, the first row of its score block in ``mask``'s values."""
+    n = len(q._size)
+    lq, lk = cu_q.diff(), cu_k.diff()
+    qb = q._ragged_dims[:-1]
+    kept = tuple(i for i, d in enumerate(qb) if d in mask._ragged_dims)
+    if len(kept) == len(qb):
+        # the mask has every batch ragged dim: its rows are the score layout itself
+        return kattn.score_offsets(cu_q, cu_k)[:-1]
+    if not kept:
+        return mask._partition.offsets[seg_sample]
+    # a mask over some of the batch ragged dims: map each segment (a row of q's batch sub-partition)
+    # to the row of the mask's batch sub-partition, whose block has Lq_i·Lk_i rows
+    from ..kernels import reference as ref
+
+    p = q._partition
+    sub = partition_for(p.extents[:-1])
+    msub = partition_for([p.extents[i] for i in kept])
+    sizes = sub.sizes()
+    idx = ref.row_map(sub.offsets, sizes, sub.rows, kept, msub.offsets)
+    local = idx - msub.offsets[seg_sample]
+    del n
+    return mask._partition.offsets[seg_sample] + local * lq * lk
+
+
+@register_multi_jagged_func(mj.sdpa.default, "q: mjt, k: mjt, v: mjt, mask: any?, seed: any?, causal: any, scale: any, dropout_p: any")
+def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, dropout_p=0.0):
+    n = len(q._size)
+    if n - 2 not in q._ragged_dims:
+        mv = None if mask is None else (mask._values if isinstance(mask, MJT) else mask)
+        out, lse = cattn.sdpa_dense(q._values, k._values, v._values, mv, seed, causal, scale, dropout_p)
+        return wrap(out, q._partition, q._ragged_dims), lse
+    cu_q, seg_sample = segments(q)
+    cu_k, _ = segments(k)
+    bias = start = None
+    if mask is not None:
+        bias, start, _ = _bias(mask, q, k, cu_q, cu_k, seg_sample)
+    qv, kv, vv = _flat(q), _flat(k), _flat(v)
+    out, lse = mj.varlen_attention(qv, kv, vv, cu_q, cu_k, q._partition.extents[-1].max,
+                                   k._partition.extents[-1].max, bias, start, seed, causal, scale, dropout_p)
+    out = out.reshape(out.shape[0], *q._values.shape[1:-1], out.shape[-1])
+    return wrap(out, q._partition, q._ragged_dims), lse
+
+
+@register_multi_jagged_func(
+    mj.sdpa_backward.default,
+    "grad: mjt, q: mjt, k: mjt, v: mjt, mask: any?, seed: any?, out: mjt, lse: t, causal: any, scale: any, "
+    "dropout_p: any, mask_grad: any",
+)
+def sdpa_backward_default(func, grad, q, k, v, mask, seed, out, lse, causal, scale, dropout_p, mask_grad):
+    n = len(q._size)
+    empty = q._values.new_empty(0)
+    if n - 2 not in q._ragged_dims:
+        mv = None if mask is None else (mask._values if isinstance(mask, MJT) else mask)
+        dq, dk, dv, dm = cattn.sdpa_backward_dense(grad._values, q._values, k._values, v._values, mv, seed,
+                                                   out._values, lse, causal, scale, dropout_p, mask_grad)
+        if mask_grad and isinstance(mask, MJT):
+            dm = wrap(dm, mask._partition, mask._ragged_dims)
+        return (wrap(dq, q._partition, q._ragged_dims), wrap(dk, k._partition, k._ragged_dims),
+                wrap(dv, v._partition, v._ragged_dims), dm if mask_grad else empty)
+    cu_q, seg_sample = segments(q)
+    cu_k, _ = segments(k)
+    bias = start = restore = None
+    if mask is not None:
+        bias, start, restore = _bias(mask, q, k, cu_q, cu_k, seg_sample)
+    dq, dk, dv, db = mj.varlen_attention_backward(
+        _flat(grad), _flat(q), _flat(k), _flat(v), _flat(out), lse, cu_q, cu_k, q._partition.extents[-1].max,
+        k._partition.extents[-1].max, bias, start, seed, causal, scale, dropout_p, bool(mask_grad and mask is not None),
+    )
+    dm = restore(db) if mask_grad and mask is not None else empty
+    return (wrap(dq.reshape(q._values.shape), q._partition, q._ragged_dims),
+            wrap(dk.reshape(k._values.shape), k._partition, k._ragged_dims),
+            wrap(dv.reshape(v._values.shape), v._partition, v._ragged_dims), dm)
