@@ -95,6 +95,18 @@ def register_multi_jagged_func(aten_ops, schema: str):
 _POINTWISE: dict[Any, bool] = {}  # func.tags builds a list per access
 
 
+_COMPOSITE: dict[Any, bool] = {}
+
+
+def _composite(func) -> bool:
+    hit = _COMPOSITE.get(func)
+    if hit is None:
+        hit = _COMPOSITE[func] = isinstance(func, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(
+            func.name(), torch._C.DispatchKey.CompositeImplicitAutograd
+        )
+    return hit
+
+
 def dispatch(func, args, kwargs):
     if len(args) == 1 and not kwargs:
         fast = metadata.FAST.get(func)
@@ -110,6 +122,12 @@ def dispatch(func, args, kwargs):
         is_pointwise = _POINTWISE[func] = torch.Tag.pointwise in func.tags
     if is_pointwise:
         return pointwise.pointwise(func, *args, **kwargs)
+    if _composite(func):
+        # A composite op reaches dispatch intact when the autograd keys are off (inference_mode);
+        # elsewhere it decomposes before dispatch. Decompose it here the same way.
+        out = func.decompose(*args, **kwargs)
+        if out is not NotImplemented:
+            return out
     raise NotImplementedError(
         f"{op_name(func)}(): not supported for layout torch.multi_jagged "
         "(no handler in the op table; see CONTRIBUTING.md to add one)"
@@ -117,7 +135,7 @@ def dispatch(func, args, kwargs):
 
 
 # Handler modules register themselves on import; order does not matter.
-from . import metadata, pointwise, factory, views, reductions, nn, custom, attention  # noqa: E402,F401
+from . import metadata, pointwise, factory, views, reductions, nn, custom, attention, mha  # noqa: E402,F401
 from . import routes  # noqa: E402,F401
 
 from .. import tensor as _tensor  # noqa: E402

@@ -1,0 +1,198 @@
+"""Unchanged ``nn`` attention modules on multi_jagged batches (NOTE [ Batch-second tokens ] in
+ops/mha.py): ``nn.MultiheadAttention(batch_first=True)``, ``nn.TransformerEncoderLayer`` and
+``nn.TransformerEncoder``, against the per-sample reference (each sample alone, batch of one)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import torch_multijagged as tmj
+from torch_multijagged.ops.mha import BatchSecond
+
+E, H = 16, 4
+LENS = [(3, 0, 5, 1), (1,), (2, 2, 7)]
+DT = torch.float64
+
+
+def _comps(lens, e=E, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, e, dtype=DT, generator=g) for n in lens]
+
+
+def _check(f, params, comps, *, others=()):
+    """``f`` on the batch vs ``f`` per sample: outputs and gradients of the input and every
+    parameter (torch.autograd.grad over all leaves)."""
+    x = tmj.nested_tensor(comps, requires_grad=True)
+    extra = [tmj.nested_tensor(o, requires_grad=True) for o in others]
+    y = f(x, *extra)
+    assert isinstance(y, tmj.MultiJaggedTensor) and y.shape[0] == len(comps)
+    xs = [c.clone().requires_grad_() for c in comps]
+    os_ = [[c.clone().requires_grad_() for c in o] for o in others]
+    refs = []
+    for i, c in enumerate(xs):
+        if c.shape[0] == 0:
+            refs.append(c * 0)
+            continue
+        refs.append(f(c.unsqueeze(0), *[o[i].unsqueeze(0) for o in os_])[0])
+    for a, r in zip(y.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    leaves = [x, *extra, *params]
+    grads = torch.autograd.grad((y.values() ** 2).sum(), leaves, allow_unused=True)
+    ref_leaves = [*xs, *[c for o in os_ for c in o], *params]
+    ref_grads = torch.autograd.grad(sum((r ** 2).sum() for r in refs), ref_leaves, allow_unused=True)
+    b = len(comps)
+    for gx, rg in zip([grads[0], *grads[1:1 + len(extra)]], [ref_grads[i * b:(i + 1) * b] for i in range(1 + len(extra))]):
+        for a, r in zip(gx.unbind(), rg):
+            torch.testing.assert_close(a, torch.zeros_like(a) if r is None else r)
+    for a, r in zip(grads[1 + len(extra):], ref_grads[b * (1 + len(extra)):]):
+        torch.testing.assert_close(a, torch.zeros_like(a) if r is None else r)
+
+
+@pytest.mark.parametrize("lens", LENS)
+@pytest.mark.parametrize("train", [True, False])
+def test_multihead_attention_self(lens, train):
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT).train(train)
+    _check(lambda x: m(x, x, x, need_weights=False)[0], list(m.parameters()), _comps(lens))
+
+
+@pytest.mark.parametrize("average", [True, False])
+def test_multihead_attention_need_weights(average):
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)
+    comps = _comps((3, 0, 5))
+    x = tmj.nested_tensor(comps)
+    out, w = m(x, x, x, average_attn_weights=average)
+    assert isinstance(w, tmj.MultiJaggedTensor)
+    for i, c in enumerate(comps):
+        if not c.shape[0]:
+            continue
+        ro, rw = m(c[None], c[None], c[None], average_attn_weights=average)
+        torch.testing.assert_close(out.unbind()[i], ro[0])
+        torch.testing.assert_close(w.unbind()[i], rw[0])
+
+
+def test_multihead_attention_cross():
+    """Query on one extent, key/value on another (different lengths per sample)."""
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)
+    _check(lambda q, kv: m(q, kv, kv, need_weights=False)[0], list(m.parameters()), _comps((3, 2, 5)),
+           others=[_comps((4, 1, 2), seed=1)])
+
+
+def test_multihead_attention_separate_projections():
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT, kdim=E, vdim=E)
+    m._qkv_same_embed_dim = False
+    m.q_proj_weight = nn.Parameter(torch.randn(E, E, dtype=DT) / 4)
+    m.k_proj_weight = nn.Parameter(torch.randn(E, E, dtype=DT) / 4)
+    m.v_proj_weight = nn.Parameter(torch.randn(E, E, dtype=DT) / 4)
+    params = [m.q_proj_weight, m.k_proj_weight, m.v_proj_weight, m.in_proj_bias, m.out_proj.weight]
+    _check(lambda x: m(x, x, x, need_weights=False)[0], params, _comps((3, 0, 4)))
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_transformer_encoder_layer(norm_first, activation):
+    layer = nn.TransformerEncoderLayer(E, H, 32, dropout=0.0, activation=activation, batch_first=True,
+                                       norm_first=norm_first, dtype=DT)
+    _check(lambda x: layer(x), list(layer.parameters()), _comps((3, 0, 5, 1)))
+
+
+def test_transformer_encoder_stack_causal():
+    enc = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(E, H, 32, dropout=0.0, batch_first=True, dtype=DT), 2, enable_nested_tensor=False
+    )
+    _check(lambda x: enc(x, is_causal=True, mask=_causal_hint(x)), list(enc.parameters()), _comps((3, 0, 5)))
+
+
+def _causal_hint(x):
+    # dense code passes the square causal mask with is_causal=True; ragged lengths have none, the
+    # per-sample causal mask is what is_causal means (dense checks the mask only when not None)
+    n = x.shape[1] if not isinstance(x, tmj.MultiJaggedTensor) else 1
+    return nn.Transformer.generate_square_subsequent_mask(n, dtype=DT)
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_transformer_encoder_eval_modes(mode):
+    enc = nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(E, H, 32, dropout=0.1, batch_first=True, dtype=DT), 2, enable_nested_tensor=False
+    ).eval()
+    comps = _comps((3, 0, 5))
+    ctx = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+    with ctx:
+        y = enc(tmj.nested_tensor(comps))
+        for a, c in zip(y.unbind(), comps):
+            if c.shape[0]:
+                torch.testing.assert_close(a, enc(c[None])[0])
+
+
+def test_dropout_in_training_is_seeded():
+    layer = nn.TransformerEncoderLayer(E, H, 32, dropout=0.5, batch_first=True, dtype=DT)
+    x = tmj.nested_tensor(_comps((3, 4)))
+    torch.manual_seed(3)
+    a = layer(x)
+    torch.manual_seed(3)
+    b = layer(x)
+    torch.manual_seed(4)
+    c = layer(x)
+    assert torch.equal(a.values(), b.values())
+    assert not torch.equal(a.values(), c.values())
+
+
+def test_no_leakage_between_samples():
+    layer = nn.TransformerEncoderLayer(E, H, 32, dropout=0.0, batch_first=True, dtype=DT)
+    comps = _comps((3, 2, 5))
+    x1 = tmj.nested_tensor(comps, requires_grad=True)
+    comps2 = [comps[0], comps[1] + 1.0, comps[2]]
+    x2 = tmj.nested_tensor(comps2, requires_grad=True)
+    y1, y2 = layer(x1), layer(x2)
+    g1, = torch.autograd.grad((y1.values() ** 2).sum(), x1)
+    g2, = torch.autograd.grad((y2.values() ** 2).sum(), x2)
+    for i in (0, 2):
+        assert torch.equal(y1.unbind()[i], y2.unbind()[i])
+        assert torch.equal(g1.unbind()[i], g2.unbind()[i])
+    assert not torch.equal(y1.unbind()[1], y2.unbind()[1])
+
+
+def test_key_padding_mask_is_refused():
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)
+    x = tmj.nested_tensor(_comps((3, 2)))
+    with pytest.raises(ValueError, match="key_padding_mask is not needed"):
+        m(x, x, x, key_padding_mask=torch.zeros(2, 3, dtype=torch.bool))
+
+
+def test_dense_attn_mask_without_is_causal_is_refused():
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)
+    x = tmj.nested_tensor(_comps((3, 2)))
+    with pytest.raises(NotImplementedError, match="dense attn_mask cannot address ragged"):
+        m(x, x, x, attn_mask=torch.zeros(3, 3, dtype=torch.bool))
+
+
+def test_bias_kv_and_zero_attn_are_refused():
+    x = tmj.nested_tensor(_comps((3, 2)))
+    m = nn.MultiheadAttention(E, H, batch_first=True, add_bias_kv=True, dtype=DT)
+    with pytest.raises(NotImplementedError, match="bias_k"):
+        m(x, x, x)
+    m = nn.MultiheadAttention(E, H, batch_first=True, add_zero_attn=True, dtype=DT)
+    with pytest.raises(NotImplementedError, match="add_zero_attn"):
+        m(x, x, x)
+
+
+def test_batch_second_token():
+    x = tmj.nested_tensor(_comps((3, 2)))
+    t = x.transpose(0, 1)
+    assert isinstance(t, BatchSecond)
+    assert t.shape[1] == 2 and t.shape[0] == x.shape[1] and t.dim() == 3
+    assert t.transpose(1, 0) is x
+    assert torch.transpose(t, 0, 1) is x
+    with pytest.raises(NotImplementedError, match="swapped to dim 1"):
+        t + 1
+    with pytest.raises(NotImplementedError, match="swapped to dim 1"):
+        F.linear(t, torch.randn(4, E, dtype=DT))
+
+
+def test_under_compile_a_clear_error():
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)
+    x = tmj.nested_tensor(_comps((3, 2)))
+    with pytest.raises(Exception, match="not supported under torch.compile"):
+        torch.compile(lambda x: m(x, x, x, need_weights=False)[0], backend="eager", fullgraph=True)(x)
