@@ -143,9 +143,15 @@ def _dense_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, drop
 
 # ----------------------------------------------------------------------------- gathers
 class _Bucket:
-    """Index maps of a group of segments padded to ``(Lm, Sm)``."""
+    """Index maps of a group of segments padded to ``(Lm, Sm)``.
 
-    __slots__ = ("segs", "qrow", "qvalid", "krow", "kvalid", "lm", "sm", "lq", "lk")
+    Gathers use ``index_select`` on flat row lists (much cheaper than advanced indexing on the
+    CPU); padded positions read row 0 and are then zeroed in place for keys and values (a
+    non-finite value in another sample must not reach this one through ``0 · inf``). Padded
+    query rows are computed and dropped."""
+
+    __slots__ = ("segs", "qvalid", "kvalid", "lm", "sm", "lq", "lk", "qflat", "kflat", "qsel", "qdst",
+                 "ksel", "kdst", "kpad", "qpad", "single")
 
     def __init__(self, segs, cu_q, cu_k, lq, lk, lm, sm):
         dev = cu_q.device
@@ -154,23 +160,64 @@ class _Bucket:
         b = torch.arange(sm, device=dev)
         self.qvalid = a < lq[:, None]
         self.kvalid = b < lk[:, None]
-        self.qrow = torch.where(self.qvalid, cu_q[segs][:, None] + a, 0)
-        self.krow = torch.where(self.kvalid, cu_k[segs][:, None] + b, 0)
+        qrow = torch.where(self.qvalid, cu_q[segs][:, None] + a, 0)
+        krow = torch.where(self.kvalid, cu_k[segs][:, None] + b, 0)
+        self.qflat, self.kflat = qrow.reshape(-1), krow.reshape(-1)
+        self.qsel = self.qvalid.reshape(-1).nonzero().flatten()
+        self.ksel = self.kvalid.reshape(-1).nonzero().flatten()
+        self.qdst, self.kdst = self.qflat[self.qsel], self.kflat[self.ksel]
+        self.kpad = (~self.kvalid).reshape(-1).nonzero().flatten()
+        self.qpad = (~self.qvalid).reshape(-1).nonzero().flatten()
+        # one segment: its rows are a slice of the packed buffers (views, no gather)
+        self.single = None
+        if segs.shape[0] == 1:
+            self.single = (int(cu_q[segs[0]]), int(cu_k[segs[0]]))
 
-    def gather(self, x, rows, valid):
-        """``x (T, H, D)`` → ``(n, H, L, D)``, zeros at padded positions."""
-        g = x[rows.reshape(-1)].reshape(*rows.shape, *x.shape[1:])
-        g = g * valid.reshape(*valid.shape, *([1] * (x.dim() - 1))).to(g.dtype) if not bool(valid.all()) else g
-        return g.permute(0, 2, 1, 3)
+    def gather_q(self, x, zero: bool = False):
+        """``x (Tq, H, D)`` → ``(n, H, Lm, D)``; ``zero``: zeros at padded queries (the output
+        gradient, so that padded rows add nothing to dk and dv)."""
+        if self.single is not None:
+            return x[self.single[0]: self.single[0] + self.lm].transpose(0, 1).unsqueeze(0)
+        n = self.qvalid.shape[0]
+        g = x.index_select(0, self.qflat)
+        if zero and self.qpad.numel():
+            g.index_fill_(0, self.qpad, 0)
+        return g.view(n, self.lm, *x.shape[1:]).transpose(1, 2)
 
-    def scatter(self, out, g, rows, valid):
-        """Write ``g (n, H, L, D)`` back to rows of ``out`` at valid positions (index_put)."""
-        g = g.permute(0, 2, 1, 3)
-        out[rows[valid]] = g[valid].to(out.dtype)
+    def gather_k(self, x):
+        """``x (Tk, H, D)`` → ``(n, H, Sm, D)``, zeros at padded keys."""
+        if self.single is not None:
+            return x[self.single[1]: self.single[1] + self.sm].transpose(0, 1).unsqueeze(0)
+        n = self.kvalid.shape[0]
+        g = x.index_select(0, self.kflat)
+        if self.kpad.numel():
+            g.index_fill_(0, self.kpad, 0)
+        return g.view(n, self.sm, *x.shape[1:]).transpose(1, 2)
 
-    def scatter_add(self, out, g, rows, valid):
-        g = g.permute(0, 2, 1, 3)
-        out.index_add_(0, rows[valid], g[valid].to(out.dtype))
+    def _rows(self, g, sel):
+        """``g (n, H, L, D)`` → its valid rows ``(nv, H, D)`` in bucket order."""
+        g = g.transpose(1, 2)
+        flat = g.reshape(g.shape[0] * g.shape[1], *g.shape[2:])
+        return flat if sel.shape[0] == flat.shape[0] else flat.index_select(0, sel)
+
+    def scatter_q(self, out, g):
+        """Write query-shaped ``g (n, H, Lm, D)`` to the rows of ``out``."""
+        if self.single is not None:
+            out[self.single[0]: self.single[0] + self.lm] = g[0].transpose(0, 1)
+            return
+        out.index_copy_(0, self.qdst, self._rows(g, self.qsel).to(out.dtype))
+
+    def add_q(self, out, g):
+        if self.single is not None:
+            out[self.single[0]: self.single[0] + self.lm] += g[0].transpose(0, 1).to(out.dtype)
+            return
+        out.index_add_(0, self.qdst, self._rows(g, self.qsel).to(out.dtype))
+
+    def add_k(self, out, g):
+        if self.single is not None:
+            out[self.single[1]: self.single[1] + self.sm] += g[0].transpose(0, 1).to(out.dtype)
+            return
+        out.index_add_(0, self.kdst, self._rows(g, self.ksel).to(out.dtype))
 
     def bias_index(self, bias_start):
         """``(n, Lm, Sm)`` bias rows and the mask of real (query, key) pairs."""
@@ -265,14 +312,15 @@ def attention_bucketed(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=Non
         segs = segs.to(q.device)
         lm, sm = int(lq_h[segs.cpu()].max()), int(lk_h[segs.cpu()].max())
         bk = _Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], lm, sm)
-        qb = bk.gather(q, bk.qrow, bk.qvalid)
-        kb = _expand_heads(bk.gather(k, bk.krow, bk.kvalid), hq)
-        vb = _expand_heads(bk.gather(v, bk.krow, bk.kvalid), hq)
+        qb = bk.gather_q(q)
+        kb = bk.gather_k(k)
+        vb = kb if v is k else bk.gather_k(v)
+        kb, vb = _expand_heads(kb, hq), _expand_heads(vb, hq)
         bias_b = bk.bias(bias, bias_start, hq)
         keep_b = bk.keep(keep, cs) if keep is not None else None
         ob, lb = _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p)
-        bk.scatter(out, ob, bk.qrow, bk.qvalid)
-        lse[bk.qrow[bk.qvalid]] = lb.permute(0, 2, 1)[bk.qvalid]
+        bk.scatter_q(out, ob)
+        bk.scatter_q(lse.unsqueeze(-1), lb.unsqueeze(-1))
     return out, lse
 
 
@@ -295,19 +343,19 @@ def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, 
         segs = segs.to(q.device)
         lm, sm = int(lq_h[segs.cpu()].max()), int(lk_h[segs.cpu()].max())
         bk = _Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], lm, sm)
-        qb = bk.gather(q, bk.qrow, bk.qvalid)
-        kb = _expand_heads(bk.gather(k, bk.krow, bk.kvalid), hq)
-        vb = _expand_heads(bk.gather(v, bk.krow, bk.kvalid), hq)
-        gb = bk.gather(grad, bk.qrow, bk.qvalid)
-        ob = bk.gather(out, bk.qrow, bk.qvalid)
-        lb = lse[bk.qrow.reshape(-1)].reshape(*bk.qrow.shape, hq).permute(0, 2, 1)
-        lb = torch.where(bk.qvalid[:, None, :], lb, torch.zeros((), dtype=lb.dtype))
+        qb = bk.gather_q(q)
+        kb = bk.gather_k(k)
+        vb = kb if v is k else bk.gather_k(v)
+        kb, vb = _expand_heads(kb, hq), _expand_heads(vb, hq)
+        gb = bk.gather_q(grad, zero=True)
+        ob = bk.gather_q(out)
+        lb = bk.gather_q(lse.unsqueeze(-1)).squeeze(-1)
         bias_b = bk.bias(bias, bias_start, hq)
         keep_b = bk.keep(keep, cs) if keep is not None else None
         gq, gk, gv, ds = _dense_backward(gb, qb, kb, vb, ob, lb, bias_b, keep_b, causal, scale, dropout_p, need_dbias)
-        bk.scatter_add(dq, gq, bk.qrow, bk.qvalid)
-        bk.scatter_add(dk, _reduce_heads(gk, hk), bk.krow, bk.kvalid)
-        bk.scatter_add(dv, _reduce_heads(gv, hk), bk.krow, bk.kvalid)
+        bk.add_q(dq, gq)
+        bk.add_k(dk, _reduce_heads(gk, hk))
+        bk.add_k(dv, _reduce_heads(gv, hk))
         if need_dbias:
             idx, pair = bk.bias_index(bias_start)
             ds = ds.permute(0, 2, 3, 1)  # (n, Lm, Sm, Hq)
