@@ -80,9 +80,9 @@ def _source(op: str, x, lengths, offsets, dim: int):
         if dim not in x.ragged_dims:
             raise ValueError(f"{op}(): expected dim to be a ragged dim of x {x.ragged_dims}, got {dim}")
         k = x.ragged_dims.index(dim)
-        # The extent's own offsets: a tensor built on them shares x's nested int for this dim.
-        extent = x._partition.extents[k]
-        return x.sizes()[:, k].contiguous(), extent.offsets, extent.offsets.device
+        # The dim's own offsets: a tensor built on them shares x's nested int for this dim.
+        off = x.offsets(dim)
+        return x.sizes()[:, k].contiguous(), off, off.device
     if lengths is not None:
         host = _host_lengths(op, lengths)
         device = lengths.device if isinstance(lengths, torch.Tensor) else torch.device("cpu")

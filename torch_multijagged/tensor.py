@@ -177,9 +177,37 @@ class MultiJaggedTensor(torch.Tensor):
 
         return values_of(self)
 
-    def offsets(self) -> torch.Tensor:
-        """``(B+1,)`` int64 sample offsets into the packed rows."""
-        return self._partition.offsets
+    def offsets(self, dim: int | None = None) -> torch.Tensor:
+        """``(B+1,)`` int64 sample offsets into the packed rows; with ``dim`` (a ragged dim), the
+        exclusive prefix sum of that dim's per-sample sizes (the tensor its nested int is keyed
+        on, as ``torch.jagged``'s ``offsets()``)."""
+        if dim is None:
+            return self._partition.offsets
+        return self._partition.extents[self._ragged_index("offsets", dim)].offsets
+
+    def _ragged_index(self, op: str, dim: int) -> int:
+        d = dim + len(self._size) if dim < 0 else dim
+        if d not in self._ragged_dims:
+            raise ValueError(f"{op}(): expected a ragged dim {self._ragged_dims}, got {dim}")
+        return self._ragged_dims.index(d)
+
+    def cu_seqlens(self, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+        """Sequence boundaries for calling varlen attention kernels yourself (flash-attn's
+        ``cu_seqlens``, int32 by default as it requires): attention runs along the last ragged
+        dim, and every (sample, coordinates of the other ragged dims) is one sequence of
+        consecutive packed rows. For ``(B, j0, C)`` or ``(B, H, j0, D)`` this is ``offsets()``; for
+        a pair ``(B, j0, j0, C)`` each row of each sample is a sequence."""
+        from .ops.attention import segments
+
+        if not self._ragged_dims:
+            raise ValueError("cu_seqlens(): expected a tensor with a ragged dim")
+        return segments(self)[0].to(dtype)
+
+    def max_seqlen(self) -> int:
+        """The longest sequence of ``cu_seqlens()``: the max size of the last ragged dim (no sync)."""
+        if not self._ragged_dims:
+            raise ValueError("max_seqlen(): expected a tensor with a ragged dim")
+        return self._partition.extents[-1].max
 
     def sizes(self) -> torch.Tensor:
         """``(B, R)`` int64 per-sample extents of the ragged dims, on the CPU."""
