@@ -238,7 +238,9 @@ def _expand_kv_heads(k, v, hq):
 
 
 def varlen_attention_impl(q, k, v, cu_q, cu_k, max_q, max_k, bias=None, bias_start=None, seed=None,
-                          causal=False, scale=1.0, dropout_p=0.0):
+                          causal=False, scale=1.0, dropout_p=0.0, need_lse=True):
+    """The kernel of ``varlen_attention``; ``need_lse=False`` (eager calls that will run no
+    backward) lets the CPU paths skip writing ``lse``."""
     name = choose_backend(q, k, v, cu_q.shape[0] - 1, max_k, bias, dropout_p)
     hq = q.shape[1]
     if name in ("flash", "flash_attn"):
@@ -267,9 +269,10 @@ def varlen_attention_impl(q, k, v, cu_q, cu_k, max_q, max_k, bias=None, bias_sta
         return torch.ops.multijagged.varlen_attention_triton(q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start,
                                                              causal, scale)
     keep = _keep(seed, cu_q, cu_k, hq, dropout_p, q.device)
-    fn = {"reference": kattn.attention_reference, "loop": kattn.attention_loop,
-          "bucketed": kattn.attention_bucketed}[name]
-    return fn(q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p)
+    if name == "reference":
+        return kattn.attention_reference(q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p)
+    fn = kattn.attention_loop if name == "loop" else kattn.attention_bucketed
+    return fn(q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p, need_lse=need_lse)
 
 
 def varlen_attention_backward_impl(grad, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, bias=None, bias_start=None,

@@ -38,6 +38,7 @@ import math
 from typing import Optional
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 __all__ = [
     "attention_reference",
@@ -87,12 +88,18 @@ def _probs(s, lse):
     return torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros((), dtype=p.dtype), p)
 
 
+def _kept(x, keep_b, dropout_p):
+    """``x`` at kept entries, scaled by ``1 / (1 - p)``; p = 1 drops everything (zeros, as
+    ``F.dropout``) rather than computing ``0 / 0``."""
+    return x * keep_b * (1.0 / (1.0 - dropout_p) if dropout_p < 1 else 0.0)
+
+
 def _math_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p):
     s = _scores(qb, kb, bias_b, causal, scale)
     lse = torch.logsumexp(s, -1)
     p = _probs(s, lse)
     if keep_b is not None:
-        p = p * keep_b / (1.0 - dropout_p)
+        p = _kept(p, keep_b, dropout_p)
     out = torch.matmul(p, vb.to(p.dtype)).to(qb.dtype)
     return out, lse
 
@@ -102,11 +109,11 @@ def _math_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropo
     s = _scores(qb, kb, bias_b, causal, scale)
     p = _probs(s, lse.to(ct))
     go, vb, qb_c, kb_c = go.to(ct), vb.to(ct), qb.to(ct), kb.to(ct)
-    pd = p if keep_b is None else p * keep_b / (1.0 - dropout_p)
+    pd = p if keep_b is None else _kept(p, keep_b, dropout_p)
     dv = torch.matmul(pd.transpose(-1, -2), go)
     dp = torch.matmul(go, vb.transpose(-1, -2))
     if keep_b is not None:
-        dp = dp * keep_b / (1.0 - dropout_p)
+        dp = _kept(dp, keep_b, dropout_p)
     delta = (go * ob.to(ct)).sum(-1, keepdim=True)
     ds = p * (dp - delta)
     dq = torch.matmul(ds, kb_c) * scale
@@ -125,18 +132,16 @@ def _flash_ok(q, v, keep, need_dbias) -> bool:
 def _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p):
     """One padded batch ``(n, H, L, D)``: torch's fused CPU kernel when it applies."""
     if _flash_ok(qb, vb, keep_b, False):
-        mask = None if bias_b is None else bias_b.to(qb.dtype)
-        out, lse = _flash_fwd(qb, kb, vb, 0.0, causal, attn_mask=mask, scale=scale)
+        out, lse = _flash_fwd(qb, kb, vb, 0.0, causal, attn_mask=bias_b, scale=scale)
         return out, lse.to(_compute_dtype(qb.dtype))
     return _math_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p)
 
 
 def _dense_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropout_p, need_dbias):
     if _flash_ok(qb, vb, keep_b, need_dbias):
-        mask = None if bias_b is None else bias_b.to(qb.dtype)
         # the fused kernel's own lse convention: a row with no visible key has lse 0, not -inf
         lse_k = torch.where(torch.isneginf(lse), torch.zeros((), dtype=lse.dtype), lse)
-        dq, dk, dv = _flash_bwd(go, qb, kb, vb, ob, lse_k, 0.0, causal, attn_mask=mask, scale=scale)
+        dq, dk, dv = _flash_bwd(go, qb, kb, vb, ob, lse_k, 0.0, causal, attn_mask=bias_b, scale=scale)
         return dq, dk, dv, None
     return _math_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropout_p)
 
@@ -151,7 +156,7 @@ class _Bucket:
     query rows are computed and dropped."""
 
     __slots__ = ("segs", "qvalid", "kvalid", "lm", "sm", "lq", "lk", "qflat", "kflat", "qsel", "qdst",
-                 "ksel", "kdst", "kpad", "qpad", "single")
+                 "ksel", "kdst", "kpad", "qpad", "single", "padmask")
 
     def __init__(self, segs, cu_q, cu_k, lq, lk, lm, sm):
         dev = cu_q.device
@@ -168,6 +173,7 @@ class _Bucket:
         self.qdst, self.kdst = self.qflat[self.qsel], self.kflat[self.ksel]
         self.kpad = (~self.kvalid).reshape(-1).nonzero().flatten()
         self.qpad = (~self.qvalid).reshape(-1).nonzero().flatten()
+        self.padmask = None  # the key-padding mask, made on first use
         # one segment: its rows are a slice of the packed buffers (views, no gather)
         self.single = None
         if segs.shape[0] == 1:
@@ -205,7 +211,8 @@ class _Bucket:
         if self.single is not None:
             out[self.single[0]: self.single[0] + self.lm] = g[0].transpose(0, 1)
             return
-        out.index_copy_(0, self.qdst, self._rows(g, self.qsel).to(out.dtype))
+        rows = self._rows(g, self.qsel)
+        out.index_copy_(0, self.qdst, rows if rows.dtype == out.dtype else rows.to(out.dtype))
 
     def add_q(self, out, g):
         if self.single is not None:
@@ -227,18 +234,19 @@ class _Bucket:
         idx = bias_start[self.segs][:, None, None] + a * self.lk[:, None, None] + b
         return torch.where(pair, idx, 0), pair
 
-    def bias(self, bias, bias_start, hq):
-        """The additive mask ``(n, Hb, Lm, Sm)``: the user's bias at real pairs, -inf at padded keys.
-        None when there is neither a bias nor padding."""
-        if bias is None and bool(self.kvalid.all()):
-            return None
-        ct = torch.float32 if bias is None else bias.dtype
+    def bias(self, bias, bias_start, dtype):
+        """The additive mask ``(n, Hb, Lm, Sm)`` in ``dtype``: the user's bias at real pairs, -inf at
+        padded keys. None when there is neither a bias nor padding."""
         if bias is None:
-            m = torch.zeros(self.kvalid.shape, dtype=ct, device=self.kvalid.device)
-            return m.masked_fill(~self.kvalid, NEG_INF)[:, None, None, :]
+            if self.padmask is None:
+                if not self.kpad.numel():
+                    return None
+                m = torch.zeros(self.kvalid.shape, dtype=dtype, device=self.kvalid.device)
+                self.padmask = m.masked_fill(~self.kvalid, NEG_INF)[:, None, None, :]
+            return self.padmask.to(dtype)
         idx, pair = self.bias_index(bias_start)
-        g = bias[idx.reshape(-1)].reshape(*idx.shape, bias.shape[1]).permute(0, 3, 1, 2)
-        return g.masked_fill(~self.kvalid[:, None, None, :], NEG_INF)
+        g = bias.index_select(0, idx.reshape(-1)).view(*idx.shape, bias.shape[1]).permute(0, 3, 1, 2)
+        return g.masked_fill(~self.kvalid[:, None, None, :], NEG_INF).to(dtype)
 
     def keep(self, keep, cs):
         idx, pair = self.bias_index(cs)  # same layout, offsets cs
@@ -289,6 +297,40 @@ def bucket_plan(lq: torch.Tensor, lk: torch.Tensor, slack: float = 0.15, floor: 
     return buckets
 
 
+# Bucket index maps by the identity of (cu_q, cu_k): a model's layers share one batch's segment
+# offsets (cached on its partition), so the plan and its gathers' index lists are built once per
+# batch, not once per layer and direction.
+_BUCKET_CACHE = WeakIdKeyDictionary()
+
+
+def _buckets(cu_q, cu_k, buckets, slack, floor) -> list["_Bucket"]:
+    key = (id(cu_k), slack, floor) if buckets is None else None
+    per = None
+    if key is not None and not _is_traced(cu_q):
+        per = _BUCKET_CACHE.setdefault(cu_q, {})
+        hit = per.get(key)
+        if hit is not None and hit[0] is cu_k:
+            return hit[1]
+    lq_h, lk_h = _host_lengths(cu_q), _host_lengths(cu_k)
+    if buckets is None:
+        buckets = bucket_plan(lq_h, lk_h, slack, floor)
+    lq_d, lk_d = cu_q.diff(), cu_k.diff()
+    out = []
+    for segs in buckets:
+        host = segs.cpu()
+        segs = segs.to(cu_q.device)
+        out.append(_Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], int(lq_h[host].max()), int(lk_h[host].max())))
+    if per is not None:
+        per[key] = (cu_k, out)
+    return out
+
+
+def _is_traced(t) -> bool:
+    from torch._subclasses.fake_tensor import is_fake
+
+    return is_fake(t)
+
+
 def _host_lengths(cu):
     # SYNC: the CPU paths size their padded buckets from the lengths (free on the CPU; the CUDA
     # paths never come here).
@@ -297,30 +339,29 @@ def _host_lengths(cu):
 
 # ----------------------------------------------------------------------------- entry points
 def attention_bucketed(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None, causal=False,
-                       scale=None, dropout_p=0.0, *, buckets=None, slack=0.15, floor=4096):
-    """Forward by length buckets (NOTE [ Varlen attention contract ]); ``buckets`` overrides the plan."""
+                       scale=None, dropout_p=0.0, *, buckets=None, slack=0.15, floor=4096, need_lse=True):
+    """Forward by length buckets (NOTE [ Varlen attention contract ]); ``buckets`` overrides the plan.
+    ``need_lse=False`` (no backward will run) leaves ``lse`` uninitialised."""
     scale = _scale(q, scale)
     hq = q.shape[1]
-    lq_h, lk_h = _host_lengths(cu_q), _host_lengths(cu_k)
-    if buckets is None:
-        buckets = bucket_plan(lq_h, lk_h, slack, floor)
     out = q.new_zeros(q.shape[0], hq, v.shape[-1])
-    lse = torch.full((q.shape[0], hq), NEG_INF, dtype=_compute_dtype(q.dtype), device=q.device)
+    lse_dtype = _compute_dtype(q.dtype)
+    if need_lse:
+        lse = torch.full((q.shape[0], hq), NEG_INF, dtype=lse_dtype, device=q.device)
+    else:
+        lse = torch.empty((q.shape[0], hq), dtype=lse_dtype, device=q.device)
     cs = score_offsets(cu_q, cu_k) if keep is not None else None
-    lq_d, lk_d = cu_q.diff(), cu_k.diff()
-    for segs in buckets:
-        segs = segs.to(q.device)
-        lm, sm = int(lq_h[segs.cpu()].max()), int(lk_h[segs.cpu()].max())
-        bk = _Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], lm, sm)
+    for bk in _buckets(cu_q, cu_k, buckets, slack, floor):
         qb = bk.gather_q(q)
         kb = bk.gather_k(k)
         vb = kb if v is k else bk.gather_k(v)
         kb, vb = _expand_heads(kb, hq), _expand_heads(vb, hq)
-        bias_b = bk.bias(bias, bias_start, hq)
+        bias_b = bk.bias(bias, bias_start, q.dtype)
         keep_b = bk.keep(keep, cs) if keep is not None else None
         ob, lb = _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p)
         bk.scatter_q(out, ob)
-        bk.scatter_q(lse.unsqueeze(-1), lb.unsqueeze(-1))
+        if need_lse:
+            bk.scatter_q(lse.unsqueeze(-1), lb.unsqueeze(-1))
     return out, lse
 
 
@@ -329,20 +370,13 @@ def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, 
                                 slack=0.15, floor=4096):
     scale = _scale(q, scale)
     hq, hk = q.shape[1], k.shape[1]
-    lq_h, lk_h = _host_lengths(cu_q), _host_lengths(cu_k)
-    if buckets is None:
-        buckets = bucket_plan(lq_h, lk_h, slack, floor)
     ct = _compute_dtype(q.dtype)
     dq = torch.zeros(q.shape, dtype=ct, device=q.device)
     dk = torch.zeros(k.shape, dtype=ct, device=q.device)
     dv = torch.zeros(v.shape, dtype=ct, device=q.device)
     dbias = torch.zeros(bias.shape, dtype=ct, device=q.device) if need_dbias else None
     cs = score_offsets(cu_q, cu_k) if keep is not None else None
-    lq_d, lk_d = cu_q.diff(), cu_k.diff()
-    for segs in buckets:
-        segs = segs.to(q.device)
-        lm, sm = int(lq_h[segs.cpu()].max()), int(lk_h[segs.cpu()].max())
-        bk = _Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], lm, sm)
+    for bk in _buckets(cu_q, cu_k, buckets, slack, floor):
         qb = bk.gather_q(q)
         kb = bk.gather_k(k)
         vb = kb if v is k else bk.gather_k(v)
@@ -350,7 +384,7 @@ def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, 
         gb = bk.gather_q(grad, zero=True)
         ob = bk.gather_q(out)
         lb = bk.gather_q(lse.unsqueeze(-1)).squeeze(-1)
-        bias_b = bk.bias(bias, bias_start, hq)
+        bias_b = bk.bias(bias, bias_start, q.dtype)
         keep_b = bk.keep(keep, cs) if keep is not None else None
         gq, gk, gv, ds = _dense_backward(gb, qb, kb, vb, ob, lb, bias_b, keep_b, causal, scale, dropout_p, need_dbias)
         bk.add_q(dq, gq)
@@ -397,11 +431,11 @@ def _with_math(fn, *args, **kwargs):
 
 
 def attention_loop(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None, causal=False,
-                   scale=None, dropout_p=0.0):
+                   scale=None, dropout_p=0.0, *, need_lse=True):
     """One dense call per segment; no gather for q/k/v (views of the packed buffers)."""
     buckets = _singletons(cu_q, cu_k)
     return attention_bucketed(q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p,
-                              buckets=buckets)
+                              buckets=buckets, need_lse=need_lse)
 
 
 def attention_loop_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias_start=None, keep=None,

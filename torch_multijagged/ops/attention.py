@@ -36,10 +36,10 @@ from ..compile import attention as cattn
 from ..compile.attention import BACKENDS, backend  # noqa: F401  (public: re-exported)
 from ..errors import StructureError
 from ..kernels import attention as kattn
-from ..structure import same_extent
+from ..structure import _is_traced, same_extent
 from . import register_multi_jagged_func
 from ._common import MJT, describe, partition_for, row_sample, static_dims, wrap
-from .routes import _call, route
+from .routes import _call, _needs_grad, route
 
 __all__ = ["backend", "BACKENDS", "segments"]
 
@@ -82,19 +82,24 @@ def _check(query, key, value, attn_mask, is_causal, enable_gqa):
     for name, t in (("query", query), ("key", key), ("value", value)):
         if not isinstance(t, MJT):
             raise _err(f"expected {name} to be a multi_jagged tensor like the others, got {type(t).__name__} {describe(t)}")
-    n = query.dim()
-    if key.dim() != n or value.dim() != n or n < 3:
+    qs, ks, vs = query._size, key._size, value._size
+    n = len(qs)
+    if len(ks) != n or len(vs) != n or n < 3:
         raise _err(f"expected query, key and value of one rank ≥ 3, got {describe(query)}, {describe(key)}, {describe(value)}")
     for name, t in (("query", query), ("key", key), ("value", value)):
         if n - 1 in t._ragged_dims:
             raise _err(f"expected the last dim of {name} (the embedding) to be static, got {describe(t)}")
-    if query.shape[-1] != key.shape[-1]:
-        raise _err(f"expected query and key of one embedding size, got {query.shape[-1]} and {key.shape[-1]}")
+    if qs[-1] != ks[-1]:
+        raise _err(f"expected query and key of one embedding size, got {qs[-1]} and {ks[-1]}")
+    if not query._partition.batch == key._partition.batch == value._partition.batch:
+        # cross attention compares no extent of q with k's: the batch sizes must be checked alone
+        raise _err(f"expected query, key and value of one batch size, got {describe(query)}, {describe(key)} and "
+                   f"{describe(value)}")
     if key._ragged_dims != value._ragged_dims or not all(
         same_extent(a, b) for a, b in zip(key._partition.extents, value._partition.extents)
     ):
         raise _err(f"expected key and value on the same ragged extents, got {describe(key)} and {describe(value)}")
-    if any(key.shape[d] != value.shape[d] for d in static_dims(n, key._ragged_dims) if d < n - 1):
+    if any(ks[d] != vs[d] for d in static_dims(n, key._ragged_dims) if d < n - 1):
         raise _err(f"expected key and value with equal sizes but the last, got {describe(key)} and {describe(value)}")
     ragged_l = n - 2 in query._ragged_dims
     if ragged_l != (n - 2 in key._ragged_dims):
@@ -109,7 +114,7 @@ def _check(query, key, value, attn_mask, is_causal, enable_gqa):
     for d in static_dims(n, query._ragged_dims):
         if d >= n - 2:
             continue
-        hq, hk = query.shape[d], key.shape[d]
+        hq, hk = qs[d], ks[d]
         if hq == hk:
             continue
         if enable_gqa and d == n - 3 and hk and hq % hk == 0:
@@ -181,12 +186,18 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     if dropout_p > 0:
         # drawn from the default generator: torch.manual_seed makes runs reproducible
         seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
-    scale = 1.0 / math.sqrt(query.shape[-1]) if scale is None else float(scale)
-    out, _ = _call(mj.sdpa.default, query, key, value, mask, seed, bool(is_causal), scale, float(dropout_p))
-    return out
+    scale = 1.0 / math.sqrt(query._size[-1]) if scale is None else float(scale)
+    args = (query, key, value, mask, seed, bool(is_causal), scale, float(dropout_p))
+    if not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or _needs_grad(*args[:4])):
+        return sdpa_default(mj.sdpa.default, *args, need_lse=False)[0]
+    return _call(mj.sdpa.default, *args)[0]
 
 
 # ----------------------------------------------------------------------------- handlers
+def _traced(t: torch.Tensor) -> bool:
+    return torch.compiler.is_compiling() or _is_traced(t)
+
+
 def _heads(x: MJT) -> tuple[int, ...]:
     """Sizes of the static batch dims (the heads), in storage order."""
     n = len(x._size)
@@ -285,7 +296,9 @@ def _block_starts(mask: MJT, q: MJT, cu_q, cu_k, seg_sample):
 
 
 @register_multi_jagged_func(mj.sdpa.default, "q: mjt, k: mjt, v: mjt, mask: any?, seed: any?, causal: any, scale: any, dropout_p: any")
-def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, dropout_p=0.0):
+def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, dropout_p=0.0, *, need_lse=True):
+    """``need_lse=False``: the route's direct call when no backward will run (the row
+    log-sum-exp is then left unwritten)."""
     n = len(q._size)
     if n - 2 not in q._ragged_dims:
         mv = None if mask is None else (mask._values if isinstance(mask, MJT) else mask)
@@ -296,9 +309,18 @@ def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, d
     bias = start = None
     if mask is not None:
         bias, start, _ = _bias(mask, q, k, cu_q, cu_k, seg_sample)
-    qv, kv, vv = _flat(q), _flat(k), _flat(v)
-    out, lse = mj.varlen_attention(qv, kv, vv, cu_q, cu_k, q._partition.extents[-1].max,
-                                   k._partition.extents[-1].max, bias, start, seed, causal, scale, dropout_p)
+    qv = _flat(q)
+    kv = qv if k is q else _flat(k)
+    vv = kv if v is k else _flat(v)
+    args = (qv, kv, vv, cu_q, cu_k, q._partition.extents[-1].max, k._partition.extents[-1].max, bias, start, seed,
+            causal, scale, dropout_p)
+    if _traced(qv):
+        out, lse = mj.varlen_attention(*args)
+    else:
+        # Below autograd already (this is the handler of multijagged::sdpa, whose formula calls
+        # the backward op): call the kernel without a second trip through the dispatcher, and
+        # skip the row log-sum-exp when no backward will read it.
+        out, lse = cattn.varlen_attention_impl(*args, need_lse=need_lse)
     out = out.reshape(out.shape[0], *q._values.shape[1:-1], out.shape[-1])
     return wrap(out, q._partition, q._ragged_dims), lse
 
@@ -324,7 +346,8 @@ def sdpa_backward_default(func, grad, q, k, v, mask, seed, out, lse, causal, sca
     bias = start = restore = None
     if mask is not None:
         bias, start, restore = _bias(mask, q, k, cu_q, cu_k, seg_sample)
-    dq, dk, dv, db = mj.varlen_attention_backward(
+    op = mj.varlen_attention_backward if _traced(q._values) else cattn.varlen_attention_backward_impl
+    dq, dk, dv, db = op(
         _flat(grad), _flat(q), _flat(k), _flat(v), _flat(out), lse, cu_q, cu_k, q._partition.extents[-1].max,
         k._partition.extents[-1].max, bias, start, seed, causal, scale, dropout_p, bool(mask_grad and mask is not None),
     )
