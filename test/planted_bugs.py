@@ -40,6 +40,8 @@ class Bug:
     tests: tuple[str, ...]  # test files (relative to test/) to run
 
 
+_ATT = ("test_attention.py", "test_attention_modules.py", "test_varlen_accessors.py")
+
 BUGS = [
     # ------------------------------------------------------------------ the nine of issue 7
     Bug("from_padded length check off by one", "constructors.py",
@@ -93,6 +95,29 @@ BUGS = [
     Bug("row offsets not checked against sizes", "constructors.py",
         "    if not torch.equal(off.diff(), counts):", "    if False:",
         ("test_serialization.py", "test_constructor_checks.py", "test_constructors.py")),
+    # ------------------------------------------------------------------ attention (issue 8)
+    Bug("causal mask hides the diagonal too", "kernels/attention.py",
+        "hide = torch.ones(lm, sm, dtype=torch.bool, device=s.device).triu(1)",
+        "hide = torch.ones(lm, sm, dtype=torch.bool, device=s.device).triu(0)", _ATT),
+    Bug("padded queries' output gradient not zeroed", "kernels/attention.py",
+        "gb = bk.gather_q(grad, zero=True)", "gb = bk.gather_q(grad)", _ATT),
+    Bug("padded keys not zeroed (0 · inf leaks across samples)", "kernels/attention.py",
+        "            g.index_fill_(0, self.kpad, 0)", "            pass", _ATT),
+    Bug("GQA repeats kv heads instead of interleaving", "kernels/attention.py",
+        "return x if r == 1 else x.repeat_interleave(r, dim=1)", "return x if r == 1 else x.repeat(1, r, 1, 1)", _ATT),
+    Bug("bias gradient over broadcast heads takes head 0 only", "kernels/attention.py",
+        "ds = ds.sum(-1, keepdim=True)", "ds = ds[..., :1]", _ATT),
+    Bug("bucket plan drops a bucket's last segment", "kernels/attention.py",
+        "buckets.append(order[start:i])", "buckets.append(order[start:i - 1])", _ATT),
+    Bug("a bias shared by rows read as per-row blocks", "ops/attention.py",
+        "if len(kept) == len(qb):", "if len(kept) >= 0:", _ATT),
+    Bug("default scale from the value's head size", "ops/attention.py",
+        "scale = 1.0 / math.sqrt(query._size[-1]) if scale is None else float(scale)",
+        "scale = 1.0 / math.sqrt(value._size[-1]) if scale is None else float(scale)", _ATT),
+    Bug("MHA with key is value: k/v projection takes the query's bias", "ops/mha.py",
+        "kp, vp = F.linear(k, w[e:], None if b is None else b[e:]).chunk(2, -1)",
+        "kp, vp = F.linear(k, w[e:], None if b is None else b[:2 * e]).chunk(2, -1)", _ATT),
+
 ]
 
 

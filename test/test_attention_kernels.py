@@ -1,0 +1,346 @@
+"""The plain-tensor attention kernels (NOTE [ Varlen attention contract ], kernels/attention.py):
+``attention_reference`` / ``attention_loop`` / ``attention_bucketed`` and their backwards,
+``bucket_plan``, and the ``multijagged::`` attention ops under ``torch.library.opcheck``.
+
+The oracle is written out here, per segment and in float64 autograd: scores ``q kᵀ·scale +
+bias``, the causal mask, a softmax that gives a row with no visible key zero probability, the
+keep mask scaled by ``1 / (1 - p)``, ``@ v``. Nothing here calls the package to compute an
+expected value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+from _reference import few, seeds
+from torch_multijagged.kernels import attention as kattn
+
+mjops = torch.ops.multijagged
+BACKENDS = {
+    "reference": (kattn.attention_reference, kattn.attention_reference_backward),
+    "loop": (kattn.attention_loop, kattn.attention_loop_backward),
+    "bucketed": (kattn.attention_bucketed, kattn.attention_bucketed_backward),
+}
+
+
+# ----------------------------------------------------------------------------- cases
+def _cu(lengths):
+    out = torch.zeros(len(lengths) + 1, dtype=torch.int64)
+    out[1:] = torch.tensor(lengths, dtype=torch.int64).cumsum(0)
+    return out
+
+
+@st.composite
+def segment_cases(draw, max_n=5, max_len=6):
+    """Segments with lengths (incl. 0 on either side), heads ``(Hq, Hk)`` with ``Hq % Hk == 0``,
+    an optional bias ``(Tb, Hb)`` with ``Hb ∈ {1, Hq}`` whose blocks may be shared by several
+    segments of one shape (the rows of a pair attending along their columns), causal, and a
+    dropout probability with its random keep mask."""
+    n = draw(st.integers(1, max_n))
+    lq = draw(st.lists(st.integers(0, max_len), min_size=n, max_size=n))
+    cross = draw(st.booleans())
+    lk = draw(st.lists(st.integers(0, max_len), min_size=n, max_size=n)) if cross else list(lq)
+    hk = draw(st.sampled_from([1, 2]))
+    hq = hk * draw(st.sampled_from([1, 2]))
+    bias = draw(st.sampled_from([None, "own", "shared"]))
+    hb = draw(st.sampled_from([1, hq]))
+    causal = draw(st.booleans())
+    p = draw(st.sampled_from([0.0, 0.0, 0.4]))
+    dv = draw(st.sampled_from([3, 4]))
+    if bias == "shared":
+        # every segment of one (Lq, Lk) shape reads the same block
+        lk = list(lq)
+    return dict(lq=lq, lk=lk, hq=hq, hk=hk, bias=bias, hb=hb, causal=causal, p=p, dv=dv,
+                seed=draw(seeds), scale=draw(st.sampled_from([None, 0.7])))
+
+
+def _make(case, dtype=torch.float64):
+    g = torch.Generator().manual_seed(case["seed"])
+    lq, lk, hq, hk, d = case["lq"], case["lk"], case["hq"], case["hk"], 3
+    q = torch.randn(sum(lq), hq, d, generator=g, dtype=dtype)
+    k = torch.randn(sum(lk), hk, d, generator=g, dtype=dtype)
+    v = torch.randn(sum(lk), hk, case["dv"], generator=g, dtype=dtype)
+    bias = start = None
+    if case["bias"] == "own":
+        blocks = [a * b for a, b in zip(lq, lk)]
+        bias = torch.randn(sum(blocks), case["hb"], generator=g, dtype=dtype)
+        start = _cu(blocks)[:-1]
+    elif case["bias"] == "shared":
+        shapes = sorted(set(zip(lq, lk)))
+        first = {}
+        pos = 0
+        for a, b in shapes:
+            first[(a, b)] = pos
+            pos += a * b
+        bias = torch.randn(pos, case["hb"], generator=g, dtype=dtype)
+        start = torch.tensor([first[(a, b)] for a, b in zip(lq, lk)], dtype=torch.int64)
+    keep = None
+    if case["p"] > 0:
+        ts = sum(a * b for a, b in zip(lq, lk))
+        keep = torch.rand(ts, hq, generator=g) >= case["p"]
+    return q, k, v, _cu(lq), _cu(lk), bias, start, keep
+
+
+def oracle(q, k, v, cu_q, cu_k, bias, start, keep, causal, scale, p):
+    """Per-segment float64 attention, differentiable (the contract written out)."""
+    hq, hk = q.shape[1], k.shape[1]
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    outs, cs = [], 0
+    for s in range(cu_q.shape[0] - 1):
+        a0, a1, b0, b1 = int(cu_q[s]), int(cu_q[s + 1]), int(cu_k[s]), int(cu_k[s + 1])
+        lq, lk = a1 - a0, b1 - b0
+        qs = q[a0:a1].transpose(0, 1)  # (Hq, Lq, D)
+        ks = k[b0:b1].transpose(0, 1).repeat_interleave(hq // hk, 0)
+        vs = v[b0:b1].transpose(0, 1).repeat_interleave(hq // hk, 0)
+        sc = qs @ ks.transpose(-1, -2) * scale
+        if bias is not None:
+            blk = bias[int(start[s]): int(start[s]) + lq * lk].reshape(lq, lk, bias.shape[1]).permute(2, 0, 1)
+            sc = sc + blk
+        if causal:
+            sc = sc.masked_fill(torch.ones(lq, lk, dtype=torch.bool).triu(1), float("-inf"))
+        visible = ~torch.isneginf(sc)
+        # a row with no visible key: zero probabilities (and no gradient), as dense SDPA
+        pr = torch.softmax(sc.masked_fill(~visible, -1e300) if lk else sc, -1) * visible
+        if keep is not None:
+            kb = keep[cs: cs + lq * lk].reshape(lq, lk, hq).permute(2, 0, 1)
+            pr = pr * kb * (1 / (1 - p) if p < 1 else 0.0)
+        cs += lq * lk
+        outs.append((pr @ vs).transpose(0, 1))
+    return torch.cat(outs) if outs else q.new_zeros(0, hq, v.shape[-1])
+
+
+def _grads(case, name):
+    q, k, v, cu_q, cu_k, bias, start, keep = _make(case)
+    leaves = [q, k, v] + ([bias] if bias is not None else [])
+    leaves = [x.clone().requires_grad_() for x in leaves]
+    rq, rk, rv = leaves[:3]
+    rb = leaves[3] if bias is not None else None
+    ref = oracle(rq, rk, rv, cu_q, cu_k, rb, start, keep, case["causal"], case["scale"], case["p"])
+    go = torch.randn(ref.shape, generator=torch.Generator().manual_seed(1), dtype=ref.dtype)
+    ref_grads = torch.autograd.grad(ref, leaves, go, allow_unused=True) if ref.requires_grad else [None] * len(leaves)
+    fwd, bwd = BACKENDS[name]
+    out, lse = fwd(q, k, v, cu_q, cu_k, bias, start, keep, case["causal"], case["scale"], case["p"])
+    got = bwd(go, q, k, v, out, lse, cu_q, cu_k, bias, start, keep, case["causal"], case["scale"], case["p"],
+              bias is not None)
+    return out, lse, ref, got, ref_grads, (q, k, cu_q, cu_k, bias, start)
+
+
+# ----------------------------------------------------------------------------- forward / backward
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+@few(20)
+@given(case=segment_cases())
+def test_kernel_matches_oracle(name, case):
+    out, lse, ref, got, ref_grads, _ = _grads(case, name)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-9, atol=1e-9)
+    for what, a, b in zip(("dq", "dk", "dv", "dbias"), got, ref_grads):
+        if b is None and a is None:
+            continue
+        b = torch.zeros_like(a) if b is None else b
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+@few(10)
+@given(case=segment_cases())
+def test_kernel_lse(name, case):
+    """``lse`` is the log-sum-exp of the visible scores (before dropout) for every query row
+    that sees a key; float64 in, float64 out."""
+    case = dict(case, p=0.0)
+    q, k, v, cu_q, cu_k, bias, start, _ = _make(case)
+    out, lse = BACKENDS[name][0](q, k, v, cu_q, cu_k, bias, start, None, case["causal"], case["scale"], 0.0)
+    assert lse.shape == q.shape[:2] and lse.dtype == torch.float64
+    scale = 1 / math.sqrt(q.shape[-1]) if case["scale"] is None else case["scale"]
+    r = q.shape[1] // k.shape[1]
+    for s in range(len(case["lq"])):
+        a0, b0 = int(cu_q[s]), int(cu_k[s])
+        lq, lk = case["lq"][s], case["lk"][s]
+        sc = q[a0:a0 + lq].transpose(0, 1) @ k[b0:b0 + lk].transpose(0, 1).repeat_interleave(r, 0).transpose(1, 2)
+        sc = sc * scale
+        if bias is not None:
+            sc = sc + bias[int(start[s]): int(start[s]) + lq * lk].reshape(lq, lk, bias.shape[1]).permute(2, 0, 1)
+        if case["causal"]:
+            sc = sc.masked_fill(torch.ones(lq, lk, dtype=torch.bool).triu(1), float("-inf"))
+        want = torch.logsumexp(sc, -1).transpose(0, 1)  # (Lq, Hq)
+        seen = torch.isfinite(want)
+        torch.testing.assert_close(lse[a0:a0 + lq][seen], want[seen], rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_kernel_low_precision_dtypes(dtype, name):
+    """Half inputs: out in the input dtype, lse in float32 (the contract), close to float64."""
+    case = dict(lq=[5, 0, 7, 2], lk=[3, 4, 7, 0], hq=2, hk=1, bias="own", hb=2, causal=False, p=0.0, dv=3,
+                seed=3, scale=None)
+    q, k, v, cu_q, cu_k, bias, start, _ = _make(case)
+    ref = oracle(q, k, v, cu_q, cu_k, bias, start, None, False, None, 0.0)
+    low = [x.to(dtype) for x in (q, k, v, bias)]
+    out, lse = BACKENDS[name][0](low[0], low[1], low[2], cu_q, cu_k, low[3], start, None, False, None, 0.0)
+    assert out.dtype == dtype and lse.dtype == (torch.float64 if dtype == torch.float64 else torch.float32)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 5e-2, torch.float16: 1e-2}[dtype]
+    torch.testing.assert_close(out.double(), ref, rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_kernel_no_segments_and_all_empty(name):
+    """N = 0 segments, and segments that are all empty: empty / zero outputs, zero grads."""
+    for lq, lk in (([], []), ([0, 0], [0, 3]), ([2, 3], [0, 0])):
+        case = dict(lq=lq, lk=lk, hq=2, hk=2, bias=None, hb=1, causal=False, p=0.0, dv=3, seed=0, scale=None)
+        out, lse, ref, got, ref_grads, _ = _grads(case, name)
+        assert torch.equal(out, torch.zeros(sum(lq), 2, 3, dtype=torch.float64))
+        for a in got[:3]:
+            assert torch.equal(a, torch.zeros_like(a))
+
+
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_kernel_dropout_p_one_is_zero(name):
+    """p = 1: every entry dropped — zero outputs and gradients, not 0/0 = nan (F.dropout's p = 1)."""
+    case = dict(lq=[3, 2], lk=[4, 1], hq=2, hk=2, bias=None, hb=1, causal=False, p=1.0, dv=3, seed=0, scale=None)
+    q, k, v, cu_q, cu_k, _, _, _ = _make(dict(case, p=0.0))
+    keep = torch.zeros(3 * 4 + 2 * 1, 2, dtype=torch.bool)
+    fwd, bwd = BACKENDS[name]
+    out, lse = fwd(q, k, v, cu_q, cu_k, None, None, keep, False, None, 1.0)
+    assert torch.equal(out, torch.zeros_like(out))
+    dq, dk, dv, _ = bwd(torch.ones_like(out), q, k, v, out, lse, cu_q, cu_k, None, None, keep, False, None, 1.0, False)
+    for g in (dq, dk, dv):
+        assert torch.equal(g, torch.zeros_like(g))
+
+
+# ----------------------------------------------------------------------------- buckets
+@st.composite
+def length_vectors(draw, max_n=12, max_len=40):
+    n = draw(st.integers(0, max_n))
+    lq = draw(st.lists(st.integers(0, max_len), min_size=n, max_size=n))
+    lk = draw(st.one_of(st.just(lq), st.lists(st.integers(0, max_len), min_size=n, max_size=n)))
+    return torch.tensor(lq, dtype=torch.int64), torch.tensor(lk, dtype=torch.int64)
+
+
+@few(40)
+@given(lens=length_vectors(), slack=st.sampled_from([0.0, 0.15, 1.0]), floor=st.sampled_from([0, 64, 4096]))
+def test_bucket_plan_properties(lens, slack, floor):
+    """Every live segment (Lq > 0 and Lk > 0) in exactly one bucket, no dead one in any; a
+    bucket of several segments wastes at most ``slack·Σ Lq·Lk + floor`` score entries; with no
+    slack and no floor only segments of one shape share a bucket; deterministic."""
+    lq, lk = lens
+    buckets = kattn.bucket_plan(lq, lk, slack, floor)
+    assert buckets == [] or all(b.dtype == torch.int64 and b.dim() == 1 and b.numel() > 0 for b in buckets)
+    members = torch.cat(buckets).tolist() if buckets else []
+    live = ((lq > 0) & (lk > 0)).nonzero().flatten().tolist()
+    assert sorted(members) == live, "every live segment exactly once"
+    for b in buckets:
+        area = int((lq[b] * lk[b]).sum())
+        padded = b.numel() * int(lq[b].max()) * int(lk[b].max())
+        if b.numel() > 1:
+            assert padded <= (1 + slack) * area + floor
+        if slack == 0 and floor == 0:
+            assert len(set(zip(lq[b].tolist(), lk[b].tolist()))) == 1
+    again = kattn.bucket_plan(lq, lk, slack, floor)
+    assert len(again) == len(buckets) and all(torch.equal(a, b) for a, b in zip(again, buckets))
+
+
+def test_bucket_plan_golden():
+    lq = lk = torch.tensor([2, 8, 0, 7, 8, 1])
+    # sorted by length, descending, stable; segment 2 (empty) in no bucket.
+    # 8, 8, 7 share a bucket: 3·8·8 = 192 ≤ 1.15·(64 + 64 + 49) = 203.55;
+    # 2 does not join it: 4·8·8 = 256 > 1.15·(177 + 4); 1 does not join 2: 2·2·2 = 8 > 1.15·(4 + 1) = 5.75
+    b = kattn.bucket_plan(lq, lk, slack=0.15, floor=0)
+    assert [x.tolist() for x in b] == [[1, 4, 3], [0], [5]]
+    # with a floor of 4 wasted entries it does: 8 ≤ 5.75 + 4
+    b = kattn.bucket_plan(lq, lk, slack=0.15, floor=4)
+    assert [x.tolist() for x in b] == [[1, 4, 3], [0, 5]]
+
+
+@pytest.mark.parametrize("fwd_bwd", ["forward", "backward"])
+@few(10)
+@given(case=segment_cases(max_n=6), split=st.lists(st.integers(0, 3), min_size=6, max_size=6))
+def test_bucketed_any_partition(fwd_bwd, case, split):
+    """Any grouping of the live segments into buckets gives the oracle's result: padding inside
+    a bucket never leaks into a segment."""
+    q, k, v, cu_q, cu_k, bias, start, keep = _make(case)
+    lq, lk = torch.tensor(case["lq"]), torch.tensor(case["lk"])
+    live = ((lq > 0) & (lk > 0)).nonzero().flatten()
+    groups = {}
+    for s in live.tolist():
+        groups.setdefault(split[s % len(split)], []).append(s)
+    buckets = [torch.tensor(g) for g in groups.values()]
+    args = (case["causal"], case["scale"], case["p"])
+    out, lse = kattn.attention_bucketed(q, k, v, cu_q, cu_k, bias, start, keep, *args, buckets=buckets)
+    ref_out, ref_lse = kattn.attention_reference(q, k, v, cu_q, cu_k, bias, start, keep, *args)
+    torch.testing.assert_close(out, ref_out, rtol=1e-10, atol=1e-10)
+    if fwd_bwd == "backward":
+        go = torch.randn(out.shape, dtype=out.dtype, generator=torch.Generator().manual_seed(0))
+        need = bias is not None
+        got = kattn.attention_bucketed_backward(go, q, k, v, out, lse, cu_q, cu_k, bias, start, keep, *args, need,
+                                                buckets=buckets)
+        want = kattn.attention_reference_backward(go, q, k, v, ref_out, ref_lse, cu_q, cu_k, bias, start, keep, *args,
+                                                  need)
+        for a, b in zip(got, want):
+            if a is None:
+                assert b is None
+            else:
+                torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-10)
+
+
+def test_score_offsets():
+    cu_q, cu_k = _cu([2, 0, 3]), _cu([4, 5, 1])
+    assert kattn.score_offsets(cu_q, cu_k).tolist() == [0, 8, 8, 11]  # = [0, 2·4, +0·5, +3·1]
+
+
+# ----------------------------------------------------------------------------- ops
+def _op_inputs(bias=True, dropout=False):
+    case = dict(lq=[3, 0, 2], lk=[2, 3, 0], hq=2, hk=1, bias="own" if bias else None, hb=2, causal=False, p=0.0,
+                dv=3, seed=0, scale=None)
+    q, k, v, cu_q, cu_k, b, start, _ = _make(case)
+    q, k, v = (x.requires_grad_() for x in (q, k, v))
+    if b is not None:
+        b.requires_grad_()
+    seed = torch.tensor([123]) if dropout else None
+    return (q, k, v, cu_q, cu_k, 3, 3, b, start, seed, False, 0.5, 0.3 if dropout else 0.0)
+
+
+@pytest.mark.parametrize("bias, dropout", [(False, False), (True, False), (True, True)])
+def test_opcheck_varlen_attention(bias, dropout):
+    torch.library.opcheck(mjops.varlen_attention.default, _op_inputs(bias, dropout))
+
+
+@pytest.mark.parametrize("mask, dropout, causal", [(False, False, False), (True, False, False), (True, True, False),
+                                                   (False, False, True)])
+def test_opcheck_sdpa_dense(mask, dropout, causal):
+    """``multijagged::sdpa`` on plain tensors (its dense definition), GQA heads at dim -3."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 3, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 6, 5, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, 6, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    m = torch.randn(1, 4, 3, 6, generator=g, dtype=torch.float64, requires_grad=True) if mask else None
+    seed = torch.tensor([5]) if dropout else None
+    torch.library.opcheck(mjops.sdpa.default, (q, k, v, m, seed, causal, 0.4, 0.2 if dropout else 0.0))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_sdpa_dense_op_matches_dense_sdpa(causal):
+    """The op's dense definition is dense SDPA (enable_gqa), forward and gradients."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(2, 4, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 2, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, 5, 3, generator=g, dtype=torch.float64, requires_grad=True)
+    out, _ = mjops.sdpa(q, k, v, None, None, causal, 0.5, 0.0)
+    want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal, scale=0.5, enable_gqa=True)
+    torch.testing.assert_close(out, want)
+    a = torch.autograd.grad(out.sum(), (q, k, v))
+    b = torch.autograd.grad(want.sum(), (q, k, v))
+    for x, y in zip(a, b):
+        torch.testing.assert_close(x, y)
+
+
+def test_dense_keep_is_a_function_of_the_seed():
+    from torch_multijagged.compile.attention import dense_keep
+
+    a = dense_keep(torch.tensor([7]), (50, 3), 0.3, "cpu")
+    b = dense_keep(torch.tensor([7]), (50, 3), 0.3, "cpu")
+    c = dense_keep(torch.tensor([8]), (50, 3), 0.3, "cpu")
+    assert a.dtype == torch.bool and torch.equal(a, b) and not torch.equal(a, c)
+    assert abs(1 - a.double().mean().item() - 0.3) < 0.1
