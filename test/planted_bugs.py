@@ -40,7 +40,7 @@ class Bug:
     tests: tuple[str, ...]  # test files (relative to test/) to run
 
 
-_ATT = ("test_attention.py", "test_attention_modules.py", "test_varlen_accessors.py")
+_ATT = ("test_attention_kernels.py", "test_attention.py", "test_attention_modules.py", "test_varlen_accessors.py")
 
 BUGS = [
     # ------------------------------------------------------------------ the nine of issue 7

@@ -717,3 +717,38 @@ def test_backends_agree_with_reference_backend(bk):
     """The CPU backends against ``backend("reference")`` (the oracle twin) on one batch."""
     _backend_vs_reference(bk, "cpu", torch.float64, True, False, tol=1e-10)
     _backend_vs_reference(bk, "cpu", torch.float64, False, True, gqa=True, tol=1e-10)
+
+
+# ----------------------------------------------------------------------------- found by planted bugs
+@pytest.mark.parametrize("bk", CPU_BACKENDS)
+@pytest.mark.parametrize("bad", [float("inf"), float("nan")])
+def test_non_finite_sample_does_not_leak(bk, bad):
+    """A non-finite key/value in one sample stays in that sample. Padded positions of a bucket
+    read some other sample's rows; unless they are zeroed, ``0 · inf`` (a masked probability times
+    a value) or ``inf + -inf`` (a score plus the padding mask) turns a neighbour's output to nan."""
+    g = torch.Generator().manual_seed(0)
+    ns = (6, 2, 5, 3)  # sample 0 is first in the packed rows: padded positions read its rows
+    comps = [[torch.randn(n, H, D, generator=g, dtype=torch.float64) for n in ns] for _ in range(3)]
+    comps[1][0][0] = bad
+    comps[2][0][0] = bad
+    q, k, v = (mj.nested_tensor(c) for c in comps)
+    with _using(bk):
+        out = sdpa(_t(q), _t(k), _t(v))
+    for i in range(1, len(ns)):
+        want = _t(sdpa(_t(comps[0][i]), _t(comps[1][i]), _t(comps[2][i])))
+        torch.testing.assert_close(_t(out).unbind()[i], want)
+
+
+@pytest.mark.parametrize("bk", CPU_BACKENDS)
+def test_default_scale_uses_the_query_head_size(bk):
+    """``scale=None`` is ``1/sqrt(E)`` of q and k, not of v (whose head size may differ)."""
+    g = torch.Generator().manual_seed(1)
+    ns = (3, 0, 4)
+    qs = [torch.randn(n, H, 4, generator=g, dtype=torch.float64) for n in ns]
+    ks = [torch.randn(n, H, 4, generator=g, dtype=torch.float64) for n in ns]
+    vs = [torch.randn(n, H, 7, generator=g, dtype=torch.float64) for n in ns]
+    with _using(bk):
+        out = sdpa(*(_t(mj.nested_tensor(c)) for c in (qs, ks, vs)))
+    for i, n in enumerate(ns):
+        if n:
+            torch.testing.assert_close(_t(out).unbind()[i], _t(sdpa(_t(qs[i]), _t(ks[i]), _t(vs[i]))))
