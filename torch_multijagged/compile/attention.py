@@ -158,8 +158,9 @@ def default_scale(d: int) -> float:
 # below): the CPU backends may read the lengths on the host inside it.
 #
 # * CPU: ``bucketed`` (segments sorted by length, padded within buckets of similar length, one
-#   fused CPU kernel call per bucket) unless there is a single segment, where ``loop`` avoids
-#   the gathers. docs/design.md §8 has the measurements behind this rule.
+#   fused CPU kernel call per bucket), or ``loop`` (one fused call per segment, on views) for a
+#   single segment or for ≤ 256 segments whose mean work Lq·Lk·H·D is ≥ 4·10⁶ (``LOOP_*``).
+#   docs/design.md §8 has the measurements behind this rule.
 # * CUDA: ``flash`` — torch's own ``_flash_attention_forward`` with ``cu_seqlens`` (as
 #   torch.jagged) — for float16/bfloat16 without bias or dropout and one head size ≤ 256;
 #   ``flash_attn`` instead when the flash-attn package is installed; else ``triton`` (one launch
@@ -209,7 +210,15 @@ def _has_triton() -> bool:
     return importlib.util.find_spec("triton") is not None
 
 
-def choose_backend(q, k, v, n_segments: int, max_k, bias, dropout_p: float) -> str:
+# CPU rule: one fused call per segment (views, no gathers) once a segment's work Lq·Lk·H·D is
+# large enough that the per-call cost is amortised and bucketing's gathers and padding cost more
+# than they save; buckets otherwise, and always for many segments (their lengths then group
+# tightly). Measured in docs/design.md §8.
+LOOP_MIN_WORK = 4_000_000
+LOOP_MAX_SEGMENTS = 256
+
+
+def choose_backend(q, k, v, cu_q, cu_k, max_k, bias, dropout_p: float) -> str:
     """The backend for one call (NOTE [ Attention backends ])."""
     forced = _FORCED[0]
     if forced is not None:
@@ -221,7 +230,14 @@ def choose_backend(q, k, v, n_segments: int, max_k, bias, dropout_p: float) -> s
         if dropout_p == 0 and max_k <= 256 and q.shape[-1] <= 128 and v.shape[-1] <= 128 and _has_triton():
             return "triton"
         return "bucketed"
-    return "loop" if n_segments <= 1 else "bucketed"
+    n = cu_q.shape[0] - 1
+    if n <= 1:
+        return "loop"
+    if n > LOOP_MAX_SEGMENTS:
+        return "bucketed"
+    # SYNC: none on the CPU (the lengths are host tensors there)
+    work = float((cu_q.diff() * cu_k.diff()).sum()) / n * q.shape[1] * q.shape[-1]
+    return "loop" if work >= LOOP_MIN_WORK else "bucketed"
 
 
 def _keep(seed, cu_q, cu_k, hq, dropout_p, device):
@@ -241,7 +257,7 @@ def varlen_attention_impl(q, k, v, cu_q, cu_k, max_q, max_k, bias=None, bias_sta
                           causal=False, scale=1.0, dropout_p=0.0, need_lse=True):
     """The kernel of ``varlen_attention``; ``need_lse=False`` (eager calls that will run no
     backward) lets the CPU paths skip writing ``lse``."""
-    name = choose_backend(q, k, v, cu_q.shape[0] - 1, max_k, bias, dropout_p)
+    name = choose_backend(q, k, v, cu_q, cu_k, max_k, bias, dropout_p)
     hq = q.shape[1]
     if name in ("flash", "flash_attn"):
         if bias is not None or dropout_p:
@@ -277,7 +293,7 @@ def varlen_attention_impl(q, k, v, cu_q, cu_k, max_q, max_k, bias=None, bias_sta
 
 def varlen_attention_backward_impl(grad, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, bias=None, bias_start=None,
                                    seed=None, causal=False, scale=1.0, dropout_p=0.0, bias_grad=False):
-    name = choose_backend(q, k, v, cu_q.shape[0] - 1, max_k, bias, dropout_p)
+    name = choose_backend(q, k, v, cu_q, cu_k, max_k, bias, dropout_p)
     hq, hk = q.shape[1], k.shape[1]
     empty = q.new_empty(0)
     if name in ("flash", "flash_attn"):

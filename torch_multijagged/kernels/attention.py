@@ -156,28 +156,37 @@ class _Bucket:
     query rows are computed and dropped."""
 
     __slots__ = ("segs", "qvalid", "kvalid", "lm", "sm", "lq", "lk", "qflat", "kflat", "qsel", "qdst",
-                 "ksel", "kdst", "kpad", "qpad", "single", "padmask")
+                 "ksel", "kdst", "kpad", "qpad", "single", "padmask", "qscratch", "cu")
 
-    def __init__(self, segs, cu_q, cu_k, lq, lk, lm, sm):
-        dev = cu_q.device
+    def __init__(self, segs, cu_q, cu_k, lq, lk, lm, sm, single=None):
         self.segs, self.lm, self.sm, self.lq, self.lk = segs, lm, sm, lq, lk
-        a = torch.arange(lm, device=dev)
-        b = torch.arange(sm, device=dev)
-        self.qvalid = a < lq[:, None]
-        self.kvalid = b < lk[:, None]
-        qrow = torch.where(self.qvalid, cu_q[segs][:, None] + a, 0)
-        krow = torch.where(self.kvalid, cu_k[segs][:, None] + b, 0)
+        self.padmask = None  # the key-padding mask, made on first use
+        self.qscratch = None  # query rows with padded positions sent to a scratch row
+        # one segment (``single`` = its first q and k rows): its rows are slices of the packed
+        # buffers (views, no gather); the index maps are built only if a bias needs them
+        self.single = single
+        self.cu = (cu_q, cu_k)
+        self.qvalid = None
+        if single is None:
+            self._maps()
+
+    def _maps(self):
+        if self.qvalid is not None:
+            return
+        cu_q, cu_k = self.cu
+        dev = cu_q.device
+        a = torch.arange(self.lm, device=dev)
+        b = torch.arange(self.sm, device=dev)
+        self.qvalid = a < self.lq[:, None]
+        self.kvalid = b < self.lk[:, None]
+        qrow = torch.where(self.qvalid, cu_q[self.segs][:, None] + a, 0)
+        krow = torch.where(self.kvalid, cu_k[self.segs][:, None] + b, 0)
         self.qflat, self.kflat = qrow.reshape(-1), krow.reshape(-1)
         self.qsel = self.qvalid.reshape(-1).nonzero().flatten()
         self.ksel = self.kvalid.reshape(-1).nonzero().flatten()
         self.qdst, self.kdst = self.qflat[self.qsel], self.kflat[self.ksel]
         self.kpad = (~self.kvalid).reshape(-1).nonzero().flatten()
         self.qpad = (~self.qvalid).reshape(-1).nonzero().flatten()
-        self.padmask = None  # the key-padding mask, made on first use
-        # one segment: its rows are a slice of the packed buffers (views, no gather)
-        self.single = None
-        if segs.shape[0] == 1:
-            self.single = (int(cu_q[segs[0]]), int(cu_k[segs[0]]))
 
     def gather_q(self, x, zero: bool = False):
         """``x (Tq, H, D)`` → ``(n, H, Lm, D)``; ``zero``: zeros at padded queries (the output
@@ -207,12 +216,16 @@ class _Bucket:
         return flat if sel.shape[0] == flat.shape[0] else flat.index_select(0, sel)
 
     def scatter_q(self, out, g):
-        """Write query-shaped ``g (n, H, Lm, D)`` to the rows of ``out``."""
+        """Write query-shaped ``g (n, H, Lm, D)`` to the rows of ``out``, which has one scratch row
+        at the end for the padded positions (one copy instead of a select and a copy)."""
         if self.single is not None:
             out[self.single[0]: self.single[0] + self.lm] = g[0].transpose(0, 1)
             return
-        rows = self._rows(g, self.qsel)
-        out.index_copy_(0, self.qdst, rows if rows.dtype == out.dtype else rows.to(out.dtype))
+        if self.qscratch is None:
+            self.qscratch = torch.where(self.qvalid.reshape(-1), self.qflat, out.shape[0] - 1)
+        g = g.transpose(1, 2)
+        rows = g.reshape(g.shape[0] * g.shape[1], *g.shape[2:])
+        out.index_copy_(0, self.qscratch, rows if rows.dtype == out.dtype else rows.to(out.dtype))
 
     def add_q(self, out, g):
         if self.single is not None:
@@ -228,6 +241,7 @@ class _Bucket:
 
     def bias_index(self, bias_start):
         """``(n, Lm, Sm)`` bias rows and the mask of real (query, key) pairs."""
+        self._maps()
         pair = self.qvalid[:, :, None] & self.kvalid[:, None, :]
         a = torch.arange(self.lm, device=pair.device)[None, :, None]
         b = torch.arange(self.sm, device=pair.device)[None, None, :]
@@ -238,6 +252,8 @@ class _Bucket:
         """The additive mask ``(n, Hb, Lm, Sm)`` in ``dtype``: the user's bias at real pairs, -inf at
         padded keys. None when there is neither a bias nor padding."""
         if bias is None:
+            if self.single is not None:
+                return None  # no padding
             if self.padmask is None:
                 if not self.kpad.numel():
                     return None
@@ -303,8 +319,11 @@ def bucket_plan(lq: torch.Tensor, lk: torch.Tensor, slack: float = 0.15, floor: 
 _BUCKET_CACHE = WeakIdKeyDictionary()
 
 
-def _buckets(cu_q, cu_k, buckets, slack, floor) -> list["_Bucket"]:
-    key = (id(cu_k), slack, floor) if buckets is None else None
+def _buckets(cu_q, cu_k, buckets, slack, floor) -> tuple[list["_Bucket"], bool]:
+    """The buckets' index maps, and whether they cover every query row (no segment with
+    queries but no keys, whose rows must be zeros). ``buckets``: None (``bucket_plan``),
+    ``"loop"`` (one per segment) or an explicit list (not cached)."""
+    key = (id(cu_k), slack, floor, buckets) if buckets is None or buckets == "loop" else None
     per = None
     if key is not None and not _is_traced(cu_q):
         per = _BUCKET_CACHE.setdefault(cu_q, {})
@@ -312,17 +331,30 @@ def _buckets(cu_q, cu_k, buckets, slack, floor) -> list["_Bucket"]:
         if hit is not None and hit[0] is cu_k:
             return hit[1]
     lq_h, lk_h = _host_lengths(cu_q), _host_lengths(cu_k)
-    if buckets is None:
-        buckets = bucket_plan(lq_h, lk_h, slack, floor)
     lq_d, lk_d = cu_q.diff(), cu_k.diff()
     out = []
-    for segs in buckets:
-        host = segs.cpu()
-        segs = segs.to(cu_q.device)
-        out.append(_Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], int(lq_h[host].max()), int(lk_h[host].max())))
+    if buckets == "loop":
+        live = ((lq_h > 0) & (lk_h > 0)).nonzero().flatten().tolist()
+        cq, ck = cu_q.cpu().tolist(), cu_k.cpu().tolist()
+        for i in live:
+            segs = torch.tensor([i], device=cu_q.device)
+            out.append(_Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], int(lq_h[i]), int(lk_h[i]), (cq[i], ck[i])))
+        covered = int(lq_h[live].sum()) if live else 0
+    else:
+        if buckets is None:
+            buckets = bucket_plan(lq_h, lk_h, slack, floor)
+        covered = 0
+        for segs in buckets:
+            host = segs.cpu()
+            covered += int(lq_h[host].sum())
+            segs = segs.to(cu_q.device)
+            single = (int(cu_q[segs[0]]), int(cu_k[segs[0]])) if segs.shape[0] == 1 else None
+            out.append(_Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], int(lq_h[host].max()), int(lk_h[host].max()),
+                               single))
+    result = (out, covered == int(lq_h.sum()))
     if per is not None:
-        per[key] = (cu_k, out)
-    return out
+        per[key] = (cu_k, result)
+    return result
 
 
 def _is_traced(t) -> bool:
@@ -344,14 +376,20 @@ def attention_bucketed(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=Non
     ``need_lse=False`` (no backward will run) leaves ``lse`` uninitialised."""
     scale = _scale(q, scale)
     hq = q.shape[1]
-    out = q.new_zeros(q.shape[0], hq, v.shape[-1])
+    plan, covered = _buckets(cu_q, cu_k, buckets, slack, floor)
+    t = q.shape[0]
+    # one scratch row at the end takes the buckets' padded positions (``scatter_q``); rows that no
+    # bucket writes (queries of segments without keys) must be zeros
+    out = (q.new_empty if covered else q.new_zeros)(t + 1, hq, v.shape[-1])
     lse_dtype = _compute_dtype(q.dtype)
     if need_lse:
-        lse = torch.full((q.shape[0], hq), NEG_INF, dtype=lse_dtype, device=q.device)
+        lse = torch.empty((t + 1, hq), dtype=lse_dtype, device=q.device)
+        if not covered:
+            lse.fill_(NEG_INF)
     else:
-        lse = torch.empty((q.shape[0], hq), dtype=lse_dtype, device=q.device)
+        lse = torch.empty((t + 1, hq), dtype=lse_dtype, device=q.device)
     cs = score_offsets(cu_q, cu_k) if keep is not None else None
-    for bk in _buckets(cu_q, cu_k, buckets, slack, floor):
+    for bk in plan:
         qb = bk.gather_q(q)
         kb = bk.gather_k(k)
         vb = kb if v is k else bk.gather_k(v)
@@ -362,7 +400,7 @@ def attention_bucketed(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=Non
         bk.scatter_q(out, ob)
         if need_lse:
             bk.scatter_q(lse.unsqueeze(-1), lb.unsqueeze(-1))
-    return out, lse
+    return out[:t], lse[:t]
 
 
 def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias_start=None, keep=None,
@@ -376,7 +414,7 @@ def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, 
     dv = torch.zeros(v.shape, dtype=ct, device=q.device)
     dbias = torch.zeros(bias.shape, dtype=ct, device=q.device) if need_dbias else None
     cs = score_offsets(cu_q, cu_k) if keep is not None else None
-    for bk in _buckets(cu_q, cu_k, buckets, slack, floor):
+    for bk in _buckets(cu_q, cu_k, buckets, slack, floor)[0]:
         qb = bk.gather_q(q)
         kb = bk.gather_k(k)
         vb = kb if v is k else bk.gather_k(v)
@@ -433,18 +471,11 @@ def _with_math(fn, *args, **kwargs):
 def attention_loop(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None, causal=False,
                    scale=None, dropout_p=0.0, *, need_lse=True):
     """One dense call per segment; no gather for q/k/v (views of the packed buffers)."""
-    buckets = _singletons(cu_q, cu_k)
     return attention_bucketed(q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p,
-                              buckets=buckets, need_lse=need_lse)
+                              buckets="loop", need_lse=need_lse)
 
 
 def attention_loop_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias_start=None, keep=None,
                             causal=False, scale=None, dropout_p=0.0, need_dbias=False):
-    buckets = _singletons(cu_q, cu_k)
     return attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias, bias_start, keep, causal,
-                                       scale, dropout_p, need_dbias, buckets=buckets)
-
-
-def _singletons(cu_q, cu_k):
-    lq, lk = _host_lengths(cu_q), _host_lengths(cu_k)
-    return [s.reshape(1) for s in ((lq > 0) & (lk > 0)).nonzero().flatten()]
+                                       scale, dropout_p, need_dbias, buckets="loop")
