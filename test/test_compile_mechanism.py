@@ -136,3 +136,16 @@ def test_compiles_with_aot_graph_logging():
             torch.testing.assert_close(single.values(), ref.values())
         finally:
             torch._logging.set_logs()
+
+
+def test_cache_key_includes_the_batch_size():
+    """Inductor's on-disk cache keys a subclass input by ``_stable_hash_for_caching``: a graph
+    compiled while B was static (the first compile) must not be served to another B in a later
+    process (it failed with "expected size 6==5")."""
+    import torch_multijagged as tmj
+
+    a = tmj.nested_tensor([torch.randn(n + 3, 16) for n in range(4)])
+    b = tmj.nested_tensor([torch.randn(n + 3, 16) for n in range(5)])
+    c = tmj.nested_tensor([torch.randn(n + 1, 16) for n in range(4)])
+    assert a._stable_hash_for_caching() != b._stable_hash_for_caching()
+    assert a._stable_hash_for_caching() == c._stable_hash_for_caching()  # lengths are dynamic

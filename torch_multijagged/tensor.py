@@ -368,8 +368,10 @@ class MultiJaggedTensor(torch.Tensor):
         # Cache key for compiled-graph caches: the structure (not the data) and the package's own
         # source, since the traced graph is made by our handlers — an edited handler must not be
         # served a graph compiled from the old one.
+        # The batch size too: a graph compiled while B was static must not be served to another B
+        # (the offsets' length is not part of ctx).
         _, ctx = self.__tensor_flatten__()
-        return repr((ctx, self.dtype, self._values.shape[1:], _source_digest()))
+        return repr((ctx, self._partition.batch, self.dtype, self._values.shape[1:], _source_digest()))
 
     # ------------------------------------------------------------------ dispatch
     @classmethod
