@@ -118,3 +118,23 @@ def test_no_graph_breaks(model_cls):
     explanation = torch._dynamo.explain(model_cls())(x)
     assert explanation.graph_break_count == 0
     assert explanation.graph_count == 1
+
+
+def test_full_reduction_compiles_with_two_threads():
+    """Reducing every dim (batch included) used an index_add into a (1, C) buffer, which
+    Inductor's C++ code generation (torch 2.13) fails on with two threads and dynamic rows; one
+    segment is now a plain sum. Forward and backward equal eager."""
+    import torch_multijagged as tmj
+
+    prev = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        torch._dynamo.reset()
+        x = tmj.nested_tensor([torch.randn(n, 16) for n in (3, 0, 5)], requires_grad=True)
+        f = lambda x: (x * x).sum()  # noqa: E731
+        y = torch.compile(f, fullgraph=True)(x)
+        g, = torch.autograd.grad(y, x)
+        torch.testing.assert_close(y, f(x))
+        torch.testing.assert_close(g.values(), 2 * x.values().detach())
+    finally:
+        torch.set_num_threads(prev)

@@ -90,6 +90,11 @@ def segment_reduce(
     ``reduce``: "sum", "amax", "amin" or "prod". Output rows that receive no row hold ``empty``
     (pass the reduction's identity; amax/amin have none, so the caller decides)."""
     out_shape = (out_rows, *values.shape[1:])
+    if reduce == "sum" and isinstance(out_rows, int) and out_rows == 1:
+        # one segment (a reduction over the batch): a plain sum. Inductor's CPU code generation
+        # (torch 2.13, 2 threads, dynamic rows) fails on an index_add into a (1, …) buffer.
+        out = values.sum(0, keepdim=True)
+        return out + empty if empty else out
     if reduce == "sum":
         out = values.new_full(out_shape, empty) if empty else values.new_zeros(out_shape)
         return out.index_add(0, index, values)
