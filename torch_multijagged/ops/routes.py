@@ -465,7 +465,41 @@ def _getitem(input, index):
         if not -b <= index < b:
             raise IndexError(f"index {index} is out of bounds for dimension 0 with size {b}")
         return _components(input)[index]
+    if isinstance(input, MJT) and isinstance(index, (tuple, slice, type(Ellipsis), type(None))):
+        return _getitem_static(input, index if isinstance(index, tuple) else (index,))
     return NotImplemented
+
+
+def _getitem_static(input, items):
+    """``x[:, :, 0]``, ``x[..., 1:3]``, ``x[:, None]``: full slices over the batch and ragged dims
+    and basic indexing of static dims, as the ops that express it (``select``, ``slice``,
+    ``unsqueeze``). Python's own indexing would compare slice bounds with the nested ints
+    ("relation is indeterminate")."""
+    if items and isinstance(items[0], int) and not isinstance(items[0], bool):
+        return _getitem(input, items[0])[items[1:]]  # a sample, then dense indexing
+    if any(isinstance(i, type(Ellipsis)) for i in items):
+        at = next(k for k, i in enumerate(items) if isinstance(i, type(Ellipsis)))
+        real = sum(1 for i in items if i is not None and not isinstance(i, type(Ellipsis)))
+        items = items[:at] + (slice(None),) * (input.dim() - real) + items[at + 1:]
+    out, d = input, 0
+    for it in items:
+        if it is None:
+            out, d = out.unsqueeze(d), d + 1
+        elif isinstance(it, slice) and it == slice(None):
+            d += 1
+        elif d == 0 or d in out._ragged_dims:
+            raise StructureError(
+                f"__getitem__(): expected a full slice ':' at the batch and ragged dims of a multi_jagged "
+                f"tensor, got {it!r} at dim {d} of shape {tuple(out.shape)} (select samples with x[i] or unbind())"
+            )
+        elif isinstance(it, bool) or not isinstance(it, (int, slice)):
+            return NotImplemented
+        elif isinstance(it, int):
+            out = out.select(d, it)
+        else:
+            start, stop, step = it.indices(out.shape[d])
+            out, d = torch.ops.aten.slice.Tensor(out, d, start, stop, step), d + 1
+    return out
 
 
 @route(torch.select, torch.Tensor.select)

@@ -1,0 +1,56 @@
+"""Basic indexing of static dims: ``x[:, :, 0]``, ``x[..., 1:3]``, ``x[:, :, None]`` (full slices over
+the batch and ragged dims), against the per-sample reference, with gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_multijagged as tmj
+from torch_multijagged.errors import StructureError
+
+S = slice(None)
+CASES = [
+    (S, S, 0),
+    (S, S, -1, slice(1, None)),
+    (Ellipsis, slice(1, 3)),
+    (Ellipsis, -1),
+    (S, S, None),
+    (S, S, 1, slice(None, None, 2)),
+    (S, None, S, 2),
+    (S,),
+    (Ellipsis,),
+]
+
+
+@pytest.mark.parametrize("idx", CASES, ids=[str(i) for i in range(len(CASES))])
+@pytest.mark.parametrize("lens", [(2, 0, 3), (1,)])
+def test_static_indexing_matches_per_sample(idx, lens):
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, 4, generator=g, dtype=torch.float64) for n in lens]
+    x = tmj.nested_tensor(comps, requires_grad=True)
+    y = x[idx]
+    per = [c[idx] if idx[0] is Ellipsis else c[idx[1:]] for c in comps]
+    assert len(y.unbind()) == len(per)
+    for a, b in zip(y.unbind(), per):
+        torch.testing.assert_close(a, b)
+    gx, = torch.autograd.grad((y.values() ** 2).sum(), x)
+    cs = [c.clone().requires_grad_() for c in comps]
+    tot = sum(((c[idx] if idx[0] is Ellipsis else c[idx[1:]]) ** 2).sum() for c in cs)
+    refs = torch.autograd.grad(tot, cs)
+    for a, b in zip(gx.unbind(), refs):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("idx", [(S, 1), (S, slice(0, 1)), (slice(0, 1),)])
+def test_indexing_batch_or_ragged_dims_raises(idx):
+    x = tmj.nested_tensor([torch.randn(n, 3) for n in (2, 3)])
+    with pytest.raises(StructureError, match="full slice"):
+        x[idx]
+
+
+def test_sample_then_dense_indexing():
+    comps = [torch.randn(n, 3) for n in (2, 3)]
+    x = tmj.nested_tensor(comps)
+    torch.testing.assert_close(x[1, :, 2], comps[1][:, 2])
+    torch.testing.assert_close(x[0, 1], comps[0][1])
