@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ..kernels import attention as kattn
 from .library import LIB, _no_zero_fill
@@ -159,7 +160,7 @@ def default_scale(d: int) -> float:
 #
 # * CPU: ``bucketed`` (segments sorted by length, padded within buckets of similar length, one
 #   fused CPU kernel call per bucket), or ``loop`` (one fused call per segment, on views) for a
-#   single segment or for ≤ 256 segments whose mean work Lq·Lk·H·D is ≥ 4·10⁶ (``LOOP_*``).
+#   single segment or for ≤ 4096 segments whose mean work Lq·Lk·H·D is ≥ 4·10⁶ (``LOOP_*``).
 #   docs/design.md §8 has the measurements behind this rule.
 # * CUDA: ``flash`` — torch's own ``_flash_attention_forward`` with ``cu_seqlens`` (as
 #   torch.jagged) — for float16/bfloat16 without bias or dropout and one head size ≤ 256;
@@ -215,7 +216,7 @@ def _has_triton() -> bool:
 # than they save; buckets otherwise, and always for many segments (their lengths then group
 # tightly). Measured in docs/design.md §8.
 LOOP_MIN_WORK = 4_000_000
-LOOP_MAX_SEGMENTS = 256
+LOOP_MAX_SEGMENTS = 4096
 
 
 def choose_backend(q, k, v, cu_q, cu_k, max_k, bias, dropout_p: float) -> str:
@@ -235,9 +236,18 @@ def choose_backend(q, k, v, cu_q, cu_k, max_k, bias, dropout_p: float) -> str:
         return "loop"
     if n > LOOP_MAX_SEGMENTS:
         return "bucketed"
-    # SYNC: none on the CPU (the lengths are host tensors there)
-    work = float((cu_q.diff() * cu_k.diff()).sum()) / n * q.shape[1] * q.shape[-1]
-    return "loop" if work >= LOOP_MIN_WORK else "bucketed"
+    hit = _CHOICE.get(cu_q)
+    if hit is not None and hit[0] is cu_k:
+        pairs = hit[1]
+    else:
+        # SYNC: none on the CPU (the lengths are host tensors there); cached per batch
+        pairs = float((cu_q.diff() * cu_k.diff()).sum()) / n
+        _CHOICE[cu_q] = (cu_k, pairs)
+    return "loop" if pairs * q.shape[1] * q.shape[-1] >= LOOP_MIN_WORK else "bucketed"
+
+
+# mean Lq·Lk per segment, by the identity of (cu_q, cu_k): the layers of a model share a batch's
+_CHOICE = WeakIdKeyDictionary()  # segment offsets (cached on its partition)
 
 
 def _keep(seed, cu_q, cu_k, hq, dropout_p, device):
