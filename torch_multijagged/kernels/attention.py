@@ -35,7 +35,6 @@ padded math formula otherwise. ``attention_reference`` is the single-bucket case
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -440,7 +439,6 @@ def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, 
 def attention_reference(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None, causal=False,
                         scale=None, dropout_p=0.0):
     """The oracle: every segment in one padded bucket, padded math (no fused kernel)."""
-    n = cu_q.shape[0] - 1
     lq, lk = _host_lengths(cu_q), _host_lengths(cu_k)
     live = ((lq > 0) & (lk > 0)).nonzero().flatten()
     buckets = [live] if live.numel() else []

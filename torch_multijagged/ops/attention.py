@@ -225,7 +225,6 @@ def _bias(mask, q: MJT, k: MJT, cu_q, cu_k, seg_sample):
         mstat = static_dims(n, mask._ragged_dims)
         # mask static dims: q's head dims keep their size (1 or q's); dims ragged in q drop (size 1)
         sel = [i + 1 for i, d in enumerate(mstat) if d in qstat]
-        drop = [i + 1 for i, d in enumerate(mstat) if d not in qstat]
         hv = mv.reshape(mv.shape[0], *[mv.shape[i] for i in sel])  # the dropped dims have size 1
         ones = all(s == 1 for s in hv.shape[1:])
         if ones:
@@ -239,7 +238,6 @@ def _bias(mask, q: MJT, k: MJT, cu_q, cu_k, seg_sample):
             db = db.reshape(db.shape[0], *((1,) * len(qh) if ones else qh)).sum_to_size(hshape)
             return wrap(db.reshape(mshape), mask._partition, mask._ragged_dims)
 
-        del drop
         return bias, start, restore
     # dense: one value per (sample, head); materialised over each sample's score block
     shape = (1,) * (n - mask.dim()) + tuple(mask.shape)
@@ -272,7 +270,6 @@ def _score_rows(q: MJT, k: MJT, rows) -> int:
 
 def _block_starts(mask: MJT, q: MJT, cu_q, cu_k, seg_sample):
     """For every segment of q, the first row of its score block in ``mask``'s values."""
-    n = len(q._size)
     lq, lk = cu_q.diff(), cu_k.diff()
     qb = q._ragged_dims[:-1]
     kept = tuple(i for i, d in enumerate(qb) if d in mask._ragged_dims)
@@ -291,7 +288,6 @@ def _block_starts(mask: MJT, q: MJT, cu_q, cu_k, seg_sample):
     sizes = sub.sizes()
     idx = ref.row_map(sub.offsets, sizes, sub.rows, kept, msub.offsets)
     local = idx - msub.offsets[seg_sample]
-    del n
     return mask._partition.offsets[seg_sample] + local * lq * lk
 
 
