@@ -1,7 +1,13 @@
 import os
 
-import pytest
 import torch
+
+# Without CUDA, Triton kernels run in Triton's interpreter on CPU tensors; it reads the variable
+# when a kernel is decorated, so it must be set before any test module imports one.
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest  # noqa: E402
 from hypothesis import HealthCheck, Phase, settings
 
 import torch_multijagged  # noqa: F401  (registers the layout)

@@ -45,7 +45,7 @@ def test_static_indexing_matches_per_sample(idx, lens):
 @pytest.mark.parametrize("idx", [(S, 1), (S, slice(0, 1)), (slice(0, 1),)])
 def test_indexing_batch_or_ragged_dims_raises(idx):
     x = tmj.nested_tensor([torch.randn(n, 3) for n in (2, 3)])
-    with pytest.raises(StructureError, match="full slice"):
+    with pytest.raises(ValueError, match="static dim"):
         x[idx]
 
 
@@ -54,3 +54,29 @@ def test_sample_then_dense_indexing():
     x = tmj.nested_tensor(comps)
     torch.testing.assert_close(x[1, :, 2], comps[1][:, 2])
     torch.testing.assert_close(x[0, 1], comps[0][1])
+
+
+@pytest.mark.parametrize("dim", [2, -1])
+@pytest.mark.parametrize("lens", [(2, 0, 3), (1,)])
+def test_unbind_static_dim(dim, lens):
+    g = torch.Generator().manual_seed(1)
+    comps = [torch.randn(n, 3, 4, generator=g, dtype=torch.float64) for n in lens]
+    x = tmj.nested_tensor(comps, requires_grad=True)
+    pieces = x.unbind(dim)
+    cdim = dim - 1 if dim > 0 else dim
+    assert len(pieces) == comps[0].shape[cdim]
+    w = [float(i + 1) for i in range(len(pieces))]
+    for i, p in enumerate(pieces):
+        for a, c in zip(p.unbind(), comps):
+            torch.testing.assert_close(a, c.unbind(cdim)[i])
+    gx, = torch.autograd.grad(sum(wi * (p.values() ** 2).sum() for wi, p in zip(w, pieces)), x)
+    cs = [c.clone().requires_grad_() for c in comps]
+    refs = torch.autograd.grad(sum(wi * (p ** 2).sum() for c in cs for wi, p in zip(w, c.unbind(cdim))), cs)
+    for a, b in zip(gx.unbind(), refs):
+        torch.testing.assert_close(a, b)
+
+
+def test_unbind_ragged_dim_raises():
+    x = tmj.nested_tensor([torch.randn(n, 3) for n in (2, 3)])
+    with pytest.raises(StructureError, match="expected a static dim"):
+        x.unbind(1)

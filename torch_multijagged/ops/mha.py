@@ -166,11 +166,13 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
     hd = e // num_heads
     if not use_separate_proj_weight:
         w, b = in_proj_weight, in_proj_bias
+        # unbind over a static dim, not chunk: its backward stacks the three gradients once,
+        # where chunk's slice backwards zero-fill and add three full-size buffers
         if same_qk and same_kv:
-            qp, kp, vp = F.linear(q, w, b).chunk(3, -1)
+            qp, kp, vp = F.linear(q, w, b).unflatten(-1, (3, e)).unbind(-2)
         elif same_kv:
             qp = F.linear(q, w[:e], None if b is None else b[:e])
-            kp, vp = F.linear(k, w[e:], None if b is None else b[e:]).chunk(2, -1)
+            kp, vp = F.linear(k, w[e:], None if b is None else b[e:]).unflatten(-1, (2, e)).unbind(-2)
         else:
             bq, bk, bv = (None, None, None) if b is None else b.chunk(3)
             wq, wk, wv = w.chunk(3)

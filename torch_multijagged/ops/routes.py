@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from ..compile import library  # noqa: F401
 from ..errors import StructureError
 from . import dispatch as _dispatch
-from ._common import MJT, canonical_dim
+from ._common import MJT, canonical_dim, describe
 
 mj = torch.ops.multijagged
 
@@ -488,9 +488,10 @@ def _getitem_static(input, items):
         elif isinstance(it, slice) and it == slice(None):
             d += 1
         elif d == 0 or d in out._ragged_dims:
+            op = "select" if isinstance(it, int) else "slice"
             raise StructureError(
-                f"__getitem__(): expected a full slice ':' at the batch and ragged dims of a multi_jagged "
-                f"tensor, got {it!r} at dim {d} of shape {tuple(out.shape)} (select samples with x[i] or unbind())"
+                f"{op}(): expected a static dim of {describe(out)}, got dim {d} (batch or ragged); index it "
+                "with a full slice ':' (select samples with x[i] or unbind())"
             )
         elif isinstance(it, bool) or not isinstance(it, (int, slice)):
             return NotImplemented

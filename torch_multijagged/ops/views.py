@@ -233,7 +233,10 @@ def transpose_int(func, inp, dim0, dim1):
 @register_multi_jagged_func(aten.unbind.int, "self: mjt, dim: any?")
 def unbind_int(func, inp, dim=0):
     if canonical_dim("unbind", len(inp._size), dim) != 0:
-        raise StructureError(f"unbind(): only dim 0 is supported for layout torch.multi_jagged, got {dim}")
+        # a static dim: views of the values (aten's backward stacks the pieces again)
+        d, vd = _static_vdim("unbind", inp, dim)
+        ragged = tuple(r - 1 if r > d else r for r in inp._ragged_dims)
+        return tuple(wrap(v, inp._partition, ragged) for v in inp._values.unbind(vd))
     return tuple(ref.unpack_components(inp._values, inp._partition.host_sizes(), inp._ragged_dims))
 
 
