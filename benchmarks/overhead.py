@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import cProfile
 import pstats
+import contextlib
 import time
 from typing import Any, Callable, Optional
 
@@ -44,12 +45,13 @@ def make_ops(weight: torch.Tensor, bias: torch.Tensor) -> dict[str, Callable[[An
     }
 
 
-def make_methods(comps: list[torch.Tensor]) -> dict[str, tuple[Any, Callable[[Any], torch.Tensor], Optional[type]]]:
-    """name -> (input, packed values of an output, the type an output must have)."""
+def make_methods(comps: list[torch.Tensor], grad: bool = False) -> dict[str, tuple[Any, Callable[[Any], torch.Tensor], Optional[type]]]:
+    """name -> (input, packed values of an output, the type an output must have); with ``grad``
+    the inputs are leaves that require grad."""
     methods: dict[str, tuple[Any, Callable[[Any], torch.Tensor], Optional[type]]] = {
-        "dense": (torch.cat(comps), lambda y: y, None),
+        "dense": (torch.cat(comps).requires_grad_(grad), lambda y: y, None),
         "torch.jagged": (
-            torch.nested.nested_tensor(comps, layout=torch.jagged),
+            torch.nested.nested_tensor(comps, layout=torch.jagged, requires_grad=grad),
             lambda y: y.values(),
             type(torch.nested.nested_tensor(comps[:1], layout=torch.jagged)),
         ),
@@ -57,8 +59,10 @@ def make_methods(comps: list[torch.Tensor]) -> dict[str, tuple[Any, Callable[[An
     danling = h.optional_import("danling.tensors") or h.optional_import("danling.tensor")
     if danling is not None and hasattr(danling, "NestedTensor"):
         NT = danling.NestedTensor
-        methods["danling"] = (NT(comps), lambda y: y.concat, NT)
-    methods["ours"] = (mj.nested_tensor(comps), lambda y: y._values, mj.MultiJaggedTensor)
+        if not grad:  # with autograd, its constructor records a graph that the first backward frees
+            methods["danling"] = (NT(comps), lambda y: y.concat, NT)
+    methods["ours"] = (mj.nested_tensor(comps, requires_grad=grad), lambda y: y.values() if grad else y._values,
+                       mj.MultiJaggedTensor)
     return methods
 
 
@@ -101,14 +105,28 @@ def paired_ratios(samples_ns: dict[str, list[float]]) -> list[float]:
     return [(oi - di) / (ji - di) for di, ji, oi in zip(d, j, o) if ji > di]
 
 
-def measure_op(op: Callable, methods: dict, notes: list[str], op_name: str, **timing) -> dict:
-    """Check every method against dense, then time the ones that agree, interleaved."""
+def measure_op(op: Callable, methods: dict, notes: list[str], op_name: str, grad: bool = False, params=(),
+               **timing) -> dict:
+    """Check every method against dense, then time the ones that agree, interleaved. With
+    ``grad`` a call is forward + ``sum`` of the packed output + ``torch.autograd.grad`` over the
+    input and ``params`` (the op's parameters)."""
     ref = op(methods["dense"][0])
     runnable = {}
     for name, (x, packed, kind) in methods.items():
         reason = check(op, x, packed, kind, ref)
         if reason is None:
-            runnable[name] = lambda op=op, x=x: op(x)
+            if grad:
+                leaves = [x, *params]
+                step = lambda op=op, leaves=leaves, packed=packed: torch.autograd.grad(  # noqa: E731
+                    packed(op(leaves[0])).sum(), leaves)
+                try:
+                    step()
+                except Exception as e:  # a layout whose backward fails is reported, not timed
+                    notes.append(f"{op_name} / {name}: n/a (backward: {type(e).__name__}: {str(e).splitlines()[0][:80]})")
+                    continue
+                runnable[name] = step
+            else:
+                runnable[name] = lambda op=op, x=x: op(x)
         else:
             notes.append(f"{op_name} / {name}: n/a ({reason})")
     samples_ns = h.time_interleaved(runnable, **timing)
@@ -137,6 +155,8 @@ def table_row(op_name: str, res: dict, names: list[str]) -> list[str]:
 def main() -> None:
     p = h.parser(__doc__.splitlines()[0])
     p.add_argument("--profile", metavar="OP", help="after the table, cProfile 20000 calls of OP on ours")
+    p.add_argument("--grad", action="store_true",
+                   help="autograd on: input, weight and bias require grad; a call is forward + sum + autograd.grad")
     args = p.parse_args()
     threads = h.set_one_thread()
     calls, samples, warmup = (100, 9, 2) if args.quick else (200, 41, 3)
@@ -144,17 +164,22 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     comps = [torch.randn(n, C, generator=g) for n in LENGTHS]
     weight, bias = torch.randn(C, C, generator=g), torch.randn(C, generator=g)
+    weight.requires_grad_(args.grad)
+    bias.requires_grad_(args.grad)
     ops = make_ops(weight, bias)
-    methods = make_methods(comps)
+    methods = make_methods(comps, args.grad)
     names = list(methods)
     if "danling" not in methods:
-        print("danling: not installed, skipped (pip install danling)")
+        print("danling: not timed with --grad (its constructor's graph is freed by the first backward)" if args.grad
+              else "danling: not installed, skipped (pip install danling)")
 
     t_start = time.perf_counter()
     results, notes = {}, []
-    with torch.no_grad():
+    with contextlib.nullcontext() if args.grad else torch.no_grad():
         for op_name, op in ops.items():
-            results[op_name] = measure_op(op, methods, notes, op_name, calls=calls, samples=samples, warmup=warmup)
+            params = (weight, bias) if args.grad and op_name == "linear" else ()
+            results[op_name] = measure_op(op, methods, notes, op_name, grad=args.grad, params=params, calls=calls,
+                                          samples=samples, warmup=warmup)
     rows = [table_row(op_name, res, names) for op_name, res in results.items()]
 
     headers = (["op"] + [f"{n} µs" for n in names]
@@ -167,13 +192,14 @@ def main() -> None:
     print(f"ratio = (ours − dense) / (jagged − dense), median over rounds; goal ≤ {GOAL}: "
           + (f"missed for {', '.join(misses)}" if misses else "met for every op"))
     env = h.environment()
-    print(f"torch {env['torch']}, {threads} thread, eager, no_grad, B={B}, lengths {LENGTHS[0]}..{LENGTHS[-1]}, "
+    print(f"torch {env['torch']}, {threads} thread, eager, {'autograd on (forward + backward)' if args.grad else 'no_grad'}, B={B}, lengths {LENGTHS[0]}..{LENGTHS[-1]}, "
           f"C={C}, float32; load avg {h.fmt(env['loadavg_1min'], 2)}; git {env['git']}; "
           f"timing {time.perf_counter() - t_start:.1f} s")
 
     h.write_json(args.json, {
         "benchmark": "overhead",
-        "config": {"B": B, "C": C, "lengths": LENGTHS, "calls": calls, "samples": samples, "goal": GOAL},
+        "config": {"B": B, "C": C, "lengths": LENGTHS, "calls": calls, "samples": samples, "goal": GOAL,
+                   "grad": args.grad},
         "results": results,
         "notes": notes,
     })

@@ -294,6 +294,11 @@ def check(block: PairBlock, method: Method, state: Any, ref_loss: float, ref_gra
 # --- regimes ------------------------------------------------------------------------------------
 
 
+# ``--lengths-scale``: every length is multiplied by this (rounded, at least 1), e.g. 0.5 runs the
+# regimes at half length; set by ``main`` before any batch is drawn (the compiled mode reads it too).
+LENGTHS_SCALE = 1.0
+
+
 def regime_lengths(seed: int = 0) -> dict[str, list[int]]:
     """B = 8 lengths per regime; endpoints forced so that each regime spans its stated range."""
     g = torch.Generator().manual_seed(seed)
@@ -301,11 +306,14 @@ def regime_lengths(seed: int = 0) -> dict[str, list[int]]:
     def draw(lo: int, hi: int, k: int) -> list[int]:
         return torch.randint(lo, hi + 1, (k,), generator=g).tolist()
 
-    return {
+    regimes = {
         "near-uniform": [58, 64] + draw(58, 64, B - 2),
         "moderate": [16, 64] + draw(16, 64, B - 2),
         "skewed": [96] + draw(8, 20, B - 1),
     }
+    if LENGTHS_SCALE != 1.0:
+        regimes = {k: [max(1, round(n * LENGTHS_SCALE)) for n in v] for k, v in regimes.items()}
+    return regimes
 
 
 def occupancy(lengths: list[int], power: int) -> float:
@@ -568,6 +576,8 @@ def main() -> None:
                    help="step time: CPU time of the main thread (default with 1 thread: excludes time "
                         "descheduled by other jobs) or wall time (default with more threads)")
     p.add_argument("--regimes", default="near-uniform,moderate,skewed", help="comma-separated subset")
+    p.add_argument("--lengths-scale", type=float, default=1.0,
+                   help="multiply every regime's lengths by this (e.g. 0.5: half length; default 1)")
     p.add_argument("--methods",
                    help="comma-separated subset, in the order of each interleaving round (default "
                         "padded,explicit,danling,ours; with --compile " + compiled_mode.DEFAULT_VARIANTS + ")")
@@ -581,6 +591,10 @@ def main() -> None:
                         "ours, plus ours eager, over a trace of batches with changing lengths (~5 min)")
     p.add_argument("--batches", type=int, help="with --compile: batches per regime's trace (default 12, --quick 8)")
     args = p.parse_args()
+    if args.lengths_scale <= 0:
+        p.error("--lengths-scale must be positive")
+    global LENGTHS_SCALE
+    LENGTHS_SCALE = args.lengths_scale
     torch.set_num_threads(args.threads)
     args.clock = args.clock or ("cpu" if args.threads == 1 else "wall")
     if args.clock == "cpu" and args.threads != 1:
