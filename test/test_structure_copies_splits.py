@@ -287,3 +287,32 @@ def test_unflatten_static_dims(sizes):
                          ref=lambda c: c.unflatten(-1, sizes), seed=seed)
 
     check()
+
+
+# ----------------------------------------------------------------------------- split backward
+@pytest.mark.parametrize("split", [lambda x: x.chunk(3, -1), lambda x: x.split([1, 3, 2], -1),
+                                   lambda x: torch.tensor_split(x, [2, 4], -1)])
+def test_split_backward_writes_once_and_matches_per_sample(split):
+    """Eager pieces with gradients come from one autograd node whose backward is one cat (zeros
+    for unused pieces), not one zero-filled full-size buffer per piece; values, gradients with an
+    unused piece, second order, and dense's refusal of in-place writes to the pieces."""
+    import torch_multijagged as tmj
+
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 6, dtype=torch.float64, generator=g) for n in (2, 0, 3)]
+    x = tmj.nested_tensor(comps, requires_grad=True)
+    pieces = split(x)
+    assert type(pieces[0].grad_fn).__name__ == "_SplitStaticBackward"
+    loss = (pieces[0] ** 3).values().sum() + (pieces[2] * 2).values().sum()  # piece 1 unused
+    gx, = torch.autograd.grad(loss, x, create_graph=True)
+    ggx, = torch.autograd.grad(gx.values().sum(), x)
+    cs = [c.clone().requires_grad_() for c in comps]
+    ref_loss = sum((split(c)[0] ** 3).sum() + (split(c)[2] * 2).sum() for c in cs)
+    rg = torch.autograd.grad(ref_loss, cs, create_graph=True)
+    rgg = torch.autograd.grad(sum(r.sum() for r in rg), cs)
+    for a, b, c, d in zip(gx.unbind(), rg, ggx.unbind(), rgg):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(c, d)
+    y = x * 1
+    with pytest.raises(RuntimeError, match="view"):
+        split(y)[0].add_(1)
