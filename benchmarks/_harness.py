@@ -27,6 +27,7 @@ __all__ = [
     "retain_freed_memory",
     "parser",
     "time_interleaved",
+    "time_rounds",
     "paired_ratios",
     "peak_live_bytes",
     "stderr_fd_silenced",
@@ -128,6 +129,25 @@ def stderr_fd_silenced():
         sys.stderr.flush()
         os.dup2(saved, 2)
         os.close(saved)
+
+
+def time_rounds(fns: Mapping[str, Callable[[], Any]], rounds: int, warmup: int, clock=time.perf_counter_ns, desc: str = "",
+                calls: int = 1) -> dict[str, list[float]]:
+    """``time_interleaved`` one round at a time (``calls`` calls per sample, the first ``warmup``
+    rounds discarded), under a tqdm progress bar when tqdm is installed."""
+    tq = optional_import("tqdm")
+    bar = tq.tqdm(total=warmup + rounds, desc=desc, leave=False, file=sys.stderr) if tq else None
+    out: dict[str, list[float]] = {n: [] for n in fns}
+    for r in range(warmup + rounds):
+        got = time_interleaved(fns, calls=calls, samples=1, warmup=0, clock=clock)
+        if r >= warmup:
+            for n, v in got.items():
+                out[n].extend(v)
+        if bar is not None:
+            bar.update()
+    if bar is not None:
+        bar.close()
+    return out
 
 
 def paired_ratios(num: Sequence[float], den: Sequence[float]) -> list[float]:

@@ -36,7 +36,6 @@ each method's time is its fixed cost; ours against one dense SDPA call on ``(8, 
 from __future__ import annotations
 
 import contextlib
-import sys
 import time
 from dataclasses import dataclass
 from typing import Any, Callable, Optional
@@ -218,23 +217,6 @@ def short(e: BaseException, limit: int = 160) -> str:
     return msg if len(msg) <= limit else msg[: limit - 1] + "…"
 
 
-def time_rounds(fns: dict[str, Callable[[], Any]], rounds: int, warmup: int, calls: int, clock, desc: str):
-    """``_harness.time_interleaved``, one round at a time, under a tqdm bar when tqdm is installed."""
-    tq = h.optional_import("tqdm")
-    bar = tq.tqdm(total=warmup + rounds, desc=desc, leave=False, file=sys.stderr) if tq else None
-    out: dict[str, list[float]] = {n: [] for n in fns}
-    for r in range(warmup + rounds):
-        got = h.time_interleaved(fns, calls=calls, samples=1, warmup=0, clock=clock)
-        if r >= warmup:
-            for n, v in got.items():
-                out[n].extend(v)
-        if bar is not None:
-            bar.update()
-    if bar is not None:
-        bar.close()
-    return out
-
-
 def check_and_prepare(methods: list[Method], case: Case, ref: list[torch.Tensor], skip: dict[str, str]):
     """{name: zero-argument timed call} for the methods that run and agree; notes and errors."""
     fns, notes, errs = {}, [], {}
@@ -272,7 +254,7 @@ def run_batch(b: int, methods: list[Method], args, clock) -> dict:
         skip["jagged"] = f"skipped at B > {args.jagged_max_b}: CPU math fallback, ~50 s per call at B = 512"
     fns, notes, errs = check_and_prepare(methods, case, ref, skip)
     rounds = args.rounds or (3 if args.quick else (15 if b <= 128 else 5))
-    samples = time_rounds(fns, rounds, args.warmup, 1, clock, desc=f"B={b}")
+    samples = h.time_rounds(fns, rounds, args.warmup, clock, desc=f"B={b}")
     res = {}
     pad, loop = samples.get("padded"), samples.get("loop")
     for n, s in samples.items():
@@ -313,7 +295,7 @@ def _run_tiny(methods: list[Method], args, clock) -> dict:
 
     fns = {"dense": dense_call, **fns}
     rounds = args.rounds or (5 if args.quick else 15)
-    samples = time_rounds(fns, rounds, args.warmup, 10 if args.quick else 20, clock, desc="tiny")
+    samples = h.time_rounds(fns, rounds, args.warmup, clock, desc="tiny", calls=10 if args.quick else 20)
     res = {}
     for n, s in samples.items():
         q25, med, q75 = h.quartiles(s)

@@ -294,23 +294,6 @@ def compare(layers, loss: float, ref_loss: float, ref_grads: dict, grad_tol: flo
 # --- eager --------------------------------------------------------------------------------------
 
 
-def time_rounds(fns: dict[str, Callable[[], Any]], rounds: int, warmup: int, clock, desc: str):
-    """``_harness.time_interleaved``, one round at a time, under a tqdm bar when tqdm is installed."""
-    tq = h.optional_import("tqdm")
-    bar = tq.tqdm(total=warmup + rounds, desc=desc, leave=False, file=sys.stderr) if tq else None
-    out: dict[str, list[float]] = {n: [] for n in fns}
-    for r in range(warmup + rounds):
-        got = h.time_interleaved(fns, calls=1, samples=1, warmup=0, clock=clock)
-        if r >= warmup:
-            for n, v in got.items():
-                out[n].extend(v)
-        if bar is not None:
-            bar.update()
-    if bar is not None:
-        bar.close()
-    return out
-
-
 def run_eager(layers, methods: list[Method], batch: Batch, args, clock) -> dict:
     ref_loss, ref_grads = reference(layers, batch)
     states, losses, notes, fns = {}, {}, [], {}
@@ -326,7 +309,7 @@ def run_eager(layers, methods: list[Method], batch: Batch, args, clock) -> dict:
         notes += [f"{m.name}: MISMATCH {p}" for p in problems]
         fns[m.name] = lambda m=m: step(layers, lambda s: m.loss(layers, s), states[m.name])
     rounds = args.rounds or (4 if args.quick else 15)
-    samples = time_rounds(fns, rounds, args.warmup, clock, desc="eager")
+    samples = h.time_rounds(fns, rounds, args.warmup, clock, desc="eager")
     pad, exp = samples.get("padded"), samples.get("explicit")
     res = {}
     for n, s in samples.items():

@@ -31,9 +31,8 @@ tokens alone through the blocks, no mask, float64): max |diff| ≤ 1e-4 · max |
 
 from __future__ import annotations
 
-import sys
 import time
-from typing import Any, Callable, Optional
+from typing import Optional
 
 import torch
 import torch.nn as nn
@@ -154,23 +153,6 @@ def reference(model: PrunedViT, images: torch.Tensor, keep: torch.Tensor) -> tor
 # --- timing and report --------------------------------------------------------------------------
 
 
-def time_rounds(fns: dict[str, Callable[[], Any]], rounds: int, warmup: int, clock, desc: str):
-    """``_harness.time_interleaved``, one round at a time, under a tqdm bar when tqdm is installed."""
-    tq = h.optional_import("tqdm")
-    bar = tq.tqdm(total=warmup + rounds, desc=desc, leave=False, file=sys.stderr) if tq else None
-    out: dict[str, list[float]] = {n: [] for n in fns}
-    for r in range(warmup + rounds):
-        got = h.time_interleaved(fns, calls=1, samples=1, warmup=0, clock=clock)
-        if r >= warmup:
-            for n, v in got.items():
-                out[n].extend(v)
-        if bar is not None:
-            bar.update()
-    if bar is not None:
-        bar.close()
-    return out
-
-
 def short(e: BaseException, limit: int = 200) -> str:
     lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
     msg = f"{type(e).__name__}: {lines[0] if lines else ''}"
@@ -243,7 +225,7 @@ def main() -> None:
             fns[name] = lambda f=f: f(model, images, keep, k_max)
         load0 = h.environment()["loadavg_1min"]
         t0 = time.perf_counter()
-        samples = time_rounds(fns, rounds, args.warmup, clock, desc=f"ViT B={b}")
+        samples = h.time_rounds(fns, rounds, args.warmup, clock, desc=f"ViT B={b}")
         wall = time.perf_counter() - t0
 
     pad = samples.get("padded")
