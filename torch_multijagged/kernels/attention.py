@@ -120,24 +120,24 @@ def _math_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropo
     return dq, dk, dv, ds
 
 
-def _flash_ok(q, v, keep, need_dbias) -> bool:
+def _flash_ok(q, v, keep, need_dbias, fused=True) -> bool:
     # torch's fused CPU kernel: no dropout, no gradient for the mask, one head size
     return (
         keep is None and not need_dbias and q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
-        and not _FORCE_MATH[0]
+        and fused
     )
 
 
-def _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p):
+def _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p, fused=True):
     """One padded batch ``(n, H, L, D)``: torch's fused CPU kernel when it applies."""
-    if _flash_ok(qb, vb, keep_b, False):
+    if _flash_ok(qb, vb, keep_b, False, fused):
         out, lse = _flash_fwd(qb, kb, vb, 0.0, causal, attn_mask=bias_b, scale=scale)
         return out, lse.to(_compute_dtype(qb.dtype))
     return _math_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p)
 
 
-def _dense_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropout_p, need_dbias):
-    if _flash_ok(qb, vb, keep_b, need_dbias):
+def _dense_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropout_p, need_dbias, fused=True):
+    if _flash_ok(qb, vb, keep_b, need_dbias, fused):
         # the fused kernel's own lse convention: a row with no visible key has lse 0, not -inf
         lse_k = torch.where(torch.isneginf(lse), torch.zeros((), dtype=lse.dtype), lse)
         dq, dk, dv = _flash_bwd(go, qb, kb, vb, ob, lse_k, 0.0, causal, attn_mask=bias_b, scale=scale)
@@ -370,9 +370,11 @@ def _host_lengths(cu):
 
 # ----------------------------------------------------------------------------- entry points
 def attention_bucketed(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None, causal=False,
-                       scale=None, dropout_p=0.0, *, buckets=None, slack=0.15, floor=4096, need_lse=True):
+                       scale=None, dropout_p=0.0, *, buckets=None, slack=0.15, floor=4096, need_lse=True,
+                       fused=True):
     """Forward by length buckets (NOTE [ Varlen attention contract ]); ``buckets`` overrides the plan.
-    ``need_lse=False`` (no backward will run) leaves ``lse`` uninitialised."""
+    ``need_lse=False`` (no backward will run) leaves ``lse`` uninitialised; ``fused=False`` uses
+    the padded math formula instead of torch's fused CPU kernel (the oracle's path)."""
     scale = _scale(q, scale)
     hq = q.shape[1]
     plan, covered = _buckets(cu_q, cu_k, buckets, slack, floor)
@@ -395,7 +397,7 @@ def attention_bucketed(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=Non
         kb, vb = _expand_heads(kb, hq), _expand_heads(vb, hq)
         bias_b = bk.bias(bias, bias_start, q.dtype)
         keep_b = bk.keep(keep, cs) if keep is not None else None
-        ob, lb = _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p)
+        ob, lb = _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p, fused)
         bk.scatter_q(out, ob)
         if need_lse:
             bk.scatter_q(lse.unsqueeze(-1), lb.unsqueeze(-1))
@@ -404,7 +406,7 @@ def attention_bucketed(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=Non
 
 def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias_start=None, keep=None,
                                 causal=False, scale=None, dropout_p=0.0, need_dbias=False, *, buckets=None,
-                                slack=0.15, floor=4096):
+                                slack=0.15, floor=4096, fused=True):
     scale = _scale(q, scale)
     hq, hk = q.shape[1], k.shape[1]
     ct = _compute_dtype(q.dtype)
@@ -423,7 +425,8 @@ def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, 
         lb = bk.gather_q(lse.unsqueeze(-1)).squeeze(-1)
         bias_b = bk.bias(bias, bias_start, q.dtype)
         keep_b = bk.keep(keep, cs) if keep is not None else None
-        gq, gk, gv, ds = _dense_backward(gb, qb, kb, vb, ob, lb, bias_b, keep_b, causal, scale, dropout_p, need_dbias)
+        gq, gk, gv, ds = _dense_backward(gb, qb, kb, vb, ob, lb, bias_b, keep_b, causal, scale, dropout_p, need_dbias,
+                                         fused)
         bk.add_q(dq, gq)
         bk.add_k(dk, _reduce_heads(gk, hk))
         bk.add_k(dv, _reduce_heads(gv, hk))
@@ -442,8 +445,8 @@ def attention_reference(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=No
     lq, lk = _host_lengths(cu_q), _host_lengths(cu_k)
     live = ((lq > 0) & (lk > 0)).nonzero().flatten()
     buckets = [live] if live.numel() else []
-    return _with_math(attention_bucketed, q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale,
-                      dropout_p, buckets=buckets)
+    return attention_bucketed(q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p,
+                              buckets=buckets, fused=False)
 
 
 def attention_reference_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias_start=None, keep=None,
@@ -451,19 +454,8 @@ def attention_reference_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None,
     lq, lk = _host_lengths(cu_q), _host_lengths(cu_k)
     live = ((lq > 0) & (lk > 0)).nonzero().flatten()
     buckets = [live] if live.numel() else []
-    return _with_math(attention_bucketed_backward, grad, q, k, v, out, lse, cu_q, cu_k, bias, bias_start, keep,
-                      causal, scale, dropout_p, need_dbias, buckets=buckets)
-
-
-_FORCE_MATH = [False]
-
-
-def _with_math(fn, *args, **kwargs):
-    prev, _FORCE_MATH[0] = _FORCE_MATH[0], True
-    try:
-        return fn(*args, **kwargs)
-    finally:
-        _FORCE_MATH[0] = prev
+    return attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias, bias_start, keep, causal, scale,
+                                       dropout_p, need_dbias, buckets=buckets, fused=False)
 
 
 def attention_loop(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None, causal=False,
