@@ -245,9 +245,7 @@ def _bias(mask, q: MJT, k: MJT, cu_q, cu_k, seg_sample):
     per = m.reshape(shape[0], *[shape[d] for d in qstat]).expand(q._partition.batch, *[shape[d] for d in qstat])
     ones = all(shape[d] == 1 for d in qstat)
     per = per.reshape(per.shape[0], 1) if ones else per.expand(per.shape[0], *qh).reshape(per.shape[0], hq)
-    blocks = (cu_q.diff() * cu_k.diff())
     # one block per segment, in segment order (the score layout)
-    starts = _exclusive_cumsum(blocks)
     rows = kattn.score_offsets(cu_q, cu_k)
     row_seg = torch.searchsorted(rows, torch.arange(_score_rows(q, k, rows), device=rows.device), right=True) - 1
     bias = per[seg_sample[row_seg]]
@@ -260,7 +258,7 @@ def _bias(mask, q: MJT, k: MJT, cu_q, cu_k, seg_sample):
         full = g.reshape(bsz, *[qh[qstat.index(d)] if (d in qstat and not ones) else 1 for d in range(1, n)])
         return full.sum_to_size(shape).reshape(mask_shape)
 
-    return bias, starts[:-1], restore
+    return bias, rows[:-1], restore
 
 
 def _score_rows(q: MJT, k: MJT, rows) -> int:
