@@ -38,6 +38,7 @@ __all__ = [
     "format_table",
     "environment",
     "write_json",
+    "print_footer",
 ]
 
 
@@ -252,3 +253,14 @@ def write_json(path: Optional[str], payload: Mapping[str, Any]) -> None:
     with open(path, "w") as f:
         json.dump({"environment": environment(), **payload}, f, indent=2, sort_keys=False)
         f.write("\n")
+
+
+def print_footer(goals: Sequence[str], env: Mapping[str, Any], malloc_note: Optional[str], load0, wall: float,
+                 mode: str = "", what: str = "s") -> None:
+    """The goals (reported, never asserted) and one line of environment: torch, threads, ``mode``
+    (e.g. ``", eager"``), malloc, the load average before → after, the git revision, the time."""
+    print("\nGoals (reported, not asserted):" if len(goals) != 1 else "\nGoal (reported, not asserted):")
+    for line in goals:
+        print("  " + line)
+    print(f"\ntorch {env['torch']}, {torch.get_num_threads()} thread(s){mode}; {malloc_note or 'default malloc'}; "
+          f"load avg {fmt(load0, 2)} → {fmt(env['loadavg_1min'], 2)}; git {env['git']}; {wall:.0f} {what}")

@@ -341,12 +341,8 @@ def main(args, parser, pb, c: int, cp: int, malloc_note: Optional[str]) -> None:
           "loss vs eager: round 0, relative to the same method eager")
     for reg, r in results.items():
         print_regime(reg, r)
-    print("\nGoals (reported, not asserted):")
     lines = goal_lines(results)
-    for line in lines:
-        print("  " + line)
-    print(f"\ntorch {env['torch']}, {torch.get_num_threads()} thread(s); {malloc_note or 'default malloc'}; "
-          f"load avg {h.fmt(load0, 2)} → {h.fmt(env['loadavg_1min'], 2)}; git {env['git']}; {wall:.0f} s")
+    h.print_footer(lines, env, malloc_note, load0, wall)
     h.write_json(args.json, {
         "benchmark": "pair_block --compile",
         "config": {"B": pb.B, "C": c, "Cp": cp, "expansion": 4, "batches": n_batches, "trace_seed": TRACE_SEED,

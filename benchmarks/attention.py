@@ -429,11 +429,7 @@ def main() -> None:
     if tiny is not None:
         print_tiny(tiny)
     goals = goal_lines(batches, tiny)
-    print("\nGoals (reported, not asserted):")
-    for line in goals:
-        print("  " + line)
-    print(f"\ntorch {env['torch']}, {torch.get_num_threads()} thread(s); {malloc_note or 'default malloc'}; "
-          f"load avg {h.fmt(load0, 2)} → {h.fmt(env['loadavg_1min'], 2)}; git {env['git']}; {wall:.0f} s")
+    h.print_footer(goals, env, malloc_note, load0, wall)
     h.write_json(args.json, {
         "benchmark": "attention",
         "config": {"H": H, "D": D, "lengths": LENGTHS, "batch": bs, "threads": torch.get_num_threads(),

@@ -554,11 +554,7 @@ def main() -> None:
     if compiled is not None:
         print_compiled(compiled)
     goals = goal_lines(eager, compiled)
-    print("\nGoals (reported, not asserted):")
-    for line in goals:
-        print("  " + line)
-    print(f"\ntorch {env['torch']}, {torch.get_num_threads()} thread(s); {malloc_note or 'default malloc'}; "
-          f"load avg {h.fmt(load0, 2)} → {h.fmt(env['loadavg_1min'], 2)}; git {env['git']}; {wall:.0f} s")
+    h.print_footer(goals, env, malloc_note, load0, wall)
     h.write_json(args.json, {
         "benchmark": "encoder",
         "config": {"C": C, "H": HEADS, "FFN": FFN, "B": B, "layers": args.layers, "lengths": LENGTHS,

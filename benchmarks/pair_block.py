@@ -644,11 +644,7 @@ def main() -> None:
         print_regime(regime, r, names)
     print(f"\nHost cost of one step with negligible arithmetic ({FLOOR_DESC}), min over {FLOOR_REPS} steps: "
           + ", ".join(f"{n} {v:.2f} ms" for n, v in floor.items()))
-    print("\nGoals (reported, not asserted):")
-    for line in goal_lines(results):
-        print("  " + line)
-    print(f"\ntorch {env['torch']}, {torch.get_num_threads()} thread(s), eager; {malloc_note or 'default malloc'}; "
-          f"load avg {h.fmt(load0, 2)} → {h.fmt(env['loadavg_1min'], 2)}; git {env['git']}; {wall:.0f} s")
+    h.print_footer(goal_lines(results), env, malloc_note, load0, wall, mode=", eager")
 
     payload_results = {k: {kk: vv for kk, vv in r.items() if not kk.startswith("_")} for k, r in results.items()}
     h.write_json(args.json, {

@@ -255,9 +255,7 @@ def main() -> None:
         print("  " + note)
     v = res["methods"].get("ours", {}).get("x_padded")
     goal = f"ours ≥ {GOAL}× padded (images/s): {h.fmt(v, 2)}× " + ("n/a" if v is None else ("ok" if v >= GOAL else "MISS"))
-    print("\nGoal (reported, not asserted):\n  " + goal)
-    print(f"\ntorch {env['torch']}, {torch.get_num_threads()} thread(s); {malloc_note or 'default malloc'}; "
-          f"load avg {h.fmt(load0, 2)} → {h.fmt(env['loadavg_1min'], 2)}; git {env['git']}; {wall:.0f} s timing")
+    h.print_footer([goal], env, malloc_note, load0, wall, what="s timing")
     h.write_json(args.json, {
         "benchmark": "vit_pruned",
         "config": {"img": IMG, "patch": PATCH, "width": WIDTH, "heads": HEADS, "depth": DEPTH, "mlp": MLP,
