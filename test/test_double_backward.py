@@ -199,22 +199,34 @@ def test_gradgrad_dense_constant_operand():
     assert gradgrad(lambda x: (x * w).tanh() + x * x * w, "lead")
 
 
+@pytest.mark.parametrize("fn", ["x * w", "x - x.mean(1, keepdim=True)", "x.unsqueeze(-2) * w"])
+def test_gradgrad_dense_operand_requiring_grad(fn):
+    """A dense operand requiring grad broadcast over ragged dims, differentiated twice: the eager
+    values path (NOTE [ Eager values path ]) records the broadcast as dense ops on the values."""
+    f = {
+        "x * w": lambda x, w: (x * w).tanh(),
+        "x - x.mean(1, keepdim=True)": lambda x, w: (x - x.mean(1, keepdim=True)) * w,
+        "x.unsqueeze(-2) * w": lambda x, w: (x.unsqueeze(-2) * w).sin(),
+    }[fn]
+    shape = (3, 3) if fn == "x.unsqueeze(-2) * w" else (3,)
+    assert gradgrad(f, "lead", _p(*shape))
+
+
 @pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
-    "known limitation: a dense operand *requiring grad* broadcast over ragged dims gets its "
-    "first-order gradient from the autograd engine's sum_to (a sum over the ragged dims); that "
-    "sum's own derivative expands a dense tensor to nested-int sizes, which aten refuses"))
+    "known limitation off the eager values path: a dense operand *requiring grad* broadcast over "
+    "ragged dims gets its first-order gradient from the autograd engine's sum_to (a sum over the "
+    "ragged dims); that sum's own derivative expands a dense tensor to nested-int sizes, which "
+    "aten refuses"))
 def test_gradgrad_dense_operand_requiring_grad_known_limitation():
-    assert gradgrad(lambda x, w: (x * w).tanh(), "lead", _p(3))
+    assert gradgrad(lambda x, w: torch.atan2(x, w), "lead", _p(3))
 
 
-@pytest.mark.parametrize("fn", ["x * w", "x - x.mean(1, keepdim=True)"])
-def test_dense_operand_double_backward_raises_a_clear_error(fn):
+def test_dense_operand_double_backward_raises_a_clear_error():
     """The known limitation above says what it is when the user's autograd call holds a
     multi_jagged tensor, instead of aten's bare "concrete integers" error; first order works."""
     x = mj.nested_tensor(comps_for([(3, 4), (0, 4), (2, 4)], 7)).requires_grad_()
     w = torch.randn(4, dtype=x.dtype, requires_grad=True)
-    f = {"x * w": lambda: (x * w).tanh(), "x - x.mean(1, keepdim=True)": lambda: (x - x.mean(1, keepdim=True)) * w}[fn]
-    gx, gw = torch.autograd.grad(f().values().pow(2).sum(), (x, w), create_graph=True)
+    gx, gw = torch.autograd.grad(torch.atan2(x, w).values().pow(2).sum(), (x, w), create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward .* dense operand"):
         torch.autograd.grad(gw.sum() + gx.values().sum(), (x, w))
 

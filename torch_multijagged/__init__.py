@@ -7,8 +7,20 @@ it. README.md lists the public API.
 
 from .errors import StructureError
 from .layout import multi_jagged
-from .tensor import MultiJaggedTensor
-from . import ops  # noqa: F401  (fills the op table)
+from .tensor import MultiJaggedTensor, install_op_table as _install_op_table
+from . import ops  # fills the op table
+from .ops import fastpath as _fastpath
+
+# The subclass's dispatch entry points find the op table here (NOTE [ Handler lookup ] in tensor.py).
+_install_op_table(
+    dispatch=ops.dispatch,
+    routes=ops.routes.ROUTES,
+    unify=ops.routes.unify_call,
+    guard_write=ops.views.guard_write,
+    reorder_copies=ops.views._REORDER_COPIES,
+    fast=_fastpath.FAST,
+    fast_enabled=_fastpath.enabled,
+)
 from .constructors import (
     as_nested_tensor,
     from_jagged,

@@ -11,8 +11,7 @@ import torch
 from .bridge import values_of, wrap_values
 from .kernels import reference as ref
 from .layout import multi_jagged
-from .ops import _common
-from .structure import Partition, RaggedExtent, _is_traced
+from .structure import Partition, RaggedExtent, _is_traced, register_partition
 from .tensor import MultiJaggedTensor
 
 __all__ = [
@@ -54,7 +53,7 @@ def _partition(host_sizes: torch.Tensor, device, offsets: Optional[torch.Tensor]
         p = Partition.from_extents(extents)
         if offsets is not None:
             p = Partition(p.extents, offsets, p.rows)
-    return _common.register_partition(p)
+    return register_partition(p)
 
 
 def _ragged_dims_tuple(op: str, ragged_dims) -> tuple[int, ...]:
@@ -349,7 +348,7 @@ def _from_serialized(values, offsets, extent_offsets, ragged_dims, requires_grad
         partition = Partition(extents, offsets, extents[0].total)
     else:
         partition = Partition(extents, offsets, rows)
-    return MultiJaggedTensor(values, _common.register_partition(partition), ragged_dims, requires_grad=requires_grad)
+    return MultiJaggedTensor(values, register_partition(partition), ragged_dims, requires_grad=requires_grad)
 
 
 def from_padded(

@@ -26,6 +26,41 @@ holds ragged coordinate ``(a_1..a_R)`` of sample i (row-major). For R = 1 the ro
 extent's offsets (the same tensor object). The partition is independent of where the ragged dims
 sit among the static dims and of the static sizes, so ``linear``, ``unsqueeze`` of a static dim or
 a reduction over static dims reuse it — and with it the index maps cached on it.
+
+NOTE [ Derived maps ]
+
+Everything computed from a partition alone — index maps, a device copy of its sizes, related
+partitions — is cached on it, in ``Partition.cache``, one entry per key, computed once and shared
+by every tensor with that partition: ops that keep the structure pass the partition object on,
+so a map built for one op serves the next (and ``partition_for`` gives tensors made by the same
+structural move the same partition object). The entries and their keys:
+
+====================================  ===========================================================
+key                                   value (method that builds it)
+====================================  ===========================================================
+``"sizes"``                           (B, R) int64 per-sample extents on the device (``device_sizes``)
+``"row_sample"``                      (T,) sample of every packed row (``row_sample``)
+``"row_coords"``                      ((T,) sample, (T, R) ragged coordinates) (``row_coords``)
+``("sub", keep)``                     the partition of the ragged dims ``keep`` alone (``map_to_sub``,
+                                      ``note_sub``)
+``("map", keep)``                     ``(index, sub)``: every row's row in that partition (``map_to_sub``)
+``("reorder", order)``                ``(index, partition)`` with ragged dims in ``order`` (``reorder_rows``)
+``"segments"``                        ``(cu, seg_sample)`` along the last ragged dim (``segments``)
+``("size_stride", rd, shape, st)``    a wrapper's logical (size, stride) (``logical_size_stride``)
+``("padded_pos", maxes)``             flat padded position of every row (ops/custom.py, ``derived``)
+``("diagonal_rows", pair)``           each row's diagonal cell in the square ``pair`` (ops/views.py)
+====================================  ===========================================================
+
+``derived(key, compute)`` is the one get-or-compute: ``compute(partition)`` runs on the first
+request of ``key``. The named methods are its common entries; the hot ones (called per op) inline
+the dict lookup to save a call. Op-specific maps use ``derived`` with a key listed above. Values
+are never None (None reads as "not computed"). A key holding symbolic sizes (while tracing) cannot
+be hashed: ``derived`` then computes without caching — traced partitions are rebuilt per trace
+anyway. The canonical partition of given extents is cached the same way on its first extent
+(``RaggedExtent.cache``, key ``("partition", *ids of the extents)``): ``partition_for``.
+
+This module builds maps with the pure-torch formulas of ``kernels/reference.py`` and knows
+nothing of the subclass or the op table.
 """
 
 from __future__ import annotations
@@ -35,7 +70,9 @@ from typing import Any, Optional, Sequence
 import torch
 from torch.nested._internal.nested_tensor import get_tensor_symint
 
-__all__ = ["RaggedExtent", "Partition", "same_extent"]
+from .kernels import reference as ref
+
+__all__ = ["RaggedExtent", "Partition", "same_extent", "partition_for", "register_partition"]
 
 
 def _mark_dynamic0(t: torch.Tensor) -> torch.Tensor:
@@ -72,8 +109,8 @@ class RaggedExtent:
         self.max_carrier = max_carrier
         self.sq_carrier = sq_carrier
         self._host_lengths = host_lengths
-        # Partitions whose first ragged dim has this extent, keyed by the extents' ids (see
-        # ``ops/_common.partition_for``).
+        # Partitions whose first ragged dim has this extent, keyed by ("partition", *ids of the
+        # extents) (``partition_for``; NOTE [ Derived maps ]).
         self.cache: dict[Any, Any] = {}
 
     @staticmethod
@@ -172,8 +209,7 @@ class Partition:
         self.extents = tuple(extents)
         self.offsets = offsets
         self.rows = rows
-        # Lazily built index maps and derived partitions, keyed by name; shared by every tensor
-        # with this partition.
+        # Derived maps: read and written through ``derived`` and the methods of NOTE [ Derived maps ].
         self.cache: dict[Any, Any] = {}
 
     @staticmethod
@@ -228,6 +264,150 @@ class Partition:
         return len(self.extents) == len(other.extents) and all(
             same_extent(a, b) for a, b in zip(self.extents, other.extents)
         )
+
+    # ------------------------------------------------------------ derived maps (NOTE [ Derived maps ])
+    def derived(self, key, compute):
+        """The cached value of ``key``, computing ``compute(self)`` on the first request."""
+        try:
+            hit = self.cache.get(key)
+        except TypeError:  # a key holding symbolic sizes (tracing, not hot): do not cache
+            return compute(self)
+        if hit is None:
+            hit = self.cache[key] = compute(self)
+        return hit
+
+    def device_sizes(self) -> torch.Tensor:
+        """``sizes()`` (the (B, R) per-sample extents on the device), cached."""
+        s = self.cache.get("sizes")
+        if s is None:
+            s = self.cache["sizes"] = self.sizes()
+        return s
+
+    def row_sample(self) -> torch.Tensor:
+        """(T,) sample of every packed row (cached)."""
+        s = self.cache.get("row_sample")
+        if s is None:
+            s = self.cache["row_sample"] = ref.row_sample(self.offsets, self.rows)
+        return s
+
+    def row_coords(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(sample (T,), coords (T, R))``: every packed row's sample and ragged coordinates (cached)."""
+        return self.derived("row_coords", _row_coords)
+
+    def map_to_sub(self, keep: tuple[int, ...]) -> tuple[torch.Tensor, "Partition"]:
+        """``(index, sub)``: the partition ``sub`` keeping ragged dims ``keep`` and, for every row,
+        its row in ``sub`` (``kernels.reference.row_map``). ``keep = ()`` maps rows to samples
+        (one row per sample). Cached; ``sub`` is the one ``note_sub`` recorded, if any."""
+        hit = self.cache.get(("map", keep))
+        if hit is not None:
+            return hit
+        sub = self.cache.get(("sub", keep))
+        if sub is None:
+            sub = partition_for([self.extents[k] for k in keep]) if keep else _batch_partition(self)
+            self.cache[("sub", keep)] = sub
+        if keep == tuple(range(self.nragged)):
+            index = torch.arange(self.rows, device=self.offsets.device)
+        elif not keep:
+            index = self.row_sample()
+        else:
+            index = ref.row_map(self.offsets, self.device_sizes(), self.rows, keep, sub.offsets)
+        hit = self.cache[("map", keep)] = (index, sub)
+        return hit
+
+    def note_sub(self, keep: tuple[int, ...], sub: "Partition") -> None:
+        """Record that ``sub`` (an operand's partition) is this partition restricted to ragged
+        dims ``keep``, so that a reduction back over the dropped dims returns ``sub`` itself (no
+        new nested int, docs/design.md §1). A partition already recorded stays."""
+        self.cache.setdefault(("sub", keep), sub)
+
+    def reorder_rows(self, order: tuple[int, ...]) -> tuple[torch.Tensor, "Partition"]:
+        """``(index, out)``: the partition ``out`` whose k-th ragged dim is this one's
+        ``order[k]``, and for every row of ``out`` the row of this partition it gathers (cached)."""
+        key = ("reorder", order)
+        hit = self.cache.get(key)
+        if hit is None:
+            out = partition_for([self.extents[k] for k in order])
+            index = ref.row_reorder(out.offsets, out.device_sizes(), out.rows, order, self.offsets)
+            hit = self.cache[key] = (index, out)
+        return hit
+
+    def segments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(cu, seg_sample)`` along the last ragged dim: every (sample, coordinates of the other
+        ragged dims) owns consecutive rows, a *segment*; ``cu (N+1,)`` are the segments' row
+        offsets (flash-attn's ``cu_seqlens``), ``seg_sample (N,)`` each segment's sample (cached)."""
+        return self.derived("segments", _segments)
+
+    def logical_size_stride(self, values: torch.Tensor, ragged_dims: tuple[int, ...]):
+        """The logical ``(size, stride)`` of a wrapper of ``values`` with this partition, cached:
+        every op builds one, and computing the nested ints (a weak-dict lookup each) dominated the
+        construction cost. Strides of ragged dims are the packed row stride (plain ints; nested
+        ints cannot be multiplied together)."""
+        key = ("size_stride", ragged_dims, values.shape[1:], values.stride())
+        try:
+            hit = self.cache.get(key)
+        except TypeError:  # symbolic sizes while tracing are unhashable; tracing is not hot
+            return _size_stride(self, values, ragged_dims)
+        if hit is None:
+            hit = self.cache[key] = _size_stride(self, values, ragged_dims)
+        return hit
+
+
+def partition_for(extents: Sequence[RaggedExtent]) -> Partition:
+    """The canonical partition of ``extents``, cached on the first extent so that tensors
+    created by the same structural move share it (and its derived maps)."""
+    extents = tuple(extents)
+    key = ("partition",) + tuple(id(e) for e in extents)
+    cache = extents[0].cache
+    hit = cache.get(key)
+    # The cached partition holds its extents, so their ids cannot have been reused.
+    if hit is not None and all(a is b for a, b in zip(hit.extents, extents)):
+        return hit
+    p = cache[key] = Partition.from_extents(extents)
+    return p
+
+
+def register_partition(p: Partition) -> Partition:
+    """Make ``p`` the canonical partition of its extents (constructors call this, so that a
+    structural move back to these extents returns ``p`` itself)."""
+    if p.extents:
+        p.extents[0].cache[("partition",) + tuple(id(e) for e in p.extents)] = p
+    return p
+
+
+def _batch_partition(p: Partition) -> Partition:
+    """One row per sample: what remains when every ragged dim is reduced."""
+    off = torch.arange(p.batch + 1, device=p.offsets.device, dtype=torch.int64)
+    return Partition((), off, p.batch)
+
+
+def _row_coords(p: Partition):
+    return ref.row_coords(p.offsets, p.device_sizes(), p.rows)
+
+
+def _segments(p: Partition):
+    if p.nragged == 1:
+        return p.offsets, torch.arange(p.batch, device=p.offsets.device)
+    sample = partition_for(p.extents[:-1]).row_sample()
+    return _exclusive_cumsum(p.extents[-1].lengths()[sample]), sample
+
+
+def _size_stride(p: Partition, values: torch.Tensor, ragged_dims: tuple[int, ...]):
+    ndim = len(ragged_dims) + values.dim()
+    size = [p.batch]
+    vstride = values.stride()
+    row = vstride[0] if values.dim() else 1
+    stride = [row]
+    k = s = 1
+    for d in range(1, ndim):
+        if k - 1 < len(ragged_dims) and ragged_dims[k - 1] == d:
+            size.append(p.extents[k - 1].nested_int)
+            stride.append(row)
+            k += 1
+        else:
+            size.append(values.shape[s])
+            stride.append(vstride[s])
+            s += 1
+    return tuple(size), tuple(stride)
 
 
 def _rows_of_product(extents: tuple[RaggedExtent, ...]):

@@ -14,8 +14,9 @@ Why not subclass NJT's ``NestedTensor``: dynamo requires that for the ``NestedTe
 NJT's code assumes a single ``_ragged_idx``. Why not the key at all: without it there is no
 ``CompositeImplicitAutogradNestedTensor`` kernel, so composite ops whose decomposition reshapes
 across the ragged dims (``linear``, ``matmul``, ``mean`` over a ragged dim, ``group_norm``) are
-*routed* in ``__torch_function__`` to ops that reach dispatch intact (``ops/routes.py``); the
-router never computes anything itself. ``docs/design.md`` records what was tried and measured.
+*routed* in ``__torch_function__`` to ops that reach dispatch intact (``ops/routes.py``) or to
+a computation on the packed values (``ops/bridged.py``); a route never computes anything itself.
+``docs/design.md`` records what was tried and measured.
 
 The logical size holds one nested int per ragged dim (NOTE [ Ragged extents and nested ints ]).
 Strides are plain ints (nested ints cannot be multiplied together) and carry no meaning beyond
@@ -37,38 +38,6 @@ from .structure import Partition, RaggedExtent, _is_traced
 __all__ = ["MultiJaggedTensor"]
 
 aten = torch.ops.aten
-
-
-def _outer_size_stride(values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...]):
-    """Logical (size, stride), cached on the partition: every op builds one, and computing the
-    nested ints (a weak-dict lookup each) dominated the construction cost."""
-    key = (ragged_dims, values.shape[1:], values.stride())
-    try:
-        hit = partition.cache.get(key)
-    except TypeError:  # symbolic sizes while tracing are unhashable; tracing is not hot
-        return _compute_size_stride(values, partition, ragged_dims)
-    if hit is None:
-        hit = partition.cache[key] = _compute_size_stride(values, partition, ragged_dims)
-    return hit
-
-
-def _compute_size_stride(values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...]):
-    ndim = len(ragged_dims) + values.dim()
-    size = [partition.batch]
-    vstride = values.stride()
-    row = vstride[0] if values.dim() else 1
-    stride = [row]
-    k = s = 1
-    for d in range(1, ndim):
-        if k - 1 < len(ragged_dims) and ragged_dims[k - 1] == d:
-            size.append(partition.extents[k - 1].nested_int)
-            stride.append(row)
-            k += 1
-        else:
-            size.append(values.shape[s])
-            stride.append(vstride[s])
-            s += 1
-    return tuple(size), tuple(stride)
 
 
 @functools.lru_cache(maxsize=1)
@@ -104,7 +73,7 @@ def _rebuild(values, offsets, extent_offsets, ragged_dims, requires_grad):
 
 # Attributes set by ``__new__``; with torch's size/stride caches (``_sym_*``) they are the wrapper's
 # internal state, rebuilt from ``_rebuild``'s arguments and never serialized.
-_INTERNAL_ATTRS = frozenset({"_values", "_partition", "_ragged_dims", "_size", "_strides"})
+_INTERNAL_ATTRS = frozenset({"_values", "_partition", "_ragged_dims", "_size", "_strides", "_vgraph", "_retained"})
 
 
 def _is_internal_attr(name: str, value) -> bool:
@@ -137,7 +106,7 @@ class MultiJaggedTensor(torch.Tensor):
         *,
         requires_grad: bool = False,
     ):
-        size, stride = _outer_size_stride(values, partition, ragged_dims)
+        size, stride = partition.logical_size_stride(values, ragged_dims)
         r = torch.Tensor._make_wrapper_subclass(
             cls,
             size,
@@ -197,11 +166,9 @@ class MultiJaggedTensor(torch.Tensor):
         dim, and every (sample, coordinates of the other ragged dims) is one sequence of
         consecutive packed rows. For ``(B, j0, C)`` or ``(B, H, j0, D)`` this is ``offsets()``; for
         a pair ``(B, j0, j0, C)`` each row of each sample is a sequence."""
-        from .ops.attention import segments
-
         if not self._ragged_dims:
             raise ValueError("cu_seqlens(): expected a tensor with a ragged dim")
-        return segments(self)[0].to(dtype)
+        return self._partition.segments()[0].to(dtype)
 
     def max_seqlen(self) -> int:
         """The longest sequence of ``cu_seqlens()``: the max size of the last ragged dim (no sync)."""
@@ -381,6 +348,12 @@ class MultiJaggedTensor(torch.Tensor):
             # except where a tensor is held by identity (NOTE [ Equal sizes, different nested
             # ints ] in ops/routes.py).
             args, kwargs = _unify(func, args, kwargs)
+        fast = _FAST.get(func)
+        if fast is not None and _fast_enabled():
+            # NOTE [ Eager values path ] in ops/fastpath.py
+            result = fast(*args, **(kwargs or {}))
+            if result is not NotImplemented:
+                return result
         route = _ROUTES.get(func)
         if route is not None:
             result = route(*args, **(kwargs or {}))
@@ -420,10 +393,44 @@ def _copy_partition(p: Partition, memo: dict) -> Partition:
 torch.serialization.add_safe_globals([_rebuild, MultiJaggedTensor])
 
 
-# Bound by ``ops/__init__.py`` once the op table exists (ops/ imports this module, not the
-# reverse, so the layering of CONTRIBUTING.md holds).
+# NOTE [ Handler lookup ]
+#
+# The two dispatch entry points above look up per op, in these five module globals: the routes
+# of ``__torch_function__`` (``ops/routes.py``: ``ROUTES``, and ``unify_call`` for operands with
+# equal sizes but other nested ints), and for ``__torch_dispatch__`` the op table's ``dispatch``
+# (``ops/__init__.py``) with the write guard for reordered copies (``ops/views.py``). This module
+# sits below ``ops/`` (ops/ imports it, never the reverse: CONTRIBUTING.md, Layering), so the op
+# table is handed in once, by the package's ``__init__.py`` calling ``install_op_table`` after it
+# has imported ``ops``. Plain globals, not a lookup through a registry object: these are the
+# hottest lines of the package, and a global costs one dict read per call.
+
+
+def _no_op_table(func, args, kwargs):
+    raise RuntimeError(
+        f"{func}: the multi_jagged op table is not installed (import torch_multijagged, whose __init__ "
+        "installs it; NOTE [ Handler lookup ] in torch_multijagged/tensor.py)"
+    )
+
+
+def _unify_nothing(func, args, kwargs):
+    return args, kwargs
+
+
 _ROUTES: dict = {}
-_dispatch = None
-_unify = None
-_guard_write = None
-_reorder_copies: dict = {}  # ops/views.py's live registry of reordered copies (the same dict)
+_FAST: dict = {}
+_fast_enabled = bool
+_dispatch = _no_op_table
+_unify = _unify_nothing
+_guard_write = _no_op_table
+_reorder_copies: dict = {}  # the live registry of reordered copies (the same dict object as views')
+
+
+def install_op_table(*, dispatch, routes: dict, unify, guard_write, reorder_copies: dict, fast: dict = None,
+                     fast_enabled=None) -> None:
+    """Bind the op table's entry points (NOTE [ Handler lookup ]); called once by the package's
+    ``__init__.py``. ``routes`` and ``reorder_copies`` are the live dicts, not copies."""
+    global _ROUTES, _dispatch, _unify, _guard_write, _reorder_copies, _FAST, _fast_enabled
+    if fast is not None:
+        _FAST, _fast_enabled = fast, fast_enabled
+    _ROUTES, _dispatch, _unify = routes, dispatch, unify
+    _guard_write, _reorder_copies = guard_write, reorder_copies

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["row_sample", "row_coords", "row_map", "segment_reduce", "segment_softmax"]
+__all__ = ["row_sample", "row_coords", "row_map", "segment_reduce", "segment_softmax", "segment_softmax_backward"]
 
 
 def row_sample(offsets: torch.Tensor, rows) -> torch.Tensor:
@@ -87,8 +87,11 @@ def segment_reduce(
 ) -> torch.Tensor:
     """Reduce rows of ``values`` (T, *F) into ``out_rows`` rows by ``index`` (T,).
 
-    ``reduce``: "sum", "amax", "amin" or "prod". Output rows that receive no row hold ``empty``
-    (pass the reduction's identity; amax/amin have none, so the caller decides)."""
+    ``reduce``: "sum", "amax", "amin", "prod", "mean" or "logsumexp". Output rows that receive no
+    row hold ``empty`` (pass the reduction's identity; amax/amin have none, so the caller
+    decides; dense torch gives NaN for an empty mean and -inf for an empty logsumexp)."""
+    if reduce in ("mean", "logsumexp"):
+        return _segment_mean_logsumexp(values, index, out_rows, reduce, empty)
     out_shape = (out_rows, *values.shape[1:])
     if reduce == "sum" and isinstance(out_rows, int) and out_rows == 1:
         # one segment (a reduction over the batch): a plain sum. Inductor's CPU code generation
@@ -110,6 +113,27 @@ def segment_softmax(values: torch.Tensor, index: torch.Tensor, out_rows, log: bo
     e = z.exp()
     s = segment_reduce(e, index, out_rows, "sum")[index]
     return z - s.log() if log else e / s
+
+
+def segment_softmax_backward(grad: torch.Tensor, out: torch.Tensor, index: torch.Tensor, out_rows,
+                             log: bool = False) -> torch.Tensor:
+    """Input gradient of ``segment_softmax`` from the output gradient ``grad`` and the output
+    ``out`` (both (T, *F)): ``y·(g - Σ g·y)``, or ``g - exp(y)·Σ g`` for log_softmax."""
+    if log:
+        return grad - out.exp() * segment_reduce(grad, index, out_rows, "sum")[index]
+    return out * (grad - segment_reduce(grad * out, index, out_rows, "sum")[index])
+
+
+def _segment_mean_logsumexp(values, index, out_rows, reduce: str, empty):
+    count = values.new_zeros(out_rows).index_add(0, index, values.new_ones(values.shape[0]))
+    count = count.view(-1, *([1] * (values.dim() - 1)))
+    if reduce == "mean":
+        out = segment_reduce(values, index, out_rows, "sum") / count
+    else:  # an infinite max is taken as 0 (so +inf gives +inf, not NaN)
+        m = segment_reduce(values.detach(), index, out_rows, "amax", empty=float("-inf"))
+        m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+        out = segment_reduce((values - m[index]).exp(), index, out_rows, "sum").log() + m
+    return torch.where(count > 0, out, torch.full_like(out, empty))
 
 
 def storage_perm(ndim: int, ragged_dims: tuple[int, ...]) -> tuple[list[int], list[int]]:
@@ -154,3 +178,51 @@ def unpack_components(
     for piece, ns in zip(values.split(counts, 0), host_sizes.tolist()):
         out.append(piece.reshape(*ns, *static).permute(to_logical))
     return out
+
+
+# ----------------------------------------------------------------------------- pair broadcast, padding
+# Twins of ``kernels/pair_triton.py`` and ``kernels/padding_triton.py`` (dispatch in
+# ``compile/triton_pair.py``); differentiable by ordinary autograd.
+_PAIR_COMBINE = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}
+
+
+def pair_combine(left: torch.Tensor, right: torch.Tensor, li: torch.Tensor, ri: torch.Tensor, op: str) -> torch.Tensor:
+    """``left[li] ∘ right[ri]`` (``op``: "add", "sub" or "mul"): ``left`` (L, *F), ``right``
+    (R, *F), ``li``/``ri`` (T,) int64 row maps (``row_map``), result (T, *F)."""
+    return _PAIR_COMBINE[op](left.index_select(0, li), right.index_select(0, ri))
+
+
+def pair_add_layer_norm(left, right, li, ri, weight, bias, eps: float) -> torch.Tensor:
+    """``layer_norm(left[li] + right[ri])`` over the last dim (the sum is rounded to the inputs'
+    dtype first, as the unfused ops do)."""
+    x = left.index_select(0, li) + right.index_select(0, ri)
+    return torch.nn.functional.layer_norm(x, (x.shape[-1],), weight, bias, eps)
+
+
+def padded_positions(offsets: torch.Tensor, sizes: torch.Tensor, rows, maxes) -> torch.Tensor:
+    """(T,) flat cell of every packed row in the padded ``(B, *maxes)`` envelope."""
+    sample, coords = row_coords(offsets, sizes, rows)
+    pos = sample
+    for k, m in enumerate(maxes):
+        pos = pos * m + coords[:, k]
+    return pos
+
+
+def to_padded_rows(values: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, maxes, padding) -> torch.Tensor:
+    """``(B, *maxes, *F)``: the rows of ``values`` (T, *F) at their cells, ``padding`` elsewhere."""
+    b = offsets.shape[0] - 1
+    cells = b
+    for m in maxes:
+        cells = cells * m
+    static = values.shape[1:]
+    flat = values.new_full((cells, *static), padding)
+    flat = flat.index_copy(0, padded_positions(offsets, sizes, values.shape[0], maxes), values)
+    return flat.reshape(b, *maxes, *static)
+
+
+def from_padded_rows(padded: torch.Tensor, offsets: torch.Tensor, sizes: torch.Tensor, rows) -> torch.Tensor:
+    """``(rows, *F)``: the real cells of ``padded`` (B, M_1..M_R, *F) as packed rows."""
+    r = sizes.shape[1]
+    # flatten, not reshape(-1, …): with a zero-size static dim, -1 is ambiguous
+    flat = padded.flatten(0, r)
+    return flat.index_select(0, padded_positions(offsets, sizes, rows, padded.shape[1:1 + r]))

@@ -8,8 +8,9 @@ kind ``mjt`` (a MultiJaggedTensor), ``t`` (a dense tensor), ``any``; a trailing 
 argument optional and a final ``...`` admits further unchecked arguments. Handlers are named
 after the aten overload (``sum_dim_IntList``) and receive ``(func, *args, **kwargs)``.
 
-Lookup: the table, then the pointwise tag (``pointwise.py``), then ``NotImplementedError``
-naming the op and the layout. There is no per-sample fallback.
+Lookup (``dispatch``, which ``MultiJaggedTensor.__torch_dispatch__`` calls: NOTE [ Handler
+lookup ] in tensor.py): the table, then the pointwise tag (``pointwise.py``), then
+``NotImplementedError`` naming the op and the layout. There is no per-sample fallback.
 """
 
 from __future__ import annotations
@@ -138,10 +139,6 @@ def dispatch(func, args, kwargs):
 from . import metadata, pointwise, factory, views, reductions, nn, custom, attention, mha  # noqa: E402,F401
 from . import routes  # noqa: E402,F401
 
-from .. import tensor as _tensor  # noqa: E402
-
-_tensor._ROUTES = routes.ROUTES
-_tensor._dispatch = dispatch
-_tensor._unify = routes.unify_call
-_tensor._guard_write = views.guard_write
-_tensor._reorder_copies = views._REORDER_COPIES
+# The subclass reaches ``dispatch``, ``routes.ROUTES``, ``routes.unify_call`` and
+# ``views.guard_write`` through ``tensor.install_op_table``, which the package's __init__ calls
+# (NOTE [ Handler lookup ] in tensor.py).

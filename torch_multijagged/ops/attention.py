@@ -36,9 +36,9 @@ from ..compile import attention as cattn
 from ..compile.attention import BACKENDS, backend  # noqa: F401  (public: re-exported)
 from ..errors import StructureError
 from ..kernels import attention as kattn
-from ..structure import _is_traced, same_extent
+from ..structure import _is_traced, partition_for, same_extent
 from . import register_multi_jagged_func
-from ._common import MJT, describe, partition_for, row_sample, static_dims, wrap
+from ._common import MJT, describe, static_dims, wrap
 from .routes import _call, _needs_grad, route
 
 __all__ = ["backend", "BACKENDS", "segments"]
@@ -48,28 +48,11 @@ _OP = "scaled_dot_product_attention"
 
 
 # ----------------------------------------------------------------------------- segments
-def _exclusive_cumsum(n: torch.Tensor) -> torch.Tensor:
-    out = n.new_zeros(n.shape[0] + 1)
-    torch.cumsum(n, 0, out=out[1:])
-    return out
-
-
 def segments(x: MJT):
     """``(cu, seg_sample)`` of ``x`` attending along its last ragged dim: ``cu (N+1,)`` the
-    segments' row offsets (flash-attn's ``cu_seqlens``), ``seg_sample (N,)`` each segment's sample.
-    Cached on the partition."""
-    p = x._partition
-    hit = p.cache.get("attn_segments")
-    if hit is not None:
-        return hit
-    if p.nragged == 1:
-        hit = (p.offsets, torch.arange(p.batch, device=p.offsets.device))
-    else:
-        sub = partition_for(p.extents[:-1])
-        sample = row_sample(sub)
-        hit = (_exclusive_cumsum(p.extents[-1].lengths()[sample]), sample)
-    p.cache["attn_segments"] = hit
-    return hit
+    segments' row offsets (flash-attn's ``cu_seqlens``), ``seg_sample (N,)`` each segment's sample
+    (``Partition.segments``, cached on the partition)."""
+    return x._partition.segments()
 
 
 # ----------------------------------------------------------------------------- route
@@ -278,13 +261,8 @@ def _block_starts(mask: MJT, q: MJT, cu_q, cu_k, seg_sample):
         return mask._partition.offsets[seg_sample]
     # a mask over some of the batch ragged dims: map each segment (a row of q's batch sub-partition)
     # to the row of the mask's batch sub-partition, whose block has Lq_i·Lk_i rows
-    from ..kernels import reference as ref
-
     p = q._partition
-    sub = partition_for(p.extents[:-1])
-    msub = partition_for([p.extents[i] for i in kept])
-    sizes = sub.sizes()
-    idx = ref.row_map(sub.offsets, sizes, sub.rows, kept, msub.offsets)
+    idx, msub = partition_for(p.extents[:-1]).map_to_sub(tuple(kept))
     local = idx - msub.offsets[seg_sample]
     return mask._partition.offsets[seg_sample] + local * lq * lk
 

@@ -6,9 +6,10 @@ import torch
 import torch.nn.functional as F
 
 from ..compile import library  # noqa: F401  (defines the ops)
+from ..compile.kernel_choice import use_triton
 from ..kernels import reference as ref
 from . import register_multi_jagged_func
-from ._common import MJT, device_sizes, wrap
+from ._common import MJT, wrap
 
 mj = torch.ops.multijagged
 
@@ -59,18 +60,17 @@ def pack_like_default(func, components, like):
 
 
 def _padded_positions(x: MJT, maxes: list[int]) -> torch.Tensor:
-    """Flat position in the padded ``(B, *maxes)`` ragged envelope of every packed row."""
-    p = x._partition
-    key = ("padded_pos", tuple(maxes))
-    hit = p.cache.get(key)
-    if hit is not None:
-        return hit
-    sample, coords = ref.row_coords(p.offsets, device_sizes(p), p.rows)
-    pos = sample
-    for k, m in enumerate(maxes):
-        pos = pos * m + coords[:, k]
-    p.cache[key] = pos
-    return pos
+    """Flat position in the padded ``(B, *maxes)`` ragged envelope of every packed row (cached
+    on the partition, NOTE [ Derived maps ])."""
+
+    def compute(p):
+        sample, coords = p.row_coords()
+        pos = sample
+        for k, m in enumerate(maxes):
+            pos = pos * m + coords[:, k]
+        return pos
+
+    return x._partition.derived(("padded_pos", tuple(maxes)), compute)
 
 
 def _envelope(x: MJT, output_size):
@@ -92,12 +92,18 @@ def to_padded_default(func, x, padding, output_size=None):
     p = x._partition
     maxes = _envelope(x, output_size)
     static = x._values.shape[1:]
-    cells = p.batch
-    for m in maxes:
-        cells = cells * m
-    flat = x._values.new_full((cells, *static), padding)
-    flat = flat.index_copy(0, _padded_positions(x, maxes), x._values)
-    out = flat.reshape(p.batch, *maxes, *static)
+    if x._ragged_dims and use_triton(x._values):
+        # one pass writing every cell, no row map (NOTE [ Padded cells and packed rows ])
+        from ..compile.triton_pair import to_padded_rows
+
+        out = to_padded_rows(x._values, p.offsets, p.device_sizes(), maxes, padding)
+    else:
+        cells = p.batch
+        for m in maxes:
+            cells = cells * m
+        flat = x._values.new_full((cells, *static), padding)
+        flat = flat.index_copy(0, _padded_positions(x, maxes), x._values)
+        out = flat.reshape(p.batch, *maxes, *static)
     # storage order (B, ragged…, static…) → logical order
     _, to_logical = ref.storage_perm(len(x._size), x._ragged_dims)
     out = out.permute(0, *[d + 1 for d in to_logical])
@@ -121,6 +127,10 @@ def from_padded_like_default(func, padded, like):
     expected = tuple(like._values.shape[1:])
     if tuple(static) != expected:
         stor = stor[(slice(None),) * (1 + len(maxes)) + tuple(slice(0, s) for s in expected)]
+    if like._ragged_dims and use_triton(stor):
+        from ..compile.triton_pair import from_padded_rows
+
+        return wrap(from_padded_rows(stor, p.offsets, p.device_sizes(), p.rows), p, like._ragged_dims)
     # flatten, not reshape(-1, …): with a zero-size static dim, -1 is ambiguous (0 elements).
     flat = stor.flatten(0, len(maxes))
     return wrap(flat.index_select(0, _padded_positions(like, maxes)), p, like._ragged_dims)

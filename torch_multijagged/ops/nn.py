@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import register_multi_jagged_func
+from . import bridged, register_multi_jagged_func
 from ._common import MJT, describe, static_dims, wrap
 from .routes import _dense, _needs_grad, route
 
@@ -94,17 +94,13 @@ def _bridged(input, *params) -> bool:
 def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     if not _bridged(input, weight, bias):
         return NotImplemented
-    from ..bridge import values_of, wrap_values_like
-
     _check_trailing("layer_norm", input, normalized_shape)
-    return wrap_values_like(F.layer_norm(values_of(input), normalized_shape, weight, bias, eps), input)
+    return bridged.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
 @route(F.rms_norm)
 def _rms_norm(input, normalized_shape, weight=None, eps=None):
     if not _bridged(input, weight):
         return NotImplemented
-    from ..bridge import values_of, wrap_values_like
-
     _check_trailing("rms_norm", input, normalized_shape)
-    return wrap_values_like(F.rms_norm(values_of(input), normalized_shape, weight, eps), input)
+    return bridged.rms_norm(input, normalized_shape, weight, eps)

@@ -14,7 +14,7 @@ Operands are aligned on logical dims (dense operands right-aligned, as in torch)
 So ``(B, j0, 1, C) + (B, 1, j0, C)`` creates the square pair ``(B, j0, j0, C)`` (both pair dims
 carry the operands' extent ``j0``), and ``(B, j0, 1, C) * (B, 1, j1, C)`` the rectangular one.
 An operand whose ragged dims are a subset of the output's is *gathered* into the output rows
-with the cached row map (``map_to_sub``); its size-1 dims at the new ragged positions vanish.
+with the cached row map (``Partition.map_to_sub``); its size-1 dims at the new ragged positions vanish.
 Two tensors that merely pack to the same number of rows — ``(2, 6, C)`` and ``(3, 4, C)`` — never
 combine: extents are compared, not row counts.
 """
@@ -23,8 +23,9 @@ from __future__ import annotations
 
 import torch
 
-from ..structure import same_extent
-from ._common import MJT, describe, map_to_sub, note_sub, partition_for, row_sample, static_dims, wrap
+from ..compile.kernel_choice import use_triton
+from ..structure import partition_for, same_extent
+from ._common import MJT, describe, static_dims, wrap
 from ..errors import StructureError
 from . import op_name, register_multi_jagged_func
 
@@ -92,7 +93,12 @@ def pointwise(func, *args, **kwargs):
         if kind == 1:
             return _inplace(func, args, new_args, kwargs)
         return wrap(func(*new_args, **kwargs), ref._partition, ref._ragged_dims)
-    partition, ragged_dims, new_args = _broadcast(func, args)
+    partition, ragged_dims, out_static = _out_structure(func, args)
+    if kind == 0 and func in _PAIR_OPS and not kwargs and use_triton(ref._values):
+        out = _pair_kernel(func, args, partition, ragged_dims, out_static)
+        if out is not None:
+            return out
+    new_args = _align(func, args, partition, ragged_dims, out_static)
     if kind == 1:
         self = args[0]
         if not isinstance(self, MJT) or self._ragged_dims != ragged_dims or self._partition is not partition:
@@ -109,8 +115,8 @@ def _inplace(func, args, new_args, kwargs):
     return self
 
 
-def _broadcast(func, args):
-    """Output partition, ragged dims and the operands' values aligned to the output rows."""
+def _out_structure(func, args):
+    """Output partition, ragged dims and static dims of a broadcast (checked)."""
     tensors = [a for a in args if isinstance(a, torch.Tensor)]
     mjts = [a for a in tensors if isinstance(a, MJT)]
     ndim = len(mjts[0]._size)
@@ -149,16 +155,40 @@ def _broadcast(func, args):
     out_dims = tuple(out_dims)
     partition = _output_partition(mjts, out_dims, extents)
     out_static = static_dims(ndim, out_dims)
+    return partition, out_dims, out_static
 
+
+def _align(func, args, partition, out_dims, out_static):
+    """The operands' values aligned to the output rows."""
+    ndim = len(next(a for a in args if isinstance(a, MJT))._size)
     new_args = []
     for a in args:
         if isinstance(a, MJT):
             new_args.append(_align_mjt(a, partition, out_dims, out_static))
         elif isinstance(a, torch.Tensor):
-            new_args.append(_align_dense(func, args, a, partition, ndim, out_static, batch))
+            new_args.append(_align_dense(func, args, a, partition, ndim, out_static, partition.batch))
         else:
             new_args.append(a)
-    return partition, out_dims, new_args
+    return new_args
+
+
+# add/sub/mul of two operands that are both gathered into new rows (a pair from singles): one
+# Triton launch gathers and combines (compile/triton_pair.py), where the default path writes
+# both gathers out first.
+_PAIR_OPS = {aten.add.Tensor: "add", aten.sub.Tensor: "sub", aten.mul.Tensor: "mul"}
+
+
+def _pair_kernel(func, args, partition, out_dims, out_static):
+    """``x ∘ y`` through the pair kernel, or None where it does not apply (an operand not
+    gathered, or the operands' dtypes or static shapes differ: those broadcast as usual)."""
+    if len(args) != 2 or not all(isinstance(a, MJT) and a._ragged_dims != out_dims for a in args):
+        return None
+    (left, li), (right, ri) = (_align_mjt(a, partition, out_dims, out_static, gather=False) for a in args)
+    if left.dtype != right.dtype or left.shape[1:] != right.shape[1:]:
+        return None
+    from ..compile.triton_pair import pair_combine  # imports triton: only on this path
+
+    return wrap(pair_combine(left, right, li, ri, _PAIR_OPS[func]), partition, out_dims)
 
 
 def _output_partition(mjts, out_dims, extents):
@@ -170,22 +200,26 @@ def _output_partition(mjts, out_dims, extents):
     p = partition_for(extents)
     for m in mjts:
         keep = tuple(out_dims.index(d) for d in m._ragged_dims)
-        note_sub(p, keep, m._partition)
+        p.note_sub(keep, m._partition)
     return p
 
 
-def _align_mjt(m: MJT, partition, out_dims, out_static):
+def _align_mjt(m: MJT, partition, out_dims, out_static, gather: bool = True):
+    """m's values aligned to the output rows; with ``gather=False``, ``(values, index)``: the
+    rows not yet gathered and the row map (None where m already has the output's rows)."""
     vals = m._values
+    index = None
     if m._ragged_dims != out_dims:
         keep = tuple(out_dims.index(d) for d in m._ragged_dims)
-        index, _ = map_to_sub(partition, keep)
-        vals = vals.index_select(0, index)
+        index, _ = partition.map_to_sub(keep)
+        if gather:
+            vals = vals.index_select(0, index)
     # Drop m's size-1 static dims that sit where the output is ragged.
     m_static = static_dims(len(m._size), m._ragged_dims)
     if len(m_static) != len(out_static):
         keep_dims = [i + 1 for i, d in enumerate(m_static) if d in out_static]
         vals = vals.reshape(vals.shape[0], *[vals.shape[i] for i in keep_dims])
-    return vals
+    return vals if gather else (vals, index)
 
 
 def _align_dense(func, args, t: torch.Tensor, partition, ndim, out_static, batch):
@@ -195,7 +229,7 @@ def _align_dense(func, args, t: torch.Tensor, partition, ndim, out_static, batch
         raise _error(func, args, f"a dense operand has size {t.shape[0]} along the batch dim, expected {batch} or 1")
     kept = [t.shape[d - lead] if d - lead >= 0 else 1 for d in out_static]
     if spans_batch:
-        t = t.reshape(batch, *kept).index_select(0, row_sample(partition))
+        t = t.reshape(batch, *kept).index_select(0, partition.row_sample())
         return t
     return t.reshape(1, *kept) if t.dim() else t
 

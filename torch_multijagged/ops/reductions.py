@@ -4,7 +4,7 @@ NOTE [ Reducing ragged dims ]
 
 A reduction over ``dims`` is planned once (``_plan``): the static dims go to the values' dims
 (``vdims``); the reduced ragged dims map every packed row to its row in the sub-partition that
-keeps the other ragged dims (``map_to_sub``), where rows are scatter-reduced (``segment_reduce``).
+keeps the other ragged dims (``Partition.map_to_sub``), where rows are scatter-reduced (``segment_reduce``).
 A pair built from singles recorded the singles' partition as that sub-partition, so
 ``pair.sum(dim=-2)`` returns tensors with the singles' own partition and nested int. Reducing
 every ragged dim leaves one row per sample: a dense ``(B, …)`` result, as ``torch.jagged`` gives
@@ -32,10 +32,11 @@ from __future__ import annotations
 import torch
 
 from ..compile import library  # noqa: F401  (defines multijagged::reduce*)
+from ..compile import segment as seg
 from ..errors import StructureError
 from ..kernels import reference as ref
 from . import op_name, register_multi_jagged_func
-from ._common import MJT, canonical_dim, describe, map_to_sub, static_dims, wrap
+from ._common import MJT, canonical_dim, describe, static_dims, wrap
 
 aten = torch.ops.aten
 mj = torch.ops.multijagged
@@ -65,7 +66,7 @@ class _Plan:
             self.index, self.sub, self.rows = p.offsets.new_zeros(p.rows), None, 1
         elif self.red_r:
             keep = tuple(k for k in range(len(x._ragged_dims)) if k not in self.red_r)
-            self.index, self.sub = map_to_sub(p, keep)
+            self.index, self.sub = p.map_to_sub(keep)
             self.rows = self.sub.rows
         else:
             self.index, self.sub, self.rows = None, p, p.rows
@@ -79,7 +80,7 @@ class _Plan:
             c = torch.full((1,), float(n), dtype=x._values.dtype, device=x._values.device)
         else:
             ones = x._values.new_ones(x._values.shape[0])
-            c = ref.segment_reduce(ones, self.index, self.rows, "sum") * n
+            c = seg.segment_reduce(ones, self.index, self.rows, "sum") * n
         return c.reshape(-1, *([1] * (x._values.dim() - 1)))
 
 
@@ -116,7 +117,7 @@ def _forward_k(plan: _Plan, x: MJT, v: torch.Tensor, kind: str) -> torch.Tensor:
         v = v.to(torch.uint8) if v.dtype == torch.bool else (v != 0).to(torch.uint8)
     v = _static_reduce(v, plan.vdims, {"any": "amax", "all": "amin"}.get(kind, kind))
     if plan.index is not None:
-        v = ref.segment_reduce(v, plan.index, plan.rows, _SEGMENT[kind], empty=_empty_value(kind, v.dtype))
+        v = seg.segment_reduce(v, plan.index, plan.rows, _SEGMENT[kind], empty=_empty_value(kind, v.dtype))
     if kind in ("any", "all"):  # bool, except uint8 in → uint8 out (dense torch's legacy rule)
         return v if x.dtype == torch.uint8 else v.bool()
     return v
@@ -277,10 +278,7 @@ def _arg_extreme(func, x, dim, keepdim):
         return _to_output(plan, x, getattr(torch, "arg" + kind[1:])(v, plan.vdims[0], keepdim=True), keepdim)
     best = _to_rows(plan, _forward_k(plan, x, v, kind))
     k = list(plan.red_r)[0]
-    from ._common import device_sizes
-
-    p = x._partition
-    _, coords = ref.row_coords(p.offsets, device_sizes(p), p.rows)
+    _, coords = x._partition.row_coords()
     pos = coords[:, k].reshape(-1, *([1] * (v.dim() - 1))).expand_as(v)
     hit = (v == best) | (v.isnan() & best.isnan())
     big = torch.iinfo(torch.int64).max
@@ -359,7 +357,7 @@ def _to_rows_along(func, x: MJT, d: int, t, what: str):
     the map of x's rows to t's rows (``(index, sub)``)."""
     k = x._ragged_dims.index(d)
     keep = tuple(i for i in range(len(x._ragged_dims)) if i != k)
-    rowidx, sub = map_to_sub(x._partition, keep)
+    rowidx, sub = x._partition.map_to_sub(keep)
     if isinstance(t, MJT):
         want = tuple(r for r in x._ragged_dims if r != d)
         if t._ragged_dims != want or not t._partition.same_as(sub) or t.shape[d] != 1:
@@ -381,10 +379,7 @@ def _to_rows_along(func, x: MJT, d: int, t, what: str):
 
 
 def _hits(x: MJT, d: int, index_rows: torch.Tensor) -> torch.Tensor:
-    from ._common import device_sizes
-
-    p = x._partition
-    _, coords = ref.row_coords(p.offsets, device_sizes(p), p.rows)
+    _, coords = x._partition.row_coords()
     pos = coords[:, x._ragged_dims.index(d)].reshape(-1, *([1] * (index_rows.dim() - 1)))
     return index_rows == pos
 
@@ -425,7 +420,7 @@ def gather_default(func, x, dim, index, sparse_grad=False):
     idx, rowidx, sub = _to_rows_along(func, x, d, index, "index")
     v = x._values
     # the one hit of each index row, summed out of its segment (0 where nothing is hit)
-    k = ref.segment_reduce(torch.where(_hits(x, d, idx), v, torch.zeros_like(v)), rowidx, sub.rows, "sum")
+    k = seg.segment_reduce(torch.where(_hits(x, d, idx), v, torch.zeros_like(v)), rowidx, sub.rows, "sum")
     if isinstance(index, MJT):
         vd = static_dims(len(index._size), index._ragged_dims).index(d) + 1
         return wrap(k.unsqueeze(vd), index._partition, index._ragged_dims)
@@ -440,7 +435,7 @@ def _softmax_segments(func, x, dim):
     if d in x._ragged_dims:
         k = x._ragged_dims.index(d)
         keep = tuple(i for i in range(len(x._ragged_dims)) if i != k)
-        index, sub = map_to_sub(x._partition, keep)
+        index, sub = x._partition.map_to_sub(keep)
         return d, index, sub
     return d, None, None
 
@@ -456,7 +451,7 @@ def _softmax_default(func, x, dim, half_to_float):
         # Dense torch has no integer / bool softmax kernel: raise its own error (a one-element
         # probe; an empty tensor would skip the kernel's dtype check).
         func(x._values.new_zeros(1), 0, half_to_float)
-    return wrap(ref.segment_softmax(x._values, index, sub.rows, log=log), x._partition, x._ragged_dims)
+    return wrap(seg.segment_softmax(x._values, index, sub.rows, log=log), x._partition, x._ragged_dims)
 
 
 @register_multi_jagged_func(
@@ -469,11 +464,7 @@ def _softmax_backward_data_default(func, grad, out, dim, input_dtype):
     if index is None:
         vd = static_dims(len(out._size), out._ragged_dims).index(d) + 1
         return wrap(func(grad._values, out._values, vd, input_dtype), out._partition, out._ragged_dims)
-    g, y = grad._values, out._values
-    if log:
-        gi = g - y.exp() * ref.segment_reduce(g, index, sub.rows, "sum")[index]
-    else:
-        gi = y * (g - ref.segment_reduce(g * y, index, sub.rows, "sum")[index])
+    gi = seg.segment_softmax_backward(grad._values, out._values, index, sub.rows, log=log)
     return wrap(gi, out._partition, out._ragged_dims)
 
 

@@ -1,7 +1,9 @@
 """``__torch_function__`` routes: composite ops whose decomposition would reshape across ragged
 dims, or whose aten derivative cannot handle ragged sizes, are sent to ops that reach
-``__torch_dispatch__`` intact. A route only *routes*: it calls other torch functions and never
-touches packed values. Returning ``NotImplemented`` falls back to the ordinary call.
+``__torch_dispatch__`` intact. A route only *routes*: it checks its arguments and forwards them
+to other torch functions (``multijagged::`` and aten ops) or, eagerly, to a computation on the
+packed values in ``bridged.py`` (NOTE [ Bridged computations ]); it never touches packed values
+itself. Returning ``NotImplemented`` falls back to the ordinary call.
 
 See NOTE [ Subclass mechanism ] in ``tensor.py``.
 """
@@ -13,8 +15,11 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from ..bridge import relabel
 from ..compile import library  # noqa: F401
 from ..errors import StructureError
+from ..structure import partition_for, same_extent
+from . import bridged
 from . import dispatch as _dispatch
 from ._common import MJT, canonical_dim, describe
 
@@ -89,8 +94,6 @@ def unify_extents(args: tuple, keep_first: bool = False) -> tuple:
             continue
         if out is None:
             out = list(args)
-        from ..bridge import relabel
-
         out[i] = relabel(a, mapping)
     return args if out is None else tuple(out)
 
@@ -169,9 +172,6 @@ def unify_call(func, args: tuple, kwargs: dict | None):
 def _relabel_map(first: MJT, other: MJT):
     """``other``'s partition with each extent replaced by ``first``'s extent at the same logical
     dim when the two are equal-sized but not identical (None when nothing changes)."""
-    from ..structure import same_extent
-    from ._common import partition_for
-
     swap = {}
     for d, e in zip(other._ragged_dims, other._partition.extents):
         if d in first._ragged_dims:
@@ -214,9 +214,7 @@ def _linear(input, weight, bias=None):
         # Eagerly, with gradients, the values bridge lets the dense linear run under torch's own (C++) autograd:
         # cheaper than torch.library's Python autograd wrapper, on the op that dominates models.
         # Dynamo cannot trace the bridge (it reads the subclass's attributes), hence the op above.
-        from ..bridge import values_of, wrap_values_like
-
-        return wrap_values_like(F.linear(values_of(input), weight, bias), input)
+        return bridged.linear(input, weight, bias)
     return NotImplemented
 
 
@@ -512,9 +510,8 @@ def _select(input, dim, index):
 
 @route(F.group_norm)
 def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
-    """Per component ``(n, C, *rest)``: dim 0 of the component is group_norm's batch, so on the
-    packed values ``(T, C, *rest)`` it is exactly ``group_norm`` — valid when the only ragged dim
-    is dim 1."""
+    """To the values (``bridged.group_norm``) when the only ragged dim is dim 1: its decomposition
+    would reshape across the ragged dim."""
     if not isinstance(input, MJT):
         return NotImplemented
     if input._ragged_dims != (1,):
@@ -522,9 +519,7 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
             f"group_norm(): expected components (n, C, *) with only dim 1 ragged, got ragged dims "
             f"{input._ragged_dims} for layout torch.multi_jagged"
         )
-    from ..bridge import values_of, wrap_values_like
-
-    return wrap_values_like(F.group_norm(values_of(input), num_groups, weight, bias, eps), input)
+    return bridged.group_norm(input, num_groups, weight, bias, eps)
 
 
 def _static_dim(op: str, input, dim) -> int:

@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 
 from ..errors import StructureError
-from ._common import MJT, canonical_dim, describe
+from . import bridged
+from ._common import MJT, canonical_dim, describe, same_partition
 from .routes import _needs_grad, _static_dim, route
 from .views import check_view_shape, square_extent
 
@@ -210,9 +211,6 @@ def _einsum(equation, *operands):
         operands = tuple(operands[0])
     if not any(isinstance(o, MJT) for o in operands):
         return NotImplemented
-    from ..bridge import values_of, wrap_values
-    from ._common import same_partition
-
     lhs, arrow, out = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
     if not arrow or "." in equation:
@@ -255,8 +253,5 @@ def _einsum(equation, *operands):
     def packed(term):
         return row + "".join(c for c in term if c not in ragged_letters)
 
-    values = torch.einsum(
-        ",".join(packed(t) if isinstance(o, MJT) else t for t, o in zip(terms, operands)) + "->" + packed(out),
-        *[values_of(o) if isinstance(o, MJT) else o for o in operands],
-    )
-    return wrap_values(values, ref._partition, tuple(positions[1:]))
+    packed_eq = ",".join(packed(t) if isinstance(o, MJT) else t for t, o in zip(terms, operands)) + "->" + packed(out)
+    return bridged.einsum(packed_eq, operands, ref._partition, tuple(positions[1:]))

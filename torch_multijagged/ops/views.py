@@ -10,10 +10,8 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int
 from ..errors import StructureError
 from ..kernels import reference as ref
 from . import register_multi_jagged_func
-from ..structure import same_extent
-from ._common import (
-    MJT, canonical_dim, describe, device_sizes, map_to_sub, note_sub, partition_for, row_sample, same_partition, static_dims, wrap,
-)
+from ..structure import partition_for, same_extent
+from ._common import MJT, canonical_dim, describe, same_partition, static_dims, wrap
 
 aten = torch.ops.aten
 
@@ -97,8 +95,8 @@ def expand_default(func, inp, size, implicit=False):
     if out_dims != inp._ragged_dims:
         partition = partition_for(extents)
         keep = tuple(out_dims.index(d) for d in inp._ragged_dims)
-        note_sub(partition, keep, inp._partition)
-        index, _ = map_to_sub(partition, keep)
+        partition.note_sub(keep, inp._partition)
+        index, _ = partition.map_to_sub(keep)
         values = values.index_select(0, index)
         in_static = static_dims(ndim, inp._ragged_dims)
         keep_v = [i + 1 for i, d in enumerate(in_static) if d not in out_dims]
@@ -122,7 +120,7 @@ def _permute(inp, perm):
     if ragged_order != tuple(sorted(ragged_order)):
         # The ragged dims change storage order: a per-sample transpose of the packed rows, which
         # no strides can express — a copy (NOTE [ Reordered ragged dims are copies ]).
-        index, partition = _reorder_rows(partition, ragged_order)
+        index, partition = partition.reorder_rows(ragged_order)
         values = values.index_select(0, index)
         _mark_reorder_copy(values)
     return wrap(values, partition, new_ragged)
@@ -203,17 +201,6 @@ def guard_write(func, args, kwargs) -> None:
                     "of the original), so the write would not reach the original; write to the original, "
                     "or call .contiguous() to write to the copy deliberately"
                 )
-
-
-def _reorder_rows(p, order: tuple[int, ...]):
-    """Rows of ``p`` gathered so that ragged dim ``order[k]`` becomes the k-th (cached)."""
-    key = ("reorder", order)
-    hit = p.cache.get(key)
-    if hit is None:
-        out = partition_for([p.extents[k] for k in order])
-        index = ref.row_reorder(out.offsets, device_sizes(out), out.rows, order, p.offsets)
-        hit = p.cache[key] = (index, out)
-    return hit
 
 
 @register_multi_jagged_func(aten.permute.default, "self: mjt, dims: any")
@@ -383,15 +370,16 @@ def _diag_dims(op: str, inp_ndim: int, ragged_dims, offset, dim1, dim2):
 
 def _diagonal_rows(pair, single) -> torch.Tensor:
     """Row of the square ``pair`` partition holding cell ``(a, a)`` for every row ``a`` of the
-    ``single`` partition of the same extent (cached): ``o²_i + a·(n_i + 1)``."""
-    key = ("diagonal_rows", id(pair))
-    hit = single.cache.get(key)
-    if hit is None:
-        sample = row_sample(single)
+    ``single`` partition of the same extent (cached on ``single``; the key holds ``pair`` itself,
+    so its id cannot be reused while the entry lives): ``o²_i + a·(n_i + 1)``."""
+
+    def compute(single):
+        sample = single.row_sample()
         local = torch.arange(single.rows, device=single.offsets.device) - single.offsets[sample]
         n = single.offsets[1:] - single.offsets[:-1]
-        hit = single.cache[key] = pair.offsets[sample] + local * (n[sample] + 1)
-    return hit
+        return pair.offsets[sample] + local * (n[sample] + 1)
+
+    return single.derived(("diagonal_rows", pair), compute)
 
 
 def square_extent(op: str, inp, a: int, b: int, context: str = ""):

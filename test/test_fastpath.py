@@ -1,0 +1,226 @@
+"""The eager values path (NOTE [ Eager values path ] in ops/fastpath.py): hot ops computed on the
+packed values under torch's own autograd. Each test compares against the general mechanism
+(the path with the values path switched off) or the per-sample dense reference, and covers the
+autograd API on fast results: gradients with respect to intermediates, retain_grad, hooks,
+in-place writes, and fast results handed to consumers the values path does not see
+(``torch.compile``, ``autograd.Function``)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_multijagged as mj
+from torch_multijagged import tensor as _tensor
+from torch_multijagged.ops import fastpath
+
+DT = torch.float64
+
+
+@contextlib.contextmanager
+def general_path():
+    prev = _tensor._fast_enabled
+    _tensor._fast_enabled = bool  # bool() is False: every op takes the general mechanism
+    try:
+        yield
+    finally:
+        _tensor._fast_enabled = prev
+
+
+def comps(lengths, c=4, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, c, dtype=DT, generator=g) for n in lengths]
+
+
+LENGTHS = [3, 0, 2, 1]
+
+
+def block(x, lin, norm, w):
+    """A pair block's hot ops: linear, broadcast into a pair, layer_norm, silu, product with a
+    dense operand, mean over a ragged dim, softmax over ragged and static dims, and a loss."""
+    h = lin(x)
+    pair = h.unsqueeze(-2) + h.unsqueeze(-3)
+    pair = pair + F.silu(norm(pair)) * w
+    s = torch.softmax(pair, dim=2) + torch.log_softmax(pair, dim=-1)
+    single = x + pair.mean(dim=-2) - s.sum(2) / 3
+    return (single * single).sum(dim=(1, 2)) + (pair ** 2).sum(dim=(1, 2, 3)) / 7
+
+
+def _run(fast: bool, lengths=LENGTHS):
+    torch.manual_seed(0)
+    lin, norm = torch.nn.Linear(4, 4, dtype=DT), torch.nn.LayerNorm(4, dtype=DT)
+    w = torch.randn(4, dtype=DT, requires_grad=True)
+    cs = [c.requires_grad_() for c in comps(lengths)]
+    x = mj.as_nested_tensor(cs)
+    ctx = contextlib.nullcontext() if fast else general_path()
+    with ctx:
+        out = block(x, lin, norm, w)
+        leaves = [*cs, w, *lin.parameters(), *norm.parameters()]
+        grads = torch.autograd.grad(out @ torch.arange(1.0, len(lengths) + 1, dtype=DT), leaves)
+    return out, grads
+
+
+def test_block_matches_general_path_with_every_leaf_gradient():
+    out_f, g_f = _run(True)
+    out_s, g_s = _run(False)
+    torch.testing.assert_close(out_f, out_s)
+    for a, b in zip(g_f, g_s):
+        torch.testing.assert_close(a, b)
+
+
+def test_block_matches_per_sample_reference():
+    out_f, g_f = _run(True)
+    torch.manual_seed(0)
+    lin, norm = torch.nn.Linear(4, 4, dtype=DT), torch.nn.LayerNorm(4, dtype=DT)
+    w = torch.randn(4, dtype=DT, requires_grad=True)
+    cs = [c.requires_grad_() for c in comps(LENGTHS)]
+    outs = []
+    for c in cs:
+        h = lin(c)
+        pair = h.unsqueeze(-2) + h.unsqueeze(-3)
+        pair = pair + F.silu(norm(pair)) * w
+        s = torch.softmax(pair, dim=1) + torch.log_softmax(pair, dim=-1)
+        single = c + pair.mean(dim=-2) - s.sum(1) / 3
+        outs.append((single * single).sum() + (pair ** 2).sum() / 7)
+    out = torch.stack(outs)
+    grads = torch.autograd.grad(out @ torch.arange(1.0, len(LENGTHS) + 1, dtype=DT),
+                                [*cs, w, *lin.parameters(), *norm.parameters()])
+    torch.testing.assert_close(out_f, out.detach())
+    for a, b in zip(g_f, grads):
+        torch.testing.assert_close(a, b)
+
+
+def _spy_dispatch(monkeypatch):
+    seen = []
+    inner = _tensor._dispatch
+
+    def spy(func, args, kwargs):
+        if func not in (torch.ops.aten.sym_size.default, torch.ops.aten.dim.default):
+            seen.append(func)
+        return inner(func, args, kwargs)
+
+    monkeypatch.setattr(_tensor, "_dispatch", spy)
+    return seen
+
+
+def test_block_runs_without_wrapper_dispatch_forward_and_backward(monkeypatch):
+    """The hot ops and their backward stay on dense values: no op reaches __torch_dispatch__."""
+    seen = _spy_dispatch(monkeypatch)
+    _run(True)
+    assert seen == []
+
+
+def test_grad_with_respect_to_an_intermediate_counts_every_consumer():
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    y = x * 2  # a fast result
+    z = y.sin() + torch.atan2(y, y + 1)  # one fast consumer, one the general mechanism takes
+    (gy,) = torch.autograd.grad(z.values().sum(), y)
+    with general_path():
+        x2 = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+        y2 = x2 * 2
+        z2 = y2.sin() + torch.atan2(y2, y2 + 1)
+        (gy2,) = torch.autograd.grad(z2.values().sum(), y2)
+    assert isinstance(gy, mj.MultiJaggedTensor) and gy.shape == y.shape
+    torch.testing.assert_close(gy.values(), gy2.values())
+
+
+def test_retain_grad_and_hook_on_an_intermediate():
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    y = x * 2
+    y.retain_grad()
+    hooked = []
+    y.register_hook(lambda g: hooked.append(g) or g * 3)
+    out = y.sin() + torch.atan2(y, y + 1)
+    out.values().sum().backward()
+    ref_y = (x.detach() * 2).values()
+    expect = ref_y.cos() + (ref_y + 1) / ((ref_y) ** 2 + (ref_y + 1) ** 2) - ref_y / (ref_y ** 2 + (ref_y + 1) ** 2)
+    # as for dense tensors, ``.grad`` holds the gradient after the tensor's hooks
+    torch.testing.assert_close(y.grad.values(), 3 * expect)
+    assert len(hooked) == 1 and isinstance(hooked[0], mj.MultiJaggedTensor)
+    torch.testing.assert_close(hooked[0].values(), expect)
+    # the hook's return value replaces the gradient: x receives 3 × 2 × d out / d y
+    torch.testing.assert_close(x.grad.values(), 6 * expect)
+
+
+def test_in_place_on_a_fast_result_is_differentiated():
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    y = x * 1
+    y.clamp_(-0.5, 0.5)  # the general mechanism writes in place
+    (y + 0).values().sum().backward()
+    expect = ((x.detach().values() > -0.5) & (x.detach().values() < 0.5)).to(DT)
+    torch.testing.assert_close(x.grad.values(), expect)
+
+
+def test_fast_result_into_a_compiled_function():
+    lin = torch.nn.Linear(4, 4, dtype=DT)
+    x = mj.nested_tensor(comps(LENGTHS))
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def f(y):
+        return (y * 2).sin()
+
+    y = lin(x)  # a fast result carrying the linear's graph
+    f(y).values().sum().backward()
+    g = lin.weight.grad.clone()
+    lin.weight.grad = None
+    with general_path():
+        f(lin(x)).values().sum().backward()
+    torch.testing.assert_close(g, lin.weight.grad)
+
+
+def test_fast_result_into_a_custom_autograd_function():
+    class Twice(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, t):
+            return t * 2
+
+        @staticmethod
+        def backward(ctx, g):
+            return g * 2
+
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    y = x.sin()
+    Twice.apply(y).values().sum().backward()
+    torch.testing.assert_close(x.grad.values(), 2 * x.detach().values().cos())
+
+
+def test_leaf_read_once_and_shared():
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    a, b = x.sin(), x.cos()
+    assert a.grad_fn is not None and b.grad_fn is not None
+    assert x.__dict__["_vgraph"][0] is fastpath.values(x)
+    (a + b).values().sum().backward()
+    torch.testing.assert_close(x.grad.values(), x.detach().values().cos() - x.detach().values().sin())
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_no_grad_results_are_plain(mode):
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    with getattr(torch, mode)():
+        y = F.silu(x * 2).unsqueeze(-2) + x.unsqueeze(-3)
+        s = y.mean(-2)
+    assert not y.requires_grad and not s.requires_grad and "_vgraph" not in y.__dict__
+    torch.testing.assert_close(s.values(), (F.silu(x.detach() * 2).unsqueeze(-2) + x.detach().unsqueeze(-3)).mean(-2).values())
+
+
+def test_double_backward_matches_general_path():
+    def second(fast: bool):
+        x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+        ctx = contextlib.nullcontext() if fast else general_path()
+        with ctx:
+            out = (F.silu(x.unsqueeze(-2) * x.unsqueeze(-3)) + x.unsqueeze(-2)).tanh().mean(dim=(1, 2, 3)).sum()
+            (gx,) = torch.autograd.grad(out, x, create_graph=True)
+            (gg,) = torch.autograd.grad((gx * gx).values().sum(), x)
+        return gg.values()
+
+    torch.testing.assert_close(second(True), second(False))
+
+
+def test_unsupported_arguments_take_the_general_path():
+    x = mj.nested_tensor(comps(LENGTHS))
+    y = F.relu(x * 1, inplace=True)
+    assert torch.equal(y.values(), F.relu(x.values()))
+    assert torch.equal((x + torch.ones(2, 1, 4, dtype=DT)[:1]).values(), (x + 1).values())

@@ -1,0 +1,54 @@
+"""Computations on the packed values under torch's own autograd (the values bridge).
+
+NOTE [ Bridged computations ]
+
+Some ops run best — or only — as the dense op on the packed ``(T, *static)`` values, with the
+dense op's own C++ derivative (every order) instead of the wrapper-level formula: ``linear``
+with gradients (torch.library's Python autograd wrapper cost as much as the op on small inputs),
+``layer_norm`` / ``rms_norm`` with gradients (NOTE [ Norms under double backward ] in nn.py),
+``group_norm`` (its decomposition reshapes across the ragged dim) and ``einsum`` over static
+dims (the packed rows stand in for the batch and ragged subscripts). Each function here crosses
+to the values with ``bridge.values_of``, runs the dense op and crosses back with
+``bridge.wrap_values``; gradients cross unchanged (NOTE [ Differentiable backward of the bridge ]).
+
+Routes (``routes.py``, ``shape_routes.py``, ``nn.py``) decide *whether* a call comes here and
+check its structure; these functions only compute. Dynamo cannot trace the bridge (it reads the
+subclass's attributes), so the routes of ``linear`` and the norms take it eagerly only.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..bridge import values_of, wrap_values, wrap_values_like
+from ..structure import Partition
+from ._common import MJT
+
+__all__ = ["linear", "layer_norm", "rms_norm", "group_norm", "einsum"]
+
+
+def linear(input: MJT, weight: torch.Tensor, bias: torch.Tensor | None) -> MJT:
+    return wrap_values_like(F.linear(values_of(input), weight, bias), input)
+
+
+def layer_norm(input: MJT, normalized_shape, weight, bias, eps) -> MJT:
+    return wrap_values_like(F.layer_norm(values_of(input), normalized_shape, weight, bias, eps), input)
+
+
+def rms_norm(input: MJT, normalized_shape, weight, eps) -> MJT:
+    return wrap_values_like(F.rms_norm(values_of(input), normalized_shape, weight, eps), input)
+
+
+def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
+    """Components ``(n, C, *rest)`` with only dim 1 ragged: dim 0 of a component is group_norm's
+    batch, so on the packed values ``(T, C, *rest)`` it is exactly ``group_norm``."""
+    return wrap_values_like(F.group_norm(values_of(input), num_groups, weight, bias, eps), input)
+
+
+def einsum(equation: str, operands, partition: Partition, ragged_dims: tuple[int, ...]) -> MJT:
+    """``torch.einsum(equation, …)`` with every multi_jagged operand replaced by its packed values
+    (``equation`` already names their packed row by one subscript); the result has ``partition``
+    and ``ragged_dims``."""
+    values = torch.einsum(equation, *[values_of(o) if isinstance(o, MJT) else o for o in operands])
+    return wrap_values(values, partition, ragged_dims)

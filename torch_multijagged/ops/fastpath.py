@@ -1,0 +1,385 @@
+"""The eager values path: hot ops computed on the packed values under torch's own autograd.
+
+NOTE [ Eager values path ]
+
+The general mechanism (NOTE [ Subclass mechanism ] in ``tensor.py``) runs every op's aten
+derivative on wrappers, so each op costs a trip through the C++ autograd layer and
+``__torch_dispatch__`` in the forward, and its derivative formula costs several more in the
+backward — all Python. For the ops that dominate models (elementwise arithmetic, ``linear``,
+``layer_norm``, ``softmax``, broadcasting into a pair, ``sum``/``mean``, ``unsqueeze``), eager
+``__torch_function__`` computes the result here instead, directly on the packed values, so that
+torch's C++ autograd records *dense* ops (``index_select`` for a broadcast, ``index_add`` for a
+segment sum): their backward runs with no Python at all.
+
+Each result still is an ordinary differentiable wrapper, so that everything else — the slow path,
+``torch.compile``'d functions, user ``autograd.Function``s, ``y.backward()`` — sees a wrapper with
+a ``grad_fn``: the result is ``wrap_values(v)`` (one cheap autograd node whose backward hands the
+gradient to ``v``), and it *remembers* ``v`` (``_vgraph``). The next fast op reads ``v`` instead
+of the wrapper, so chains of fast ops form one dense graph and the wrappers' nodes are never run
+unless something else consumed the wrapper. Correctness rests on three rules:
+
+* ``v`` is only reused while its version counter is unchanged. An in-place write into the wrapper
+  (through any path) shares that counter, so afterwards the wrapper is read through
+  ``values_of`` again, whose graph includes the write.
+* Every gradient of a fast result reaches ``v``: through the dense graph of fast consumers, or
+  through the wrapper's node. So the gradient *with respect to the result* is the gradient with
+  respect to ``v``: ``torch.autograd.grad(..., inputs=y)``, ``y.retain_grad()``/``y.grad`` and
+  ``y.register_hook`` are answered on ``v`` (``AUTOGRAD_API`` below). A leaf or a slow-path
+  tensor read through ``values_of`` remembers that ``v`` too, but not as its own (other paths
+  reach the wrapper directly), so the autograd API leaves it alone.
+* Eager only: under ``torch.compile``, a dispatch mode or a functorch transform the general
+  mechanism runs (``enabled()``), and so it does for anything a fast op does not handle
+  (``NotImplemented``).
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+from ..bridge import _ValuesOf, _WrapValues
+from ..tensor import MultiJaggedTensor
+from . import pointwise as _pw
+from . import reductions as _red
+from . import views as _views
+from ._common import static_dims
+
+__all__ = ["FAST", "enabled"]
+
+MJT = MultiJaggedTensor
+aten = torch.ops.aten
+FAST: dict[Any, Callable[..., Any]] = {}
+
+_is_compiling = torch.compiler.is_compiling
+_grad_enabled = torch.is_grad_enabled
+_dispatch_stack = torch._C._len_torch_dispatch_stack
+_functorch = torch._C._are_functorch_transforms_active
+_DisableTF = torch._C.DisableTorchFunctionSubclass
+
+
+def enabled() -> bool:
+    return not (_is_compiling() or _dispatch_stack() or _functorch())
+
+
+# --------------------------------------------------------------------------- values in and out
+def _requires_grad(x: MJT) -> bool:
+    with _DisableTF():
+        return x.requires_grad
+
+
+def _version(x: MJT) -> int:
+    # An in-place op on the wrapper bumps the wrapper's counter (the handler's write into the
+    # values runs below autograd, where the values' counter is not bumped); a write into the
+    # values (``x.values().add_()``) bumps the values' counter.
+    with _DisableTF():
+        return x._version
+
+
+def values(x: MJT) -> torch.Tensor:
+    """``x``'s packed values carrying ``x``'s gradient (see the NOTE)."""
+    hit = x.__dict__.get("_vgraph")
+    if hit is not None and hit[0]._version == hit[1] and _version(x) == hit[3]:
+        return hit[0]
+    if not _grad_enabled() or not _requires_grad(x):
+        return x._values
+    v = _ValuesOf.apply(x)
+    x.__dict__["_vgraph"] = (v, v._version, False, _version(x))
+    return v
+
+
+def _standin(x: MJT) -> MJT:
+    """``x`` for a handler that reads ``._values``: the same tensor when no gradient is involved."""
+    v = values(x)
+    return x if v is x._values else MJT(v, x._partition, x._ragged_dims)
+
+
+def result(v: torch.Tensor, partition, ragged_dims) -> MJT:
+    """The wrapper of fast-op output values ``v`` (see the NOTE)."""
+    if not v.requires_grad or not _grad_enabled():
+        return MJT(v, partition, ragged_dims)
+    y = _WrapValues.apply(v, partition, ragged_dims)
+    y.__dict__["_vgraph"] = (v, v._version, True, _version(y))
+    return y
+
+
+def _finish(out):
+    """A handler's output (computed on values under autograd) as a fast-op result."""
+    if isinstance(out, MJT):
+        return result(out._values, out._partition, out._ragged_dims) if out._values.requires_grad else out
+    return out
+
+
+def own_values(x) -> torch.Tensor | None:
+    """``v`` when ``x`` is a fast-op result whose gradients all reach ``v`` (else None)."""
+    if not isinstance(x, MJT):
+        return None
+    hit = x.__dict__.get("_vgraph")
+    if hit is None or not hit[2] or hit[0]._version != hit[1] or _version(x) != hit[3]:
+        return None
+    return hit[0]
+
+
+def _trailing(x: MJT) -> int:
+    """Static dims after the last ragged dim: where a dense operand or a row-wise op may reach."""
+    return len(x._size) - 1 - x._ragged_dims[-1] if x._ragged_dims else len(x._size) - 1
+
+
+def _scalar(a) -> bool:
+    return isinstance(a, (int, float, bool, complex))
+
+
+# --------------------------------------------------------------------------- elementwise
+def _unary(func):
+    def impl(x, *args, **kwargs):
+        if not isinstance(x, MJT) or kwargs.get("inplace") or "out" in kwargs:
+            return NotImplemented
+        for a in args:
+            if isinstance(a, torch.Tensor):
+                return NotImplemented
+        for a in kwargs.values():
+            if isinstance(a, torch.Tensor):
+                return NotImplemented
+        return result(func(values(x), *args, **kwargs), x._partition, x._ragged_dims)
+
+    return impl
+
+
+def _dense_ok(t: torch.Tensor, like: MJT) -> bool:
+    return t.dim() <= _trailing(like)
+
+
+def _binary(func, aten_op=None, reverse: bool = False):
+    """``func(a, b)``; ``reverse``: the dunder's operands are swapped by Python (``__rsub__``)."""
+
+    def impl(a, b, *args, **kwargs):
+        if args or "out" in kwargs:
+            return NotImplemented
+        if isinstance(a, MJT):
+            like = a
+            if isinstance(b, MJT):
+                if b._partition is not a._partition or b._ragged_dims != a._ragged_dims or b._values.dim() != a._values.dim():
+                    if aten_op is None or kwargs:
+                        return NotImplemented
+                    # broadcasting into new ragged dims (a pair from singles): the handler
+                    # gathers with the cached row maps, under autograd here
+                    return _finish(_pw.pointwise(aten_op, _standin(a), _standin(b)))
+                return result(func(values(a), values(b), **kwargs), a._partition, a._ragged_dims)
+            if _scalar(b) or (isinstance(b, torch.Tensor) and _dense_ok(b, a)):
+                return result(func(values(a), b, **kwargs), like._partition, like._ragged_dims)
+            return NotImplemented
+        if isinstance(b, MJT) and (_scalar(a) or (isinstance(a, torch.Tensor) and _dense_ok(a, b))):
+            return result(func(a, values(b), **kwargs), b._partition, b._ragged_dims)
+        return NotImplemented
+
+    return impl
+
+
+_UNARY = (
+    "abs neg exp expm1 log log1p log2 sqrt rsqrt sin cos tan tanh sigmoid relu square reciprocal "
+    "erf sign floor ceil round trunc sinh cosh asinh atanh asin acos atan exp2 logit nan_to_num clamp clip "
+    "clamp_min clamp_max"
+).split()
+_F_UNARY = "silu gelu relu relu6 elu selu celu leaky_relu hardtanh hardswish hardsigmoid mish softplus tanh sigmoid dropout".split()
+
+for _name in _UNARY:
+    for _owner in (torch, torch.Tensor):
+        _f = getattr(_owner, _name, None)
+        if _f is not None:
+            FAST[_f] = _unary(_f)
+for _name in _F_UNARY:
+    _f = getattr(F, _name)
+    FAST[_f] = _unary(_f)
+
+_BINARY = {
+    "add": aten.add.Tensor,
+    "sub": aten.sub.Tensor,
+    "mul": aten.mul.Tensor,
+    "div": aten.div.Tensor,
+    "maximum": aten.maximum.default,
+    "minimum": aten.minimum.default,
+}
+for _name, _op in _BINARY.items():
+    for _owner in (torch, torch.Tensor):
+        _f = getattr(_owner, _name)
+        FAST[_f] = _binary(_f, _op)
+for _dunder, _op, _f in [
+    ("__add__", aten.add.Tensor, operator.add),
+    ("__sub__", aten.sub.Tensor, operator.sub),
+    ("__mul__", aten.mul.Tensor, operator.mul),
+    ("__truediv__", aten.div.Tensor, operator.truediv),
+    ("__pow__", None, operator.pow),
+]:
+    FAST[getattr(torch.Tensor, _dunder)] = _binary(_f, _op)
+for _dunder, _f in [
+    ("__radd__", lambda a, b: b + a),
+    ("__rsub__", lambda a, b: b - a),
+    ("__rmul__", lambda a, b: b * a),
+    ("__rtruediv__", lambda a, b: b / a),
+    ("__rpow__", lambda a, b: b ** a),
+]:
+    FAST[getattr(torch.Tensor, _dunder)] = _binary(_f, None)
+FAST[torch.pow] = FAST[torch.Tensor.pow] = _binary(torch.pow, None)
+
+
+# --------------------------------------------------------------------------- row-wise nn ops
+def _linear(input, weight, bias=None):
+    if (
+        not isinstance(input, MJT)
+        or isinstance(weight, MJT)
+        or isinstance(bias, MJT)
+        or (input._ragged_dims and input._ragged_dims[-1] == len(input._size) - 1)
+    ):
+        return NotImplemented
+    return result(F.linear(values(input), weight, bias), input._partition, input._ragged_dims)
+
+
+FAST[F.linear] = FAST[torch._C._nn.linear] = _linear
+
+
+def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if not isinstance(input, MJT) or isinstance(weight, MJT) or isinstance(bias, MJT):
+        return NotImplemented
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if len(shape) > _trailing(input):
+        return NotImplemented
+    return result(F.layer_norm(values(input), shape, weight, bias, eps), input._partition, input._ragged_dims)
+
+
+def _rms_norm(input, normalized_shape, weight=None, eps=None):
+    if not isinstance(input, MJT) or isinstance(weight, MJT):
+        return NotImplemented
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    if len(shape) > _trailing(input):
+        return NotImplemented
+    return result(F.rms_norm(values(input), shape, weight, eps), input._partition, input._ragged_dims)
+
+
+FAST[F.layer_norm] = _layer_norm
+FAST[F.rms_norm] = _rms_norm
+
+
+def _softmax_fn(log: bool):
+    aten_op = aten._log_softmax.default if log else aten._softmax.default
+    dense = torch.log_softmax if log else torch.softmax
+
+    def impl(input, dim=None, *args, dtype=None, **kwargs):
+        # F.softmax(input, dim, _stacklevel, dtype); Tensor.softmax(dim, dtype)
+        if not isinstance(input, MJT) or not isinstance(dim, int) or kwargs or len(args) > 2:
+            return NotImplemented
+        if args and isinstance(args[-1], torch.dtype):
+            dtype = args[-1]
+        n = len(input._size)
+        if not -n <= dim < n:
+            return NotImplemented
+        d = dim % n
+        if d == 0:
+            return NotImplemented
+        v = values(input)
+        if dtype is not None:
+            v = v.to(dtype)
+        if d in input._ragged_dims:
+            if not v.is_floating_point():
+                return NotImplemented
+            x = input if v is input._values else MJT(v, input._partition, input._ragged_dims)
+            return _finish(_red._softmax_default(aten_op, x, d, False))
+        vd = static_dims(n, input._ragged_dims).index(d) + 1
+        return result(dense(v, vd), input._partition, input._ragged_dims)
+
+    return impl
+
+
+FAST[F.softmax] = FAST[torch.softmax] = FAST[torch.Tensor.softmax] = _softmax_fn(False)
+FAST[F.log_softmax] = FAST[torch.log_softmax] = FAST[torch.Tensor.log_softmax] = _softmax_fn(True)
+
+
+# --------------------------------------------------------------------------- structure
+def _unsqueeze(input, dim):
+    if not isinstance(input, MJT) or not isinstance(dim, int):
+        return NotImplemented
+    return _finish(_views.unsqueeze_default(aten.unsqueeze.default, _standin(input), dim))
+
+
+FAST[torch.unsqueeze] = FAST[torch.Tensor.unsqueeze] = _unsqueeze
+
+
+def _reduction(kind: str, aten_op):
+    def impl(input, dim=None, keepdim=False, *, dtype=None, out=None):
+        if not isinstance(input, MJT) or out is not None or not isinstance(keepdim, bool):
+            return NotImplemented
+        v = values(input)
+        if v.is_floating_point() or v.is_complex():
+            pass
+        else:
+            return NotImplemented  # integer promotion rules live in the general path
+        if dim is None:
+            if keepdim:
+                return NotImplemented
+            return v.sum(dtype=dtype) if kind == "sum" else v.mean(dtype=dtype)
+        dims = (dim,) if isinstance(dim, int) else tuple(dim)
+        if not dims or not all(isinstance(d, int) for d in dims):
+            return NotImplemented
+        x = input if v is input._values else MJT(v, input._partition, input._ragged_dims)
+        return _finish(_red._reduce(aten_op, x, list(dims), keepdim, kind, dtype))
+
+    return impl
+
+
+FAST[torch.sum] = FAST[torch.Tensor.sum] = _reduction("sum", aten.sum.dim_IntList)
+FAST[torch.mean] = FAST[torch.Tensor.mean] = _reduction("mean", aten.mean.dim)
+
+
+# --------------------------------------------------------------------------- the autograd API
+def _wrap_grad(g, like: MJT):
+    return None if g is None else result(g, like._partition, like._ragged_dims)
+
+
+def _autograd_grad(outputs, inputs, *args, **kwargs):
+    single = isinstance(inputs, torch.Tensor)
+    ins = (inputs,) if single else tuple(inputs)
+    owned = [own_values(t) for t in ins]
+    if all(o is None for o in owned):
+        return NotImplemented
+    new = tuple(t if o is None else o for t, o in zip(ins, owned))
+    with _DisableTF():
+        grads = torch.autograd.grad(outputs, new[0] if single else new, *args, **kwargs)
+    out = tuple(
+        g if o is None else _wrap_grad(g._values if isinstance(g, MJT) else g, t) for g, t, o in zip(grads, ins, owned)
+    )
+    return out
+
+
+def _retain_grad(self):
+    v = own_values(self)
+    if v is None:
+        return NotImplemented
+    v.retain_grad()
+    self.__dict__["_retained"] = v
+    return None
+
+
+def _grad_get(self):
+    v = self.__dict__.get("_retained")
+    if v is None:
+        return NotImplemented
+    return _wrap_grad(v.grad, self)
+
+
+def _register_hook(self, hook):
+    v = own_values(self)
+    if v is None:
+        return NotImplemented
+
+    def on_values(g):
+        r = hook(MJT(g, self._partition, self._ragged_dims))
+        return None if r is None else (r._values if isinstance(r, MJT) else r)
+
+    return v.register_hook(on_values)
+
+
+FAST[torch.autograd.grad] = _autograd_grad
+FAST[torch.Tensor.retain_grad] = _retain_grad
+FAST[torch.Tensor.grad.__get__] = _grad_get
+FAST[torch.Tensor.register_hook] = _register_hook
