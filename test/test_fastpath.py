@@ -224,3 +224,18 @@ def test_unsupported_arguments_take_the_general_path():
     y = F.relu(x * 1, inplace=True)
     assert torch.equal(y.values(), F.relu(x.values()))
     assert torch.equal((x + torch.ones(2, 1, 4, dtype=DT)[:1]).values(), (x + 1).values())
+
+
+def test_values_of_a_wrapper_without_grad_never_carry_a_graph():
+    lin = torch.nn.Linear(4, 4, dtype=DT)
+    y = lin(mj.nested_tensor(comps(LENGTHS)))
+    stand = mj.MultiJaggedTensor(y._values, y._partition, y._ragged_dims)  # aliases y's values
+    assert not stand.requires_grad
+    assert not (stand * 2).requires_grad
+
+
+def test_leaf_that_stops_requiring_grad_is_read_plainly():
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    assert (x * 2).requires_grad
+    x.requires_grad_(False)
+    assert not (x * 2).requires_grad

@@ -395,9 +395,10 @@ torch.serialization.add_safe_globals([_rebuild, MultiJaggedTensor])
 
 # NOTE [ Handler lookup ]
 #
-# The two dispatch entry points above look up per op, in these five module globals: the routes
-# of ``__torch_function__`` (``ops/routes.py``: ``ROUTES``, and ``unify_call`` for operands with
-# equal sizes but other nested ints), and for ``__torch_dispatch__`` the op table's ``dispatch``
+# The two dispatch entry points above look up per op, in these module globals: for
+# ``__torch_function__`` the eager values path (``ops/fastpath.py``: ``FAST`` and its
+# ``enabled`` predicate), the routes (``ops/routes.py``: ``ROUTES``, and ``unify_call`` for
+# operands with equal sizes but other nested ints), and for ``__torch_dispatch__`` the op table's ``dispatch``
 # (``ops/__init__.py``) with the write guard for reordered copies (``ops/views.py``). This module
 # sits below ``ops/`` (ops/ imports it, never the reverse: CONTRIBUTING.md, Layering), so the op
 # table is handed in once, by the package's ``__init__.py`` calling ``install_op_table`` after it

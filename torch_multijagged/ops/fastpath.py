@@ -81,10 +81,15 @@ def _version(x: MJT) -> int:
 def values(x: MJT) -> torch.Tensor:
     """``x``'s packed values carrying ``x``'s gradient (see the NOTE)."""
     hit = x.__dict__.get("_vgraph")
-    if hit is not None and hit[0]._version == hit[1] and _version(x) == hit[3]:
+    if hit is not None and hit[0]._version == hit[1] and _version(x) == hit[3] and (hit[2] or _requires_grad(x)):
         return hit[0]
-    if not _grad_enabled() or not _requires_grad(x):
-        return x._values
+    v = x._values
+    if not _grad_enabled():
+        return v
+    if not _requires_grad(x):
+        # a wrapper that does not require grad never lends its values' graph (an alias made
+        # under no_grad of a fast result shares that result's graph-carrying values)
+        return v.detach() if v.requires_grad else v
     v = _ValuesOf.apply(x)
     x.__dict__["_vgraph"] = (v, v._version, False, _version(x))
     return v
