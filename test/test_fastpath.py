@@ -239,3 +239,37 @@ def test_leaf_that_stops_requiring_grad_is_read_plainly():
     assert (x * 2).requires_grad
     x.requires_grad_(False)
     assert not (x * 2).requires_grad
+
+
+@pytest.mark.parametrize("mask", [None, "pair_bias", "bool"])
+def test_attention_matches_general_path(mask, monkeypatch):
+    def run(fast: bool):
+        torch.manual_seed(0)
+        qkv = torch.nn.Linear(4, 12, dtype=DT)
+        proj = torch.nn.Linear(2, 3, dtype=DT)
+        cs = [c.requires_grad_() for c in comps(LENGTHS)]
+        x = mj.as_nested_tensor(cs)
+        ctx = contextlib.nullcontext() if fast else general_path()
+        with ctx:
+            q, k, v = qkv(x).unflatten(-1, (3, 2, 2)).unbind(-3)  # (B, j, 2, 2) each
+            q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, H=2, j, D=2)
+            m = None
+            if mask == "pair_bias":
+                pair = x[..., :2].unsqueeze(-2) * x[..., 2:].unsqueeze(-3)  # (B, j, j, 2)
+                m = proj(pair)[..., :2].permute(0, 3, 1, 2)  # (B, 2, j, j)
+            elif mask == "bool":
+                pair = x[..., :1].unsqueeze(-2) - x[..., 1:2].unsqueeze(-3)
+                m = (pair > -0.5).permute(0, 3, 1, 2)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=m)
+            loss = (out * out).sum(dim=(1, 2, 3))
+            leaves = [*cs, *qkv.parameters()] + ([*proj.parameters()] if mask == "pair_bias" else [])
+            grads = torch.autograd.grad(loss @ torch.arange(1.0, len(LENGTHS) + 1, dtype=DT), leaves)
+        return loss, grads
+
+    seen = _spy_dispatch(monkeypatch)
+    loss_f, g_f = run(True)
+    assert torch.ops.multijagged.sdpa.default not in seen and torch.ops.multijagged.sdpa_backward.default not in seen
+    loss_s, g_s = run(False)
+    torch.testing.assert_close(loss_f, loss_s)
+    for a, b in zip(g_f, g_s):
+        torch.testing.assert_close(a, b)

@@ -118,7 +118,10 @@ class MultiJaggedTensor(torch.Tensor):
             values.device,
             False,
             requires_grad,
-            "sizes",
+            # sizes, dim and numel are answered in C++ from the stored size; strides and
+            # contiguity come from Python (NOTE [ Subclass mechanism ]). numel, which C++ would
+            # compute as a product of nested ints, is routed in __torch_function__ (ops/routes.py).
+            "strides",
             False,
             False,
             # The wrapper owns no storage; a size computed from nested-int sizes would fail.

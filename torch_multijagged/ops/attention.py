@@ -157,7 +157,9 @@ def _check_mask(mask, query, key, ragged_l):
 
 @route(F.scaled_dot_product_attention)
 def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                  enable_gqa=False):
+                                  enable_gqa=False, *, values_path=False):
+    """``values_path``: return the checked arguments of ``multijagged::sdpa`` instead of calling
+    it (the eager values path calls the handler itself, NOTE [ Eager values path ])."""
     if not any(isinstance(t, MJT) for t in (query, key, value, attn_mask)):
         return NotImplemented
     ragged_l = _check(query, key, value, attn_mask, is_causal, enable_gqa)
@@ -171,6 +173,8 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
         seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
     scale = 1.0 / math.sqrt(query._size[-1]) if scale is None else float(scale)
     args = (query, key, value, mask, seed, bool(is_causal), scale, float(dropout_p))
+    if values_path:
+        return args
     if not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack() or _needs_grad(*args[:4])):
         return sdpa_default(mj.sdpa.default, *args, need_lse=False)[0]
     return _call(mj.sdpa.default, *args)[0]
@@ -268,9 +272,12 @@ def _block_starts(mask: MJT, q: MJT, cu_q, cu_k, seg_sample):
 
 
 @register_multi_jagged_func(mj.sdpa.default, "q: mjt, k: mjt, v: mjt, mask: any?, seed: any?, causal: any, scale: any, dropout_p: any")
-def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, dropout_p=0.0, *, need_lse=True):
+def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, dropout_p=0.0, *, need_lse=True,
+                 differentiable=False):
     """``need_lse=False``: the route's direct call when no backward will run (the row
-    log-sum-exp is then left unwritten)."""
+    log-sum-exp is then left unwritten). ``differentiable``: called above autograd by the eager
+    values path, so the packed kernel goes through ``multijagged::varlen_attention`` and its
+    autograd formula."""
     n = len(q._size)
     if n - 2 not in q._ragged_dims:
         mv = None if mask is None else (mask._values if isinstance(mask, MJT) else mask)
@@ -286,7 +293,7 @@ def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, d
     vv = kv if v is k else _flat(v)
     args = (qv, kv, vv, cu_q, cu_k, q._partition.extents[-1].max, k._partition.extents[-1].max, bias, start, seed,
             causal, scale, dropout_p)
-    if _traced(qv):
+    if differentiable or _traced(qv):
         out, lse = mj.varlen_attention(*args)
     else:
         # Below autograd already (this is the handler of multijagged::sdpa, whose formula calls

@@ -45,6 +45,7 @@ from ..tensor import MultiJaggedTensor
 from . import pointwise as _pw
 from . import reductions as _red
 from . import views as _views
+from . import attention as _att
 from ._common import static_dims
 
 __all__ = ["FAST", "enabled"]
@@ -310,6 +311,41 @@ def _unsqueeze(input, dim):
 FAST[torch.unsqueeze] = FAST[torch.Tensor.unsqueeze] = _unsqueeze
 
 
+def _transpose(input, dim0, dim1):
+    if not isinstance(input, MJT) or not isinstance(dim0, int) or not isinstance(dim1, int):
+        return NotImplemented
+    n = len(input._size)
+    if not (-n <= dim0 < n and -n <= dim1 < n) or dim0 % n == 0 or dim1 % n == 0:
+        return NotImplemented  # the batch dim: routes (nn.MultiheadAttention's batch-second token) or errors
+    return _finish(_views.transpose_int(aten.transpose.int, _standin(input), dim0, dim1))
+
+
+def _permute(input, *dims):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if len(dims) == 1 and isinstance(dims[0], (list, tuple)):
+        dims = tuple(dims[0])
+    if not dims or not all(isinstance(d, int) for d in dims) or dims[0] != 0:
+        return NotImplemented
+    return _finish(_views.permute_default(aten.permute.default, _standin(input), list(dims)))
+
+
+def _view(input, *size):
+    # reshape / flatten / unflatten reach this after their checks (ops/shape_routes.py)
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
+        size = tuple(size[0])
+    if not size or isinstance(size[0], torch.dtype):
+        return NotImplemented
+    return _finish(_views.view_default(aten.view.default, _standin(input), list(size)))
+
+
+FAST[torch.transpose] = FAST[torch.Tensor.transpose] = _transpose
+FAST[torch.permute] = FAST[torch.Tensor.permute] = _permute
+FAST[torch.Tensor.view] = _view
+
+
 def _reduction(kind: str, aten_op):
     def impl(input, dim=None, keepdim=False, *, dtype=None, out=None):
         if not isinstance(input, MJT) or out is not None or not isinstance(keepdim, bool):
@@ -334,6 +370,28 @@ def _reduction(kind: str, aten_op):
 
 FAST[torch.sum] = FAST[torch.Tensor.sum] = _reduction("sum", aten.sum.dim_IntList)
 FAST[torch.mean] = FAST[torch.Tensor.mean] = _reduction("mean", aten.mean.dim)
+
+
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    if not (isinstance(query, MJT) and isinstance(key, MJT) and isinstance(value, MJT)):
+        return NotImplemented
+    if len(query._size) - 2 not in query._ragged_dims:
+        return NotImplemented  # attention inside packed rows: the general path's dense kernel
+    q, k, v, mask, seed, causal, scale, p = _att._scaled_dot_product_attention(
+        query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa, values_path=True
+    )
+    sk = _standin(k) if k is not q else None
+    sv = _standin(v) if v is not k else None
+    sq = _standin(q)
+    sk = sq if sk is None else sk
+    sv = sk if sv is None else sv
+    sm = _standin(mask) if isinstance(mask, MJT) else mask
+    out, _ = _att.sdpa_default(torch.ops.multijagged.sdpa.default, sq, sk, sv, sm, seed, causal, scale, p,
+                               need_lse=False, differentiable=True)
+    return _finish(out)
+
+
+FAST[F.scaled_dot_product_attention] = _sdpa
 
 
 # --------------------------------------------------------------------------- the autograd API

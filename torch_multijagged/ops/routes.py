@@ -639,3 +639,16 @@ route(torch.Tensor.backward)(_autograd_entry(torch.Tensor.backward))
 
 # The shape family (reshape / flatten / unflatten, split, einsum) registers its routes here.
 from . import shape_routes  # noqa: E402,F401
+
+
+@route(torch.Tensor.numel, torch.numel, torch.Tensor.nelement)
+def _numel(input):
+    """The packed element count (no padding is stored): rows × the static sizes. The wrapper's
+    C++ numel would multiply nested ints."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    n = input._partition.rows
+    for d, s in enumerate(input._size):
+        if d and d not in input._ragged_dims:
+            n = n * s
+    return n
