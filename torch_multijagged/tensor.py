@@ -77,7 +77,11 @@ _INTERNAL_ATTRS = frozenset({"_values", "_partition", "_ragged_dims", "_size", "
 
 
 def _is_internal_attr(name: str, value) -> bool:
-    return name in _INTERNAL_ATTRS or name.startswith("_sym_") or type(value).__name__ == "PyCapsule"
+    return (
+        name in _INTERNAL_ATTRS
+        or name.startswith(("_sym_", "_ext"))
+        or type(value).__name__ == "PyCapsule"
+    )
 
 
 def _user_state(t: "MultiJaggedTensor") -> dict:
@@ -311,7 +315,10 @@ class MultiJaggedTensor(torch.Tensor):
         if name.startswith("_ext"):
             i, kind = name[4:].split("_", 1)
             e = self._unique_extents()[0][int(i)]
-            return {"offsets": e.offsets, "sum": e.sum_carrier, "max": e.max_carrier, "sq": e.sq_carrier}[kind]
+            t = {"offsets": e.offsets, "sum": e.sum_carrier, "max": e.max_carrier, "sq": e.sq_carrier}[kind]
+            # read on every call of a compiled function (its guards and inputs): keep it
+            self.__dict__[name] = t
+            return t
         raise AttributeError(name)
 
     @staticmethod

@@ -394,6 +394,35 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
 FAST[F.scaled_dot_product_attention] = _sdpa
 
 
+# --------------------------------------------------------------------------- metadata
+# Read by every module (``x.shape[-1]``) and by dynamo's guards on each call of a compiled
+# function (``x.size()[1] != 1``): answered from the stored logical size.
+def _size(self, dim=None):
+    if not isinstance(self, MJT):
+        return NotImplemented
+    if dim is None:
+        return torch.Size(self._size)
+    if not isinstance(dim, int):
+        return NotImplemented  # a dim name: the general path raises as dense torch does
+    n = len(self._size)
+    if not -n <= dim < n:
+        return NotImplemented
+    return self._size[dim]
+
+
+def _shape(self):
+    return torch.Size(self._size) if isinstance(self, MJT) else NotImplemented
+
+
+def _dim(self):
+    return len(self._size) if isinstance(self, MJT) else NotImplemented
+
+
+FAST[torch.Tensor.size] = _size
+FAST[torch.Tensor.shape.__get__] = _shape
+FAST[torch.Tensor.dim] = FAST[torch.Tensor.ndim.__get__] = FAST[torch.Tensor.ndimension] = _dim
+
+
 # --------------------------------------------------------------------------- the autograd API
 def _wrap_grad(g, like: MJT):
     return None if g is None else result(g, like._partition, like._ragged_dims)
