@@ -40,6 +40,8 @@ class Bug:
     tests: tuple[str, ...]  # test files (relative to test/) to run
 
 
+_FAST = ("test_fastpath.py", "test_pointwise.py", "test_double_backward.py", "test_gradients_reach_leaves.py",
+         "test_nn.py", "test_ragged_reductions.py", "test_broadcast.py")
 _ATT = ("test_attention_kernels.py", "test_attention.py", "test_attention_modules.py", "test_varlen_accessors.py")
 
 BUGS = [
@@ -117,6 +119,27 @@ BUGS = [
     Bug("MHA with key is value: k/v projection takes the query's bias", "ops/mha.py",
         "kp, vp = F.linear(k, w[e:], None if b is None else b[e:]).chunk(2, -1)",
         "kp, vp = F.linear(k, w[e:], None if b is None else b[:2 * e]).chunk(2, -1)", _ATT),
+    # ------------------------------------------------------------------ the eager values path (issue 9)
+    Bug("values path reuses a result's values after an in-place write to the wrapper", "ops/fastpath.py",
+        "hit[0]._version == hit[1] and _version(x) == hit[3] and (hit[2] or _requires_grad(x))",
+        "hit[0]._version == hit[1] and (hit[2] or _requires_grad(x))", _FAST),
+    Bug("values path lets a dense operand reach one dim too far", "ops/fastpath.py",
+        "return t.dim() <= _trailing(like)", "return t.dim() <= _trailing(like) + 1", _FAST),
+    Bug("values path: a leaf's values answer autograd.grad for the leaf", "ops/fastpath.py",
+        'x.__dict__["_vgraph"] = (v, v._version, False, _version(x))',
+        'x.__dict__["_vgraph"] = (v, v._version, True, _version(x))', _FAST),
+    Bug("values path: softmax over a static dim uses the logical dim", "ops/fastpath.py",
+        "vd = static_dims(n, input._ragged_dims).index(d) + 1", "vd = static_dims(n, input._ragged_dims).index(d)", _FAST),
+    Bug("values path: a no-grad alias lends its values' graph", "ops/fastpath.py",
+        "return v.detach() if v.requires_grad else v", "return v", _FAST),
+    Bug("values path: reductions drop keepdim", "ops/fastpath.py",
+        "return _finish(_red._reduce(aten_op, x, list(dims), keepdim, kind, dtype))",
+        "return _finish(_red._reduce(aten_op, x, list(dims), False, kind, dtype))", _FAST),
+    Bug("values path: dense-first operands swapped", "ops/fastpath.py",
+        "return result(func(a, values(b), **kwargs), b._partition, b._ragged_dims)",
+        "return result(func(values(b), a, **kwargs), b._partition, b._ragged_dims)", _FAST),
+    Bug("values path: autograd.grad asks the wrapper of an intermediate, not its values", "ops/fastpath.py",
+        "owned = [own_values(t) for t in ins]", "owned = [None for t in ins]", _FAST),
 
 ]
 

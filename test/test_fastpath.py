@@ -273,3 +273,17 @@ def test_attention_matches_general_path(mask, monkeypatch):
     torch.testing.assert_close(loss_f, loss_s)
     for a, b in zip(g_f, g_s):
         torch.testing.assert_close(a, b)
+
+
+def test_size_shape_dim_answered_without_dispatch(monkeypatch):
+    x = mj.nested_tensor(comps(LENGTHS))
+    seen = []
+    inner = _tensor._dispatch
+    monkeypatch.setattr(_tensor, "_dispatch", lambda f, a, k: seen.append(f) or inner(f, a, k))
+    assert isinstance(x.size(), torch.Size) and x.size() == x.shape and len(x.shape) == 3
+    assert x.size(-1) == 4 and x.size(0) == len(LENGTHS) and x.size(1) is x.shape[1]
+    assert x.dim() == x.ndim == x.ndimension() == 3
+    with pytest.raises(IndexError, match="out of range"):
+        x.size(3)
+    assert seen == []
+    assert x.numel() == x.values().numel() == torch.numel(x) == x.nelement() == sum(LENGTHS) * 4

@@ -65,6 +65,29 @@ class _WrapValues(torch.autograd.Function):
         return (_ValuesOf.apply(grad) if _graph(grad) else grad._values), None, None
 
 
+class _Adopt(torch.autograd.Function):
+    """``box[0]``, a wrapper already built around ``values``, made the differentiable output of
+    ``values`` (``wrap_values`` without building a second wrapper; the eager values path)."""
+
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, box: list):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        return box[0]
+
+    @staticmethod
+    def backward(ctx, grad: MultiJaggedTensor):  # type: ignore[override]
+        if grad is None:
+            return None, None
+        return (_ValuesOf.apply(grad) if _graph(grad) else grad._values), None
+
+
+def adopt(x: MultiJaggedTensor) -> MultiJaggedTensor:
+    """``x`` (whose values carry an autograd graph, its wrapper none) as a differentiable output
+    of its values: the same object, with a ``grad_fn`` whose backward hands the gradient to the
+    values."""
+    return _Adopt.apply(x._values, [x])
+
+
 class _Relabel(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: MultiJaggedTensor, partition: Partition):  # type: ignore[override]

@@ -13,8 +13,8 @@ segment sum): their backward runs with no Python at all.
 
 Each result still is an ordinary differentiable wrapper, so that everything else — the slow path,
 ``torch.compile``'d functions, user ``autograd.Function``s, ``y.backward()`` — sees a wrapper with
-a ``grad_fn``: the result is ``wrap_values(v)`` (one cheap autograd node whose backward hands the
-gradient to ``v``), and it *remembers* ``v`` (``_vgraph``). The next fast op reads ``v`` instead
+a ``grad_fn``: the result is made the differentiable output of ``v`` (``bridge.adopt``: one autograd node whose
+backward hands the gradient to ``v``), and it *remembers* ``v`` (``_vgraph``). The next fast op reads ``v`` instead
 of the wrapper, so chains of fast ops form one dense graph and the wrappers' nodes are never run
 unless something else consumed the wrapper. Correctness rests on three rules:
 
@@ -40,7 +40,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ..bridge import _ValuesOf, _WrapValues
+from ..bridge import _Adopt, _ValuesOf
 from ..tensor import MultiJaggedTensor
 from . import pointwise as _pw
 from . import reductions as _red
@@ -104,17 +104,18 @@ def _standin(x: MJT) -> MJT:
 
 def result(v: torch.Tensor, partition, ragged_dims) -> MJT:
     """The wrapper of fast-op output values ``v`` (see the NOTE)."""
-    if not v.requires_grad or not _grad_enabled():
-        return MJT(v, partition, ragged_dims)
-    y = _WrapValues.apply(v, partition, ragged_dims)
-    y.__dict__["_vgraph"] = (v, v._version, True, _version(y))
-    return y
+    return _finish(MJT(v, partition, ragged_dims))
 
 
 def _finish(out):
-    """A handler's output (computed on values under autograd) as a fast-op result."""
+    """A handler's output (computed on values under autograd) as a fast-op result: made the
+    differentiable output of its values, remembering them (see the NOTE)."""
     if isinstance(out, MJT):
-        return result(out._values, out._partition, out._ragged_dims) if out._values.requires_grad else out
+        v = out._values
+        if v.requires_grad and _grad_enabled():
+            y = _Adopt.apply(v, [out])
+            y.__dict__["_vgraph"] = (v, v._version, True, _version(y))
+            return y
     return out
 
 

@@ -126,7 +126,8 @@ def _out_structure(func, args):
             raise _error(func, args, f"multi_jagged operands need the same number of dims, got {len(m._size)} and {ndim}")
         if m._partition.batch != batch:
             raise _error(func, args, f"batch sizes differ ({m._partition.batch} vs {batch})")
-    if any(t.dim() > ndim for t in tensors):
+    # (an MJT's .dim()/.shape would go through __torch_function__: read its stored size)
+    if any(t.dim() > ndim for t in tensors if not isinstance(t, MJT)):
         raise _error(func, args, "a dense operand has more dims than the multi_jagged one")
 
     # Output ragged dims and their extents, in logical (= storage) order.
@@ -144,8 +145,8 @@ def _out_structure(func, args):
             continue
         for t in tensors:
             if isinstance(t, MJT):
-                if d not in t._ragged_dims and t.shape[d] != 1:
-                    raise _error(func, args, f"dim {d} is ragged in one operand and static of size {t.shape[d]} in another")
+                if d not in t._ragged_dims and t._size[d] != 1:
+                    raise _error(func, args, f"dim {d} is ragged in one operand and static of size {t._size[d]} in another")
             else:
                 dd = d - (ndim - t.dim())
                 if dd >= 0 and t.shape[dd] != 1:

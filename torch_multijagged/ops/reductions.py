@@ -79,8 +79,13 @@ class _Plan:
         if self.index is None:
             c = torch.full((1,), float(n), dtype=x._values.dtype, device=x._values.device)
         else:
-            ones = x._values.new_ones(x._values.shape[0])
-            c = seg.segment_reduce(ones, self.index, self.rows, "sum") * n
+            v = x._values
+            # rows per output row: a function of the structure alone, so cached on the partition
+            # (NOTE [ Derived maps ] in structure.py); every mean over these dims reads it
+            key = ("row_counts", self.batch, self.red_r, v.dtype, v.device)
+            c = x._partition.derived(
+                key, lambda p: seg.segment_reduce(v.new_ones(v.shape[0]), self.index, self.rows, "sum")
+            ) * n
         return c.reshape(-1, *([1] * (x._values.dim() - 1)))
 
 

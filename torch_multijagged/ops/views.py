@@ -35,7 +35,7 @@ def _squeeze(inp, dims):
             raise StructureError(f"squeeze(): cannot squeeze the batch dim of {describe(inp)}")
         if d in inp._ragged_dims:
             raise StructureError(f"squeeze(): cannot squeeze ragged dim {d} of {describe(inp)}")
-        if inp.shape[d] == 1:
+        if inp._size[d] == 1:
             drop.append(d)
     if not drop:
         return wrap(inp._values, inp._partition, inp._ragged_dims)
