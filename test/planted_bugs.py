@@ -121,8 +121,8 @@ BUGS = [
         "kp, vp = F.linear(k, w[e:], None if b is None else b[:2 * e]).chunk(2, -1)", _ATT),
     # ------------------------------------------------------------------ the eager values path (issue 9)
     Bug("values path reuses a result's values after an in-place write to the wrapper", "ops/fastpath.py",
-        "hit[0]._version == hit[1] and _version(x) == hit[3] and (hit[2] or _requires_grad(x))",
-        "hit[0]._version == hit[1] and (hit[2] or _requires_grad(x))", _FAST),
+        "hit[0]._version == hit[1] and _version(x) == hit[3] and _requires_grad(x)",
+        "hit[0]._version == hit[1] and _requires_grad(x)", _FAST),
     Bug("values path lets a dense operand reach one dim too far", "ops/fastpath.py",
         "return t.dim() <= _trailing(like)", "return t.dim() <= _trailing(like) + 1", _FAST),
     Bug("values path: a leaf's values answer autograd.grad for the leaf", "ops/fastpath.py",

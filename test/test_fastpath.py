@@ -287,3 +287,18 @@ def test_size_shape_dim_answered_without_dispatch(monkeypatch):
         x.size(3)
     assert seen == []
     assert x.numel() == x.values().numel() == torch.numel(x) == x.nelement() == sum(LENGTHS) * 4
+
+
+def test_detached_in_place_result_lends_no_graph():
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    y = x * 2
+    y.detach_()
+    assert not (y * 3).requires_grad
+
+
+def test_identity_transpose_and_permute_give_new_results():
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    y = x * 2
+    for z in (y.transpose(2, 2), y.permute(0, 1, 2)):
+        (g,) = torch.autograd.grad((z.sin() + y.cos()).values().sum(), z)
+        torch.testing.assert_close(g.values(), y.detach().values().cos())

@@ -82,8 +82,8 @@ def _version(x: MJT) -> int:
 def values(x: MJT) -> torch.Tensor:
     """``x``'s packed values carrying ``x``'s gradient (see the NOTE)."""
     hit = x.__dict__.get("_vgraph")
-    if hit is not None and hit[0]._version == hit[1] and _version(x) == hit[3] and (hit[2] or _requires_grad(x)):
-        return hit[0]
+    if hit is not None and hit[0]._version == hit[1] and _version(x) == hit[3] and _requires_grad(x):
+        return hit[0]  # (a wrapper detached in place no longer requires grad: read it plainly)
     v = x._values
     if not _grad_enabled():
         return v
@@ -318,6 +318,9 @@ def _transpose(input, dim0, dim1):
     n = len(input._size)
     if not (-n <= dim0 < n and -n <= dim1 < n) or dim0 % n == 0 or dim1 % n == 0:
         return NotImplemented  # the batch dim: routes (nn.MultiheadAttention's batch-second token) or errors
+    if dim0 % n == dim1 % n:
+        # the handler returns the input's values object: a result must own its values (the NOTE)
+        return NotImplemented
     return _finish(_views.transpose_int(aten.transpose.int, _standin(input), dim0, dim1))
 
 
@@ -328,6 +331,8 @@ def _permute(input, *dims):
         dims = tuple(dims[0])
     if not dims or not all(isinstance(d, int) for d in dims) or dims[0] != 0:
         return NotImplemented
+    if [d % len(input._size) for d in dims] == list(range(len(input._size))):
+        return NotImplemented  # the identity: see _transpose
     return _finish(_views.permute_default(aten.permute.default, _standin(input), list(dims)))
 
 
