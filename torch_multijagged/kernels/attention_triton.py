@@ -20,22 +20,12 @@ import math
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - the package must import without triton
-    triton = tl = None
+from ._triton import tl, triton, jit as _jit, require_triton as _require_triton, launch as _launch  # noqa: F401
 
 __all__ = ["attention_triton", "attention_triton_backward"]
 
 _DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAX_HEAD = 128
-
-
-def _jit(fn):
-    # annotations are strings (``from __future__ import annotations``), which triton reads as
-    # constexpr markers; without triton the kernels stay plain functions nobody calls
-    return triton.jit(fn) if triton is not None else fn
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -238,20 +228,10 @@ def _bwd_kernel(
 
 
 # ----------------------------------------------------------------------------- launchers
-def _require_triton(op):
-    if triton is None:
-        raise RuntimeError(f"{op}(): expected the triton package to be installed, got none")
-
 
 def _pow2(n: int) -> int:
     # tl.dot wants every block dim >= 16; padded columns are masked
     return max(16, triton.next_power_of_2(int(n)))
-
-
-def _launch(kernel, grid, *args, **meta):
-    # inside a triton_op (eager) wrap_triton hands back the kernel itself; under tracing it records
-    # the launch for Inductor; under TRITON_INTERPRET=1 it is the interpreted kernel
-    torch.library.wrap_triton(kernel)[grid](*args, **meta)
 
 
 def _check(op, q, k, v, cu_q, cu_k, bias, bias_start, keep, dropout_p):

@@ -30,20 +30,12 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - the package must import without triton
-    triton = tl = None
+from ._triton import tl, triton, jit as _jit, require_triton as _require_triton, launch as _launch, numel as _numel  # noqa: F401
 
 __all__ = ["to_padded_triton", "from_padded_triton", "MAX_RAGGED", "DTYPES"]
 
 MAX_RAGGED = 4
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
-
-
-def _jit(fn):
-    return triton.jit(fn) if triton is not None else fn
 
 
 @_jit
@@ -115,22 +107,6 @@ def _padded_kernel(
 
 
 # ----------------------------------------------------------------------------- launchers
-def _require_triton(op):
-    if triton is None:
-        raise RuntimeError(f"{op}(): expected the triton package to be installed, got none")
-
-
-def _launch(kernel, grid, *args, **meta):
-    # inside a triton_op (eager) wrap_triton hands back the kernel itself; under tracing it records
-    # the launch for Inductor; under TRITON_INTERPRET=1 it is the interpreted kernel
-    torch.library.wrap_triton(kernel)[grid](*args, **meta)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n = n * s
-    return n
 
 
 def _blocks(f: int) -> tuple[int, int]:

@@ -32,11 +32,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - the package must import without triton
-    triton = tl = None
+from ._triton import tl, triton, jit as _jit, require_triton as _require_triton, launch as _launch, numel as _numel  # noqa: F401
 
 __all__ = ["pair_combine_triton", "pair_combine_triton_backward", "pair_add_layer_norm_triton",
            "pair_add_layer_norm_triton_backward", "OPS", "DTYPES", "MAX_LN_WIDTH"]
@@ -45,10 +41,6 @@ OPS = ("add", "sub", "mul")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 MAX_LN_WIDTH = 8192  # one row of the fused LayerNorm is one block
 _LN_PROGRAMS = 1024  # cap on the backward's programs (each loops over row tiles)
-
-
-def _jit(fn):
-    return triton.jit(fn) if triton is not None else fn
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -199,22 +191,6 @@ def _pair_ln_bwd_kernel(
 
 
 # ----------------------------------------------------------------------------- launchers
-def _require_triton(op):
-    if triton is None:
-        raise RuntimeError(f"{op}(): expected the triton package to be installed, got none")
-
-
-def _launch(kernel, grid, *args, **meta):
-    # inside a triton_op (eager) wrap_triton hands back the kernel itself; under tracing it records
-    # the launch for Inductor; under TRITON_INTERPRET=1 it is the interpreted kernel
-    torch.library.wrap_triton(kernel)[grid](*args, **meta)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n = n * s
-    return n
 
 
 def _blocks(f) -> tuple[int, int]:

@@ -44,11 +44,7 @@ from __future__ import annotations
 
 import torch
 
-try:
-    import triton
-    import triton.language as tl
-except ImportError:  # pragma: no cover - the package must import without triton
-    triton = tl = None
+from ._triton import tl, triton, jit as _jit, require_triton as _require_triton, launch as _launch  # noqa: F401
 
 __all__ = ["KINDS", "DTYPES", "segment_reduce_triton", "segment_softmax_triton", "segment_softmax_backward_triton"]
 
@@ -56,12 +52,6 @@ KINDS = ("sum", "mean", "amax", "amin", "logsumexp")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 _KIND_ID = {k: i for i, k in enumerate(KINDS)}
 _MAX_GRID_Y = 65535  # CUDA's limit on grid dim 1 (the feature blocks)
-
-
-def _jit(fn):
-    # annotations are strings (``from __future__ import annotations``), which triton reads as
-    # constexpr markers; without triton the kernels stay plain functions nobody calls
-    return triton.jit(fn) if triton is not None else fn
 
 
 # ----------------------------------------------------------------------------- kernels
@@ -195,15 +185,6 @@ def _softmax_bwd_kernel(
 
 
 # ----------------------------------------------------------------------------- launchers
-def _require_triton(op):
-    if triton is None:
-        raise RuntimeError(f"{op}(): expected the triton package to be installed, got none")
-
-
-def _launch(kernel, grid, *args, **meta):
-    # inside a triton_op (eager) wrap_triton hands back the kernel itself; under tracing it records
-    # the launch for Inductor; under TRITON_INTERPRET=1 it is the interpreted kernel
-    torch.library.wrap_triton(kernel)[grid](*args, **meta)
 
 
 def _check(op, values, index, out_rows):
