@@ -302,3 +302,25 @@ def test_identity_transpose_and_permute_give_new_results():
     for z in (y.transpose(2, 2), y.permute(0, 1, 2)):
         (g,) = torch.autograd.grad((z.sin() + y.cos()).values().sum(), z)
         torch.testing.assert_close(g.values(), y.detach().values().cos())
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_block_under_no_grad_and_inference_mode_matches_per_sample(mode):
+    """The pair block's ops (layer_norm, softmax over ragged and static dims, a pair's mean over a
+    ragged dim, …) under ``torch.no_grad`` / ``torch.inference_mode``, as ``torch.jagged`` runs them."""
+    torch.manual_seed(0)
+    lin, norm = torch.nn.Linear(4, 4, dtype=DT), torch.nn.LayerNorm(4, dtype=DT)
+    w = torch.randn(4, dtype=DT)
+    cs = comps(LENGTHS)
+    with getattr(torch, mode)():
+        out = block(mj.nested_tensor(cs), lin, norm, w)
+        ref = []
+        for c in cs:
+            h = lin(c)
+            pair = h.unsqueeze(-2) + h.unsqueeze(-3)
+            pair = pair + F.silu(norm(pair)) * w
+            s = torch.softmax(pair, dim=1) + torch.log_softmax(pair, dim=-1)
+            single = c + pair.mean(dim=-2) - s.sum(1) / 3
+            ref.append((single * single).sum() + (pair ** 2).sum() / 7)
+    torch.testing.assert_close(out, torch.stack(ref))
+    assert not out.requires_grad
