@@ -49,6 +49,19 @@ def block(x, lin, norm, w):
     return (single * single).sum(dim=(1, 2)) + (pair ** 2).sum(dim=(1, 2, 3)) / 7
 
 
+def block_per_sample(cs, lin, norm, w):
+    """``block`` on each dense component (the sample's ragged dim is dim 0 there), stacked."""
+    outs = []
+    for c in cs:
+        h = lin(c)
+        pair = h.unsqueeze(-2) + h.unsqueeze(-3)
+        pair = pair + F.silu(norm(pair)) * w
+        s = torch.softmax(pair, dim=1) + torch.log_softmax(pair, dim=-1)
+        single = c + pair.mean(dim=-2) - s.sum(1) / 3
+        outs.append((single * single).sum() + (pair ** 2).sum() / 7)
+    return torch.stack(outs)
+
+
 def _run(fast: bool, lengths=LENGTHS):
     torch.manual_seed(0)
     lin, norm = torch.nn.Linear(4, 4, dtype=DT), torch.nn.LayerNorm(4, dtype=DT)
@@ -77,15 +90,7 @@ def test_block_matches_per_sample_reference():
     lin, norm = torch.nn.Linear(4, 4, dtype=DT), torch.nn.LayerNorm(4, dtype=DT)
     w = torch.randn(4, dtype=DT, requires_grad=True)
     cs = [c.requires_grad_() for c in comps(LENGTHS)]
-    outs = []
-    for c in cs:
-        h = lin(c)
-        pair = h.unsqueeze(-2) + h.unsqueeze(-3)
-        pair = pair + F.silu(norm(pair)) * w
-        s = torch.softmax(pair, dim=1) + torch.log_softmax(pair, dim=-1)
-        single = c + pair.mean(dim=-2) - s.sum(1) / 3
-        outs.append((single * single).sum() + (pair ** 2).sum() / 7)
-    out = torch.stack(outs)
+    out = block_per_sample(cs, lin, norm, w)
     grads = torch.autograd.grad(out @ torch.arange(1.0, len(LENGTHS) + 1, dtype=DT),
                                 [*cs, w, *lin.parameters(), *norm.parameters()])
     torch.testing.assert_close(out_f, out.detach())
@@ -314,13 +319,6 @@ def test_block_under_no_grad_and_inference_mode_matches_per_sample(mode):
     cs = comps(LENGTHS)
     with getattr(torch, mode)():
         out = block(mj.nested_tensor(cs), lin, norm, w)
-        ref = []
-        for c in cs:
-            h = lin(c)
-            pair = h.unsqueeze(-2) + h.unsqueeze(-3)
-            pair = pair + F.silu(norm(pair)) * w
-            s = torch.softmax(pair, dim=1) + torch.log_softmax(pair, dim=-1)
-            single = c + pair.mean(dim=-2) - s.sum(1) / 3
-            ref.append((single * single).sum() + (pair ** 2).sum() / 7)
-    torch.testing.assert_close(out, torch.stack(ref))
+        ref = block_per_sample(cs, lin, norm, w)
+    torch.testing.assert_close(out, ref)
     assert not out.requires_grad
