@@ -2,6 +2,8 @@
 sample, ``"sum"``/``"mean"`` over every existing element (dense torch on the concatenated
 samples), gradients of input, target and the weights, every layout, a zero-length sample."""
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -33,8 +35,6 @@ def _flat(t):
 @pytest.mark.parametrize("loss", LOSSES, ids=str)
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_loss_matches_per_sample(layout, loss, reduction):
-    global RED, PW
-
     @grid
     @given(structures(layout), seeds)
     def check(s, seed):
@@ -110,3 +110,341 @@ def test_loss_bad_reduction_raises():
     x = mj.nested_tensor([torch.randn(2, 3)])
     with pytest.raises(ValueError, match="mse_loss\\(\\): expected reduction"):
         F.mse_loss(x, x, reduction="avg")
+
+
+# ----------------------------------------------------------------------------- class losses
+# The class dim is dim 1 (NOTE [ Class dim of cross_entropy ] in ops/losses.py): the inputs here
+# are the layout's tensors with their channel dim moved to dim 1, e.g. (B, j0, C) → (B, C, j0).
+IGNORE = 1  # a class index that also occurs as a real class, so that ignoring it matters
+
+
+def _class_case(s, seed, probs=False):
+    """``(x, xl, t, tc, tl)``: input (B, C, …) made from leaves ``xl`` of the layout's shape (its
+    channel dim moved to dim 1: ``_mv``), and targets — class indices ``tc`` of shape (…), or
+    class probabilities made from leaves ``tl`` of the layout's shape."""
+    xc = components(s.shapes, seed)
+    c = s.shapes[0][-1]
+    x, xl = build(xc, s.ragged_dims, requires_grad=True)
+    g = torch.Generator().manual_seed(seed + 7)
+    if probs:
+        tc = [torch.rand(a.shape, generator=g, dtype=torch.float64).softmax(-1) for a in xc]
+        t, tl = build(tc, s.ragged_dims, requires_grad=True)
+        return x.movedim(-1, 1), xl, t.movedim(-1, 1), tc, tl
+    tc = [torch.randint(0, c, a.shape[:-1], generator=g) for a in xc]
+    return x.movedim(-1, 1), xl, mj.nested_tensor(tc, ragged_dims=s.ragged_dims), tc, []
+
+
+def _mv(comps):
+    """Components with their channel dim first (the class dim of a component)."""
+    return [a.movedim(-1, 0).contiguous() for a in comps]  # dense nll_loss2d backward needs it
+
+
+def _leaves(comps):
+    return [a.detach().clone().requires_grad_() for a in comps]
+
+
+def _cat_positions(comps, class_first=True):
+    """Every sample's positions side by side: (1, C, ΣP) for inputs, (1, ΣP) for indices."""
+    if class_first:
+        return torch.cat([a.reshape(a.shape[0], -1) for a in comps], 1).unsqueeze(0)
+    return torch.cat([a.reshape(-1) for a in comps]).unsqueeze(0)
+
+
+CLASS_LOSSES = {
+    "ce": lambda x, t, **kw: F.cross_entropy(x, t, **kw),
+    "ce_weight": lambda x, t, **kw: F.cross_entropy(x, t, weight=WEIGHT[: x.shape[1]], **kw),
+    "ce_ignore": lambda x, t, **kw: F.cross_entropy(x, t, ignore_index=IGNORE, **kw),
+    "ce_smooth": lambda x, t, **kw: F.cross_entropy(x, t, label_smoothing=0.3, **kw),
+    "ce_all": lambda x, t, **kw: F.cross_entropy(x, t, weight=WEIGHT[: x.shape[1]], ignore_index=IGNORE, label_smoothing=0.2, **kw),
+    "nll": lambda x, t, **kw: F.nll_loss(x, t, **kw),
+    "nll_weight_ignore": lambda x, t, **kw: F.nll_loss(x, t, weight=WEIGHT[: x.shape[1]], ignore_index=IGNORE, **kw),
+}
+WEIGHT = torch.tensor([0.5, 2.0, 1.5, 0.25], dtype=torch.float64)
+
+
+def _grads_match(got_out, want_out, got_in, want_in):
+    got = torch.autograd.grad(got_out, got_in, allow_unused=True)
+    want = torch.autograd.grad(want_out, want_in, allow_unused=True)
+    for g, w in zip(got, want):
+        if w is None:
+            assert g is None or not g.abs().sum()
+        else:
+            torch.testing.assert_close(g, w, equal_nan=True)
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("loss", CLASS_LOSSES, ids=str)
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_class_loss_matches_per_sample(layout, loss, reduction):
+    """cross_entropy / nll_loss with class indices: 'none' per sample (dense torch on
+    (1, C, …)), 'sum'/'mean' as dense torch on every sample's positions side by side."""
+    fn = CLASS_LOSSES[loss]
+
+    @grid
+    @given(structures(layout, max_c=4), seeds)
+    def check(s, seed):
+        x, xl, t, tc, _ = _class_case(s, seed)
+        out = fn(x, t, reduction=reduction)
+        rx = _leaves(xl)
+        if reduction == "none":
+            ref = [fn(a.unsqueeze(0), b.unsqueeze(0), reduction="none")[0] for a, b in zip(_mv(rx), tc)]
+            outs = out.unbind()
+            assert len(outs) == len(ref) and out.dtype == ref[0].dtype
+            for o, r in zip(outs, ref):
+                torch.testing.assert_close(o, r)
+            cot = [torch.rand_like(r) for r in ref]
+            _grads_match(sum((o * k).sum() for o, k in zip(outs, cot)), sum((r * k).sum() for r, k in zip(ref, cot)), xl, rx)
+        else:
+            ref = fn(_cat_positions(_mv(rx)), _cat_positions(tc, False), reduction=reduction)
+            assert not isinstance(out, mj.MultiJaggedTensor) and out.dim() == 0 and out.dtype == ref.dtype
+            torch.testing.assert_close(out, ref, equal_nan=True)
+            if not ref.isnan():
+                _grads_match(out, ref, xl, rx)
+
+    check()
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("kw", [{}, {"label_smoothing": 0.25}, {"weight": True}], ids=["plain", "smooth", "weight"])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_cross_entropy_probabilities_matches_per_sample(layout, kw, reduction):
+    """Class-probability targets of the input's structure; gradients reach input and target."""
+
+    @grid
+    @given(structures(layout, max_c=4), seeds)
+    def check(s, seed):
+        x, xl, t, tc, tl = _class_case(s, seed, probs=True)
+        args = dict(kw)
+        if args.get("weight"):
+            args["weight"] = WEIGHT[: x.shape[1]]
+        out = F.cross_entropy(x, t, reduction=reduction, **args)
+        rx, rt = _leaves(xl), _leaves(tl)
+        if reduction == "none":
+            ref = [F.cross_entropy(a.unsqueeze(0), b.unsqueeze(0), reduction="none", **args)[0] for a, b in zip(_mv(rx), _mv(rt))]
+            for o, r in zip(out.unbind(), ref):
+                torch.testing.assert_close(o, r)
+            cot = [torch.rand_like(r) for r in ref]
+            _grads_match(sum((o * k).sum() for o, k in zip(out.unbind(), cot)), sum((r * k).sum() for r, k in zip(ref, cot)),
+                         [*xl, *tl], [*rx, *rt])
+        else:
+            ref = F.cross_entropy(_cat_positions(_mv(rx)), _cat_positions(_mv(rt)), reduction=reduction, **args)
+            torch.testing.assert_close(out, ref, equal_nan=True)
+            if not ref.isnan():
+                _grads_match(out, ref, [*xl, *tl], [*rx, *rt])
+
+    check()
+
+
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean", "batchmean"])
+@pytest.mark.parametrize("log_target", [False, True])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_kl_div_matches_per_sample(layout, log_target, reduction):
+    """kl_div both ways; 'batchmean' divides the sum by input.size(0) = B as dense torch does."""
+
+    @grid
+    @given(structures(layout), seeds)
+    def check(s, seed):
+        xc, yc = components(s.shapes, seed), components(s.shapes, seed + 1)
+        if not log_target:
+            yc = [b.sigmoid() for b in yc]  # probabilities: xlogy's derivative in the target is finite
+        x, xl = build(xc, s.ragged_dims, requires_grad=True)
+        y, yl = build(yc, s.ragged_dims, requires_grad=True)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # dense torch's (and our) warning about 'mean'
+            out = F.kl_div(x, y, reduction=reduction, log_target=log_target)
+            rx = [a.detach().clone().requires_grad_() for a in xc]
+            ry = [b.detach().clone().requires_grad_() for b in yc]
+            if reduction == "none":
+                ref = [F.kl_div(a, b, reduction="none", log_target=log_target) for a, b in zip(rx, ry)]
+                for o, r in zip(out.unbind(), ref):
+                    torch.testing.assert_close(o, r)
+                cot = [torch.rand_like(r) for r in ref]
+                _grads_match(sum((o * k).sum() for o, k in zip(out.unbind(), cot)),
+                             sum((r * k).sum() for r, k in zip(ref, cot)), [*xl, *yl], [*rx, *ry])
+                return
+            flat = F.kl_div(torch.cat([a.reshape(-1) for a in rx]), torch.cat([b.reshape(-1) for b in ry]),
+                            reduction="sum" if reduction == "batchmean" else reduction, log_target=log_target)
+            ref = flat / len(rx) if reduction == "batchmean" else flat
+        torch.testing.assert_close(out, ref, equal_nan=True)
+        if not ref.isnan():
+            _grads_match(out, ref, [*xl, *yl], [*rx, *ry])
+
+    check()
+
+
+def _tokens():
+    """Token logits (B, j0, C) with a zero-length sample, targets (B, j0) with one ignored."""
+    g = torch.Generator().manual_seed(3)
+    xs = [torch.randn(n, 4, generator=g, dtype=torch.float64) for n in (3, 0, 2)]
+    ts = [torch.tensor([0, 3, -100]), torch.zeros(0, dtype=torch.long), torch.tensor([2, 1])]
+    return xs, ts
+
+
+def test_cross_entropy_token_logits_need_transpose():
+    """(B, j0, C) logits: dim 1 is ragged and cannot be the class dim — a clear error naming
+    the fix, never a silent reinterpretation; the transposed call equals dense torch on the
+    concatenated tokens (T, C)."""
+    xs, ts = _tokens()
+    x = mj.nested_tensor(xs, requires_grad=True)
+    t = mj.nested_tensor(ts)
+    with pytest.raises(ValueError, match=r"cross_entropy\(\): expected the class dim .* pass logits.transpose\(1, 2\)"):
+        F.cross_entropy(x, t)
+    with pytest.raises(ValueError, match=r"nll_loss\(\): expected the class dim"):
+        F.nll_loss(x, t)
+    torch.testing.assert_close(F.cross_entropy(x.transpose(1, 2), t), F.cross_entropy(torch.cat(xs), torch.cat(ts)))
+    torch.testing.assert_close(F.cross_entropy(x.transpose(1, 2), t), F.cross_entropy(x.values(), t.values()))
+
+
+def test_class_loss_errors():
+    xs, ts = _tokens()
+    x = mj.nested_tensor(xs).transpose(1, 2)
+    t = mj.nested_tensor(ts)
+    with pytest.raises(TypeError, match=r"cross_entropy\(\): expected target to be a multi_jagged tensor"):
+        F.cross_entropy(x, torch.zeros(3, 3, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"cross_entropy\(\): expected target of shape"):
+        F.cross_entropy(x, t.unsqueeze(-1))
+    with pytest.raises(RuntimeError, match=r"weight tensor should be defined"):
+        F.cross_entropy(x, t, weight=torch.ones(3, dtype=torch.float64))
+    with pytest.raises(RuntimeError, match=r"out of bounds"):
+        F.cross_entropy(x, t + 5)
+    with pytest.raises(RuntimeError, match=r"label_smoothing must be between"):
+        F.cross_entropy(x, t, label_smoothing=1.5)
+    with pytest.raises(ValueError, match=r"cross_entropy\(\): expected reduction"):
+        F.cross_entropy(x, t, reduction="avg")
+    with pytest.raises(ValueError, match=r"kl_div\(\): expected reduction"):
+        F.kl_div(x, x, reduction="avg")
+    with pytest.raises(RuntimeError, match=r"Expected floating point type for target"):
+        F.cross_entropy(x, (x > 0).long())
+    with pytest.raises(ValueError, match=r"expected target of shape"):
+        F.cross_entropy(x, x[:, :3])
+
+
+def test_cross_entropy_golden_and_per_sample_mean():
+    """Token mean vs per-sample mean (README, Losses): a 1-token sample with loss log 2 and a
+    2-token sample (one more token ignored) with loss ≈ 0 per token."""
+    x = mj.nested_tensor([torch.tensor([[0.0, 0.0]]), torch.zeros(0, 2), torch.tensor([[0.0, 30.0]] * 3)]).transpose(1, 2)
+    t = mj.nested_tensor([torch.tensor([0]), torch.zeros(0, dtype=torch.long), torch.tensor([1, 1, -100])])
+    ln2 = torch.tensor(2.0).log()
+    # token losses: log 2 | — | log(1 + e^-30) ≈ 0, ≈ 0, ignored (0)
+    per_token = F.cross_entropy(x, t, reduction="none")
+    torch.testing.assert_close(per_token.values(), torch.stack([ln2, torch.tensor(0.0), torch.tensor(0.0), torch.tensor(0.0)]))
+    torch.testing.assert_close(F.cross_entropy(x, t, reduction="sum"), ln2)
+    torch.testing.assert_close(F.cross_entropy(x, t), ln2 / 3)  # = (log 2 + 0 + 0) / 3 counted tokens
+    # per-sample mean over counted tokens: [log 2 / 1, 0/0 (no tokens), 0 / 2]; mean over non-empty samples
+    counted = (t != -100).to(per_token.dtype)
+    per_sample = per_token.sum(1) / counted.sum(1)
+    assert per_sample[1].isnan()
+    torch.testing.assert_close(per_sample[[0, 2]].mean(), ln2 / 2)  # = (log 2 + 0) / 2 samples, not / 3 tokens
+
+
+def test_mse_loss_dense_target_broadcast_per_sample():
+    """A dense (B, 1, C) target broadcasts over each sample's tokens, as dense torch broadcasts
+    it against (1, n, C) per sample; a dense (C,) target over everything."""
+    xs, _ = _tokens()
+    x = mj.nested_tensor(xs, requires_grad=True)
+    yb = torch.randn(3, 1, 4, dtype=torch.float64, requires_grad=True)
+    for y, per in [(yb, lambda i: yb[i]), (yb[0, 0], lambda i: yb[0, 0])]:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # dense torch warns about broadcasting targets
+            got = F.mse_loss(x, y, reduction="none")
+            for i, (o, a) in enumerate(zip(got.unbind(), xs)):
+                torch.testing.assert_close(o, F.mse_loss(a, per(i).expand_as(a), reduction="none"))
+            ref = F.mse_loss(torch.cat(xs), torch.cat([per(i).expand_as(a) for i, a in enumerate(xs)]), reduction="sum")
+        torch.testing.assert_close(F.mse_loss(x, y, reduction="sum"), ref)
+        (g,) = torch.autograd.grad(F.mse_loss(x, y, reduction="sum"), yb)
+        (gr,) = torch.autograd.grad(ref, yb)
+        torch.testing.assert_close(g, gr)
+
+
+def test_class_losses_no_grad_and_inference_mode():
+    xs, ts = _tokens()
+    x = mj.nested_tensor(xs).transpose(1, 2)
+    t = mj.nested_tensor(ts)
+    p = mj.nested_tensor([a.softmax(-1) for a in xs]).transpose(1, 2)
+    want = [F.cross_entropy(x, t, label_smoothing=0.1), F.nll_loss(x, t, reduction="sum"),
+            F.cross_entropy(x, p), F.kl_div(x, p, reduction="batchmean")]
+    for ctx in (torch.no_grad, torch.inference_mode):
+        with ctx():
+            got = [F.cross_entropy(x, t, label_smoothing=0.1), F.nll_loss(x, t, reduction="sum"),
+                   F.cross_entropy(x, p), F.kl_div(x, p, reduction="batchmean")]
+            none = F.cross_entropy(x, t, reduction="none")
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b.detach())
+        assert [c.shape for c in none.unbind()] == [(3,), (0,), (2,)]
+
+
+def test_class_losses_double_backward():
+    """Second derivatives of cross_entropy (label smoothing, weights), nll_loss and kl_div
+    against dense torch on the concatenated tokens."""
+    xs, ts = _tokens()
+    w = torch.tensor([0.5, 2.0, 1.0, 3.0], dtype=torch.float64)
+    cases = [
+        lambda a, b, p: F.cross_entropy(a, b, weight=w, label_smoothing=0.2),
+        lambda a, b, p: F.nll_loss(a.log_softmax(1), b, reduction="sum"),
+        lambda a, b, p: F.cross_entropy(a, p),
+        lambda a, b, p: F.kl_div(a.log_softmax(1), p, reduction="sum"),
+    ]
+    for fn in cases:
+        x = mj.nested_tensor(xs, requires_grad=True)
+        t, p = mj.nested_tensor(ts), mj.nested_tensor([a.cos().softmax(-1) for a in xs])
+        (g,) = torch.autograd.grad(fn(x.transpose(1, 2), t, p.transpose(1, 2)), x, create_graph=True)
+        (gg,) = torch.autograd.grad((g.values() * g.values().detach().sin()).sum(), x)
+        xv = torch.cat(xs).requires_grad_()
+        (gd,) = torch.autograd.grad(fn(xv, torch.cat(ts), p.values()), xv, create_graph=True)
+        (ggd,) = torch.autograd.grad((gd * gd.detach().sin()).sum(), xv)
+        torch.testing.assert_close(g.values(), gd)
+        torch.testing.assert_close(gg.values(), ggd)
+
+
+def test_class_losses_compile():
+    xs, ts = _tokens()
+    x = mj.nested_tensor(xs, requires_grad=True)
+    # on x's offsets, so that it has x's nested int: under tracing structures match by identity
+    t = mj.from_packed(torch.cat(ts), x.offsets(), x.sizes(), ragged_dims=(1,))
+    w = torch.tensor([0.5, 2.0, 1.0, 3.0], dtype=torch.float64)
+
+    @torch.compile(backend="aot_eager", fullgraph=True)
+    def f(a, b):
+        logits = a.transpose(1, 2)
+        return (F.cross_entropy(logits, b, weight=w, label_smoothing=0.1) + F.nll_loss(logits.log_softmax(1), b, reduction="sum")
+                + F.kl_div(a.log_softmax(-1), a.detach().cos().softmax(-1), reduction="batchmean"))
+
+    got = f(x, t)
+    xv = torch.cat(xs).requires_grad_()
+    tv = torch.cat(ts)
+    want = (F.cross_entropy(xv, tv, weight=w, label_smoothing=0.1) + F.nll_loss(xv.log_softmax(1), tv, reduction="sum")
+            + F.kl_div(xv.log_softmax(-1), xv.detach().cos().softmax(-1), reduction="sum") / 3)
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, x)[0].values(), torch.autograd.grad(want, xv)[0])
+
+
+def test_losses_under_autocast_are_float32():
+    """Dense autocast (CPU, bfloat16) runs losses in float32 (its fp32 list); so do ours, on
+    bfloat16 inputs produced by an autocast linear, with gradients to the float32 weights."""
+    xs, ts = _tokens()
+    x = mj.nested_tensor([a.float() for a in xs])
+    t = mj.nested_tensor(ts)
+    lin = torch.nn.Linear(4, 4)
+    cases = {
+        "ce": lambda a, b: F.cross_entropy(a.transpose(-1, -2) if a.dim() == 3 else a, b),
+        "nll": lambda a, b: F.nll_loss(a.transpose(-1, -2) if a.dim() == 3 else a, b, reduction="sum"),
+        "mse": lambda a, b: F.mse_loss(a, a.detach().cos()),
+        "l1": lambda a, b: F.l1_loss(a, a.detach().cos(), reduction="sum"),
+        "smooth_l1": lambda a, b: F.smooth_l1_loss(a, a.detach().cos()),
+        "huber": lambda a, b: F.huber_loss(a, a.detach().cos()),
+        "bce": lambda a, b: F.binary_cross_entropy_with_logits(a, a.detach().sigmoid()),
+        "kl": lambda a, b: F.kl_div(a, a.detach().softmax(-1), reduction="batchmean"),
+    }
+    for name, fn in cases.items():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = lin(x)
+            assert h.dtype == torch.bfloat16
+            out = fn(h, t)
+            hd = lin(torch.cat([a.float() for a in xs]))
+            ref = fn(hd, torch.cat(ts)) if name != "kl" else fn(hd, None) * hd.shape[0] / len(xs)
+        assert out.dtype == ref.dtype == torch.float32, name
+        torch.testing.assert_close(out, ref, rtol=2e-2, atol=2e-2)
+        (g,) = torch.autograd.grad(out, lin.weight)
+        (gr,) = torch.autograd.grad(ref, lin.weight)
+        assert g.dtype == torch.float32
+        torch.testing.assert_close(g, gr, rtol=2e-2, atol=2e-2)

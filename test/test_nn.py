@@ -115,10 +115,12 @@ def test_layer_norm_over_two_static_dims():
     per_sample_check(lambda t: F.layer_norm(t, (3, 4)), y)
 
 
-def test_layer_norm_over_a_ragged_dim_is_rejected():
+def test_layer_norm_over_a_ragged_dim_with_weight_is_rejected():
+    # without weight/bias it normalizes per sample (test/test_ragged_nn.py); no dense weight has
+    # the ragged shape
     x = mj.nested_tensor([torch.zeros(3, 2, 4), torch.zeros(3, 0, 4)])  # (B, S, j0, C)
     with pytest.raises((ValueError, RuntimeError), match="layer_norm"):
-        F.layer_norm(x, (x.shape[-2], 4))
+        F.layer_norm(x, (x.shape[-2], 4), torch.ones(4))
 
 
 def test_layer_norm_golden():

@@ -26,13 +26,18 @@ from .constructors import (
     from_jagged,
     from_packed,
     from_padded,
+    is_nested,
+    narrow,
     nested_tensor,
+    nested_tensor_from_jagged,
     occupancy,
     to_jagged,
     to_padded_tensor,
 )
 from .constructors import _install
+from . import _testing
 from . import packing
+from . import distributed  # collectives of multi_jagged batches (loads nothing torch has not)
 from .packing import (
     block_diagonal_mask,
     collate,
@@ -44,6 +49,7 @@ from .packing import (
 )
 
 _install()
+_testing.install()  # torch.testing.assert_close learns the layout
 
 __all__ = [
     "multi_jagged",
@@ -57,6 +63,9 @@ __all__ = [
     "to_jagged",
     "to_padded_tensor",
     "occupancy",
+    "nested_tensor_from_jagged",
+    "narrow",
+    "is_nested",
     *packing.__all__,
 ]
 

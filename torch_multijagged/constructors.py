@@ -23,6 +23,9 @@ __all__ = [
     "to_jagged",
     "to_padded_tensor",
     "occupancy",
+    "nested_tensor_from_jagged",
+    "narrow",
+    "is_nested",
 ]
 
 mj = torch.ops.multijagged
@@ -406,6 +409,171 @@ def to_jagged(x: MultiJaggedTensor) -> torch.Tensor:
     return torch.nested.nested_tensor_from_jagged(values, x._partition.offsets, jagged_dim=r)
 
 
+# ----------------------------------------------------------------------------- batch pieces
+def _sub_partition(p: Partition, start: int, length: int) -> Partition:
+    """Samples ``start .. start + length`` of ``p``: new offsets, hence new nested ints (as
+    ``torch.jagged``'s ``chunk`` gives), with extent sharing kept (a square pair stays square)."""
+    moved: dict[int, RaggedExtent] = {}
+    extents = []
+    for e in p.extents:
+        if id(e) not in moved:
+            moved[id(e)] = RaggedExtent.from_lengths(e.host_lengths()[start : start + length].clone(), p.offsets.device)
+        extents.append(moved[id(e)])
+    return register_partition(Partition.from_extents(extents))
+
+
+def split_batch(x: MultiJaggedTensor, bounds: Sequence[tuple[int, int]]) -> tuple[MultiJaggedTensor, ...]:
+    """Sub-batches ``(start, length)`` of ``x`` along the batch dim, consecutive and covering it
+    (the ``split`` family and ``narrow`` on dim 0). Each piece is a view of ``x``'s values (one
+    ``split`` of the packed rows, so backward is one ``cat``), with its own offsets and nested
+    ints. Differentiable. Eager only: new nested ints cannot be minted in a compiled graph."""
+    p = x._partition
+    if any(_is_traced(e.offsets) for e in p.extents):
+        raise NotImplementedError(
+            "split(): splitting the batch dim of a multi_jagged tensor inside torch.compile is not supported "
+            "(each piece needs new nested ints); split the batch before the compiled region"
+        )
+    # SYNC: none — host sizes; the packed rows of each piece.
+    rows = p.host_sizes().prod(1) if p.batch else torch.zeros(0, dtype=torch.int64)
+    row_bounds = _exclusive_cumsum_host(rows)
+    lengths = [int(row_bounds[s + n] - row_bounds[s]) for s, n in bounds]
+    first = int(row_bounds[bounds[0][0]]) if bounds else 0
+    values = values_of(x)
+    if first or sum(lengths) != values.shape[0]:
+        values = values.narrow(0, first, sum(lengths))
+    pieces = values.split(lengths) if len(bounds) != 1 else (values,)
+    return tuple(wrap_values(v, _sub_partition(p, s, n), x._ragged_dims) for v, (s, n) in zip(pieces, bounds))
+
+
+def _exclusive_cumsum_host(n: torch.Tensor) -> torch.Tensor:
+    out = torch.zeros(n.shape[0] + 1, dtype=torch.int64)
+    torch.cumsum(n, 0, out=out[1:])
+    return out
+
+
+def narrow_batch(x: MultiJaggedTensor, start, length) -> MultiJaggedTensor:
+    """``x.narrow(0, start, length)``: samples ``start .. start + length`` as a view of ``x``'s
+    values (``split_batch``); ``start`` may be negative, as dense ``narrow`` allows."""
+    # dense torch's own checks and negative-start rule, on a meta tensor of the batch size
+    probe = torch.empty(x._partition.batch, device="meta").narrow(0, start, length)
+    return split_batch(x, [(probe.storage_offset(), probe.shape[0])])[0]
+
+
+# ----------------------------------------------------------------------------- torch.jagged builders
+def _jagged_dim(op: str, jagged_dim, ndim: int) -> int:
+    jd = 1 if jagged_dim is None else jagged_dim
+    if not isinstance(jd, int) or isinstance(jd, bool) or not 1 <= jd <= ndim:
+        raise ValueError(f"{op}(): expected jagged_dim in [1, {ndim}] for values of {ndim} dims, got {jagged_dim!r}")
+    return jd
+
+
+def nested_tensor_from_jagged(
+    values: torch.Tensor,
+    offsets: torch.Tensor,
+    lengths: Optional[torch.Tensor] = None,
+    jagged_dim: Optional[int] = None,
+    min_seqlen=None,
+    max_seqlen=None,
+) -> MultiJaggedTensor:
+    """``torch.nested.nested_tensor_from_jagged`` for layout ``multi_jagged``: sample ``i`` is
+    ``values`` rows ``offsets[i] .. offsets[i + 1]`` along dim ``jagged_dim - 1`` (logical dim
+    ``jagged_dim``, default 1). A view of ``values`` when the offsets cover them (start at 0, end
+    at their extent) and ``lengths`` is None; otherwise (``lengths`` given: sample ``i`` is rows
+    ``offsets[i] .. offsets[i] + lengths[i]``, leaving holes) a compact copy, since this layout
+    stores no holes. ``min_seqlen`` / ``max_seqlen`` are accepted for compatibility and unused
+    (the extents are known exactly). Differentiable w.r.t. ``values``."""
+    op = "nested_tensor_from_jagged"
+    if not isinstance(values, torch.Tensor) or values.dim() < 1:
+        raise TypeError(f"{op}(): expected values to be a tensor of at least 1 dim, got {type(values).__name__}")
+    _check_dense(op, "values", values)
+    jd = _jagged_dim(op, jagged_dim, values.dim())
+    if not isinstance(offsets, torch.Tensor) or offsets.dim() != 1 or offsets.shape[0] < 1:
+        raise ValueError(f"{op}(): expected offsets to be a 1-D tensor of B + 1 >= 1 entries, got {getattr(offsets, 'shape', offsets)}")
+    packed = values.movedim(jd - 1, 0)
+    host_off = _host_ints(op, "offsets", offsets)
+    if lengths is None:
+        host_len = host_off.diff()
+        if host_off[0] == 0 and host_off[-1] == packed.shape[0] and (host_len >= 0).all():
+            off = offsets if offsets.dtype == torch.int64 and offsets.device == values.device else host_off.to(values.device)
+            return from_packed(packed, off, host_len, (jd,))
+        starts = host_off[:-1]
+    else:
+        host_len = _host_ints(op, "lengths", lengths).flatten()
+        starts = host_off[: host_len.shape[0]]
+        if host_len.shape[0] != host_off.shape[0] - 1:
+            raise ValueError(f"{op}(): expected lengths of shape ({host_off.shape[0] - 1},), got {tuple(lengths.shape)}")
+    if (host_len < 0).any() or (starts < 0).any() or (host_len.numel() and (starts + host_len).max() > packed.shape[0]):
+        raise ValueError(
+            f"{op}(): every sample must lie within the {packed.shape[0]} rows of values along dim {jd - 1}, got offsets "
+            f"{host_off.tolist()} and lengths {host_len.tolist()}"
+        )
+    # Holes (or offsets that do not cover the values): gather the samples' rows into a compact copy.
+    index = _rows_of_samples(starts, host_len).to(values.device)
+    new_off = _exclusive_cumsum_host(host_len).to(values.device)
+    return from_packed(packed.index_select(0, index), new_off, host_len, (jd,))
+
+
+def _rows_of_samples(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Host ``(Σ lengths,)``: rows ``starts[i] .. starts[i] + lengths[i]`` for every sample, in order."""
+    b = lengths.shape[0]
+    sample = torch.repeat_interleave(torch.arange(b), lengths)
+    begin = _exclusive_cumsum_host(lengths)[:-1]
+    return starts[sample] + torch.arange(sample.shape[0]) - begin[sample]
+
+
+def narrow(tensor: torch.Tensor, dim: int, start, length, layout=multi_jagged) -> MultiJaggedTensor:
+    """``torch.nested.narrow(tensor, dim, start, length, layout=multi_jagged)``: sample ``i`` is
+    ``tensor[i]`` narrowed along (its) dim ``dim - 1`` to ``start[i] .. start[i] + length[i]``
+    (``start`` / ``length``: ints or ``(B,)`` / ``(1,)`` integer tensors), which becomes ragged
+    dim ``dim``. ``torch.jagged`` makes a non-contiguous view of ``tensor`` (and supports only
+    ``dim=1``); this layout stores no holes, so the result is a compact copy, differentiable
+    w.r.t. ``tensor``, for any ``dim >= 1``."""
+    op = "narrow"
+    if layout is not multi_jagged:
+        raise ValueError(f"{op}(): expected layout=torch.multi_jagged, got {layout}")
+    if not isinstance(tensor, torch.Tensor) or tensor.dim() < 2:
+        raise TypeError(f"{op}(): expected a dense tensor of at least 2 dims (B, …), got {getattr(tensor, 'shape', type(tensor))}")
+    _check_dense(op, "tensor", tensor)
+    if not isinstance(dim, int) or not 1 <= (dim + tensor.dim() if dim < 0 else dim) < tensor.dim():
+        raise ValueError(f"{op}(): expected dim in [1, {tensor.dim() - 1}] (dim 0 is the batch), got {dim}")
+    d = dim + tensor.dim() if dim < 0 else dim
+    b, n = tensor.shape[0], tensor.shape[d]
+
+    def per_sample(what, v):
+        if not isinstance(v, (int, torch.Tensor)) or isinstance(v, bool):
+            raise TypeError(f"{op}(): expected {what} to be an int or an integer tensor, got {type(v).__name__}")
+        t = _host_ints(op, what, v) if isinstance(v, torch.Tensor) else torch.tensor([v])
+        t = t.flatten()
+        if t.shape[0] not in (1, b):
+            raise ValueError(f"{op}(): expected {what} of shape ({b},) or (1,), got {tuple(t.shape)}")
+        return t.expand(b).contiguous()
+
+    starts, lengths = per_sample("start", start), per_sample("length", length)
+    if b and ((starts < 0).any() or (lengths < 0).any() or (starts + lengths > n).any()):
+        raise ValueError(
+            f"{op}(): expected 0 <= start and start + length <= {n} (the size of dim {d}), got start "
+            f"{starts.tolist()} and length {lengths.tolist()}"
+        )
+    # (B, max length) source index along dim d, clamped where a sample is shorter (cut off by from_padded)
+    width = int(lengths.max()) if b else 0
+    index = (starts.unsqueeze(1) + torch.arange(width)).clamp_max(max(n - 1, 0)).to(tensor.device)
+    shape = [b] + [1] * (tensor.dim() - 1)
+    shape[d] = width
+    full = list(tensor.shape)
+    full[d] = width
+    window = tensor.gather(d, index.view(shape).expand(full))
+    return from_padded(window, lengths, (d,))
+
+
+def is_nested(x) -> bool:
+    """Whether ``x`` is a nested tensor of any layout: ``torch.jagged``, ``torch.strided`` nested,
+    or ``multi_jagged``. Use it where ``torch.jagged`` code branches on ``x.is_nested``, which is
+    False for this layout (docs/design.md, "``is_nested``": True would make torch.compile,
+    ``autograd.grad`` with ``grad_outputs``, ``nn.MultiheadAttention`` and DataLoader workers treat
+    the tensor as a C++ nested tensor)."""
+    return isinstance(x, MultiJaggedTensor) or (isinstance(x, torch.Tensor) and x.is_nested)
+
+
 def occupancy(x: MultiJaggedTensor) -> float:
     """ρ = (valid cells) / (B · Π max extents): the valid fraction of the padded envelope."""
     p = x._partition
@@ -424,7 +592,7 @@ def _install() -> None:
     if _ORIGINAL:
         return
     tn = torch.nested
-    for name in ("nested_tensor", "as_nested_tensor", "to_padded_tensor"):
+    for name in ("nested_tensor", "as_nested_tensor", "to_padded_tensor", "narrow"):
         _ORIGINAL[name] = getattr(tn, name)
 
     @functools.wraps(_ORIGINAL["nested_tensor"])
@@ -451,6 +619,13 @@ def _install() -> None:
             return _ORIGINAL["to_padded_tensor"](input, padding, output_size)
         return _ORIGINAL["to_padded_tensor"](input, padding, output_size, out=out)
 
+    @functools.wraps(_ORIGINAL["narrow"])
+    def narrow_(tensor, dim, start, length, layout=torch.strided):
+        if layout is multi_jagged:
+            return narrow(tensor, dim, start, length, layout)
+        return _ORIGINAL["narrow"](tensor, dim, start, length, layout=layout)
+
+    tn.narrow = narrow_
     tn.nested_tensor = nested_tensor_
     tn.as_nested_tensor = as_nested_tensor_
     tn.to_padded_tensor = to_padded_tensor_

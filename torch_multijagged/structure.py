@@ -409,6 +409,11 @@ def _size_stride(p: Partition, values: torch.Tensor, ragged_dims: tuple[int, ...
             size.append(values.shape[s])
             stride.append(vstride[s])
             s += 1
+    if len(ragged_dims) == 1:
+        # As torch.jagged reports it: the batch stride is the ragged size times the packed-row
+        # stride (``4*j0`` for a contiguous (B, j0, 4)). With several ragged dims it would be a
+        # product of nested ints, which they do not support; it stays the packed-row stride.
+        stride[0] = p.extents[0].nested_int * row
     return tuple(size), tuple(stride)
 
 

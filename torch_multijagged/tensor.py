@@ -19,8 +19,11 @@ a computation on the packed values (``ops/bridged.py``); a route never computes 
 ``docs/design.md`` records what was tried and measured.
 
 The logical size holds one nested int per ragged dim (NOTE [ Ragged extents and nested ints ]).
-Strides are plain ints (nested ints cannot be multiplied together) and carry no meaning beyond
-the static dims; code must use ``values`` for memory layout.
+Strides and contiguity are what ``torch.jagged`` reports for the same logical tensor: the values'
+strides read with the packed dim at the first ragged dim's place, and for one ragged dim the batch
+stride ``row·j0`` (NOTE [ Contiguity as torch.jagged reports it ] in ops/views.py); with several
+ragged dims the batch stride is the packed-row stride, since nested ints cannot be multiplied
+together. ``is_nested`` stays False (docs/design.md §14; ``torch_multijagged.is_nested``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import pathlib
+import re
 
 
 import torch
@@ -182,6 +186,11 @@ class MultiJaggedTensor(torch.Tensor):
         if not self._ragged_dims:
             raise ValueError("max_seqlen(): expected a tensor with a ragged dim")
         return self._partition.extents[-1].max
+
+    def lengths(self) -> None:
+        """``None``, as ``torch.jagged``'s ``lengths()`` of a tensor without holes: every sample
+        is all of its packed rows (per-sample extents: ``sizes()``)."""
+        return None
 
     def sizes(self) -> torch.Tensor:
         """``(B, R)`` int64 per-sample extents of the ragged dims, on the CPU."""
@@ -353,6 +362,15 @@ class MultiJaggedTensor(torch.Tensor):
     # ------------------------------------------------------------------ dispatch
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        try:
+            return cls._torch_function(func, types, args, kwargs)
+        except (RuntimeError, ValueError, TypeError, IndexError) as e:
+            # Errors name the op the user called (NOTE [ Error names ])
+            _rename(e, func)
+            raise
+
+    @classmethod
+    def _torch_function(cls, func, types, args, kwargs):
         if len(args) > 1 or kwargs:
             # Operands with equal sizes but other nested ints are relabelled onto the first's,
             # except where a tensor is held by identity (NOTE [ Equal sizes, different nested
@@ -379,6 +397,36 @@ class MultiJaggedTensor(torch.Tensor):
         if _reorder_copies:  # only while such a copy is alive: no call per op otherwise
             _guard_write(func, args, kwargs)
         return _dispatch(func, args, kwargs)
+
+
+# NOTE [ Error names ]
+#
+# Handlers run on aten overloads, and their errors say so (``sum.dim_IntList(): …``,
+# ``_softmax(): …``); a user called ``x.sum(5)`` or ``F.softmax``. ``__torch_function__`` knows the
+# user's function, so an error whose message starts with another op's ``name(): `` is renamed on
+# its way out, keeping its type and traceback and naming the aten op at the end (``torch.ops``
+# calls are left alone: they are the op's own name). Routes calling
+# torch functions re-enter ``__torch_function__``; the outermost call renames last, so the user's
+# own function is named.
+_AUTOGRAD_ENTRIES = (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward)
+_OP_PREFIX = re.compile(r"^([A-Za-z_][\w.]*)\(\): ")
+
+
+def _rename(e: BaseException, func) -> None:
+    if isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)) or func in _AUTOGRAD_ENTRIES:
+        # ``torch.ops`` calls (ours, from our own functions) already name the op; an error from a
+        # backward names the op whose derivative failed, which says more than "grad()"
+        return
+    name = getattr(func, "__name__", None)
+    if not name or name.startswith("__") or not e.args or not isinstance(e.args[0], str):
+        return
+    msg = e.args[0]
+    m = _OP_PREFIX.match(msg)
+    if m is None or m.group(1) == name:
+        return
+    inner = m.group(1)
+    note = "" if inner.split(".")[0].lstrip("_") in (name, f"{name}_") or "(in " in msg else f" (in {inner})"
+    e.args = (f"{name}(): {msg[m.end():]}{note}",) + e.args[1:]
 
 
 def _copy_partition(p: Partition, memo: dict) -> Partition:

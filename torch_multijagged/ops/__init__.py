@@ -138,6 +138,8 @@ def dispatch(func, args, kwargs):
 # Handler modules register themselves on import; order does not matter.
 from . import metadata, pointwise, factory, views, reductions, nn, custom, attention, mha  # noqa: E402,F401
 from . import losses  # noqa: E402,F401  (routes; after routes.py defines route)
+from . import ragged_nn  # noqa: E402,F401  (layer_norm over ragged dims, scans, normalize, pooling)
+from . import indexing  # noqa: E402,F401  (handlers and routes of indexing-style ops)
 from . import routes  # noqa: E402,F401
 
 # The subclass reaches ``dispatch``, ``routes.ROUTES``, ``routes.unify_call`` and

@@ -25,7 +25,7 @@ from ..bridge import values_of, wrap_values, wrap_values_like
 from ..structure import Partition
 from ._common import MJT
 
-__all__ = ["linear", "layer_norm", "rms_norm", "group_norm", "einsum"]
+__all__ = ["linear", "layer_norm", "rms_norm", "group_norm", "einsum", "conv"]
 
 
 def linear(input: MJT, weight: torch.Tensor, bias: torch.Tensor | None) -> MJT:
@@ -44,6 +44,13 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     """Components ``(n, C, *rest)`` with only dim 1 ragged: dim 0 of a component is group_norm's
     batch, so on the packed values ``(T, C, *rest)`` it is exactly ``group_norm``."""
     return wrap_values_like(F.group_norm(values_of(input), num_groups, weight, bias, eps), input)
+
+
+def conv(fn, input: MJT, *args, **kwargs) -> MJT:
+    """``conv1d``/``2d``/``3d`` of components ``(n, C, *spatial)``, only dim 1 ragged: dim 0 of a
+    component is the conv's batch, so on the packed values ``(T, C, *spatial)`` it is exactly
+    the dense conv (as torch.jagged's ``convolution`` handler does)."""
+    return wrap_values_like(fn(values_of(input), *args, **kwargs), input)
 
 
 def einsum(equation: str, operands, partition: Partition, ragged_dims: tuple[int, ...]) -> MJT:

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import torch
 
-from . import op_name, register_multi_jagged_func
+from . import op_name, register_multi_jagged_func, views
 from ._common import MJT, describe, same_partition, wrap
 from .pointwise import pointwise
+from .routes import route
 
 aten = torch.ops.aten
 
@@ -31,6 +32,8 @@ def _same_values_op(func, inp, *args, **kwargs):
         aten.randint_like.low_dtype,
         aten.bernoulli.default,
         aten.bernoulli.p,
+        aten.fill.Scalar,
+        aten.fill.Tensor,
     ],
     "self: mjt, ...",
 )
@@ -38,6 +41,9 @@ def like_default(func, inp, *args, **kwargs):
     """Same structure, values from ``func`` on the values (``clone``, ``detach``, ``*_like``…).
 
     Memory-format requests are honoured on the values (they are the storage)."""
+    if func is aten.clone.default and kwargs.get("memory_format") is torch.contiguous_format:
+        # contiguous in torch.jagged's order (NOTE [ Contiguity as torch.jagged reports it ] in views.py)
+        return wrap(views.contiguous_values(inp), inp._partition, inp._ragged_dims)
     return _same_values_op(func, inp, *args, **kwargs)
 
 
@@ -128,3 +134,14 @@ def new_zeros_default(func, inp, size, *args, **kwargs):
         raise ValueError(f"{op_name(func)}(): expected batch size {p.batch} at dim 0, got {size[0]}")
     static = [s for d, s in enumerate(size) if d and d not in ragged]
     return wrap(func(inp._values, [inp._values.shape[0], *static], *args, **kwargs), p, ragged)
+
+
+@route(torch.Tensor.detach, torch.detach)
+def _detach(input):
+    # Under inference_mode, aten's detach of a tensor made outside it would give the (inference)
+    # output the input's version counter, which torch refuses for subclasses ("Cannot set
+    # version_counter for inference tensor"; torch.jagged fails the same way). A new wrapper over
+    # the detached values is what dense torch returns there: same data, no graph.
+    if not (isinstance(input, MJT) and torch.is_inference_mode_enabled() and not input.is_inference()):
+        return NotImplemented
+    return wrap(input._values.detach(), input._partition, input._ragged_dims)

@@ -1,19 +1,33 @@
-"""Elementwise losses on multi_jagged inputs: routes that write each loss with elementwise ops and
-a reduction, as dense torch defines it (``torch.jagged`` has no handler for these aten ops).
+"""Losses on multi_jagged inputs: routes that write each loss with elementwise ops, ``log_softmax``
+and ``gather`` over a static dim, and a reduction, as dense torch defines it (``torch.jagged``
+has no handler for these aten ops).
 
 ``reduction="mean"`` averages over every element that exists — the mean over the concatenated
 samples, as dense torch on the packed values — and ``"sum"`` sums them; both give a dense scalar.
-For a per-sample mean, take ``reduction="none"`` and ``.mean(dim=...)`` over the sample's dims.
-Written with differentiable ops, so gradients reach input and target, to any order, and the
-routes trace under ``torch.compile``.
+``cross_entropy`` / ``nll_loss`` with class indices divide by the summed target weights of the
+positions not ignored, as dense torch's weighted mean. For a per-sample mean, take
+``reduction="none"`` and ``.mean(dim=...)`` over the sample's dims (README, Losses). Written with
+differentiable ops, so gradients reach input and target, to any order, and the routes trace
+under ``torch.compile``.
+
+NOTE [ Class dim of cross_entropy ]
+
+Dense torch's class dim is dim 1 of ``(N, C, d1, …)``, with targets ``(N, d1, …)``. We follow it
+exactly: a multi_jagged ``(B, C, j0)`` input takes ``(B, j0)`` class indices (per sample, dense
+torch on ``(1, C, n)``). Token logits are usually ``(B, j0, C)``, whose dim 1 is the ragged dim:
+no class dim can be ragged, so that call raises and says to pass ``logits.transpose(1, 2)``
+(a view), as dense code does for ``(N, d, C)`` logits — never a silent reinterpretation.
 """
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 import torch.nn.functional as F
 
-from ._common import MJT
+from ..errors import StructureError
+from ._common import MJT, describe
 from .routes import route
 
 __all__: list[str] = []
@@ -39,11 +53,25 @@ def _legacy(op: str, size_average, reduce, reduction: str) -> str:
     return reduction
 
 
+_LOWER = (torch.float16, torch.bfloat16)
+
+
+def _autocast_fp32(*ts):
+    """Dense autocast runs every loss here in float32 (its fp32 list: the aten loss ops cast
+    float16/bfloat16 inputs up, float64 stays). The routes compute with elementwise ops that
+    autocast leaves alone, so they cast as it would; outside autocast nothing changes."""
+    t0 = next((t for t in ts if isinstance(t, torch.Tensor)), None)
+    if t0 is None or not torch.is_autocast_enabled(t0.device.type):
+        return ts
+    return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype in _LOWER else t for t in ts)
+
+
 @route(F.mse_loss)
 def _mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     if not _involved(input, target) or weight is not None:
         return NotImplemented
     reduction = _legacy("mse_loss", size_average, reduce, reduction)
+    input, target = _autocast_fp32(input, target)
     return _reduce("mse_loss", (input - target).square(), reduction)
 
 
@@ -53,6 +81,7 @@ def _l1_loss(input, target, size_average=None, reduce=None, reduction="mean", we
     if not _involved(input, target) or weight is not None:
         return NotImplemented
     reduction = _legacy("l1_loss", size_average, reduce, reduction)
+    input, target = _autocast_fp32(input, target)
     return _reduce("l1_loss", (input - target).abs(), reduction)
 
 
@@ -61,6 +90,7 @@ def _smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="me
     if not _involved(input, target):
         return NotImplemented
     reduction = _legacy("smooth_l1_loss", size_average, reduce, reduction)
+    input, target = _autocast_fp32(input, target)
     if beta < 0:
         raise RuntimeError("smooth_l1_loss(): expected beta >= 0, got " + str(beta))
     d = (input - target).abs()
@@ -74,6 +104,7 @@ def _huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
         return NotImplemented
     if delta <= 0:
         raise RuntimeError("huber_loss(): expected delta > 0, got " + str(delta))
+    input, target = _autocast_fp32(input, target)
     d = (input - target).abs()
     return _reduce("huber_loss", torch.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
 
@@ -83,6 +114,7 @@ def _bce_with_logits(input, target, weight=None, size_average=None, reduce=None,
     if not _involved(input, target, weight, pos_weight):
         return NotImplemented
     reduction = _legacy("binary_cross_entropy_with_logits", size_average, reduce, reduction)
+    input, target, weight, pos_weight = _autocast_fp32(input, target, weight, pos_weight)
     # dense torch's stable form: (1 - y)·x + l·(log1p(exp(-|x|)) + max(-x, 0)), l = 1 + (p - 1)·y
     soft = torch.log1p(torch.exp(-input.abs())) + torch.clamp(-input, min=0)
     if pos_weight is None:
@@ -92,3 +124,175 @@ def _bce_with_logits(input, target, weight=None, size_average=None, reduce=None,
     if weight is not None:
         loss = loss * weight
     return _reduce("binary_cross_entropy_with_logits", loss, reduction)
+
+
+# ----------------------------------------------------------------------------- class losses
+def _check_reduction(op: str, reduction: str, allowed=("none", "mean", "sum")) -> None:
+    if reduction not in allowed:
+        raise ValueError(f"{op}(): expected reduction in {allowed}, got {reduction!r}")
+
+
+def _class_input(op: str, input) -> int:
+    """The number of classes of ``input``, whose class dim is dim 1 (NOTE [ Class dim of
+    cross_entropy ])."""
+    if not isinstance(input, MJT):
+        raise TypeError(f"{op}(): expected input to be a multi_jagged tensor when target is one, got dense {describe(input)}")
+    if 1 in input._ragged_dims:
+        raise StructureError(
+            f"{op}(): expected the class dim (dim 1, as dense torch's (N, C, d1, ...)) to be static, got "
+            f"{describe(input)} whose dim 1 is ragged (layout torch.multi_jagged); for logits (B, j0, C) with "
+            "targets (B, j0) pass logits.transpose(1, 2), of shape (B, C, j0)"
+        )
+    return input.shape[1]
+
+
+def _class_weight(op: str, weight, n_classes: int, ndim: int):
+    """``weight`` (C,) viewed to broadcast along the class dim of a (B, C, d1, …) input."""
+    if weight is None:
+        return None
+    if isinstance(weight, MJT) or weight.dim() != 1 or weight.shape[0] != n_classes:
+        raise RuntimeError(
+            f"{op}(): weight tensor should be defined either for all {n_classes} classes or no classes but got "
+            f"weight tensor of shape: {describe(weight)}"
+        )
+    return weight.view(n_classes, *[1] * (ndim - 2))
+
+
+def _check_indices(op: str, input, target) -> None:
+    """Class indices: a multi_jagged integer tensor shaped as ``input`` without dim 1."""
+    want = "(" + ", ".join(str(s) for i, s in enumerate(input.shape) if i != 1) + ")"
+    if not isinstance(target, MJT):
+        raise TypeError(f"{op}(): expected target to be a multi_jagged tensor of shape {want} (input {describe(input)} "
+                        f"without the class dim 1), got dense {describe(target)}")
+    ok = target.dim() == input.dim() - 1 and target._ragged_dims == tuple(d - 1 for d in input._ragged_dims)
+    ok = ok and all(target.shape[d] == input.shape[d + 1] for d in range(1, target.dim()) if d not in target._ragged_dims)
+    if not ok:
+        raise StructureError(f"{op}(): expected target of shape {want} (input {describe(input)} without the class dim 1), "
+                             f"got {describe(target)}")
+    if target.dtype.is_floating_point or target.dtype.is_complex or target.dtype == torch.bool:
+        raise RuntimeError(f"{op}(): expected target of class indices to have an integer dtype, got {target.dtype}")
+
+
+def _nll_terms(op: str, logp, target, wv, ignore_index: int):
+    """Per position ``-w[t]·logp[t]`` (0 where ``t == ignore_index``), the weights ``w[t]`` (0
+    there) and the ignore mask, all of the target's structure. An index out of ``[0, C)`` raises
+    in ``gather``, as dense torch raises."""
+    _check_indices(op, logp, target)
+    ignored = target == ignore_index
+    safe = target.masked_fill(ignored, 0).long().unsqueeze(1)
+    picked = logp.gather(1, safe).squeeze(1)
+    if wv is None:
+        w_t = (~ignored).to(logp.dtype)
+    else:
+        # w[t] by the same gather on the weight broadcast over the input's structure
+        w_t = (torch.zeros_like(logp, dtype=wv.dtype).detach() + wv).gather(1, safe).squeeze(1)
+        w_t = w_t.masked_fill(ignored, 0)
+    # where, not a product with w_t = 0: logp[0] of an ignored position may be -inf
+    loss = torch.where(ignored, torch.zeros_like(picked).detach(), -(picked * w_t))
+    return loss, w_t, ignored
+
+
+def _weighted(loss, w_t, reduction: str):
+    if reduction == "none":
+        return loss
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / w_t.sum()  # dense torch's weighted mean; 0/0 = nan when nothing counts
+
+
+@route(F.nll_loss)
+def _nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean"):
+    if not _involved(input, target, weight):
+        return NotImplemented
+    reduction = _legacy("nll_loss", size_average, reduce, reduction)
+    _check_reduction("nll_loss", reduction)
+    input, weight = _autocast_fp32(input, weight)
+    c = _class_input("nll_loss", input)
+    loss, w_t, _ = _nll_terms("nll_loss", input, target, _class_weight("nll_loss", weight, c, input.dim()), ignore_index)
+    return _weighted(loss, w_t, reduction)
+
+
+@route(F.cross_entropy)
+def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-100, reduce=None, reduction="mean",
+                   label_smoothing=0.0):
+    """Class indices (target (B, d1, …) of integers) or class probabilities (target of the
+    input's shape), with ``weight``, ``ignore_index`` and ``label_smoothing`` as dense torch's
+    ``cross_entropy`` (aten's ``cross_entropy_loss``)."""
+    if not _involved(input, target, weight):
+        return NotImplemented
+    op = "cross_entropy"
+    reduction = _legacy(op, size_average, reduce, reduction)
+    _check_reduction(op, reduction)
+    if not 0.0 <= label_smoothing <= 1.0:
+        raise RuntimeError(f"{op}(): label_smoothing must be between 0.0 and 1.0. Got: {label_smoothing}")
+    input, target, weight = _autocast_fp32(input, target, weight)
+    c = _class_input(op, input)
+    wv = _class_weight(op, weight, c, input.dim())
+    logp = input.log_softmax(1)
+    if _same_shape(input, target):  # dense torch's rule: probabilities when the shapes agree
+        return _cross_entropy_probs(logp, target, wv, ignore_index, reduction, label_smoothing)
+    loss, w_t, ignored = _nll_terms(op, logp, target, wv, ignore_index)
+    if label_smoothing == 0.0:
+        return _weighted(loss, w_t, reduction)
+    smooth = -(logp if wv is None else logp * wv).sum(1)
+    smooth = torch.where(ignored, torch.zeros_like(smooth).detach(), smooth)
+    eps = label_smoothing
+    if reduction == "none":
+        return (1 - eps) * loss + (eps / c) * smooth
+    total = (1 - eps) * loss.sum() + (eps / c) * smooth.sum()
+    # both terms share dense torch's denominator: the summed weights of the counted positions
+    return total if reduction == "sum" else total / w_t.sum()
+
+
+def _same_shape(input, target) -> bool:
+    """Same logical shape up to the ragged extents (which the elementwise ops check)."""
+    return (
+        isinstance(target, MJT)
+        and target.dim() == input.dim()
+        and target._ragged_dims == input._ragged_dims
+        and all(target.shape[d] == input.shape[d] for d in range(1, input.dim()) if d not in input._ragged_dims)
+    )
+
+
+def _cross_entropy_probs(logp, target, wv, ignore_index, reduction, label_smoothing):
+    op = "cross_entropy"
+    if not target.dtype.is_floating_point:
+        raise RuntimeError(f"{op}(): Expected floating point type for target with class probabilities, got {target.dtype}")
+    if ignore_index >= 0:
+        raise RuntimeError(f"{op}(): ignore_index is not supported for floating point target")
+    c = logp.shape[1]
+    if label_smoothing > 0:
+        target = target * (1 - label_smoothing) + label_smoothing / c
+    loss = -(logp * target if wv is None else logp * target * wv).sum(1)
+    # mean: over the positions (input numel / C), nan when there are none, as dense torch
+    return _reduce(op, loss, reduction)
+
+
+# ----------------------------------------------------------------------------- kl_div
+_KL_MEAN_WARNING = (
+    "reduction: 'mean' divides the total loss by both the batch size and the support size."
+    "'batchmean' divides only by the batch size, and aligns with the KL div math definition."
+    "'mean' will be changed to behave the same as 'batchmean' in the next major release."
+)
+
+
+@route(F.kl_div)
+def _kl_div(input, target, size_average=None, reduce=None, reduction="mean", log_target=False):
+    """``batchmean`` divides the sum by ``input.size(0)`` as dense torch does, which for a
+    multi_jagged input is B, the number of samples: the mean over samples of each sample's
+    summed KL — not a mean per token (README, Losses)."""
+    if not _involved(input, target):
+        return NotImplemented
+    op = "kl_div"
+    reduction = _legacy(op, size_average, reduce, reduction)
+    _check_reduction(op, reduction, ("none", "mean", "sum", "batchmean"))
+    if reduction == "mean":
+        warnings.warn(_KL_MEAN_WARNING)
+    input, target = _autocast_fp32(input, target)
+    if log_target:
+        loss = torch.exp(target) * (target - input)
+    else:
+        loss = torch.xlogy(target, target) - target * input
+    if reduction == "batchmean":
+        return loss.sum() / input.size(0)
+    return _reduce(op, loss, reduction)

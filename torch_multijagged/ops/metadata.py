@@ -29,12 +29,12 @@ def is_contiguous_default(func, inp, memory_format=torch.contiguous_format):
         return False
     # A copy made by reordering ragged dims is not contiguous, so that .contiguous() gives a
     # writable tensor (NOTE [ Reordered ragged dims are copies ] in views.py).
-    return inp._values.is_contiguous() and not views.is_reorder_copy(inp)
+    return views.njt_order_values(inp).is_contiguous() and not views.is_reorder_copy(inp)
 
 
 @register_multi_jagged_func(aten.is_strides_like_format.default, "self: mjt, memory_format: any")
 def is_strides_like_format_default(func, inp, memory_format):
-    return memory_format == torch.contiguous_format and inp._values.is_contiguous()
+    return memory_format == torch.contiguous_format and views.njt_order_values(inp).is_contiguous()
 
 
 @register_multi_jagged_func(aten.size.default, "self: mjt")
@@ -47,3 +47,32 @@ def size_default(func, inp):
         f"{tuple(inp._size)}, whose ragged dims are nested ints; the caller (often an aten "
         "double-backward formula) is not supported for this layout"
     )
+
+
+@register_multi_jagged_func(aten.is_same_size.default, "self: mjt, other: any")
+def is_same_size_default(func, inp, other):
+    # nested ints compare by identity, as torch.jagged's
+    return isinstance(other, torch.Tensor) and tuple(inp._size) == tuple(other.shape)
+
+
+@register_multi_jagged_func([aten._is_all_true.default, aten._is_any_true.default], "self: mjt")
+def _is_all_true_default(func, inp):
+    # ``torch._is_all_true``, which ``torch.testing`` and ``assert (a == b).all()``-style checks use
+    return func(inp._values)
+
+
+@register_multi_jagged_func(aten.is_pinned.default, "self: mjt, device: any?")
+def is_pinned_default(func, inp, device=None):
+    return inp._values.is_pinned() if device is None else inp._values.is_pinned(device)
+
+
+@register_multi_jagged_func(aten._pin_memory.default, "self: mjt, device: any?")
+def _pin_memory_default(func, inp, device=None):
+    # Same device, same offsets: the nested ints stay (pinning moves no data across devices).
+    return type(inp)(func(inp._values, device), inp._partition, inp._ragged_dims)
+
+
+@register_multi_jagged_func(aten.record_stream.default, "self: mjt, s: any")
+def record_stream_default(func, inp, s):
+    inp._values.record_stream(s)
+    inp._partition.offsets.record_stream(s)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import bridged, register_multi_jagged_func
+from . import bridged, ragged_nn, register_multi_jagged_func
 from ._common import MJT, describe, static_dims, wrap
 from .routes import _dense, _needs_grad, route
 
@@ -92,6 +92,8 @@ def _bridged(input, *params) -> bool:
 
 @route(F.layer_norm)
 def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
+    if isinstance(input, MJT) and ragged_nn.covers_ragged(input, normalized_shape):
+        return ragged_nn.layer_norm_ragged(input, normalized_shape, weight, bias, eps)
     if not _bridged(input, weight, bias):
         return NotImplemented
     _check_trailing("layer_norm", input, normalized_shape)

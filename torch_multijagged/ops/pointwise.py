@@ -92,7 +92,7 @@ def pointwise(func, *args, **kwargs):
         new_args = [a._values if isinstance(a, MJT) else a for a in args]
         if kind == 1:
             return _inplace(func, args, new_args, kwargs)
-        return wrap(func(*new_args, **kwargs), ref._partition, ref._ragged_dims)
+        return _wrap_out(func(*new_args, **kwargs), ref._partition, ref._ragged_dims)
     partition, ragged_dims, out_static = _out_structure(func, args)
     if kind == 0 and func in _PAIR_OPS and not kwargs and use_triton(ref._values):
         out = _pair_kernel(func, args, partition, ragged_dims, out_static)
@@ -104,7 +104,13 @@ def pointwise(func, *args, **kwargs):
         if not isinstance(self, MJT) or self._ragged_dims != ragged_dims or self._partition is not partition:
             raise _error(func, args, "an in-place op cannot change the structure of self")
         return _inplace(func, args, new_args, kwargs)
-    return wrap(func(*new_args, **kwargs), partition, ragged_dims)
+    return _wrap_out(func(*new_args, **kwargs), partition, ragged_dims)
+
+
+def _wrap_out(out, partition, ragged_dims):
+    if isinstance(out, tuple):  # frexp: (mantissa, exponent)
+        return tuple(wrap(o, partition, ragged_dims) for o in out)
+    return wrap(out, partition, ragged_dims)
 
 
 def _inplace(func, args, new_args, kwargs):
@@ -256,5 +262,8 @@ _UNTAGGED = [
     aten.floor_divide_.Scalar,
     aten.hardswish.default,
     aten.hardswish_.default,
+    # ``F.logsigmoid``: elementwise, returning a buffer beside the output (a tuple)
+    aten.log_sigmoid_forward.default,
+    aten.log_sigmoid_backward.default,
 ]
 register_multi_jagged_func(_UNTAGGED, "a: any, ...")(pointwise)

@@ -264,12 +264,25 @@ def any_default(func, x):
 
 @register_multi_jagged_func([aten.argmax.default, aten.argmin.default], "self: mjt, dim: any?, keepdim: any?")
 def argmax_default(func, x, dim=None, keepdim=False):
-    """Index of the first extreme element along ``dim`` (local to the sample along a ragged dim)."""
-    if dim is None:
-        raise NotImplementedError(f"{op_name(func)}(): a flat index over a multi_jagged tensor has no meaning; pass dim")
+    """Index of the first extreme element along ``dim`` (local to the sample along a ragged dim).
+
+    Without ``dim``: a flat index into the packed values as ``torch.jagged``'s ``values()`` lays
+    them out (the ragged rows at dim ``r - 1`` for one ragged dim ``r``; rows first otherwise)."""
     if x.dtype == torch.bool:
         raise RuntimeError(f"{op_name(func)}(): does not support bool input")  # as dense torch
+    if dim is None:
+        return func(_njt_values(x))  # keepdim without dim is ignored, as dense torch's flat argmax
     return _arg_extreme(func, x, dim, keepdim)
+
+
+def _njt_values(x):
+    return x._values.movedim(0, x._ragged_dims[0] - 1) if len(x._ragged_dims) == 1 else x._values
+
+
+@register_multi_jagged_func([aten.max.default, aten.min.default], "self: mjt")
+def max_default(func, x):
+    """Full ``max``/``min``: a dense 0-dim tensor; an empty tensor raises as dense torch does."""
+    return func(x._values)
 
 
 def _arg_extreme(func, x, dim, keepdim):

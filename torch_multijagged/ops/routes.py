@@ -206,9 +206,22 @@ def _call(op, *args):
     return _dispatch(op, args, {})
 
 
+def _autocast_lower(*ts):
+    """Under autocast, the cast that dense autocast gives matmul and linear (its lower-precision
+    list: float32/float16/bfloat16 tensors to the autocast dtype, float64 kept). Autocast does not
+    reach the computations below: the ``multijagged::`` ops are not on its list and the broadcast
+    product of ``_matmul`` is a mul and a sum."""
+    dt = torch.get_autocast_dtype(next(t for t in ts if isinstance(t, torch.Tensor)).device.type)
+    return tuple(
+        t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t for t in ts
+    )
+
+
 @route(F.linear, torch._C._nn.linear)
 def _linear(input, weight, bias=None):
     if isinstance(input, MJT) and _dense(weight) and (bias is None or _dense(bias)):
+        if torch.is_autocast_enabled(input.device.type):
+            input, weight, bias = _autocast_lower(input, weight, bias)
         if torch.compiler.is_compiling() or not _needs_grad(input, weight, bias):
             return _call(mj.linear.default, input, weight, bias)
         # Eagerly, with gradients, the values bridge lets the dense linear run under torch's own (C++) autograd:
@@ -222,8 +235,26 @@ def _linear(input, weight, bias=None):
 def _matmul(input, other, *, out=None):
     if out is not None or input.dim() < 3 or other.dim() < 2:
         return NotImplemented
+    if torch.is_autocast_enabled(input.device.type):
+        input, other = _autocast_lower(input, other)
     if isinstance(input, MJT) and _dense(other) and other.dim() == 2:
         return _call(mj.linear.default, input, other.t(), None)
+    if isinstance(input, MJT) != isinstance(other, MJT) and input.dim() == other.dim():
+        # A dense per-sample operand (B, …): bmm's handler (ops/indexing.py, NOTE [ Batched matmul
+        # with a dense per-sample operand ]); a dense batch of 1 broadcasts, as in dense matmul.
+        if input.dim() > 3:
+            mjt = input if isinstance(input, MJT) else other
+            raise NotImplementedError(
+                f"matmul(): {describe(input)} @ {describe(other)}: a dense per-sample operand of more than 3 dims "
+                f"is not supported for layout torch.multi_jagged (batched matmul takes (B, j, D) @ (B, D, E) and "
+                f"(B, F, E) @ (B, E, j)); got a multi_jagged operand with ragged dims {mjt._ragged_dims}"
+            )
+        b = (input if isinstance(input, MJT) else other)._partition.batch
+        if _dense(input) and input.shape[0] == 1 and b != 1:
+            input = input.expand(b, -1, -1)
+        if _dense(other) and other.shape[0] == 1 and b != 1:
+            other = other.expand(b, -1, -1)
+        return torch.bmm(input, other)
     if isinstance(input, MJT) and isinstance(other, MJT) and input.dim() == other.dim():
         # Batched matmul whose row, column or contracted dims may be ragged (attention:
         # (B, j0, C) @ (B, C, j0) → (B, j0, j0); (B, j0, j0) @ (B, j0, C) → (B, j0, C)), as the
@@ -522,18 +553,34 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     return bridged.group_norm(input, num_groups, weight, bias, eps)
 
 
+def _conv_route(fn, nspatial: int):
+    name = fn.__name__
+
+    def routed(input, weight, bias=None, *args, **kwargs):
+        """To the values (``bridged.conv``) when components are ``(n, C, *spatial)`` with only dim
+        1 ragged; aten's conv asks for concrete sizes, which a ragged dim has not."""
+        if not isinstance(input, MJT) or isinstance(weight, MJT) or isinstance(bias, MJT):
+            return NotImplemented
+        if input._ragged_dims != (1,) or len(input._size) != nspatial + 3:
+            raise StructureError(
+                f"{name}(): expected components (n, C, {', '.join('L' * nspatial)}) with only dim 1 ragged "
+                f"(the conv's batch), got {describe(input)} with ragged dims {input._ragged_dims} for "
+                "layout torch.multi_jagged; to convolve along a ragged dim, pad with to_padded_tensor"
+            )
+        return bridged.conv(fn, input, weight, bias, *args, **kwargs)
+
+    return routed
+
+
+for _fn, _n in ((F.conv1d, 1), (F.conv2d, 2), (F.conv3d, 3)):
+    route(_fn)(_conv_route(_fn, _n))
+
+
 def _static_dim(op: str, input, dim) -> int:
     d = canonical_dim(op, input.dim(), dim)
     if d == 0 or d in input._ragged_dims:
         raise StructureError(f"{op}(): expected a static dim of a multi_jagged tensor, got dim {dim} (batch or ragged)")
     return d
-
-
-@route(torch.narrow, torch.Tensor.narrow)
-def _narrow(input, dim, start, length):
-    if isinstance(input, MJT):
-        _static_dim("narrow", input, dim)
-    return NotImplemented
 
 
 @route(torch.squeeze, torch.Tensor.squeeze)

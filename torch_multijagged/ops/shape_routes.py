@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import constructors
 from ..errors import StructureError
 from . import bridged
 from ._common import MJT, canonical_dim, describe, same_partition
@@ -30,6 +31,11 @@ def reshape_as(op: str, input: MJT, shape) -> MJT:
     strides; aten's composite would multiply nested ints to check the element count. The shape
     is checked first, so that a bad one is reported under ``op``'s name."""
     check_view_shape(op, input, shape)
+    if torch.compiler.is_compiling():
+        # A failed view cannot be caught while tracing: copy unless the tensor is contiguous,
+        # where every regrouping of static dims is a view (NOTE [ Contiguity as torch.jagged
+        # reports it ] in views.py).
+        return (input if input.is_contiguous() else input.contiguous()).view(shape)
     try:
         return input.view(shape)
     except StructureError:
@@ -110,12 +116,23 @@ class _SplitStatic(torch.autograd.Function):
         return torch.cat(full, d), None, None
 
 
+def _batch_pieces(input: MJT, dense_split) -> tuple:
+    """Sub-batches along the batch dim (``constructors.split_batch``: views of the values with new
+    nested ints, as ``torch.jagged``'s ``chunk`` on dim 0). ``dense_split(probe)`` is the dense op
+    on a meta tensor ``(B, 1)`` (2-D, as ``vsplit`` requires): its pieces' sizes and offsets are
+    the sub-batches'."""
+    bounds = tuple((p.storage_offset(), p.shape[0]) for p in dense_split(torch.empty(input.shape[0], 1, device="meta")))
+    return constructors.split_batch(input, bounds)
+
+
 def _split_pieces(op: str, input: MJT, dim: int, dense_split) -> tuple:
     """Pieces of ``input`` along static ``dim``. ``dense_split(probe)`` is the dense op on a meta
     tensor of the dim's size: its pieces' sizes and offsets are the pieces' (tensor_split's can
     overlap or be empty). Eagerly with gradients, consecutive pieces go through ``_SplitStatic``
     (one ``cat`` in backward); otherwise each is a ``narrow`` view with its own backward (aten's
     ``split_backward`` would build zeros of nested-int sizes for unused pieces)."""
+    if canonical_dim(op, input.dim(), dim) == 0:
+        return _batch_pieces(input, dense_split)
     d = _static_dim(op, input, dim)
     bounds = tuple((p.storage_offset(), p.shape[d]) for p in dense_split(_probe(input, d)))
     consecutive = all(s == sum(n for _, n in bounds[:i]) for i, (s, _) in enumerate(bounds))
@@ -150,6 +167,26 @@ route(torch.unsafe_chunk, torch.Tensor.unsafe_chunk)(_split_route("unsafe_chunk"
 route(torch.tensor_split, torch.Tensor.tensor_split)(_split_route("tensor_split", "tensor_split"))
 
 
+@route(torch.narrow, torch.Tensor.narrow)
+def _narrow(input, dim, start, length):
+    """``narrow`` of the batch dim: a sub-batch (``constructors.narrow_batch``); of a static dim:
+    aten's ``narrow`` (a ``slice`` of the values); of a ragged dim: an error."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if canonical_dim("narrow", input.dim(), dim) == 0:
+        return constructors.narrow_batch(input, start, length)
+    _static_dim("narrow", input, dim)
+    return NotImplemented
+
+
+@route(torch.Tensor.to_padded_tensor)
+def _to_padded_tensor(input, padding, output_size=None):
+    """The method form of ``torch.nested.to_padded_tensor``."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    return constructors.to_padded_tensor(input, padding, output_size)
+
+
 def _xsplit_route(op: str, pick_dim):
     """``hsplit`` / ``vsplit`` / ``dsplit``: ``tensor_split`` along a fixed dim."""
 
@@ -157,7 +194,8 @@ def _xsplit_route(op: str, pick_dim):
         if not isinstance(input, MJT):
             return NotImplemented
         d = pick_dim(input.dim())
-        _static_dim(op, input, d)
+        if d:
+            _static_dim(op, input, d)
 
         def dense(t):
             return getattr(torch, op)(t, sections)  # dense torch's dim choice and checks

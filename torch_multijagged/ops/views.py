@@ -203,6 +203,33 @@ def guard_write(func, args, kwargs) -> None:
                 )
 
 
+# NOTE [ Contiguity as torch.jagged reports it ]
+#
+# ``torch.jagged`` stores a ``(B, S, j0, C)`` tensor as values ``(S, ΣN, C)``: the packed dim sits
+# where the ragged dim is, and ``is_contiguous()`` is that buffer's contiguity, so
+# ``(B, j0, C).transpose(1, 2)`` is not contiguous and its ``.contiguous()`` is a copy with values
+# ``(C, ΣN)``. Our values keep the packed rows first, ``(ΣN, S, C)``, with any strides; read in
+# torch.jagged's order (the packed dim moved to the first ragged dim's place among the static
+# dims, ``njt_order_values``) they are the same buffer. So ``is_contiguous()`` asks that view,
+# ``stride()`` reports its strides (the batch stride ``row·j0``, as torch.jagged, for one ragged
+# dim), and ``clone(memory_format=torch.contiguous_format)`` / ``.contiguous()`` lay the values
+# out contiguously in that order — on a (B, j0, …) tensor, exactly the row-major packed values.
+def njt_order_values(x: MJT) -> torch.Tensor:
+    """``x``'s values with the packed dim at the first ragged dim's place among the static dims
+    (NOTE [ Contiguity as torch.jagged reports it ]): a view."""
+    lead = x._ragged_dims[0] - 1  # static dims before the first ragged dim
+    return x._values if lead == 0 else x._values.movedim(0, lead)
+
+
+def contiguous_values(x: MJT) -> torch.Tensor:
+    """A contiguous copy of ``x``'s values in torch.jagged's order, as packed-rows-first values."""
+    lead = x._ragged_dims[0] - 1
+    v = x._values
+    return v.clone(memory_format=torch.contiguous_format) if lead == 0 else (
+        v.movedim(0, lead).clone(memory_format=torch.contiguous_format).movedim(lead, 0)
+    )
+
+
 @register_multi_jagged_func(aten.permute.default, "self: mjt, dims: any")
 def permute_default(func, inp, dims):
     return _permute(inp, dims)
@@ -232,6 +259,19 @@ def _static_vdim(op: str, inp, dim) -> tuple[int, int]:
     if d == 0 or d in inp._ragged_dims:
         raise StructureError(f"{op}(): expected a static dim of {describe(inp)}, got dim {dim} (batch or ragged)")
     return d, static_dims(len(inp._size), inp._ragged_dims).index(d) + 1
+
+
+@register_multi_jagged_func(aten.glu.default, "self: mjt, dim: any?")
+def glu_default(func, inp, dim=-1):
+    """``F.glu`` halves a static dim; each element's pair lies in its own row."""
+    _, vd = _static_vdim("glu", inp, dim)
+    return wrap(func(inp._values, vd), inp._partition, inp._ragged_dims)
+
+
+@register_multi_jagged_func(aten.glu_backward.default, "grad_output: mjt, self: mjt, dim: any")
+def glu_backward_default(func, grad, inp, dim):
+    _, vd = _static_vdim("glu_backward", inp, dim)
+    return wrap(func(grad._values, inp._values, vd), inp._partition, inp._ragged_dims)
 
 
 @register_multi_jagged_func(aten.select.int, "self: mjt, dim: any, index: any")
@@ -266,33 +306,103 @@ def _prod(xs):
     return out
 
 
+def _resolve_segment(old: list, new: list, dims: list) -> tuple[list, str | None]:
+    """``new`` static sizes (at logical ``dims``) regrouping ``old``, with a ``-1`` inferred as
+    dense ``view`` does; ``(sizes, None)`` or ``(None, what is wrong)``."""
+    holes = [k for k, s in enumerate(new) if s == -1]
+    bad = next((k for k, s in enumerate(new) if s != -1 and s < 0), None)
+    if bad is not None:
+        return None, f"invalid size {new[bad]} at dim {dims[bad]}"
+    if len(holes) > 1:
+        return None, f"only one dimension can be inferred, got -1 at dims {[dims[k] for k in holes]}"
+    total = _prod(old)
+    if holes:
+        k = holes[0]
+        known = _prod([s for s in new if s != -1])
+        if known == 0 or total % known:
+            return None, (
+                f"size -1 at dim {dims[k]} cannot be inferred: the static dims there hold {total} elements "
+                f"{tuple(old)}, which the other sizes {tuple(s for s in new if s != -1)} do not divide"
+            )
+        new = list(new)
+        new[k] = total // known
+    if _prod(new) != total:
+        return None, (
+            f"static dims may only regroup between ragged dims: sizes {tuple(new)} at dims "
+            f"{tuple(dims)} must hold the {total} elements of {tuple(old)}"
+        )
+    return new, None
+
+
+def _ragged_positions(inp, size) -> list[tuple[int, ...]]:
+    """Every way to place ``inp``'s ragged dims, in order, at dims of ``size`` that hold their
+    nested int or ``-1``, taking every nested int of ``size``."""
+    import itertools
+
+    nested = [inp._size[d] for d in inp._ragged_dims]
+    fixed = {d for d in range(1, len(size)) if is_nested_int(size[d])}
+    out = []
+    for pos in itertools.combinations(range(1, len(size)), len(nested)):
+        if fixed <= set(pos) and all(
+            size[p] == -1 if not is_nested_int(size[p]) else size[p] == n for p, n in zip(pos, nested)
+        ):
+            out.append(pos)
+    return out
+
+
 def check_view_shape(op: str, inp, size) -> tuple[list, tuple[int, ...]]:
     """``(static sizes, ragged dims)`` of ``inp`` viewed as ``size``, or a StructureError naming
-    ``op`` (the op the user called: ``view``, ``reshape``, ``flatten``, ``unflatten``). The batch
-    and ragged dims stay (as the same nested ints); static dims may regroup only within the runs
-    between ragged dims."""
+    ``op`` (the op the user called: ``view``, ``reshape``, ``flatten``, ``unflatten``) and the
+    size that was the problem. The batch and ragged dims stay (as the same nested ints) and static
+    dims may regroup only within the runs between ragged dims. As with ``torch.jagged``, ``-1``
+    may stand for the batch dim or for a ragged dim; where it could be either a ragged dim or an
+    inferred static size, the ragged dims' own positions win (``(B, j0, 1, C).view(-1, -1, -1, C)``
+    keeps ``j0`` at dim 1), and a choice that is still ambiguous raises."""
     size = list(size)
     what = f"cannot view {describe(inp)} as" if op == "view" else f"cannot {op} {describe(inp)} to"
-    ragged_new = tuple(d for d, s in enumerate(size) if is_nested_int(s))
-    if len(ragged_new) != len(inp._ragged_dims) or any(
-        size[d] != inp._size[o] for d, o in zip(ragged_new, inp._ragged_dims)
-    ) or size[0] not in (inp._partition.batch, -1):
+    head = f"{op}(): {what} {tuple(size)}"
+    b = inp._partition.batch
+    if not size or is_nested_int(size[0]) or size[0] not in (b, -1):
+        got = size[0] if size else "no dims"
+        raise StructureError(f"{head}: dim 0 must be the batch size {b} or -1, got {got} (the batch and ragged dims must stay)")
+    nested = [inp._size[d] for d in inp._ragged_dims]
+    for d in range(1, len(size)):
+        if is_nested_int(size[d]) and not any(size[d] == n for n in nested):
+            raise StructureError(f"{head}: size {size[d]} at dim {d} is not a ragged size of {describe(inp)}")
+    candidates = _ragged_positions(inp, size)
+    if not candidates:
+        if len(size) == len(inp._size):
+            d = next(d for d in inp._ragged_dims if not (size[d] == -1 or size[d] == inp._size[d]))
+            raise StructureError(f"{head}: dim {d} must be the ragged size {inp._size[d]} or -1, got {size[d]}")
         raise StructureError(
-            f"{op}(): {what} {tuple(size)}: the batch and ragged "
-            "dims must stay, with the same nested ints"
+            f"{head}: the batch and ragged dims must stay: expected the ragged sizes "
+            f"({', '.join(str(n) for n in nested)}) in this order, each given as itself or -1"
         )
     old_segs = _segments(inp._size, inp._ragged_dims)
-    new_segs = _segments(size, ragged_new)
-    for o, n in zip(old_segs, new_segs):
-        if -1 in n:
-            known = _prod([s for s in n if s != -1])
-            n[n.index(-1)] = _prod(o) // known if known else 0
-        if _prod(o) != _prod(n):
+    solved, problem = {}, None
+    for pos in candidates:
+        bounds = (0, *pos, len(size))
+        statics = []
+        for o, lo, hi in zip(old_segs, bounds[:-1], bounds[1:]):
+            got, why = _resolve_segment(o, size[lo + 1 : hi], list(range(lo + 1, hi)))
+            if got is None:
+                if problem is None or pos == inp._ragged_dims:
+                    problem = why
+                break
+            statics += got
+        else:
+            solved[pos] = statics
+    if not solved:
+        raise StructureError(f"{head}: {problem}")
+    if len(solved) > 1:
+        if inp._ragged_dims not in solved:
             raise StructureError(
-                f"{op}(): {what} {tuple(size)}: static dims may only "
-                "regroup between ragged dims"
+                f"{head}: ambiguous: -1 could stand for a ragged dim at dims {list(solved)}; give the ragged "
+                "sizes themselves (x.shape[d])"
             )
-    return [s for seg in new_segs for s in seg], ragged_new
+        return solved[inp._ragged_dims], inp._ragged_dims
+    (pos, statics), = solved.items()
+    return statics, pos
 
 
 @register_multi_jagged_func([aten.view.default, aten._unsafe_view.default, aten.reshape.default], "self: mjt, size: any")

@@ -1,0 +1,501 @@
+"""Indexing-style ops (ops/indexing.py): ``F.embedding``, ``F.embedding_bag``, ``masked_select``,
+``index_put`` / ``x[idx] = v`` and batched matmul with a dense per-sample operand, against the
+per-sample dense reference, with zero-length samples, gradients to every input, ``no_grad`` /
+``inference_mode`` and one fullgraph compile test per family."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+from torch_multijagged import multi_jagged
+
+from _reference import CUBE, PS, R, RECT, RECT3, RECT3_MID, SEQ, SQUARE, STATIC_LEAD, few, per_sample_check, seeds, structures
+from _structures import comps_for, lengths
+
+FEW = few(8)
+V = 7  # vocabulary size of the embedding tests
+
+
+def _ints(structure, seed, high=V):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, high, s, generator=g) for s in structure.shapes]
+
+
+def _components_equal(out, expected, **kw):
+    got = out.unbind()
+    assert len(got) == len(expected)
+    for i, (a, e) in enumerate(zip(got, expected)):
+        assert a.shape == e.shape, f"sample {i}: {tuple(a.shape)} != {tuple(e.shape)}"
+        torch.testing.assert_close(a, e, msg=lambda m: f"sample {i}: {m}", **kw)
+
+
+def _compiled(fn):
+    torch._dynamo.reset()
+    return torch.compile(fn, backend="aot_eager", fullgraph=True)
+
+
+# --------------------------------------------------------------------------- embedding
+@pytest.mark.parametrize("layout", [SEQ, SQUARE, RECT, STATIC_LEAD, RECT3], ids=str)
+@pytest.mark.parametrize("padding_idx", [None, 2])
+def test_embedding_per_sample(layout, padding_idx):
+    """``(B, …)`` int indices → ``(B, …, D)``, the ragged dims kept; the weight's gradient (and
+    none at ``padding_idx``) as the dense op on the samples."""
+
+    @FEW
+    @given(structures(layout), seeds)
+    def check(s, seed):
+        g = torch.Generator().manual_seed(seed)
+        w = torch.randn(V, 3, dtype=torch.float64, generator=g, requires_grad=True)
+        idx = _ints(s, seed)
+        x = mj.nested_tensor(idx, ragged_dims=layout.ragged_dims)
+        out = F.embedding(x, w, padding_idx=padding_idx)
+        assert out.ragged_dims == layout.ragged_dims and out.shape[-1] == 3
+        assert all(out.shape[d] == x.shape[d] for d in layout.ragged_dims)  # the indices' nested ints
+        w_ref = w.detach().clone().requires_grad_()
+        expected = [F.embedding(i, w_ref, padding_idx=padding_idx) for i in idx]
+        _components_equal(out, [e.detach() for e in expected])
+        cot = [torch.randn(e.shape, dtype=e.dtype, generator=g) for e in expected]
+        gw, = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cot)), [w])
+        gw_ref, = torch.autograd.grad(sum((e * c).sum() for e, c in zip(expected, cot)), [w_ref])
+        torch.testing.assert_close(gw, gw_ref)
+
+    check()
+
+
+def test_embedding_max_norm_renormalises_the_weight_as_dense():
+    idx = [torch.tensor([0, 3, 3]), torch.tensor([], dtype=torch.int64), torch.tensor([5, 1])]
+    w = torch.randn(V, 4) * 5
+    w_ref = w.clone()
+    out = F.embedding(torch.nested.nested_tensor(idx, layout=multi_jagged), w, max_norm=1.0)
+    expected = [F.embedding(i, w_ref, max_norm=1.0) for i in idx]
+    torch.testing.assert_close(w, w_ref)  # the looked-up rows renormalised in place, the others untouched
+    _components_equal(out, expected)
+
+
+def test_embedding_no_grad_inference_mode_and_sparse():
+    idx = torch.nested.nested_tensor([torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64)], layout=multi_jagged)
+    w = torch.randn(V, 3, requires_grad=True)
+    expected = [F.embedding(i, w.detach()) for i in idx.unbind()]
+    with torch.no_grad():
+        _components_equal(F.embedding(idx, w), expected)
+    with torch.inference_mode():
+        _components_equal(F.embedding(idx, w), expected)
+    with pytest.raises(NotImplementedError, match="embedding.*sparse"):
+        F.embedding(idx, w, sparse=True)
+
+
+def test_embedding_compiles_fullgraph():
+    idx = torch.nested.nested_tensor([torch.tensor([1, 2]), torch.tensor([0]), torch.tensor([6, 5, 4])], layout=multi_jagged)
+    w = torch.randn(V, 3, requires_grad=True)
+    fn = lambda i, w: F.embedding(i, w, padding_idx=4).sin()  # noqa: E731
+    out = _compiled(fn)(idx, w)
+    ref = fn(idx, w)
+    _components_equal(out, [r.detach() for r in ref.unbind()])
+    g, = torch.autograd.grad(out.values().sum(), [w])
+    g_ref, = torch.autograd.grad(ref.values().sum(), [w])
+    torch.testing.assert_close(g, g_ref)
+
+
+# --------------------------------------------------------------------------- embedding_bag
+def _bag_ref(i, w, mode, psw=None):
+    """One bag per component (the dense op on a 1-D input with offsets [0]); an empty bag is zeros."""
+    return F.embedding_bag(i.reshape(-1), w, torch.tensor([0]), mode=mode, per_sample_weights=psw)[0]
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("weighted", [False, True], ids=["", "per_sample_weights"])
+def test_embedding_bag_per_sample_and_njt(mode, weighted):
+    """``(B, j0)`` int indices → dense ``(B, D)``, one bag per sample, as torch.jagged; gradients
+    to the weight and to ``per_sample_weights``."""
+    if weighted and mode != "sum":
+        pytest.skip("per_sample_weights is only defined for mode='sum'")
+
+    @FEW
+    @given(lengths(), seeds)
+    def check(ns, seed):
+        g = torch.Generator().manual_seed(seed)
+        idx = [torch.randint(0, V, (n,), generator=g) for n in ns]
+        psw = [torch.randn(n, generator=g, dtype=torch.float64) for n in ns] if weighted else None
+        w = torch.randn(V, 3, generator=g, dtype=torch.float64, requires_grad=True)
+        x = torch.nested.nested_tensor(idx, layout=multi_jagged)
+        p = mj.as_nested_tensor([t.clone().requires_grad_() for t in psw]) if weighted else None
+        out = F.embedding_bag(x, w, mode=mode, per_sample_weights=p)
+        w_ref = w.detach().clone().requires_grad_()
+        p_ref = [t.clone().requires_grad_() for t in psw] if weighted else [None] * len(ns)
+        expected = torch.stack([_bag_ref(i, w_ref, mode, q) for i, q in zip(idx, p_ref)])
+        torch.testing.assert_close(out, expected.detach())
+        cot = torch.randn(expected.shape, dtype=expected.dtype, generator=g)
+        inputs, inputs_ref = [w] + ([p] if weighted else []), [w_ref] + (p_ref if weighted else [])
+        grads = torch.autograd.grad((out * cot).sum(), inputs)
+        grads_ref = torch.autograd.grad((expected * cot).sum(), inputs_ref)
+        torch.testing.assert_close(grads[0], grads_ref[0])
+        if weighted:
+            _components_equal(grads[1], list(grads_ref[1:]))
+        njt = torch.nested.nested_tensor(idx, layout=torch.jagged)
+        njt_psw = torch.nested.nested_tensor_from_jagged(torch.cat(psw), njt.offsets()) if weighted else None
+        torch.testing.assert_close(out.detach(), F.embedding_bag(njt, w, mode=mode, per_sample_weights=njt_psw))
+
+    check()
+
+
+def test_embedding_bag_two_ragged_dims_bags_along_the_last():
+    """Beyond torch.jagged: ``(B, j0, j1)`` → ``(B, j0, D)``, a bag per row of every sample."""
+    idx = [torch.randint(0, V, (n, m)) for n, m in [(2, 3), (0, 2), (3, 0)]]
+    x = mj.nested_tensor(idx, ragged_dims=(1, 2))
+    w = torch.randn(V, 4, requires_grad=True)
+    out = F.embedding_bag(x, w, mode="sum")
+    assert out.ragged_dims == (1,) and out.shape[1] == x.shape[1]
+    expected = [torch.stack([_bag_ref(r, w, "sum") for r in i]) if len(i) else torch.zeros(0, 4) for i in idx]
+    _components_equal(out, expected)
+    g, = torch.autograd.grad(out.values().sum(), [w])
+    g_ref, = torch.autograd.grad(sum(e.sum() for e in expected), [w])
+    torch.testing.assert_close(g, g_ref)
+
+
+def test_embedding_bag_errors_no_grad_inference_mode_and_compile():
+    idx = torch.nested.nested_tensor([torch.tensor([1, 2]), torch.tensor([], dtype=torch.int64), torch.tensor([3])], layout=multi_jagged)
+    w = torch.randn(V, 3, requires_grad=True)
+    expected = torch.stack([_bag_ref(i, w.detach(), "mean") for i in idx.unbind()])
+    with torch.no_grad():
+        torch.testing.assert_close(F.embedding_bag(idx, w), expected)
+    with torch.inference_mode():
+        torch.testing.assert_close(F.embedding_bag(idx, w), expected)
+    with pytest.raises(ValueError, match="offsets"):
+        F.embedding_bag(idx, w, torch.tensor([0, 1]))
+    with pytest.warns(UserWarning, match="Argument order"):  # the deprecated (weight, input) order
+        torch.testing.assert_close(F.embedding_bag(w.detach(), idx), expected)
+    static = mj.nested_tensor([torch.zeros(2, 3, dtype=torch.int64)], ragged_dims=(1,))
+    with pytest.raises(ValueError, match="embedding_bag"):
+        F.embedding_bag(static, w)
+    out = _compiled(lambda i, w: F.embedding_bag(i, w, mode="sum") * 2)(idx, w)
+    torch.testing.assert_close(out, torch.stack([_bag_ref(i, w, "sum") for i in idx.unbind()]) * 2)
+    g, = torch.autograd.grad(out.sum(), [w])
+    torch.testing.assert_close(g, torch.autograd.grad(F.embedding_bag(idx, w, mode="sum").sum() * 2, [w])[0])
+
+
+# --------------------------------------------------------------------------- masked_select
+@pytest.mark.parametrize("layout", [SEQ, SQUARE, RECT, STATIC_LEAD, CUBE, RECT3_MID], ids=str)
+def test_masked_select_per_sample(layout):
+    """``(B, …)`` → ``(B, j)`` with each sample's selected elements in its row-major order (the
+    dense op per sample), also where a static dim comes before a ragged one (the packed order
+    differs); gradient as dense (zeros where not selected)."""
+
+    @FEW
+    @given(structures(layout), seeds)
+    def check(s, seed):
+        comps = s.components(seed)
+        masks = [c > 0 for c in comps]
+        leaves = [c.clone().requires_grad_() for c in comps]
+        x = mj.as_nested_tensor(leaves, ragged_dims=layout.ragged_dims)
+        mask = mj.nested_tensor(masks, ragged_dims=layout.ragged_dims)
+        out = torch.masked_select(x, mask)
+        assert out.ragged_dims == (1,)
+        refs = [c.clone().requires_grad_() for c in comps]
+        expected = [torch.masked_select(r, m) for r, m in zip(refs, masks)]
+        _components_equal(out, [e.detach() for e in expected])
+        cot = [torch.randn(e.shape, dtype=e.dtype) for e in expected]
+        g = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cot)), leaves)
+        g_ref = torch.autograd.grad(sum((e * c).sum() for e, c in zip(expected, cot)), refs)
+        for a, b in zip(g, g_ref):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(x.masked_select(mask).values(), out.values())  # the method too
+
+    check()
+
+
+@pytest.mark.parametrize("layout", [SEQ, STATIC_LEAD], ids=str)
+def test_masked_select_double_backward(layout):
+    """Second order through masked_select: d/dx of Σ sel³ is 3x²·mask, whose d/dx (summed) is 6x·mask."""
+    comps = [torch.randn(*layout.shape(n, n, 2, 3), dtype=torch.float64) for n in (2, 0, 3)]
+    x = mj.nested_tensor(comps, ragged_dims=layout.ragged_dims).requires_grad_()
+    mask = x.detach() > 0
+    sel = torch.masked_select(x, mask)
+    g, = torch.autograd.grad(sel.pow(3).values().sum(), [x], create_graph=True)
+    _components_equal(g.detach(), [3 * c * c * (c > 0) for c in comps])
+    gg, = torch.autograd.grad(g.values().sum(), [x])
+    _components_equal(gg, [6 * c * (c > 0) for c in comps])
+
+
+def test_masked_select_matches_njt_and_errors():
+    comps = [torch.randn(3), torch.randn(0), torch.randn(4)]
+    masks = [c > 0 for c in comps]
+    njt = torch.nested.nested_tensor(comps, layout=torch.jagged)
+    njt_out = torch.masked_select(njt, torch.nested.nested_tensor_from_jagged(torch.cat(masks), njt.offsets()))
+    x = torch.nested.nested_tensor(comps, layout=multi_jagged)
+    mask = torch.nested.nested_tensor(masks, layout=multi_jagged)
+    out = torch.masked_select(x, mask)
+    _components_equal(out, list(njt_out.unbind()))
+    with torch.no_grad():
+        _components_equal(torch.masked_select(x, mask), list(njt_out.unbind()))
+    with torch.inference_mode():
+        _components_equal(torch.masked_select(x, mask), list(njt_out.unbind()))
+    other = torch.nested.nested_tensor([c > 0 for c in [torch.randn(2), torch.randn(0), torch.randn(4)]], layout=multi_jagged)
+    with pytest.raises(RuntimeError, match="masked_select"):
+        torch.masked_select(x, other)
+    with pytest.raises(RuntimeError, match="masked_select"):
+        torch.masked_select(x, torch.randn(3) > 0)
+
+
+# --------------------------------------------------------------------------- index_put
+def _unique_points(sizes, count, gen):
+    """Distinct (sample, ragged coordinates…) points of a batch with per-sample ``sizes``."""
+    pts = [(b, *c) for b, ext in enumerate(sizes) for c in torch.cartesian_prod(*[torch.arange(n) for n in ext]).reshape(-1, len(ext)).tolist()]
+    perm = torch.randperm(len(pts), generator=gen)[:count].tolist()
+    return [pts[k] for k in perm]
+
+
+@pytest.mark.parametrize("layout", [SEQ, SQUARE, RECT, RECT3], ids=str)
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_every_ragged_dim_indexed(layout, accumulate):
+    """``index_put(x, [b, a…], v)``: one packed row per index (torch.jagged's case, any number of
+    ragged dims); negative ragged indices count from each sample's own extent; gradients to x
+    and v as the dense op on each sample."""
+
+    @FEW
+    @given(structures(layout), seeds)
+    def check(s, seed):
+        g = torch.Generator().manual_seed(seed)
+        pts = _unique_points(s.sizes, 3, g)
+        sizes = s.sizes
+        # half of the coordinates negative: counted from B, or from the sample's own extent
+        idx = [torch.tensor([p[k] - ((sizes[p[0]][k - 1] if k else s.batch) if (k + j) % 2 else 0) for j, p in enumerate(pts)], dtype=torch.int64)
+               for k in range(len(layout.ragged_dims) + 1)] if pts else [torch.zeros(0, dtype=torch.int64)] * (len(layout.ragged_dims) + 1)
+        v = torch.randn(len(pts), s.c, generator=g, dtype=torch.float64)
+
+        comps = s.components(seed)
+        leaves = [c.clone().requires_grad_() for c in comps]
+        x = mj.as_nested_tensor(leaves, ragged_dims=layout.ragged_dims)
+        vl = v.clone().requires_grad_()
+        out = torch.index_put(x, idx, vl, accumulate=accumulate)
+        refs = [c.clone().requires_grad_() for c in comps]
+        vr = v.clone().requires_grad_()
+        ys = [r.clone() for r in refs]
+        for j, p in enumerate(pts):
+            cell = ys[p[0]][tuple(p[1:])]
+            ys[p[0]] = ys[p[0]].index_put((*[torch.tensor(c) for c in p[1:]],), vr[j] + cell if accumulate else vr[j])
+        _components_equal(out, [y.detach() for y in ys])
+        cot = [torch.randn(y.shape, dtype=y.dtype, generator=g) for y in ys]
+        grads = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cot)), leaves + [vl], allow_unused=True)
+        grads_ref = torch.autograd.grad(sum((y * c).sum() for y, c in zip(ys, cot)), refs + [vr], allow_unused=True)
+        for a, b, leaf in zip(grads, grads_ref, leaves + [vl]):
+            # an input the reference never reads (no cell to write: v is empty) has no gradient there
+            a = torch.zeros_like(leaf) if a is None else a
+            b = torch.zeros_like(leaf) if b is None else b
+            torch.testing.assert_close(a, b)
+
+    check()
+
+
+@pytest.mark.parametrize("layout", [SEQ, SQUARE, STATIC_LEAD], ids=str)
+def test_index_put_whole_ragged_dims(layout):
+    """``x[b] = v`` / ``x[b, s] = v``: indices leave ragged dims whole, ``v`` broadcasts over them
+    (torch.jagged pads for this); the gradient to x is zero where written."""
+
+    @FEW
+    @given(structures(layout), seeds)
+    def check(s, seed):
+        comps = s.components(seed)
+        b = torch.tensor([s.batch - 1, 0])
+        v = torch.randn(s.c, dtype=torch.float64)
+        leaves = [c.clone().requires_grad_() for c in comps]
+        x = mj.as_nested_tensor(leaves, ragged_dims=layout.ragged_dims)
+        out = torch.index_put(x, [b], v)
+        expected = [c.detach().clone() for c in comps]
+        for i in b.tolist():
+            expected[i][...] = v
+        _components_equal(out, expected)
+        g = torch.autograd.grad(out.values().sum(), leaves, allow_unused=True)
+        for i, gi in enumerate(g):
+            want = torch.zeros_like(comps[i]) if i in b.tolist() else torch.ones_like(comps[i])
+            torch.testing.assert_close(gi if gi is not None else torch.zeros_like(comps[i]), want)
+        if layout is STATIC_LEAD:  # a static index next to the batch index
+            y = torch.index_put(x.detach(), [b[:1], torch.tensor([0])], v)
+            e = [c.detach().clone() for c in comps]
+            e[b[0].item()][0] = v
+            _components_equal(y, e)
+
+    check()
+
+
+def test_setitem_in_place_no_grad_inference_mode_and_errors():
+    comps = [torch.randn(n, 2) for n in (3, 0, 2)]
+    x = torch.nested.nested_tensor(comps, layout=multi_jagged).requires_grad_()
+    v = torch.randn(2, requires_grad=True)
+    b, a = torch.tensor([0, 2]), torch.tensor([-1, 1])
+    y = x * 1
+    y[b, a] = v  # Tensor.__setitem__ → index_put_
+    expected = [c.clone() for c in comps]
+    expected[0][2], expected[2][1] = v.detach(), v.detach()
+    _components_equal(y, expected)
+    gx, gv = torch.autograd.grad(y.values().sum(), [x, v])
+    torch.testing.assert_close(gv, torch.full((2,), 2.0))
+    assert gx.unbind()[0][2].abs().sum() == 0 and gx.unbind()[0][0].sum() == 2
+    for ctx in (torch.no_grad(), torch.inference_mode()):
+        z = x.detach() * 1
+        with ctx:
+            z[b, a] = v
+            _components_equal(torch.index_put(z, [b, a], v), expected)
+            _components_equal(z, expected)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        torch.index_put(x.detach(), [torch.tensor([0]), torch.tensor([3])], torch.tensor(1.0))
+    with pytest.raises(RuntimeError, match="shape mismatch"):  # v may not vary along a ragged dim left whole
+        torch.index_put(x.detach(), [torch.tensor([0])], torch.randn(3, 2))
+    with pytest.raises(NotImplementedError, match="index_put.*requires grad"):
+        torch.index_put(x, [torch.tensor([0])], v)
+    with pytest.raises(NotImplementedError, match="index_put.*multi_jagged"):
+        torch.ops.aten.index_put.default(x.detach(), [None, torch.tensor([0])], torch.tensor(1.0))
+
+
+@pytest.mark.parametrize("layout", [SEQ, SQUARE, STATIC_LEAD, RECT3_MID], ids=str)
+def test_setitem_boolean_mask(layout):
+    """``x[mask] = v`` with a multi_jagged boolean mask of x's structure: a scalar, or one value per
+    selected element in each sample's row-major order (the packed order differs where a static
+    dim comes first); gradients to x and v as dense; ``x[mask]`` reads them back."""
+
+    @FEW
+    @given(structures(layout), seeds)
+    def check(s, seed):
+        comps = s.components(seed)
+        masks = [c > 0 for c in comps]
+        count = int(sum(int(m.sum()) for m in masks))
+        v = torch.randn(count, dtype=torch.float64, generator=torch.Generator().manual_seed(seed), requires_grad=True)
+        x = mj.nested_tensor(comps, ragged_dims=layout.ragged_dims).requires_grad_()
+        mask = mj.nested_tensor(masks, ragged_dims=layout.ragged_dims)
+        y = x * 1
+        y[mask] = v
+        refs = [c.clone().requires_grad_() for c in comps]
+        vr = v.detach().clone().requires_grad_()
+        ys, k = [], 0
+        for r, m in zip(refs, masks):
+            yi, n = r.clone(), int(m.sum())
+            yi[m] = vr[k:k + n]
+            ys.append(yi)
+            k += n
+        _components_equal(y, [t.detach() for t in ys])
+        torch.testing.assert_close(y[mask], v.detach())
+        cot = [torch.randn(t.shape, dtype=t.dtype) for t in ys]
+        g = torch.autograd.grad(sum((a * c).sum() for a, c in zip(y.unbind(), cot)), [x, v])
+        g_ref = torch.autograd.grad(sum((a * c).sum() for a, c in zip(ys, cot)), refs + [vr])
+        _components_equal(g[0], list(g_ref[:-1]))
+        torch.testing.assert_close(g[1], g_ref[-1])
+        z = x.detach() * 1
+        z[mask] = 0.0
+        _components_equal(z, [c.masked_fill(m, 0.0) for c, m in zip(comps, masks)])
+
+    check()
+
+
+def test_index_put_compiles_fullgraph():
+    x = torch.nested.nested_tensor([torch.randn(n, 2) for n in (3, 1, 2)], layout=multi_jagged).requires_grad_()
+    v = torch.randn(2, 2, requires_grad=True)
+    idx = [torch.tensor([0, 2]), torch.tensor([1, -1])]
+    fn = lambda x, v: torch.index_put(x * 2, idx, v).sin()  # noqa: E731
+    out, ref = _compiled(fn)(x, v), fn(x, v)
+    _components_equal(out, [r.detach() for r in ref.unbind()])
+    g = torch.autograd.grad(out.values().sum(), [x, v])
+    g_ref = torch.autograd.grad(ref.values().sum(), [x, v])
+    _components_equal(g[0], list(g_ref[0].unbind()))
+    torch.testing.assert_close(g[1], g_ref[1])
+
+
+# --------------------------------------------------------------------------- bmm / matmul
+def _dense_ps(ns, shape, seed):
+    return torch.randn(len(ns), *shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("call", ["matmul", "bmm"])
+def test_bmm_ragged_rows_times_dense(call):
+    """``(B, j, D) @ (B, D, E)`` → ``(B, j, E)``; gradients to both operands."""
+    fn = torch.matmul if call == "matmul" else torch.bmm
+
+    @FEW
+    @given(lengths(), st.integers(1, 3), seeds)
+    def check(ns, d, seed):
+        out = per_sample_check(lambda x, o: fn(x, o), R(comps_for([(n, d) for n in ns], seed), (1,)),
+                               PS(_dense_ps(ns, (d, 4), seed)), ref=torch.matmul, seed=seed)
+        assert out.ragged_dims == (1,)
+
+    check()
+
+
+def test_bmm_dense_times_transposed_ragged():
+    """``(B, F, E) @ (B, E, j)`` → ``(B, F, j)``, the ragged operand a transposed ``(B, j, E)``."""
+
+    @FEW
+    @given(lengths(), seeds)
+    def check(ns, seed):
+        out = per_sample_check(lambda o, x: o @ x.transpose(1, 2), PS(_dense_ps(ns, (5, 3), seed)),
+                               R(comps_for([(n, 3) for n in ns], seed), (1,)), ref=lambda o, x: o @ x.T, seed=seed)
+        assert out.ragged_dims == (2,)
+
+    check()
+
+
+def test_bmm_contracting_the_ragged_dim_gives_dense():
+    """``(B, D, j) @ (B, j, E)`` → dense ``(B, D, E)`` (the dense operand's gradient above)."""
+
+    @FEW
+    @given(lengths(), seeds)
+    def check(ns, seed):
+        a, b = comps_for([(n, 2) for n in ns], seed), comps_for([(n, 3) for n in ns], seed + 1)
+        per_sample_check(lambda x, y: torch.bmm(x.transpose(1, 2), y), R(a, (1,)), R(b, (1,)),
+                         ref=lambda x, y: x.T @ y, dense_out=True, seed=seed)
+
+    check()
+
+
+def test_matmul_dense_per_sample_broadcast_no_grad_inference_mode_and_errors():
+    comps = [torch.randn(n, 4) for n in (2, 0, 3)]
+    x = torch.nested.nested_tensor(comps, layout=multi_jagged)
+    o = torch.randn(1, 4, 5)
+    _components_equal(x @ o, [c @ o[0] for c in comps])  # a dense batch of one broadcasts
+    o3 = torch.randn(3, 4, 5)
+    for ctx in (torch.no_grad(), torch.inference_mode()):
+        with ctx:
+            _components_equal(torch.bmm(x, o3), [c @ oi for c, oi in zip(comps, o3)])
+            _components_equal(x @ o3, [c @ oi for c, oi in zip(comps, o3)])
+    with pytest.raises(ValueError, match="bmm\\(\\): mat2 must be 3D"):
+        torch.bmm(x, torch.randn(4, 5))
+    with pytest.raises(RuntimeError, match="batch size 3, got 2"):
+        torch.bmm(x, torch.randn(2, 4, 5))
+    with pytest.raises(RuntimeError, match="mat2.shape\\[1\\] == 4"):
+        torch.bmm(x, torch.randn(3, 5, 5))
+    x4 = mj.nested_tensor([torch.randn(n, 2, 4) for n in (2, 3)], ragged_dims=(1,))
+    with pytest.raises(NotImplementedError, match="matmul.*multi_jagged"):
+        x4 @ torch.randn(2, 1, 4, 5)
+
+
+def test_bmm_compiles_fullgraph():
+    x = torch.nested.nested_tensor([torch.randn(n, 4) for n in (2, 1, 3)], layout=multi_jagged).requires_grad_()
+    o = torch.randn(3, 4, 5, requires_grad=True)
+    f = torch.randn(3, 6, 4, requires_grad=True)
+    fn = lambda x, o, f: ((x @ o).sin(), f @ x.transpose(1, 2))  # noqa: E731
+    out, ref = _compiled(fn)(x, o, f), fn(x, o, f)
+    for a, b in zip(out, ref):
+        _components_equal(a, [r.detach() for r in b.unbind()])
+    g = torch.autograd.grad(out[0].values().sum() + out[1].values().sum(), [x, o, f])
+    g_ref = torch.autograd.grad(ref[0].values().sum() + ref[1].values().sum(), [x, o, f])
+    _components_equal(g[0], list(g_ref[0].unbind()))
+    torch.testing.assert_close(g[1], g_ref[1])
+    torch.testing.assert_close(g[2], g_ref[2])
+
+
+def test_empty_batch_every_op():
+    """B = 0 (built with from_packed: a list cannot express it) for every op of the module."""
+    def empty(static, rd, dtype=torch.float32):
+        return mj.from_packed(torch.zeros((0, *static), dtype=dtype), torch.zeros(1, dtype=torch.int64),
+                              torch.zeros(0, len(rd), dtype=torch.int64), ragged_dims=rd)
+
+    i, x, w = empty((), (1,), torch.int64), empty((4,), (1,)), torch.randn(5, 3)
+    assert F.embedding(i, w).shape[0] == 0 and F.embedding(i, w).shape[2] == 3
+    assert F.embedding_bag(i, w).shape == (0, 3)
+    assert torch.bmm(x, torch.randn(0, 4, 5)).unbind() == ()
+    assert torch.bmm(torch.randn(0, 5, 4), x.transpose(1, 2)).shape[1] == 5
+    assert torch.masked_select(x, x > 0).unbind() == ()
+    none = torch.zeros(0, dtype=torch.int64)
+    assert torch.index_put(x, [none, none], torch.tensor(1.0)).unbind() == ()
+    assert torch.index_put(x, [none], torch.tensor(1.0)).unbind() == ()

@@ -1,0 +1,341 @@
+"""nn and scan ops over ragged dims (ops/ragged_nn.py, NOTE [ Ops over ragged dims in nn ]):
+``layer_norm`` over a ragged ``normalized_shape``, ``cumsum``/``cumprod``, ``F.normalize`` and
+1-d pooling over the ragged dim of ``(B, C, j0)``. Each against the per-sample dense reference
+with a zero-length sample, gradients to every input (first and second order), no_grad and
+inference_mode, the no-leakage property and one compiled test per family."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+
+from _reference import ALL_LAYOUTS, LAYOUTS, R, SEQ, SQUARE, assert_close, build, few, per_sample_check, seeds, structures
+from _structures import bit_equal, comps_for, per_sample_check_any_ints
+
+FEW = few(10)
+DT = torch.float64
+
+
+def _second_order(fn, ref, comps, ragged_dims, seed=0):
+    """Second derivatives through ``fn`` equal those through ``ref`` per sample: the gradient of
+    ⟨grad(⟨out, c⟩, x), w⟩ w.r.t. x."""
+    x, leaves = build(comps, ragged_dims, requires_grad=True)
+    refl = [c.detach().clone().requires_grad_() for c in comps]
+    out = fn(x)
+    outs = out.unbind() if isinstance(out, mj.MultiJaggedTensor) else out.unbind(0)
+    exp = [ref(c) for c in refl]
+    g = torch.Generator().manual_seed(seed)
+    cot = [torch.randn(e.shape, generator=g, dtype=e.dtype) for e in exp]
+    w = [torch.randn(c.shape, generator=g, dtype=c.dtype) for c in comps]
+    gm = torch.autograd.grad(sum((o * c).sum() for o, c in zip(outs, cot)), leaves, create_graph=True, allow_unused=True)
+    gr = torch.autograd.grad(sum((e * c).sum() for e, c in zip(exp, cot)), refl, create_graph=True, allow_unused=True)
+    lm = sum((a * b).sum() for a, b in zip(gm, w) if a is not None)
+    lr = sum((a * b).sum() for a, b in zip(gr, w) if a is not None)
+    # a gradient that does not depend on x (a linear op) has second derivative 0 on either side
+    ggm = torch.autograd.grad(lm, leaves, allow_unused=True) if getattr(lm, "requires_grad", False) else [None] * len(comps)
+    ggr = torch.autograd.grad(lr, refl, allow_unused=True) if getattr(lr, "requires_grad", False) else [None] * len(comps)
+    for k, (a, b, c) in enumerate(zip(ggm, ggr, comps)):
+        z = torch.zeros_like(c)
+        assert_close(z if a is None else a, z if b is None else b, f"second derivative of sample {k}")
+
+
+def _modes(fn, ref, comps, ragged_dims):
+    """no_grad and inference_mode give the per-sample reference too."""
+    for ctx in (torch.no_grad, torch.inference_mode):
+        with ctx():
+            x = mj.nested_tensor([c.clone() for c in comps], ragged_dims=ragged_dims)
+            out = fn(x)
+            outs = out.unbind() if isinstance(out, mj.MultiJaggedTensor) else out.unbind(0)
+            for i, (o, c) in enumerate(zip(outs, comps)):
+                assert_close(o, ref(c), f"{ctx.__name__}: sample {i}")
+
+
+def _no_leakage(fn, comps, ragged_dims, j=0):
+    """Changing sample j leaves every other sample's output bit-identical."""
+    with torch.no_grad():
+        a = fn(mj.nested_tensor([c.clone() for c in comps], ragged_dims=ragged_dims))
+        changed = [c.clone() for c in comps]
+        changed[j] = changed[j] * 3 + 1
+        b = fn(mj.nested_tensor(changed, ragged_dims=ragged_dims))
+    oa = a.unbind() if isinstance(a, mj.MultiJaggedTensor) else a.unbind(0)
+    ob = b.unbind() if isinstance(b, mj.MultiJaggedTensor) else b.unbind(0)
+    for i in range(len(comps)):
+        if i != j:
+            assert bit_equal(oa[i], ob[i]), f"sample {i} changed when sample {j} did"
+
+
+def _compiled_matches_eager(fn, comps, ragged_dims):
+    x, leaves = build(comps, ragged_dims, requires_grad=True)
+    out = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+    x2, leaves2 = build(comps, ragged_dims, requires_grad=True)
+    ref = fn(x2)
+    assert_close(out.values() if isinstance(out, mj.MultiJaggedTensor) else out,
+                 ref.values() if isinstance(ref, mj.MultiJaggedTensor) else ref, "compiled forward")
+    gm = torch.autograd.grad((out * out).sum() if not isinstance(out, mj.MultiJaggedTensor) else (out.values() ** 2).sum(), leaves)
+    gr = torch.autograd.grad((ref * ref).sum() if not isinstance(ref, mj.MultiJaggedTensor) else (ref.values() ** 2).sum(), leaves2)
+    for a, b in zip(gm, gr):
+        assert_close(a, b, "compiled gradient")
+
+
+COMPS_SEQ = lambda seed: comps_for([(3, 2), (0, 2), (4, 2), (1, 2)], seed)  # noqa: E731  (a zero-length sample)
+
+
+# ----------------------------------------------------------------------------- layer_norm
+# (layout, number of trailing dims normalized): each includes a ragged dim
+LN_CASES = [(SEQ, 2), (SQUARE, 2), (SQUARE, 3), (LAYOUTS[2], 2), (LAYOUTS[2], 3), (LAYOUTS[3], 2), (LAYOUTS[3], 3)]
+
+
+@pytest.mark.parametrize("layout,k", LN_CASES, ids=[f"{l}-{k}" for l, k in LN_CASES])
+@FEW
+@given(data=st.data(), seed=seeds)
+def test_layer_norm_over_ragged_dims_matches_per_sample(layout, k, data, seed):
+    s = data.draw(structures(layout, min_batch=0))
+    comps = s.components(seed)
+    per_sample_check(lambda x: F.layer_norm(x, x.shape[-k:]), R(comps, s.ragged_dims),
+                     ref=lambda c: F.layer_norm(c, c.shape[-k:]), seed=seed)
+
+
+def test_layer_norm_over_ragged_dims_second_order_modes_leakage():
+    comps = COMPS_SEQ(1)
+    fn, ref = (lambda x: F.layer_norm(x, x.shape[1:], eps=1e-3)), (lambda c: F.layer_norm(c, c.shape, eps=1e-3))
+    _second_order(fn, ref, comps, (1,))
+    _modes(fn, ref, comps, (1,))
+    _no_leakage(fn, comps, (1,))
+
+
+def test_layer_norm_module_without_affine_over_ragged_dims():
+    comps = COMPS_SEQ(2)
+    x = mj.nested_tensor(comps, ragged_dims=(1,))
+    out = torch.nn.LayerNorm(x.shape[1:], elementwise_affine=False)(x)
+    for o, c in zip(out.unbind(), comps):
+        assert_close(o, F.layer_norm(c, c.shape))
+
+
+def test_layer_norm_over_ragged_dims_rejects_weight_and_bias():
+    x = mj.nested_tensor(COMPS_SEQ(3), ragged_dims=(1,))
+    with pytest.raises(ValueError, match="weight and bias to be None"):
+        F.layer_norm(x, x.shape[1:], torch.ones(2, dtype=DT))
+    with pytest.raises(RuntimeError, match="batch dimension"):
+        F.layer_norm(x, x.shape)
+
+
+def test_layer_norm_fastpath_falls_through_for_ragged_normalized_shape():
+    from torch_multijagged.ops import fastpath
+
+    x = mj.nested_tensor(COMPS_SEQ(4), ragged_dims=(1,)).requires_grad_()
+    assert fastpath.FAST[F.layer_norm](x, x.shape[1:]) is NotImplemented
+
+
+def test_layer_norm_over_ragged_dims_compiles():
+    _compiled_matches_eager(lambda x: F.layer_norm(x, x.shape[1:]), COMPS_SEQ(5), (1,))
+
+
+# ----------------------------------------------------------------------------- cumsum / cumprod
+SCANS = {"cumsum": torch.cumsum, "cumprod": torch.cumprod}
+
+
+@pytest.mark.parametrize("name", list(SCANS))
+@pytest.mark.parametrize("layout", ALL_LAYOUTS, ids=str)
+@FEW
+@given(data=st.data(), seed=seeds)
+def test_scan_every_dim_matches_per_sample(name, layout, data, seed):
+    s = data.draw(structures(layout, min_batch=0))
+    ndim = len(s.layout.shape(1, 1, 1, 1, 1)) + 1
+    d = data.draw(st.integers(1, ndim - 1))
+    comps = s.components(seed, low=-1.5, high=1.5, ties=name == "cumprod")  # ties: zeros for cumprod
+    f = SCANS[name]
+    per_sample_check(lambda x: f(x, d), R(comps, s.ragged_dims), ref=lambda c: f(c, d - 1), seed=seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.bool, torch.float32])
+@pytest.mark.parametrize("name", list(SCANS))
+def test_scan_dtypes_follow_dense(name, dtype):
+    comps = [t.to(dtype) for t in comps_for([(3, 2), (0, 2), (5, 2)], 7, low=-2, high=2)]
+    f = SCANS[name]
+    x = mj.nested_tensor(comps, ragged_dims=(1,))
+    for d in (1, 2):
+        out = f(x, d)
+        for o, c in zip(out.unbind(), comps):
+            assert_close(o, f(c, d - 1), f"{name} dim {d}", rtol=1e-5, atol=1e-5)
+    out = torch.cumsum(x, 1, dtype=torch.float64)
+    assert out.dtype == torch.float64
+
+
+def test_cumprod_with_zeros_gradient_as_dense_second_order():
+    comps = [torch.tensor([[1.5, 0.0], [0.0, 2.0], [3.0, -1.0], [0.5, 0.0]], dtype=DT), torch.zeros(0, 2, dtype=DT),
+             torch.tensor([[0.0, 1.0], [2.0, 2.0]], dtype=DT)]
+    per_sample_check(lambda x: torch.cumprod(x, 1), R(comps, (1,)), ref=lambda c: torch.cumprod(c, 0))
+    _second_order(lambda x: torch.cumprod(x, 1), lambda c: torch.cumprod(c, 0), comps, (1,))
+    _second_order(lambda x: x.cumsum(1), lambda c: c.cumsum(0), comps, (1,))
+
+
+def test_scan_modes_and_no_leakage_on_a_pair():
+    comps = comps_for([(3, 3, 2), (0, 0, 2), (4, 4, 2)], 8)
+    for d in (1, 2):
+        fn, ref = (lambda x: torch.cumsum(x, d)), (lambda c: torch.cumsum(c, d - 1))
+        _modes(fn, ref, comps, (1, 2))
+        _no_leakage(fn, comps, (1, 2))
+        _no_leakage(lambda x: torch.cumprod(x, d), comps, (1, 2), j=2)
+
+
+def test_scan_along_the_batch_dim_raises():
+    x = mj.nested_tensor(COMPS_SEQ(9), ragged_dims=(1,))
+    with pytest.raises(NotImplementedError, match="cumsum\\(\\): along the batch dim"):
+        torch.cumsum(x, 0)
+
+
+def test_scan_compiles():
+    _compiled_matches_eager(lambda x: torch.cumprod(x, 1) + x.cumsum(-1), COMPS_SEQ(10), (1,))
+
+
+# ----------------------------------------------------------------------------- normalize
+@pytest.mark.parametrize("p", [2.0, 1.0, 3.0, float("inf")])
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+@FEW
+@given(data=st.data(), seed=seeds)
+def test_normalize_every_dim_matches_per_sample(p, layout, data, seed):
+    s = data.draw(structures(layout, min_batch=0))
+    ndim = len(s.layout.shape(1, 1, 1, 1)) + 1
+    d = data.draw(st.integers(1, ndim - 1))
+    comps = s.components(seed)
+    per_sample_check(lambda x: F.normalize(x, p, d), R(comps, s.ragged_dims), ref=lambda c: F.normalize(c, p, d - 1) if c.numel() else c * 1, seed=seed)  # dense inf norm refuses empty
+
+
+def test_normalize_second_order_modes_leakage_and_compile():
+    comps = COMPS_SEQ(11)
+    for d in (1, 2):
+        fn, ref = (lambda x: F.normalize(x, dim=d)), (lambda c: F.normalize(c, dim=d - 1))
+        _second_order(fn, ref, comps, (1,))
+        _modes(fn, ref, comps, (1,))
+        _no_leakage(fn, comps, (1,))
+    _compiled_matches_eager(lambda x: F.normalize(x, dim=1) + F.normalize(x, dim=-1), comps, (1,))
+
+
+# ----------------------------------------------------------------------------- pooling
+def _or_empty(fn):
+    """Dense pooling, or an empty (…, 0) result where dense torch refuses a too-short sample
+    (ours pools it to nothing; NOTE [ Ops over ragged dims in nn ])."""
+
+    def ref(c):
+        if c.shape[-1] == 0:
+            return c * 1
+        try:
+            return fn(c)
+        except RuntimeError as e:
+            assert "too small" in str(e) or "Invalid computed output size" in str(e), e
+            return c.narrow(-1, 0, 0) * 1
+
+    return ref
+
+
+POOL_ARGS = st.tuples(st.integers(1, 4), st.integers(1, 3), st.integers(0, 2), st.booleans(), st.booleans(), st.integers(1, 2))
+
+
+def _pool_comps(data, seed, rank3=False):
+    b = data.draw(st.integers(1, 4))
+    ns = [data.draw(st.integers(0, 9)) for _ in range(b)]
+    shapes = [(2, 3, n) if rank3 else (3, n) for n in ns]
+    return comps_for(shapes, seed), (3 if rank3 else 2,)
+
+
+@FEW
+@given(data=st.data(), seed=seeds, args=POOL_ARGS, rank3=st.booleans())
+def test_avg_pool1d_over_ragged_dim_matches_per_sample(data, seed, args, rank3):
+    k, s, p, ceil, cip, _ = args
+    p = min(p, k // 2)
+    comps, rd = _pool_comps(data, seed, rank3)
+    fn = lambda t: F.avg_pool1d(t, k, s, p, ceil, cip)  # noqa: E731
+    per_sample_check_any_ints(fn, _or_empty(fn), comps, rd, seed=seed)
+
+
+@FEW
+@given(data=st.data(), seed=seeds, args=POOL_ARGS, rank3=st.booleans(), ties=st.booleans())
+def test_max_pool1d_over_ragged_dim_matches_per_sample(data, seed, args, rank3, ties):
+    k, s, p, ceil, _, dil = args
+    # with dilation and padding a window can miss a short sample entirely; dense torch then
+    # indexes out of bounds (heap corruption in its double backward), so no reference exists
+    p = 0 if dil > 1 else min(p, k // 2)
+    comps, rd = _pool_comps(data, seed, rank3)
+    if ties:  # the first maximum takes the gradient, as dense
+        comps = [(c * 2).round() / 2 for c in comps]
+    fn = lambda t: F.max_pool1d(t, k, s, p, dil, ceil)  # noqa: E731
+    _, out = per_sample_check_any_ints(fn, _or_empty(fn), comps, rd, seed=seed)
+    x = mj.nested_tensor(comps, ragged_dims=rd)
+    _, idx = F.max_pool1d(x, k, s, p, dil, ceil, return_indices=True)
+    ref_idx = _or_empty(lambda t: F.max_pool1d(t, k, s, p, dil, ceil, return_indices=True)[1])
+    for i, c in zip(idx.unbind(), comps):
+        assert_close(i, ref_idx(c).to(torch.int64), "indices", rtol=0, atol=0)
+
+
+def test_pool1d_second_order_modes_leakage():
+    comps = comps_for([(3, 5), (3, 0), (3, 2), (3, 8)], 12)  # n >= 2: every dilated window below hits the sample
+    cases = [
+        (lambda t: F.avg_pool1d(t, 3, 2, 1, True, False)),
+        (lambda t: F.max_pool1d(t, 2, 1, 1, 2)),
+        (lambda t: torch.nn.AvgPool1d(2)(t)),
+    ]
+    for fn in cases:
+        ref = _or_empty(fn)
+        _second_order(fn, ref, comps, (2,))
+        _modes(fn, ref, comps, (2,))
+        _no_leakage(fn, comps, (2,), j=3)
+
+
+def test_pool1d_output_lengths_differ_and_may_be_zero():
+    x = mj.nested_tensor(comps_for([(2, 5), (2, 1), (2, 0), (2, 7)], 13), ragged_dims=(2,))
+    out = F.avg_pool1d(x, 3, 2)  # lengths (5-3)//2+1 = 2, too short → 0, 0, (7-3)//2+1 = 3
+    assert out.sizes()[:, 0].tolist() == [2, 0, 0, 3]
+    same = F.max_pool1d(x, 3, 1, 1)  # same lengths: the input's nested int is kept
+    assert same.shape[2] == x.shape[2]
+
+
+@pytest.mark.parametrize("size", [1, 3])
+@FEW
+@given(data=st.data(), seed=seeds)
+def test_adaptive_pool1d_over_ragged_dim_matches_per_sample(size, data, seed):
+    b = data.draw(st.integers(1, 4))
+    comps = comps_for([(3, data.draw(st.integers(1, 9))) for _ in range(b)], seed)  # dense refuses n = 0
+    for fn in (lambda t: F.adaptive_avg_pool1d(t, size), lambda t: F.adaptive_max_pool1d(t, size)):
+        per_sample_check(fn, R(comps, (2,)), dense_out=True, seed=seed)
+    x = mj.nested_tensor(comps, ragged_dims=(2,))
+    idx = F.adaptive_max_pool1d(x, size, return_indices=True)[1]
+    assert_close(idx, torch.stack([F.adaptive_max_pool1d(c, size, return_indices=True)[1] for c in comps]), "indices")
+
+
+def test_adaptive_pool1d_zero_length_sample_and_modes():
+    comps = comps_for([(3, 4), (3, 0), (3, 2)], 14)
+    x = mj.nested_tensor(comps, ragged_dims=(2,))
+    avg, mx = F.adaptive_avg_pool1d(x, 1), F.adaptive_max_pool1d(x, 1)
+    assert avg[1].isnan().all() and (mx[1] == torch.finfo(DT).min).all()  # mean / amax of nothing
+    full = [0, 2]
+    for ctx in (torch.no_grad, torch.inference_mode):
+        with ctx():
+            y = mj.nested_tensor(comps, ragged_dims=(2,))
+            assert_close(F.adaptive_avg_pool1d(y, 1)[full], torch.stack([F.adaptive_avg_pool1d(comps[i], 1) for i in full]))
+            assert_close(F.adaptive_avg_pool1d(y, 2)[full], torch.stack([F.adaptive_avg_pool1d(comps[i], 2) for i in full]))
+
+
+def test_adaptive_pool1d_compiles_and_pooling_says_why_not():
+    comps = comps_for([(3, 4), (3, 1), (3, 6)], 15)
+    _compiled_matches_eager(lambda t: F.adaptive_avg_pool1d(t, 1) + F.adaptive_max_pool1d(t, 1), comps, (2,))
+    x = mj.nested_tensor(comps, ragged_dims=(2,))
+    with pytest.raises(Exception, match="torch.compile cannot trace"):
+        torch.compile(lambda t: F.avg_pool1d(t, 2), backend="aot_eager", fullgraph=True)(x)
+
+
+def test_pool1d_over_static_last_dim_matches_per_sample():
+    comps = comps_for([(3, 6), (0, 6), (2, 6)], 16)
+    for fn in (lambda t: F.avg_pool1d(t, 2), lambda t: F.max_pool1d(t, 3, 1, 1), lambda t: F.adaptive_avg_pool1d(t, 2)):
+        # dense refuses an unbatched (0, L) input; the reference pools a zero row and keeps none
+        ref = lambda c, fn=fn: fn(c) if c.shape[0] else fn(torch.cat([c, c.new_zeros(1, c.shape[1])]))[:0]  # noqa: E731
+        per_sample_check(fn, R(comps, (1,)), ref=ref, seed=3)
+
+
+def test_pool1d_rejects_bad_arguments_as_dense():
+    x = mj.nested_tensor(comps_for([(3, 6), (3, 2)], 17), ragged_dims=(2,))
+    with pytest.raises(RuntimeError, match="pad should be"):
+        F.avg_pool1d(x, 2, 1, 2)
+    with pytest.raises(NotImplementedError, match="only ragged one"):
+        F.avg_pool1d(mj.nested_tensor(comps_for([(3, 3, 2), (2, 2, 2)], 1), ragged_dims=(1, 2)).transpose(1, 3), 2)

@@ -1,0 +1,207 @@
+"""Training utilities on multi_jagged batches: autocast (CPU bfloat16), activation checkpointing,
+torch.func, optimizer steps — each against the per-sample dense reference run the same way."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+import torch_multijagged as mj
+
+
+def _comps(c=4, lengths=(3, 0, 2, 5), seed=0, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, c, generator=g, dtype=dtype) for n in lengths]
+
+
+# ----------------------------------------------------------------------------- autocast
+AUTOCAST_OPS = {
+    "linear": lambda m, x: m["lin"](x),
+    "matmul_dense": lambda m, x: x @ m["w"],
+    "matmul_pair": lambda m, x: m["lin"](x) @ x.transpose(-1, -2),
+    "softmax_bf16": lambda m, x: F.softmax(m["lin"](x), -1),
+    "softmax_ragged": lambda m, x: F.softmax(m["lin"](x), -2),
+    "log_softmax": lambda m, x: F.log_softmax(m["lin"](x), -1),
+    "layer_norm_bf16": lambda m, x: F.layer_norm(m["lin"](x), (4,), m["ln_w"], m["ln_b"]),
+    "layer_norm_fp32": lambda m, x: F.layer_norm(x, (4,), m["ln_w"], m["ln_b"]),
+    "mlp_loss": lambda m, x: F.mse_loss(F.gelu(m["lin"](x)) @ m["w"], x.detach(), reduction="sum"),
+}
+
+
+def _params():
+    torch.manual_seed(0)
+    return {"lin": torch.nn.Linear(4, 4), "w": torch.nn.Parameter(torch.randn(4, 4)),
+            "ln_w": torch.nn.Parameter(torch.rand(4) + 0.5), "ln_b": torch.nn.Parameter(torch.randn(4))}
+
+
+def _leaves(m):
+    return [m["lin"].weight, m["lin"].bias, m["w"], m["ln_w"], m["ln_b"]]
+
+
+@pytest.mark.parametrize("grad", [True, False], ids=["grad", "no_grad"])
+@pytest.mark.parametrize("op", AUTOCAST_OPS, ids=str)
+def test_autocast_dtypes_match_dense_per_sample(op, grad):
+    """Under torch.autocast("cpu", bfloat16) each op's result dtype is dense autocast's on each
+    sample, values agree, and gradients reach the float32 parameters (in float32)."""
+    fn, m = AUTOCAST_OPS[op], _params()
+    xs = _comps()
+    x = mj.nested_tensor(xs, requires_grad=grad)
+    with torch.set_grad_enabled(grad), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fn(m, x)
+        ref = [fn(m, a.clone().requires_grad_(grad)) for a in xs]
+    if isinstance(out, mj.MultiJaggedTensor):
+        assert out.dtype == ref[0].dtype, (out.dtype, ref[0].dtype)
+        for o, r in zip(out.unbind(), ref):
+            torch.testing.assert_close(o, r, rtol=2e-2, atol=2e-2)
+        total, want = out.float().sum(), sum(r.float().sum() for r in ref)
+    else:
+        assert out.dtype == ref[0].dtype
+        total, want = out, sum(ref)
+        torch.testing.assert_close(total, want, rtol=2e-2, atol=2e-2)
+    if not grad:
+        return
+    used = [p for p in _leaves(m) if p.requires_grad]
+    got = torch.autograd.grad(total, used, allow_unused=True)
+    exp = torch.autograd.grad(want, used, allow_unused=True)
+    for g, e in zip(got, exp):
+        assert (g is None) == (e is None)
+        if e is not None:
+            assert g.dtype == torch.float32
+            torch.testing.assert_close(g, e, rtol=5e-2, atol=5e-2)
+
+
+# ----------------------------------------------------------------------------- checkpoint
+class PairBlock(torch.nn.Module):
+    """Linear → layer_norm → gelu → pair broadcast (B, j0, j0, C) → mean back to (B, j0, C)."""
+
+    def __init__(self, c=4):
+        super().__init__()
+        self.lin = torch.nn.Linear(c, c)
+        self.ln = torch.nn.LayerNorm(c)
+        self.out = torch.nn.Linear(c, c)
+
+    def forward(self, x):
+        h = F.gelu(self.ln(self.lin(x)))
+        pair = h.unsqueeze(-2) + h.unsqueeze(-3)
+        return self.out(pair.mean(-2)) + x
+
+
+@pytest.mark.parametrize("inference", [False, True], ids=["train", "no_grad"])
+def test_checkpoint_pair_block_matches_plain_run(inference):
+    """torch.utils.checkpoint (use_reentrant=False) around a block taking and returning
+    multi_jagged tensors: the output and every parameter and input gradient equal the plain
+    run's, and both equal the per-sample dense reference."""
+    torch.manual_seed(0)
+    block = PairBlock().double()
+    xs = _comps(dtype=torch.float64)
+    leaves = [a.clone().requires_grad_() for a in xs]
+    x = mj.as_nested_tensor(leaves)
+    if inference:
+        with torch.no_grad():
+            torch.testing.assert_close(checkpoint(block, x, use_reentrant=False).values(), block(x).values())
+        return
+    plain = block(x)
+    g_plain = torch.autograd.grad(plain.values().sin().sum(), [*block.parameters(), *leaves])
+    ck = checkpoint(block, x, use_reentrant=False)
+    assert isinstance(ck, mj.MultiJaggedTensor) and ck.shape == plain.shape
+    torch.testing.assert_close(ck.values(), plain.values())
+    g_ck = torch.autograd.grad(ck.values().sin().sum(), [*block.parameters(), *leaves])
+    for a, b in zip(g_ck, g_plain):
+        torch.testing.assert_close(a, b)
+    ref_leaves = [a.clone().requires_grad_() for a in xs]
+    ref = [block(a.unsqueeze(0))[0] for a in ref_leaves]
+    for o, r in zip(ck.unbind(), ref):
+        torch.testing.assert_close(o, r)
+    g_ref = torch.autograd.grad(sum(r.sin().sum() for r in ref), [*block.parameters(), *ref_leaves])
+    for a, b in zip(g_ck, g_ref):
+        torch.testing.assert_close(a, b)
+
+
+# ----------------------------------------------------------------------------- torch.func
+def test_vmap_over_batch_dim_matches_per_sample():
+    """torch.func.vmap over dim 0 runs each op's batching rule on the whole multi_jagged batch
+    (no per-sample loop); results equal the function applied per sample."""
+    xs = _comps()
+    x = mj.nested_tensor(xs)
+    for fn in (lambda a: (a * 2 + 1).sum(-1), lambda a: a.softmax(0), lambda a: a.sin().mean(-1), lambda a: torch.relu(a) - a):
+        out = torch.func.vmap(fn)(x)
+        assert isinstance(out, mj.MultiJaggedTensor)
+        for o, a in zip(out.unbind(), xs):
+            torch.testing.assert_close(o, fn(a))
+
+
+def test_vmap_unsupported_raises_naming_op_and_layout():
+    """Where an op's batching rule needs an op we have no handler for (fft), or vmaps
+    over a dim other than the batch dim, the error names the op and the layout (torch.jagged
+    instead falls back to a per-sample loop / raises for in_dims != 0)."""
+    x = mj.nested_tensor(_comps())
+    with pytest.raises(NotImplementedError, match=r"_fft_r2c\(\): not supported for layout torch.multi_jagged"):
+        torch.func.vmap(lambda a: torch.fft.fft(a))(x)
+    with pytest.raises(ValueError, match=r"batch dim"):
+        torch.func.vmap(lambda a: a * 2, in_dims=1)(x)
+
+
+def test_func_grad_unsupported_like_torch_jagged():
+    """torch.func.grad through a multi_jagged tensor fails in the autograd engine (it asks for
+    concrete sizes of a gradient with nested-int sizes), exactly as with torch.jagged: use
+    torch.autograd.grad (README, Training)."""
+    xs = _comps()
+    w = torch.randn(4)
+    for layout in (torch.jagged, mj.multi_jagged):
+        x = torch.nested.nested_tensor(xs, layout=layout)
+        with pytest.raises(RuntimeError, match="concrete integers"):
+            torch.func.grad(lambda v: (x * v).sum())(w)
+    x = mj.nested_tensor(xs)
+    wr = w.clone().requires_grad_()
+    (g,) = torch.autograd.grad((x * wr).sum(), wr)
+    torch.testing.assert_close(g, torch.cat(xs).sum(0))
+
+
+# ----------------------------------------------------------------------------- optimizers
+def _model():
+    torch.manual_seed(1)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.GELU(), torch.nn.LayerNorm(8), torch.nn.Linear(8, 3)).double()
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adamw"])
+def test_optimizer_steps_match_per_sample_loop(opt):
+    """Steps on the batched loss (token-mean cross-entropy over a multi_jagged batch) give the
+    parameters of the same model stepped on the per-sample dense loop whose loss is
+    Σᵢ (sum of sample i's token losses) / (tokens in the batch) — the same number."""
+    make = {"sgd": lambda p: torch.optim.SGD(p, lr=0.1, momentum=0.9),
+            "adamw": lambda p: torch.optim.AdamW(p, lr=0.01, weight_decay=0.1)}[opt]
+    batched, looped = _model(), _model()
+    ob, ol = make(batched.parameters()), make(looped.parameters())
+    for step in range(3):
+        xs = _comps(lengths=(3, 0, 2, 5), seed=step, dtype=torch.float64)
+        g = torch.Generator().manual_seed(100 + step)
+        ts = [torch.randint(0, 3, (a.shape[0],), generator=g) for a in xs]
+        x, t = mj.nested_tensor(xs), mj.nested_tensor(ts)
+        ob.zero_grad()
+        F.cross_entropy(batched(x).transpose(1, 2), t).backward()
+        ob.step()
+        ol.zero_grad()
+        n_tokens = sum(a.shape[0] for a in xs)
+        sum(F.cross_entropy(looped(a), b, reduction="sum") for a, b in zip(xs, ts)).div(n_tokens).backward()
+        ol.step()
+    for a, b in zip(batched.parameters(), looped.parameters()):
+        torch.testing.assert_close(a, b)
+
+
+def test_autocast_linear_loss_compiled():
+    """autocast inside a compiled function (fullgraph): the linear runs in bfloat16, the loss in
+    float32, and the gradients equal eager's."""
+    xs = _comps()
+    x = mj.nested_tensor(xs, requires_grad=True)
+    lin = torch.nn.Linear(4, 4)
+
+    def f(a):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            h = lin(a)
+            return F.mse_loss(h, a.detach()), h.dtype
+
+    got, hdt = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+    want, _ = f(x)
+    assert hdt == torch.bfloat16 and got.dtype == torch.float32
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(torch.autograd.grad(got, lin.weight)[0], torch.autograd.grad(want, lin.weight)[0])

@@ -1,0 +1,542 @@
+"""Indexing-style ops: ``embedding``, ``embedding_bag``, ``masked_select``, ``index_put`` /
+``x[idx] = v`` (with ``index`` for its gradient), and ``bmm`` with a dense per-sample operand.
+
+NOTE [ Indices on packed rows ]
+
+An index into the batch dim and the ragged dims of a multi_jagged tensor names packed rows: for
+sample ``b`` and ragged coordinates ``(a_1..a_q)`` of the first ``q`` ragged dims (storage order,
+NOTE [ Packed-row partition ] in structure.py) the rows are the contiguous block that starts at
+``offsets[b] + Σ_k a_k Π_{l>k} n_{b,l}`` and holds ``Π_{l>q} n_{b,l}`` rows. Indices over a logical
+prefix ``0..k-1`` index the batch dim, the ragged dims among them and the static dims among them;
+on the packed values that is ``[rows, *static indices]`` with the remaining dims in the same order,
+so ``index_put`` / ``index`` run as the dense op on the values. When every ragged dim is indexed
+(``x[b, a] = v``, torch.jagged's case) each index names one row and nothing is copied or synced;
+when some ragged dims are left whole (``x[b] = v``) the blocks are expanded to rows, which needs
+their total on the host (torch.jagged pads instead).
+
+NOTE [ Batched matmul with a dense per-sample operand ]
+
+``(B, j, D) @ (B, D, E)`` multiplies every packed row of sample ``b`` by ``other[b]``. Gathering
+``other[row_sample]`` copies a ``(D, E)`` matrix per row (T·D·E elements); the padded batched
+product ``to_padded (B, max j, D) @ (B, D, E)`` pays ``1/ρ`` in rows instead and keeps ``other``
+as it is. Measured on CPU float32, one thread, B = 64, j uniform in [50, 150] (T = 6166,
+ρ = 0.64), D = E = 64, forward medians of 15 interleaved runs: gather 250–350 ms, padded 12–16 ms
+(15–28× in favour of padding on this shared machine; the gather writes 101 MB), so the padded
+form is used (see docs/design.md). The transposed case ``(B, F, E) @ (B, E, j)`` is the same product on the
+packed rows with ``other[b]ᵀ``, and the gradient of the dense operand, ``(B, D, j) @ (B, j, E)``
+contracting the ragged dim, is a padded batched product too (zeros in the padding add nothing).
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+
+from ..bridge import relabel
+from ..structure import Partition, RaggedExtent, partition_for
+from . import register_multi_jagged_func
+from ._common import MJT, describe, wrap
+from .custom import _padded_positions
+from .routes import route
+
+aten = torch.ops.aten
+
+__all__: list[str] = []
+
+_LAYOUT = "layout torch.multi_jagged"
+
+
+# --------------------------------------------------------------------------- embedding
+@register_multi_jagged_func(
+    aten.embedding.default, "weight: t, indices: mjt, padding_idx: any?, scale_grad_by_freq: any?, sparse: any?"
+)
+def embedding_default(func, weight, indices, padding_idx=-1, scale_grad_by_freq=False, sparse=False):
+    """``(B, *, j…)`` integer indices → ``(B, *, j…, D)``: the dense op on the packed indices; the
+    embedding dim is a new last static dim, so the partition is unchanged."""
+    if sparse and weight.requires_grad:
+        # aten's sparse gradient (embedding_sparse_backward) reshapes the indices across the ragged dims
+        raise NotImplementedError(f"embedding(): sparse=True gradients are not supported for {_LAYOUT}; use sparse=False")
+    out = func(weight, indices._values, padding_idx, scale_grad_by_freq, sparse)
+    return wrap(out, indices._partition, indices._ragged_dims)
+
+
+@register_multi_jagged_func(
+    aten.embedding_dense_backward.default,
+    "grad_output: mjt, indices: mjt, num_weights: any, padding_idx: any, scale_grad_by_freq: any",
+)
+def embedding_dense_backward_default(func, grad_output, indices, num_weights, padding_idx, scale_grad_by_freq):
+    return func(grad_output._values, indices._values, num_weights, padding_idx, scale_grad_by_freq)
+
+
+@register_multi_jagged_func(aten.embedding_renorm_.default, "self: t, indices: mjt, max_norm: any, norm_type: any")
+def embedding_renorm__default(func, weight, indices, max_norm, norm_type):
+    # F.embedding(max_norm=…) renormalises the looked-up rows of the (dense) weight in place
+    return func(weight, indices._values, max_norm, norm_type)
+
+
+# --------------------------------------------------------------------------- embedding_bag
+_BAG_OPS = [aten._embedding_bag.default, aten._embedding_bag_forward_only.default]
+
+
+def _bag_structure(op: str, indices: MJT) -> None:
+    nd = len(indices._size)
+    if indices._ragged_dims != tuple(range(1, nd)) or indices._values.dim() != 1:
+        raise ValueError(
+            f"{op}(): expected a multi_jagged input whose dims after the batch are all ragged, "
+            f"(B, j0) or (B, j0, j1), got {describe(indices)} with ragged dims {indices._ragged_dims}"
+        )
+
+
+@register_multi_jagged_func(_BAG_OPS, "weight: t, indices: mjt, offsets: t, ...")
+def _embedding_bag_default(func, weight, indices, offsets, *args):
+    """Bags along the last ragged dim (``offsets`` are its segments, from the route). For
+    ``(B, j0)`` the result is dense ``(B, D)`` as torch.jagged's; with more ragged dims it keeps
+    the others: ``(B, j0, j1)`` → ``(B, j0, D)``."""
+    args = list(args)
+    # args: scale_grad_by_freq, mode, sparse, per_sample_weights, include_last_offset, padding_idx
+    if len(args) > 3 and isinstance(args[3], MJT):
+        args[3] = args[3]._values
+    out, offset2bag, bag_size, max_indices = func(weight, indices._values, offsets, *args)
+    if len(indices._size) > 2:
+        sub = indices._partition.map_to_sub(tuple(range(len(indices._size) - 2)))[1]
+        out = wrap(out, sub, indices._ragged_dims[:-1])
+    return out, offset2bag, bag_size, max_indices
+
+
+def _unwrapped(args) -> list:
+    return [a._values if isinstance(a, MJT) else a for a in args]
+
+
+@register_multi_jagged_func(aten._embedding_bag_backward.default, "grad: any, indices: any, offsets: t, ...")
+def _embedding_bag_backward_default(func, *args):
+    # the indices and per_sample_weights saved by the forward may be multi_jagged; the gradient
+    # of a multi-ragged input's bags is too: all are packed in the same order as the bags
+    return func(*_unwrapped(args))
+
+
+@register_multi_jagged_func(
+    aten._embedding_bag_per_sample_weights_backward.default, "grad: any, weight: t, indices: any, offsets: t, ..."
+)
+def _embedding_bag_per_sample_weights_backward_default(func, grad, weight, indices, *args):
+    out = func(*_unwrapped((grad, weight, indices, *args)))
+    if not isinstance(indices, MJT):
+        raise AssertionError("per_sample_weights gradient without the multi_jagged indices' structure")
+    return wrap(out, indices._partition, indices._ragged_dims)
+
+
+_MODES = {"sum": 0, "mean": 1, "max": 2}
+
+
+@route(F.embedding_bag)
+def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False,
+                   mode="mean", sparse=False, per_sample_weights=None, include_last_offset=False, padding_idx=None):
+    """A multi_jagged ``(B, j0)`` input is B bags, as torch.jagged's. F.embedding_bag itself would
+    take it for a dense ``(B, N)`` batch (``is_nested`` is False for this layout) and build
+    ``arange(0, numel, input.size(1))`` from the nested int (the ``guard_int`` AttributeError)."""
+    if isinstance(weight, MJT) and weight.dtype == torch.long and isinstance(input, torch.Tensor) and input.is_floating_point():
+        # the deprecated order embedding_bag(weight, input), which F.embedding_bag still accepts
+        warnings.warn("Argument order of nn.functional.embedding_bag was changed.", stacklevel=2)
+        weight, input = input, weight
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if input.is_floating_point() or input.dtype == torch.bool:
+        raise ValueError(f"embedding_bag(): expected integer indices, got {input.dtype}")
+    if offsets is not None:
+        raise ValueError("embedding_bag(): expected offsets=None for a multi_jagged input (its rows are the bags)")
+    if weight.dim() != 2:
+        raise ValueError(f"weight has to be a 2D Tensor, but got Tensor of dimension {weight.dim()}")
+    if per_sample_weights is not None:
+        if not isinstance(per_sample_weights, MJT):
+            raise ValueError("If input is nested, then per_sample_weights must be nested if specified")
+        if mode != "sum":
+            raise NotImplementedError(
+                "embedding_bag: per_sample_weights was not None. per_sample_weights is only supported for "
+                f"mode='sum' (got mode='{mode}')."
+            )
+    if mode not in _MODES:
+        raise ValueError("mode has to be one of sum, mean or max")
+    if mode == "max" and (scale_grad_by_freq or sparse):
+        raise ValueError("max mode does not support scaling the gradient by the frequency or sparse weights")
+    _bag_structure("embedding_bag", input)
+    if per_sample_weights is not None and not (
+        per_sample_weights._partition.same_as(input._partition) and per_sample_weights._ragged_dims == input._ragged_dims
+    ):
+        raise ValueError(
+            f"embedding_bag(): expected per_sample_weights of the input's structure {describe(input)}, "
+            f"got {describe(per_sample_weights)}"
+        )
+    if max_norm is not None:
+        with torch.no_grad():
+            torch.embedding_renorm_(weight, input, max_norm, norm_type)
+    cu = input._partition.offsets if len(input._size) == 2 else input._partition.segments()[0]
+    # torch.embedding_bag's composite body calls aten._embedding_bag (handler above) with the
+    # multi_jagged indices, so aten's own derivatives run (weight and per_sample_weights).
+    return torch.embedding_bag(weight, input, cu, scale_grad_by_freq, _MODES[mode], sparse,
+                               per_sample_weights, True, padding_idx)[0]
+
+
+# --------------------------------------------------------------------------- masked_select
+def _ragged_lead(x: MJT) -> bool:
+    """Ragged dims first (``(B, j0, …)``, ``(B, j0, j1, …)``): then the packed values list each
+    sample's elements in the component's own row-major order."""
+    return x._ragged_dims == tuple(range(1, len(x._ragged_dims) + 1))
+
+
+def _same_structure(op: str, x: MJT, other: MJT, what: str) -> None:
+    if not (x._ragged_dims == other._ragged_dims and len(x._size) == len(other._size)
+            and x._values.shape[1:] == other._values.shape[1:] and x._partition.same_as(other._partition)):
+        raise RuntimeError(
+            f"{op}(): expected {what} of the input's shape {describe(x)} (the same ragged structure), "
+            f"got {describe(other)}"
+        )
+
+
+def _selected_partition(mask: MJT, values_mask: torch.Tensor) -> Partition:
+    counts = values_mask.flatten(1).sum(1) if values_mask.dim() > 1 else values_mask.to(torch.int64)
+    per_row = torch.zeros(mask._partition.batch, dtype=torch.int64, device=values_mask.device)
+    per_row = per_row.index_add(0, mask._partition.row_sample(), counts.to(torch.int64))
+    # SYNC: the output's ragged extent is the number of selected elements per sample, which only
+    # the mask's data decides (dense masked_select syncs to size its output too).
+    return partition_for([RaggedExtent.from_lengths(per_row.cpu(), values_mask.device)])
+
+
+def _logical_order(x: MJT, mask_values: torch.Tensor) -> torch.Tensor:
+    """For a static dim before a ragged one (``(B, S, j0, C)``), the packed values do not list a
+    sample's elements in its row-major order: the permutation that sorts the selected elements
+    (storage order) by their row-major position in the batch."""
+    p = x._partition
+    sample, coords = p.row_coords()
+    nd = len(x._size)
+    sizes = p.device_sizes()[sample]  # (T, R)
+    extent = [sizes[:, x._ragged_dims.index(d)] if d in x._ragged_dims else x._size[d] for d in range(1, nd)]
+    static_numel = 1
+    for d in range(1, nd):
+        if d not in x._ragged_dims:
+            static_numel *= x._size[d]
+    lead = (-1,) + (1,) * (mask_values.dim() - 1)
+    key = (p.offsets[sample] * static_numel).view(lead)  # the sample's first element
+    stride = torch.ones_like(sample)
+    s = mask_values.dim() - 1
+    for d in reversed(range(1, nd)):
+        if d in x._ragged_dims:
+            key = key + (coords[:, x._ragged_dims.index(d)] * stride).view(lead)
+        else:
+            shape = [1] * mask_values.dim()
+            shape[s] = -1
+            key = key + torch.arange(x._size[d], device=stride.device).view(shape) * stride.view(lead)
+            s -= 1
+        stride = stride * extent[d - 1]
+    return torch.argsort(key.expand(mask_values.shape).masked_select(mask_values))
+
+
+@register_multi_jagged_func(aten.masked_select.default, "self: mjt, mask: mjt")
+def masked_select_default(func, x, mask):
+    """``(B, …)`` → ``(B, j)``: each sample's selected elements, in its row-major order (as
+    torch.jagged's, which takes ``(B, j0)`` only; here any structure)."""
+    _same_structure("masked_select", x, mask, "a mask")
+    if mask.dtype != torch.bool:
+        raise RuntimeError(f"masked_select: expected BoolTensor for mask, got {mask.dtype}")
+    out = func(x._values, mask._values)
+    if not _ragged_lead(x):
+        out = out[_logical_order(x, mask._values)]
+    return wrap(out, _selected_partition(mask, mask._values), (1,))
+
+
+@register_multi_jagged_func(aten.masked_scatter.default, "self: mjt, mask: mjt, source: any")
+def masked_scatter_default(func, x, mask, source):
+    """The inverse of ``masked_select`` (its gradient): ``source`` ``(B, j)`` fills each sample's
+    selected elements in its row-major order."""
+    _same_structure("masked_scatter", x, mask, "a mask")
+    src = source._values if isinstance(source, MJT) else source
+    if not _ragged_lead(x):
+        order = _logical_order(x, mask._values)
+        flat = src.reshape(-1)  # source elements are taken in flat order, as dense masked_scatter
+        src = flat.new_empty(flat.shape).index_copy(0, order, flat[: order.shape[0]])
+    return wrap(func(x._values, mask._values, src), x._partition, x._ragged_dims)
+
+
+class _MaskedSelect(torch.autograd.Function):
+    """aten's ``masked_select_backward`` infers a size from the input's concrete sizes, which a
+    multi_jagged tensor does not have: the gradient is ``masked_scatter`` into zeros here, whose
+    own gradient is ``masked_select`` again (so every order is defined)."""
+
+    @staticmethod
+    def forward(ctx, x, mask):  # type: ignore[override]
+        ctx.set_materialize_grads(False)  # no zeros of nested-int sizes
+        ctx.save_for_backward(x.detach(), mask)  # x only for its structure
+        return aten.masked_select.default(x, mask)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return None, None
+        x, mask = ctx.saved_tensors
+        return _ScatterSelected.apply(grad, x, mask), None
+
+
+class _ScatterSelected(torch.autograd.Function):
+    """``masked_scatter(zeros_like(like), mask, source)``: the gradient of ``_MaskedSelect``."""
+
+    @staticmethod
+    def forward(ctx, source, like, mask):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(like, mask)
+        ctx.source_partition = source._partition if isinstance(source, MJT) else None
+        return aten.masked_scatter.default(torch.zeros_like(like), mask, source)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return None, None, None
+        _, mask = ctx.saved_tensors
+        out = _MaskedSelect.apply(grad, mask)
+        # the selection's extent is new; the engine wants the source's own nested int back
+        return (out if ctx.source_partition is None else relabel(out, ctx.source_partition)), None, None
+
+
+@route(torch.masked_select, torch.Tensor.masked_select)
+def _masked_select(input, mask, *, out=None):
+    if out is not None or not isinstance(input, MJT):
+        return NotImplemented
+    if not isinstance(mask, MJT):
+        raise RuntimeError(
+            f"masked_select(): expected a multi_jagged mask of the input's shape {describe(input)}, got "
+            f"{describe(mask)}"
+        )
+    if torch.is_grad_enabled() and input.requires_grad:
+        return _MaskedSelect.apply(input, mask)
+    return aten.masked_select.default(input, mask)
+
+
+
+# --------------------------------------------------------------------------- index_put / index
+def _check_in_range(op: str, idx: torch.Tensor, size: torch.Tensor, what: str) -> torch.Tensor:
+    """``idx`` with negative entries counted from ``size`` (as dense indexing); out-of-range
+    entries fail without a host sync (``_assert_async``, as torch.jagged)."""
+    idx = torch.where(idx < 0, idx + size, idx)
+    torch._assert_async(((idx >= 0) & (idx < size)).all(), f"{op}(): an index into {what} is out of bounds")
+    return idx
+
+
+def _mask_index(op: str, x: MJT, indices):
+    """A boolean multi_jagged index of ``x``'s structure (``x[x > 0] = v``), else None."""
+    if len(indices) == 1 and isinstance(indices[0], MJT):
+        mask = indices[0]
+        if mask.dtype != torch.bool:
+            raise NotImplementedError(f"{op}(): a multi_jagged index must be a boolean mask of the input's structure for {_LAYOUT}")
+        _same_structure(op, x, mask, "a boolean mask")
+        return mask
+    return None
+
+
+def _packed_indices(op: str, x: MJT, indices):
+    """NOTE [ Indices on packed rows ]: ``(start (I,), length (I,) or None, static)`` for integer
+    ``indices`` over logical dims ``0..k-1`` (broadcast to ``I``): the first packed row each index
+    tuple names, the number of rows in its block (None when every ragged dim is indexed: one row
+    each) and the index tensors of the static dims among them."""
+    nd = len(x._size)
+    if len(indices) > nd:
+        raise IndexError(f"{op}(): too many indices for tensor of dimension {nd} (got {len(indices)})")
+    if not indices or any(i is None for i in indices):
+        raise NotImplementedError(
+            f"{op}(): for {_LAYOUT}, expected index tensors for the batch dim and each dim before the "
+            f"last one indexed, got {[None if i is None else tuple(i.shape) for i in indices]}"
+        )
+    for i in indices:
+        if isinstance(i, MJT) or i.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8):
+            raise NotImplementedError(
+                f"{op}(): for {_LAYOUT}, expected dense integer index tensors over the batch dim and a prefix of "
+                f"the dims, got {'a multi_jagged' if isinstance(i, MJT) else i.dtype} index"
+            )
+    idx = torch.broadcast_tensors(*[i.to(torch.int64) for i in indices])
+    p = x._partition
+    sizes = p.device_sizes()
+    b = _check_in_range(op, idx[0], torch.tensor(p.batch, device=idx[0].device), "the batch dim")
+    start = p.offsets[b]
+    q = sum(1 for d in range(1, len(idx)) if d in x._ragged_dims)
+    n = sizes[b]  # (I, R)
+    # stride of ragged dim k within a sample: product of the later ragged extents
+    stride = torch.ones_like(start)
+    strides = []
+    for k in reversed(range(p.nragged)):
+        strides.append(stride)
+        stride = stride * n[..., k]
+    strides.reverse()
+    static = []
+    k = 0
+    for d in range(1, len(idx)):
+        if d in x._ragged_dims:
+            a = _check_in_range(op, idx[d], n[..., k], f"ragged dim {d}")
+            start = start + a * strides[k]
+            k += 1
+        else:
+            static.append(idx[d])
+    length = None if q == p.nragged else strides[q - 1] if q else stride
+    return start, length, static
+
+
+def _expand_blocks(start, length, static):
+    """Rows of every block, the block each row belongs to, and the static indices per row."""
+    flat_len = length.reshape(-1)
+    # SYNC: the number of rows the blocks hold sizes the result (torch.jagged pads to the max length instead)
+    total = int(flat_len.sum()) if flat_len.numel() else 0
+    block = torch.repeat_interleave(torch.arange(flat_len.shape[0], device=start.device), flat_len, output_size=total)
+    first = torch.cumsum(flat_len, 0) - flat_len
+    rows = start.reshape(-1)[block] + torch.arange(total, device=start.device) - first[block]
+    return rows, block, [s.reshape(-1)[block] for s in static]
+
+
+def _block_values(op: str, x: MJT, v: torch.Tensor, lead: tuple, k: int, block: torch.Tensor) -> torch.Tensor:
+    """``v`` broadcast to the logical result ``(*I, *dims k…)``, one entry per expanded row: ``v``
+    may not vary along a ragged dim that is left whole."""
+    rest = list(range(k, len(x._size)))
+    target = list(lead) + [1 if d in x._ragged_dims else x._size[d] for d in rest]
+    try:
+        shape = torch.broadcast_shapes(tuple(v.shape), tuple(target))
+    except RuntimeError:
+        shape = None
+    if shape is None or list(shape) != target:
+        raise RuntimeError(
+            f"{op}(): shape mismatch: value tensor of shape {tuple(v.shape)} cannot be broadcast to the indexing "
+            f"result {tuple(lead)} + {tuple(x._size[k:])} (its ragged dims must have size 1 in the value)"
+        )
+    ragged_at = tuple(len(lead) + i for i, d in enumerate(rest) if d in x._ragged_dims)
+    vb = v.expand(target).squeeze(ragged_at) if ragged_at else v.expand(target)
+    vb = vb.flatten(0, len(lead) - 1) if lead else vb.unsqueeze(0)  # (blocks, *static rest)
+    return vb[block]
+
+
+@register_multi_jagged_func(
+    [aten.index_put.default, aten.index_put_.default], "self: mjt, indices: any, values: t, accumulate: any?"
+)
+def index_put_default(func, x, indices, values, accumulate=False):
+    """``x[b, a…, s…] = v`` over the batch dim and a prefix of the other dims (NOTE [ Indices on
+    packed rows ]): torch.jagged's cases, with any number of ragged dims, negative indices
+    counted from each sample's own extent, and ``x[b] = v`` without padding; and ``x[mask] = v``
+    with a boolean mask of x's structure (``v`` in each sample's row-major order)."""
+    op = "index_put"
+    mask = _mask_index(op, x, indices)
+    if mask is not None:
+        vidx, vals = [mask._values], values
+        if not _ragged_lead(x) and values.numel() != 1:
+            # v lists the selected elements in row-major order; the packed values in storage order
+            order = _logical_order(x, mask._values)
+            full = values.expand(order.shape)
+            vals = full.new_empty(order.shape).index_copy(0, order, full)
+    else:
+        start, length, static = _packed_indices(op, x, list(indices))
+        if length is None:
+            vidx, vals = [start, *static], values
+        else:
+            if torch.is_grad_enabled() and values.requires_grad:
+                # its gradient, grad.index(indices), would have ragged dims that values has not
+                raise NotImplementedError(
+                    f"{op}(): a value that requires grad, written over whole ragged dims of {describe(x)} (indices "
+                    f"over {len(indices)} of its dims), is not supported for {_LAYOUT}; index every ragged dim or "
+                    "detach the value"
+                )
+            rows, block, static = _expand_blocks(start, length, static)
+            vidx, vals = [rows, *static], _block_values(op, x, values, tuple(start.shape), len(indices), block)
+    if func is aten.index_put_.default:
+        x._values.index_put_(vidx, vals, accumulate)
+        return x
+    return wrap(x._values.index_put(vidx, vals, accumulate), x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func(aten.index.Tensor, "self: mjt, indices: any")
+def index_Tensor(func, x, indices):
+    """``x[b, a…, s…]`` with every ragged dim indexed: a dense ``(I, *rest)`` (also the gradient
+    of ``index_put``'s values)."""
+    mask = _mask_index("index", x, indices)
+    if mask is not None:  # x[mask]: the selected elements in row-major order, as masked_select
+        out = x._values[mask._values]
+        return out if _ragged_lead(x) else out[_logical_order(x, mask._values)]
+    start, length, static = _packed_indices("index", x, list(indices))
+    if length is not None:
+        raise NotImplementedError(
+            f"index(): indexing {describe(x)} without an index for every ragged dim would give a ragged result; "
+            f"not supported for {_LAYOUT} (select samples with x[i] or unbind())"
+        )
+    return x._values[(start, *static)]
+
+
+# --------------------------------------------------------------------------- bmm
+def _padded(x: MJT) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(B, max n, *static)`` zero-padded rows of a one-ragged-dim tensor and the rows' cells."""
+    p = x._partition
+    m = p.extents[0].max
+    pos = _padded_positions(x, [m])
+    flat = x._values.new_zeros((p.batch * m, *x._values.shape[1:])).index_copy(0, pos, x._values)
+    return flat.reshape(p.batch, m, *x._values.shape[1:]), pos
+
+
+def _rows_times(x: MJT, mats: torch.Tensor) -> MJT:
+    """Every packed row ``r`` (a vector of length D) of sample ``b`` times ``mats[b]`` (D, E),
+    as a padded batched product (NOTE [ Batched matmul with a dense per-sample operand ])."""
+    padded, pos = _padded(x)
+    out = torch.bmm(padded, mats).flatten(0, 1).index_select(0, pos)
+    return out
+
+
+def _bmm_error(x, other, why):
+    return RuntimeError(f"bmm(): not supported between inputs of shapes {describe(x)} and {describe(other)} "
+                        f"for {_LAYOUT}: {why}")
+
+
+@register_multi_jagged_func(aten.bmm.default, "self: any, mat2: any")
+def bmm_default(func, x, other):
+    """Per-sample batched matmul with one ragged dim among the rows or columns:
+    ``(B, j, D) @ (B, D, E)``, ``(B, F, E) @ (B, E, j)`` (multi_jagged results), and
+    ``(B, D, j) @ (B, j, E)`` contracting the ragged dim (dense result; also the gradient of the
+    dense operand). Other multi_jagged × multi_jagged products go through ``matmul``."""
+    if x.dim() != 3:
+        raise ValueError("bmm(): input must be 3D")
+    if other.dim() != 3:
+        raise ValueError("bmm(): mat2 must be 3D")
+    if isinstance(x, MJT) and not isinstance(other, MJT):
+        if x._ragged_dims != (1,):
+            raise _bmm_error(x, other, "expected the multi_jagged operand (B, j, D) with only dim 1 ragged")
+        _batch_check(x, other)
+        if other.shape[1] != x._size[2]:
+            raise _bmm_error(x, other, f"expected mat2.shape[1] == {x._size[2]}")
+        return wrap(_rows_times(x, other), x._partition, (1,))
+    if isinstance(other, MJT) and not isinstance(x, MJT):
+        if other._ragged_dims != (2,):
+            raise _bmm_error(x, other, "expected the multi_jagged operand (B, E, j) with only dim 2 ragged")
+        _batch_check(other, x)
+        if x.shape[2] != other._size[1]:
+            raise _bmm_error(x, other, f"expected input.shape[2] == {other._size[1]}")
+        # (B, F, E) @ (B, E, j): packed rows hold the columns; row r of sample b becomes x[b] @ r
+        return wrap(_rows_times(other, x.transpose(1, 2)), other._partition, (2,))
+    if x._ragged_dims == (2,) and other._ragged_dims == (1,):
+        _same_rows(x, other)
+        px, _ = _padded(x)
+        po, _ = _padded(other)
+        return torch.bmm(px.transpose(1, 2), po)  # zero padding adds nothing to the sums
+    return (x.unsqueeze(-1) * other.unsqueeze(-3)).sum(-2)
+
+
+def _batch_check(x: MJT, dense: torch.Tensor) -> None:
+    if dense.shape[0] != x._partition.batch:
+        raise _bmm_error(x, dense, f"expected the dense operand's batch size {x._partition.batch}, got {dense.shape[0]}")
+
+
+def _same_rows(x: MJT, other: MJT) -> None:
+    if not x._partition.same_as(other._partition):
+        raise RuntimeError(
+            f"bmm(): expected the contracted ragged dims to have the same sizes, got {describe(x)} and {describe(other)}"
+        )
+
+
+@route(torch.bmm, torch.Tensor.bmm)
+def _bmm(input, mat2, *, out=None):
+    """``(B, D, j) @ (B, j', E)`` with equal-sized but distinct extents: ``mat2`` relabelled onto
+    ``input``'s (NOTE [ Equal sizes, different nested ints ] in routes.py; the automatic
+    relabelling only pairs extents at the same logical dim), so that each operand's gradient
+    comes back with its own nested int."""
+    if (out is None and isinstance(input, MJT) and isinstance(mat2, MJT) and input._partition is not mat2._partition
+            and input._partition.nragged == mat2._partition.nragged == 1 and input._partition.same_as(mat2._partition)):
+        return torch.bmm(input, relabel(mat2, input._partition))
+    return NotImplemented

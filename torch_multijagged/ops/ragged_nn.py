@@ -1,0 +1,397 @@
+"""nn and scan ops over ragged dims: ``layer_norm`` over a ragged ``normalized_shape``,
+``cumsum``/``cumprod``, ``F.normalize`` and 1-d pooling over the ragged dim of ``(B, C, j0)``.
+
+NOTE [ Ops over ragged dims in nn ]
+
+* ``layer_norm`` whose ``normalized_shape`` covers a ragged dim (``(j0, C)`` of ``(B, j0, C)``):
+  mean and biased variance per sample (per remaining coordinate) over every element it has, as
+  ``torch.jagged``. Written with ``multijagged::reduce`` and its gather-back
+  (``reduce_backward``), so gradients of any order and ``torch.compile`` work (``torch.jagged``'s
+  backward raises). ``weight``/``bias`` would need the ragged shape: a ``ValueError`` (``torch.jagged``
+  ignores them silently).
+* ``cumsum``/``cumprod`` along any non-batch dim: Hillis–Steele scans of ``multijagged::shift``
+  (NOTE [ Scans by shifting ] in compile/shift.py), per sample along a ragged dim.
+* ``F.normalize(x, p, dim)``: ``x / max(‖x‖_p, eps)`` with the norm over ``dim`` per sample
+  (the routed ``vector_norm``), gathered back to ``x``'s elements.
+* Pooling (``avg_pool1d``, ``max_pool1d``, ``adaptive_*_pool1d``) over a last ragged dim of
+  components ``(C, n)`` or ``(S, C, n)``: every sample pooled on its own; output lengths follow
+  the dense formula per sample and may differ or be 0 (dense torch raises for an output size
+  < 1; a zero-length sample pools to nothing). New lengths are new per-sample extents, built on
+  the host from the host copy of the input's lengths (no device sync), so these run eagerly
+  only; ``adaptive_*_pool1d(x, 1)`` is a reduction and compiles. Windows are gathered from the
+  packed rows (no padded envelope) and reduced under torch's autograd on the values.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ..bridge import values_of, wrap_values
+from ..compile import shift as _shift  # noqa: F401  (defines multijagged::shift)
+from ..structure import RaggedExtent, partition_for
+from . import register_multi_jagged_func
+from ._common import MJT, canonical_dim, describe, static_dims, wrap
+from .routes import _call, _needs_grad, route
+
+__all__ = ["covers_ragged", "layer_norm_ragged"]
+
+mj = torch.ops.multijagged
+
+
+# ----------------------------------------------------------------------------- shift (scans)
+@register_multi_jagged_func(mj.shift.default, "x: mjt, dim: any, shift: any, fill: any")
+def shift_default(func, x, dim, shift, fill):
+    """NOTE [ Scans by shifting ]: along a ragged dim each row reads the row ``shift`` positions
+    before it in its own segment (row stride: the product of the later ragged extents)."""
+    d = canonical_dim("shift", len(x._size), dim)
+    if d == 0:
+        raise NotImplementedError("shift(): along the batch dim of layout torch.multi_jagged")
+    v = x._values
+    if d not in x._ragged_dims:
+        vd = static_dims(len(x._size), x._ragged_dims).index(d) + 1
+        return wrap(func(v, vd, shift, fill), x._partition, x._ragged_dims)
+    k = x._ragged_dims.index(d)
+    p = x._partition
+    sample, coords = p.row_coords()
+    sizes = p.device_sizes()
+    stride = torch.ones_like(sample)
+    for later in range(k + 1, p.nragged):
+        stride = stride * sizes[sample, later]
+    src = coords[:, k] - shift
+    ok = (src >= 0) & (src < sizes[sample, k])
+    rows = torch.arange(p.rows, device=v.device) - shift * stride
+    g = v.index_select(0, torch.where(ok, rows, torch.zeros_like(rows)))
+    ok = ok.view(-1, *([1] * (v.dim() - 1)))
+    return wrap(torch.where(ok, g, torch.full_like(g, fill)), p, x._ragged_dims)
+
+
+def _rounds(m) -> int:
+    """Hillis–Steele rounds for extent ``m``: ⌈log₂ m⌉. A symbolic ``m`` (tracing) guards on a
+    bucket (one graph per bucket, as ``kernels.reference._search_rounds``); extra rounds only
+    shift past every segment's end."""
+    if isinstance(m, int):
+        return max(m - 1, 0).bit_length()
+    for k in (4, 8, 12, 16, 20, 24, 32):
+        if m <= (1 << k):
+            return k
+    return 62
+
+
+def _scan(op: str, input, dim, dtype, prod: bool):
+    d = canonical_dim(op, input.dim(), dim)
+    if d == 0:
+        raise NotImplementedError(
+            f"{op}(): along the batch dim of layout torch.multi_jagged (samples have different shapes); "
+            "scan a ragged or static dim"
+        )
+    if dtype is not None:
+        input = input.to(dtype)
+    elif not (input.dtype.is_floating_point or input.dtype.is_complex):
+        input = input.to(torch.int64)  # dense torch's integer promotion for cumsum/cumprod
+    m = input._partition.extents[input._ragged_dims.index(d)].max if d in input._ragged_dims else input.shape[d]
+    y, s = input, 1
+    for _ in range(_rounds(m)):
+        shifted = _call(mj.shift.default, y, d, s, 1.0 if prod else 0.0)
+        y = y * shifted if prod else y + shifted
+        s *= 2
+    return y.clone() if y is input else y
+
+
+def _scan_route(prod: bool):
+    op = "cumprod" if prod else "cumsum"
+
+    def routed(input, dim, *, dtype=None, out=None):
+        if not isinstance(input, MJT) or out is not None or not isinstance(dim, int):
+            return NotImplemented
+        return _scan(op, input, dim, dtype, prod)
+
+    return routed
+
+
+route(torch.cumsum, torch.Tensor.cumsum)(_scan_route(False))
+route(torch.cumprod, torch.Tensor.cumprod)(_scan_route(True))
+
+
+# ----------------------------------------------------------------------------- norms
+def _rows(r, like, dims):
+    """A keepdim reduction result ``r`` gathered back to ``like``'s elements (differentiable in
+    ``r``): a dense ``(B, 1, …)`` result would broadcast over the batch, and the double backward
+    of that broadcast expands a dense tensor to nested-int sizes."""
+    return _call(mj.reduce_backward.default, r, like.detach(), r.detach(), "sum", dims, True)
+
+
+def covers_ragged(x: MJT, normalized_shape) -> bool:
+    """Whether a ``layer_norm`` of ``x`` over ``normalized_shape`` normalizes a ragged dim."""
+    n = 1 if isinstance(normalized_shape, int) else len(normalized_shape)
+    return any(d >= len(x._size) - n for d in x._ragged_dims)
+
+
+def layer_norm_ragged(input: MJT, normalized_shape, weight, bias, eps):
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    ndim = input.dim()
+    if len(shape) >= ndim:
+        raise RuntimeError("layer_norm(): not supported when normalizing over the batch dimension for layout torch.multi_jagged")
+    dims = list(range(ndim - len(shape), ndim))
+    if any(input.shape[d] != s for d, s in zip(dims, shape)):
+        raise ValueError(
+            f"layer_norm(): expected normalized_shape to be the trailing sizes of input {describe(input)}, "
+            f"got {list(shape)}"
+        )
+    if weight is not None or bias is not None:
+        raise ValueError(
+            f"layer_norm(): expected weight and bias to be None when normalized_shape {list(shape)} includes a "
+            "ragged dim (no dense tensor has a ragged shape; use elementwise_affine=False and apply an affine "
+            "over the static dims after the norm), for layout torch.multi_jagged"
+        )
+    if not (input.dtype.is_floating_point or input.dtype.is_complex):
+        raise RuntimeError(f"layer_norm(): expected a floating point input, got {input.dtype}")
+    centred = input - _rows(_call(mj.reduce.default, input, "mean", dims, True), input, dims)
+    var = _call(mj.reduce.default, centred * centred, "mean", dims, True)
+    return centred * _rows((var + eps).rsqrt(), input, dims)
+
+
+@route(F.normalize)
+def _normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
+    if not isinstance(input, MJT) or out is not None:
+        return NotImplemented
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    dims = sorted({canonical_dim("normalize", input.dim(), d) for d in dims})
+    if 0 in dims:
+        raise NotImplementedError(
+            f"normalize(): over the batch dim of {describe(input)} for layout torch.multi_jagged "
+            "(samples have different shapes); normalize over ragged or static dims"
+        )
+    norm = torch.linalg.vector_norm(input, p, dims, keepdim=True)
+    return input / _rows(norm.clamp_min(eps), input, dims)
+
+
+# ----------------------------------------------------------------------------- pooling
+def _one(op: str, v, name: str) -> int:
+    if isinstance(v, (list, tuple)):
+        if len(v) != 1:
+            raise ValueError(f"{op}(): expected {name} to be a single int, got {v}")
+        v = v[0]
+    return int(v)
+
+
+def _pooled(op: str, input) -> str | None:
+    """``"ragged"`` (last dim the only ragged one), ``"static"`` (last dim static: each packed
+    row pools on its own) or an error."""
+    n = input.dim()
+    if input._ragged_dims == (n - 1,) and n in (3, 4):
+        return "ragged"
+    if (n - 1) not in input._ragged_dims and input._values.dim() in (2, 3):
+        return "static"
+    raise NotImplementedError(
+        f"{op}(): expected components (C, n) or (S, C, n) whose last dim is the only ragged one, or a static "
+        f"last dim, got {describe(input)} for layout torch.multi_jagged"
+    )
+
+
+def _eager_only(op: str) -> None:
+    if torch.compiler.is_compiling():
+        raise NotImplementedError(
+            f"{op}(): pooling makes new per-sample lengths (a new ragged extent, built on the host), which "
+            "torch.compile cannot trace for layout torch.multi_jagged; call it outside the compiled region"
+        )
+
+
+def _values(x: MJT):
+    return values_of(x) if _needs_grad(x) else x._values
+
+
+def _out(v, partition, ragged_dims, grad: bool):
+    return wrap_values(v, partition, ragged_dims) if grad else wrap(v, partition, ragged_dims)
+
+
+def _windows(x: MJT, out_part, starts_fn, k: int, step: int, limit_fn=None):
+    """Gathered windows ``(T_out, k, *static)`` of x's rows, their validity mask ``(T_out, k)``
+    and positions: window of out row r (sample i, local position o) reads positions
+    ``starts_fn(o, n_i) + t·step``, valid inside ``[0, n_i)`` (and below ``limit_fn(o, n_i)``)."""
+    sample, coords = out_part.row_coords()
+    n = x._partition.extents[0].lengths()[sample]
+    start = starts_fn(coords[:, 0], n)
+    pos = start.unsqueeze(1) + torch.arange(k, device=n.device) * step
+    ok = (pos >= 0) & (pos < n.unsqueeze(1))
+    if limit_fn is not None:
+        ok = ok & (pos < limit_fn(coords[:, 0], n).unsqueeze(1))
+    rows = torch.where(ok, x._partition.offsets[sample].unsqueeze(1) + pos, torch.zeros_like(pos))
+    return rows, ok, pos, start, n
+
+
+def _gather(v, rows, ok):
+    w = v.index_select(0, rows.reshape(-1)).view(*rows.shape, *v.shape[1:])
+    return w, ok.view(*ok.shape, *([1] * (v.dim() - 1)))
+
+
+def _out_partition(x: MJT, lengths_host: torch.Tensor):
+    ext = x._partition.extents[0]
+    if torch.equal(lengths_host, ext.host_lengths()):
+        return x._partition  # same lengths: keep the input's nested int
+    return partition_for([RaggedExtent.from_lengths(lengths_host, x._values.device)])
+
+
+def _pool_lengths(n, k_eff: int, stride: int, pad: int, ceil_mode: bool):
+    """Dense torch's ``pooling_output_shape`` per sample (host tensor), clamped at 0; a
+    zero-length sample pools to nothing."""
+    num = n + 2 * pad - k_eff + (stride - 1 if ceil_mode else 0)
+    out = torch.div(num, stride, rounding_mode="floor") + 1
+    if ceil_mode:
+        out = torch.where((out - 1) * stride >= n + pad, out - 1, out)
+    return torch.where(n == 0, torch.zeros_like(out), out.clamp_min(0))
+
+
+def _avg_pool1d_ragged(x, k, stride, pad, ceil_mode, count_include_pad):
+    # SYNC: none — output lengths from the host copy of the input's lengths
+    part = _out_partition(x, _pool_lengths(x._partition.extents[0].host_lengths(), k, stride, pad, ceil_mode))
+    rows, ok, pos, start, n = _windows(x, part, lambda o, n: o * stride - pad, k, 1)
+    v = _values(x)
+    w, m = _gather(v, rows, ok)
+    total = torch.where(m, w, torch.zeros_like(w)).sum(1)
+    end = torch.minimum(start + k, n + pad)
+    if count_include_pad:
+        div = end - start
+    else:
+        div = torch.minimum(end, n) - start.clamp_min(0)
+    div = div.clamp_min(1).view(-1, *([1] * (v.dim() - 1))).to(v.dtype)
+    return _out(total / div, part, x._ragged_dims, v.requires_grad)
+
+
+def _max_pool1d_ragged(x, k, stride, pad, dilation, ceil_mode):
+    k_eff = dilation * (k - 1) + 1
+    # SYNC: none — output lengths from the host copy of the input's lengths
+    part = _out_partition(x, _pool_lengths(x._partition.extents[0].host_lengths(), k_eff, stride, pad, ceil_mode))
+    rows, ok, pos, _, _ = _windows(x, part, lambda o, n: o * stride - pad, k, dilation)
+    v = _values(x)
+    w, m = _gather(v, rows, ok)
+    low = torch.finfo(v.dtype).min if v.is_floating_point() else torch.iinfo(v.dtype).min
+    masked = torch.where(m, w, torch.full_like(w, float("-inf") if v.is_floating_point() else low))
+    # the first maximum takes the whole gradient, as dense max_pool1d's index
+    arg = masked.detach().argmax(1, keepdim=True)
+    out = masked.gather(1, arg).squeeze(1)
+    idx = pos.view(*pos.shape, *([1] * (v.dim() - 1))).expand_as(w).gather(1, arg).squeeze(1)
+    return _out(out, part, x._ragged_dims, v.requires_grad), wrap(idx, part, x._ragged_dims)
+
+
+def _static_last(x, fn, two: bool = False):
+    """Pooling a static last dim: every packed row pools on its own (components ``(n, C)``
+    become dense ``(C'=n, L=C)`` inputs), so the dense op on the values is exact."""
+    v = _values(x)
+    r = fn(v)
+    if two:
+        return _out(r[0], x._partition, x._ragged_dims, v.requires_grad), wrap(r[1], x._partition, x._ragged_dims)
+    return _out(r, x._partition, x._ragged_dims, v.requires_grad)
+
+
+@route(torch.avg_pool1d)
+def _avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    op = "avg_pool1d"
+    _eager_only(op)
+    k = _one(op, kernel_size, "kernel_size")
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else _one(op, stride, "stride")
+    p = _one(op, padding, "padding")
+    # dense torch's own argument and dtype checks, on a probe long enough for one window
+    torch.avg_pool1d(input._values.new_zeros(1, 1, k), k, s, p, ceil_mode, count_include_pad)
+    if _pooled(op, input) == "static":
+        return _static_last(input, lambda v: torch.avg_pool1d(v, k, s, p, ceil_mode, count_include_pad))
+    return _avg_pool1d_ragged(input, k, s, p, ceil_mode, count_include_pad)
+
+
+def _max_pool1d_impl(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
+    op = "max_pool1d"
+    _eager_only(op)
+    k = _one(op, kernel_size, "kernel_size")
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else _one(op, stride, "stride")
+    p, d = _one(op, padding, "padding"), _one(op, dilation, "dilation")
+    torch.max_pool1d_with_indices(input._values.new_zeros(1, 1, d * (k - 1) + 1), k, s, p, d, ceil_mode)
+    if _pooled(op, input) == "static":
+        out, idx = _static_last(input, lambda v: torch.max_pool1d_with_indices(v, k, s, p, d, ceil_mode), two=True)
+    else:
+        out, idx = _max_pool1d_ragged(input, k, s, p, d, ceil_mode)
+    return (out, idx) if return_indices else out
+
+
+def _max_pool1d_route(always_indices: bool):
+    def routed(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+        if not isinstance(input, MJT):
+            return NotImplemented
+        return _max_pool1d_impl(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices or always_indices)
+
+    return routed
+
+
+route(F.max_pool1d, F._max_pool1d, torch.max_pool1d)(_max_pool1d_route(False))
+route(F.max_pool1d_with_indices, torch.max_pool1d_with_indices)(_max_pool1d_route(True))
+
+
+def _adaptive_windows(x: MJT, size: int):
+    """Dense torch's adaptive windows ``[⌊o·n/L⌋, ⌈(o+1)·n/L⌉)`` of every (sample, o): out rows
+    are B·L (a dense result); the widest window is ⌈max n / L⌉ + 1."""
+    b = x._partition.batch
+    out_part = partition_for([RaggedExtent.from_lengths(torch.full((b,), size, dtype=torch.int64), x._values.device)])
+    k = -(-int(x._partition.extents[0].max) // size) + 1
+    rows, ok, pos, start, n = _windows(
+        x, out_part, lambda o, n: torch.div(o * n, size, rounding_mode="floor"), k, 1,
+        limit_fn=lambda o, n: -torch.div(-(o + 1) * n, size, rounding_mode="floor"),
+    )
+    return rows, ok, pos, b
+
+
+def _to_dense(v, b: int, size: int):
+    """Out rows ``(B·L, *static)`` as dense ``(B, *static, L)``."""
+    return v.reshape(b, size, *v.shape[1:]).movedim(1, -1)
+
+
+@route(torch.adaptive_avg_pool1d)
+def _adaptive_avg_pool1d(input, output_size):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    op = "adaptive_avg_pool1d"
+    size = _one(op, output_size, "output_size")
+    kind = _pooled(op, input)
+    if kind == "ragged" and size == 1:
+        return input.mean(-1, keepdim=True)  # a reduction: dense (B, *static, 1); compiles
+    _eager_only(op)
+    if kind == "static":
+        return _static_last(input, lambda v: torch.adaptive_avg_pool1d(v, size))
+    rows, ok, _, b = _adaptive_windows(input, size)
+    w, m = _gather(_values(input), rows, ok)
+    cnt = ok.sum(1).view(-1, *([1] * (w.dim() - 2))).to(w.dtype)
+    return _to_dense(torch.where(m, w, torch.zeros_like(w)).sum(1) / cnt, b, size)
+
+
+def _adaptive_max(input, output_size, return_indices):
+    op = "adaptive_max_pool1d"
+    size = _one(op, output_size, "output_size")
+    kind = _pooled(op, input)
+    if kind == "ragged" and size == 1:
+        out, idx = torch.max(input, -1, keepdim=True)  # the first maximum takes the gradient; compiles
+        return (out, idx) if return_indices else out
+    _eager_only(op)
+    if kind == "static":
+        out, idx = _static_last(input, lambda v: torch.adaptive_max_pool1d(v, size), two=True)
+        return (out, idx) if return_indices else out
+    rows, ok, pos, b = _adaptive_windows(input, size)
+    v = _values(input)
+    w, m = _gather(v, rows, ok)
+    masked = torch.where(m, w, torch.full_like(w, float("-inf")))
+    arg = masked.detach().argmax(1, keepdim=True)
+    out = _to_dense(masked.gather(1, arg).squeeze(1), b, size)
+    idx = _to_dense(pos.view(*pos.shape, *([1] * (v.dim() - 1))).expand_as(w).gather(1, arg).squeeze(1), b, size)
+    return (out, idx) if return_indices else out
+
+
+def _adaptive_max_route(always_indices: bool):
+    def routed(input, output_size, return_indices=False):
+        if not isinstance(input, MJT):
+            return NotImplemented
+        return _adaptive_max(input, output_size, return_indices or always_indices)
+
+    return routed
+
+
+route(F.adaptive_max_pool1d, F._adaptive_max_pool1d)(_adaptive_max_route(False))
+route(F.adaptive_max_pool1d_with_indices, torch.adaptive_max_pool1d)(_adaptive_max_route(True))
