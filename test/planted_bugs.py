@@ -140,6 +140,22 @@ BUGS = [
         "return result(func(values(b), a, **kwargs), b._partition, b._ragged_dims)", _FAST),
     Bug("values path: autograd.grad asks the wrapper of an intermediate, not its values", "ops/fastpath.py",
         "owned = [own_values(t) for t in ins]", "owned = [None for t in ins]", _FAST),
+    # ------------------------------------------------------------------ torch.jagged parity (issue 10)
+    Bug("flat argmax indexes the packed rows, not torch.jagged's values() layout", "ops/reductions.py",
+        "return x._values.movedim(0, x._ragged_dims[0] - 1) if len(x._ragged_dims) == 1 else x._values",
+        "return x._values", ("test_njt_gaps.py", "test_njt_opinfo.py")),
+    Bug("scan shift reads across a sample boundary", "ops/ragged_nn.py",
+        "ok = (src >= 0) & (src < sizes[sample, k])", "ok = src < sizes[sample, k]", ("test_ragged_nn.py",)),
+    Bug("negative ragged index counts from the previous sample", "ops/indexing.py",
+        "a = _check_in_range(op, idx[d], n[..., k], f\"ragged dim {d}\")",
+        "a = idx[d]", ("test_indexing_ops.py",)),
+    Bug("conv accepts a ragged conv dim", "ops/routes.py",
+        "if input._ragged_dims != (1,) or len(input._size) != nspatial + 3:",
+        "if len(input._size) != nspatial + 3:", ("test_njt_gaps.py",)),
+    Bug("errors keep the aten name", "tensor.py",
+        "    e.args = (f\"{name}(): {msg[m.end():]}{note}\",) + e.args[1:]", "    return", ("test_njt_gaps.py",)),
+    Bug("assert_close ignores per-sample extents", "_testing.py",
+        "if a._partition is not b._partition and not torch.equal(a.sizes(), b.sizes()):", "if False:", ("test_njt_gaps.py",)),
 
 ]
 
