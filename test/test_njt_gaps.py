@@ -196,3 +196,15 @@ def test_lengths_is_none_as_for_a_jagged_tensor_without_holes():
     cs = [torch.randn(3, 4), torch.randn(0, 4)]
     assert mj.nested_tensor(cs).lengths() is None
     assert torch.nested.nested_tensor(cs, layout=torch.jagged).lengths() is None
+
+
+def test_torch_jagged_private_metadata_reads_as_there():
+    """``_ragged_idx``, ``_lengths``, ``_max_seqlen``, ``_min_seqlen`` (read by PyTorch's own nested
+    tests and by user code) equal torch.jagged's for one ragged dim; with several they are absent."""
+    cs = [torch.randn(3, 4), torch.randn(0, 4), torch.randn(5, 4)]
+    x, n = mj.nested_tensor(cs), torch.nested.nested_tensor(cs, layout=torch.jagged)
+    for a in ("_ragged_idx", "_lengths", "_max_seqlen", "_min_seqlen"):
+        assert getattr(x, a) == getattr(n, a), a
+    assert x.transpose(1, 2)._ragged_idx == n.transpose(1, 2)._ragged_idx == 2
+    pair = x.unsqueeze(-2) + x.unsqueeze(-3)
+    assert not hasattr(pair, "_ragged_idx") and not hasattr(pair, "_max_seqlen")

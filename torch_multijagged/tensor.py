@@ -192,6 +192,32 @@ class MultiJaggedTensor(torch.Tensor):
         is all of its packed rows (per-sample extents: ``sizes()``)."""
         return None
 
+    # torch.jagged's private metadata, which its own tests and some user code read. Defined for
+    # one ragged dim, as there; with several, the attribute does not exist.
+    @property
+    def _ragged_idx(self) -> int:
+        return self._only_ragged("_ragged_idx")
+
+    @property
+    def _lengths(self) -> None:
+        return None
+
+    @property
+    def _max_seqlen(self) -> int:
+        self._only_ragged("_max_seqlen")
+        return self.max_seqlen()
+
+    @property
+    def _min_seqlen(self) -> int:
+        self._only_ragged("_min_seqlen")
+        sizes = self.sizes()  # SYNC: host copy of the lengths (cached; none for CPU tensors)
+        return int(sizes.min()) if sizes.numel() else 0
+
+    def _only_ragged(self, name: str) -> int:
+        if len(self._ragged_dims) != 1:
+            raise AttributeError(f"{name}: defined for one ragged dim, got ragged dims {self._ragged_dims}")
+        return self._ragged_dims[0]
+
     def sizes(self) -> torch.Tensor:
         """``(B, R)`` int64 per-sample extents of the ragged dims, on the CPU."""
         return self._partition.host_sizes()
