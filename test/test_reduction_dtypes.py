@@ -183,6 +183,22 @@ def test_any_all_dtypes_golden():
     assert f.all(1).dtype == torch.bool and f.all(1).tolist() == [False, True]  # = 0≠0 and …, empty → True
 
 
+@pytest.mark.parametrize("dims", [-1, 1, (1, 2)], ids=["static", "ragged", "both"])
+@pytest.mark.parametrize("src", [torch.bool, torch.uint8, torch.int32])
+def test_mean_with_dtype_of_bool_and_integers_golden(src, dims):
+    """``mean(dtype=float64)`` of bool/integer input divides by the count in float64: the count
+    was once made in the input's dtype, so a bool count of 3 became True = 1 (mean 1.0 for 1/3)."""
+    rows = [torch.tensor([[1, 0, 0], [0, 1, 0]]), torch.tensor([[1, 0, 0]]), torch.zeros(0, 3, dtype=torch.int64)]
+    comps = [r.to(src) for r in rows]
+    x = mj.nested_tensor(comps)
+    out = x.mean(dims, dtype=torch.float64)
+    sample_dims = tuple(d - 1 if d > 0 else d for d in ((dims,) if isinstance(dims, int) else dims))
+    got = out.unbind() if isinstance(out, mj.MultiJaggedTensor) else out.unbind(0)
+    for o, c in zip(got, comps):
+        torch.testing.assert_close(o, c.mean(sample_dims, dtype=torch.float64), equal_nan=True)
+    torch.testing.assert_close(x.mean(-1, dtype=torch.float64).unbind()[0], torch.tensor([1 / 3, 1 / 3], dtype=torch.float64))
+
+
 def test_logsumexp_of_integers_golden():
     x = mj.nested_tensor([torch.tensor([0, 0], dtype=torch.int32), torch.zeros(0, dtype=torch.int32)])
     out = torch.logsumexp(x, 1)

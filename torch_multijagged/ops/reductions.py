@@ -71,20 +71,21 @@ class _Plan:
         else:
             self.index, self.sub, self.rows = None, p, p.rows
 
-    def count(self, x: MJT) -> torch.Tensor:
-        """Number of elements reduced into each K row (K layout, float of x's dtype)."""
+    def count(self, x: MJT, dtype: torch.dtype) -> torch.Tensor:
+        """Number of elements reduced into each K row (K layout, in ``dtype``: the dtype the mean
+        divides in, not x's own — a bool or integer count would saturate or truncate)."""
         n = 1
         for vd in self.vdims:
             n *= x._values.shape[vd]
         if self.index is None:
-            c = torch.full((1,), float(n), dtype=x._values.dtype, device=x._values.device)
+            c = torch.full((1,), float(n), dtype=dtype, device=x._values.device)
         else:
             v = x._values
             # rows per output row: a function of the structure alone, so cached on the partition
             # (NOTE [ Derived maps ] in structure.py); every mean over these dims reads it
-            key = ("row_counts", self.batch, self.red_r, v.dtype, v.device)
+            key = ("row_counts", self.batch, self.red_r, dtype, v.device)
             c = x._partition.derived(
-                key, lambda p: seg.segment_reduce(v.new_ones(v.shape[0]), self.index, self.rows, "sum")
+                key, lambda p: seg.segment_reduce(v.new_ones(v.shape[0], dtype=dtype), self.index, self.rows, "sum")
             ) * n
         return c.reshape(-1, *([1] * (x._values.dim() - 1)))
 
@@ -195,7 +196,7 @@ def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str 
             f"or complex dtype. Got: {str(v.dtype).replace('torch.', '').capitalize()}"
         )
     if kind == "mean":
-        k = _forward_k(plan, x, v, "sum") / plan.count(x)
+        k = _forward_k(plan, x, v, "sum") / plan.count(x, v.dtype)
     elif kind == "logsumexp":
         m = _forward_k(plan, x, v.detach(), "amax")
         m = torch.where(torch.isinf(m) | (m == torch.finfo(m.dtype).min), torch.zeros_like(m), m)
@@ -326,7 +327,7 @@ def reduce_backward_default(func, grad, x, result, kind, dim, keepdim):
     v = x._values
     k = _from_output(plan, x, grad, keepdim)
     if kind == "mean":
-        k = k / plan.count(x)  # per output row, before the gather
+        k = k / plan.count(x, k.dtype)  # per output row, before the gather
     g = _to_rows(plan, k)
     if kind in ("sum", "mean"):
         gi = g if g.shape == v.shape else g.expand_as(v)
