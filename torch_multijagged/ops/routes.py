@@ -20,6 +20,7 @@ from ..compile import library  # noqa: F401
 from ..errors import StructureError
 from ..structure import partition_for, same_extent
 from . import bridged
+from .pair_mm import pair_product
 from . import dispatch as _dispatch
 from ._common import MJT, canonical_dim, describe
 
@@ -256,6 +257,12 @@ def _matmul(input, other, *, out=None):
             other = other.expand(b, -1, -1)
         return torch.bmm(input, other)
     if isinstance(input, MJT) and isinstance(other, MJT) and input.dim() == other.dim():
+        # Square pairs contracting a ragged dim: per-sample products (NOTE [ Contracting a ragged
+        # dim ] in ops/pair_mm.py)
+        lead = "abcdefgh"[: input.dim() - 2]
+        product = pair_product([lead + "ik", lead + "kj"], [input, other], lead + "ij")
+        if product is not None:
+            return product
         # Batched matmul whose row, column or contracted dims may be ragged (attention:
         # (B, j0, C) @ (B, C, j0) → (B, j0, j0); (B, j0, j0) @ (B, j0, C) → (B, j0, C)), as the
         # broadcast product summed over the contracted dim. Eagerly this materialises

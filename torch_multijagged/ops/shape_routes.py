@@ -15,6 +15,7 @@ from .. import constructors
 from ..errors import StructureError
 from . import bridged
 from ._common import MJT, canonical_dim, describe, same_partition
+from .pair_mm import pair_product
 from .routes import _needs_grad, _static_dim, route
 from .views import check_view_shape, square_extent
 
@@ -239,6 +240,37 @@ def _diagonals(op: MJT, term: str, equation: str):
     return op, term
 
 
+def _explicit(equation: str, operands) -> tuple[list[str], str]:
+    """``(terms, out)`` of ``equation`` with one subscript per dim: every ``...`` replaced by
+    letters the equation does not use (right-aligned across operands, as broadcasting), and an
+    implicit output made explicit as dense torch does (the ellipsis dims, then the subscripts
+    that appear once, in alphabetical order)."""
+    lhs, arrow, out = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise ValueError(f"einsum(): expected {len(terms)} operands for {equation!r}, got {len(operands)}")
+    free = [c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba" if c not in equation]
+    widths = [o.dim() - (len(t) - 3) if "..." in t else 0 for t, o in zip(terms, operands)]
+    ell = free[: max(widths, default=0)][::-1]
+    if any(w < 0 for w in widths) or len(ell) < max(widths, default=0):
+        raise ValueError(f"einsum(): an ellipsis covers more dims than operand has in {equation!r}")
+    terms = [t.replace("...", "".join(ell[len(ell) - w:])) for t, w in zip(terms, widths)]
+    for k, (term, o) in enumerate(zip(terms, operands)):
+        if len(term) != o.dim() or not term.isalpha():
+            raise ValueError(
+                f"einsum(): the number of subscripts in the equation ({len(term)}) does not match the number "
+                f"of dimensions ({o.dim()}) for operand {k} in {equation!r}"
+            )
+    if not arrow:
+        once = sorted(c for c in set("".join(terms)) if "".join(terms).count(c) == 1 and c not in ell)
+        out = "".join(ell) + "".join(once)
+    else:
+        out = out.replace("...", "".join(ell))
+        if not out.isalpha() and out:
+            raise ValueError(f"einsum(): invalid output subscripts {out!r} in {equation!r}")
+    return terms, out
+
+
 @route(torch.einsum)
 def _einsum(equation, *operands):
     """``einsum`` that contracts static dims only: every multi_jagged operand carries the same
@@ -249,21 +281,13 @@ def _einsum(equation, *operands):
         operands = tuple(operands[0])
     if not any(isinstance(o, MJT) for o in operands):
         return NotImplemented
-    lhs, arrow, out = equation.replace(" ", "").partition("->")
-    terms = lhs.split(",")
-    if not arrow or "." in equation:
-        raise NotImplementedError(f"einsum(): {_LAYOUT} needs an explicit '->' output and no ellipsis, got {equation!r}")
-    if len(terms) != len(operands):
-        raise ValueError(f"einsum(): expected {len(terms)} operands for {equation!r}, got {len(operands)}")
-    for k, (term, o) in enumerate(zip(terms, operands)):
-        if len(term) != o.dim():
-            raise ValueError(
-                f"einsum(): the number of subscripts in the equation ({len(term)}) does not match the number "
-                f"of dimensions ({o.dim()}) for operand {k} in {equation!r}"
-            )
+    terms, out = _explicit(equation, operands)
     if len(set(out)) != len(out):
         raise ValueError(f"einsum(): expected each output subscript once, got {out!r} in {equation!r}")
     operands, terms = list(operands), list(terms)
+    product = pair_product(terms, operands, out)  # NOTE [ Contracting a ragged dim ]
+    if product is not None:
+        return product
     for k, o in enumerate(operands):
         if isinstance(o, MJT):
             operands[k], terms[k] = _diagonals(o, terms[k], equation)
