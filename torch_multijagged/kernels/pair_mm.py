@@ -70,60 +70,82 @@ def _buckets(lengths: tuple[int, ...], channels: int) -> tuple[tuple[int, tuple[
     return tuple(reversed(groups))
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=8)
 def _plan(lengths: tuple[int, ...], channels: int):
-    """``((size, uniform, src, dst), …)`` per group of ``_buckets``: the packed rows of its
-    samples (``src``, in order) and their positions in the group's ``(G, size, size)``
-    zero-padded block, flattened (``dst``); ``uniform`` when no member needs padding. CPU int64."""
+    """One entry per group of ``_buckets``' split:
+
+    * ``("slice", start, n)`` — a group of one sample: its rows are the contiguous slice
+      ``start … start + n²``, read and written through strided views (no index);
+    * ``("gather", size, idx, idx_t, pad, pad_t, dst, pos)`` — ``idx``/``idx_t`` (flat indices into
+      the ``(T, C)`` values, transposed blocks for ``idx_t``) gather the group's channel-major
+      zero-padded ``(g·C, size, size)`` blocks, ``pad``/``pad_t`` mark their padded cells (None
+      when no member is padded), and ``out.view(-1)[dst] = result.view(-1)[pos]`` writes the
+      valid results back (``pos`` None: every result element is valid).
+
+    CPU int64/bool tensors of about the result's size: few plans are kept."""
     offsets = [0]
     for n in lengths:
         offsets.append(offsets[-1] + n * n)
+    c = channels
     plan = []
+    ch = torch.arange(c)[None, :, None, None]
     for size, samples in _buckets(lengths, channels):
+        if len(samples) == 1:
+            plan.append(("slice", offsets[samples[0]], size))
+            continue
         ns = torch.tensor([lengths[b] for b in samples], dtype=torch.int64)[:, None, None]
         os_ = torch.tensor([offsets[b] for b in samples], dtype=torch.int64)[:, None, None]
         i = torch.arange(size)
-        valid = (i[None, :, None] < ns) & (i[None, None, :] < ns)  # (G, s, s)
-        src = (os_ + i[None, :, None] * ns + i[None, None, :])[valid]
-        dst = torch.arange(len(samples) * size * size).reshape(len(samples), size, size)[valid]
-        plan.append((size, len(samples), bool(valid.all()), src, dst))
+        valid = (i[None, :, None] < ns) & (i[None, None, :] < ns)  # (g, s, s)
+        rows = torch.where(valid, os_ + i[None, :, None] * ns + i[None, None, :], 0)
+        idx = (rows[:, None] * c + ch).reshape(-1)
+        idx_t = (rows.transpose(1, 2)[:, None] * c + ch).reshape(-1)
+        if bool(valid.all()):
+            plan.append(("gather", size, idx, idx_t, None, None, idx, None))
+            continue
+        keep = valid[:, None].expand(-1, c, -1, -1)
+        pad = ~keep.reshape(-1)
+        pad_t = ~keep.transpose(2, 3).reshape(-1)
+        pos = torch.arange(keep.numel())[keep.reshape(-1)]
+        plan.append(("gather", size, idx, idx_t, pad, pad_t, idx[keep.reshape(-1)], pos))
     return tuple(plan)
 
 
-def _mm(a: torch.Tensor, b: torch.Tensor, g: int, s: int, ta: bool, tb: bool) -> torch.Tensor:
-    """``(G·s·s, C)`` blocks → ``(G·s·s, C)``: per block and channel ``A' @ B'``, one ``bmm`` over
-    (block, channel) on contiguous channel-major copies. The transposes are folded into those
-    copies, so BLAS reads both operands with unit stride."""
-    c = a.shape[-1]
-    a = a.view(g, s, s, c).permute(0, 3, 2, 1) if ta else a.view(g, s, s, c).permute(0, 3, 1, 2)
-    b = b.view(g, s, s, c).permute(0, 3, 2, 1) if tb else b.view(g, s, s, c).permute(0, 3, 1, 2)
-    # .contiguous(), not reshape: for G = 1 the reshape is a strided view, and CPU bmm clones
-    # every matrix of a batch whose matrices are not unit-stride in a row or column
-    r = torch.bmm(a.contiguous().view(g * c, s, s), b.contiguous().view(g * c, s, s))
-    return r.view(g, c, s, s).permute(0, 2, 3, 1).reshape(g * s * s, c)
+def _block(x: torch.Tensor, entry, transpose: bool) -> torch.Tensor:
+    """The ``(g·C, s, s)`` channel-major zero-padded blocks of ``x`` for one group."""
+    c = x.shape[1]
+    if entry[0] == "slice":
+        _, start, n = entry
+        v = x[start:start + n * n].view(n, n, c)
+        return (v.permute(2, 1, 0) if transpose else v.permute(2, 0, 1)).contiguous()
+    _, size, idx, idx_t, pad, pad_t, _, _ = entry
+    out = x.reshape(-1).index_select(0, (idx_t if transpose else idx).to(x.device))
+    if pad is not None:
+        out.masked_fill_((pad_t if transpose else pad).to(x.device), 0)
+    return out.view(-1, size, size)
 
 
 def pair_matmul_reference(x: torch.Tensor, y: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
                           tx: bool, ty: bool) -> torch.Tensor:
-    """NOTE [ Pair matmul contract ], computed as NOTE [ Bucketed pair matmul ]."""
+    """NOTE [ Pair matmul contract ], computed as NOTE [ Bucketed pair matmul ]: per group one
+    copy per operand into channel-major padded blocks (a gather, or a strided copy for a group
+    of one), one ``bmm``, one write-back."""
     if x.shape != y.shape or x.dim() != 2:
         raise ValueError(f"pair_matmul(): expected x and y of one shape (T, C), got {tuple(x.shape)} and {tuple(y.shape)}")
-    # SYNC: host lengths plan the groups; on the CPU (this path's device) it is a plain read.
+    x, y = x.contiguous(), y.contiguous()
     c = x.shape[1]
+    # SYNC: host lengths plan the groups; on the CPU (this path's device) it is a plain read.
     plan = _plan(tuple(lengths.tolist()), c)
-    if len(plan) == 1 and plan[0][2] and plan[0][3].numel() == x.shape[0]:
-        # one group of equal lengths covering every row in order: no gather at all
-        return _mm(x, y, plan[0][1], plan[0][0], tx, ty)
-    out = x.new_zeros(x.shape)
-    for size, g, uniform, src, dst in plan:
-        src = src.to(x.device)
-        if uniform:
-            out.index_copy_(0, src, _mm(x.index_select(0, src), y.index_select(0, src), g, size, tx, ty))
+    out = x.new_empty(x.shape)  # every row belongs to exactly one group
+    flat = out.view(-1)
+    for entry in plan:
+        r = torch.bmm(_block(x, entry, tx), _block(y, entry, ty))
+        if entry[0] == "slice":
+            _, start, n = entry
+            out[start:start + n * n].view(n, n, c).copy_(r.view(c, n, n).permute(1, 2, 0))
             continue
-        dst = dst.to(x.device)
-        a = x.new_zeros(g * size * size, c).index_copy_(0, dst, x.index_select(0, src))
-        b = y.new_zeros(g * size * size, c).index_copy_(0, dst, y.index_select(0, src))
-        out.index_copy_(0, src, _mm(a, b, g, size, tx, ty).index_select(0, dst))
+        dst, pos = entry[6].to(x.device), entry[7]
+        flat.index_copy_(0, dst, r.view(-1) if pos is None else r.view(-1).index_select(0, pos.to(x.device)))
     return out
 
 
