@@ -21,6 +21,7 @@ import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
 from ..kernels import attention as kattn
+from . import kernel_choice
 from .library import LIB, _no_zero_fill
 
 __all__ = ["dense_keep", "sdpa_dense", "sdpa_backward_dense"]
@@ -224,11 +225,18 @@ def choose_backend(q, k, v, cu_q, cu_k, max_k, bias, dropout_p: float) -> str:
     forced = _FORCED[0]
     if forced is not None:
         return forced
+    fits_triton = dropout_p == 0 and max_k <= 256 and q.shape[-1] <= 128 and v.shape[-1] <= 128
+    if kernel_choice._FORCED is not None and q.dtype in (torch.float16, torch.bfloat16, torch.float32):
+        # ``triton_kernels(True/False)`` forces the structural kernels, attention's included
+        if kernel_choice._FORCED and fits_triton:
+            return "triton"
+        if not kernel_choice._FORCED and q.device.type == "cuda":
+            return "bucketed"
     if q.device.type == "cuda":
         one_head = q.shape[-1] == v.shape[-1] and q.shape[-1] <= 256
         if bias is None and dropout_p == 0 and q.dtype in (torch.float16, torch.bfloat16) and one_head:
             return "flash_attn" if _has_flash_attn() else "flash"
-        if dropout_p == 0 and max_k <= 256 and q.shape[-1] <= 128 and v.shape[-1] <= 128 and _has_triton():
+        if fits_triton and _has_triton():
             return "triton"
         return "bucketed"
     n = cu_q.shape[0] - 1
