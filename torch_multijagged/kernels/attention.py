@@ -457,7 +457,9 @@ def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, 
             first, inverse = bk.bias_blocks(bias_start)
             idx, pair = bk.bias_index(bias_start)
             if first.shape[0] != inverse.shape[0]:  # segments sharing a block: sum per block first
-                ds = ds.new_zeros(first.shape[0], *ds.shape[1:]).index_add_(0, inverse, ds)
+                # as a product with the (blocks × segments) one-hot: a GEMM, not a scatter
+                onehot = torch.nn.functional.one_hot(inverse, first.shape[0]).t().to(ds.dtype)
+                ds = (onehot @ ds.reshape(ds.shape[0], -1)).view(first.shape[0], *ds.shape[1:])
                 idx, pair = idx.index_select(0, first), pair.index_select(0, first)
             ds = ds.permute(0, 2, 3, 1)  # (blocks, Lm, Sm, Hq)
             if bias.shape[1] == 1:
