@@ -24,6 +24,7 @@ BACKENDS = {
     "reference": (kattn.attention_reference, kattn.attention_reference_backward),
     "loop": (kattn.attention_loop, kattn.attention_loop_backward),
     "bucketed": (kattn.attention_bucketed, kattn.attention_bucketed_backward),
+    "blocks": (kattn.attention_blocks, kattn.attention_blocks_backward),
 }
 
 
@@ -344,3 +345,33 @@ def test_dense_keep_is_a_function_of_the_seed():
     c = dense_keep(torch.tensor([8]), (50, 3), 0.3, "cpu")
     assert a.dtype == torch.bool and torch.equal(a, b) and not torch.equal(a, c)
     assert abs(1 - a.double().mean().item() - 0.3) < 0.1
+
+
+@pytest.mark.parametrize("hb", [1, 3])
+def test_blocks_backend_on_pair_rows_shares_the_bias(hb):
+    """Triangle attention's segments: sample b's n_b rows are n_b segments of n_b keys sharing
+    one bias block. ``blocks`` runs one dense call per sample on views; values, lse and every
+    gradient (the bias's summed over the rows) equal the oracle's."""
+    ns = [3, 0, 2, 2]
+    seg = [n for n in ns for _ in range(n)]
+    cu = _cu(seg)
+    starts, acc = [], 0
+    for n in ns:
+        starts += [acc] * n
+        acc += n * n
+    start = torch.tensor(starts, dtype=torch.int64)
+    assert kattn.block_runs(cu, cu, start) == [(0, 3, 3, 3), (3, 2, 2, 2), (5, 2, 2, 2)]
+    g = torch.Generator().manual_seed(0)
+    t = int(cu[-1])
+    q, k, v = (torch.randn(t, 3, 4, generator=g, dtype=torch.float64) for _ in range(3))
+    bias = torch.randn(acc, hb, generator=g, dtype=torch.float64)
+    out, lse = kattn.attention_blocks(q, k, v, cu, cu, bias, start, None, False, 0.5)
+    ref_out, ref_lse = kattn.attention_reference(q, k, v, cu, cu, bias, start, None, False, 0.5)
+    torch.testing.assert_close(out, ref_out)
+    torch.testing.assert_close(lse, ref_lse)
+    go = torch.randn(out.shape, generator=g, dtype=torch.float64)
+    got = kattn.attention_blocks_backward(go, q, k, v, out, lse, cu, cu, bias, start, None, False, 0.5, 0.0, True)
+    want = kattn.attention_reference_backward(go, q, k, v, ref_out, ref_lse, cu, cu, bias, start, None, False, 0.5,
+                                              0.0, True)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

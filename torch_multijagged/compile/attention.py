@@ -162,7 +162,10 @@ def default_scale(d: int) -> float:
 # * CPU: ``bucketed`` (segments sorted by length, padded within buckets of similar length, one
 #   fused CPU kernel call per bucket), or ``loop`` (one fused call per segment, on views) for a
 #   single segment or for ≤ 4096 segments whose mean work Lq·Lk·H·D is ≥ 4·10⁶ (``LOOP_*``).
-#   docs/design.md §8 has the measurements behind this rule.
+#   docs/design.md §8 has the measurements behind this rule. ``blocks`` (one dense call per run
+#   of equal consecutive segments, on views, bias broadcast over the run) when such runs are at
+#   least ``BLOCKS_MIN_RUN`` segments long on average and there is no dropout: the rows of a
+#   pair in triangle attention (docs/design.md §18).
 # * CUDA: ``flash`` — torch's own ``_flash_attention_forward`` with ``cu_seqlens`` (as
 #   torch.jagged) — for float16/bfloat16 without bias or dropout and one head size ≤ 256;
 #   ``flash_attn`` instead when the flash-attn package is installed; else ``triton`` (one launch
@@ -180,7 +183,7 @@ LIB.define(
     " float scale, float dropout_p, bool bias_grad) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 
-BACKENDS = ("reference", "loop", "bucketed", "triton", "flash", "flash_attn")
+BACKENDS = ("reference", "loop", "bucketed", "blocks", "triton", "flash", "flash_attn")
 _FORCED: list = [None]
 
 
@@ -242,6 +245,8 @@ def choose_backend(q, k, v, cu_q, cu_k, max_k, bias, dropout_p: float) -> str:
     n = cu_q.shape[0] - 1
     if n <= 1:
         return "loop"
+    if dropout_p == 0 and _runs(cu_q, cu_k) * BLOCKS_MIN_RUN <= n:
+        return "blocks"
     if n > LOOP_MAX_SEGMENTS:
         return "bucketed"
     hit = _CHOICE.get(cu_q)
@@ -256,6 +261,22 @@ def choose_backend(q, k, v, cu_q, cu_k, max_k, bias, dropout_p: float) -> str:
 
 # mean Lq·Lk per segment, by the identity of (cu_q, cu_k): the layers of a model share a batch's
 _CHOICE = WeakIdKeyDictionary()  # segment offsets (cached on its partition)
+
+# ``blocks`` when runs of equal consecutive segments are this long on average (triangle
+# attention: a run is a sample's n rows); docs/design.md §18 has the measurements.
+BLOCKS_MIN_RUN = 4
+_RUNS = WeakIdKeyDictionary()
+
+
+def _runs(cu_q, cu_k) -> int:
+    """Number of runs of equal consecutive segments (NOTE [ Attention by blocks of equal
+    segments ] in kernels/attention.py), cached by the identity of (cu_q, cu_k)."""
+    hit = _RUNS.get(cu_q)
+    if hit is not None and hit[0] is cu_k:
+        return hit[1]
+    n = len(kattn.block_runs(cu_q, cu_k))
+    _RUNS[cu_q] = (cu_k, n)
+    return n
 
 
 def _keep(seed, cu_q, cu_k, hq, dropout_p, device):
@@ -305,7 +326,7 @@ def varlen_attention_impl(q, k, v, cu_q, cu_k, max_q, max_k, bias=None, bias_sta
     keep = _keep(seed, cu_q, cu_k, hq, dropout_p, q.device)
     if name == "reference":
         return kattn.attention_reference(q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p)
-    fn = kattn.attention_loop if name == "loop" else kattn.attention_bucketed
+    fn = {"loop": kattn.attention_loop, "blocks": kattn.attention_blocks}.get(name, kattn.attention_bucketed)
     return fn(q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p, need_lse=need_lse)
 
 
@@ -340,7 +361,7 @@ def varlen_attention_backward_impl(grad, q, k, v, out, lse, cu_q, cu_k, max_q, m
         return dq, dk, dv, db if bias_grad else empty
     keep = _keep(seed, cu_q, cu_k, hq, dropout_p, q.device)
     fn = {"reference": kattn.attention_reference_backward, "loop": kattn.attention_loop_backward,
-          "bucketed": kattn.attention_bucketed_backward}[name]
+          "bucketed": kattn.attention_bucketed_backward, "blocks": kattn.attention_blocks_backward}[name]
     dq, dk, dv, db = fn(grad, q, k, v, out, lse, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p,
                         bias_grad)
     return dq, dk, dv, empty if db is None else db
