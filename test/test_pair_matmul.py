@@ -52,7 +52,7 @@ def _offsets(ns):
 @pytest.mark.parametrize("tx", [False, True])
 @pytest.mark.parametrize("ty", [False, True])
 @pytest.mark.parametrize(
-    "ns", [(3, 0, 5, 5, 2), (1,), (0, 0), (4, 4, 4), (64, 9, 11, 8), tuple(range(1, 25))], ids=str
+    "ns", [(3, 0, 5, 5, 2), (1,), (0, 0), (4, 4, 4), (5, 0, 5, 7, 7, 7), (64, 9, 11, 8), tuple(range(1, 25))], ids=str
 )
 def test_bucketed_kernel_equals_per_sample_loop(ns, tx, ty):
     n, off = _offsets(ns)

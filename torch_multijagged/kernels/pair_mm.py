@@ -38,6 +38,9 @@ __all__ = ["pair_matmul_reference", "pair_matmul_naive"]
 # Per-group overhead, in multiply-adds: the gathers, the bmm call and the scatter cost about as
 # much as ~0.3 M multiply-adds on the CPUs we measured (see the module NOTE).
 _GROUP_COST = 300_000
+# A group whose members all have its length and form at most this many runs of consecutive
+# samples is read and written through strided views of those runs (no index); else gathered.
+_MAX_RUNS = 4
 
 
 @functools.lru_cache(maxsize=256)
@@ -74,8 +77,9 @@ def _buckets(lengths: tuple[int, ...], channels: int) -> tuple[tuple[int, tuple[
 def _plan(lengths: tuple[int, ...], channels: int):
     """One entry per group of ``_buckets``' split:
 
-    * ``("slice", start, n)`` — a group of one sample: its rows are the contiguous slice
-      ``start … start + n²``, read and written through strided views (no index);
+    * ``("runs", n, ((first row, samples), …))`` — every member has length ``n`` and the members
+      form at most ``_MAX_RUNS`` runs of consecutive samples: each run's rows are one contiguous
+      slice, read and written through strided views (no index);
     * ``("gather", size, idx, idx_t, pad, pad_t, dst, pos)`` — ``idx``/``idx_t`` (flat indices into
       the ``(T, C)`` values, transposed blocks for ``idx_t``) gather the group's channel-major
       zero-padded ``(g·C, size, size)`` blocks, ``pad``/``pad_t`` mark their padded cells (None
@@ -90,9 +94,16 @@ def _plan(lengths: tuple[int, ...], channels: int):
     plan = []
     ch = torch.arange(c)[None, :, None, None]
     for size, samples in _buckets(lengths, channels):
-        if len(samples) == 1:
-            plan.append(("slice", offsets[samples[0]], size))
-            continue
+        if all(lengths[b] == size for b in samples):
+            runs = []  # (first row, samples) of each run of consecutive samples
+            for b in samples:
+                if runs and runs[-1][2] == b - 1:
+                    runs[-1] = (runs[-1][0], runs[-1][1] + 1, b)
+                else:
+                    runs.append((offsets[b], 1, b))
+            if len(runs) <= _MAX_RUNS:
+                plan.append(("runs", size, tuple((r, m) for r, m, _ in runs)))
+                continue
         ns = torch.tensor([lengths[b] for b in samples], dtype=torch.int64)[:, None, None]
         os_ = torch.tensor([offsets[b] for b in samples], dtype=torch.int64)[:, None, None]
         i = torch.arange(size)
@@ -114,10 +125,15 @@ def _plan(lengths: tuple[int, ...], channels: int):
 def _block(x: torch.Tensor, entry, transpose: bool) -> torch.Tensor:
     """The ``(g·C, s, s)`` channel-major zero-padded blocks of ``x`` for one group."""
     c = x.shape[1]
-    if entry[0] == "slice":
-        _, start, n = entry
-        v = x[start:start + n * n].view(n, n, c)
-        return (v.permute(2, 1, 0) if transpose else v.permute(2, 0, 1)).contiguous()
+    if entry[0] == "runs":
+        _, n, runs = entry
+        out = x.new_empty(sum(m for _, m in runs), c, n, n)  # (cat keeps its inputs' strides)
+        k = 0
+        for r, m in runs:
+            p = x[r:r + m * n * n].view(m, n, n, c)
+            out[k:k + m].copy_(p.permute(0, 3, 2, 1) if transpose else p.permute(0, 3, 1, 2))
+            k += m
+        return out.view(-1, n, n)
     _, size, idx, idx_t, pad, pad_t, _, _ = entry
     out = x.reshape(-1).index_select(0, (idx_t if transpose else idx).to(x.device))
     if pad is not None:
@@ -140,9 +156,13 @@ def pair_matmul_reference(x: torch.Tensor, y: torch.Tensor, offsets: torch.Tenso
     flat = out.view(-1)
     for entry in plan:
         r = torch.bmm(_block(x, entry, tx), _block(y, entry, ty))
-        if entry[0] == "slice":
-            _, start, n = entry
-            out[start:start + n * n].view(n, n, c).copy_(r.view(c, n, n).permute(1, 2, 0))
+        if entry[0] == "runs":
+            _, n, runs = entry
+            r = r.view(-1, c, n, n)
+            k = 0
+            for row, m in runs:
+                out[row:row + m * n * n].view(m, n, n, c).copy_(r[k:k + m].permute(0, 2, 3, 1))
+                k += m
             continue
         dst, pos = entry[6].to(x.device), entry[7]
         flat.index_copy_(0, dst, r.view(-1) if pos is None else r.view(-1).index_select(0, pos.to(x.device)))
