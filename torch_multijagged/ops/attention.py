@@ -133,8 +133,14 @@ def _check_mask(mask, query, key, ragged_l):
             qext[n - 1] = key._partition.extents[-1]
         for d, e in zip(mask._ragged_dims, mask._partition.extents):
             if d not in qext or not same_extent(e, qext[d]):
+                hint = ""
+                if d in qext and _is_traced(e.offsets):
+                    hint = (". Under torch.compile, tensors built by separate constructor calls have different nested "
+                            "ints even for equal lengths: build one from the other (e.g. the pair from the singles), or "
+                            "give both one extent with mj.from_packed(values, x.offsets(dim), lengths) before the "
+                            "compiled call")
                 raise _err(f"expected attn_mask's ragged dims to be those of the scores {tuple(scores)}, got "
-                           f"{describe(mask)} (dim {d})")
+                           f"{describe(mask)} (dim {d}){hint}")
         if ragged_l and not {n - 2, n - 1} <= set(mask._ragged_dims):
             raise _err(f"expected attn_mask ragged over both query and key dims of the scores {tuple(scores)}, got "
                        f"{describe(mask)}")
