@@ -156,6 +156,22 @@ BUGS = [
         "    e.args = (f\"{name}(): {msg[m.end():]}{note}\",) + e.args[1:]", "    return", ("test_njt_gaps.py",)),
     Bug("assert_close ignores per-sample extents", "_testing.py",
         "if a._partition is not b._partition and not torch.equal(a.sizes(), b.sizes()):", "if False:", ("test_njt_gaps.py",)),
+    # ------------------------------------------------------------------ issue 11 (Pairformer)
+    Bug("pair_matmul backward: dX forgets Y's transpose", "compile/pair_mm.py",
+        "dx = mj.pair_matmul(grad, y, False, not ty) if not tx", "dx = mj.pair_matmul(grad, y, False, ty) if not tx",
+        ("test_pair_matmul.py",)),
+    Bug("bucketed pair_matmul leaves padded cells unzeroed", "kernels/pair_mm.py",
+        "    if pad is not None:\n        out.masked_fill_", "    if False:\n        out.masked_fill_", ("test_pair_matmul.py",)),
+    Bug("einsum: a's transpose flag read from the wrong ragged subscript", "ops/pair_mm.py",
+        "res = mj.pair_matmul(a, b, ra[0] == k, rb[1] == k)", "res = mj.pair_matmul(a, b, ra[1] == k, rb[1] == k)",
+        ("test_pair_matmul.py",)),
+    Bug("attention blocks: bias gradient of one row, not summed over the run", "kernels/attention.py",
+        "            d = ds.sum(0)  # (Hq, Lq, Lk)", "            d = ds[0]  # (Hq, Lq, Lk)",
+        ("test_attention_kernels.py", "test_pairformer.py")),
+    Bug("shared bias blocks keyed by start only", "kernels/attention.py",
+        "starts = torch.stack([bias_start.index_select(0, self.segs), self.lq, self.lk], 1)",
+        "starts = torch.stack([bias_start.index_select(0, self.segs), self.lq * 0, self.lk * 0], 1)",
+        ("test_attention_kernels.py",)),
 
 ]
 

@@ -375,3 +375,24 @@ def test_blocks_backend_on_pair_rows_shares_the_bias(hb):
                                               0.0, True)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("name", ["bucketed", "reference", "blocks"])
+def test_one_bias_block_read_by_segments_of_different_lengths(name):
+    """Segments may share a ``bias_start`` yet differ in (Lq, Lk): each reads its own
+    ``Lq × Lk`` window of the block, so a per-block gather must key on the lengths too."""
+    lq, lk = [2, 3, 1, 3], [3, 2, 3, 2]
+    cu_q, cu_k = _cu(lq), _cu(lk)
+    start = torch.zeros(4, dtype=torch.int64)
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(int(cu_q[-1]), 2, 4, generator=g, dtype=torch.float64)
+    k = torch.randn(int(cu_k[-1]), 2, 4, generator=g, dtype=torch.float64)
+    v = torch.randn(int(cu_k[-1]), 2, 4, generator=g, dtype=torch.float64)
+    bias = torch.randn(6, 2, generator=g, dtype=torch.float64)
+    out, _ = BACKENDS[name][0](q, k, v, cu_q, cu_k, bias, start, None, False, 0.5, 0.0)
+    for s in range(4):
+        a0, b0, m, n = int(cu_q[s]), int(cu_k[s]), lq[s], lk[s]
+        sc = q[a0:a0 + m].transpose(0, 1) @ k[b0:b0 + n].transpose(0, 1).transpose(1, 2) * 0.5
+        sc = sc + bias[: m * n].reshape(m, n, 2).permute(2, 0, 1)
+        want = (sc.softmax(-1) @ v[b0:b0 + n].transpose(0, 1)).transpose(0, 1)
+        torch.testing.assert_close(out[a0:a0 + m], want)

@@ -84,7 +84,8 @@ def pair_product(terms: list[str], operands: list, out: str):
         return None
     summed = [c for c in sa if c not in so]  # contracted static dims: batched, summed after
     so = so + summed
-    if ro[0] == v:  # the output's first ragged dim comes from b: out = B' A'
+    if ro[0] == v:  # the output's first ragged dim comes from b: swap the roles, so that the
+        # product's rows are the output's first ragged dim and no ragged transpose (a copy) follows
         a, b, ta, tb, ra, rb, u, v = b, a, tb, ta, rb, ra, v, u
 
     def canonical(x, term, r):
