@@ -18,6 +18,7 @@ from hypothesis import given, strategies as st
 
 from _reference import few, seeds
 from torch_multijagged.kernels import attention as kattn
+from torch_multijagged.kernels import attention_blocks as kblocks
 
 mjops = torch.ops.multijagged
 BACKENDS = {
@@ -375,6 +376,86 @@ def test_blocks_backend_on_pair_rows_shares_the_bias(hb):
                                               0.0, True)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+def _pair_rows(ns):
+    """Triangle attention's segments: sample b's n_b rows are n_b segments of n_b keys that
+    share the sample's bias block. Returns ``(cu, bias_start, bias rows)``."""
+    seg = [n for n in ns for _ in range(n)]
+    starts, acc = [], 0
+    for n in ns:
+        starts += [acc] * n
+        acc += n * n
+    return _cu(seg), torch.tensor(starts, dtype=torch.int64), acc
+
+
+@pytest.mark.parametrize("chunk", [1, 40])
+@few(10)
+@given(ns=st.lists(st.integers(0, 5), min_size=1, max_size=3).filter(any), heads=st.sampled_from([(1, 1), (2, 1), (2, 2)]),
+       hb_all=st.booleans(), causal=st.booleans(), seed=seeds)
+def test_blocks_backward_in_chunks_matches_oracle(chunk, ns, heads, hb_all, causal, seed):
+    """``attention_blocks_backward`` splits a run into chunks of ``_BLOCKS_CHUNK`` score entries
+    (at least one segment each); chunk boundaries inside a run (one segment per chunk, or a few)
+    change no gradient, the bias's summed over every chunk of the run included."""
+    cu, start, tb = _pair_rows(ns)
+    hq, hk = heads
+    g = torch.Generator().manual_seed(seed)
+    t = int(cu[-1])
+    q = torch.randn(t, hq, 3, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(t, hk, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    bias = torch.randn(tb, hq if hb_all else 1, generator=g, dtype=torch.float64)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+    ref = oracle(*leaves[:3], cu, cu, leaves[3], start, None, causal, None, 0.0)
+    go = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    want = torch.autograd.grad(ref, leaves, go, allow_unused=True)
+    old = kblocks._BLOCKS_CHUNK
+    kblocks._BLOCKS_CHUNK = chunk
+    try:
+        out, lse = kattn.attention_blocks(q, k, v, cu, cu, bias, start, None, causal, None)
+        got = kattn.attention_blocks_backward(go, q, k, v, out, lse, cu, cu, bias, start, None, causal, None, 0.0, True)
+    finally:
+        kblocks._BLOCKS_CHUNK = old
+    for what, a, b in zip(("dq", "dk", "dv", "dbias"), got, want):
+        b = torch.zeros_like(a) if b is None else b
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_blocks_backward_rows_without_visible_key_and_half_types(dtype):
+    """Pair rows (segments sharing their sample's bias block, one sample empty) where the bias
+    hides every key of some query rows: those rows get zero gradients and the others the
+    oracle's, in float64, float32 and bfloat16 (computed in float32, returned in the input
+    dtype), with GQA heads and the run split into chunks."""
+    cu, start, acc = _pair_rows([3, 0, 4])
+    g = torch.Generator().manual_seed(5)
+    t = int(cu[-1])
+    q = torch.randn(t, 4, 8, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(t, 2, 8, generator=g, dtype=torch.float64) for _ in range(2))
+    bias = torch.randn(acc, 4, generator=g, dtype=torch.float64)
+    bias[9 + 2 * 4: 9 + 3 * 4, 1] = float("-inf")  # sample 2, query row 2, head 1: no visible key
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+    ref = oracle(*leaves[:3], cu, cu, leaves[3], start, None, False, None, 0.0)
+    go = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    ref_grads = torch.autograd.grad(ref, leaves, go)
+    low = [x.to(dtype) for x in (q, k, v, bias, go)]
+    old = kblocks._BLOCKS_CHUNK
+    kblocks._BLOCKS_CHUNK = 2 * 4 * 16  # sample 2's run of 4 segments in chunks of 2
+    try:
+        out, lse = kattn.attention_blocks(*low[:3], cu, cu, low[3], start, None, False, None)
+        # such a row's lse is not specified: the fused kernel's 0, the math path's -inf
+        lse_inf = kattn.attention_reference(*low[:3], cu, cu, low[3], start, None, False, None)[1]
+        hidden = torch.tensor([9 + 4 * j + 2 for j in range(4)])  # query 2 of each of sample 2's segments
+        assert torch.isneginf(lse_inf[hidden, 1]).all()
+        gots = [kattn.attention_blocks_backward(low[4], *low[:3], out, m, cu, cu, low[3], start, None, False, None,
+                                                0.0, True) for m in (lse, lse_inf)]
+    finally:
+        kblocks._BLOCKS_CHUNK = old
+    tol = {torch.float64: 1e-9, torch.float32: 1e-5, torch.bfloat16: 5e-2}[dtype]
+    for got in gots:
+        for what, a, b, x in zip(("dq", "dk", "dv", "dbias"), got, ref_grads, (q, k, v, bias)):
+            assert a.dtype == dtype and a.shape == x.shape and torch.isfinite(a).all(), what
+            torch.testing.assert_close(a.double(), b, rtol=tol, atol=tol, msg=lambda m: f"{what}: {m}")
+        assert torch.equal(got[0][hidden, 1], torch.zeros(4, 8, dtype=dtype))
 
 
 @pytest.mark.parametrize("name", ["bucketed", "reference", "blocks"])

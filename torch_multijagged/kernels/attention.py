@@ -35,7 +35,6 @@ padded math formula otherwise. ``attention_reference`` is the single-bucket case
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -501,96 +500,5 @@ def attention_loop_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias
                                        scale, dropout_p, need_dbias, buckets="loop")
 
 
-# ----------------------------------------------------------------------------- blocks
-# NOTE [ Attention by blocks of equal segments ]
-#
-# When consecutive segments have equal (Lq, Lk) and read one bias block — the rows of a pair
-# attending along their columns (triangle attention: a sample's n rows are n segments of n keys
-# sharing the sample's bias) — their packed rows are one contiguous ``(m, L, H, D)`` block.
-# ``attention_blocks`` runs one dense call per such run on views of the packed buffers (no
-# gather, no padding), with the bias as a ``(1, H, Lq, Lk)`` view broadcast over the run (never
-# copied per segment), and its gradient summed over the run. It is what a per-sample loop of
-# dense attention does, with one call per run of equal segments instead of per sample. Dropout
-# goes to ``attention_bucketed`` (the dispatcher never picks this path for it).
-
-
-def block_runs(cu_q: torch.Tensor, cu_k: torch.Tensor, bias_start: Optional[torch.Tensor] = None):
-    """``[(first segment, segments, Lq, Lk), …]``: maximal runs of consecutive segments with equal
-    lengths (and one ``bias_start``), skipping segments without queries or keys. Host ints."""
-    lq, lk = _host_lengths(cu_q), _host_lengths(cu_k)
-    n = lq.shape[0]
-    if n == 0:
-        return []
-    key = torch.stack([lq, lk] + ([bias_start.cpu()] if bias_start is not None else []), 1)
-    start = torch.ones(n, dtype=torch.bool)
-    start[1:] = (key[1:] != key[:-1]).any(1)
-    firsts = start.nonzero().flatten().tolist()
-    ends = firsts[1:] + [n]
-    lq_l, lk_l = lq.tolist(), lk.tolist()
-    return [(a, b - a, lq_l[a], lk_l[a]) for a, b in zip(firsts, ends) if lq_l[a] > 0 and lk_l[a] > 0]
-
-
-def _run_views(x, row0, m, length):
-    """Rows ``row0 … row0 + m·length`` of a packed ``(T, H, D)`` buffer as ``(m, H, length, D)``."""
-    return x[row0: row0 + m * length].view(m, length, *x.shape[1:]).transpose(1, 2)
-
-
-def _run_bias(bias, start, lq, lk):
-    return bias[start: start + lq * lk].view(lq, lk, bias.shape[1]).permute(2, 0, 1).unsqueeze(0)
-
-
-def attention_blocks(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None, causal=False,
-                     scale=None, dropout_p=0.0, *, need_lse=True):
-    """NOTE [ Attention by blocks of equal segments ]; with dropout, ``attention_bucketed``."""
-    if keep is not None:
-        return attention_bucketed(q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p,
-                                  need_lse=need_lse)
-    scale = _scale(q, scale)
-    hq = q.shape[1]
-    runs = block_runs(cu_q, cu_k, bias_start)
-    cq, ck = cu_q.tolist(), cu_k.tolist()  # SYNC: none (CPU path: host tensors)
-    bs = bias_start.tolist() if bias_start is not None else None
-    out = q.new_zeros(q.shape[0], hq, v.shape[-1])
-    lse = torch.full((q.shape[0], hq), NEG_INF, dtype=_compute_dtype(q.dtype), device=q.device)
-    for s0, m, lq, lk in runs:
-        qb = _run_views(q, cq[s0], m, lq)
-        kb = _expand_heads(_run_views(k, ck[s0], m, lk), hq)
-        vb = _expand_heads(_run_views(v, ck[s0], m, lk), hq)
-        bias_b = None if bias is None else _run_bias(bias, bs[s0], lq, lk).to(q.dtype)
-        ob, lb = _dense_forward(qb, kb, vb, bias_b, None, causal, scale, 0.0)
-        out[cq[s0]: cq[s0] + m * lq] = ob.transpose(1, 2).reshape(m * lq, hq, -1)
-        lse[cq[s0]: cq[s0] + m * lq] = lb.transpose(1, 2).reshape(m * lq, hq)
-    return out, lse
-
-
-def attention_blocks_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias_start=None, keep=None,
-                              causal=False, scale=None, dropout_p=0.0, need_dbias=False):
-    if keep is not None:
-        return attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias, bias_start, keep, causal,
-                                           scale, dropout_p, need_dbias)
-    scale = _scale(q, scale)
-    hq, hk = q.shape[1], k.shape[1]
-    ct = _compute_dtype(q.dtype)
-    dq = torch.zeros(q.shape, dtype=ct, device=q.device)
-    dk = torch.zeros(k.shape, dtype=ct, device=q.device)
-    dv = torch.zeros(v.shape, dtype=ct, device=q.device)
-    dbias = torch.zeros(bias.shape, dtype=ct, device=q.device) if need_dbias else None
-    runs = block_runs(cu_q, cu_k, bias_start)
-    cq, ck = cu_q.tolist(), cu_k.tolist()  # SYNC: none (CPU path: host tensors)
-    bs = bias_start.tolist() if bias_start is not None else None
-    for s0, m, lq, lk in runs:
-        qb = _run_views(q, cq[s0], m, lq)
-        kb = _expand_heads(_run_views(k, ck[s0], m, lk), hq)
-        vb = _expand_heads(_run_views(v, ck[s0], m, lk), hq)
-        gb, ob = _run_views(grad, cq[s0], m, lq), _run_views(out, cq[s0], m, lq)
-        lb = lse[cq[s0]: cq[s0] + m * lq].view(m, lq, hq).transpose(1, 2)
-        bias_b = None if bias is None else _run_bias(bias, bs[s0], lq, lk).to(q.dtype)
-        gq, gk, gv, ds = _dense_backward(gb, qb, kb, vb, ob, lb, bias_b, None, causal, scale, 0.0, need_dbias)
-        dq[cq[s0]: cq[s0] + m * lq] = gq.transpose(1, 2).reshape(m * lq, hq, -1)
-        dk[ck[s0]: ck[s0] + m * lk] = _reduce_heads(gk, hk).transpose(1, 2).reshape(m * lk, hk, -1)
-        dv[ck[s0]: ck[s0] + m * lk] = _reduce_heads(gv, hk).transpose(1, 2).reshape(m * lk, hk, -1)
-        if need_dbias:
-            d = ds.sum(0)  # (Hq, Lq, Lk): the run shares one bias block
-            d = d.sum(0, keepdim=True) if bias.shape[1] == 1 else d
-            dbias[bs[s0]: bs[s0] + lq * lk] += d.permute(1, 2, 0).reshape(lq * lk, -1)
-    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None if dbias is None else dbias.to(bias.dtype)
+# The ``blocks`` backend lives in its own module (it uses the helpers above).
+from .attention_blocks import attention_blocks, attention_blocks_backward, block_runs  # noqa: E402,F401

@@ -1,0 +1,152 @@
+"""The ``blocks`` CPU backend of varlen attention (NOTE [ Attention by blocks of equal segments ]):
+one dense call per run of equal consecutive segments, on views of the packed buffers. Same
+contract as ``kernels/attention.py`` (NOTE [ Varlen attention contract ]), which re-exports it."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .attention import (
+    NEG_INF, _compute_dtype, _dense_forward, _expand_heads, _host_lengths, _reduce_heads, _scale, attention_bucketed,
+    attention_bucketed_backward,
+)
+
+__all__ = ["attention_blocks", "attention_blocks_backward", "block_runs"]
+
+
+# ----------------------------------------------------------------------------- blocks
+# NOTE [ Attention by blocks of equal segments ]
+#
+# When consecutive segments have equal (Lq, Lk) and read one bias block — the rows of a pair
+# attending along their columns (triangle attention: a sample's n rows are n segments of n keys
+# sharing the sample's bias) — their packed rows are one contiguous ``(m, L, H, D)`` block.
+# ``attention_blocks`` runs one dense call per such run on views of the packed buffers (no
+# gather, no padding), with the bias as a ``(1, H, Lq, Lk)`` view broadcast over the run (never
+# copied per segment), and its gradient summed over the run. It is what a per-sample loop of
+# dense attention does, with one call per run of equal segments instead of per sample. Dropout
+# goes to ``attention_bucketed`` (the dispatcher never picks this path for it).
+
+
+# score entries the backward keeps live at once (512 KB in float32: the scores, probabilities and
+# their gradient of one chunk stay in a core's L2 cache); measured on 1 thread, runs of 40–64
+_BLOCKS_CHUNK = 1 << 17
+
+
+def block_runs(cu_q: torch.Tensor, cu_k: torch.Tensor, bias_start: Optional[torch.Tensor] = None):
+    """``[(first segment, segments, Lq, Lk), …]``: maximal runs of consecutive segments with equal
+    lengths (and one ``bias_start``), skipping segments without queries or keys. Host ints."""
+    lq, lk = _host_lengths(cu_q), _host_lengths(cu_k)
+    n = lq.shape[0]
+    if n == 0:
+        return []
+    key = torch.stack([lq, lk] + ([bias_start.cpu()] if bias_start is not None else []), 1)
+    start = torch.ones(n, dtype=torch.bool)
+    start[1:] = (key[1:] != key[:-1]).any(1)
+    firsts = start.nonzero().flatten().tolist()
+    ends = firsts[1:] + [n]
+    lq_l, lk_l = lq.tolist(), lk.tolist()
+    return [(a, b - a, lq_l[a], lk_l[a]) for a, b in zip(firsts, ends) if lq_l[a] > 0 and lk_l[a] > 0]
+
+
+def _run_views(x, row0, m, length):
+    """Rows ``row0 … row0 + m·length`` of a packed ``(T, H, D)`` buffer as ``(m, H, length, D)``."""
+    return x[row0: row0 + m * length].view(m, length, *x.shape[1:]).transpose(1, 2)
+
+
+def _run_bias(bias, start, lq, lk):
+    return bias[start: start + lq * lk].view(lq, lk, bias.shape[1]).permute(2, 0, 1).unsqueeze(0)
+
+
+def attention_blocks(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None, causal=False,
+                     scale=None, dropout_p=0.0, *, need_lse=True):
+    """NOTE [ Attention by blocks of equal segments ]; with dropout, ``attention_bucketed``."""
+    if keep is not None:
+        return attention_bucketed(q, k, v, cu_q, cu_k, bias, bias_start, keep, causal, scale, dropout_p,
+                                  need_lse=need_lse)
+    scale = _scale(q, scale)
+    hq = q.shape[1]
+    runs = block_runs(cu_q, cu_k, bias_start)
+    cq, ck = cu_q.tolist(), cu_k.tolist()  # SYNC: none (CPU path: host tensors)
+    bs = bias_start.tolist() if bias_start is not None else None
+    out = q.new_zeros(q.shape[0], hq, v.shape[-1])
+    lse = torch.full((q.shape[0], hq), NEG_INF, dtype=_compute_dtype(q.dtype), device=q.device)
+    for s0, m, lq, lk in runs:
+        qb = _run_views(q, cq[s0], m, lq)
+        kb = _expand_heads(_run_views(k, ck[s0], m, lk), hq)
+        vb = _expand_heads(_run_views(v, ck[s0], m, lk), hq)
+        bias_b = None if bias is None else _run_bias(bias, bs[s0], lq, lk).to(q.dtype)
+        ob, lb = _dense_forward(qb, kb, vb, bias_b, None, causal, scale, 0.0)
+        out[cq[s0]: cq[s0] + m * lq] = ob.transpose(1, 2).reshape(m * lq, hq, -1)
+        lse[cq[s0]: cq[s0] + m * lq] = lb.transpose(1, 2).reshape(m * lq, hq)
+    return out, lse
+
+
+def _run_rows(x, row0, m, length, dtype):
+    """Rows ``row0 … row0 + m·length`` of a packed ``(T, H, D)`` buffer as a contiguous
+    ``(m, H, length, D)`` copy in ``dtype``: each operand feeds several products, and a permuted
+    view would be copied by every ``matmul`` that reads it."""
+    return _run_views(x, row0, m, length).to(dtype).contiguous()
+
+
+def attention_blocks_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias_start=None, keep=None,
+                              causal=False, scale=None, dropout_p=0.0, need_dbias=False):
+    """``_math_backward``'s formula (the bias gradient rules out the fused kernel), recomputing the
+    probabilities from ``lse``, written for the CPU's cache and BLAS: a run goes ``_BLOCKS_CHUNK``
+    score entries at a time (its scores stay in cache across the in-place elementwise passes);
+    the products with a head-size output (``dq``, ``dk``, ``dv``) are computed transposed
+    (``kᵀ·dsᵀ`` …), BLAS being several times faster writing ``(D, L)`` than ``(L, D)`` for a
+    small ``D``; a row with no visible key (``lse`` -inf, or the fused kernel's 0) takes ``lse``
+    as +inf so that its all -inf scores give ``exp = 0`` without a ``where`` over the scores."""
+    if keep is not None:
+        return attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias, bias_start, keep, causal,
+                                           scale, dropout_p, need_dbias)
+    scale = _scale(q, scale)
+    hq, hk = q.shape[1], k.shape[1]
+    ct = _compute_dtype(q.dtype)
+    dq = torch.zeros(q.shape, dtype=ct, device=q.device)
+    dk = torch.zeros(k.shape, dtype=ct, device=q.device)
+    dv = torch.zeros(v.shape, dtype=ct, device=q.device)
+    dbias = torch.zeros(bias.shape, dtype=ct, device=q.device) if need_dbias else None
+    runs = block_runs(cu_q, cu_k, bias_start)
+    cq, ck = cu_q.tolist(), cu_k.tolist()  # SYNC: none (CPU path: host tensors)
+    bs = bias_start.tolist() if bias_start is not None else None
+    lse_c = torch.where(torch.isneginf(lse), float("inf"), lse.to(ct))
+    delta_all = (grad.to(ct) * out.to(ct)).sum(-1)  # (Tq, Hq): rowsum(dout · out) = rowsum(p · dp)
+    for s0, m_run, lq, lk in runs:
+        # the bias block as _scores reads it (q's dtype, then the compute dtype), made contiguous
+        # once per run: adding a permuted view costs several times a contiguous add
+        bias_b = None if bias is None else _run_bias(bias, bs[s0], lq, lk).to(q.dtype).to(ct).contiguous()
+        dacc = torch.zeros(hq, lq, lk, dtype=ct, device=q.device) if need_dbias else None
+        hide = torch.ones(lq, lk, dtype=torch.bool, device=q.device).triu(1) if causal else None
+        qr, gr = _run_rows(q, cq[s0], m_run, lq, ct), _run_rows(grad, cq[s0], m_run, lq, ct)
+        kr = _expand_heads(_run_rows(k, ck[s0], m_run, lk, ct), hq)
+        vr = _expand_heads(_run_rows(v, ck[s0], m_run, lk, ct), hq)
+        step = max(1, _BLOCKS_CHUNK // (hq * lq * lk))
+        for c0 in range(0, m_run, step):
+            m = min(step, m_run - c0)
+            rq, rk = cq[s0] + c0 * lq, ck[s0] + c0 * lk
+            qb, gb, kb, vb = qr[c0: c0 + m], gr[c0: c0 + m], kr[c0: c0 + m], vr[c0: c0 + m]
+            lb = lse_c[rq: rq + m * lq].view(m, lq, hq).transpose(1, 2).unsqueeze(-1)
+            delta = delta_all[rq: rq + m * lq].view(m, lq, hq).transpose(1, 2).unsqueeze(-1)
+            s = torch.matmul(qb, kb.transpose(-1, -2)).mul_(scale)
+            if bias_b is not None:
+                s.add_(bias_b)
+            if hide is not None:
+                s.masked_fill_(hide, NEG_INF)
+            p = s.sub_(lb).exp_()
+            dvT = torch.matmul(gb.transpose(-1, -2), p)  # (m, H, Dv, Lk)
+            dp = torch.matmul(gb, vb.transpose(-1, -2))
+            ds = dp.sub_(delta).mul_(p)
+            dqT = torch.matmul(kb.transpose(-1, -2), ds.transpose(-1, -2)).mul_(scale)  # (m, H, D, Lq)
+            dkT = torch.matmul(qb.transpose(-1, -2), ds).mul_(scale)  # (m, H, D, Lk)
+            dq[rq: rq + m * lq].view(m, lq, hq, -1).copy_(dqT.permute(0, 3, 1, 2))
+            dk[rk: rk + m * lk].view(m, lk, hk, -1).copy_(_reduce_heads(dkT, hk).permute(0, 3, 1, 2))
+            dv[rk: rk + m * lk].view(m, lk, hk, -1).copy_(_reduce_heads(dvT, hk).permute(0, 3, 1, 2))
+            if dacc is not None:
+                dacc += ds.sum(0)  # (Hq, Lq, Lk): the run shares one bias block
+        if dacc is not None:
+            d = dacc.sum(0, keepdim=True) if bias.shape[1] == 1 else dacc
+            dbias[bs[s0]: bs[s0] + lq * lk].view(lq, lk, -1).add_(d.permute(1, 2, 0))
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None if dbias is None else dbias.to(bias.dtype)
