@@ -35,7 +35,7 @@ from torch_multijagged.ops.attention import backend
 sdpa = F.scaled_dot_product_attention
 H, D = 2, 3
 #: None is the dispatcher's own choice; the others are forced (NOTE [ Attention backends ])
-CPU_BACKENDS = (None, "reference", "loop", "bucketed")
+CPU_BACKENDS = (None, "reference", "loop", "bucketed", "blocks")
 _TRITON_MODULE = Path(__file__).parent.parent / "torch_multijagged" / "compile" / "triton_attention.py"
 
 
