@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
 
 import torch_multijagged as mj
 from torch_multijagged.kernels import pair_mm as kpm

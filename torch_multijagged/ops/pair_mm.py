@@ -88,12 +88,12 @@ def pair_product(terms: list[str], operands: list, out: str):
         # product's rows are the output's first ragged dim and no ragged transpose (a copy) follows
         a, b, ta, tb, ra, rb, u, v = b, a, tb, ta, rb, ra, v, u
 
-    def canonical(x, term, r):
+    def canonical(x, term):
         """x with dims (batch, its two ragged dims in storage order, static dims in out order)."""
         order = [0] + list(x._ragged_dims) + [term.index(c) for c in so]
         return x.permute(order) if order != list(range(x.dim())) else x
 
-    a, b = canonical(a, ta, ra), canonical(b, tb, rb)
+    a, b = canonical(a, ta), canonical(b, tb)
     if a.shape[3:] != b.shape[3:]:
         return None  # broadcasting static sizes: the general path
     res = mj.pair_matmul(a, b, ra[0] == k, rb[1] == k)  # rows u, columns v
