@@ -532,31 +532,7 @@ def profile_methods(block: PairBlock, methods: dict[str, tuple[Method, Any]], st
 
 
 def plot(path: str, results: dict, method_names: list[str], title: str) -> Optional[str]:
-    plt = h.optional_import("matplotlib.pyplot")
-    if plt is None:
-        return "matplotlib not installed (pip install -e '.[bench]'); --plot skipped"
-    regimes = list(results)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
-    width = 0.8 / len(method_names)
-    for k, n in enumerate(method_names):
-        xs = [i + (k - (len(method_names) - 1) / 2) * width for i in range(len(regimes))]
-        sp = [results[r]["methods"].get(n, {}).get("speedup_vs_padded") or 0.0 for r in regimes]
-        mem = [(results[r]["methods"].get(n, {}).get("peak_bytes") or 0) / 2**20 for r in regimes]
-        ax1.bar(xs, sp, width, label=n)
-        ax2.bar(xs, mem, width, label=n)
-    for i, r in enumerate(regimes):  # the ceiling of what removing pair padding can buy
-        ax1.hlines(1 / results[r]["rho_pair"], i - 0.45, i + 0.45, colors="k", linestyles="--",
-                   label="1/ρ_pair" if i == 0 else None)
-    for ax, ylabel in ((ax1, "speedup vs padded (median of paired rounds)"), (ax2, "peak live MB in a step")):
-        ax.set_xticks(range(len(regimes)))
-        ax.set_xticklabels([f"{r}\nρ_pair={results[r]['rho_pair']:.2f}" for r in regimes])
-        ax.set_ylabel(ylabel)
-    ax1.axhline(1.0, color="grey", lw=0.5)
-    ax1.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return None
+    return h.plot_regimes(path, results, method_names, title)
 
 
 # --- main ---------------------------------------------------------------------------------------

@@ -500,29 +500,7 @@ def goal_lines(results: dict, compiled: dict) -> list[str]:
 
 
 def plot(path: str, results: dict, names: list[str], title: str) -> Optional[str]:
-    plt = h.optional_import("matplotlib.pyplot")
-    if plt is None:
-        return "matplotlib not installed (pip install -e '.[bench]'); --plot skipped"
-    regimes = list(results)
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4))
-    width = 0.8 / len(names)
-    for k, n in enumerate(names):
-        xs = [i + (k - (len(names) - 1) / 2) * width for i in range(len(regimes))]
-        ax1.bar(xs, [results[r]["methods"].get(n, {}).get("speedup_vs_padded") or 0.0 for r in regimes], width, label=n)
-        ax2.bar(xs, [(results[r]["methods"].get(n, {}).get("peak_bytes") or 0) / 2**20 for r in regimes], width, label=n)
-    for i, r in enumerate(regimes):
-        ax1.hlines(1 / results[r]["rho_pair"], i - 0.45, i + 0.45, colors="k", linestyles="--",
-                   label="1/ρ_pair" if i == 0 else None)
-    for ax, ylabel in ((ax1, "speedup vs padded (median of paired rounds)"), (ax2, "peak live MiB in a step")):
-        ax.set_xticks(range(len(regimes)))
-        ax.set_xticklabels([f"{r}\nρ_pair={results[r]['rho_pair']:.2f}" for r in regimes])
-        ax.set_ylabel(ylabel)
-    ax1.axhline(1.0, color="grey", lw=0.5)
-    ax1.legend(fontsize=8)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    return None
+    return h.plot_regimes(path, results, names, title)
 
 
 def main() -> None:

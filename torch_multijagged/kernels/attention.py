@@ -427,16 +427,19 @@ def attention_bucketed(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=Non
     return out[:t], lse[:t]
 
 
+def _grad_buffers(q, k, v, bias, need_dbias: bool):
+    """Zeroed ``(dq, dk, dv, dbias)`` accumulators in the compute dtype (``dbias`` None unless asked)."""
+    ct = _compute_dtype(q.dtype)
+    z = [torch.zeros(t.shape, dtype=ct, device=q.device) for t in (q, k, v)]
+    return (*z, torch.zeros(bias.shape, dtype=ct, device=q.device) if need_dbias else None)
+
+
 def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bias_start=None, keep=None,
                                 causal=False, scale=None, dropout_p=0.0, need_dbias=False, *, buckets=None,
                                 slack=0.15, floor=4096, fused=True):
     scale = _scale(q, scale)
     hq, hk = q.shape[1], k.shape[1]
-    ct = _compute_dtype(q.dtype)
-    dq = torch.zeros(q.shape, dtype=ct, device=q.device)
-    dk = torch.zeros(k.shape, dtype=ct, device=q.device)
-    dv = torch.zeros(v.shape, dtype=ct, device=q.device)
-    dbias = torch.zeros(bias.shape, dtype=ct, device=q.device) if need_dbias else None
+    dq, dk, dv, dbias = _grad_buffers(q, k, v, bias, need_dbias)
     cs = score_offsets(cu_q, cu_k) if keep is not None else None
     for bk in _buckets(cu_q, cu_k, buckets, slack, floor)[0]:
         qb = bk.gather_q(q)

@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 
 from .attention import (
-    NEG_INF, _compute_dtype, _dense_forward, _expand_heads, _host_lengths, _reduce_heads, _scale, attention_bucketed,
+    NEG_INF, _compute_dtype, _dense_forward, _grad_buffers, _expand_heads, _host_lengths, _reduce_heads, _scale, attention_bucketed,
     attention_bucketed_backward,
 )
 
@@ -105,10 +105,7 @@ def attention_blocks_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, bi
     scale = _scale(q, scale)
     hq, hk = q.shape[1], k.shape[1]
     ct = _compute_dtype(q.dtype)
-    dq = torch.zeros(q.shape, dtype=ct, device=q.device)
-    dk = torch.zeros(k.shape, dtype=ct, device=q.device)
-    dv = torch.zeros(v.shape, dtype=ct, device=q.device)
-    dbias = torch.zeros(bias.shape, dtype=ct, device=q.device) if need_dbias else None
+    dq, dk, dv, dbias = _grad_buffers(q, k, v, bias, need_dbias)
     runs = block_runs(cu_q, cu_k, bias_start)
     cq, ck = cu_q.tolist(), cu_k.tolist()  # SYNC: none (CPU path: host tensors)
     bs = bias_start.tolist() if bias_start is not None else None
