@@ -74,7 +74,7 @@ from torch.nested._internal.nested_tensor import get_tensor_symint
 
 from .kernels import reference as ref
 
-__all__ = ["RaggedExtent", "Partition", "same_extent", "partition_for", "register_partition"]
+__all__ = ["RaggedExtent", "Partition", "same_extent", "partition_for", "register_partition", "mapped_extent", "flat_extent"]
 
 
 def _mark_dynamic0(t: torch.Tensor) -> torch.Tensor:
@@ -366,6 +366,39 @@ def partition_for(extents: Sequence[RaggedExtent]) -> Partition:
         return hit
     p = cache[key] = Partition.from_extents(extents)
     return p
+
+
+def mapped_extent(e: RaggedExtent, key, lengths_of) -> RaggedExtent:
+    """The extent whose per-sample sizes are ``lengths_of(e.host_lengths())`` (a (B,) int64 host
+    tensor), cached on ``e`` under ``("mapped", key)``: ``key`` names the size map (e.g. a
+    strided window's ``(kernel, stride, padding, dilation)``), so two ops that map the same extent
+    by the same rule give one nested int (a strided conv and a pooling of the same geometry can be
+    added). A map that keeps every size returns ``e`` itself. Eager only (host lengths)."""
+    k = ("mapped", key)
+    hit = e.cache.get(k)
+    if hit is None:
+        host = e.host_lengths()
+        out = lengths_of(host).to(torch.int64)
+        hit = e if torch.equal(out, host) else RaggedExtent.from_lengths(out, e.offsets.device)
+        e.cache[k] = hit
+    return hit
+
+
+def flat_extent(p: Partition) -> RaggedExtent:
+    """The extent of ``p``'s ragged dims flattened into one (per-sample size Π_k n_k, offsets the
+    partition's row offsets, so rows keep their order), cached on ``p``; its partition remembers
+    ``p`` (``("unflat",)``) so that unflattening back gives ``p`` and its nested ints."""
+    def compute(p: Partition) -> RaggedExtent:
+        if p.nragged == 1:
+            return p.extents[0]
+        prod = p.extents[0].host_lengths()
+        for e in p.extents[1:]:
+            prod = prod * e.host_lengths()
+        e = RaggedExtent.from_lengths(prod, p.offsets.device, offsets=p.offsets)
+        partition_for([e]).cache[("unflat",)] = p
+        return e
+
+    return p.derived(("flat",), compute)
 
 
 def register_partition(p: Partition) -> Partition:

@@ -1,0 +1,294 @@
+"""Windowed ops (convolutions, pooling) over ragged spatial dims, computed on a canvas.
+
+NOTE [ Canvas ]
+
+A batch of images of different sizes ``(B, C, j0, j1)`` is stored as packed pixel rows
+``(P, C)``, ``P = Σ hᵢ·wᵢ``, row-major ``(h, w)`` per sample. A windowed op (conv, pooling,
+transposed conv) must see each image on its own, with the op's zero padding around it. We place
+every image once on one canvas ``(1, C, H_c, W_c)`` — channels last, so a canvas pixel is a row
+and the copy is a row gather — with *gutters* of zeros (``-inf`` for max pooling) between them,
+run the dense op once on the canvas, and gather each image's output pixels back. The canvas op is
+the dense op (oneDNN on the CPU), called once per layer whatever B is; its autograd is dense
+autograd (``index_copy`` in, ``index_select`` out), so any order of gradients works.
+
+Exactness. Per axis, output pixel ``o`` of an image placed at ``X`` reads the canvas at
+``X + o·s − p_l + j·d`` (``j < k``): image pixels, or positions up to ``p_l`` before it and
+``r = max(0, (out−1)·s − p_l + d(k−1) − (n−1))`` after it. A gutter of ``max(p_l, r)`` between
+neighbours (and a trailing margin) makes every such position a zero (or ``-inf``) that belongs
+to no image — exactly the dense op's padding. Origins are aligned to the stride (``X ≡ 0 mod s``)
+so that the canvas op's output grid, with canvas padding ``p_l``, starts each image's output at
+``X / s``. Transposed convolutions scatter instead of gather: image input ``i`` reaches canvas
+output ``(X+i)·s + j·d``; with canvas padding 0 the image's output starts at ``X·s + p_l`` and a
+gutter of ``⌊(d(k−1) − p_l + output_padding)/s⌋ + 1`` keeps neighbours' scatters apart.
+Average pooling sums on the canvas (``divisor_override=1``) and divides by dense torch's
+per-window divisor, computed from each image's own size (``avg_divisor``), so ``ceil_mode`` and
+``count_include_pad`` follow dense exactly.
+
+Packing. Images are placed by shelf packing (sorted by height, rows of a common width) over a
+few canvas widths, keeping the smallest canvas; with sides 32–128 the canvas holds 0.85–0.95
+image pixels per canvas pixel (``CanvasPlan.occupancy``), against ``ρ = Σ hᵢwᵢ / (B·H·W)`` for
+the padded envelope (docs/design.md §19 has the measurements). Plans depend only on the sizes
+and the window geometry; callers cache them on the partition (NOTE [ Derived maps ]).
+
+This module is pure torch on host sizes; it knows nothing of the subclass.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "from_canvas", "avg_divisor", "local_index"]
+
+
+@dataclass(frozen=True)
+class Window:
+    """One spatial axis of a windowed op, in dense torch's terms."""
+
+    kernel: int
+    stride: int
+    pad_l: int
+    pad_r: int
+    dilation: int = 1
+    ceil_mode: bool = False
+    transposed: bool = False
+    output_padding: int = 0
+
+    def out_len(self, n: Tensor) -> Tensor:
+        """Dense torch's output size for input sizes ``n`` (int64), unclamped (may be ≤ 0)."""
+        k_eff = self.dilation * (self.kernel - 1)
+        if self.transposed:
+            return (n - 1) * self.stride - self.pad_l - self.pad_r + k_eff + self.output_padding + 1
+        num = n + self.pad_l + self.pad_r - k_eff - 1
+        if self.ceil_mode:
+            out = torch.div(num + self.stride - 1, self.stride, rounding_mode="floor") + 1
+            # pooling_output_shape: the last window must start inside the input or its left padding
+            return torch.where((out - 1) * self.stride >= n + self.pad_l, out - 1, out)
+        return torch.div(num, self.stride, rounding_mode="floor") + 1
+
+    def rule(self) -> tuple:
+        """A key naming the size map ``n ↦ out_len(n)`` (``n ↦ 0`` at 0, ``output_sizes``): equal
+        keys, equal maps, so ops of one rule on one extent share the output's nested int."""
+        k_eff = self.dilation * (self.kernel - 1)
+        if self.transposed:
+            return ("affine", self.stride, -self.pad_l - self.pad_r + k_eff + self.output_padding + 1)
+        a = self.pad_l + self.pad_r - k_eff - 1
+        if self.ceil_mode:
+            return ("ceil", a, self.stride, self.pad_l)
+        return ("floor", a, self.stride)
+
+    def gutter(self, n: Tensor, out: Tensor) -> int:
+        """Zeros needed between two images along this axis (NOTE [ Canvas ])."""
+        k_eff = self.dilation * (self.kernel - 1)
+        if self.transposed:
+            return max(0, (k_eff - self.pad_l + self.output_padding) // self.stride) + 1
+        over = (out - 1) * self.stride - self.pad_l + k_eff - (n - 1)
+        r = int(over.clamp(min=0).max()) if n.numel() else 0
+        return max(self.pad_l, r)
+
+    @property
+    def align(self) -> int:
+        return 1 if self.transposed else self.stride
+
+
+@dataclass
+class CanvasPlan:
+    """Where every image sits on the canvas and where its output lands."""
+
+    shape: tuple[int, ...]  # input canvas spatial shape
+    out_shape: tuple[int, ...]  # the canvas op's output spatial shape
+    in_index: Tensor  # (P,) canvas pixel of every input pixel row
+    out_index: Tensor  # (P',) output-canvas pixel of every output pixel row
+    origins: Tensor  # (B, S) host: each image's origin on the input canvas
+    out_origins: Tensor  # (B, S) host: each image's output origin on the output canvas
+    in_sizes: Tensor  # (B, S) host
+    out_sizes: Tensor  # (B, S) host
+    pixel_sample: Tensor  # (P',) sample of every output pixel row (device)
+    occupancy: float  # input pixels / canvas pixels
+
+
+def _align(x: int, a: int) -> int:
+    return -(-x // a) * a
+
+
+def _shelves(h: list[int], w: list[int], order: list[int], width: int, gh: int, gw: int, ah: int, aw: int):
+    """Shelf packing of boxes ``(h, w)`` in ``order`` into rows of ``width``; returns
+    ``(origins, used_height, used_width)``."""
+    pos = {}
+    x = y = shelf = used_w = 0
+    for i in order:
+        x = _align(x, aw)
+        if x and x + w[i] > width:
+            y = _align(y + shelf + gh, ah)
+            x = shelf = 0
+        pos[i] = (y, x)
+        shelf = max(shelf, h[i])
+        used_w = max(used_w, x + w[i])
+        x += w[i] + gw
+    return pos, y + shelf, used_w
+
+
+def output_sizes(op: str, sizes: Tensor, windows: Sequence[Window]) -> Tensor:
+    """(B, S) per-sample output sizes: ``Window.out_len`` per axis, and 0 along an axis of size
+    0 (an empty image has an empty output: the batch's way of holding no image, where the dense
+    op would raise on empty input). Each axis is a function of that axis' input size alone, so a
+    ragged input extent maps to a ragged output extent (``Window.rule``). Raises where dense
+    torch raises: an image with pixels whose output would be empty."""
+    raw = torch.stack([w.out_len(sizes[:, a]) for a, w in enumerate(windows)], 1)
+    bad = (sizes.prod(1) > 0) & (raw < 1).any(1)
+    if bool(bad.any()):
+        i = int(bad.nonzero()[0])
+        size = "×".join(str(int(n)) for n in sizes[i])
+        want = "×".join(str(int(n)) for n in raw[i])
+        raise ValueError(
+            f"{op}(): sample {i} of spatial size {size} is smaller than the window: its output would have "
+            f"size {want} (the dense op raises for it)"
+        )
+    return torch.where(sizes == 0, torch.zeros_like(raw), raw.clamp(min=0))
+
+
+def plan_canvas(sizes: Tensor, windows: Sequence[Window], device: torch.device) -> CanvasPlan:
+    """The canvas for images of ``sizes`` ((B, S) int64 host, S = 1 or 2) under ``windows``
+    (one per axis); ``output_sizes`` must have accepted the sizes."""
+    b, s = sizes.shape
+    outs = torch.where(sizes == 0, torch.zeros_like(sizes), torch.stack([w.out_len(sizes[:, a]) for a, w in enumerate(windows)], 1).clamp(min=0))
+    area = sizes.prod(1) if s else sizes.new_zeros(b)
+    # Every image with pixels is placed (its pixels must land somewhere that no other image reads);
+    # the gutters are sized by the images that have an output.
+    placed = [i for i in range(b) if int(area[i]) > 0]
+    live = [i for i in placed if int(outs[i].prod()) > 0]
+    gut = [w.gutter(sizes[live, a], outs[live, a]) if live else 0 for a, w in enumerate(windows)]
+    producing, live = live, placed
+    origins = torch.zeros(b, s, dtype=torch.int64)
+    if s == 1:
+        (g,), (a,) = gut, (windows[0].align,)
+        x = 0
+        for i in live:
+            x = _align(x, a)
+            origins[i, 0] = x
+            x += int(sizes[i, 0]) + g
+        shape = (max(x, 1) + g,)
+    else:
+        hs, ws = sizes[:, 0].tolist(), sizes[:, 1].tolist()
+        gh, gw = gut
+        ah, aw = windows[0].align, windows[1].align
+        order = sorted(live, key=lambda i: (-hs[i], -ws[i]))
+        best = None
+        if live:
+            total = sum((hs[i] + gh) * (ws[i] + gw) for i in live)
+            widest = max(ws[i] for i in live)
+            cands = {max(widest, int(math.sqrt(total) * f)) for f in (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.4, 1.6, 2.0, 3.0)}
+            for width in sorted(cands):
+                pos, uh, uw = _shelves(hs, ws, order, width, gh, gw, ah, aw)
+                cost = (uh + gh) * (uw + gw)
+                if best is None or cost < best[0]:
+                    best = (cost, pos, uh, uw)
+        if best is None:
+            shape = (1 + gh, 1 + gw)
+        else:
+            _, pos, uh, uw = best
+            for i, (y, x) in pos.items():
+                origins[i, 0], origins[i, 1] = y, x
+            shape = (uh + gh, uw + gw)
+    # Trailing margin: a transposed conv's output may run past its input footprint.
+    # A canvas at least one window wide (an all-empty batch still runs the op once).
+    shape = tuple(
+        max(n + (w.output_padding + w.pad_l + 1 if w.transposed else 0), w.dilation * (w.kernel - 1) + 1)
+        for n, w in zip(shape, windows)
+    )
+    out_shape, out_origins = [], torch.zeros(b, s, dtype=torch.int64)
+    for a, w in enumerate(windows):
+        canvas_n = torch.tensor([shape[a]])
+        if w.transposed:
+            out_shape.append(int(Window(w.kernel, w.stride, 0, 0, w.dilation, transposed=True).out_len(canvas_n)))
+            out_origins[:, a] = origins[:, a] * w.stride + w.pad_l
+        else:
+            full = Window(w.kernel, w.stride, w.pad_l, w.pad_l, w.dilation)
+            out_shape.append(int(full.out_len(canvas_n)))
+            out_origins[:, a] = origins[:, a] // w.stride
+    ends = out_origins + outs
+    if producing and bool((ends[producing] > torch.tensor(out_shape)).any()):  # pragma: no cover - planner invariant
+        raise AssertionError(f"canvas plan: an output runs past the canvas {sizes.tolist()} {windows} {out_shape} {ends.tolist()} {shape}")
+    in_index = _pixel_index(sizes, origins, shape, device)
+    out_index = _pixel_index(outs, out_origins, tuple(out_shape), device)
+    sample = torch.repeat_interleave(torch.arange(b), outs.prod(1) if s else torch.zeros(b, dtype=torch.int64)).to(device)
+    canvas_px = math.prod(shape)
+    occ = float(area.sum()) / canvas_px if canvas_px else 1.0
+    return CanvasPlan(shape, tuple(out_shape), in_index, out_index, origins, out_origins, sizes, outs, sample, occ)
+
+
+def _pixel_index(sizes: Tensor, origins: Tensor, shape: tuple[int, ...], device) -> Tensor:
+    """(Σ Π sizes,) canvas pixel (row-major over ``shape``) of every pixel of every image, in
+    sample-major, row-major order."""
+    counts = sizes.prod(1)
+    total = int(counts.sum())
+    sample = torch.repeat_interleave(torch.arange(sizes.shape[0]), counts)
+    start = torch.cumsum(counts, 0) - counts
+    local = torch.arange(total) - start[sample]
+    if sizes.shape[1] == 1:
+        idx = origins[sample, 0] + local
+    else:
+        w = sizes[sample, 1]
+        idx = (origins[sample, 0] + torch.div(local, w, rounding_mode="floor")) * shape[1] + origins[sample, 1] + local % w
+    return idx.to(device)
+
+
+def to_canvas(rows: Tensor, plan: CanvasPlan, fill: float = 0.0) -> Tensor:
+    """``rows (P, C)`` placed on the canvas: ``(1, C, *plan.shape)``, channels last."""
+    c = rows.shape[1]
+    base = rows.new_full((math.prod(plan.shape), c), fill)
+    canvas = base.index_copy(0, plan.in_index, rows)
+    return canvas.view(1, *plan.shape, c).movedim(-1, 1)
+
+
+def from_canvas(out: Tensor, plan: CanvasPlan) -> Tensor:
+    """Every image's output pixels ``(P', C')`` from the canvas op's output ``(1, C', *out_shape)``."""
+    c = out.shape[1]
+    flat = out.movedim(1, -1).reshape(-1, c)
+    return flat.index_select(0, plan.out_index)
+
+
+def local_index(canvas_index: Tensor, plan: CanvasPlan) -> Tensor:
+    """Max pooling's ``return_indices``: canvas pixels → each image's flat index (dense torch's
+    convention: ``h · w_i + w`` within the sample)."""
+    sample = plan.pixel_sample
+    if len(plan.shape) == 1:
+        return canvas_index - plan.origins[:, 0].to(canvas_index.device)[sample].unsqueeze(1)
+    wc = plan.shape[1]
+    org = plan.origins.to(canvas_index.device)[sample]
+    w = plan.in_sizes.to(canvas_index.device)[sample, 1]
+    cy = torch.div(canvas_index, wc, rounding_mode="floor") - org[:, :1]
+    cx = canvas_index % wc - org[:, 1:]
+    return cy * w.unsqueeze(1) + cx
+
+
+def avg_divisor(plan: CanvasPlan, windows: Sequence[Window], count_include_pad: bool,
+                divisor_override: Optional[int], dtype: torch.dtype, device) -> Tensor:
+    """(P', 1) dense torch's average-pooling divisor of every output pixel, from its image's
+    size (``avg_pool2d``'s CPU kernel: the window clipped to the padded input for
+    ``count_include_pad``, to the input otherwise)."""
+    outs = plan.out_sizes
+    b, s = outs.shape
+    counts = outs.prod(1)
+    total = int(counts.sum())
+    if divisor_override:
+        return torch.full((total, 1), float(divisor_override), dtype=dtype, device=device)
+    sample = torch.repeat_interleave(torch.arange(b), counts)
+    start = torch.cumsum(counts, 0) - counts
+    local = torch.arange(total) - start[sample]
+    coords = [local] if s == 1 else [torch.div(local, outs[sample, 1], rounding_mode="floor"), local % outs[sample, 1]]
+    div = torch.ones(total, dtype=torch.int64)
+    for a, w in enumerate(windows):
+        n = plan.in_sizes[sample, a]
+        lo = coords[a] * w.stride - w.pad_l
+        hi = torch.minimum(lo + w.kernel, n + w.pad_r)
+        if count_include_pad:
+            div = div * (hi - lo)
+        else:
+            div = div * (torch.minimum(hi, n) - lo.clamp(min=0))
+    return div.to(device=device, dtype=dtype).unsqueeze(1)

@@ -1,0 +1,329 @@
+"""Convolution, transposed convolution and pooling over ragged spatial dims.
+
+Images ``(B, C, j0, j1)`` and signals ``(B, C, j0)`` (channels first, as torchvision code writes
+them; any spatial dim may also be static, e.g. ``(B, C, 32, j0)`` for text lines of one height):
+``conv1d``/``conv2d`` (any kernel, stride, padding including ``"same"``, dilation, groups, bias),
+``conv_transpose1d``/``conv_transpose2d``, ``max_pool2d`` (``return_indices`` too) and
+``avg_pool2d``, per sample equal to the dense op on each image. They run as one dense op over a
+canvas that holds every image (NOTE [ Canvas ] in ``kernels/canvas.py``), never a per-sample loop.
+
+Extents. An op whose window keeps a size (stride-1 ``"same"`` convs) keeps that dim's nested int;
+one that changes sizes gives the dim a new extent, ``structure.mapped_extent`` keyed by the size
+rule (``Window.rule``), so two ops of one rule on one extent — a strided conv and a pooling of
+the same geometry, the two branches of a ResNet downsampling block — give the same nested int and
+can be added. Sample sizes follow dense torch (``kernels.canvas.output_sizes``: an image smaller
+than the window raises naming the sample; an empty image gives an empty output).
+
+Autograd is dense autograd on the packed values (the canvas copy in, the dense op, the gather
+out), so every order of gradients works. New extents are built from host sizes, so these ops run
+eagerly; under ``torch.compile`` stride-1 convolutions that keep every size go through
+``multijagged::spatial_conv`` (``compile/spatial.py``), and the rest raise naming the op.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..bridge import values_of, wrap_values
+from ..errors import StructureError
+from ..kernels import canvas as cv
+from ..structure import mapped_extent, partition_for
+from ._common import MJT, describe, wrap
+from .routes import _needs_grad, route
+
+__all__ = ["is_ragged_spatial", "conv", "pool"]
+
+
+def is_ragged_spatial(x, nspatial: int) -> bool:
+    """Components ``(C, *spatial)`` with some spatial dim ragged (and the channel dim static)."""
+    return isinstance(x, MJT) and x.dim() == nspatial + 2 and bool(x._ragged_dims) and max(x._ragged_dims) >= 2
+
+
+def _check_layout(op: str, x: MJT, nspatial: int, weight=None) -> None:
+    if 1 in x._ragged_dims:
+        raise StructureError(
+            f"{op}(): expected a static channel dim (dim 1) in {describe(x)}, but it is ragged for layout "
+            "torch.multi_jagged; channels must have one size across the batch"
+        )
+    if x.dim() != nspatial + 2:
+        raise ValueError(
+            f"{op}(): expected a ({'B, C, ' + ', '.join(['L'] * nspatial)}) input with {nspatial} spatial dim"
+            f"{'s' if nspatial > 1 else ''}, got {describe(x)}"
+        )
+    if weight is not None and (not isinstance(weight, torch.Tensor) or isinstance(weight, MJT) or weight.dim() != nspatial + 2):
+        got = f"{weight.dim()}-D" if isinstance(weight, torch.Tensor) else type(weight).__name__
+        raise ValueError(
+            f"{op}(): expected a dense {nspatial + 2}-D weight for the input {describe(x)} ({nspatial} spatial dim"
+            f"{'s' if nspatial > 1 else ''}), got {got}"
+        )
+
+
+def _tuple(op: str, v, n: int, name: str) -> tuple[int, ...]:
+    if isinstance(v, (list, tuple)):
+        if len(v) == 1:
+            v = tuple(v) * n
+        if len(v) != n:
+            raise ValueError(f"{op}(): expected {name} to be an int or {n} ints, got {v}")
+        return tuple(int(a) for a in v)
+    return (int(v),) * n
+
+
+# ----------------------------------------------------------------------------- pixel rows
+def _sizes(x: MJT, nspatial: int) -> torch.Tensor:
+    """(B, S) host spatial sizes."""
+    b = x._partition.batch
+    cols = []
+    for d in range(2, 2 + nspatial):
+        if d in x._ragged_dims:
+            cols.append(x._partition.extents[x._ragged_dims.index(d)].host_lengths())
+        else:
+            cols.append(torch.full((b,), int(x.shape[d]), dtype=torch.int64))
+    return torch.stack(cols, 1) if cols else torch.zeros(b, 0, dtype=torch.int64)
+
+
+def _canonical(x: MJT, nspatial: int) -> bool:
+    """Values are the pixel rows ``(P, C)`` themselves: every spatial dim ragged, in order."""
+    return x._ragged_dims == tuple(range(2, 2 + nspatial))
+
+
+def _element_pixels(partition, ragged_dims, static: dict, nspatial: int, sizes: torch.Tensor) -> torch.Tensor:
+    """For values ``(T, C, *static spatial)`` read as elements ``(T·Q, C)`` (channels moved
+    last), each element's pixel row: sample-major, row-major over the spatial dims."""
+    dev = partition.offsets.device
+    sample, coords = partition.row_coords()
+    t_rows = sample.shape[0]
+    qs = [static[d] for d in range(2, 2 + nspatial) if d in static]
+    q = math.prod(qs)
+    t = torch.arange(t_rows, device=dev).repeat_interleave(q)
+    qi = torch.arange(q, device=dev).repeat(t_rows)
+    s = sample[t]
+    sz = sizes.to(dev)
+    comp = []
+    rem = qi
+    static_coords = {}
+    for d in reversed([d for d in range(2, 2 + nspatial) if d in static]):
+        static_coords[d] = rem % static[d]
+        rem = torch.div(rem, static[d], rounding_mode="floor")
+    for d in range(2, 2 + nspatial):
+        comp.append(coords[t, ragged_dims.index(d)] if d in ragged_dims else static_coords[d])
+    counts = sz.prod(1)
+    poff = torch.cumsum(counts, 0) - counts
+    pix = comp[0]
+    for a in range(1, nspatial):
+        pix = pix * sz[s, a] + comp[a]
+    return poff[s] + pix
+
+
+def _pixel_rows(x: MJT, v: torch.Tensor, nspatial: int, sizes: torch.Tensor) -> torch.Tensor:
+    """``(P, C)`` pixel rows of ``x`` (values ``v``, differentiable)."""
+    if _canonical(x, nspatial):
+        return v
+    static = {d: int(x.shape[d]) for d in range(2, 2 + nspatial) if d not in x._ragged_dims}
+    key = ("pixel_rows", x._ragged_dims, tuple(sorted(static.items())), nspatial)
+    inv = x._partition.derived(key, lambda p: torch.argsort(_element_pixels(p, x._ragged_dims, static, nspatial, sizes)))
+    return v.movedim(1, -1).reshape(-1, v.shape[1]).index_select(0, inv)
+
+
+def _wrap_pixels(x: MJT, rows: torch.Tensor, out_sizes: torch.Tensor, windows, nspatial: int, grad: bool) -> MJT:
+    """The output tensor of pixel rows ``rows (P', C')``: each ragged spatial dim gets the
+    extent its window's rule maps it to (``mapped_extent``), each static one its new size."""
+    p = x._partition
+    extents = []
+    for k, d in enumerate(x._ragged_dims):
+        w = windows[d - 2]
+        ext = p.extents[k]
+        extents.append(mapped_extent(ext, w.rule(), lambda n, w=w: torch.where(n == 0, n, w.out_len(n).clamp(min=0))))
+    part = p if all(a is b for a, b in zip(extents, p.extents)) else partition_for(extents)
+    if _canonical(x, nspatial):
+        return wrap_values(rows, part, x._ragged_dims) if grad else wrap(rows, part, x._ragged_dims)
+    static = {d: int(out_sizes[0, d - 2]) if out_sizes.shape[0] else 0 for d in range(2, 2 + nspatial) if d not in x._ragged_dims}
+    key = ("pixel_rows_out", x._ragged_dims, tuple(sorted(static.items())), nspatial)
+    fwd = part.derived(key, lambda q: _element_pixels(q, x._ragged_dims, static, nspatial, out_sizes))
+    c = rows.shape[1]
+    vals = rows.index_select(0, fwd).view(-1, *[static[d] for d in sorted(static)], c).movedim(-1, 1).contiguous()
+    return wrap_values(vals, part, x._ragged_dims) if grad else wrap(vals, part, x._ragged_dims)
+
+
+def _eager_only(op: str) -> None:
+    if torch.compiler.is_compiling():
+        raise NotImplementedError(
+            f"{op}(): this window changes the per-sample sizes of a ragged spatial dim (a new extent, built on "
+            "the host), which torch.compile cannot trace for layout torch.multi_jagged; call it outside the "
+            "compiled region (stride-1 convolutions that keep every size do compile)"
+        )
+
+
+def _plan(op: str, x: MJT, windows, nspatial: int):
+    sizes = _sizes(x, nspatial)
+    out_sizes = cv.output_sizes(op, sizes, windows)
+    key = ("canvas", nspatial, tuple(windows), x._ragged_dims)
+    plan = x._partition.derived(key, lambda p: cv.plan_canvas(sizes, windows, x._values.device))
+    return sizes, out_sizes, plan
+
+
+def _run(op: str, x: MJT, windows, nspatial: int, fill: float, dense):
+    """Pixel rows → canvas → ``dense(canvas)`` → output pixel rows → tensor."""
+    _eager_only(op)
+    sizes, out_sizes, plan = _plan(op, x, windows, nspatial)
+    grad = _needs_grad(x)
+    v = values_of(x) if grad else x._values
+    rows = _pixel_rows(x, v, nspatial, sizes)
+    out = dense(cv.to_canvas(rows, plan, fill), plan)
+    extra = None
+    if isinstance(out, tuple):
+        out, extra = out
+    res = cv.from_canvas(out, plan)
+    grad = grad or res.requires_grad
+    return _wrap_pixels(x, res, out_sizes, windows, nspatial, grad), plan, out_sizes, extra
+
+
+# ----------------------------------------------------------------------------- convolutions
+_CONV = {1: F.conv1d, 2: F.conv2d}
+_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d}
+
+
+def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+    _check_layout(op, input, nspatial, weight)
+    c = int(input.shape[1])
+    if weight.shape[1] * groups != c:
+        raise ValueError(
+            f"{op}(): expected an input with {weight.shape[1] * groups} channels (weight of shape "
+            f"{tuple(weight.shape)}, groups={groups}), got {c} channels in {describe(input)}"
+        )
+    k = tuple(weight.shape[2:])
+    s = _tuple(op, stride, nspatial, "stride")
+    d = _tuple(op, dilation, nspatial, "dilation")
+    if isinstance(padding, str):
+        if padding == "valid":
+            pads = [(0, 0)] * nspatial
+        elif padding == "same":
+            if any(a != 1 for a in s):
+                raise ValueError(f"{op}(): padding='same' is not supported for strided convolutions")
+            pads = [(dd * (kk - 1) // 2, dd * (kk - 1) - dd * (kk - 1) // 2) for kk, dd in zip(k, d)]
+        else:
+            raise ValueError(f"{op}(): invalid padding string {padding!r}, should be one of ('valid', 'same')")
+    else:
+        pads = [(a, a) for a in _tuple(op, padding, nspatial, "padding")]
+    windows = tuple(cv.Window(kk, ss, pl, pr, dd) for kk, ss, (pl, pr), dd in zip(k, s, pads, d))
+    fn = _CONV[nspatial]
+    pad_canvas = tuple(pl for pl, _ in pads)
+    out, *_ = _run(op, input, windows, nspatial, 0.0, lambda canvas, plan: fn(canvas, weight, bias, s, pad_canvas, d, groups))
+    return out
+
+
+def conv_transpose(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, padding=0, output_padding=0,
+                   groups=1, dilation=1):
+    _check_layout(op, input, nspatial, weight)
+    c = int(input.shape[1])
+    if weight.shape[0] != c:
+        raise ValueError(
+            f"{op}(): expected an input with {weight.shape[0]} channels (weight of shape {tuple(weight.shape)}), "
+            f"got {c} channels in {describe(input)}"
+        )
+    k = tuple(weight.shape[2:])
+    s = _tuple(op, stride, nspatial, "stride")
+    p = _tuple(op, padding, nspatial, "padding")
+    op_ = _tuple(op, output_padding, nspatial, "output_padding")
+    d = _tuple(op, dilation, nspatial, "dilation")
+    for a in range(nspatial):
+        if op_[a] >= s[a] and op_[a] >= d[a]:
+            raise ValueError(f"{op}(): output padding must be smaller than either stride or dilation, got {op_}")
+    windows = tuple(cv.Window(k[a], s[a], p[a], p[a], d[a], transposed=True, output_padding=op_[a]) for a in range(nspatial))
+    fn = _CONV_T[nspatial]
+    out, *_ = _run(op, input, windows, nspatial, 0.0, lambda canvas, plan: fn(canvas, weight, bias, s, 0, 0, groups, d))
+    return out
+
+
+# ----------------------------------------------------------------------------- pooling
+def _low(dtype: torch.dtype) -> float:
+    return float("-inf") if dtype.is_floating_point else float(torch.iinfo(dtype).min)
+
+
+def pool(op: str, nspatial: int, input: MJT, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
+         return_indices=False, count_include_pad=True, divisor_override=None):
+    _check_layout(op, input, nspatial)
+    k = _tuple(op, kernel_size, nspatial, "kernel_size")
+    s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else _tuple(op, stride, nspatial, "stride")
+    p = _tuple(op, padding, nspatial, "padding")
+    d = _tuple(op, dilation, nspatial, "dilation")
+    for a in range(nspatial):
+        if p[a] > k[a] // 2:
+            raise ValueError(f"{op}(): pad should be at most half of effective kernel size, but got pad={p[a]}, kernel_size={k[a]}")
+        if k[a] < 1 or s[a] < 1 or d[a] < 1:
+            raise ValueError(f"{op}(): kernel_size, stride and dilation must be positive, got {k}, {s}, {d}")
+    windows = tuple(cv.Window(k[a], s[a], p[a], p[a], d[a], ceil_mode=bool(ceil_mode)) for a in range(nspatial))
+    is_max = op.startswith("max")
+    if is_max:
+        fn = F.max_pool2d if nspatial == 2 else F.max_pool1d
+
+        def dense(canvas, plan):
+            return fn(canvas, k, s, p, d, False, return_indices)
+
+        out, plan, out_sizes, idx = _run(op, input, windows, nspatial, _low(input.dtype), dense)
+        if not return_indices:
+            return out
+        local = cv.local_index(cv.from_canvas(idx, plan), plan)
+        return out, _wrap_pixels(input, local, out_sizes, windows, nspatial, False)
+
+    def dense(canvas, plan):
+        if nspatial == 2:
+            return F.avg_pool2d(canvas, k, s, p, False, True, 1)
+        return F.avg_pool1d(canvas, k[0], s[0], p[0], False, True) * k[0]
+
+    out, plan, out_sizes, _ = _run(op, input, windows, nspatial, 0.0, dense)
+    div = cv.avg_divisor(plan, windows, count_include_pad, divisor_override, out.dtype, out.device)
+    return _divide(out, div, input, windows, nspatial, out_sizes)
+
+
+def _divide(out: MJT, div: torch.Tensor, input: MJT, windows, nspatial: int, out_sizes) -> MJT:
+    """``out / div`` with ``div`` given per output pixel row (sample-major, row-major)."""
+    return out / _wrap_pixels(input, div, out_sizes, windows, nspatial, False)
+
+
+# ----------------------------------------------------------------------------- routes
+def _conv_route(n: int):
+    name = _CONV[n].__name__
+
+    def routed(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
+        return conv(name, n, input, weight, bias, stride, padding, dilation, groups)
+
+    return routed
+
+
+def _conv_t_route(n: int):
+    name = f"conv_transpose{n}d"
+
+    def routed(input, weight, bias=None, stride=1, padding=0, output_padding=0, groups=1, dilation=1):
+        if not is_ragged_spatial(input, n):
+            return NotImplemented
+        return conv_transpose(name, n, input, weight, bias, stride, padding, output_padding, groups, dilation)
+
+    return routed
+
+
+for _n in (1, 2):
+    route(_CONV_T[_n])(_conv_t_route(_n))
+
+
+@route(F.max_pool2d, torch.max_pool2d)
+def _max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    if not is_ragged_spatial(input, 2):
+        return NotImplemented
+    return pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+@route(F.max_pool2d_with_indices)
+def _max_pool2d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=True):
+    if not is_ragged_spatial(input, 2):
+        return NotImplemented
+    return pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+@route(F.avg_pool2d)
+def _avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    if not is_ragged_spatial(input, 2):
+        return NotImplemented
+    return pool("avg_pool2d", 2, input, kernel_size, stride, padding, 1, ceil_mode, False, count_include_pad, divisor_override)
