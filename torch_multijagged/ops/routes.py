@@ -568,11 +568,15 @@ def _conv_route(fn, nspatial: int):
         1 ragged; aten's conv asks for concrete sizes, which a ragged dim has not."""
         if not isinstance(input, MJT) or isinstance(weight, MJT) or isinstance(bias, MJT):
             return NotImplemented
+        if nspatial < 3 and ((input._ragged_dims == (1,) and len(input._size) == nspatial + 2) or max(input._ragged_dims) >= 2):
+            from . import spatial  # ragged spatial dims: one dense conv over a canvas of the images
+
+            return spatial.conv(name, nspatial, input, weight, bias, *args, **kwargs)
         if input._ragged_dims != (1,) or len(input._size) != nspatial + 3:
             raise StructureError(
                 f"{name}(): expected components (n, C, {', '.join('L' * nspatial)}) with only dim 1 ragged "
                 f"(the conv's batch), got {describe(input)} with ragged dims {input._ragged_dims} for "
-                "layout torch.multi_jagged; to convolve along a ragged dim, pad with to_padded_tensor"
+                "layout torch.multi_jagged; conv1d and conv2d also take ragged spatial dims (B, C, j0[, j1])"
             )
         return bridged.conv(fn, input, weight, bias, *args, **kwargs)
 

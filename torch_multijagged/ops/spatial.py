@@ -28,22 +28,56 @@ import torch
 import torch.nn.functional as F
 
 from ..bridge import values_of, wrap_values
+from ..compile import spatial as csp
 from ..errors import StructureError
 from ..kernels import canvas as cv
-from ..structure import mapped_extent, partition_for
+from ..structure import RaggedExtent, mapped_extent, partition_for
+from . import register_multi_jagged_func
 from ._common import MJT, describe, wrap
 from .routes import _needs_grad, route
 
-__all__ = ["is_ragged_spatial", "conv", "pool"]
+mj = torch.ops.multijagged
+
+__all__ = ["is_ragged_spatial", "as_spatial", "conv", "conv_transpose", "pool"]
 
 
 def is_ragged_spatial(x, nspatial: int) -> bool:
-    """Components ``(C, *spatial)`` with some spatial dim ragged (and the channel dim static)."""
-    return isinstance(x, MJT) and x.dim() == nspatial + 2 and bool(x._ragged_dims) and max(x._ragged_dims) >= 2
+    """Components ``(C, *spatial)``: some spatial dim ragged, or dim 1 the only ragged one (how
+    ``nested_tensor`` lays out images that all have one size; ``as_spatial``)."""
+    return isinstance(x, MJT) and x.dim() == nspatial + 2 and bool(x._ragged_dims) and (
+        max(x._ragged_dims) >= 2 or x._ragged_dims == (1,)
+    )
+
+
+def as_spatial(op: str, x: MJT, nspatial: int) -> MJT:
+    """``x`` with its spatial dims ragged. Images of one size make ``nested_tensor`` (as
+    ``torch.jagged``) call dim 1 ragged: ``(B, j0, H, W)``. When every sample has the same size
+    there, it is the channel dim, and ``x`` is relaid as ``(B, C, j1, j2)`` (constant extents,
+    one nested int for equal sides); a dim 1 that truly varies is a ragged channel dim, an error."""
+    if x._ragged_dims != (1,):
+        return x
+    host = x._partition.extents[0].host_lengths()
+    if host.numel() and not bool((host == host[0]).all()):
+        raise StructureError(
+            f"{op}(): expected a static channel dim (dim 1) in {describe(x)}, but its sizes differ across the "
+            f"batch ({host.tolist()}) for layout torch.multi_jagged; channels must have one size"
+        )
+    b, c = x._partition.batch, int(host[0]) if host.numel() else 0
+    spatial = [int(n) for n in x.shape[2:]]
+    grad = _needs_grad(x)
+    v = values_of(x) if grad else x._values
+    rows = v.reshape(b, c, *spatial).movedim(1, -1).reshape(-1, c)
+    by_size: dict[int, object] = {}
+    for n in spatial:
+        if n not in by_size:
+            by_size[n] = RaggedExtent.from_lengths(torch.full((b,), n, dtype=torch.int64), x._values.device)
+    part = partition_for([by_size[n] for n in spatial])
+    dims = tuple(range(2, 2 + nspatial))
+    return wrap_values(rows, part, dims) if grad else wrap(rows, part, dims)
 
 
 def _check_layout(op: str, x: MJT, nspatial: int, weight=None) -> None:
-    if 1 in x._ragged_dims:
+    if 1 in x._ragged_dims and x._ragged_dims != (1,):
         raise StructureError(
             f"{op}(): expected a static channel dim (dim 1) in {describe(x)}, but it is ragged for layout "
             "torch.multi_jagged; channels must have one size across the batch"
@@ -187,6 +221,7 @@ _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d}
 
 def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     _check_layout(op, input, nspatial, weight)
+    input = as_spatial(op, input, nspatial)
     c = int(input.shape[1])
     if weight.shape[1] * groups != c:
         raise ValueError(
@@ -208,6 +243,8 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
     else:
         pads = [(a, a) for a in _tuple(op, padding, nspatial, "padding")]
     windows = tuple(cv.Window(kk, ss, pl, pr, dd) for kk, ss, (pl, pr), dd in zip(k, s, pads, d))
+    if torch.compiler.is_compiling() and _canonical(input, nspatial) and csp.keeps_sizes(k, s, pads, d):
+        return mj.spatial_conv(input, weight, bias, [a for pr in pads for a in pr], list(d), groups)
     fn = _CONV[nspatial]
     pad_canvas = tuple(pl for pl, _ in pads)
     out, *_ = _run(op, input, windows, nspatial, 0.0, lambda canvas, plan: fn(canvas, weight, bias, s, pad_canvas, d, groups))
@@ -217,6 +254,7 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
 def conv_transpose(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, padding=0, output_padding=0,
                    groups=1, dilation=1):
     _check_layout(op, input, nspatial, weight)
+    input = as_spatial(op, input, nspatial)
     c = int(input.shape[1])
     if weight.shape[0] != c:
         raise ValueError(
@@ -245,6 +283,7 @@ def _low(dtype: torch.dtype) -> float:
 def pool(op: str, nspatial: int, input: MJT, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
          return_indices=False, count_include_pad=True, divisor_override=None):
     _check_layout(op, input, nspatial)
+    input = as_spatial(op, input, nspatial)
     k = _tuple(op, kernel_size, nspatial, "kernel_size")
     s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else _tuple(op, stride, nspatial, "stride")
     p = _tuple(op, padding, nspatial, "padding")
@@ -281,6 +320,24 @@ def pool(op: str, nspatial: int, input: MJT, kernel_size, stride=None, padding=0
 def _divide(out: MJT, div: torch.Tensor, input: MJT, windows, nspatial: int, out_sizes) -> MJT:
     """``out / div`` with ``div`` given per output pixel row (sample-major, row-major)."""
     return out / _wrap_pixels(input, div, out_sizes, windows, nspatial, False)
+
+
+@register_multi_jagged_func(
+    mj.spatial_conv.default, "x: mjt, weight: t, bias: t?, padding: any, dilation: any, groups: any"
+)
+def spatial_conv_default(func, x, weight, bias, padding, dilation, groups):
+    out = mj.spatial_conv_rows(x._values, x._partition.device_sizes(), weight, bias, padding, dilation, groups)
+    return wrap(out, x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func(
+    mj.spatial_conv_param_grads.default,
+    "grad: mjt, x: mjt, weight: t, padding: any, dilation: any, groups: any, need_weight: any, need_bias: any",
+)
+def spatial_conv_param_grads_default(func, grad, x, weight, padding, dilation, groups, need_weight, need_bias):
+    return mj.spatial_conv_rows_param_grads(
+        grad._values, x._values, x._partition.device_sizes(), weight, padding, dilation, groups, need_weight, need_bias
+    )
 
 
 # ----------------------------------------------------------------------------- routes

@@ -1,0 +1,408 @@
+"""Convolution, transposed convolution and pooling over ragged spatial dims (ops/spatial.py,
+kernels/canvas.py), against the per-sample reference: each image through the dense op alone."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+from torch_multijagged import multi_jagged
+from torch_multijagged.errors import StructureError
+
+F64 = torch.float64
+# one empty image; sides ≥ 5 otherwise, so every geometry below is defined on every image
+SIZES2 = [(7, 9), (5, 6), (0, 3), (9, 5), (6, 6)]
+SIZES1 = [7, 5, 0, 12, 6]
+
+
+def _images(sizes, c=4, dtype=F64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(c, *((s,) if isinstance(s, int) else s), generator=g, dtype=torch.float64).to(dtype) for s in sizes]
+
+
+def _batch(comps, requires_grad=False):
+    return torch.nested.nested_tensor([c.detach() for c in comps], layout=multi_jagged, requires_grad=requires_grad)
+
+
+def _leaves(comps):
+    return [c.detach().clone().requires_grad_() for c in comps]
+
+
+def _check(fn_ours, fn_dense, comps, params=(), grads=True, rtol=1e-7, atol=1e-7):
+    """Forward per sample, then gradients of every input and parameter against the per-sample
+    reference (a random cotangent per sample)."""
+    x = _batch(comps, requires_grad=grads)
+    out = fn_ours(x)
+    outs = out.unbind()
+    leaves = _leaves(comps)
+    refs = []
+    for i, c in enumerate(leaves):
+        if c.numel() == 0:
+            assert outs[i].numel() == 0, f"sample {i}: an empty image gives an empty output"
+            refs.append(None)
+            continue
+        r = fn_dense(c.unsqueeze(0)).squeeze(0)
+        torch.testing.assert_close(outs[i], r, rtol=rtol, atol=atol, msg=lambda m: f"sample {i}: {m}")
+        refs.append(r)
+    if not grads:
+        return out
+    g = torch.Generator().manual_seed(1)
+    cots = [torch.randn(o.shape, generator=g, dtype=torch.float64).to(o.dtype) for o in outs]
+    loss = sum((o * t).sum() for o, t in zip(outs, cots))
+    ref_loss = sum((r * t).sum() for r, t in zip(refs, cots) if r is not None)
+    got = torch.autograd.grad(loss, [x, *params], allow_unused=True)
+    want = torch.autograd.grad(ref_loss, [*leaves, *params], allow_unused=True)
+    for i, (a, b) in enumerate(zip(got[0].unbind(), want[: len(leaves)])):
+        torch.testing.assert_close(a, torch.zeros_like(a) if b is None else b, rtol=rtol, atol=atol,
+                                   msg=lambda m: f"grad of sample {i}: {m}")
+    for k, (a, b) in enumerate(zip(got[1:], want[len(leaves):])):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"grad of parameter {k}: {m}")
+    return out
+
+
+CONV2D = [
+    dict(k=3, stride=1, padding=1),
+    dict(k=3, stride=1, padding="same", dilation=2),
+    dict(k=2, stride=1, padding="same"),  # asymmetric "same"
+    dict(k=3, stride=2, padding=1),
+    dict(k=1, stride=2, padding=0, bias=False),
+    dict(k=5, stride=3, padding=2),
+    dict(k=3, stride=1, padding=1, groups=2),
+    dict(k=4, stride=2, padding=1, groups=4, bias=False),
+    dict(k=3, stride=1, padding="valid"),
+    dict(k=(3, 1), stride=(2, 1), padding=(1, 0)),
+    dict(k=(1, 3), stride=(1, 2), padding=(0, 2), dilation=(1, 2)),
+]
+
+
+def _conv_params(n, cfg, c=4, cout=8, seed=3):
+    k = cfg["k"]
+    k = (k,) * n if isinstance(k, int) else k
+    g = torch.Generator().manual_seed(seed)
+    groups = cfg.get("groups", 1)
+    w = torch.randn(cout, c // groups, *k, generator=g, dtype=F64, requires_grad=True)
+    b = torch.randn(cout, generator=g, dtype=F64, requires_grad=True) if cfg.get("bias", True) else None
+    kw = {key: cfg[key] for key in ("stride", "padding", "dilation", "groups") if key in cfg}
+    return w, b, kw
+
+
+@pytest.mark.parametrize("cfg", CONV2D, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_conv2d_per_sample_with_gradients(cfg):
+    w, b, kw = _conv_params(2, cfg)
+    params = [w] + ([b] if b is not None else [])
+    _check(lambda x: F.conv2d(x, w, b, **kw), lambda x: F.conv2d(x, w, b, **kw), _images(SIZES2), params)
+
+
+@pytest.mark.parametrize("cfg", [dict(k=3, stride=1, padding=1), dict(k=3, stride=2, padding=1, dilation=2),
+                                 dict(k=2, stride=1, padding="same", groups=2), dict(k=1, stride=3, padding=0)],
+                         ids=str)
+def test_conv1d_per_sample_with_gradients(cfg):
+    w, b, kw = _conv_params(1, cfg)
+    params = [w] + ([b] if b is not None else [])
+    _check(lambda x: F.conv1d(x, w, b, **kw), lambda x: F.conv1d(x, w, b, **kw), _images(SIZES1), params)
+
+
+CONV_T = [
+    dict(k=3, stride=2, padding=1, output_padding=1),
+    dict(k=2, stride=2, padding=0),
+    dict(k=3, stride=1, padding=1),
+    dict(k=4, stride=2, padding=1, groups=2, bias=False),
+    dict(k=3, stride=2, padding=0, dilation=2),
+]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("cfg", CONV_T, ids=str)
+def test_conv_transpose_per_sample_with_gradients(n, cfg):
+    g = torch.Generator().manual_seed(5)
+    groups = cfg.get("groups", 1)
+    w = torch.randn(4, 6 // groups, *(cfg["k"],) * n, generator=g, dtype=F64, requires_grad=True)
+    b = torch.randn(6, generator=g, dtype=F64, requires_grad=True) if cfg.get("bias", True) else None
+    kw = {key: cfg[key] for key in ("stride", "padding", "output_padding", "groups", "dilation") if key in cfg}
+    fn = F.conv_transpose2d if n == 2 else F.conv_transpose1d
+    sizes = SIZES2 if n == 2 else SIZES1
+    _check(lambda x: fn(x, w, b, **kw), lambda x: fn(x, w, b, **kw), _images(sizes), [w] + ([b] if b is not None else []))
+
+
+POOLS = [
+    ("max", dict(kernel_size=2)),
+    ("max", dict(kernel_size=3, stride=2, padding=1)),
+    ("max", dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+    ("max", dict(kernel_size=2, stride=1, dilation=2)),
+    ("max", dict(kernel_size=(3, 2), stride=(2, 1), padding=(1, 0))),
+    ("avg", dict(kernel_size=2)),
+    ("avg", dict(kernel_size=3, stride=2, padding=1)),
+    ("avg", dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=False)),
+    ("avg", dict(kernel_size=3, stride=2, padding=1, ceil_mode=True, count_include_pad=True)),
+    ("avg", dict(kernel_size=2, stride=1, divisor_override=3)),
+]
+
+
+@pytest.mark.parametrize("kind,kw", POOLS, ids=str)
+def test_pool2d_per_sample_with_gradients(kind, kw):
+    fn = F.max_pool2d if kind == "max" else F.avg_pool2d
+    _check(lambda x: fn(x, **kw), lambda x: fn(x, **kw), _images(SIZES2))
+
+
+def test_max_pool2d_return_indices_and_first_maximum_takes_gradient():
+    """Ties (zeros after a ReLU): dense max pooling gives the whole gradient to the first
+    maximum in scan order; so must we, and the indices are dense's per-sample flat indices."""
+    comps = [c.clamp(min=0) for c in _images(SIZES2)]  # many zero ties
+    x = _batch(comps)
+    out, idx = F.max_pool2d(x, 3, 2, 1, return_indices=True)
+    for o, i, c in zip(out.unbind(), idx.unbind(), comps):
+        if c.numel():
+            r, ri = F.max_pool2d(c[None], 3, 2, 1, return_indices=True)
+            assert torch.equal(o, r[0]) and torch.equal(i, ri[0])
+    _check(lambda x: F.max_pool2d(x, 3, 2, 1), lambda x: F.max_pool2d(x, 3, 2, 1), comps)
+    o2, i2 = nn.MaxPool2d(2, return_indices=True)(x)
+    assert i2.dtype == torch.int64 and o2.shape[2] is not x.shape[2]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_dtypes_as_dense(dtype):
+    comps = _images(SIZES2, dtype=dtype)
+    w = torch.randn(6, 4, 3, 3).to(dtype)
+    tol = dict(rtol=1.6e-2, atol=1e-1) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    x = _batch(comps)
+    for fn in (lambda t: F.conv2d(t, w, padding=1), lambda t: F.conv2d(t, w, stride=2), lambda t: F.max_pool2d(t, 2),
+               lambda t: F.avg_pool2d(t, 2)):
+        out = fn(x)
+        assert out.dtype == dtype
+        for o, c in zip(out.unbind(), comps):
+            if c.numel():
+                torch.testing.assert_close(o, fn(c[None])[0], **tol)
+
+
+def test_keeps_nested_int_when_sizes_are_kept_and_shares_it_by_rule():
+    x = _batch(_images(SIZES2))
+    w3 = torch.randn(4, 4, 3, 3, dtype=F64)
+    w1 = torch.randn(4, 4, 1, 1, dtype=F64)
+    y = F.conv2d(x, w3, padding=1)
+    assert y.shape[2] is x.shape[2] and y.shape[3] is x.shape[3]
+    assert F.conv2d(x, w3, padding="same").shape[2] is x.shape[2]
+    # strided conv 3x3/2 pad 1 and max pooling 3x3/2 pad 1: one size rule, one nested int
+    a, b = F.conv2d(x, w3, stride=2, padding=1), F.max_pool2d(x, 3, 2, 1)
+    assert a.shape[2] is b.shape[2] and a.shape[3] is b.shape[3]
+    (a + b).unbind()  # they add
+    # the same op twice: the same nested int (cached on the extent)
+    assert F.conv2d(x, w1, stride=2).shape[2] is F.conv2d(x, w1, stride=2).shape[2]
+    # a ResNet shortcut (1x1 / 2) next to a 3x3 / 2 pad 1 main branch: equal sizes, so they add eagerly
+    (F.conv2d(x, w1, stride=2) + a).unbind()
+
+
+def test_square_batch_stays_square():
+    comps = _images([(5, 5), (7, 7), (0, 0), (4, 4)])
+    x = _batch(comps)
+    assert x.shape[2] is x.shape[3]
+    w = torch.randn(6, 4, 3, 3, dtype=F64, requires_grad=True)
+    y = _check(lambda t: F.conv2d(t, w, stride=2, padding=1), lambda t: F.conv2d(t, w, stride=2, padding=1), comps, [w])
+    assert y.shape[2] is y.shape[3]
+
+
+def test_equal_size_images_and_batch_of_one():
+    """``nested_tensor`` of images of one size calls dim 1 ragged, as torch.jagged does; the
+    spatial ops read it as channels."""
+    w = torch.randn(6, 4, 3, 3, dtype=F64, requires_grad=True)
+    for comps in (_images([(5, 6), (5, 6)]), _images([(7, 4)])):
+        x = _batch(comps)
+        assert x._ragged_dims == (1,)
+        _check(lambda t: F.conv2d(t, w, stride=2, padding=1), lambda t: F.conv2d(t, w, stride=2, padding=1), comps, [w])
+        _check(lambda t: F.max_pool2d(t, 2), lambda t: F.max_pool2d(t, 2), comps)
+    x = torch.nested.nested_tensor([torch.randn(3, 5, 5), torch.randn(2, 5, 5)], layout=multi_jagged)
+    with pytest.raises(StructureError, match=r"conv2d\(\): expected a static channel dim"):
+        F.conv2d(x, torch.randn(4, 3, 3, 3))
+
+
+def test_static_spatial_dim_and_transposed_storage():
+    # text lines: one height, widths vary -> (B, C, 6, j0)
+    comps = _images([(6, 9), (6, 5), (6, 0), (6, 12)])
+    x = _batch(comps)
+    assert x._ragged_dims == (3,)
+    w = torch.randn(6, 4, 3, 3, dtype=F64, requires_grad=True)
+    for kw in (dict(padding=1), dict(stride=2, padding=1), dict(stride=(1, 2), padding=(0, 1))):
+        y = _check(lambda t: F.conv2d(t, w, **kw), lambda t: F.conv2d(t, w, **kw), comps, [w])
+        assert y._ragged_dims == (3,)
+    _check(lambda t: F.avg_pool2d(t, 2), lambda t: F.avg_pool2d(t, 2), comps)
+    # a transposed view: (B, C, j1, j0)
+    comps = _images(SIZES2)
+    xt = _batch(comps).transpose(2, 3)
+    out = F.conv2d(xt, w.detach(), stride=2, padding=1)
+    for o, c in zip(out.unbind(), comps):
+        if c.numel():
+            torch.testing.assert_close(o, F.conv2d(c.transpose(1, 2)[None], w.detach(), stride=2, padding=1)[0])
+
+
+def test_no_leakage_between_images():
+    """Changing image j leaves every other image's output (and gradient) bit-identical."""
+    comps = _images(SIZES2)
+    changed = list(comps)
+    changed[1] = changed[1] * 7 + 1
+    w = torch.randn(6, 4, 3, 3, dtype=F64)
+    b = torch.randn(6, dtype=F64)
+    for fn in (lambda t: F.conv2d(t, w, b, padding=1), lambda t: F.conv2d(t, w, b, stride=2, padding=2, dilation=2),
+               lambda t: F.max_pool2d(t, 3, 2, 1, ceil_mode=True), lambda t: F.avg_pool2d(t, 3, 2, 1),
+               lambda t: F.conv_transpose2d(t, w.transpose(0, 1), None, 2, 1, 1)):
+        xa, xb = _batch(comps, True), _batch(changed, True)
+        oa, ob = fn(xa), fn(xb)
+        ga = torch.autograd.grad(oa.values().square().sum(), xa)[0]
+        gb = torch.autograd.grad(ob.values().square().sum(), xb)[0]
+        for i, (p, q, r, s) in enumerate(zip(oa.unbind(), ob.unbind(), ga.unbind(), gb.unbind())):
+            if i != 1:
+                assert torch.equal(p, q) and torch.equal(r, s), i
+
+
+def test_second_order_gradients():
+    comps = _images([(4, 5), (0, 2), (3, 3)], c=2)
+    w = torch.randn(3, 2, 3, 3, dtype=F64, requires_grad=True)
+    b = torch.randn(3, dtype=F64, requires_grad=True)
+    x = _batch(comps, requires_grad=True)
+    v = x.values().detach().requires_grad_()
+    off, sizes = x._partition.offsets, x._partition.host_sizes()
+
+    def f(v, w, b):
+        t = mj.from_packed(v, off, sizes, (2, 3))
+        y = F.conv2d(t, w, b, stride=2, padding=1).tanh()
+        y = F.max_pool2d(F.conv_transpose2d(y, w, None, 2, 1, 1), 2, 1, ceil_mode=True)
+        return F.avg_pool2d(y, 2, 1, 1).values()
+
+    assert torch.autograd.gradcheck(f, (v, w, b))
+    assert torch.autograd.gradgradcheck(f, (v, w, b))
+
+
+@pytest.mark.parametrize("mode", ["no_grad", "inference_mode"])
+def test_grad_modes(mode):
+    comps = _images(SIZES2)
+    w = torch.randn(6, 4, 3, 3, dtype=F64, requires_grad=True)
+    ctx = torch.no_grad() if mode == "no_grad" else torch.inference_mode()
+    x = _batch(comps, requires_grad=mode == "no_grad")
+    with ctx:
+        for fn in (lambda t: F.conv2d(t, w, padding=1), lambda t: F.max_pool2d(F.conv2d(t, w, stride=2), 2)):
+            y = fn(x)
+            assert not y.requires_grad
+            for o, c in zip(y.unbind(), comps):
+                if c.numel():
+                    torch.testing.assert_close(o, fn(c[None])[0])
+
+
+def test_modules_run_unchanged():
+    """A torchvision-style block: Conv2d / MaxPool2d / AvgPool2d / ConvTranspose2d modules."""
+    torch.manual_seed(0)
+    net = nn.Sequential(
+        nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2, ceil_mode=True),
+        nn.Conv2d(8, 8, 3, stride=2, padding=1, bias=False), nn.AvgPool2d(2, 1),
+        nn.ConvTranspose2d(8, 4, 2, stride=2),
+    ).double()
+    comps = _images(SIZES2)
+    _check(net, net, comps, list(net.parameters()))
+
+
+def test_samples_smaller_than_the_window_raise_naming_the_sample():
+    x = _batch(_images([(7, 7), (2, 9)]))
+    with pytest.raises(ValueError, match=r"conv2d\(\): sample 1 of spatial size 2×9 is smaller than the window"):
+        F.conv2d(x, torch.randn(3, 4, 3, 3, dtype=F64))
+    with pytest.raises(ValueError, match=r"max_pool2d\(\): sample 1"):
+        F.max_pool2d(x, 3)
+
+
+def test_bad_input_errors_name_the_op():
+    x = _batch(_images(SIZES2))
+    with pytest.raises(ValueError, match=r"conv2d\(\): expected an input with 3 channels"):
+        F.conv2d(x, torch.randn(6, 3, 3, 3, dtype=F64))
+    with pytest.raises(ValueError, match=r"conv1d\(\): expected a dense 3-D weight"):
+        F.conv1d(_batch(_images(SIZES1)), torch.randn(6, 4, 3, 3, dtype=F64))
+    with pytest.raises(ValueError, match=r"conv2d\(\): padding='same' is not supported for strided"):
+        F.conv2d(x, torch.randn(6, 4, 3, 3, dtype=F64), stride=2, padding="same")
+    with pytest.raises(ValueError, match=r"conv_transpose2d\(\): expected an input with 5 channels"):
+        F.conv_transpose2d(x, torch.randn(5, 4, 3, 3, dtype=F64))
+    with pytest.raises(ValueError, match=r"max_pool2d\(\): pad should be at most half"):
+        F.max_pool2d(x, 2, padding=2)
+    ragged_c = mj.nested_tensor([torch.randn(3, 4, 5), torch.randn(2, 6, 5)], ragged_dims=(1, 2))
+    with pytest.raises(StructureError, match=r"conv2d\(\): expected a static channel dim"):
+        F.conv2d(ragged_c, torch.randn(6, 3, 3, 3))
+    with pytest.raises(ValueError, match=r"conv2d\(\): expected a \(B, C, L, L\) input"):
+        F.conv2d(x.unsqueeze(-1), torch.randn(6, 4, 3, 3, dtype=F64))
+
+
+@st.composite
+def _geometry(draw):
+    n = draw(st.sampled_from([1, 2]))
+    b = draw(st.integers(1, 4))
+    sizes = [tuple(draw(st.integers(0, 9)) for _ in range(n)) for _ in range(b)]
+    kind = draw(st.sampled_from(["conv", "tconv", "max", "avg"]))
+    k = draw(st.integers(1, 4))
+    s = draw(st.integers(1, 3))
+    p = draw(st.integers(0, k // 2))
+    d = draw(st.integers(1, 2)) if kind != "avg" else 1
+    ceil = draw(st.booleans()) if kind in ("max", "avg") else False
+    return n, sizes, kind, k, s, p, d, ceil
+
+
+@given(_geometry())
+def test_random_geometries_match_dense_or_raise_like_dense(geo):
+    n, sizes, kind, k, s, p, d, ceil = geo
+    comps = _images([sz if n == 2 else sz[0] for sz in sizes], c=2, seed=len(sizes))
+    w = torch.randn(3, 2, *(k,) * n, dtype=F64)
+    conv, tconv = (F.conv2d, F.conv_transpose2d) if n == 2 else (F.conv1d, F.conv_transpose1d)
+    mpool, apool = (F.max_pool2d, F.avg_pool2d) if n == 2 else (None, None)
+    if kind in ("max", "avg") and n == 1:
+        kind = "conv"
+    fn = {
+        "conv": lambda t: conv(t, w, None, s, p, d),
+        "tconv": lambda t: tconv(t, w.transpose(0, 1), None, s, p, 0, 1, d),
+        "max": lambda t: mpool(t, k, s, p, d, ceil),
+        "avg": lambda t: apool(t, k, s, p, ceil),
+    }[kind]
+    dense_raises = False
+    for c in comps:
+        if c.numel():
+            try:
+                fn(c[None])
+            except RuntimeError:
+                dense_raises = True
+    if dense_raises:
+        with pytest.raises(ValueError, match="smaller than the window"):
+            fn(_batch(comps))
+        return
+    _check(fn, fn, comps, grads=False)
+
+
+def test_compiled_size_keeping_convs_one_graph_over_new_sizes():
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    w1 = torch.randn(6, 4, 3, 3, dtype=F64, generator=g, requires_grad=True)
+    b1 = torch.randn(6, dtype=F64, generator=g, requires_grad=True)
+    w2 = torch.randn(6, 3, 2, 2, dtype=F64, generator=g, requires_grad=True)
+
+    def f(x):
+        y = F.conv2d(x, w1, b1, padding=1).relu()
+        y = F.conv2d(y, w2, None, padding="same", groups=2, dilation=1)
+        return (y * y).sum((-2, -1))
+
+    cc = CompileCounterWithBackend("aot_eager")
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for sizes in ([(5, 7), (4, 6), (0, 2)], [(6, 3), (8, 8), (2, 9)], [(1, 1), (3, 9), (7, 7)]):
+        comps = _images(sizes)
+        x1, x2 = _batch(comps, True), _batch(comps, True)
+        out, ref = cf(x1), f(x2)
+        torch.testing.assert_close(out, ref)
+        got = torch.autograd.grad(out.sum(), [x1, w1, b1, w2])
+        want = torch.autograd.grad(ref.sum(), [x2, w1, b1, w2])
+        torch.testing.assert_close(got[0].values(), want[0].values())
+        for a, b in zip(got[1:], want[1:]):
+            torch.testing.assert_close(a, b)
+    assert cc.frame_count == 1
+
+
+def test_compiled_size_changing_window_raises_naming_the_op():
+    torch._dynamo.reset()
+    x = _batch(_images(SIZES2))
+    w = torch.randn(6, 4, 3, 3, dtype=F64)
+    with pytest.raises(Exception, match=r"conv2d\(\): this window changes the per-sample sizes"):
+        torch.compile(lambda t: F.conv2d(t, w, stride=2), backend="aot_eager", fullgraph=True)(x)
