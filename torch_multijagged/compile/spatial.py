@@ -118,8 +118,7 @@ def _rows_param_grads(grad, rows, sizes, weight, padding, dilation, groups, need
     windows = _windows(weight, padding, dilation)
     plan = _plan_of(sizes, windows, rows.device)
     s = len(windows)
-    g = grad.new_zeros(int(torch.tensor(plan.out_shape).prod()), grad.shape[1]).index_copy(0, plan.out_index, grad)
-    g = g.view(1, *plan.out_shape, grad.shape[1]).movedim(-1, 1)
+    g = cv.to_out_canvas(grad, plan)
     pad = [padding[2 * a] for a in range(s)]
     _, gw, gb = torch.ops.aten.convolution_backward(
         g, cv.to_canvas(rows, plan), weight, [weight.shape[0]] if need_bias else None, [1] * s, pad, list(dilation),

@@ -43,7 +43,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "from_canvas", "avg_divisor", "local_index"]
+__all__ = ["Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "to_out_canvas", "from_canvas", "avg_divisor", "local_index"]
 
 
 @dataclass(frozen=True)
@@ -100,37 +100,95 @@ class Window:
 class CanvasPlan:
     """Where every image sits on the canvas and where its output lands."""
 
-    shape: tuple[int, ...]  # input canvas spatial shape
-    out_shape: tuple[int, ...]  # the canvas op's output spatial shape
-    in_index: Tensor  # (P,) canvas pixel of every input pixel row
-    out_index: Tensor  # (P',) output-canvas pixel of every output pixel row
-    origins: Tensor  # (B, S) host: each image's origin on the input canvas
-    out_origins: Tensor  # (B, S) host: each image's output origin on the output canvas
+    pages: int  # the canvas is a batch of pages (N, C, *shape)
+    shape: tuple[int, ...]  # a page's spatial shape
+    out_shape: tuple[int, ...]  # the canvas op's output spatial shape (per page)
+    in_index: Tensor  # (P,) canvas pixel (page-major) of every input pixel row
+    out_index: Tensor  # (P',) output-canvas pixel (page-major) of every output pixel row
+    origins: Tensor  # (B, S) host: each image's origin on its page
+    out_origins: Tensor  # (B, S) host: each image's output origin on its output page
     in_sizes: Tensor  # (B, S) host
     out_sizes: Tensor  # (B, S) host
     pixel_sample: Tensor  # (P',) sample of every output pixel row (device)
     occupancy: float  # input pixels / canvas pixels
+    in_gutter: Tensor  # canvas pixels that hold no input pixel
+    out_gutter: Tensor  # output-canvas pixels that are no image's output
 
 
 def _align(x: int, a: int) -> int:
     return -(-x // a) * a
 
 
-def _shelves(h: list[int], w: list[int], order: list[int], width: int, gh: int, gw: int, ah: int, aw: int):
-    """Shelf packing of boxes ``(h, w)`` in ``order`` into rows of ``width``; returns
-    ``(origins, used_height, used_width)``."""
+def _pack(sizes: list[tuple[int, ...]], order: list[int], page: tuple, gut: tuple, align: tuple):
+    """Shelf packing of boxes ``sizes[i]`` (1-d: segments; 2-d: rows of a common width) in
+    ``order`` onto pages whose usable extent is ``page`` (``None`` along the first axis: one
+    page, as long as needed). Returns ``({i: (page, *origin)}, pages, used extent)``."""
     pos = {}
-    x = y = shelf = used_w = 0
+    if len(page) == 1:
+        (lp,), (g,), (a,) = page, gut, align
+        pg = x = used = 0
+        for i in order:
+            x = _align(x, a)
+            if lp is not None and x and x + sizes[i][0] > lp:
+                pg, x = pg + 1, 0
+            pos[i] = (pg, x)
+            used = max(used, x + sizes[i][0])
+            x += sizes[i][0] + g
+        return pos, pg + 1, (used,)
+    hp, wp = page
+    gh, gw = gut
+    ah, aw = align
+    # First fit decreasing height: boxes come tallest first; each goes on the first shelf of its
+    # page with room left (a shelf is as tall as its first box), else opens a shelf or a page.
+    shelves: list[list[int]] = []  # [page, y, height, next x]
+    pg = y_next = used_h = used_w = 0
     for i in order:
-        x = _align(x, aw)
-        if x and x + w[i] > width:
-            y = _align(y + shelf + gh, ah)
-            x = shelf = 0
-        pos[i] = (y, x)
-        shelf = max(shelf, h[i])
-        used_w = max(used_w, x + w[i])
-        x += w[i] + gw
-    return pos, y + shelf, used_w
+        h, w = sizes[i]
+        for sh in shelves:
+            x = _align(sh[3], aw)
+            if sh[0] == pg and h <= sh[2] and x + w <= wp:
+                break
+        else:
+            if hp is not None and y_next and y_next + h > hp:
+                pg, y_next = pg + 1, 0
+            sh = [pg, y_next, h, 0]
+            shelves.append(sh)
+            y_next = _align(y_next + h + gh, ah)
+            x = 0
+        pos[i] = (sh[0], sh[1], x)
+        sh[3] = x + w + gw
+        used_h, used_w = max(used_h, sh[1] + h), max(used_w, x + w)
+    return pos, pg + 1, (used_h, used_w)
+
+
+# Relative cost of one dense op over N pages of equal area, against one page: measured on the
+# CPU (oneDNN), a batch of pages parallelises the backward better than one large plane (§19 of
+# docs/design.md); a mild preference, so that packing density still decides.
+def _batch_factor(pages: int) -> float:
+    return 1.0 + 0.3 / math.sqrt(pages)
+
+
+def _choose(sizes: list[tuple[int, ...]], live: list[int], gut: tuple, align: tuple):
+    """The cheapest packing among a few page shapes (``_batch_factor`` × canvas pixels)."""
+    s = len(gut)
+    order = sorted(live, key=lambda i: tuple(-n for n in sizes[i]))
+    big = [max(sizes[i][a] for i in live) for a in range(s)]
+    total = sum(math.prod(n + g for n, g in zip(sizes[i], gut)) for i in live)
+    cands = []
+    if s == 1:
+        cands += [(None,)] + [(_align(int(big[0] * f), align[0]),) for f in (1, 2, 4, 8)]
+    else:
+        side = math.sqrt(total)
+        cands += [(None, max(big[1], int(side * f))) for f in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.4, 1.6, 1.8, 2.0, 2.5, 3.0)]
+        cands += [(int(big[0] * fh), int(big[1] * fw)) for fh in (1, 1.5, 2) for fw in (1, 1.5, 2)]
+    best = None
+    for page in cands:
+        pos, pages, used = _pack(sizes, order, page, gut, align)
+        shape = tuple(u + g for u, g in zip(used, gut))
+        cost = pages * math.prod(shape) * _batch_factor(pages)
+        if best is None or cost < best[0]:
+            best = (cost, pos, pages, shape)
+    return best[1:]
 
 
 def output_sizes(op: str, sizes: Tensor, windows: Sequence[Window]) -> Tensor:
@@ -165,36 +223,15 @@ def plan_canvas(sizes: Tensor, windows: Sequence[Window], device: torch.device) 
     gut = [w.gutter(sizes[live, a], outs[live, a]) if live else 0 for a, w in enumerate(windows)]
     producing, live = live, placed
     origins = torch.zeros(b, s, dtype=torch.int64)
-    if s == 1:
-        (g,), (a,) = gut, (windows[0].align,)
-        x = 0
-        for i in live:
-            x = _align(x, a)
-            origins[i, 0] = x
-            x += int(sizes[i, 0]) + g
-        shape = (max(x, 1) + g,)
+    page_of = torch.zeros(b, dtype=torch.int64)
+    if live:
+        boxes = [tuple(int(n) for n in row) for row in sizes.tolist()]
+        pos, pages, shape = _choose(boxes, live, tuple(gut), tuple(w.align for w in windows))
+        for i, (pg, *org) in pos.items():
+            page_of[i] = pg
+            origins[i] = torch.tensor(org)
     else:
-        hs, ws = sizes[:, 0].tolist(), sizes[:, 1].tolist()
-        gh, gw = gut
-        ah, aw = windows[0].align, windows[1].align
-        order = sorted(live, key=lambda i: (-hs[i], -ws[i]))
-        best = None
-        if live:
-            total = sum((hs[i] + gh) * (ws[i] + gw) for i in live)
-            widest = max(ws[i] for i in live)
-            cands = {max(widest, int(math.sqrt(total) * f)) for f in (0.6, 0.7, 0.8, 0.9, 1.0, 1.1, 1.25, 1.4, 1.6, 2.0, 3.0)}
-            for width in sorted(cands):
-                pos, uh, uw = _shelves(hs, ws, order, width, gh, gw, ah, aw)
-                cost = (uh + gh) * (uw + gw)
-                if best is None or cost < best[0]:
-                    best = (cost, pos, uh, uw)
-        if best is None:
-            shape = (1 + gh, 1 + gw)
-        else:
-            _, pos, uh, uw = best
-            for i, (y, x) in pos.items():
-                origins[i, 0], origins[i, 1] = y, x
-            shape = (uh + gh, uw + gw)
+        pages, shape = 1, tuple(1 + g for g in gut)
     # Trailing margin: a transposed conv's output may run past its input footprint.
     # A canvas at least one window wide (an all-empty batch still runs the op once).
     shape = tuple(
@@ -214,17 +251,18 @@ def plan_canvas(sizes: Tensor, windows: Sequence[Window], device: torch.device) 
     ends = out_origins + outs
     if producing and bool((ends[producing] > torch.tensor(out_shape)).any()):  # pragma: no cover - planner invariant
         raise AssertionError(f"canvas plan: an output runs past the canvas {sizes.tolist()} {windows} {out_shape} {ends.tolist()} {shape}")
-    in_index = _pixel_index(sizes, origins, shape, device)
-    out_index = _pixel_index(outs, out_origins, tuple(out_shape), device)
+    in_index = _pixel_index(sizes, origins, page_of, shape, device)
+    out_index = _pixel_index(outs, out_origins, page_of, tuple(out_shape), device)
     sample = torch.repeat_interleave(torch.arange(b), outs.prod(1) if s else torch.zeros(b, dtype=torch.int64)).to(device)
-    canvas_px = math.prod(shape)
+    canvas_px = pages * math.prod(shape)
     occ = float(area.sum()) / canvas_px if canvas_px else 1.0
-    return CanvasPlan(shape, tuple(out_shape), in_index, out_index, origins, out_origins, sizes, outs, sample, occ)
+    return CanvasPlan(pages, shape, tuple(out_shape), in_index, out_index, origins, out_origins, sizes, outs, sample, occ,
+                      _complement(in_index, canvas_px), _complement(out_index, pages * math.prod(out_shape)))
 
 
-def _pixel_index(sizes: Tensor, origins: Tensor, shape: tuple[int, ...], device) -> Tensor:
-    """(Σ Π sizes,) canvas pixel (row-major over ``shape``) of every pixel of every image, in
-    sample-major, row-major order."""
+def _pixel_index(sizes: Tensor, origins: Tensor, page: Tensor, shape: tuple[int, ...], device) -> Tensor:
+    """(Σ Π sizes,) canvas pixel (row-major over ``(pages, *shape)``) of every pixel of every
+    image, in sample-major, row-major order."""
     counts = sizes.prod(1)
     total = int(counts.sum())
     sample = torch.repeat_interleave(torch.arange(sizes.shape[0]), counts)
@@ -235,28 +273,75 @@ def _pixel_index(sizes: Tensor, origins: Tensor, shape: tuple[int, ...], device)
     else:
         w = sizes[sample, 1]
         idx = (origins[sample, 0] + torch.div(local, w, rounding_mode="floor")) * shape[1] + origins[sample, 1] + local % w
-    return idx.to(device)
+    return (idx + page[sample] * math.prod(shape)).to(device)
+
+
+def _complement(index: Tensor, total: int) -> Tensor:
+    keep = torch.ones(total, dtype=torch.bool, device=index.device)
+    keep[index] = False
+    return keep.nonzero().squeeze(1)
+
+
+class _Scatter(torch.autograd.Function):
+    """Rows ``(P, C)`` to canvas rows ``(M, C)``: row ``k`` at ``index[k]``, ``fill`` in the
+    gutters (``gutter``, the complement of ``index``). Written, not cloned: one pass over the
+    canvas. Its backward is ``_Gather``, whose backward is this, so every order differentiates."""
+
+    @staticmethod
+    def forward(ctx, rows, index, gutter, total, fill):  # type: ignore[override]
+        out = rows.new_empty(total, rows.shape[1])
+        out.index_fill_(0, gutter, fill)
+        out.index_copy_(0, index, rows)
+        ctx.save_for_backward(index, gutter)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        index, gutter = ctx.saved_tensors
+        return _Gather.apply(grad, index, gutter), None, None, None, None
+
+
+class _Gather(torch.autograd.Function):
+    """Canvas rows ``(M, C)`` at ``index``: ``(P, C)``."""
+
+    @staticmethod
+    def forward(ctx, canvas, index, gutter):  # type: ignore[override]
+        ctx.save_for_backward(index, gutter)
+        ctx.total = canvas.shape[0]
+        return canvas.index_select(0, index)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        index, gutter = ctx.saved_tensors
+        return _Scatter.apply(grad, index, gutter, ctx.total, 0.0), None, None
 
 
 def to_canvas(rows: Tensor, plan: CanvasPlan, fill: float = 0.0) -> Tensor:
-    """``rows (P, C)`` placed on the canvas: ``(1, C, *plan.shape)``, channels last."""
+    """``rows (P, C)`` placed on the canvas: ``(pages, C, *plan.shape)``, channels last."""
     c = rows.shape[1]
-    base = rows.new_full((math.prod(plan.shape), c), fill)
-    canvas = base.index_copy(0, plan.in_index, rows)
-    return canvas.view(1, *plan.shape, c).movedim(-1, 1)
+    canvas = _Scatter.apply(rows, plan.in_index, plan.in_gutter, plan.pages * math.prod(plan.shape), fill)
+    return canvas.view(plan.pages, *plan.shape, c).movedim(-1, 1)
+
+
+def to_out_canvas(rows: Tensor, plan: CanvasPlan) -> Tensor:
+    """Output pixel rows ``(P', C')`` placed on the output canvas ``(pages, C', *out_shape)``
+    (zeros elsewhere): an output gradient for ``aten.convolution_backward`` on the canvas."""
+    c = rows.shape[1]
+    canvas = _Scatter.apply(rows, plan.out_index, plan.out_gutter, plan.pages * math.prod(plan.out_shape), 0.0)
+    return canvas.view(plan.pages, *plan.out_shape, c).movedim(-1, 1)
 
 
 def from_canvas(out: Tensor, plan: CanvasPlan) -> Tensor:
-    """Every image's output pixels ``(P', C')`` from the canvas op's output ``(1, C', *out_shape)``."""
+    """Every image's output pixels ``(P', C')`` from the canvas op's output ``(pages, C', *out_shape)``."""
     c = out.shape[1]
     flat = out.movedim(1, -1).reshape(-1, c)
-    return flat.index_select(0, plan.out_index)
+    return _Gather.apply(flat, plan.out_index, plan.out_gutter)
 
 
 def local_index(canvas_index: Tensor, plan: CanvasPlan) -> Tensor:
     """Max pooling's ``return_indices``: canvas pixels → each image's flat index (dense torch's
     convention: ``h · w_i + w`` within the sample)."""
-    sample = plan.pixel_sample
+    sample = plan.pixel_sample  # indices are within a page (the op's per-plane convention)
     if len(plan.shape) == 1:
         return canvas_index - plan.origins[:, 0].to(canvas_index.device)[sample].unsqueeze(1)
     wc = plan.shape[1]
