@@ -140,6 +140,7 @@ from . import metadata, pointwise, factory, views, reductions, nn, custom, atten
 from . import losses  # noqa: E402,F401  (routes; after routes.py defines route)
 from . import ragged_nn  # noqa: E402,F401  (layer_norm over ragged dims, scans, normalize, pooling)
 from . import spatial  # noqa: E402,F401  (convolution and pooling over ragged spatial dims: kernels/canvas.py)
+from . import image_nn  # noqa: E402,F401  (batch/instance/group norm, adaptive pooling over ragged spatial dims)
 from . import indexing  # noqa: E402,F401  (handlers and routes of indexing-style ops)
 from . import pair_mm  # noqa: E402,F401  (contractions over a ragged dim of square pairs)
 from . import routes  # noqa: E402,F401

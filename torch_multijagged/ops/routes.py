@@ -552,6 +552,10 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     would reshape across the ragged dim."""
     if not isinstance(input, MJT):
         return NotImplemented
+    if input._ragged_dims and 1 not in input._ragged_dims and len(input._size) >= 3:
+        from . import image_nn  # channels first with ragged spatial dims (B, C, j0, j1)
+
+        return image_nn.group_norm(input, num_groups, weight, bias, eps)
     if input._ragged_dims != (1,):
         raise ValueError(
             f"group_norm(): expected components (n, C, *) with only dim 1 ragged, got ragged dims "

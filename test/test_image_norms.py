@@ -1,0 +1,462 @@
+"""Normalisation and adaptive pooling over ragged spatial dims (ops/image_nn.py, NOTE [ Norms and
+adaptive pooling over ragged spatial dims ]): ``batch_norm``, ``instance_norm``, ``group_norm``,
+``layer_norm`` over channels-last images and ``adaptive_{avg,max}_pool{1,2}d``, on images
+``(B, C, j0, j1)``, square batches ``(B, C, j0, j0)``, one static side ``(B, C, 3, j0)`` /
+``(B, C, j0, 3)`` and signals ``(B, C, j0)``. Each against the dense op per sample (for
+``batch_norm``: over the concatenated valid pixels), with a zero-size sample, gradients to every
+input, second order, no_grad / inference_mode and no leakage."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+
+from _reference import assert_close, extent_rows, few, random_values, seeds
+from _structures import bit_equal
+
+FEW = few(10)
+DT = torch.float64
+S = 3  # the static side of the one-static-side layouts
+
+# kind: (component shape from (c, n, m), ragged dims)
+KINDS = {
+    "rect": (lambda c, n, m: (c, n, m), (2, 3)),
+    "square": (lambda c, n, m: (c, n, n), (2, 3)),
+    "static_h": (lambda c, n, m: (c, S, m), (3,)),
+    "static_w": (lambda c, n, m: (c, n, S), (2,)),
+    "signal": (lambda c, n, m: (c, n), (2,)),
+}
+IMAGES = ("rect", "square", "static_h", "static_w")
+
+
+@st.composite
+def batches(draw, kinds=tuple(KINDS), min_c=1, max_c=4, max_side=5):
+    """``(kind, c, sizes)``: usually several samples with one of zero size (``extent_rows``)."""
+    kind = draw(st.sampled_from(kinds))
+    b = draw(st.integers(1, 4))
+    rows = draw(extent_rows(b, 2, 1 if kind in ("square", "static_w", "signal") else 2, max_side))
+    if kind == "static_h":
+        rows = [(n, m if m or not n else 0) for n, m in rows]
+    c = draw(st.integers(min_c, max_c))
+    return kind, c, rows
+
+
+def comps_of(kind, c, rows, seed, dtype=DT, ties=False):
+    g = torch.Generator().manual_seed(seed)
+    shape = KINDS[kind][0]
+    return [random_values(shape(c, n, m), g, dtype, ties=ties) for n, m in rows]
+
+
+def _make(comps, rd, grad=True):
+    leaves = [x.detach().clone().requires_grad_(grad) for x in comps]
+    return mj.as_nested_tensor(leaves, ragged_dims=rd), leaves
+
+
+def _outs(out):
+    return list(out.unbind()) if isinstance(out, mj.MultiJaggedTensor) else list(out.unbind(0))
+
+
+def check(fn, ref, comps, rd, params=(), seed=0, rtol=1e-7, atol=1e-7, grad=True):
+    """``fn(x, *params)`` against ``ref(components, *params)`` (a list with one expected output
+    per sample, or None where a sample is not compared); the gradients of every component and
+    every parameter under a random cotangent agree. Returns the output."""
+    x, leaves = _make(comps, rd, grad)
+    ps = [p.detach().clone().requires_grad_(grad and p.is_floating_point()) for p in params]
+    out = fn(x, *ps)
+    outs = _outs(out[0] if isinstance(out, tuple) else out)
+    rl = [c.detach().clone().requires_grad_(grad) for c in comps]
+    rp = [p.detach().clone().requires_grad_(grad and p.is_floating_point()) for p in params]
+    exp = ref(rl, *rp)
+    assert len(outs) == len(exp)
+    for i, (o, e) in enumerate(zip(outs, exp)):
+        if e is not None:
+            assert_close(o, e, f"sample {i}", rtol, atol)
+    if not grad:
+        return out
+    g = torch.Generator().manual_seed(seed)
+    cot = [None if e is None else torch.randn(e.shape, generator=g, dtype=e.dtype) for e in exp]
+    lm = sum((o * c).sum() for o, c in zip(outs, cot) if c is not None)
+    lr = sum((e * c).sum() for e, c in zip(exp, cot) if c is not None)
+    if not isinstance(lr, torch.Tensor) or not lr.requires_grad:
+        return out
+    gm = torch.autograd.grad(lm, leaves + ps, allow_unused=True)
+    gr = torch.autograd.grad(lr, rl + rp, allow_unused=True)
+    for k, (a, b, like) in enumerate(zip(gm, gr, rl + rp)):
+        z = torch.zeros_like(like)
+        assert_close(z if a is None else a, z if b is None else b, f"gradient of input {k}", rtol, atol)
+    return out
+
+
+def _pixels(c):
+    return c.flatten(1).T  # (pixels, C), row-major over the spatial dims
+
+
+def _unpixels(p, like):
+    return p.T.reshape(like.shape)
+
+
+def _modes(fn, ref, comps, rd):
+    """no_grad and inference_mode give the same outputs as the reference."""
+    exp = ref([c.clone() for c in comps])
+    for ctx in (torch.no_grad, torch.inference_mode):
+        with ctx():
+            outs = _outs(fn(mj.nested_tensor([c.clone() for c in comps], ragged_dims=rd)))
+        for i, (o, e) in enumerate(zip(outs, exp)):
+            if e is not None:
+                assert_close(o, e, f"{ctx.__name__}: sample {i}")
+
+
+def _no_leakage(fn, comps, rd, j=0):
+    with torch.no_grad():
+        a = _outs(fn(mj.nested_tensor([c.clone() for c in comps], ragged_dims=rd)))
+        changed = [c.clone() for c in comps]
+        changed[j] = changed[j] * 3 + 1
+        b = _outs(fn(mj.nested_tensor(changed, ragged_dims=rd)))
+    for i in range(len(comps)):
+        if i != j:
+            assert bit_equal(a[i], b[i]), f"sample {i} changed when sample {j} did"
+
+
+FIXED = {  # a fixed batch per kind with a zero-size sample
+    "rect": [(4, 5), (0, 3), (6, 2), (1, 7)],
+    "square": [(4, 4), (0, 0), (3, 3)],
+    "static_h": [(3, 4), (3, 0), (3, 7)],
+    "static_w": [(4, 3), (0, 3), (6, 3)],
+    "signal": [(5, 0), (0, 0), (3, 0)],
+}
+
+
+def fixed(kind, c=3, seed=0, **kw):
+    return comps_of(kind, c, FIXED[kind], seed, **kw), KINDS[kind][1]
+
+
+# ----------------------------------------------------------------------------- batch_norm
+def _bn_ref(training, rm=None, rv=None, momentum=0.1):
+    """Dense batch_norm over the concatenated valid pixels of the batch."""
+    def ref(comps, w=None, b=None):
+        pix = torch.cat([_pixels(c) for c in comps])
+        out = F.batch_norm(pix, rm, rv, w, b, training, momentum)
+        return [_unpixels(p, c) for p, c in zip(out.split([_pixels(c).shape[0] for c in comps]), comps)]
+    return ref
+
+
+@pytest.mark.parametrize("affine", [False, True])
+@FEW
+@given(case=batches(), seed=seeds, training=st.booleans())
+def test_batch_norm_statistics_over_valid_pixels(case, seed, training, affine):
+    kind, c, rows = case
+    comps = comps_of(kind, c, rows, seed)
+    if sum(x[0].numel() for x in comps) < 2:
+        return  # dense batch_norm refuses one value per channel in training
+    rd = KINDS[kind][1]
+    g = torch.Generator().manual_seed(seed)
+    params = (torch.randn(c, generator=g, dtype=DT), torch.randn(c, generator=g, dtype=DT)) if affine else ()
+    rm, rv = torch.randn(c, generator=g, dtype=DT), torch.rand(c, generator=g, dtype=DT) + 0.5
+    rm_ref, rv_ref, rm_got, rv_got = rm.clone(), rv.clone(), rm.clone(), rv.clone()
+    check(lambda x, *p: F.batch_norm(x, rm_got, rv_got, *p, training=training),
+          _bn_ref(training, rm_ref, rv_ref), comps, rd, params, seed)
+    assert_close(rm_got, rm_ref, "running_mean")
+    assert_close(rv_got, rv_ref, "running_var")  # unbiased with the valid pixel count
+
+
+def test_batch_norm_module_momentum_none_and_eval():
+    """nn.BatchNorm2d with a cumulative average (momentum=None) over two steps, then eval, equals
+    nn.BatchNorm1d on the (pixels, C) matrix of the same pixels."""
+    comps, rd = fixed("rect")
+    m = torch.nn.BatchNorm2d(3, momentum=None).double()
+    r = torch.nn.BatchNorm1d(3, momentum=None).double()
+    with torch.no_grad():
+        m.weight.copy_(torch.tensor([1.0, 2.0, -1.0]))
+        r.weight.copy_(m.weight)
+    for step in range(2):
+        cs = [c * (step + 1) + step for c in comps]
+        check(lambda x, *p: m(x), lambda cs_, *p: [_unpixels(o, c) for o, c in zip(
+            r(torch.cat([_pixels(c) for c in cs_])).split([_pixels(c).shape[0] for c in cs_]), cs_)], cs, rd, seed=step)
+    assert_close(m.running_mean, r.running_mean, "running_mean")
+    assert_close(m.running_var, r.running_var, "running_var")
+    assert int(m.num_batches_tracked) == 2
+    m.eval(), r.eval()
+    check(lambda x: m(x), lambda cs_: [_unpixels(r(_pixels(c)), c) for c in cs_], comps, rd)
+
+
+def test_batch_norm_1d_signal_and_static_side_float32():
+    for kind in ("signal", "static_h", "static_w"):
+        comps, rd = fixed(kind, dtype=torch.float32)
+        check(lambda x: torch.nn.BatchNorm1d(3)(x) if kind == "signal" else torch.nn.BatchNorm2d(3)(x),
+              _bn_ref(True), comps, rd, rtol=1e-5, atol=1e-5)
+
+
+def test_batch_norm_no_running_stats_modes_second_order():
+    comps, rd = fixed("rect", c=2)
+    fn, ref = (lambda x: F.batch_norm(x, None, None, training=True)), _bn_ref(True)
+    _modes(fn, ref, comps, rd)
+    w, b = torch.randn(2, dtype=DT, requires_grad=True), torch.randn(2, dtype=DT, requires_grad=True)
+    small = [c[:, :2, :2].clone().requires_grad_() for c in comps]
+    torch.autograd.gradgradcheck(
+        lambda *t: F.batch_norm(mj.as_nested_tensor(list(t[:-2]), ragged_dims=rd), None, None, t[-2], t[-1], True).values(),
+        (*small, w, b))
+
+
+def test_batch_norm_errors_name_the_op():
+    comps, rd = fixed("rect")
+    x = mj.nested_tensor(comps, ragged_dims=rd)
+    with pytest.raises(ValueError, match=r"batch_norm\(\): expected weight of shape \(3,\)"):
+        F.batch_norm(x, None, None, torch.ones(4, dtype=DT), training=True)
+    with pytest.raises(ValueError, match=r"batch_norm\(\): expected running_mean of shape \(3,\)"):
+        F.batch_norm(x, torch.zeros(2, dtype=DT), torch.ones(2, dtype=DT))
+    cl = x.permute(0, 2, 3, 1)  # channels last: the channel dim 1 is ragged
+    with pytest.raises(ValueError, match=r"batch_norm\(\): expected a channels-first input"):
+        F.batch_norm(cl, None, None, training=True)
+
+
+# ----------------------------------------------------------------------------- instance_norm
+def _per_sample(dense_fn, comps):
+    return [dense_fn(c.unsqueeze(0))[0] if c[0].numel() else c * 1 for c in comps]
+
+
+@pytest.mark.parametrize("affine", [False, True])
+@FEW
+@given(case=batches(), seed=seeds)
+def test_instance_norm_matches_per_sample(case, seed, affine):
+    kind, c, rows = case
+    comps = comps_of(kind, c, rows, seed)
+    if any(x[0].numel() == 1 for x in comps):
+        return  # dense instance_norm refuses one pixel (test_instance_norm_one_pixel_raises)
+    rd = KINDS[kind][1]
+    g = torch.Generator().manual_seed(seed)
+    params = (torch.randn(c, generator=g, dtype=DT), torch.randn(c, generator=g, dtype=DT)) if affine else ()
+    check(lambda x, *p: F.instance_norm(x, None, None, *p),
+          lambda cs, *p: _per_sample(lambda t: F.instance_norm(t, None, None, *p), cs), comps, rd, params, seed)
+
+
+def test_instance_norm_running_stats_average_per_sample_updates():
+    """track_running_stats: the running statistics move towards the average over the samples
+    with pixels of their dense per-sample updates (each with its own unbiased variance); on
+    equal-size images this is the batched dense call."""
+    comps, rd = fixed("rect")
+    m = torch.nn.InstanceNorm2d(3, affine=True, track_running_stats=True, momentum=0.3).double()
+    check(lambda x: m(x), lambda cs: _per_sample(lambda t: F.instance_norm(t, None, None, m.weight, m.bias), cs), comps, rd)
+    per = []
+    for c in comps:
+        if c[0].numel():
+            rm, rv = torch.zeros(3, dtype=DT), torch.ones(3, dtype=DT)
+            F.instance_norm(c.unsqueeze(0), rm, rv, momentum=0.3)
+            per.append((rm, rv))
+    assert_close(m.running_mean, torch.stack([p[0] for p in per]).mean(0), "running_mean")
+    assert_close(m.running_var, torch.stack([p[1] for p in per]).mean(0), "running_var")
+    # equal sizes: the batched dense call
+    eq = [torch.randn(3, 4, 5, dtype=DT) for _ in range(3)]
+    a = torch.nn.InstanceNorm2d(3, track_running_stats=True).double()
+    b = torch.nn.InstanceNorm2d(3, track_running_stats=True).double()
+    a(mj.nested_tensor(eq, ragged_dims=(2, 3)))
+    b(torch.stack(eq))
+    assert_close(a.running_mean, b.running_mean, "running_mean (equal sizes)")
+    assert_close(a.running_var, b.running_var, "running_var (equal sizes)")
+    # eval: the running statistics normalise every pixel
+    m.eval()
+    check(lambda x: m(x), lambda cs: [F.instance_norm(c.unsqueeze(0), m.running_mean, m.running_var, m.weight, m.bias,
+                                                      use_input_stats=False)[0] for c in cs], comps, rd)
+
+
+def test_instance_norm_one_pixel_raises_naming_the_sample():
+    x = mj.nested_tensor([torch.randn(2, 3, 3), torch.randn(2, 1, 1)], ragged_dims=(2, 3))
+    with pytest.raises(ValueError, match=r"instance_norm\(\): expected more than 1 spatial element .* sample 1"):
+        F.instance_norm(x)
+
+
+def test_instance_norm_modes_leakage_second_order_float32():
+    comps, rd = fixed("static_h")
+    fn = lambda x: F.instance_norm(x)  # noqa: E731
+    _modes(fn, lambda cs: _per_sample(F.instance_norm, cs), comps, rd)
+    _no_leakage(fn, comps, rd)
+    c32, _ = fixed("rect", dtype=torch.float32)
+    check(fn, lambda cs: _per_sample(F.instance_norm, cs), c32, (2, 3), rtol=1e-5, atol=1e-5)
+    small = [c[:2, :2, :2].clone().requires_grad_() for c in fixed("rect")[0]]
+    w, b = torch.randn(2, dtype=DT, requires_grad=True), torch.randn(2, dtype=DT, requires_grad=True)
+    torch.autograd.gradgradcheck(
+        lambda *t: F.instance_norm(mj.as_nested_tensor(list(t[:-2]), ragged_dims=(2, 3)), weight=t[-2], bias=t[-1]).values(),
+        (*small, w, b))
+
+
+# ----------------------------------------------------------------------------- group_norm
+@FEW
+@given(case=batches(min_c=2, max_c=6), seed=seeds, data=st.data())
+def test_group_norm_matches_per_sample(case, seed, data):
+    kind, c, rows = case
+    groups = data.draw(st.sampled_from([g for g in range(1, c + 1) if c % g == 0]))
+    comps = comps_of(kind, c, rows, seed)
+    rd = KINDS[kind][1]
+    g = torch.Generator().manual_seed(seed)
+    params = (torch.randn(c, generator=g, dtype=DT), torch.randn(c, generator=g, dtype=DT))
+    if sum(x.numel() for x in comps) // groups == 1:
+        return
+    check(lambda x, w, b: F.group_norm(x, groups, w, b),
+          lambda cs, w, b: _per_sample(lambda t: F.group_norm(t, groups, w, b), cs), comps, rd, params, seed)
+
+
+def test_group_norm_module_modes_leakage_second_order_errors():
+    comps, rd = fixed("rect", c=4)
+    m = torch.nn.GroupNorm(2, 4).double()
+    ref = lambda cs: _per_sample(lambda t: F.group_norm(t, 2, m.weight, m.bias), cs)  # noqa: E731
+    check(lambda x: m(x), ref, comps, rd)
+    _modes(lambda x: m(x), ref, comps, rd)
+    _no_leakage(lambda x: m(x), comps, rd)
+    c32, _ = fixed("square", c=4, dtype=torch.float32)
+    check(lambda x: F.group_norm(x, 2), lambda cs: _per_sample(lambda t: F.group_norm(t, 2), cs), c32, (2, 3),
+          rtol=1e-5, atol=1e-5)
+    small = [c[:2, :2, :2].clone().requires_grad_() for c in comps]
+    w, b = torch.randn(2, dtype=DT, requires_grad=True), torch.randn(2, dtype=DT, requires_grad=True)
+    torch.autograd.gradgradcheck(
+        lambda *t: F.group_norm(mj.as_nested_tensor(list(t[:-2]), ragged_dims=(2, 3)), 1, t[-2], t[-1]).values(),
+        (*small, w, b))
+    x = mj.nested_tensor(comps, ragged_dims=rd)
+    with pytest.raises(ValueError, match=r"group_norm\(\): expected the number of channels \(4\) to be divisible"):
+        F.group_norm(x, 3)
+    with pytest.raises(ValueError, match=r"group_norm\(\): expected weight of shape \(4,\)"):
+        F.group_norm(x, 2, torch.ones(3, dtype=DT))
+
+
+def test_group_norm_ragged_batch_of_rows_unchanged():
+    """The existing case (components (n, C, L), only dim 1 ragged: n is group_norm's batch)."""
+    comps = [torch.randn(n, 4, 3, dtype=DT) for n in (2, 0, 3)]
+    check(lambda x: F.group_norm(x, 2), lambda cs: [F.group_norm(c, 2) for c in cs], comps, (1,))
+
+
+# ----------------------------------------------------------------------------- layer_norm (channels last)
+@FEW
+@given(case=batches(kinds=("rect", "square")), seed=seeds)
+def test_layer_norm_over_channels_last(case, seed):
+    kind, c, rows = case
+    comps = [x.permute(1, 2, 0).contiguous() for x in comps_of(kind, c, rows, seed)]  # (H, W, C)
+    g = torch.Generator().manual_seed(seed)
+    params = (torch.randn(c, generator=g, dtype=DT), torch.randn(c, generator=g, dtype=DT))
+    ref = lambda cs, w, b: [F.layer_norm(x, (c,), w, b) for x in cs]  # noqa: E731
+    check(lambda x, w, b: F.layer_norm(x, (c,), w, b), ref, comps, (1, 2), params, seed)
+    _modes(lambda x: F.layer_norm(x, (c,), params[0], params[1]), lambda cs: ref(cs, *params), comps, (1, 2))
+
+
+# ----------------------------------------------------------------------------- adaptive pooling
+def _pool_ref(dense, out_size, which=0):
+    """Dense pooling per sample; a sample without pixels is not compared (dense raises)."""
+    def ref(cs):
+        res = []
+        for c in cs:
+            if c[0].numel() == 0:
+                res.append(None)
+                continue
+            r = dense(c, out_size)
+            res.append(r[which] if isinstance(r, tuple) else r)
+        return res
+    return ref
+
+
+SIZES = st.tuples(st.integers(1, 6), st.integers(1, 6))
+
+
+@FEW
+@given(case=batches(kinds=IMAGES), seed=seeds, size=SIZES, ties=st.booleans())
+def test_adaptive_pool2d_matches_per_sample(case, seed, size, ties):
+    kind, c, rows = case
+    comps = comps_of(kind, c, rows, seed, ties=ties)
+    if ties:
+        comps = [x.relu() for x in comps]  # zeros tie: the first maximum takes the gradient
+    rd = KINDS[kind][1]
+    for fn, dense in ((F.adaptive_avg_pool2d, F.adaptive_avg_pool2d),
+                      (lambda x, s: F.adaptive_max_pool2d(x, s), lambda c, s: F.adaptive_max_pool2d(c, s))):
+        out = check(lambda x, f=fn: f(x, size), _pool_ref(dense, size), comps, rd, seed=seed)
+        assert type(out) is torch.Tensor and tuple(out.shape) == (len(rows), c, *size)
+    out, idx = F.adaptive_max_pool2d(mj.nested_tensor(comps, ragged_dims=rd), size, return_indices=True)
+    for i, x in enumerate(comps):
+        if x[0].numel():
+            assert torch.equal(idx[i], F.adaptive_max_pool2d(x, size, return_indices=True)[1]), f"indices of sample {i}"
+
+
+@FEW
+@given(case=batches(kinds=("signal",)), seed=seeds, size=st.integers(1, 6))
+def test_adaptive_pool1d_matches_per_sample(case, seed, size):
+    kind, c, rows = case
+    comps = comps_of(kind, c, rows, seed)
+    for fn in (F.adaptive_avg_pool1d, F.adaptive_max_pool1d):
+        out = check(lambda x, f=fn: f(x, size), _pool_ref(fn, size), comps, (2,), seed=seed)
+        assert type(out) is torch.Tensor and tuple(out.shape) == (len(rows), c, size)
+
+
+def test_adaptive_pool2d_golden_and_empty_sample():
+    # one 2×3 image pooled to (1, 2): windows w ∈ [0, 2) and [1, 3)
+    img = torch.tensor([[[1.0, 2.0, 3.0], [4.0, 5.0, 7.0]]], dtype=DT)
+    x = mj.nested_tensor([img, torch.zeros(1, 0, 2, dtype=DT)], ragged_dims=(2, 3))
+    avg = F.adaptive_avg_pool2d(x, (1, 2))
+    assert_close(avg[0], torch.tensor([[[(1 + 2 + 4 + 5) / 4, (2 + 3 + 5 + 7) / 4]]], dtype=DT), "average")
+    assert torch.isnan(avg[1]).all()  # a sample without pixels: the mean of nothing
+    mx, idx = F.adaptive_max_pool2d(x, (1, 2), return_indices=True)
+    assert_close(mx[0], torch.tensor([[[5.0, 7.0]]], dtype=DT), "max")
+    assert idx[0].tolist() == [[[4, 5]]]  # flat index h·W + w: 5 at (1, 1), 7 at (1, 2)
+    assert torch.isneginf(mx[1]).all() and (idx[1] == 0).all()  # identity of max, index 0
+
+
+def test_adaptive_pool2d_static_side_none_keeps_it_and_global_pool_is_dense():
+    comps, rd = fixed("static_h")  # (B, C, 3, j0)
+    check(lambda x: F.adaptive_avg_pool2d(x, (None, 2)), _pool_ref(F.adaptive_avg_pool2d, (None, 2)), comps, rd)
+    x = mj.nested_tensor(comps, ragged_dims=rd)
+    with pytest.raises(ValueError, match=r"adaptive_avg_pool2d\(\): expected an int output size for ragged dim 3"):
+        F.adaptive_avg_pool2d(x, (2, None))
+    with pytest.raises(ValueError, match=r"adaptive_max_pool2d\(\): expected an int output size for ragged dim 3"):
+        F.adaptive_max_pool2d(x, (2, None))
+    # global pooling (size 1) is the routed mean: the same dense (B, C, 1, 1) as any other size
+    for kind in ("rect", "static_w"):
+        cs, r = fixed(kind)
+        one = check(lambda x: F.adaptive_avg_pool2d(x, 1), _pool_ref(F.adaptive_avg_pool2d, 1), cs, r)
+        two = F.adaptive_avg_pool2d(mj.nested_tensor(cs, ragged_dims=r), (1, 2))
+        assert type(one) is type(two) is torch.Tensor and one.shape[:2] == two.shape[:2] and one.dim() == two.dim() == 4
+        check(lambda x: torch.nn.AdaptiveMaxPool2d(1)(x), _pool_ref(F.adaptive_max_pool2d, 1, 0), cs, r)
+
+
+def test_adaptive_pool2d_modes_leakage_second_order_float32_module():
+    comps, rd = fixed("rect")
+    for fn, dense in ((lambda x: F.adaptive_avg_pool2d(x, (2, 3)), lambda c: F.adaptive_avg_pool2d(c, (2, 3))),
+                      (lambda x: F.adaptive_max_pool2d(x, (3, 2)), lambda c: F.adaptive_max_pool2d(c, (3, 2)))):
+        ref = lambda cs: [dense(c) if c[0].numel() else None for c in cs]  # noqa: E731
+        _modes(fn, ref, comps, rd)
+        _no_leakage(fn, comps, rd)
+        small = [c[:, :3, :3].clone().requires_grad_() for c in comps if c[0].numel()]
+        torch.autograd.gradgradcheck(lambda *t: fn(mj.as_nested_tensor(list(t), ragged_dims=rd)), small)
+    c32, _ = fixed("square", dtype=torch.float32)
+    check(lambda x: torch.nn.AdaptiveAvgPool2d((3, 2))(x), _pool_ref(F.adaptive_avg_pool2d, (3, 2)), c32, (2, 3),
+          rtol=1e-5, atol=1e-5)
+    out, idx = torch.nn.AdaptiveMaxPool2d(2, return_indices=True)(mj.nested_tensor(c32, ragged_dims=(2, 3)))
+    assert idx.dtype == torch.int64 and out.dtype == torch.float32
+
+
+def test_adaptive_pool2d_errors_name_the_op():
+    x = mj.nested_tensor([torch.ones(2, 3, 4, dtype=torch.int64), torch.ones(2, 1, 2, dtype=torch.int64)], ragged_dims=(2, 3))
+    with pytest.raises(NotImplementedError, match="adaptive_avg_pool2d"):
+        F.adaptive_avg_pool2d(x, 2)
+    cl = mj.nested_tensor([torch.randn(3, 4, 2), torch.randn(1, 2, 2)], ragged_dims=(1, 2))  # (B, j0, j1, C)
+    with pytest.raises(NotImplementedError, match=r"adaptive_max_pool2d\(\): expected channels-first"):
+        F.adaptive_max_pool2d(cl, 2)
+
+
+def test_global_average_pool_compiles():
+    comps, rd = fixed("rect")
+    x, leaves = _make(comps, rd)
+    out = torch.compile(lambda t: F.adaptive_avg_pool2d(t, 1), backend="aot_eager", fullgraph=True)(x)
+    assert_close(out, torch.stack([F.adaptive_avg_pool2d(c, 1) if c[0].numel() else torch.full((3, 1, 1), float("nan"),
+                                                                                             dtype=DT) for c in comps]), "compiled")
+    g = torch.autograd.grad(out.nan_to_num().sum(), leaves)
+    for c, gi in zip(comps, g):
+        if c[0].numel():
+            assert_close(gi, torch.full_like(c, 1 / c[0].numel()), "compiled gradient")
+
+
+def test_eager_only_ops_raise_under_compile():
+    comps, rd = fixed("rect")
+    x = mj.nested_tensor(comps, ragged_dims=rd)
+    for op, fn in (("adaptive_avg_pool2d", lambda t: F.adaptive_avg_pool2d(t, 2)),
+                   ("adaptive_max_pool2d", lambda t: F.adaptive_max_pool2d(t, 2)),
+                   ("batch_norm", lambda t: F.batch_norm(t, None, None, training=True)),
+                   ("instance_norm", lambda t: F.instance_norm(t)), ("group_norm", lambda t: F.group_norm(t, 1))):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match=op + r"\(\): .*torch.compile cannot trace"):
+            torch.compile(fn, backend="aot_eager", fullgraph=True)(x)

@@ -1,0 +1,427 @@
+"""Normalisation and adaptive pooling over ragged spatial dims: ``batch_norm``, ``instance_norm``,
+``group_norm`` and ``adaptive_{avg,max}_pool{1,2}d`` of channels-first images ``(B, C, j0, j1)``,
+signals ``(B, C, j0)`` and their variants (square ``(B, C, j0, j0)``, one static side
+``(B, C, 32, j0)``).
+
+NOTE [ Norms and adaptive pooling over ragged spatial dims ]
+
+The input is channels first: logical dim 1 is a static channel dim and every ragged dim is a
+spatial dim after it, so the packed values are ``(P, C, *static spatial)`` — one packed row per
+pixel of the ragged sides (``(ΣHᵢWᵢ, C)`` for ``(B, C, j0, j1)``; ``(ΣWᵢ, C, 32)`` for
+``(B, C, 32, j0)``). Per sample, every op equals the dense op on that image:
+
+* ``batch_norm``: statistics per channel over the valid pixels of the whole batch. On the
+  values, dim 0 (pixel rows) is ``batch_norm``'s batch and dim 1 its channel, so
+  ``F.batch_norm(values, …)`` is exactly it — running statistics included (the unbiased
+  variance counts the valid pixels) — under the dense op's own autograd (every order).
+* ``instance_norm`` / ``group_norm``: statistics per (sample, channel) / (sample, group), as
+  segment sums over each sample's packed rows (``index_add`` by the row's sample) and a gather
+  back; differentiable to any order by torch's autograd on the values. ``instance_norm``'s
+  running statistics (``track_running_stats``) follow the batched dense op: they move by
+  ``momentum`` towards the *average over samples* of the per-sample means and unbiased
+  variances (each sample's variance with its own pixel count), samples without pixels left out
+  (dense ``batch_norm`` of an empty input leaves them unchanged, as here when no sample has
+  pixels). A sample of exactly one pixel raises in training, naming it, as the dense op does.
+* ``adaptive_{avg,max}_pool{1,2}d`` to a fixed size ``(h, w)``: a *dense* ``(B, C, h, w)``
+  result (every sample pooled to the same size) with PyTorch's windows
+  ``[⌊i·n/h⌋, ⌈(i+1)·n/h⌉)``. Each pixel is scattered into the (at most ``⌈h/n⌉ + 1`` per axis)
+  windows that hold it — ``index_add`` for the average, ``scatter_reduce`` for the maximum and
+  then for the first pixel (row-major scan order, as the dense kernel) that attains it, which
+  takes the whole gradient through a ``gather``. The last NaN of a window wins, as in the dense
+  kernel. Indices are dense's: the flat index ``h·W + w`` into the sample's image. A sample with
+  no pixels pools to NaN (average: the mean of nothing, as ``mean`` over an empty extent) and to
+  ``-inf`` with index 0 (maximum: the identity of max); dense torch raises for an empty image.
+  ``output_size`` entries of ``None`` keep a static side and raise for a ragged one. An output
+  of size 1 on every side (global pooling) of the average is the routed ``mean`` (it compiles);
+  other sizes build their window maps on the host from the partition's host sizes (no device
+  sync) and run eagerly only, as the 1-d pooling of ``ragged_nn.py``.
+
+Eager only, except global average pooling: under ``torch.compile`` the norms and the other pools
+raise ``NotImplementedError`` naming the op (the values bridge would rebuild a ``(j0, j1)``
+partition inside the traced region, and the window maps need host sizes).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..bridge import values_of, wrap_values_like
+from ._common import MJT, describe, static_dims, wrap
+from .routes import _dense, _needs_grad, route
+
+__all__ = ["group_norm", "spatial_layout"]
+
+
+# ----------------------------------------------------------------------------- checks
+def spatial_layout(x: MJT) -> bool:
+    """Channels first with every ragged dim spatial: dim 1 static, ragged dims after it."""
+    return len(x._size) >= 3 and 1 not in x._ragged_dims
+
+
+def _require_channels_first(op: str, x: MJT) -> None:
+    if not spatial_layout(x):
+        raise ValueError(
+            f"{op}(): expected a channels-first input (B, C, *spatial) with a static channel dim 1 and ragged "
+            f"spatial dims, got {describe(x)} with ragged dims {x._ragged_dims} for layout torch.multi_jagged; "
+            "move the channels to dim 1 first (a (B, j0, j1, C) image: x.permute(0, 3, 1, 2))"
+        )
+
+
+def _check_param(op: str, name: str, t, c: int) -> None:
+    if t is not None and (not _dense(t) or t.dim() != 1 or t.shape[0] != c):
+        got = describe(t) if isinstance(t, torch.Tensor) else type(t).__name__
+        raise ValueError(f"{op}(): expected {name} of shape ({c},) (the channel count of the input), got {got}")
+
+
+def _eager_only(op: str) -> None:
+    if torch.compiler.is_compiling():
+        raise NotImplementedError(
+            f"{op}(): over ragged spatial dims this builds per-sample maps on the host, which torch.compile "
+            "cannot trace for layout torch.multi_jagged; call it outside the compiled region"
+        )
+
+
+def _values(x: MJT) -> torch.Tensor:
+    return values_of(x) if _needs_grad(x) else x._values
+
+
+def _finish(x: MJT, v: torch.Tensor) -> MJT:
+    return wrap_values_like(v, x) if v.requires_grad else wrap(v, x._partition, x._ragged_dims)
+
+
+# ----------------------------------------------------------------------------- batch_norm
+@route(F.batch_norm)
+def _batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
+    """Channel statistics over the valid pixels of the batch: ``F.batch_norm`` on the packed
+    values ``(P, C, *static)`` (NOTE [ Norms and adaptive pooling over ragged spatial dims ])."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    op = "batch_norm"
+    _require_channels_first(op, input)
+    c = input.shape[1]
+    for name, t in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):
+        _check_param(op, name, t, c)
+    _eager_only(op)  # the values bridge rebuilds (j0, j1) partitions, which a traced region cannot
+    return _finish(input, F.batch_norm(_values(input), running_mean, running_var, weight, bias, training, momentum, eps))
+
+
+# ----------------------------------------------------------------------------- instance / group norm
+def _float(v: torch.Tensor) -> torch.Tensor:
+    """Reduced-precision values computed in float32, as the dense CPU kernels accumulate."""
+    return v.float() if v.dtype in (torch.float16, torch.bfloat16) else v
+
+
+def _segment_moments(v3: torch.Tensor, x: MJT):
+    """Per-sample mean and biased variance of ``v3 (P, K, m)`` over its P rows (the sample's
+    packed rows) and m: ``(B, K)`` each, and the centred values. A sample without rows divides
+    by 1 (its statistics are 0 and reach no output)."""
+    p = x._partition
+    sample = p.row_sample()
+    cnt = (p.offsets.diff() * v3.shape[2]).clamp_min(1).to(v3.dtype).unsqueeze(1)
+    b, k = p.batch, v3.shape[1]
+    mean = v3.new_zeros(b, k).index_add(0, sample, v3.sum(2)) / cnt
+    centred = v3 - mean.index_select(0, sample).unsqueeze(2)
+    var = v3.new_zeros(b, k).index_add(0, sample, (centred * centred).sum(2)) / cnt
+    return mean, var, centred
+
+
+def _affine(out: torch.Tensor, weight, bias) -> torch.Tensor:
+    """``out (P, C, *static)`` scaled and shifted per channel."""
+    shape = (1, -1) + (1,) * (out.dim() - 2)
+    if weight is not None:
+        out = out * weight.view(shape)
+    if bias is not None:
+        out = out + bias.view(shape)
+    return out
+
+
+def _pixels_per_sample(x: MJT, v: torch.Tensor) -> torch.Tensor:
+    """(B,) host count of pixels (rows × static spatial) per sample."""
+    s = math.prod(v.shape[2:])
+    # SYNC: none — host sizes
+    return x._partition.host_sizes().prod(1) * s if x._partition.nragged else torch.zeros(x._partition.batch, dtype=torch.int64)
+
+
+@route(F.instance_norm)
+def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
+                   momentum=0.1, eps=1e-5):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    op = "instance_norm"
+    _require_channels_first(op, input)
+    c = input.shape[1]
+    for name, t in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):
+        _check_param(op, name, t, c)
+    if not use_input_stats:
+        # the running statistics normalise every pixel alike: batch_norm in eval mode on the values
+        if running_mean is None or running_var is None:
+            raise ValueError(f"{op}(): expected running_mean and running_var when use_input_stats=False")
+        return _batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
+    _eager_only(op)
+    v = _values(input)
+    pixels = _pixels_per_sample(input, v)
+    if bool((pixels == 1).any()):
+        i = int((pixels == 1).nonzero()[0, 0])
+        raise ValueError(f"{op}(): expected more than 1 spatial element when training, got sample {i} with 1 pixel")
+    w = _float(v)
+    mean, var, centred = _segment_moments(w.reshape(w.shape[0], c, math.prod(w.shape[2:])), input)
+    sample = input._partition.row_sample()
+    out = (centred * (var + eps).rsqrt().index_select(0, sample).unsqueeze(2)).view(w.shape)
+    if running_mean is not None or running_var is not None:
+        _update_running(input, pixels, mean, var, running_mean, running_var, momentum)
+    return _finish(input, _affine(out, weight, bias).to(v.dtype))
+
+
+def _update_running(x: MJT, pixels, mean, var, running_mean, running_var, momentum) -> None:
+    """Running statistics as the batched dense ``instance_norm``: towards the average over the
+    samples with pixels of each one's mean and unbiased variance."""
+    keep = (pixels > 0).to(x._values.device)
+    k = int((pixels > 0).sum())  # SYNC: none — host sizes
+    if k == 0:
+        return
+    n = pixels.to(device=mean.device, dtype=mean.dtype).unsqueeze(1)
+    with torch.no_grad():
+        w = keep.to(mean.dtype).unsqueeze(1) / k
+        if running_mean is not None:
+            running_mean.mul_(1 - momentum).add_((mean * w).sum(0).to(running_mean.dtype), alpha=momentum)
+        if running_var is not None:
+            unbiased = torch.where(n > 1, var * n / (n - 1).clamp_min(1), torch.full_like(var, float("nan")))
+            unbiased = torch.where(keep.unsqueeze(1), unbiased, torch.zeros_like(unbiased))
+            running_var.mul_(1 - momentum).add_((unbiased * w).sum(0).to(running_var.dtype), alpha=momentum)
+
+
+def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
+    """``group_norm`` of a channels-first ``(B, C, *spatial)`` input with ragged spatial dims:
+    per sample and group over the group's channels and the sample's pixels (the route in
+    routes.py sends this case here)."""
+    op = "group_norm"
+    c = input.shape[1]
+    if num_groups <= 0 or c % num_groups:
+        raise ValueError(f"{op}(): expected the number of channels ({c}) to be divisible by num_groups, got {num_groups}")
+    _check_param(op, "weight", weight, c)
+    _check_param(op, "bias", bias, c)
+    _eager_only(op)
+    v = _values(input)
+    # dense F.group_norm's own check, over the whole batch (rows × group channels × static spatial)
+    if input._partition.rows * (c // num_groups) * math.prod(v.shape[2:]) == 1:
+        raise ValueError(f"{op}(): expected more than 1 value per group when training, got input size {describe(input)}")
+    w = _float(v)
+    _, var, centred = _segment_moments(w.reshape(w.shape[0], num_groups, c // num_groups * math.prod(w.shape[2:])), input)
+    sample = input._partition.row_sample()
+    out = (centred * (var + eps).rsqrt().index_select(0, sample).unsqueeze(2)).view(w.shape)
+    return _finish(input, _affine(out, weight, bias).to(v.dtype))
+
+
+# ----------------------------------------------------------------------------- adaptive pooling
+def _output_size(op: str, x: MJT, output_size, nsp: int) -> tuple[int, ...]:
+    sizes = (output_size,) * nsp if isinstance(output_size, int) or output_size is None else tuple(output_size)
+    if len(sizes) != nsp:
+        raise ValueError(f"{op}(): expected output_size of {nsp} ints, got {output_size}")
+    out = []
+    for k, o in enumerate(sizes):
+        d = len(x._size) - nsp + k
+        if o is None:
+            if d in x._ragged_dims:
+                raise ValueError(
+                    f"{op}(): expected an int output size for ragged dim {d} of {describe(x)} (None keeps the "
+                    "input size, which differs per sample), got None"
+                )
+            o = x.shape[d]
+        if int(o) < 0:
+            raise ValueError(f"{op}(): expected output_size >= 0, got {output_size}")
+        out.append(int(o))
+    return tuple(out)
+
+
+class _Pixels:
+    """Every pixel of a channels-first input as a row of ``pv (N, C')`` (leading dims folded into
+    C'), with its sample ``b``, coordinate per spatial axis and the sample's extent per axis
+    (device), and the extents on the host (for window counts)."""
+
+    def __init__(self, x: MJT, nsp: int):
+        n = len(x._size)
+        rd = x._ragged_dims
+        stat = static_dims(n, rd)
+        spatial = range(n - nsp, n)
+        lead_vd = [stat.index(d) + 1 for d in range(1, n - nsp)]
+        sp_static = [d for d in spatial if d not in rd]
+        v = _values(x)
+        self.dtype = v.dtype
+        rows = v.shape[0]
+        s = math.prod(x.shape[d] for d in sp_static)
+        self.lead = tuple(x.shape[d] for d in range(1, n - nsp))
+        # (P, *static spatial, *lead) → one row per pixel
+        self.pv = v.permute(0, *[stat.index(d) + 1 for d in sp_static], *lead_vd).reshape(rows * s, -1)
+        p = x._partition
+        sample, coords = p.row_coords()
+        dev = v.device
+        t = torch.arange(s, device=dev)
+        self.b = sample.repeat_interleave(s) if s != 1 else sample
+        self.coord, self.ext, self.host_ext = [], [], []
+        inner = s
+        host = p.host_sizes()  # SYNC: none — host sizes
+        for d in spatial:
+            if d in rd:
+                k = rd.index(d)
+                c = coords[:, k].repeat_interleave(s) if s != 1 else coords[:, k]
+                self.coord.append(c)
+                self.ext.append(p.device_sizes()[:, k])
+                self.host_ext.append(host[:, k])
+            else:
+                size = x.shape[d]
+                inner //= size
+                self.coord.append(((t // inner) % size).repeat(rows))
+                self.ext.append(torch.full((p.batch,), size, dtype=torch.int64, device=dev))
+                self.host_ext.append(torch.full((p.batch,), size, dtype=torch.int64))
+        self.batch = p.batch
+
+
+def _candidates(px: _Pixels, sizes: tuple[int, ...]):
+    """``(pix (M,), win (M,), loc (M,))``: for every pixel and every window that may hold it, the
+    pixel row, the window's row in ``(B·Πsizes + 1)`` (the last one collects the candidates that
+    are not in a window) and the pixel's row-major flat index in its image."""
+    nwin = px.batch * math.prod(sizes)
+    n = px.pv.shape[0]
+    dev = px.pv.device
+    win = px.b.unsqueeze(1)
+    ok = torch.ones(n, 1, dtype=torch.bool, device=dev)
+    loc = torch.zeros(n, dtype=torch.int64, device=dev)
+    for c, e, he, o in zip(px.coord, px.ext, px.host_ext, sizes):
+        ne = e.index_select(0, px.b)
+        nz = he[he > 0]
+        k = min(o, -(-o // int(nz.min())) + 1) if nz.numel() else 1  # SYNC: none — host sizes
+        first = torch.div(c * o, ne.clamp_min(1), rounding_mode="floor")
+        i = first.unsqueeze(1) + torch.arange(k, device=dev)  # (N, k) window index along this axis
+        inside = (i < o) & (i * ne.unsqueeze(1) < (c.unsqueeze(1) + 1) * o)
+        win = (win.unsqueeze(-1) * o + i.view(n, *([1] * (win.dim() - 1)), k)).flatten(1)
+        ok = (ok.unsqueeze(-1) & inside.view(n, *([1] * (ok.dim() - 1)), k)).flatten(1)
+        loc = loc * ne + c
+    kk = win.shape[1]
+    win = torch.where(ok, win, torch.full_like(win, nwin)).reshape(-1)
+    pix = torch.arange(n, device=dev).repeat_interleave(kk)
+    return pix, win, loc.repeat_interleave(kk), nwin
+
+
+def _window_area(px: _Pixels, sizes: tuple[int, ...]) -> torch.Tensor:
+    """(B·Πsizes,) pixel count of every window (0 for a sample without pixels)."""
+    area = None
+    for e, o in zip(px.ext, sizes):
+        i = torch.arange(o, device=e.device)
+        n = e.unsqueeze(1)
+        length = -torch.div(-(i + 1) * n, o, rounding_mode="floor") - torch.div(i * n, o, rounding_mode="floor")
+        area = length if area is None else (area.unsqueeze(-1) * length.view(length.shape[0], *([1] * (area.dim() - 1)), o))
+    return area.reshape(-1)
+
+
+def _dense_out(px: _Pixels, t: torch.Tensor, sizes) -> torch.Tensor:
+    """Window rows ``(B·Πsizes, C')`` as dense ``(B, *lead, *sizes)``."""
+    nsp = len(sizes)
+    t = t.reshape(px.batch, *sizes, *px.lead)
+    return t.permute(0, *range(nsp + 1, nsp + 1 + len(px.lead)), *range(1, nsp + 1))
+
+
+def _adaptive_avg(x: MJT, sizes) -> torch.Tensor:
+    px = _Pixels(x, len(sizes))
+    pix, win, _, nwin = _candidates(px, sizes)
+    pv = _float(px.pv)
+    total = pv.new_zeros(nwin + 1, pv.shape[1]).index_add(0, win, pv.index_select(0, pix))[:nwin]
+    out = total / _window_area(px, sizes).to(pv.dtype).unsqueeze(1)
+    return _dense_out(px, out.to(px.dtype), sizes)
+
+
+def _adaptive_max(x: MJT, sizes):
+    px = _Pixels(x, len(sizes))
+    pix, win, loc, nwin = _candidates(px, sizes)
+    pv = px.pv
+    n, c = pv.shape
+    if n == 0:
+        out = pv.new_full((nwin, c), float("-inf"))
+        return _dense_out(px, out, sizes), _dense_out(px, torch.zeros(nwin, c, dtype=torch.int64, device=pv.device), sizes)
+    cand = pv.detach().index_select(0, pix)  # (M, C')
+    wins = win.unsqueeze(1).expand(-1, c)
+    mx = cand.new_full((nwin + 1, c), float("-inf")).scatter_reduce(0, wins, cand, "amax")
+    # the first pixel (row-major) attaining the maximum, or the last NaN: key = flat index · N + row
+    key = (loc * n + pix).unsqueeze(1).expand(-1, c)
+    big = torch.iinfo(torch.int64).max
+    first = torch.full((nwin + 1, c), big, dtype=torch.int64, device=pv.device).scatter_reduce(
+        0, wins, torch.where(cand == mx.index_select(0, win), key, torch.full_like(key, big)), "amin")
+    last_nan = torch.full((nwin + 1, c), -1, dtype=torch.int64, device=pv.device).scatter_reduce(
+        0, wins, torch.where(cand.isnan(), key, torch.full_like(key, -1)), "amax")
+    sel = torch.where(last_nan >= 0, last_nan, first)[:nwin]
+    empty = sel == big  # windows of a sample without pixels
+    sel = torch.where(empty, torch.zeros_like(sel), sel)
+    out = pv.gather(0, sel % n)
+    out = torch.where(empty, torch.full_like(out, float("-inf")), out)
+    return _dense_out(px, out, sizes), _dense_out(px, sel // n, sizes)
+
+
+def _pool_kind(op: str, x: MJT, nsp: int) -> str:
+    """``"spatial"`` (every ragged dim a spatial one, the dims before them static) or
+    ``"rows"`` (no ragged spatial dim: every packed row pools on its own)."""
+    n = len(x._size)
+    spatial = set(range(n - nsp, n))
+    if n >= nsp + 2 and all(d in spatial for d in x._ragged_dims):
+        return "spatial"
+    if not any(d in spatial for d in x._ragged_dims) and x._values.dim() in (nsp + 1, nsp + 2):
+        return "rows"
+    raise NotImplementedError(
+        f"{op}(): expected channels-first components (C, {', '.join('HW'[2 - nsp:])}) whose ragged dims are "
+        f"spatial, or static spatial dims, got {describe(x)} with ragged dims {x._ragged_dims} for layout "
+        "torch.multi_jagged"
+    )
+
+
+def _probe(fn, x: MJT, nsp: int, sizes):
+    # dense torch's own dtype check, on a one-pixel probe
+    fn(torch.zeros((1,) * (nsp + 1), dtype=x.dtype, device=x.device), sizes)
+
+
+def _adaptive_avg_route(fn, nsp: int):
+    op = fn.__name__
+
+    def routed(input, output_size):
+        if not isinstance(input, MJT):
+            return NotImplemented
+        kind = _pool_kind(op, input, nsp)
+        sizes = _output_size(op, input, output_size, nsp)
+        _probe(fn, input, nsp, sizes)
+        n = len(input._size)
+        if kind == "rows":
+            _eager_only(op)
+            return _finish(input, fn(_values(input), sizes))
+        if all(o == 1 for o in sizes):
+            # global pooling: the routed mean over the spatial dims (dense (B, C, 1, 1); compiles)
+            return input.mean(tuple(range(n - nsp, n)), keepdim=True)
+        _eager_only(op)
+        return _adaptive_avg(input, sizes)
+
+    return routed
+
+
+def _adaptive_max_route(fn, nsp: int, always_indices: bool):
+    op = f"adaptive_max_pool{nsp}d"
+
+    def routed(input, output_size, return_indices=False):
+        if not isinstance(input, MJT):
+            return NotImplemented
+        kind = _pool_kind(op, input, nsp)
+        sizes = _output_size(op, input, output_size, nsp)
+        _probe(fn, input, nsp, sizes)
+        _eager_only(op)
+        if kind == "rows":
+            v = _values(input)
+            out, idx = fn(v, sizes)
+            out, idx = _finish(input, out), wrap(idx, input._partition, input._ragged_dims)
+        else:
+            out, idx = _adaptive_max(input, sizes)
+        return (out, idx) if return_indices or always_indices else out
+
+    return routed
+
+
+route(F.adaptive_avg_pool2d)(_adaptive_avg_route(torch._C._nn.adaptive_avg_pool2d, 2))
+route(F.adaptive_max_pool2d, F._adaptive_max_pool2d)(_adaptive_max_route(torch._C._nn.adaptive_max_pool2d, 2, False))
+route(F.adaptive_max_pool2d_with_indices)(_adaptive_max_route(torch._C._nn.adaptive_max_pool2d, 2, True))
