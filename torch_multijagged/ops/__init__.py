@@ -139,6 +139,7 @@ def dispatch(func, args, kwargs):
 from . import metadata, pointwise, factory, views, reductions, nn, custom, attention, mha  # noqa: E402,F401
 from . import losses  # noqa: E402,F401  (routes; after routes.py defines route)
 from . import ragged_nn  # noqa: E402,F401  (layer_norm over ragged dims, scans, normalize, pooling)
+from . import resample  # noqa: E402,F401  (interpolate, pixel_shuffle/unshuffle over ragged spatial dims)
 from . import spatial  # noqa: E402,F401  (convolution and pooling over ragged spatial dims: kernels/canvas.py)
 from . import image_nn  # noqa: E402,F401  (batch/instance/group norm, adaptive pooling over ragged spatial dims)
 from . import indexing  # noqa: E402,F401  (handlers and routes of indexing-style ops)

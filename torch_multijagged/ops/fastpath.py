@@ -41,6 +41,7 @@ import torch
 import torch.nn.functional as F
 
 from ..bridge import _Adopt, _ValuesOf
+from ..errors import StructureError
 from ..tensor import MultiJaggedTensor
 from . import pointwise as _pw
 from . import reductions as _red
@@ -344,7 +345,11 @@ def _view(input, *size):
         size = tuple(size[0])
     if not size or isinstance(size[0], torch.dtype):
         return NotImplemented
-    return _finish(_views.view_default(aten.view.default, _standin(input), list(size)))
+    try:
+        out = _views.view_default(aten.view.default, _standin(input), list(size))
+    except StructureError:
+        return NotImplemented  # maybe a merge / split of ragged dims: its route (ops/ragged_flatten.py)
+    return _finish(out)
 
 
 FAST[torch.transpose] = FAST[torch.Tensor.transpose] = _transpose

@@ -52,6 +52,8 @@ from ..bridge import values_of, wrap_values_like
 from ._common import MJT, describe, static_dims, wrap
 from .routes import _dense, _needs_grad, route
 
+from .spatial import as_spatial  # noqa: E402
+
 __all__ = ["group_norm", "spatial_layout"]
 
 
@@ -100,6 +102,8 @@ def _batch_norm(input, running_mean, running_var, weight=None, bias=None, traini
     if not isinstance(input, MJT):
         return NotImplemented
     op = "batch_norm"
+    if input._ragged_dims == (1,) and input.dim() in (3, 4):
+        input = as_spatial(op, input, input.dim() - 2)  # images of one size: dim 1 is the channels
     _require_channels_first(op, input)
     c = input.shape[1]
     for name, t in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):
@@ -151,6 +155,8 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
     if not isinstance(input, MJT):
         return NotImplemented
     op = "instance_norm"
+    if input._ragged_dims == (1,) and input.dim() in (3, 4):
+        input = as_spatial(op, input, input.dim() - 2)  # images of one size: dim 1 is the channels
     _require_channels_first(op, input)
     c = input.shape[1]
     for name, t in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):

@@ -18,6 +18,7 @@ from ._common import MJT, canonical_dim, describe, same_partition
 from .pair_mm import pair_product
 from .routes import _needs_grad, _static_dim, route
 from .views import check_view_shape, square_extent
+from . import ragged_flatten
 
 
 # ----------------------------------------------------------------------------- reshape family
@@ -49,7 +50,8 @@ def reshape_as(op: str, input: MJT, shape) -> MJT:
 def _reshape(input, *shape):
     if not isinstance(input, MJT):
         return NotImplemented
-    return reshape_as("reshape", input, _normalize_shape(shape))
+    plan = ragged_flatten.view_plan("reshape", input, _normalize_shape(shape))  # merging / splitting ragged dims
+    return plan() if plan is not None else reshape_as("reshape", input, _normalize_shape(shape))
 
 
 @route(torch.flatten, torch.Tensor.flatten)
@@ -62,10 +64,12 @@ def _flatten(input, start_dim=0, end_dim=-1):
         raise ValueError(f"flatten(): expected start_dim <= end_dim, got {start_dim} and {end_dim}")
     if start == end:
         return input
+    if start > 0 and all(d in input._ragged_dims for d in range(start, end + 1)):
+        return ragged_flatten.flatten_ragged("flatten", input, start, end)  # NOTE [ Flattening ragged dims ]
     if start == 0 or any(start <= d <= end for d in input._ragged_dims):
         raise StructureError(
-            f"flatten(): only static dims of a multi_jagged tensor can be flattened, got dims {start}..{end} of "
-            f"{describe(input)}"
+            f"flatten(): only static dims or consecutive ragged dims of a multi_jagged tensor can be flattened, "
+            f"got dims {start}..{end} of {describe(input)}"
         )
     size = 1
     for d in range(start, end + 1):
@@ -75,10 +79,13 @@ def _flatten(input, start_dim=0, end_dim=-1):
 
 @route(torch.unflatten, torch.Tensor.unflatten)
 def _unflatten(input, dim, sizes):
-    """``unflatten`` of a static dim (``-1`` inferred as dense torch does); a batch or ragged
-    dim cannot be split into several."""
+    """``unflatten`` of a static dim (``-1`` inferred as dense torch does); a ragged dim splits
+    only back into the ragged dims it was flattened from (NOTE [ Flattening ragged dims ]), the
+    batch dim not at all."""
     if not isinstance(input, MJT):
         return NotImplemented
+    if isinstance(dim, int) and canonical_dim("unflatten", input.dim(), dim) in input._ragged_dims:
+        return ragged_flatten.unflatten_ragged("unflatten", input, canonical_dim("unflatten", input.dim(), dim), sizes)
     d = _static_dim("unflatten", input, dim)
     # dense torch's own checks and -1 inference (its errors name the dim the user gave)
     new = _probe(input, d).unflatten(dim, sizes).shape[d : d + len(sizes)]

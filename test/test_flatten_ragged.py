@@ -1,0 +1,239 @@
+"""Flattening consecutive ragged dims into one and back (torch_multijagged/ops/ragged_flatten.py,
+NOTE [ Flattening ragged dims ]): NaViT patch tokens ``(B, D, j_h, j_w) → (B, D, j_t) → (B, j_t, D)``
+with ``t_i = h_i·w_i``, zero-copy, and ``unflatten`` back to the original nested ints.
+
+Oracle: dense ``flatten`` / ``unflatten`` of every component.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+from torch_multijagged.errors import StructureError
+from _reference import few, seeds
+from _structures import bit_equal, comps_for, packed_args
+
+D = torch.float64
+
+
+def _batch(shapes, ragged_dims, seed=0, dtype=D):
+    leaves = [c.to(dtype).requires_grad_() for c in comps_for(shapes, seed)]
+    return leaves, mj.as_nested_tensor(leaves, ragged_dims=ragged_dims)
+
+
+def _same(out, expected):
+    got = out.unbind()
+    assert len(got) == len(expected)
+    for i, (o, e) in enumerate(zip(got, expected)):
+        assert o.shape == e.shape and bit_equal(o, e), f"sample {i}: {o.shape} vs {e.shape}"
+
+
+def _grads_agree(out, expected, leaves, seed=0):
+    """The gradients of a random cotangent through ``out`` (multi_jagged) and through the dense
+    per-sample ``expected`` reach the leaves equally."""
+    g = torch.Generator().manual_seed(seed)
+    cots = [torch.randn(e.shape, generator=g, dtype=e.dtype) for e in expected]
+    gm = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cots)), leaves, allow_unused=True)
+    gr = [c for c in cots]  # d/dleaf of Σ (flatten(leaf) · c) is c reshaped like the leaf
+    for k, (a, c, leaf) in enumerate(zip(gm, gr, leaves)):
+        a = torch.zeros_like(leaf) if a is None else a
+        assert torch.equal(a, c.reshape(leaf.shape)), f"grad of leaf {k}"
+
+
+# ----------------------------------------------------------------------------- flatten
+def test_flatten_two_ragged_dims_every_spelling():
+    """``flatten(2)``, ``flatten(-2, -1)``, ``torch.flatten(x, 2)``, ``reshape``/``view`` to
+    ``(B, D, -1)``: one nested int j_t with t_i = h_i·w_i, the rows unchanged (zero copy)."""
+    leaves, x = _batch([(4, 3, 2), (4, 0, 5), (4, 2, 2), (4, 1, 3)], (2, 3))
+    expected = [c.flatten(1) for c in leaves]
+    t = x.flatten(2)
+    _same(t, expected)
+    assert t.sizes().tolist() == [[6], [0], [4], [3]]  # = [3·2, 0·5, 2·2, 1·3]
+    assert t.values().data_ptr() == x.values().data_ptr()  # zero copy
+    for other in (x.flatten(-2, -1), torch.flatten(x, 2), x.reshape(4, 4, -1), x.view(4, 4, -1), x.reshape(-1, 4, -1),
+                  x.view(4, 4, t.shape[2]), torch.reshape(x, (4, 4, -1))):
+        assert other.shape == t.shape  # the same nested int: flattening one structure twice
+        _same(other, expected)
+    _grads_agree(t, expected, leaves)
+    tok = t.transpose(1, 2)  # (B, j_t, D) tokens
+    assert tok.shape[1] == t.shape[2] and tok.shape[2] == 4
+    _same(tok, [c.flatten(1).T for c in leaves])
+
+
+def test_unflatten_restores_the_original_nested_ints():
+    leaves, x = _batch([(4, 3, 2), (4, 0, 5), (4, 2, 2)], (2, 3))
+    t = x.flatten(2)
+    for back in (t.unflatten(2, (x.shape[2], x.shape[3])), t.unflatten(-1, (-1, x.shape[3])), t.unflatten(2, (x.shape[2], -1)),
+                 torch.unflatten(t, 2, (x.shape[2], x.shape[3])), t.view(3, 4, x.shape[2], x.shape[3]),
+                 t.reshape(3, 4, x.shape[2], -1)):
+        assert back.shape == x.shape and back._partition is x._partition
+        _same(back, [c.detach() for c in leaves])
+    tok = t.transpose(1, 2)
+    img = tok.unflatten(1, (x.shape[2], x.shape[3])).permute(0, 3, 1, 2)
+    assert img.shape == x.shape
+    _same(img, [c.detach() for c in leaves])
+    _grads_agree(t.unflatten(2, (x.shape[2], x.shape[3])).flatten(2), [c.flatten(1) for c in leaves], leaves)
+
+
+def test_flatten_square_and_three_ragged_dims():
+    """A square batch flattens to j_t (t_i = n_i²); three ragged dims flatten in part (the
+    remaining ragged dim keeps its nested int) or in full, and back."""
+    leaves, sq = _batch([(2, 3, 3), (2, 0, 0), (2, 2, 2)], (2, 3))
+    t = sq.flatten(2)
+    assert t.sizes().tolist() == [[9], [0], [4]]
+    assert t.unflatten(2, (sq.shape[2], sq.shape[3])).shape == sq.shape
+    shapes = [(3, 1, 2, 2), (1, 0, 2, 2), (2, 2, 1, 2)]
+    leaves, cube = _batch(shapes, (1, 2, 3))  # (B, j0, j1, j2, C)
+    a = cube.flatten(2, 3)  # (B, j0, j12, C)
+    assert a.shape[1] == cube.shape[1] and a.ragged_dims == (1, 2)
+    _same(a, [c.detach().flatten(1, 2) for c in leaves])
+    b = a.unflatten(2, (cube.shape[2], cube.shape[3]))
+    assert b.shape == cube.shape
+    _same(b, [c.detach() for c in leaves])
+    whole = cube.flatten(1, 3)
+    assert whole.sizes().tolist() == [[6], [0], [4]]  # = [3·1·2, 1·0·2, 2·2·1]
+    _same(whole, [c.detach().flatten(0, 2) for c in leaves])
+    assert whole.unflatten(1, (cube.shape[1], cube.shape[2], cube.shape[3])).shape == cube.shape
+
+
+@few(10)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=1, max_size=4), st.integers(1, 3), seeds,
+       st.sampled_from([torch.float32, torch.float64, torch.bfloat16]))
+def test_flatten_unflatten_random(sides, d, seed, dtype):
+    shapes = [(d, h, w) for h, w in sides]
+    leaves, x = _batch(shapes, (2, 3), seed, dtype)
+    t = x.flatten(2)
+    _same(t, [c.detach().flatten(1) for c in leaves])
+    _grads_agree(t, [c.detach().flatten(1) for c in leaves], leaves, seed)
+    back = t.transpose(1, 2).unflatten(1, (x.shape[2], x.shape[3]))
+    _same(back, [c.detach().permute(1, 2, 0) for c in leaves])
+
+
+@pytest.mark.parametrize("ctx", [torch.no_grad, torch.inference_mode])
+def test_flatten_without_grad(ctx):
+    leaves, x = _batch([(4, 3, 2), (4, 0, 5)], (2, 3))
+    with ctx():
+        t = x.flatten(2)
+        assert not t.requires_grad
+        _same(t, [c.detach().flatten(1) for c in leaves])
+        assert t.unflatten(2, (x.shape[2], x.shape[3])).shape == x.shape
+
+
+def test_flatten_no_leakage():
+    comps = comps_for([(2, 2, 3), (2, 1, 1), (2, 3, 2)], 1)
+    other = [c.clone() for c in comps]
+    other[1] = other[1] - 3
+    a = mj.nested_tensor(comps, ragged_dims=(2, 3)).flatten(2).unbind()
+    b = mj.nested_tensor(other, ragged_dims=(2, 3)).flatten(2).unbind()
+    assert bit_equal(a[0], b[0]) and bit_equal(a[2], b[2]) and not bit_equal(a[1], b[1])
+
+
+def test_flatten_double_backward():
+    comps = comps_for([(2, 2, 3), (2, 0, 2), (2, 3, 1)], 2)
+    v, off, sizes = packed_args(comps, (2, 3))
+    v.requires_grad_()
+
+    def f(values):
+        t = mj.from_packed(values, off, sizes, (2, 3)).flatten(2).transpose(1, 2)
+        return (t * t).transpose(1, 2).unflatten(2, (-1, -1)).values()
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.autograd.gradgradcheck(f, (v,), fast_mode=True)
+
+
+def test_flatten_errors_name_the_op():
+    _, x = _batch([(4, 3, 2), (4, 0, 5)], (2, 3))
+    with pytest.raises(StructureError, match=r"flatten\(\): only static dims or consecutive ragged dims"):
+        x.flatten(1, 2)  # a static and a ragged dim
+    with pytest.raises(StructureError, match=r"flatten\(\)"):
+        x.flatten(0)
+    t = x.flatten(2)
+    with pytest.raises(StructureError, match=r"unflatten\(\): ragged dim 2 .* flattened from ragged sizes"):
+        t.unflatten(2, (3, -1))
+    _, seq = _batch([(3, 4), (2, 4)], (1,))
+    with pytest.raises(StructureError, match=r"unflatten\(\): expected a static dim, or a ragged dim made by flattening.*got ragged dim 1"):
+        seq.unflatten(1, (seq.shape[1], 1))
+    with pytest.raises(StructureError):
+        x.view(2, 4, 7)  # not a merge: the ordinary view error
+
+
+def test_flatten_of_ragged_dims_is_eager_only_under_compile():
+    """Merging two extents builds a new one from host lengths: a clear error under fullgraph; the
+    tokens themselves (made eagerly) go through a compiled region."""
+    _, x = _batch([(4, 3, 2), (4, 1, 5)], (2, 3))
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="torch.compile cannot trace"):
+        torch.compile(lambda t: t.flatten(2) * 2, fullgraph=True, backend="aot_eager")(x.detach())
+    tok = x.detach().flatten(2).transpose(1, 2)
+    torch._dynamo.reset()
+    out = torch.compile(lambda t: (t * 2).sum(1), fullgraph=True, backend="aot_eager")(tok)
+    torch.testing.assert_close(out, torch.stack([c.detach().flatten(1).sum(1) * 2 for c in x.unbind()]))
+
+
+# ----------------------------------------------------------------------------- NaViT
+def _attention_ref(tok, heads):
+    n, d = tok.shape
+    q = tok.view(n, heads, d // heads).transpose(0, 1)
+    return F.scaled_dot_product_attention(q, q, q).transpose(0, 1).reshape(n, d)
+
+
+def test_navit_patchify_flatten_attention_unflatten():
+    """Variable-size images → patchify (conv2d, stride p) → tokens (B, j_t, D) → SDPA over
+    (B, H, j_t, d) → back to (B, D, j_h, j_w); per image equal to the dense pipeline, gradients
+    to the images and the patch weights."""
+    p, dim, heads = 4, 8, 2
+    g = torch.Generator().manual_seed(0)
+    imgs = [torch.randn(3, h * p, w * p, generator=g, dtype=D).requires_grad_() for h, w in [(3, 4), (2, 2), (1, 5), (2, 1)]]
+    weight = torch.randn(dim, 3, p, p, generator=g, dtype=D).requires_grad_()
+    x = mj.as_nested_tensor(imgs, ragged_dims=(2, 3))
+    try:
+        patches = F.conv2d(x, weight, stride=p)  # (B, D, j_h, j_w)
+    except (NotImplementedError, StructureError):
+        pytest.skip("conv2d over ragged spatial dims not available")
+    tok = patches.flatten(2).transpose(1, 2)  # (B, j_t, D)
+    b, t = tok.shape[0], tok.shape[1]
+    q = tok.reshape(b, t, heads, dim // heads).transpose(1, 2)  # (B, H, j_t, d)
+    o = F.scaled_dot_product_attention(q, q, q).transpose(1, 2).reshape(b, t, dim)
+    out = o.transpose(1, 2).unflatten(2, (patches.shape[2], patches.shape[3]))  # (B, D, j_h, j_w)
+    assert out.shape == patches.shape
+    ref_imgs = [i.detach().clone().requires_grad_() for i in imgs]
+    ref_w = weight.detach().clone().requires_grad_()
+    expected = []
+    for im in ref_imgs:
+        pt = F.conv2d(im.unsqueeze(0), ref_w, stride=p)[0]  # (D, h, w)
+        expected.append(_attention_ref(pt.flatten(1).T, heads).T.reshape(pt.shape))
+    for i, (a, e) in enumerate(zip(out.unbind(), expected)):
+        torch.testing.assert_close(a, e, msg=lambda m: f"image {i}: {m}")
+    cots = [torch.randn(e.shape, generator=g, dtype=D) for e in expected]
+    gm = torch.autograd.grad(sum((a * c).sum() for a, c in zip(out.unbind(), cots)), [*imgs, weight])
+    gr = torch.autograd.grad(sum((e * c).sum() for e, c in zip(expected, cots)), [*ref_imgs, ref_w])
+    for k, (a, e) in enumerate(zip(gm, gr)):
+        torch.testing.assert_close(a, e, msg=lambda m: f"grad {k}: {m}")
+
+
+def test_navit_tokens_from_a_nested_tensor():
+    """The same pipeline on patch features built directly ``(B, D, j_h, j_w)`` (no conv)."""
+    heads, dim = 2, 6
+    g = torch.Generator().manual_seed(1)
+    feats = [torch.randn(dim, h, w, generator=g, dtype=D).requires_grad_() for h, w in [(3, 2), (0, 4), (2, 2)]]
+    x = mj.as_nested_tensor(feats, ragged_dims=(2, 3))
+    tok = x.flatten(2).transpose(1, 2)
+    b, t = tok.shape[0], tok.shape[1]
+    q = tok.reshape(b, t, heads, dim // heads).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q, q, q).transpose(1, 2).reshape(b, t, dim)
+    out = o.transpose(1, 2).unflatten(2, (x.shape[2], x.shape[3]))
+    assert out.shape == x.shape
+    for i, (a, f) in enumerate(zip(out.unbind(), feats)):
+        if f.shape[1] * f.shape[2] == 0:
+            assert a.numel() == 0
+            continue
+        torch.testing.assert_close(a, _attention_ref(f.detach().flatten(1).T, heads).T.reshape(f.shape))
+    out.values().sum().backward()
+    assert all(f.grad is not None and f.grad.shape == f.shape for f in feats)

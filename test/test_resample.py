@@ -1,0 +1,347 @@
+"""``F.interpolate`` / ``nn.Upsample`` and ``pixel_shuffle`` / ``pixel_unshuffle`` over ragged
+spatial dims (torch_multijagged/ops/resample.py, NOTE [ Resampling ragged images ]).
+
+Oracle: the dense op on every image ``(1, C, H, W)`` (contiguous NCHW, as the images were given).
+``nearest`` / ``nearest-exact`` / ``pixel_*shuffle`` must pick the very same pixels (bit-equal
+outputs); ``linear`` / ``bilinear`` agree to rounding. A sample whose output side is 0 (a zero-size
+image, or ``floor(n·s) = 0``) is empty, where dense torch raises.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+from _reference import empty_batch, few, grid, seeds
+from _structures import bit_equal, comps_for, packed_args
+
+D = torch.float64
+
+
+# ----------------------------------------------------------------------------- helpers
+def _images(sides, c, seed, dtype=D, requires_grad=True):
+    """Leaves ``(c, *side)`` and the multi_jagged batch built from them (spatial dims ragged)."""
+    g = torch.Generator().manual_seed(seed)
+    leaves = [(torch.rand((c, *s), generator=g, dtype=torch.float64) * 4 - 2).to(dtype).requires_grad_(requires_grad)
+              for s in sides]
+    nsp = len(sides[0])
+    return leaves, mj.as_nested_tensor(leaves, ragged_dims=tuple(range(2, 2 + nsp)))
+
+
+def _out_sides(side, scale):
+    scales = scale if isinstance(scale, (tuple, list)) else [scale] * len(side)
+    return [math.floor(float(n) * s) for n, s in zip(side, scales)]
+
+
+def _dense_interp(img, **kw):
+    """Dense interpolate of one image ``(C, *side)``; an empty result where dense torch raises
+    for a zero side (what the layout gives)."""
+    out = _out_sides(img.shape[1:], kw["scale_factor"]) if "scale_factor" in kw else list(kw["size"])
+    if 0 in out or 0 in img.shape[1:]:
+        return img.new_zeros((img.shape[0], *out)) + 0 * img.sum()
+    return F.interpolate(img.unsqueeze(0).contiguous(), **kw)[0]
+
+
+def _check(fn, ref, leaves, x, exact: bool, grad: bool = True, rtol=1e-7, atol=1e-7, dense_out=False, seed=0):
+    """``fn(x)`` per sample against ``ref(leaf)``, then the gradients of a random cotangent."""
+    out = fn(x)
+    if dense_out:
+        assert not isinstance(out, mj.MultiJaggedTensor)
+        got = list(out.unbind(0))
+    else:
+        assert isinstance(out, mj.MultiJaggedTensor)
+        got = list(out.unbind())
+    ref_leaves = [t.detach().clone().requires_grad_(t.requires_grad) for t in leaves]
+    expected = [ref(t) for t in ref_leaves]
+    assert len(got) == len(expected)
+    for i, (o, e) in enumerate(zip(got, expected)):
+        assert o.shape == e.shape and o.dtype == e.dtype, f"sample {i}: {o.shape} {o.dtype} vs {e.shape} {e.dtype}"
+        if exact:
+            assert bit_equal(o, e), f"sample {i} differs"
+        else:
+            torch.testing.assert_close(o, e, rtol=rtol, atol=atol, msg=lambda m: f"sample {i}: {m}")
+    if not grad or not expected:
+        return out
+    g = torch.Generator().manual_seed(seed)
+    cots = [torch.randn(e.shape, generator=g, dtype=torch.float64).to(e.dtype) for e in expected]
+    lm = sum((o * c).sum() for o, c in zip(got, cots))
+    lr = sum((e * c).sum() for e, c in zip(expected, cots))
+    gm = torch.autograd.grad(lm, leaves, allow_unused=True)
+    gr = torch.autograd.grad(lr, ref_leaves, allow_unused=True)
+    for k, (a, b, leaf) in enumerate(zip(gm, gr, leaves)):
+        a = torch.zeros_like(leaf) if a is None else a
+        b = torch.zeros_like(leaf) if b is None else b
+        torch.testing.assert_close(a, b, rtol=max(rtol, 1e-6), atol=max(atol, 1e-6), msg=lambda m: f"grad of leaf {k}: {m}")
+    return out
+
+
+_SIDES = st.sampled_from([0, 1, 2, 3, 4, 5, 7, 9])
+_SCALES = st.sampled_from([0.5, 0.7, 1.0, 1.3, 1.5, 2.0, 2.5, 3.0, 0.9999, 2.0001, 1 / 3])
+
+
+@st.composite
+def interp_cases(draw, nsp: int):
+    b = draw(st.integers(1, 4))
+    sides = [tuple(draw(_SIDES) for _ in range(nsp)) for _ in range(b)]
+    if draw(st.booleans()):  # most batches hold a zero-size image
+        sides[draw(st.integers(0, b - 1))] = tuple(0 if k == 0 else 3 for k in range(nsp))
+    modes = ["nearest", "nearest-exact", "bilinear" if nsp == 2 else "linear"]
+    mode = draw(st.sampled_from(modes))
+    scale = draw(_SCALES)
+    if nsp == 2 and draw(st.booleans()):
+        scale = (scale, draw(_SCALES))
+    kw = dict(scale_factor=scale, mode=mode, recompute_scale_factor=draw(st.sampled_from([None, True, False])))
+    if mode in ("linear", "bilinear"):
+        kw["align_corners"] = draw(st.booleans())
+    return sides, draw(st.integers(1, 3)), kw
+
+
+# ----------------------------------------------------------------------------- interpolate
+@grid
+@given(interp_cases(2), seeds, st.sampled_from([torch.float32, torch.float64]))
+def test_interpolate_2d_matches_dense_per_image(case, seed, dtype):
+    sides, c, kw = case
+    leaves, x = _images(sides, c, seed, dtype)
+    tol = 1e-5 if dtype == torch.float32 else 1e-7
+    _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x,
+           exact=kw["mode"].startswith("nearest"), rtol=tol, atol=tol, seed=seed)
+
+
+@grid
+@given(interp_cases(1), seeds, st.sampled_from([torch.float32, torch.float64]))
+def test_interpolate_1d_matches_dense_per_signal(case, seed, dtype):
+    sides, c, kw = case
+    leaves, x = _images(sides, c, seed, dtype)
+    tol = 1e-5 if dtype == torch.float32 else 1e-7
+    _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x,
+           exact=kw["mode"].startswith("nearest"), rtol=tol, atol=tol, seed=seed)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
+def test_interpolate_nearest_picks_dense_pixels_on_many_sizes(mode, dtype):
+    """Bit for bit over sides up to 150 (both of aten's 2-d kernels: out_h + out_w <= 128 or not),
+    scales near the shortcuts (1, 2) and recomputed scales; float64 uses double index math in
+    the generic kernel."""
+    sides = [(1, 1), (3, 150), (63, 1), (64, 1), (39, 11), (70, 127), (5, 100), (128, 2), (17, 33), (0, 4)]
+    for k, scale in enumerate([2.0001, 1.0001, 0.9999, 1.9999, 0.37, 1.7, 3.0, 0.5, (2.0001, 1.1), (0.61, 2.0)]):
+        for rec in (None, True):
+            kw = dict(scale_factor=scale, mode=mode, recompute_scale_factor=rec)
+            leaves, x = _images(sides, 2, k, dtype, requires_grad=False)
+            _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x, exact=True, grad=False)
+            signals, s = _images([(n,) for n, _ in sides], 2, k, dtype, requires_grad=False)
+            kw1 = dict(kw, scale_factor=scale if isinstance(scale, float) else scale[0])
+            _check(lambda t: F.interpolate(t, **kw1), lambda t: _dense_interp(t, **kw1), signals, s, exact=True, grad=False)
+
+
+def test_interpolate_bilinear_bfloat16():
+    leaves, x = _images([(4, 5), (7, 2), (0, 3)], 3, 0, torch.bfloat16)
+    kw = dict(scale_factor=(1.7, 0.6), mode="bilinear", align_corners=False)
+    _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x, exact=False,
+           rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "nearest-exact"])
+def test_interpolate_size_gives_dense_batch(mode):
+    """``size=(h, w)``: every image resized to one size — a dense ``(B, C, h, w)`` result."""
+    leaves, x = _images([(4, 5), (7, 2), (1, 1)], 3, 1)
+    kw = dict(size=(6, 3), mode=mode)
+    out = _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x,
+                 exact=mode.startswith("nearest"), dense_out=True)
+    assert out.shape == (3, 3, 6, 3) and out.is_contiguous()
+    up = nn.Upsample(size=5, mode="nearest")(x)  # an int size: every side
+    assert up.shape == (3, 3, 5, 5)
+
+
+def test_interpolate_size_refuses_an_empty_image():
+    _, x = _images([(4, 5), (0, 2)], 3, 1)
+    with pytest.raises(ValueError, match=r"interpolate\(\): sample 1 .*\(0, 2\)"):
+        F.interpolate(x, size=(3, 3))
+
+
+def test_interpolate_nested_ints_follow_the_size_rule():
+    """The same factor on the same extent gives the same nested int whatever the mode; a square
+    batch stays square; factor 1 keeps the input's nested int; the zero-size image stays empty."""
+    _, x = _images([(4, 4), (7, 7), (0, 0)], 2, 2)
+    assert x.shape[2] == x.shape[3]
+    a = F.interpolate(x, scale_factor=1.5)
+    b = F.interpolate(x, scale_factor=1.5, mode="bilinear")
+    assert a.shape[2] == a.shape[3] == b.shape[2] and a.shape[2] != x.shape[2]
+    assert (a + b).shape == a.shape
+    assert a.sizes().tolist() == [[6, 6], [10, 10], [0, 0]]  # = floor([4, 7, 0] · 1.5)
+    same = F.interpolate(x, scale_factor=1.0, mode="bilinear")
+    assert same.shape == x.shape
+    assert F.interpolate(x, scale_factor=(2.0, 0.5)).sizes().tolist() == [[8, 2], [14, 3], [0, 0]]
+    up = nn.Upsample(scale_factor=2, mode="nearest")(x)
+    assert up.shape[2] == F.interpolate(x, scale_factor=2.0, mode="bilinear").shape[2]
+
+
+def test_interpolate_downscale_to_zero_is_empty():
+    leaves, x = _images([(1, 3), (4, 4)], 2, 3)
+    out = F.interpolate(x, scale_factor=0.5)
+    assert out.sizes().tolist() == [[0, 1], [2, 2]]  # = floor([1, 3] · 0.5), floor([4, 4] · 0.5)
+    assert out.unbind()[0].shape == (2, 0, 1)
+
+
+def test_interpolate_no_leakage():
+    """Changing image 1 changes no output of images 0 and 2."""
+    for kw in (dict(scale_factor=1.7, mode="bilinear"), dict(scale_factor=(2.0, 0.6)), dict(scale_factor=2.5, mode="nearest-exact")):
+        comps = comps_for([(2, 3, 4), (2, 5, 2), (2, 4, 4)], 0)
+        other = [c.clone() for c in comps]
+        other[1] = other[1] * 7 + 1
+        a = F.interpolate(mj.nested_tensor(comps, ragged_dims=(2, 3)), **kw).unbind()
+        b = F.interpolate(mj.nested_tensor(other, ragged_dims=(2, 3)), **kw).unbind()
+        assert bit_equal(a[0], b[0]) and bit_equal(a[2], b[2]) and not bit_equal(a[1], b[1])
+
+
+@pytest.mark.parametrize("ctx", [torch.no_grad, torch.inference_mode])
+def test_interpolate_without_grad(ctx):
+    leaves, x = _images([(3, 4), (1, 2), (2, 2)], 2, 4)
+    with ctx():
+        for kw in (dict(scale_factor=2.0), dict(scale_factor=1.5, mode="bilinear"), dict(size=(3, 3), mode="bilinear")):
+            out = F.interpolate(x, **kw)
+            assert not out.requires_grad
+            exp = [_dense_interp(t.detach(), **kw) for t in leaves]
+            got = out.unbind() if isinstance(out, mj.MultiJaggedTensor) else out.unbind(0)
+            for o, e in zip(got, exp):
+                torch.testing.assert_close(o, e)
+
+
+def test_interpolate_empty_batch():
+    x = empty_batch((3, 0, 0), (2, 3))
+    out = F.interpolate(x, scale_factor=2.0, mode="bilinear")
+    assert out.shape[0] == 0 and out.dim() == 4
+    assert F.interpolate(x, size=(2, 3)).shape == (0, 3, 2, 3)
+
+
+def _gradgrad(fn, comps, rd):
+    v, off, sizes = packed_args(comps, rd)
+    v.requires_grad_()
+
+    def f(values):
+        out = fn(mj.from_packed(values, off, sizes, rd))
+        return out.values() if isinstance(out, mj.MultiJaggedTensor) else out
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.autograd.gradgradcheck(f, (v,), fast_mode=True)
+
+
+@pytest.mark.parametrize("kw", [dict(scale_factor=1.5, mode="bilinear"), dict(scale_factor=(0.7, 2.0), mode="bilinear", align_corners=True),
+                                dict(scale_factor=2.0), dict(size=(2, 3), mode="bilinear")])
+def test_interpolate_double_backward(kw):
+    sides = [(2, 3), (1, 2), (3, 1)] if "size" in kw else [(2, 3), (0, 2), (3, 1)]  # size=: no empty image
+    _gradgrad(lambda x: F.interpolate(x, **kw), comps_for([(2, *s) for s in sides], 5), (2, 3))
+
+
+def test_interpolate_linear_double_backward():
+    _gradgrad(lambda x: F.interpolate(x, scale_factor=1.7, mode="linear"), comps_for([(2, 3), (2, 0), (2, 4)], 6), (2,))
+
+
+def test_interpolate_errors_name_the_op():
+    _, x = _images([(3, 4), (2, 2)], 2, 0)
+    with pytest.raises(ValueError, match=r"interpolate\(\).*only one of size or scale_factor"):
+        F.interpolate(x, size=(2, 2), scale_factor=2.0)
+    with pytest.raises(ValueError, match=r"interpolate\(\).*either size or scale_factor"):
+        F.interpolate(x)
+    with pytest.raises(ValueError, match=r"interpolate\(\).*scale_factor"):
+        F.interpolate(x, scale_factor=(2.0, 2.0, 2.0))
+    with pytest.raises(ValueError, match=r"interpolate\(\).*positive"):
+        F.interpolate(x, scale_factor=-1.0)
+    with pytest.raises(NotImplementedError, match=r"interpolate\(\).*'bicubic'"):
+        F.interpolate(x, scale_factor=2.0, mode="bicubic")
+    with pytest.raises(NotImplementedError, match=r"interpolate\(\).*antialias"):
+        F.interpolate(x, scale_factor=2.0, mode="bilinear", antialias=True)
+    with pytest.raises(ValueError, match="align_corners"):
+        F.interpolate(x, scale_factor=2.0, mode="nearest", align_corners=True)
+    with pytest.raises(NotImplementedError, match="linear"):  # dense: linear needs a 3-d input
+        F.interpolate(x, scale_factor=2.0, mode="linear")
+    seq = mj.nested_tensor([torch.randn(3, 4), torch.randn(2, 4)])  # (B, j0, 4): spatial dim static
+    with pytest.raises(NotImplementedError, match=r"interpolate\(\): expected .*\(B, C, j0\)"):
+        F.interpolate(seq, scale_factor=2.0)
+    ints = mj.nested_tensor([torch.ones(2, 3, 4, dtype=torch.int64), torch.ones(2, 2, 2, dtype=torch.int64)], ragged_dims=(2, 3))
+    with pytest.raises(RuntimeError):  # dense torch's own dtype check
+        F.interpolate(ints, scale_factor=2.0, mode="bilinear")
+
+
+def test_resampling_is_eager_only_under_compile():
+    """New per-sample sizes are built on the host: a clear error under fullgraph compile."""
+    _, x = _images([(3, 4), (2, 2)], 2, 0, requires_grad=False)
+    for fn in (lambda t: F.interpolate(t, scale_factor=2.0) * 2, lambda t: F.pixel_shuffle(torch.cat([t] * 4, 1), 2) * 2,
+               lambda t: F.interpolate(t, size=(2, 2), mode="bilinear")):
+        torch._dynamo.reset()
+        with pytest.raises(Exception, match="torch.compile cannot trace"):
+            torch.compile(fn, fullgraph=True, backend="aot_eager")(x)
+
+
+# ----------------------------------------------------------------------------- pixel shuffle
+def _dense_shuffle(fn, r, up: bool):
+    """Dense ``pixel_(un)shuffle`` of one image; for an empty image the empty result directly
+    (dense torch's PixelShuffleBackward0 rejects the gradient of an empty image)."""
+
+    def ref(img):
+        if img.numel():
+            return fn(img, r)
+        c, h, w = img.shape
+        shape = (c // (r * r), h * r, w * r) if up else (c * r * r, h // r, w // r)
+        return img.new_zeros(shape) + 0 * img.sum()
+
+    return ref
+
+
+@few(10)
+@given(st.lists(st.tuples(st.integers(0, 4), st.integers(0, 4)), min_size=1, max_size=4), st.integers(1, 3),
+       st.integers(1, 2), seeds, st.sampled_from([torch.float32, torch.float64]))
+def test_pixel_shuffle_matches_dense(sides, r, c, seed, dtype):
+    leaves, x = _images(sides, c * r * r, seed, dtype)
+    out = _check(lambda t: F.pixel_shuffle(t, r), _dense_shuffle(F.pixel_shuffle, r, True), leaves, x, exact=True, seed=seed)
+    assert out.sizes().tolist() == [[h * r, w * r] for h, w in sides]
+    leaves2, y = _images([(h * r, w * r) for h, w in sides], c, seed + 1, dtype)
+    back = _check(lambda t: nn.PixelUnshuffle(r)(t), _dense_shuffle(F.pixel_unshuffle, r, False), leaves2, y, exact=True,
+                  seed=seed)
+    assert back.shape[1] == c * r * r
+
+
+def test_pixel_shuffle_round_trip_keeps_nested_ints():
+    _, x = _images([(3, 4), (0, 2), (2, 2)], 8, 0)
+    y = F.pixel_shuffle(x, 2)
+    assert y.shape[1] == 2 and y.sizes().tolist() == [[6, 8], [0, 4], [4, 4]]  # = 2·[(3, 4), (0, 2), (2, 2)]
+    z = F.pixel_unshuffle(y, 2)
+    assert z.shape == x.shape  # the original nested ints
+    assert all(torch.equal(a, b) for a, b in zip(z.unbind(), x.unbind()))
+    assert (F.interpolate(x, scale_factor=2.0) + torch.cat([y] * 4, 1)).shape[2] == y.shape[2]  # one size rule, one j
+
+
+def test_pixel_unshuffle_names_the_indivisible_sample():
+    _, x = _images([(4, 4), (3, 4), (0, 0)], 1, 0)
+    with pytest.raises(ValueError, match=r"pixel_unshuffle\(\).*divisible by downscale_factor 2.*sample 1 of size \(3, 4\)"):
+        F.pixel_unshuffle(x, 2)
+    with pytest.raises(RuntimeError, match="divisible"):  # dense torch's channel check
+        F.pixel_shuffle(x, 2)
+    with pytest.raises(ValueError, match=r"pixel_shuffle\(\): expected upscale_factor"):
+        F.pixel_shuffle(x, 0)
+    with pytest.raises(NotImplementedError, match=r"pixel_shuffle\(\)"):
+        F.pixel_shuffle(mj.nested_tensor([torch.randn(3, 4, 4), torch.randn(2, 4, 4)]), 2)
+
+
+def test_pixel_shuffle_no_leakage_and_without_grad():
+    comps = comps_for([(4, 2, 3), (4, 1, 1), (4, 3, 2)], 0)
+    other = [c.clone() for c in comps]
+    other[1] = other[1] + 5
+    with torch.inference_mode():
+        a = F.pixel_shuffle(mj.nested_tensor(comps, ragged_dims=(2, 3)), 2).unbind()
+    with torch.no_grad():
+        b = F.pixel_shuffle(mj.nested_tensor(other, ragged_dims=(2, 3)), 2).unbind()
+    assert bit_equal(a[0], b[0]) and bit_equal(a[2], b[2]) and not bit_equal(a[1], b[1])
+
+
+def test_pixel_shuffle_double_backward():
+    _gradgrad(lambda x: F.pixel_shuffle(x, 2), comps_for([(4, 2, 1), (4, 0, 2), (4, 1, 2)], 7), (2, 3))
+    _gradgrad(lambda x: F.pixel_unshuffle(x, 2), comps_for([(1, 2, 4), (1, 0, 2), (1, 2, 2)], 8), (2, 3))

@@ -1,0 +1,363 @@
+"""Resampling over ragged spatial dims: ``F.interpolate`` (``nn.Upsample``) and
+``pixel_shuffle`` / ``pixel_unshuffle`` on images ``(B, C, j0, j1)`` and signals ``(B, C, j0)``.
+
+NOTE [ Resampling ragged images ]
+
+Every sample is resampled on its own, exactly as the dense op resamples that image:
+
+* ``scale_factor`` (a float or one per spatial dim): sample i's output side is
+  ``floor(n_i · s)`` (dense torch's rule, in double). The new per-sample sizes are a new ragged
+  extent, ``structure.mapped_extent(e, ("scale", s), …)``: keyed by the *size rule*, not the op,
+  so the same factor on the same extent gives the same nested int whatever the mode (a nearest
+  and a bilinear upsample of one batch can be added; ``pixel_shuffle(x, 2)`` too), a square batch
+  ``(B, C, j0, j0)`` stays square, and ``s = 1`` keeps the input's nested int. A side that
+  becomes 0 (a zero-size sample, or ``floor(n·s) = 0``) gives an empty sample where dense
+  torch raises. ``size=(h, w)``: every sample is resized to the same size, so the result is a
+  dense ``(B, C, h, w)`` tensor; a sample with a zero side cannot be resized to a non-empty size
+  and raises naming the sample, as dense torch raises for that image.
+* The source index and weights follow aten's CPU kernels bit for bit for the index math, so
+  that ``nearest`` picks the same pixels as dense torch: the scale is ``(opmath)(1/s)`` when
+  ``scale_factor`` is given and not recomputed, else ``(opmath)n_in / n_out``. ``nearest`` in
+  2-d has two CPU kernels that differ at the edges (which one runs depends on the image): the
+  per-channel kernel, taken when ``out_h + out_w <= 128`` (for a contiguous NCHW image, which is
+  what the reference is), computes ``floor((float)dst · scale)`` in float32 with the shortcuts
+  ``out == in`` (copy) and ``out == 2·in`` (``dst >> 1``); the generic kernel computes
+  ``floorf(scale · dst)`` in opmath (float64 for double inputs) with no shortcut. 1-d always runs
+  the generic kernel. ``nearest-exact`` likewise (``floorf((dst + 0.5)·scale)`` in double vs.
+  ``floorf(max(scale·(dst+0.5) − 0.5, 0) + 0.5)`` in opmath). ``linear``/``bilinear`` use
+  aten's ``compute_source_index_and_lambda`` (copy when ``out == in``; align_corners scale
+  ``(n−1)/(out−1)``), with weights rounded to the input dtype and the sum taken in opmath.
+* The output is gathered from the packed pixel rows (one index per output pixel and tap) with
+  weights built by tensor ops from per-sample sizes (no per-sample loop, no padded envelope), on
+  the values under torch's own autograd (``bridge.values_of`` / ``wrap_values``): gradients of
+  every order. The new sizes are built on the host from the host copy of the input's lengths,
+  so these routes run eagerly only (a clear error under ``torch.compile``).
+* ``pixel_shuffle(x, r)``: ``(B, C·r², j0, j1) → (B, C, j0·r, j1·r)`` (extent key
+  ``("scale", r)``); ``pixel_unshuffle(x, r)`` the inverse, extent key ``("div", r)``; every
+  sample's sides must be divisible by ``r`` (else a ValueError naming the sample, as dense
+  raises). One gather each, zero-size samples stay empty.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from ..bridge import values_of, wrap_values
+from ..structure import mapped_extent, partition_for
+from ._common import MJT, describe, wrap
+from .routes import _needs_grad, route
+
+__all__ = []
+
+_LAYOUT = "layout torch.multi_jagged"
+_MODES = ("nearest", "nearest-exact", "linear", "bilinear")
+_VEC_LIMIT = 128  # aten's _use_vectorized_kernel_cond_2d: out_h + out_w <= 128
+
+
+# ----------------------------------------------------------------------------- helpers
+def _eager_only(op: str) -> None:
+    if torch.compiler.is_compiling():
+        raise NotImplementedError(
+            f"{op}(): resampling ragged spatial dims makes new per-sample sizes (a new ragged extent, "
+            f"built on the host), which torch.compile cannot trace for {_LAYOUT}; call it outside the "
+            "compiled region"
+        )
+
+
+def _spatial(op: str, x: MJT, nsp_allowed: tuple[int, ...]) -> int:
+    """The number of spatial dims of ``x`` — ``(B, C, j0)`` or ``(B, C, j0, j1)``, every spatial
+    dim ragged, C static — or an error naming ``op``."""
+    nsp = x.dim() - 2
+    if nsp in nsp_allowed and x._ragged_dims == tuple(range(2, 2 + nsp)) and x._values.dim() == 2:
+        return nsp
+    shapes = " or ".join({1: "(B, C, j0)", 2: "(B, C, j0, j1)"}[n] for n in nsp_allowed)
+    raise NotImplementedError(
+        f"{op}(): expected {shapes} with every spatial dim ragged and a static channel dim, got "
+        f"{describe(x)} with ragged dims {x._ragged_dims} for {_LAYOUT}"
+    )
+
+
+def _values(x: MJT) -> torch.Tensor:
+    return values_of(x) if _needs_grad(x) else x._values
+
+
+def _finish(v: torch.Tensor, partition, ragged_dims) -> MJT:
+    return wrap_values(v, partition, ragged_dims) if v.requires_grad else wrap(v, partition, ragged_dims)
+
+
+def _opmath(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _entries(off: torch.Tensor, total: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(sample, local)`` of every entry of a packed axis with offsets ``off``: the sample it
+    belongs to and its index inside the sample."""
+    lengths = off.diff()
+    sample = torch.repeat_interleave(torch.arange(lengths.shape[0], device=off.device), lengths, output_size=total)
+    return sample, torch.arange(total, device=off.device) - off[sample]
+
+
+# ----------------------------------------------------------------------------- index math
+def _scale(n_in, n_out, scale, dt):
+    """aten's ``compute_scales_value<dt>``: ``(dt)(1/scale)`` when a scale is given, else
+    ``(dt)n_in / n_out`` (per entry)."""
+    if scale is not None:
+        return torch.full(n_in.shape, 1.0 / scale, dtype=dt, device=n_in.device)
+    return n_in.to(dt) / n_out.to(dt)
+
+
+def _nearest_src(dst, n_in, n_out, scale, exact: bool, opm, vec):
+    """Source index of every output index ``dst`` (per-entry ``n_in``/``n_out``); ``vec`` (per
+    entry bool, or None for 1-d) marks the per-channel 2-d kernel (NOTE [ Resampling ragged
+    images ])."""
+    f32 = torch.float32
+    s = _scale(n_in, n_out, scale, opm)
+    d = dst.to(opm)
+    if exact:
+        generic = ((s * (d + 0.5) - 0.5).clamp_min(0) + 0.5).to(f32).floor()
+    else:
+        generic = (s * d).to(f32).floor()
+    src = generic.to(torch.int64)
+    if vec is not None:
+        sf = _scale(n_in, n_out, scale, f32)
+        if exact:
+            fast = ((dst.to(torch.float64) + 0.5) * sf.to(torch.float64)).to(f32).floor().to(torch.int64)
+        else:
+            fast = (dst.to(f32) * sf).floor().to(torch.int64)
+            fast = torch.where(n_out == n_in, dst, torch.where(n_out == 2 * n_in, dst >> 1, fast))
+        src = torch.where(vec, fast, src)
+    return torch.minimum(src, n_in - 1)
+
+
+def _linear_src(dst, n_in, n_out, scale, align_corners: bool, opm, dtype):
+    """aten's ``compute_source_index_and_lambda``: ``(i0, i1, w0, w1)`` per output index, weights
+    rounded to ``dtype`` (as dense stores them) and returned in opmath."""
+    d = dst.to(opm)
+    if align_corners:
+        s = torch.where(n_out > 1, (n_in - 1).to(opm) / (n_out - 1).clamp_min(1).to(opm), torch.zeros((), dtype=opm))
+        real = s * d
+    else:
+        real = (_scale(n_in, n_out, scale, opm) * (d + 0.5) - 0.5).clamp_min(0)
+    i0 = torch.minimum(real.to(torch.float32).floor().to(torch.int64), n_in - 1)
+    w1 = (real - i0.to(opm)).clamp(0, 1)
+    same = n_out == n_in
+    i0 = torch.where(same, dst, i0)
+    w1 = torch.where(same, torch.zeros((), dtype=opm), w1)
+    i1 = i0 + (i0 < n_in - 1).to(torch.int64)
+    w0 = (1 - w1).to(dtype).to(opm)
+    return i0, i1, w0, w1.to(dtype).to(opm)
+
+
+def _axis_taps(off, total, n_in_dev, scale, mode, align_corners, opm, dtype, vec_sample):
+    """Taps ``[(src, weight or None)]`` of one spatial axis, one entry per (sample, output
+    index), packed by the output offsets ``off``."""
+    sample, dst = _entries(off, total)
+    n_out = off.diff()[sample]
+    n_in = n_in_dev[sample]
+    if mode in ("nearest", "nearest-exact"):
+        vec = None if vec_sample is None else vec_sample[sample]
+        return [(_nearest_src(dst, n_in, n_out, scale, mode == "nearest-exact", opm, vec), None)]
+    i0, i1, w0, w1 = _linear_src(dst, n_in, n_out, scale, bool(align_corners), opm, dtype)
+    return [(i0, w0), (i1, w1)]
+
+
+def _gather(v, in_p, offs, taps, sample, coords, opm):
+    """Every output pixel (``sample`` / ``coords``: ``(T_out,)``, ``(T_out, nsp)``) gathered from
+    the packed input pixels ``v`` ``(T, C)``; linear taps are summed in dense torch's order (the
+    last axis first) in opmath."""
+    entry = [off[sample] + coords[:, k] for k, off in enumerate(offs)]
+    base = in_p.offsets[sample]
+    if len(taps) == 1:
+        picks = [[(base + src[entry[0]], w) for src, w in taps[0]]]
+        outer = [None]
+    else:
+        w_in = in_p.extents[1].lengths()[sample]
+        picks = [[(base + sh[entry[0]] * w_in + sw[entry[1]], ww) for sw, ww in taps[1]] for sh, _ in taps[0]]
+        outer = [wh for _, wh in taps[0]]
+    if taps[0][0][1] is None:  # nearest: one tap per axis
+        return v.index_select(0, picks[0][0][0])
+    vo = v.to(opm)
+    out = None
+    for inner, wh in zip(picks, outer):
+        t = None
+        for rows, w in inner:
+            term = vo.index_select(0, rows) * w[entry[-1]].unsqueeze(1)
+            t = term if t is None else t + term
+        if wh is not None:
+            t = t * wh[entry[0]].unsqueeze(1)
+        out = t if out is None else out + t
+    return out.to(v.dtype)
+
+
+# ----------------------------------------------------------------------------- interpolate
+def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
+    """Dense torch's argument checks (its messages), then its mode/dtype checks on a one-pixel
+    probe; returns ``(sizes or None, scales or None)`` with one entry per spatial dim."""
+    op = "interpolate"
+    if mode not in _MODES:
+        raise NotImplementedError(
+            f"{op}(): mode {mode!r} over ragged spatial dims is not supported for {_LAYOUT} (supported: "
+            f"{', '.join(_MODES)})"
+        )
+    if antialias:
+        raise NotImplementedError(f"{op}(): antialias=True over ragged spatial dims is not supported for {_LAYOUT}")
+    if size is not None and scale_factor is not None:
+        raise ValueError(f"{op}(): only one of size or scale_factor should be defined")
+    if size is None and scale_factor is None:
+        raise ValueError(f"{op}(): either size or scale_factor should be defined")
+    if recompute_scale_factor and size is not None:
+        raise ValueError(f"{op}(): recompute_scale_factor is not meaningful with an explicit size.")
+    spec = size if size is not None else scale_factor
+    vals = list(spec) if isinstance(spec, (list, tuple)) else [spec] * nsp
+    if len(vals) != nsp:
+        what = "size" if size is not None else "scale_factor"
+        raise ValueError(f"{op}(): expected {what} with {nsp} entries for input {describe(input)}, got {spec}")
+    if size is not None:
+        if not all(isinstance(s, int) and not isinstance(s, bool) for s in vals) or any(s <= 0 for s in vals):
+            raise ValueError(f"{op}(): expected size to be positive ints, got {size}")
+    elif not all(isinstance(s, (int, float)) and math.isfinite(s) and s > 0 for s in vals):
+        raise ValueError(f"{op}(): expected scale_factor to be positive finite numbers, got {scale_factor}")
+    c = input._values.shape[1]
+    F.interpolate(input._values.new_zeros((1, c) + (1,) * nsp), size=(1,) * nsp, mode=mode, align_corners=align_corners)
+    return (vals, None) if size is not None else (None, [float(s) for s in vals])
+
+
+@route(F.interpolate)
+def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
+                 antialias=False):
+    """NOTE [ Resampling ragged images ]."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    op = "interpolate"
+    nsp = _spatial(op, input, (1, 2))
+    _eager_only(op)
+    sizes, scales = _check_interp_args(input, nsp, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+    p = input._partition
+    dev = p.offsets.device
+    b = p.batch
+    if sizes is not None:
+        # SYNC: none — host lengths, to name a sample that dense torch would refuse.
+        host = p.host_sizes()
+        empty = (host == 0).any(1).nonzero()
+        if empty.numel():
+            i = int(empty[0, 0])
+            raise ValueError(
+                f"{op}(): sample {i} of {describe(input)} has spatial size {tuple(host[i].tolist())} and cannot be "
+                f"resized to {tuple(sizes)} (dense torch raises for an empty image)"
+            )
+        offs = [torch.arange(b + 1, device=dev) * m for m in sizes]
+        totals = [b * m for m in sizes]
+        out_len = [torch.full((b,), m, dtype=torch.int64, device=dev) for m in sizes]
+        kernel_scales = [None] * nsp
+        n = math.prod(sizes)
+        flat = torch.arange(b * n, device=dev)
+        sample = torch.div(flat, n, rounding_mode="floor")
+        local = flat - sample * n
+        coords = torch.stack([torch.div(local, sizes[1], rounding_mode="floor"), local % sizes[1]], 1) if nsp == 2 else local.unsqueeze(1)
+    else:
+        # dense torch's output size floor(n·s) (double), per sample, from the host lengths
+        ext = [mapped_extent(e, ("scale", s), lambda n, s=s: (n.to(torch.float64) * s).floor())
+               for e, s in zip(p.extents, scales)]
+        offs = [e.offsets for e in ext]
+        totals = [e.total for e in ext]
+        out_len = [e.lengths() for e in ext]
+        kernel_scales = [None] * nsp if recompute_scale_factor else scales
+        out_p = partition_for(ext)
+        sample, coords = out_p.row_coords()
+    v = _values(input)
+    opm = _opmath(v.dtype)
+    vec = (out_len[0] + out_len[1] <= _VEC_LIMIT) if nsp == 2 and mode.startswith("nearest") else None
+    taps = [_axis_taps(off, total, e.lengths(), s, mode, align_corners, opm, v.dtype, vec)
+            for off, total, e, s in zip(offs, totals, p.extents, kernel_scales)]
+    out = _gather(v, p, offs, taps, sample, coords, opm)
+    if sizes is None:
+        return _finish(out, out_p, input._ragged_dims)
+    return out.view(b, *sizes, out.shape[1]).movedim(-1, 1).contiguous()
+
+
+# ----------------------------------------------------------------------------- pixel shuffle
+def _flat_rows(v: torch.Tensor, index: torch.Tensor, channels: int) -> torch.Tensor:
+    """``v`` ``(T, C)`` read at flat element positions ``index`` ``(T_out, channels)``."""
+    return v.reshape(-1).index_select(0, index.reshape(-1)).view(index.shape[0], channels)
+
+
+def _scaled(e, r: int):
+    """``e`` with every size times ``r`` (key ``("scale", r)``), remembering that dividing it back
+    by ``r`` gives ``e`` (so ``pixel_unshuffle(pixel_shuffle(x, r), r)`` keeps x's nested ints)."""
+    out = mapped_extent(e, ("scale", float(r)), lambda n: n * r)
+    out.cache.setdefault(("mapped", ("div", r)), e)
+    return out
+
+
+def _divided(e, r: int):
+    """``e`` with every size divided by ``r`` (all divisible; key ``("div", r)``), remembering the
+    way back (``_scaled``)."""
+    out = mapped_extent(e, ("div", r), lambda n: torch.div(n, r, rounding_mode="floor"))
+    out.cache.setdefault(("mapped", ("scale", float(r))), e)
+    return out
+
+
+def _factor(op: str, name: str, r) -> int:
+    if isinstance(r, bool) or not isinstance(r, int) or r <= 0:
+        raise ValueError(f"{op}(): expected {name} to be a positive int, got {r!r}")
+    return r
+
+
+@route(torch.pixel_shuffle, F.pixel_shuffle)
+def _pixel_shuffle(input, upscale_factor):
+    """``(B, C·r², j0, j1) → (B, C, j0·r, j1·r)``: out pixel ``(h·r+i, w·r+j)`` channel ``c`` is in
+    pixel ``(h, w)`` channel ``c·r² + i·r + j``, per sample as dense ``pixel_shuffle``."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    op = "pixel_shuffle"
+    _spatial(op, input, (2,))
+    _eager_only(op)
+    r = _factor(op, "upscale_factor", upscale_factor)
+    c_in = input._values.shape[1]
+    torch.pixel_shuffle(input._values.new_zeros(1, c_in, 1, 1), r)  # dense torch's channel check
+    c = c_in // (r * r)
+    p = input._partition
+    ext = [_scaled(e, r) for e in p.extents]
+    out_p = partition_for(ext)
+    sample, coords = out_p.row_coords()
+    h, i = torch.div(coords[:, 0], r, rounding_mode="floor"), coords[:, 0] % r
+    w, j = torch.div(coords[:, 1], r, rounding_mode="floor"), coords[:, 1] % r
+    row = p.offsets[sample] + h * p.extents[1].lengths()[sample] + w
+    index = (row * c_in + i * r + j).unsqueeze(1) + torch.arange(c, device=row.device) * (r * r)
+    return _finish(_flat_rows(_values(input), index, c), out_p, input._ragged_dims)
+
+
+@route(torch.pixel_unshuffle, F.pixel_unshuffle)
+def _pixel_unshuffle(input, downscale_factor):
+    """``(B, C, j0, j1) → (B, C·r², j0/r, j1/r)``, the inverse of ``pixel_shuffle``; every sample's
+    sides must be divisible by ``r``."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    op = "pixel_unshuffle"
+    _spatial(op, input, (2,))
+    _eager_only(op)
+    r = _factor(op, "downscale_factor", downscale_factor)
+    c = input._values.shape[1]
+    torch.pixel_unshuffle(input._values.new_zeros(1, c, r, r), r)  # dense torch's dtype checks
+    p = input._partition
+    # SYNC: none — host lengths
+    host = p.host_sizes()
+    bad = (host % r != 0).any(1).nonzero()
+    if bad.numel():
+        k = int(bad[0, 0])
+        raise ValueError(
+            f"{op}(): expected every sample's height and width to be divisible by downscale_factor {r}, got "
+            f"sample {k} of size {tuple(host[k].tolist())} in {describe(input)}"
+        )
+    ext = [_divided(e, r) for e in p.extents]
+    out_p = partition_for(ext)
+    sample, coords = out_p.row_coords()
+    w_in = p.extents[1].lengths()[sample]
+    base = p.offsets[sample] + coords[:, 0] * r * w_in + coords[:, 1] * r  # (T_out,)
+    ar = torch.arange(r, device=base.device)
+    row = base.view(-1, 1, 1) + ar.view(1, r, 1) * w_in.view(-1, 1, 1) + ar.view(1, 1, r)  # (T_out, i, j)
+    index = row.unsqueeze(1) * c + torch.arange(c, device=base.device).view(1, c, 1, 1)  # (T_out, c, i, j)
+    return _finish(_flat_rows(_values(input), index.reshape(index.shape[0], c * r * r), c * r * r), out_p, input._ragged_dims)
