@@ -194,10 +194,12 @@ def same_extent(a: RaggedExtent, b: RaggedExtent) -> bool:
     still treat them as compatible in eager mode, comparing the host copies (no device sync)."""
     if a is b or a.offsets is b.offsets:
         return True
+    if _is_traced(a.offsets) or _is_traced(b.offsets):
+        # Traced extents compare by identity: comparing two symbolic nested ints would install a
+        # guard between sources dynamo cannot name (the resumed frame after a graph break).
+        return False
     if a.nested_int == b.nested_int:
         return True
-    if _is_traced(a.offsets) or _is_traced(b.offsets):
-        return False
     ha, hb = a.host_lengths(), b.host_lengths()
     return ha.shape == hb.shape and bool(torch.equal(ha, hb))
 
