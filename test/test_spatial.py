@@ -404,5 +404,31 @@ def test_compiled_size_changing_window_raises_naming_the_op():
     torch._dynamo.reset()
     x = _batch(_images(SIZES2))
     w = torch.randn(6, 4, 3, 3, dtype=F64)
-    with pytest.raises(Exception, match=r"conv2d\(\): this window changes the per-sample sizes"):
+    with pytest.raises(Exception, match=r"conv2d\(\): a window that changes the per-sample sizes of a ragged spatial dim"):
         torch.compile(lambda t: F.conv2d(t, w, stride=2), backend="aot_eager", fullgraph=True)(x)
+
+
+def test_compiled_size_changing_window_is_a_graph_break():
+    """Without fullgraph, a strided conv or a pooling between compiled convs breaks the graph
+    there and runs eagerly; results and gradients equal eager."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    w1 = torch.randn(4, 4, 3, 3, dtype=F64, generator=g, requires_grad=True)
+    w2 = torch.randn(4, 4, 3, 3, dtype=F64, generator=g, requires_grad=True)
+
+    def f(t):
+        y = F.conv2d(t, w1, padding=1).relu()
+        y = F.max_pool2d(F.conv2d(y, w2, stride=2, padding=1), 2, ceil_mode=True)
+        return F.conv2d(y, w2, padding=1).sum((-2, -1))
+
+    cf = torch.compile(f, backend="aot_eager")
+    for sizes in ([(7, 9), (5, 6), (0, 3)], [(6, 6), (9, 5), (8, 8)]):
+        comps = _images(sizes)
+        x1, x2 = _batch(comps, True), _batch(comps, True)
+        out, ref = cf(x1), f(x2)
+        torch.testing.assert_close(out, ref)
+        got = torch.autograd.grad(out.sum(), [x1, w1, w2])
+        want = torch.autograd.grad(ref.sum(), [x2, w1, w2])
+        torch.testing.assert_close(got[0].values(), want[0].values())
+        for a, b in zip(got[1:], want[1:]):
+            torch.testing.assert_close(a, b)

@@ -70,6 +70,7 @@ from __future__ import annotations
 from typing import Any, Optional, Sequence
 
 import torch
+from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.nested._internal.nested_tensor import get_tensor_symint
 
 from .kernels import reference as ref
@@ -194,10 +195,11 @@ def same_extent(a: RaggedExtent, b: RaggedExtent) -> bool:
     still treat them as compatible in eager mode, comparing the host copies (no device sync)."""
     if a is b or a.offsets is b.offsets:
         return True
-    if _is_traced(a.offsets) or _is_traced(b.offsets):
-        # Traced extents compare by identity: comparing two symbolic nested ints would install a
-        # guard between sources dynamo cannot name (the resumed frame after a graph break).
-        return False
+    if torch.compiler.is_compiling() or _is_traced(a.offsets) or _is_traced(b.offsets):
+        # Traced extents are equal only when provably so (one symbol): asking ``==`` of two
+        # symbolic nested ints would install a guard between sources dynamo cannot name (frames
+        # dynamo compiles after a graph break, NOTE [ Eager-only routes ] in ops/_common.py).
+        return bool(statically_known_true(a.nested_int == b.nested_int))
     if a.nested_int == b.nested_int:
         return True
     ha, hb = a.host_lengths(), b.host_lengths()

@@ -11,6 +11,7 @@ from ..structure import Partition
 from ..tensor import MultiJaggedTensor
 
 __all__ = [
+    "eager_route",
     "MJT",
     "static_dims",
     "values_dim",
@@ -52,3 +53,56 @@ def describe(x) -> str:
     if isinstance(x, torch.Tensor):
         return str(tuple(x.shape))
     return repr(x)
+
+
+def _any_traced(args, kwargs) -> bool:
+    from ..structure import _is_traced
+
+    for a in (*args, *kwargs.values()):
+        t = a._values if isinstance(a, MultiJaggedTensor) else a
+        if isinstance(t, torch.Tensor) and _is_traced(t):
+            return True
+    return False
+
+
+def eager_route(reason: str, traceable=None):
+    """Decorator for a route that builds new ragged extents from host sizes (NOTE [ Eager-only
+    routes ]): eagerly it is the route itself; under ``torch.compile`` a call for which
+    ``traceable(*args, **kwargs)`` is not true is a graph break, and with ``fullgraph=True`` an
+    error quoting ``reason`` (``{op}`` in it: the op, the route's first argument when a string,
+    else the route's name)."""
+
+    def deco(fn):
+        def eager(*args, **kwargs):
+            if _any_traced(args, kwargs):
+                # dynamo runs the op on fake tensors: refuse, and it breaks the graph here
+                op = args[0] if args and isinstance(args[0], str) else getattr(fn, "__name__", "op").strip("_")
+                raise NotImplementedError(reason.format(op=op))
+            return fn(*args, **kwargs)
+
+        # a frame dynamo compiles in the eager fallback calls this: a graph break, then eager
+        eager = torch.compiler.disable(eager, reason=reason)
+
+        @functools.wraps(fn)
+        def routed(*args, **kwargs):
+            if torch.compiler.is_compiling() and not (traceable is not None and traceable(*args, **kwargs)):
+                return eager(*args, **kwargs)
+            return fn(*args, **kwargs)
+
+        return routed
+
+    return deco
+
+
+# NOTE [ Eager-only routes ]
+#
+# An op whose output has per-sample sizes no existing extent holds (a strided window, a resize, a
+# flatten of two ragged dims) needs those sizes on the host to build the new extent and its shape
+# carriers; inside a traced region they are symbolic. Such routes are decorated with
+# ``eager_route``. Dynamo meets them in two ways: it runs the torch function on fake tensors to
+# record it as a graph node (the route refuses, raising NotImplementedError, and dynamo breaks the
+# graph there), and, in the eager fallback at that break, it compiles the frames this package
+# runs (the route calls a ``torch.compiler.disable``d function: another break, then plain eager).
+# The regions around the op still compile; ``fullgraph=True`` reports the reason. Frames compiled
+# in that fallback must not compare two symbolic nested ints: dynamo cannot name the guard
+# (``structure.same_extent`` compares traced extents by identity).

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from ..bridge import relabel
 from ..compile import library  # noqa: F401
 from ..errors import StructureError
-from ..structure import partition_for, same_extent
+from ..structure import _is_traced, partition_for, same_extent
 from . import bridged
 from .pair_mm import pair_product
 from . import dispatch as _dispatch
@@ -173,6 +173,9 @@ def unify_call(func, args: tuple, kwargs: dict | None):
 def _relabel_map(first: MJT, other: MJT):
     """``other``'s partition with each extent replaced by ``first``'s extent at the same logical
     dim when the two are equal-sized but not identical (None when nothing changes)."""
+    if torch.compiler.is_compiling() or _is_traced(other._values):
+        # Traced extents are one extent only when provably one nested int: nothing to relabel.
+        return None
     swap = {}
     for d, e in zip(other._ragged_dims, other._partition.extents):
         if d in first._ragged_dims:

@@ -33,7 +33,7 @@ from ..errors import StructureError
 from ..kernels import canvas as cv
 from ..structure import RaggedExtent, mapped_extent, partition_for
 from . import register_multi_jagged_func
-from ._common import MJT, describe, wrap
+from ._common import MJT, describe, eager_route, wrap
 from .routes import _needs_grad, route
 
 mj = torch.ops.multijagged
@@ -181,13 +181,11 @@ def _wrap_pixels(x: MJT, rows: torch.Tensor, out_sizes: torch.Tensor, windows, n
     return wrap_values(vals, part, x._ragged_dims) if grad else wrap(vals, part, x._ragged_dims)
 
 
-def _eager_only(op: str) -> None:
-    if torch.compiler.is_compiling():
-        raise NotImplementedError(
-            f"{op}(): this window changes the per-sample sizes of a ragged spatial dim (a new extent, built on "
-            "the host), which torch.compile cannot trace for layout torch.multi_jagged; call it outside the "
-            "compiled region (stride-1 convolutions that keep every size do compile)"
-        )
+_WHY = (
+    "{op}(): a window that changes the per-sample sizes of a ragged spatial dim makes a new extent from host sizes, "
+    "which torch.compile cannot trace for layout torch.multi_jagged: a graph break (stride-1 convolutions "
+    "that keep every size compile)"
+)
 
 
 def _plan(op: str, x: MJT, windows, nspatial: int):
@@ -200,7 +198,6 @@ def _plan(op: str, x: MJT, windows, nspatial: int):
 
 def _run(op: str, x: MJT, windows, nspatial: int, fill: float, dense):
     """Pixel rows → canvas → ``dense(canvas)`` → output pixel rows → tensor."""
-    _eager_only(op)
     sizes, out_sizes, plan = _plan(op, x, windows, nspatial)
     grad = _needs_grad(x)
     v = values_of(x) if grad else x._values
@@ -219,6 +216,20 @@ _CONV = {1: F.conv1d, 2: F.conv2d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d}
 
 
+def _traced_conv(op, nspatial, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> bool:
+    """Whether the compiled path takes this conv: size-keeping, pixel rows as values."""
+    if not (_canonical(input, nspatial) and isinstance(weight, torch.Tensor) and weight.dim() == nspatial + 2):
+        return False
+    if padding == "same":
+        return all(int(a) == 1 for a in _tuple(op, stride, nspatial, "stride"))
+    if isinstance(padding, str):
+        return False
+    k, d = tuple(weight.shape[2:]), _tuple(op, dilation, nspatial, "dilation")
+    p = _tuple(op, padding, nspatial, "padding")
+    return csp.keeps_sizes(k, _tuple(op, stride, nspatial, "stride"), [(a, a) for a in p], d)
+
+
+@eager_route(_WHY, traceable=_traced_conv)
 def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
     _check_layout(op, input, nspatial, weight)
     input = as_spatial(op, input, nspatial)
@@ -251,6 +262,7 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
     return out
 
 
+@eager_route(_WHY)
 def conv_transpose(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, padding=0, output_padding=0,
                    groups=1, dilation=1):
     _check_layout(op, input, nspatial, weight)
@@ -280,6 +292,7 @@ def _low(dtype: torch.dtype) -> float:
     return float("-inf") if dtype.is_floating_point else float(torch.iinfo(dtype).min)
 
 
+@eager_route(_WHY)
 def pool(op: str, nspatial: int, input: MJT, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False,
          return_indices=False, count_include_pad=True, divisor_override=None):
     _check_layout(op, input, nspatial)
