@@ -432,3 +432,57 @@ def test_compiled_size_changing_window_is_a_graph_break():
         torch.testing.assert_close(got[0].values(), want[0].values())
         for a, b in zip(got[1:], want[1:]):
             torch.testing.assert_close(a, b)
+
+
+WIDE = [
+    dict(k=3, stride=1, padding=1),
+    dict(k=3, stride=1, padding=2, dilation=2),
+    dict(k=3, stride=2, padding=1),
+    dict(k=1, stride=2, padding=0),
+    dict(k=3, stride=1, padding=0),
+    dict(k=(3, 1), stride=(2, 1), padding=(1, 0)),
+    dict(k=4, stride=3, padding=2, dilation=1),
+]
+
+
+@pytest.mark.parametrize("n", [1, 2])
+@pytest.mark.parametrize("cfg", WIDE, ids=lambda c: ",".join(f"{k}={v}" for k, v in c.items()))
+def test_wide_conv_backward_by_taps(n, cfg):
+    """≥ 16 input channels take the canvas conv with its own backward (per-tap GEMMs,
+    NOTE [ Conv backward on the canvas ]): gradients of input, weight and bias per sample."""
+    if n == 1 and not isinstance(cfg["k"], int):
+        pytest.skip("a 2-d kernel")
+    w, b, kw = _conv_params(n, cfg, c=16, cout=5)
+    fn = F.conv2d if n == 2 else F.conv1d
+    _check(lambda x: fn(x, w, b, **kw), lambda x: fn(x, w, b, **kw), _images(SIZES2 if n == 2 else SIZES1, c=16), [w, b])
+
+
+def test_wide_conv_on_pages_and_second_order():
+    from torch_multijagged.kernels import canvas as cv
+
+    comps = _images([(9, 9), (8, 9), (9, 7), (0, 4), (6, 9)], c=16)
+    plan = cv.plan_canvas(torch.tensor([list(c.shape[1:]) for c in comps]), (cv.Window(3, 1, 1, 1),) * 2, torch.device("cpu"))
+    w = torch.randn(3, 16, 3, 3, dtype=F64, requires_grad=True)
+    b = torch.randn(3, dtype=F64, requires_grad=True)
+    orig = cv._batch_factor
+    try:
+        cv._batch_factor = lambda pages: 1.0 + 100.0 / pages  # force a batch of pages
+        assert cv.plan_canvas(torch.tensor([list(c.shape[1:]) for c in comps]), (cv.Window(3, 1, 1, 1),) * 2,
+                              torch.device("cpu")).pages > 1
+        _check(lambda x: F.conv2d(x, w, b, padding=1), lambda x: F.conv2d(x, w, b, padding=1), comps, [w, b])
+        _check(lambda x: F.conv2d(x, w, b, stride=2, padding=1), lambda x: F.conv2d(x, w, b, stride=2, padding=1), comps, [w, b])
+    finally:
+        cv._batch_factor = orig
+    del plan
+    small = _images([(3, 4), (0, 2), (2, 3)], c=16)
+    x = _batch(small)
+    v = x.values().detach().requires_grad_()
+    off, sizes = x._partition.offsets, x._partition.host_sizes()
+    w2 = torch.randn(2, 16, 3, 3, dtype=F64, requires_grad=True)
+
+    def f(v, w2):
+        t = mj.from_packed(v, off, sizes, (2, 3))
+        return F.conv2d(F.conv2d(t, torch.cat([w2] * 8), None, padding=1).tanh(), w2, None, stride=2, padding=1).values()
+
+    assert torch.autograd.gradcheck(f, (v, w2))
+    assert torch.autograd.gradgradcheck(f, (v, w2))

@@ -212,6 +212,16 @@ def _run(op: str, x: MJT, windows, nspatial: int, fill: float, dense):
 
 
 # ----------------------------------------------------------------------------- convolutions
+def _canvas_conv(fn, canvas, weight, bias, stride, padding, dilation, groups):
+    """The conv on the canvas: ``kernels.canvas.canvas_conv`` (oneDNN's forward, a backward of
+    per-tap GEMMs) where it applies, else the dense conv."""
+    if cv.canvas_conv_applies(canvas, weight, groups):
+        return cv.canvas_conv(canvas, weight, bias, stride, padding, dilation)
+    return fn(canvas, weight, bias, stride, padding, dilation, groups)
+
+
+
+
 _CONV = {1: F.conv1d, 2: F.conv2d}
 _CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d}
 
@@ -258,7 +268,7 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
         return mj.spatial_conv(input, weight, bias, [a for pr in pads for a in pr], list(d), groups)
     fn = _CONV[nspatial]
     pad_canvas = tuple(pl for pl, _ in pads)
-    out, *_ = _run(op, input, windows, nspatial, 0.0, lambda canvas, plan: fn(canvas, weight, bias, s, pad_canvas, d, groups))
+    out, *_ = _run(op, input, windows, nspatial, 0.0, lambda canvas, plan: _canvas_conv(fn, canvas, weight, bias, s, pad_canvas, d, groups))
     return out
 
 
