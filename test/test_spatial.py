@@ -486,3 +486,18 @@ def test_wide_conv_on_pages_and_second_order():
 
     assert torch.autograd.gradcheck(f, (v, w2))
     assert torch.autograd.gradgradcheck(f, (v, w2))
+
+
+def test_readme_images_example_runs():
+    """The README's images example runs as written and its shapes are what the text says."""
+    import pathlib
+    import re
+
+    text = (pathlib.Path(__file__).resolve().parents[1] / "README.md").read_text()
+    section = text.split("### Images and signals of different sizes", 1)[1]
+    code = re.search(r"```python\n(.*?)```", section, re.S).group(1)
+    env = {"torch": torch, "F": F, "multi_jagged": multi_jagged, "mj": mj}
+    exec(compile(code, "README.md", "exec"), env)
+    assert tuple(env["logits"].shape) == (4, 10)
+    assert env["tokens"].shape[2] == 64 and env["grid"].shape[2] is env["h"].shape[2]
+    assert [t.shape[0] for t in env["tokens"].unbind()] == [48, 8, 64, 10]
