@@ -222,10 +222,11 @@ def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
     return "\n".join([line(cells[0]), rule] + [line(r) for r in cells[1:]])
 
 
-def plot_regimes(path: str, results: dict, method_names: Sequence[str], title: str) -> Optional[str]:
-    """Two bar charts per length regime — speedup over padded (with the 1/ρ_pair ceiling) and
+def plot_regimes(path: str, results: dict, method_names: Sequence[str], title: str, rho_key: str = "rho_pair",
+                 rho_label: str = "ρ_pair") -> Optional[str]:
+    """Two bar charts per length regime — speedup over padded (with the 1/ρ ceiling) and
     peak live memory — from ``results[regime]["methods"][name]`` (``speedup_vs_padded``,
-    ``peak_bytes``) and ``results[regime]["rho_pair"]``. A reason string when it cannot plot."""
+    ``peak_bytes``) and ``results[regime][rho_key]``. A reason string when it cannot plot."""
     plt = optional_import("matplotlib.pyplot")
     if plt is None:
         return "matplotlib not installed (pip install -e '.[bench]'); --plot skipped"
@@ -239,11 +240,11 @@ def plot_regimes(path: str, results: dict, method_names: Sequence[str], title: s
         ax1.bar(xs, sp, width, label=n)
         ax2.bar(xs, mem, width, label=n)
     for i, r in enumerate(regimes):  # the ceiling of what removing pair padding can buy
-        ax1.hlines(1 / results[r]["rho_pair"], i - 0.45, i + 0.45, colors="k", linestyles="--",
-                   label="1/ρ_pair" if i == 0 else None)
+        ax1.hlines(1 / results[r][rho_key], i - 0.45, i + 0.45, colors="k", linestyles="--",
+                   label=f"1/{rho_label}" if i == 0 else None)
     for ax, ylabel in ((ax1, "speedup vs padded (median of paired rounds)"), (ax2, "peak live MiB in a step")):
         ax.set_xticks(range(len(regimes)))
-        ax.set_xticklabels([f"{r}\nρ_pair={results[r]['rho_pair']:.2f}" for r in regimes])
+        ax.set_xticklabels([f"{r}\n{rho_label}={results[r][rho_key]:.2f}" for r in regimes])
         ax.set_ylabel(ylabel)
     ax1.axhline(1.0, color="grey", lw=0.5)
     ax1.legend(fontsize=8)
