@@ -36,6 +36,7 @@ This module is pure torch on host sizes; it knows nothing of the subclass.
 from __future__ import annotations
 
 import math
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional, Sequence
 
@@ -43,7 +44,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["canvas_conv", "canvas_conv_applies", "Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "to_out_canvas", "from_canvas", "avg_divisor", "local_index"]
+__all__ = ["rows_conv", "canvas_conv_applies", "Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "to_out_canvas", "from_canvas", "avg_divisor", "local_index"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +114,7 @@ class CanvasPlan:
     occupancy: float  # input pixels / canvas pixels
     in_gutter: Tensor  # canvas pixels that hold no input pixel
     out_gutter: Tensor  # output-canvas pixels that are no image's output
+    cache: dict = dataclasses.field(default_factory=dict)  # margined indices (``_margined``)
 
 
 def _align(x: int, a: int) -> int:
@@ -399,61 +401,98 @@ def avg_divisor(plan: CanvasPlan, windows: Sequence[Window], count_include_pad: 
 # so every order of gradients works. Used for one group and ≥ 16 input channels (with 3 input
 # channels the taps' GEMMs are too thin and oneDNN's weight gradient is faster).
 
-def canvas_conv_applies(canvas: Tensor, weight: Tensor, groups: int) -> bool:
-    return groups == 1 and weight.shape[1] >= 16 and canvas.dim() in (3, 4) and canvas.is_floating_point()
+def canvas_conv_applies(rows: Tensor, weight: Tensor, groups: int) -> bool:
+    return groups == 1 and weight.shape[1] >= 16 and weight.dim() in (3, 4) and rows.is_floating_point()
 
 
-class _CanvasConv(torch.autograd.Function):
+def _margined(plan: CanvasPlan, margin: int) -> tuple[Tensor, Tensor, int]:
+    """Input indices into a buffer of ``margin`` zero rows, the canvas, ``margin`` zero rows."""
+    hit = plan.cache.get(("margin", margin))
+    if hit is None:
+        total = plan.pages * math.prod(plan.shape) + 2 * margin
+        index = plan.in_index + margin
+        hit = plan.cache[("margin", margin)] = (index, _complement(index, total), total)
+    return hit
+
+
+def _canvas_rows(rows: Tensor, plan: CanvasPlan, margin: int) -> Tensor:
+    """``(margin + M + margin, C)``: the canvas's flat rows between zero margins (differentiable)."""
+    index, gutter, total = _margined(plan, margin)
+    return _Scatter.apply(rows, index, gutter, total, 0.0)
+
+
+def _as_canvas(buf: Tensor, plan: CanvasPlan, margin: int) -> Tensor:
+    m = plan.pages * math.prod(plan.shape)
+    return buf.narrow(0, margin, m).view(plan.pages, *plan.shape, buf.shape[1]).movedim(-1, 1)
+
+
+def _same(weight: Tensor, stride, padding, dilation) -> bool:
+    return all(s == 1 and 2 * p == d * (k - 1) for s, p, d, k in zip(stride, padding, dilation, weight.shape[2:]))
+
+
+def _margin(plan: CanvasPlan, weight: Tensor, stride, padding, dilation) -> int:
+    if not _same(weight, stride, padding, dilation):
+        return 0
+    width = plan.shape[-1] if len(plan.shape) == 2 else 1
+    return padding[0] * width + (padding[1] if len(padding) == 2 else 0)
+
+
+class _RowsConv(torch.autograd.Function):
+    """Pixel rows → canvas → oneDNN conv → output pixel rows, as one node: it saves the rows (which
+    the layer before already holds), not the canvas (NOTE [ Conv backward on the canvas ])."""
+
     @staticmethod
-    def forward(ctx, canvas, weight, bias, stride, padding, dilation):  # type: ignore[override]
-        ctx.save_for_backward(canvas, weight)
-        ctx.geometry = (stride, padding, dilation)
-        ctx.has_bias = bias is not None
-        conv = F.conv2d if canvas.dim() == 4 else F.conv1d
-        return conv(canvas, weight, bias, stride, padding, dilation)
+    def forward(ctx, rows, weight, bias, plan, stride, padding, dilation):  # type: ignore[override]
+        margin = _margin(plan, weight, stride, padding, dilation)
+        canvas = _as_canvas(_canvas_rows(rows, plan, margin), plan, margin)
+        conv = F.conv2d if weight.dim() == 4 else F.conv1d
+        out = conv(canvas, weight, bias, stride, padding, dilation)
+        ctx.save_for_backward(rows, weight)
+        ctx.geometry = (plan, stride, padding, dilation, margin, bias is not None)
+        return out.movedim(1, -1).reshape(-1, out.shape[1]).index_select(0, plan.out_index)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
-        canvas, weight = ctx.saved_tensors
-        stride, padding, dilation = ctx.geometry
+        rows, weight = ctx.saved_tensors
+        plan, stride, padding, dilation, margin, has_bias = ctx.geometry
+        g = to_out_canvas(grad, plan)
         gx = gw = gb = None
-        if ctx.needs_input_grad[0]:
-            gx = _input_grad(grad, canvas, weight, stride, padding, dilation)
         if ctx.needs_input_grad[1]:
-            gw = _taps_weight_grad(grad, canvas, weight, stride, padding, dilation)
-        if ctx.has_bias and ctx.needs_input_grad[2]:
-            gb = grad.sum([0] + list(range(2, grad.dim())))
-        return gx, gw, gb, None, None, None
+            buf = _canvas_rows(rows, plan, margin)
+            gw = _taps_weight_grad(g, _as_canvas(buf, plan, margin), buf, margin, weight, stride, padding, dilation)
+        if ctx.needs_input_grad[0]:
+            gcanvas = _input_grad(g, plan, weight, stride, padding, dilation)
+            gx = _Gather.apply(gcanvas.movedim(1, -1).reshape(-1, gcanvas.shape[1]), plan.in_index, plan.in_gutter)
+        if has_bias and ctx.needs_input_grad[2]:
+            gb = grad.sum(0)
+        return gx, gw, gb, None, None, None, None
 
 
-def _input_grad(grad, canvas, weight, stride, padding, dilation):
-    k = weight.shape[2:]
-    n = canvas.shape[2:]
-    if all(s == 1 and 2 * p == d * (kk - 1) for s, p, d, kk in zip(stride, padding, dilation, k)):
+def _input_grad(grad, plan: CanvasPlan, weight, stride, padding, dilation):
+    """The input canvas's gradient: the transposed conv of ``grad`` (output canvas)."""
+    if _same(weight, stride, padding, dilation):
         # the transposed conv of a size-keeping conv is one too: flipped, transposed kernel
-        return _CanvasConv.apply(grad, weight.transpose(0, 1).flip(list(range(2, weight.dim()))), None, stride,
-                                 padding, dilation)
-    out_pad = [int(nn) - ((int(o) - 1) * s - 2 * p + d * (kk - 1) + 1)
-               for nn, o, s, p, d, kk in zip(n, grad.shape[2:], stride, padding, dilation, k)]
-    tconv = F.conv_transpose2d if canvas.dim() == 4 else F.conv_transpose1d
+        conv = F.conv2d if weight.dim() == 4 else F.conv1d
+        return conv(grad, weight.transpose(0, 1).flip(list(range(2, weight.dim()))), None, 1, padding, dilation)
+    k = weight.shape[2:]
+    out_pad = [int(n) - ((int(o) - 1) * s - 2 * p + d * (kk - 1) + 1)
+               for n, o, s, p, d, kk in zip(plan.shape, grad.shape[2:], stride, padding, dilation, k)]
+    tconv = F.conv_transpose2d if weight.dim() == 4 else F.conv_transpose1d
     return tconv(grad, weight, None, stride, padding, out_pad, 1, dilation)
 
 
-def _taps_weight_grad(grad: Tensor, canvas: Tensor, weight: Tensor, stride, padding, dilation) -> Tensor:
+def _taps_weight_grad(grad: Tensor, canvas: Tensor, buf: Tensor, margin: int, weight: Tensor, stride, padding,
+                      dilation) -> Tensor:
     """Σ over output pixels of grad ⊗ the input pixel each tap reads: one GEMM per tap."""
     co, ci, *k = weight.shape
     g = grad.movedim(1, -1).reshape(-1, co).t()
-    same = all(s == 1 and 2 * p == d * (kk - 1) for s, p, d, kk in zip(stride, padding, dilation, k))
     taps = []
-    if same:
-        rows = canvas.movedim(1, -1).reshape(-1, ci)
-        m = rows.shape[0]
+    if _same(weight, stride, padding, dilation):
+        m = g.shape[1]
         width = canvas.shape[-1] if len(k) == 2 else 1
-        margin = padding[0] * width + (padding[1] if len(k) == 2 else 0)
-        padded = torch.cat([rows.new_zeros(margin, ci), rows, rows.new_zeros(margin, ci)]) if margin else rows
         for tap in _taps(k):
             off = margin + sum((t * d - p) * w for t, d, p, w in zip(tap, dilation, padding, (width, 1)[-len(k):]))
-            taps.append(g @ padded[off: off + m])
+            taps.append(g @ buf[off: off + m])
     else:
         pad = []
         for p in reversed(padding):
@@ -474,7 +513,8 @@ def _taps(k):
     return [(a, b) for a in range(k[0]) for b in range(k[1])]
 
 
-def canvas_conv(canvas: Tensor, weight: Tensor, bias, stride, padding, dilation) -> Tensor:
-    """A one-group conv with symmetric padding on the canvas (NOTE [ Conv backward on the canvas ])."""
+def rows_conv(rows: Tensor, plan: CanvasPlan, weight: Tensor, bias, stride, padding, dilation) -> Tensor:
+    """A one-group conv with symmetric canvas padding, pixel rows in and out (NOTE [ Conv backward
+    on the canvas ])."""
     t = lambda v: tuple(int(a) for a in v)  # noqa: E731
-    return _CanvasConv.apply(canvas, weight, bias, t(stride), t(padding), t(dilation))
+    return _RowsConv.apply(rows, weight, bias, plan, t(stride), t(padding), t(dilation))

@@ -196,30 +196,26 @@ def _plan(op: str, x: MJT, windows, nspatial: int):
     return sizes, out_sizes, plan
 
 
-def _run(op: str, x: MJT, windows, nspatial: int, fill: float, dense):
-    """Pixel rows → canvas → ``dense(canvas)`` → output pixel rows → tensor."""
+def _run(op: str, x: MJT, windows, nspatial: int, fill: float, dense, rows_op=None):
+    """Pixel rows → canvas → ``dense(canvas)`` → output pixel rows → tensor (or ``rows_op(rows,
+    plan)`` doing all of it)."""
     sizes, out_sizes, plan = _plan(op, x, windows, nspatial)
     grad = _needs_grad(x)
     v = values_of(x) if grad else x._values
     rows = _pixel_rows(x, v, nspatial, sizes)
-    out = dense(cv.to_canvas(rows, plan, fill), plan)
     extra = None
-    if isinstance(out, tuple):
-        out, extra = out
-    res = cv.from_canvas(out, plan)
+    if rows_op is not None:
+        res = rows_op(rows, plan)
+    else:
+        out = dense(cv.to_canvas(rows, plan, fill), plan)
+        if isinstance(out, tuple):
+            out, extra = out
+        res = cv.from_canvas(out, plan)
     grad = grad or res.requires_grad
     return _wrap_pixels(x, res, out_sizes, windows, nspatial, grad), plan, out_sizes, extra
 
 
 # ----------------------------------------------------------------------------- convolutions
-def _canvas_conv(fn, canvas, weight, bias, stride, padding, dilation, groups):
-    """The conv on the canvas: ``kernels.canvas.canvas_conv`` (oneDNN's forward, a backward of
-    per-tap GEMMs) where it applies, else the dense conv."""
-    if cv.canvas_conv_applies(canvas, weight, groups):
-        return cv.canvas_conv(canvas, weight, bias, stride, padding, dilation)
-    return fn(canvas, weight, bias, stride, padding, dilation, groups)
-
-
 
 
 _CONV = {1: F.conv1d, 2: F.conv2d}
@@ -268,7 +264,14 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
         return mj.spatial_conv(input, weight, bias, [a for pr in pads for a in pr], list(d), groups)
     fn = _CONV[nspatial]
     pad_canvas = tuple(pl for pl, _ in pads)
-    out, *_ = _run(op, input, windows, nspatial, 0.0, lambda canvas, plan: _canvas_conv(fn, canvas, weight, bias, s, pad_canvas, d, groups))
+    rows_op = None
+    if cv.canvas_conv_applies(input._values, weight, groups):
+        # oneDNN's forward, a backward of per-tap GEMMs (NOTE [ Conv backward on the canvas ])
+        def rows_op(rows, plan):
+            return cv.rows_conv(rows, plan, weight, bias, s, pad_canvas, d)
+
+    out, *_ = _run(op, input, windows, nspatial, 0.0,
+                   lambda canvas, plan: fn(canvas, weight, bias, s, pad_canvas, d, groups), rows_op)
     return out
 
 
