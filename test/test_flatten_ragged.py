@@ -237,3 +237,33 @@ def test_navit_tokens_from_a_nested_tensor():
         torch.testing.assert_close(a, _attention_ref(f.detach().flatten(1).T, heads).T.reshape(f.shape))
     out.values().sum().backward()
     assert all(f.grad is not None and f.grad.shape == f.shape for f in feats)
+
+
+def test_flatten_of_ragged_dims_between_compiled_ops_is_a_graph_break():
+    """Without fullgraph, merging ragged dims (flatten, reshape/view to the merge) between
+    compiled ops breaks the graph there and runs eagerly (NOTE [ Eager-only routes ]); a flatten
+    of static dims stays compiled. Results and gradients (input and weights) equal eager, over
+    batches of different sizes with an empty image."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    w1 = torch.randn(3, 3, 3, 3, dtype=D, generator=g, requires_grad=True)
+    w2 = torch.randn(4, 6, dtype=D, generator=g, requires_grad=True)
+
+    def f(t):
+        y = F.conv2d(t, w1, padding=1) * 2 + 1  # (B, 3, j_h, j_w)
+        a = y.flatten(2)  # (B, 3, j_t)
+        y = a + y.reshape(y.shape[0], 3, -1) * 2 + y.view(y.shape[0], 3, a.shape[2])
+        y = torch.cat([y, y * y], 1).transpose(1, 2)  # (B, j_t, 6)
+        return (y @ w2.t()).unsqueeze(2).flatten(2, 3) * 2 + 1  # a static flatten: compiled
+
+    cf = torch.compile(f, backend="aot_eager")
+    for seed, sides in enumerate(([(4, 5), (3, 3), (0, 2)], [(5, 5), (6, 3), (2, 4), (1, 1)])):
+        comps = comps_for([(3, h, w) for h, w in sides], seed)
+        x1, x2 = (mj.nested_tensor(comps, ragged_dims=(2, 3), requires_grad=True) for _ in range(2))
+        out, ref = cf(x1), f(x2)
+        torch.testing.assert_close(out.values(), ref.values())
+        got = torch.autograd.grad(out.values().sum(), [x1, w1, w2])
+        want = torch.autograd.grad(ref.values().sum(), [x2, w1, w2])
+        torch.testing.assert_close(got[0].values(), want[0].values())
+        for a, b in zip(got[1:], want[1:]):
+            torch.testing.assert_close(a, b)

@@ -460,3 +460,67 @@ def test_eager_only_ops_raise_under_compile():
         torch._dynamo.reset()
         with pytest.raises(Exception, match=op + r"\(\): .*torch.compile cannot trace"):
             torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+
+
+def _compiled_vs_eager(f, batches, params):
+    """``f`` compiled without fullgraph (graph breaks allowed) against ``f`` eagerly, on batches
+    of different sizes: outputs and the gradients of the input and every parameter."""
+    cf = torch.compile(f, backend="aot_eager")
+    for comps in batches:
+        x1, x2 = (mj.nested_tensor(comps, ragged_dims=(2, 3), requires_grad=True) for _ in range(2))
+        out, ref = cf(x1), f(x2)
+        assert_close(out, ref, "compiled forward")
+        got = torch.autograd.grad(out.sum(), [x1, *params])
+        want = torch.autograd.grad(ref.sum(), [x2, *params])
+        assert_close(got[0].values(), want[0].values(), "compiled input gradient")
+        for a, b in zip(got[1:], want[1:]):
+            assert_close(a, b, "compiled parameter gradient")
+
+
+def test_compiled_norms_and_adaptive_pools_are_graph_breaks():
+    """Without fullgraph, each norm and adaptive pool between compiled convolutions breaks the
+    graph there and runs eagerly (NOTE [ Eager-only routes ]); results and gradients equal eager."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    w1, w2 = (torch.randn(4, 4, 3, 3, dtype=DT, generator=g, requires_grad=True) for _ in range(2))
+    nw, nb = (torch.randn(4, dtype=DT, generator=g, requires_grad=True) for _ in range(2))
+
+    def norms(t):
+        y = F.conv2d(t, w1, padding=1)
+        y = F.batch_norm(y, None, None, nw, nb, training=True)
+        y = F.instance_norm(F.conv2d(y, w2, padding=1)) * 2 + 1
+        y = F.group_norm(y, 2, nw, nb)
+        return F.conv2d(y, w2, padding=1).sum((-2, -1))
+
+    def pools(t):
+        y = F.conv2d(t, w1, padding=1)
+        y = F.adaptive_avg_pool2d(y, (2, 3)) + F.adaptive_max_pool2d(y * 2 + 1, 2).sum(-1, keepdim=True)
+        return F.conv2d(y, w2, padding=1)
+
+    sizes = ([(4, 5), (3, 3), (0, 2)], [(5, 5), (6, 3), (2, 4), (3, 1)])
+    batches = [comps_of("rect", 4, rows, seed) for seed, rows in enumerate(sizes)]
+    _compiled_vs_eager(norms, batches, [w1, w2, nw, nb])
+    _compiled_vs_eager(pools, [[c for c in b if c.numel()] for b in batches], [w1, w2])
+
+
+def test_batch_norm_float32_statistics_are_accurate_over_many_pixels():
+    """float32 batch norm over ~2·10⁵ pixels with a large mean: statistics and the bias and input
+    gradients within float32 rounding of the float64 computation (torch's CPU kernel on the packed
+    (P, C) values summed naively: its bias gradient was 1e-2 off)."""
+    g = torch.Generator().manual_seed(0)
+    imgs = [torch.randn(8, h, w, generator=g, dtype=torch.float64) * 0.5 + 3 for h, w in [(300, 320), (250, 330)]]
+    w = torch.rand(8, dtype=torch.float64, generator=g) + 0.5
+    b = torch.randn(8, dtype=torch.float64, generator=g)
+
+    def run(dtype):
+        x = mj.nested_tensor([i.to(dtype) for i in imgs], ragged_dims=(2, 3)).requires_grad_()
+        wt, bt = w.to(dtype).requires_grad_(), b.to(dtype).requires_grad_()
+        y = F.batch_norm(x, None, None, wt, bt, training=True)
+        cot = (1 + 0.5 * torch.cos(torch.arange(y.values().numel(), dtype=torch.float64))).view(y.values().shape).to(dtype)
+        loss = (y.values() * cot).sum()
+        gx, gw, gb = torch.autograd.grad(loss, [x, wt, bt])
+        return y.values().double(), gx.values().double(), gw.double(), gb.double()
+
+    # weight gradient: Σ cot·x̂ cancels (x̂ has zero mean), so float32 rounding alone is ~1e-4 of it
+    for name, a, r, tol in zip("y gx gw gb".split(), run(torch.float32), run(torch.float64), (2e-6, 2e-5, 2e-3, 2e-6)):
+        assert ((a - r).abs().max() / r.abs().max()) < tol, name

@@ -339,3 +339,47 @@ def test_pool1d_rejects_bad_arguments_as_dense():
         F.avg_pool1d(x, 2, 1, 2)
     with pytest.raises(NotImplementedError, match="only ragged one"):
         F.avg_pool1d(mj.nested_tensor(comps_for([(3, 3, 2), (2, 2, 2)], 1), ragged_dims=(1, 2)).transpose(1, 3), 2)
+
+
+def test_pool1d_between_compiled_convs_is_a_graph_break():
+    """Without fullgraph, 1-d pooling over the ragged dim between compiled convolutions breaks
+    the graph there and runs eagerly (NOTE [ Eager-only routes ]); adaptive pooling to size 1
+    stays compiled. Results and gradients (input and weights) equal eager, over batches of
+    different lengths with an empty signal."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    w1, w2 = (torch.randn(3, 3, 3, dtype=DT, generator=g, requires_grad=True) for _ in range(2))
+
+    def f(t):
+        y = F.conv1d(t, w1, padding=1) * 2 + 1
+        y = F.avg_pool1d(y, 2) + F.max_pool1d(y, 2) * F.max_pool1d(y, 3, 2, 1).amax(-1, keepdim=True)
+        y = F.conv1d(F.max_pool1d(y, 2, 1, 1), w2, padding=1)
+        return (F.adaptive_avg_pool1d(y, 3) + F.adaptive_max_pool1d(y, 2).sum(-1, keepdim=True)
+                + F.adaptive_avg_pool1d(y, 1) * F.adaptive_max_pool1d(y, 1))
+
+    cf = torch.compile(f, backend="aot_eager")
+    for seed, lengths in enumerate(([5, 7, 0, 4], [6, 9, 4])):
+        comps = comps_for([(3, n) for n in lengths], seed)
+        x1, x2 = (mj.nested_tensor(comps, ragged_dims=(2,), requires_grad=True) for _ in range(2))
+        out, ref = cf(x1), f(x2)
+        torch.testing.assert_close(out, ref, equal_nan=True)
+        full = [i for i, n in enumerate(lengths) if n]  # an empty signal pools to NaN (a mean of nothing)
+        got = torch.autograd.grad(out[full].sum(), [x1, w1, w2])
+        want = torch.autograd.grad(ref[full].sum(), [x2, w1, w2])
+        torch.testing.assert_close(got[0].values(), want[0].values())
+        for a, b in zip(got[1:], want[1:]):
+            torch.testing.assert_close(a, b)
+
+
+def test_pool1d_of_one_geometry_shares_the_nested_int():
+    """Poolings (and a strided conv1d) of one window geometry on one extent give one nested int
+    (``mapped_extent`` keyed by the size rule), so their outputs add, also in a compiled region;
+    a pooling that keeps every length keeps the input's."""
+    x = mj.nested_tensor(comps_for([(3, 5), (3, 0), (3, 8)], 3), ragged_dims=(2,))
+    w = torch.randn(3, 3, 2, dtype=x.dtype)
+    a, b, c = F.avg_pool1d(x, 2), F.max_pool1d(x, 2), F.conv1d(x, w, stride=2)
+    assert a._partition.extents[0] is b._partition.extents[0] is c._partition.extents[0]
+    assert F.max_pool1d(x, 3, 1, 1)._partition is x._partition
+    for t, o in zip(x.unbind(), (a + b + c).unbind()):
+        want = F.avg_pool1d(t, 2) + F.max_pool1d(t, 2) + F.conv1d(t, w, stride=2) if t.numel() else o
+        assert_close(o, want, "sum")

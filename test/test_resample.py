@@ -345,3 +345,32 @@ def test_pixel_shuffle_no_leakage_and_without_grad():
 def test_pixel_shuffle_double_backward():
     _gradgrad(lambda x: F.pixel_shuffle(x, 2), comps_for([(4, 2, 1), (4, 0, 2), (4, 1, 2)], 7), (2, 3))
     _gradgrad(lambda x: F.pixel_unshuffle(x, 2), comps_for([(1, 2, 4), (1, 0, 2), (1, 2, 2)], 8), (2, 3))
+
+
+def test_resampling_between_compiled_convs_is_a_graph_break():
+    """Without fullgraph, interpolate and pixel_(un)shuffle between compiled convolutions break
+    the graph there and run eagerly (NOTE [ Eager-only routes ]); results and gradients (input and
+    weights) equal eager, over batches of different sizes with an empty image."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    w1, w2 = (torch.randn(2, 2, 3, 3, dtype=D, generator=g, requires_grad=True) for _ in range(2))
+    w3 = torch.randn(2, 8, 1, 1, dtype=D, generator=g, requires_grad=True)
+
+    def f(t):
+        y = F.conv2d(t, w1, padding=1)
+        y = F.interpolate(y, scale_factor=2.0, mode="bilinear") + F.interpolate(y, scale_factor=2.0) * 2
+        y = F.conv2d(F.pixel_unshuffle(F.conv2d(y, w2, padding=1), 2), w3)  # back to the input's sizes
+        y = F.pixel_shuffle(torch.cat([y] * 4, 1), 2) * 2 + 1
+        return F.conv2d(y, w2, padding=1).sum((-2, -1))
+
+    cf = torch.compile(f, backend="aot_eager")
+    for seed, sides in enumerate(([(3, 4), (2, 2), (0, 3)], [(4, 4), (1, 5), (3, 2), (2, 1)])):
+        _, x1 = _images(sides, 2, seed)
+        _, x2 = _images(sides, 2, seed)
+        out, ref = cf(x1), f(x2)
+        torch.testing.assert_close(out, ref)
+        got = torch.autograd.grad(out.sum(), [x1, w1, w2, w3])
+        want = torch.autograd.grad(ref.sum(), [x2, w1, w2, w3])
+        torch.testing.assert_close(got[0].values(), want[0].values())
+        for a, b in zip(got[1:], want[1:]):
+            torch.testing.assert_close(a, b)

@@ -37,8 +37,9 @@ pixel of the ragged sides (``(ΣHᵢWᵢ, C)`` for ``(B, C, j0, j1)``; ``(ΣWᵢ
   sync) and run eagerly only, as the 1-d pooling of ``ragged_nn.py``.
 
 Eager only, except global average pooling: under ``torch.compile`` the norms and the other pools
-raise ``NotImplementedError`` naming the op (the values bridge would rebuild a ``(j0, j1)``
-partition inside the traced region, and the window maps need host sizes).
+are a graph break (``fullgraph=True``: an error naming the op; NOTE [ Eager-only routes ] in
+``_common.py``): the values bridge would rebuild a ``(j0, j1)`` partition inside the traced
+region, and the window maps need host sizes.
 """
 
 from __future__ import annotations
@@ -49,9 +50,10 @@ import torch
 import torch.nn.functional as F
 
 from ..bridge import values_of, wrap_values_like
-from ._common import MJT, describe, static_dims, wrap
+from ._common import MJT, describe, eager_route, static_dims, wrap
 from .routes import _dense, _needs_grad, route
 
+from ..kernels.norms import batch_norm_train  # noqa: E402
 from .spatial import as_spatial  # noqa: E402
 
 __all__ = ["group_norm", "spatial_layout"]
@@ -78,12 +80,16 @@ def _check_param(op: str, name: str, t, c: int) -> None:
         raise ValueError(f"{op}(): expected {name} of shape ({c},) (the channel count of the input), got {got}")
 
 
-def _eager_only(op: str) -> None:
-    if torch.compiler.is_compiling():
-        raise NotImplementedError(
-            f"{op}(): over ragged spatial dims this builds per-sample maps on the host, which torch.compile "
-            "cannot trace for layout torch.multi_jagged; call it outside the compiled region"
-        )
+_WHY = (
+    "{op}(): over ragged spatial dims this builds per-sample maps or partitions on the host, which torch.compile "
+    "cannot trace for layout torch.multi_jagged: a graph break"
+)
+_WHY_POOL = _WHY + " (global average pooling, a mean, compiles)"
+
+
+def _declined(input, *args, **kwargs) -> bool:
+    """A call the route declines (a dense input: ``NotImplemented``) is no graph break."""
+    return not isinstance(input, MJT)
 
 
 def _values(x: MJT) -> torch.Tensor:
@@ -96,6 +102,7 @@ def _finish(x: MJT, v: torch.Tensor) -> MJT:
 
 # ----------------------------------------------------------------------------- batch_norm
 @route(F.batch_norm)
+@eager_route(_WHY, traceable=_declined)
 def _batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """Channel statistics over the valid pixels of the batch: ``F.batch_norm`` on the packed
     values ``(P, C, *static)`` (NOTE [ Norms and adaptive pooling over ragged spatial dims ])."""
@@ -108,8 +115,27 @@ def _batch_norm(input, running_mean, running_var, weight=None, bias=None, traini
     c = input.shape[1]
     for name, t in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):
         _check_param(op, name, t, c)
-    _eager_only(op)  # the values bridge rebuilds (j0, j1) partitions, which a traced region cannot
-    return _finish(input, F.batch_norm(_values(input), running_mean, running_var, weight, bias, training, momentum, eps))
+    return _finish(input, _batch_norm_values(_values(input), running_mean, running_var, weight, bias, training,
+                                             momentum, eps))
+
+
+def _batch_norm_values(v, running_mean, running_var, weight, bias, training, momentum, eps):
+    """``F.batch_norm`` of the packed values ``(P, C, *static)``; in training, statistics by
+    cascade sums (NOTE [ Batch norm over packed pixels ] in kernels/norms.py)."""
+    n = v.numel() // v.shape[1] if v.dim() > 1 else 0
+    if not training or n <= 1 or not v.is_floating_point():
+        return F.batch_norm(v, running_mean, running_var, weight, bias, training, momentum, eps)
+    x = _float(v)
+    cast = lambda t: t if t is None else t.to(x.dtype)  # noqa: E731
+    out, mean, var = batch_norm_train(x, cast(weight), cast(bias), eps)
+    if running_mean is not None or running_var is not None:
+        with torch.no_grad():  # as dense batch_norm: the unbiased variance, over the same pixels
+            m = 0.1 if momentum is None else momentum
+            if running_mean is not None:
+                running_mean.mul_(1 - m).add_(mean.to(running_mean.dtype), alpha=m)
+            if running_var is not None:
+                running_var.mul_(1 - m).add_((var * (n / (n - 1))).to(running_var.dtype), alpha=m)
+    return out.to(v.dtype)
 
 
 # ----------------------------------------------------------------------------- instance / group norm
@@ -150,6 +176,7 @@ def _pixels_per_sample(x: MJT, v: torch.Tensor) -> torch.Tensor:
 
 
 @route(F.instance_norm)
+@eager_route(_WHY, traceable=_declined)
 def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
                    momentum=0.1, eps=1e-5):
     if not isinstance(input, MJT):
@@ -166,7 +193,6 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
         if running_mean is None or running_var is None:
             raise ValueError(f"{op}(): expected running_mean and running_var when use_input_stats=False")
         return _batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
-    _eager_only(op)
     v = _values(input)
     pixels = _pixels_per_sample(input, v)
     if bool((pixels == 1).any()):
@@ -199,6 +225,7 @@ def _update_running(x: MJT, pixels, mean, var, running_mean, running_var, moment
             running_var.mul_(1 - momentum).add_((unbiased * w).sum(0).to(running_var.dtype), alpha=momentum)
 
 
+@eager_route(_WHY)
 def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     """``group_norm`` of a channels-first ``(B, C, *spatial)`` input with ragged spatial dims:
     per sample and group over the group's channels and the sample's pixels (the route in
@@ -209,7 +236,6 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
         raise ValueError(f"{op}(): expected the number of channels ({c}) to be divisible by num_groups, got {num_groups}")
     _check_param(op, "weight", weight, c)
     _check_param(op, "bias", bias, c)
-    _eager_only(op)
     v = _values(input)
     # dense F.group_norm's own check, over the whole batch (rows × group channels × static spatial)
     if input._partition.rows * (c // num_groups) * math.prod(v.shape[2:]) == 1:
@@ -396,15 +422,24 @@ def _adaptive_avg_route(fn, nsp: int):
         _probe(fn, input, nsp, sizes)
         n = len(input._size)
         if kind == "rows":
-            _eager_only(op)
             return _finish(input, fn(_values(input), sizes))
         if all(o == 1 for o in sizes):
             # global pooling: the routed mean over the spatial dims (dense (B, C, 1, 1); compiles)
             return input.mean(tuple(range(n - nsp, n)), keepdim=True)
-        _eager_only(op)
         return _adaptive_avg(input, sizes)
 
-    return routed
+    def traceable(input, output_size) -> bool:
+        """Global pooling of ragged spatial dims (a mean) stays in the graph; so do calls that
+        the route declines or refuses (its own error, raised while tracing)."""
+        if not isinstance(input, MJT):
+            return True
+        try:
+            return _pool_kind(op, input, nsp) == "spatial" and all(o == 1 for o in _output_size(op, input, output_size, nsp))
+        except (ValueError, NotImplementedError):
+            return True
+
+    routed.__name__ = op
+    return eager_route(_WHY_POOL, traceable=traceable)(routed)
 
 
 def _adaptive_max_route(fn, nsp: int, always_indices: bool):
@@ -416,7 +451,6 @@ def _adaptive_max_route(fn, nsp: int, always_indices: bool):
         kind = _pool_kind(op, input, nsp)
         sizes = _output_size(op, input, output_size, nsp)
         _probe(fn, input, nsp, sizes)
-        _eager_only(op)
         if kind == "rows":
             v = _values(input)
             out, idx = fn(v, sizes)
@@ -425,7 +459,8 @@ def _adaptive_max_route(fn, nsp: int, always_indices: bool):
             out, idx = _adaptive_max(input, sizes)
         return (out, idx) if return_indices or always_indices else out
 
-    return routed
+    routed.__name__ = op
+    return eager_route(_WHY_POOL, traceable=_declined)(routed)
 
 
 route(F.adaptive_avg_pool2d)(_adaptive_avg_route(torch._C._nn.adaptive_avg_pool2d, 2))

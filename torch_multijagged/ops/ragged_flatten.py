@@ -16,8 +16,9 @@ sizes unchanged). Gradients cross unchanged through the values bridge (every ord
 
 Merging two distinct extents needs the host lengths (the new extent's carriers: total, max and
 sum of squares of ``h_i·w_i``) and makes a new nested int, which a compiled region cannot do: under
-``torch.compile`` these raise a clear ``NotImplementedError`` (flatten eagerly, before the compiled
-region, or pass the flat tensor in). Flattening a ragged dim together with a static dim stays an
+``torch.compile`` a merge or split of ragged dims is a graph break (with ``fullgraph=True`` an
+error naming the op; NOTE [ Eager-only routes ] in ``_common.py``); flattens and views of static
+dims stay in the graph. Flattening a ragged dim together with a static dim stays an
 error: the rows would be reordered per sample, not relabelled.
 """
 
@@ -31,7 +32,7 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int
 from ..bridge import values_of, wrap_values
 from ..errors import StructureError
 from ..structure import Partition, flat_extent, partition_for
-from ._common import MJT, describe, wrap
+from ._common import MJT, describe, eager_route, wrap
 from .routes import _needs_grad, route
 
 __all__ = ["flatten_ragged", "unflatten_ragged", "view_plan"]
@@ -39,12 +40,10 @@ __all__ = ["flatten_ragged", "unflatten_ragged", "view_plan"]
 _LAYOUT = "layout torch.multi_jagged"
 
 
-def _eager_only(op: str, what: str) -> None:
-    if torch.compiler.is_compiling():
-        raise NotImplementedError(
-            f"{op}(): {what} needs the per-sample sizes on the host (a new ragged extent), which "
-            f"torch.compile cannot trace for {_LAYOUT}; do it outside the compiled region"
-        )
+_WHY = (
+    "{op}(): merging or splitting ragged dims needs the per-sample sizes on the host (a new ragged extent), "
+    f"which torch.compile cannot trace for {_LAYOUT}: a graph break"
+)
 
 
 def _relabel(x: MJT, partition: Partition, ragged_dims: tuple[int, ...]) -> MJT:
@@ -65,10 +64,10 @@ def _merged(x: MJT, k: int, m: int) -> tuple[Partition, Partition]:
     return sub, partition_for([*p.extents[:k], flat, *p.extents[k + m:]])
 
 
+@eager_route(_WHY)
 def flatten_ragged(op: str, x: MJT, start: int, end: int) -> MJT:
     """``x`` with its consecutive ragged dims ``start .. end`` (canonical) merged into one
     (NOTE [ Flattening ragged dims ])."""
-    _eager_only(op, "flattening ragged dims")
     k = x._ragged_dims.index(start)
     m = end - start + 1
     _, out = _merged(x, k, m)
@@ -82,10 +81,10 @@ def _unflat(x: MJT, k: int) -> Optional[Partition]:
     return partition_for([e]).cache.get(("unflat",))
 
 
+@eager_route(_WHY)
 def unflatten_ragged(op: str, x: MJT, d: int, sizes) -> MJT:
     """Ragged dim ``d`` (canonical) of ``x`` split back into the ragged dims it was flattened
     from; ``sizes`` are their nested ints (or ``-1``)."""
-    _eager_only(op, "unflattening a ragged dim")
     k = x._ragged_dims.index(d)
     sub = _unflat(x, k)
     if sub is None:
@@ -145,7 +144,9 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
             return None
         start, end, target = found[0]
         if is_nested_int(target):
-            _eager_only(op, "flattening ragged dims")
+            if torch.compiler.is_compiling():
+                # whether ``target`` is the merged extent's nested int is known once it is made
+                return lambda: _merge_to(op, x, size)
             k = x._ragged_dims.index(start)
             sub = x._partition if end - start + 1 == x._partition.nragged else partition_for(x._partition.extents[k:k + end - start + 1])
             if target != flat_extent(sub).nested_int:
@@ -170,6 +171,16 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
         d, sizes = found[0]
         return lambda: unflatten_ragged(op, x, d, sizes)
     return None
+
+
+@eager_route(_WHY)
+def _merge_to(op: str, x: MJT, size) -> MJT:
+    """``x.view(size)`` / ``reshape`` where ``size`` names a merged ragged dim by its nested int:
+    planned eagerly; not the merge's nested int, it goes the ordinary way (and its error)."""
+    plan = view_plan(op, x, size)
+    if plan is not None:
+        return plan()
+    return x.reshape(size) if op == "reshape" else x.view(size)
 
 
 def _normalize(shape) -> tuple:

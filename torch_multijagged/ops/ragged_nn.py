@@ -18,7 +18,8 @@ NOTE [ Ops over ragged dims in nn ]
   the dense formula per sample and may differ or be 0 (dense torch raises for an output size
   < 1; a zero-length sample pools to nothing). New lengths are new per-sample extents, built on
   the host from the host copy of the input's lengths (no device sync), so these run eagerly
-  only; ``adaptive_*_pool1d(x, 1)`` is a reduction and compiles. Windows are gathered from the
+  only (under ``torch.compile`` a graph break, NOTE [ Eager-only routes ] in ``_common.py``);
+  ``adaptive_*_pool1d(x, 1)`` is a reduction and compiles. Windows are gathered from the
   packed rows (no padded envelope) and reduced under torch's autograd on the values.
 """
 
@@ -29,9 +30,10 @@ import torch.nn.functional as F
 
 from ..bridge import values_of, wrap_values
 from ..compile import shift as _shift  # noqa: F401  (defines multijagged::shift)
-from ..structure import RaggedExtent, partition_for
+from ..kernels import canvas as cv
+from ..structure import RaggedExtent, mapped_extent, partition_for
 from . import register_multi_jagged_func
-from ._common import MJT, canonical_dim, describe, static_dims, wrap
+from ._common import MJT, canonical_dim, describe, eager_route, static_dims, wrap
 from .routes import _call, _needs_grad, route
 
 __all__ = ["covers_ragged", "layer_norm_ragged"]
@@ -189,12 +191,26 @@ def _pooled(op: str, input) -> str | None:
     )
 
 
-def _eager_only(op: str) -> None:
-    if torch.compiler.is_compiling():
-        raise NotImplementedError(
-            f"{op}(): pooling makes new per-sample lengths (a new ragged extent, built on the host), which "
-            "torch.compile cannot trace for layout torch.multi_jagged; call it outside the compiled region"
-        )
+_WHY = (
+    "{op}(): pooling makes new per-sample lengths (a new ragged extent, built on the host), which torch.compile "
+    "cannot trace for layout torch.multi_jagged: a graph break (adaptive pooling to size 1, a reduction, compiles)"
+)
+
+
+def _declined(input, *args, **kwargs) -> bool:
+    """A call the route declines (a dense input: ``NotImplemented``) is no graph break."""
+    return not isinstance(input, MJT)
+
+
+def _reduces(input, output_size, *args, **kwargs) -> bool:
+    """``adaptive_*_pool1d`` to size 1 over the ragged last dim is a reduction and stays in the
+    graph; so do calls that the route declines or refuses (its own error, raised while tracing)."""
+    if not isinstance(input, MJT):
+        return True
+    try:
+        return _pooled("", input) == "ragged" and _one("", output_size, "output_size") == 1
+    except (ValueError, NotImplementedError, TypeError):
+        return True
 
 
 def _values(x: MJT):
@@ -225,26 +241,21 @@ def _gather(v, rows, ok):
     return w, ok.view(*ok.shape, *([1] * (v.dim() - 1)))
 
 
-def _out_partition(x: MJT, lengths_host: torch.Tensor):
-    ext = x._partition.extents[0]
-    if torch.equal(lengths_host, ext.host_lengths()):
-        return x._partition  # same lengths: keep the input's nested int
-    return partition_for([RaggedExtent.from_lengths(lengths_host, x._values.device)])
-
-
-def _pool_lengths(n, k_eff: int, stride: int, pad: int, ceil_mode: bool):
-    """Dense torch's ``pooling_output_shape`` per sample (host tensor), clamped at 0; a
-    zero-length sample pools to nothing."""
-    num = n + 2 * pad - k_eff + (stride - 1 if ceil_mode else 0)
-    out = torch.div(num, stride, rounding_mode="floor") + 1
-    if ceil_mode:
-        out = torch.where((out - 1) * stride >= n + pad, out - 1, out)
-    return torch.where(n == 0, torch.zeros_like(out), out.clamp_min(0))
+def _out_partition(x: MJT, window: cv.Window):
+    """The pooled partition: dense torch's ``pooling_output_shape`` per sample, clamped at 0 (a
+    zero-length sample pools to nothing), as ``mapped_extent`` keyed by the window's size rule
+    (``Window.rule``, as the convolutions and 2-d pools of spatial.py): two poolings, or a pooling
+    and a strided ``conv1d``, of one geometry on one extent share the output's nested int (they
+    can be added, also in a compiled region after the graph break), and a pooling that keeps
+    every length keeps the input's."""
+    e = x._partition.extents[0]
+    # SYNC: none — output lengths from the host copy of the input's lengths
+    out = mapped_extent(e, window.rule(), lambda n: torch.where(n == 0, n, window.out_len(n).clamp(min=0)))
+    return x._partition if out is e else partition_for([out])
 
 
 def _avg_pool1d_ragged(x, k, stride, pad, ceil_mode, count_include_pad):
-    # SYNC: none — output lengths from the host copy of the input's lengths
-    part = _out_partition(x, _pool_lengths(x._partition.extents[0].host_lengths(), k, stride, pad, ceil_mode))
+    part = _out_partition(x, cv.Window(k, stride, pad, pad, 1, ceil_mode=bool(ceil_mode)))
     rows, ok, pos, start, n = _windows(x, part, lambda o, n: o * stride - pad, k, 1)
     v = _values(x)
     w, m = _gather(v, rows, ok)
@@ -259,9 +270,7 @@ def _avg_pool1d_ragged(x, k, stride, pad, ceil_mode, count_include_pad):
 
 
 def _max_pool1d_ragged(x, k, stride, pad, dilation, ceil_mode):
-    k_eff = dilation * (k - 1) + 1
-    # SYNC: none — output lengths from the host copy of the input's lengths
-    part = _out_partition(x, _pool_lengths(x._partition.extents[0].host_lengths(), k_eff, stride, pad, ceil_mode))
+    part = _out_partition(x, cv.Window(k, stride, pad, pad, dilation, ceil_mode=bool(ceil_mode)))
     rows, ok, pos, _, _ = _windows(x, part, lambda o, n: o * stride - pad, k, dilation)
     v = _values(x)
     w, m = _gather(v, rows, ok)
@@ -285,11 +294,11 @@ def _static_last(x, fn, two: bool = False):
 
 
 @route(torch.avg_pool1d)
+@eager_route(_WHY, traceable=_declined)
 def _avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True):
     if not isinstance(input, MJT):
         return NotImplemented
     op = "avg_pool1d"
-    _eager_only(op)
     k = _one(op, kernel_size, "kernel_size")
     s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else _one(op, stride, "stride")
     p = _one(op, padding, "padding")
@@ -302,7 +311,6 @@ def _avg_pool1d(input, kernel_size, stride=None, padding=0, ceil_mode=False, cou
 
 def _max_pool1d_impl(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices):
     op = "max_pool1d"
-    _eager_only(op)
     k = _one(op, kernel_size, "kernel_size")
     s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else _one(op, stride, "stride")
     p, d = _one(op, padding, "padding"), _one(op, dilation, "dilation")
@@ -315,12 +323,13 @@ def _max_pool1d_impl(input, kernel_size, stride, padding, dilation, ceil_mode, r
 
 
 def _max_pool1d_route(always_indices: bool):
-    def routed(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    @eager_route(_WHY, traceable=_declined)
+    def max_pool1d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
         if not isinstance(input, MJT):
             return NotImplemented
         return _max_pool1d_impl(input, kernel_size, stride, padding, dilation, ceil_mode, return_indices or always_indices)
 
-    return routed
+    return max_pool1d
 
 
 route(F.max_pool1d, F._max_pool1d, torch.max_pool1d)(_max_pool1d_route(False))
@@ -346,6 +355,7 @@ def _to_dense(v, b: int, size: int):
 
 
 @route(torch.adaptive_avg_pool1d)
+@eager_route(_WHY, traceable=_reduces)
 def _adaptive_avg_pool1d(input, output_size):
     if not isinstance(input, MJT):
         return NotImplemented
@@ -354,7 +364,6 @@ def _adaptive_avg_pool1d(input, output_size):
     kind = _pooled(op, input)
     if kind == "ragged" and size == 1:
         return input.mean(-1, keepdim=True)  # a reduction: dense (B, *static, 1); compiles
-    _eager_only(op)
     if kind == "static":
         return _static_last(input, lambda v: torch.adaptive_avg_pool1d(v, size))
     rows, ok, _, b = _adaptive_windows(input, size)
@@ -370,7 +379,6 @@ def _adaptive_max(input, output_size, return_indices):
     if kind == "ragged" and size == 1:
         out, idx = torch.max(input, -1, keepdim=True)  # the first maximum takes the gradient; compiles
         return (out, idx) if return_indices else out
-    _eager_only(op)
     if kind == "static":
         out, idx = _static_last(input, lambda v: torch.adaptive_max_pool1d(v, size), two=True)
         return (out, idx) if return_indices else out
@@ -385,12 +393,13 @@ def _adaptive_max(input, output_size, return_indices):
 
 
 def _adaptive_max_route(always_indices: bool):
-    def routed(input, output_size, return_indices=False):
+    @eager_route(_WHY, traceable=_reduces)
+    def adaptive_max_pool1d(input, output_size, return_indices=False):
         if not isinstance(input, MJT):
             return NotImplemented
         return _adaptive_max(input, output_size, return_indices or always_indices)
 
-    return routed
+    return adaptive_max_pool1d
 
 
 route(F.adaptive_max_pool1d, F._adaptive_max_pool1d)(_adaptive_max_route(False))

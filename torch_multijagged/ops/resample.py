@@ -31,7 +31,8 @@ Every sample is resampled on its own, exactly as the dense op resamples that ima
   weights built by tensor ops from per-sample sizes (no per-sample loop, no padded envelope), on
   the values under torch's own autograd (``bridge.values_of`` / ``wrap_values``): gradients of
   every order. The new sizes are built on the host from the host copy of the input's lengths,
-  so these routes run eagerly only (a clear error under ``torch.compile``).
+  so these routes run eagerly only: under ``torch.compile`` a graph break (with
+  ``fullgraph=True`` an error naming the op; NOTE [ Eager-only routes ] in ``_common.py``).
 * ``pixel_shuffle(x, r)``: ``(B, C·r², j0, j1) → (B, C, j0·r, j1·r)`` (extent key
   ``("scale", r)``); ``pixel_unshuffle(x, r)`` the inverse, extent key ``("div", r)``; every
   sample's sides must be divisible by ``r`` (else a ValueError naming the sample, as dense
@@ -47,7 +48,7 @@ import torch.nn.functional as F
 
 from ..bridge import values_of, wrap_values
 from ..structure import mapped_extent, partition_for
-from ._common import MJT, describe, wrap
+from ._common import MJT, describe, eager_route, wrap
 from .routes import _needs_grad, route
 
 __all__ = []
@@ -58,13 +59,15 @@ _VEC_LIMIT = 128  # aten's _use_vectorized_kernel_cond_2d: out_h + out_w <= 128
 
 
 # ----------------------------------------------------------------------------- helpers
-def _eager_only(op: str) -> None:
-    if torch.compiler.is_compiling():
-        raise NotImplementedError(
-            f"{op}(): resampling ragged spatial dims makes new per-sample sizes (a new ragged extent, "
-            f"built on the host), which torch.compile cannot trace for {_LAYOUT}; call it outside the "
-            "compiled region"
-        )
+_WHY = (
+    "{op}(): resampling ragged spatial dims makes new per-sample sizes (a new ragged extent, built on the host), "
+    f"which torch.compile cannot trace for {_LAYOUT}: a graph break"
+)
+
+
+def _declined(input, *args, **kwargs) -> bool:
+    """A call the route declines (a dense input: ``NotImplemented``) is no graph break."""
+    return not isinstance(input, MJT)
 
 
 def _spatial(op: str, x: MJT, nsp_allowed: tuple[int, ...]) -> int:
@@ -226,6 +229,7 @@ def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_cor
 
 
 @route(F.interpolate)
+@eager_route(_WHY, traceable=_declined)
 def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corners=None, recompute_scale_factor=None,
                  antialias=False):
     """NOTE [ Resampling ragged images ]."""
@@ -233,7 +237,6 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         return NotImplemented
     op = "interpolate"
     nsp = _spatial(op, input, (1, 2))
-    _eager_only(op)
     sizes, scales = _check_interp_args(input, nsp, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
     p = input._partition
     dev = p.offsets.device
@@ -307,6 +310,7 @@ def _factor(op: str, name: str, r) -> int:
 
 
 @route(torch.pixel_shuffle, F.pixel_shuffle)
+@eager_route(_WHY, traceable=_declined)
 def _pixel_shuffle(input, upscale_factor):
     """``(B, C·r², j0, j1) → (B, C, j0·r, j1·r)``: out pixel ``(h·r+i, w·r+j)`` channel ``c`` is in
     pixel ``(h, w)`` channel ``c·r² + i·r + j``, per sample as dense ``pixel_shuffle``."""
@@ -314,7 +318,6 @@ def _pixel_shuffle(input, upscale_factor):
         return NotImplemented
     op = "pixel_shuffle"
     _spatial(op, input, (2,))
-    _eager_only(op)
     r = _factor(op, "upscale_factor", upscale_factor)
     c_in = input._values.shape[1]
     torch.pixel_shuffle(input._values.new_zeros(1, c_in, 1, 1), r)  # dense torch's channel check
@@ -331,6 +334,7 @@ def _pixel_shuffle(input, upscale_factor):
 
 
 @route(torch.pixel_unshuffle, F.pixel_unshuffle)
+@eager_route(_WHY, traceable=_declined)
 def _pixel_unshuffle(input, downscale_factor):
     """``(B, C, j0, j1) → (B, C·r², j0/r, j1/r)``, the inverse of ``pixel_shuffle``; every sample's
     sides must be divisible by ``r``."""
@@ -338,7 +342,6 @@ def _pixel_unshuffle(input, downscale_factor):
         return NotImplemented
     op = "pixel_unshuffle"
     _spatial(op, input, (2,))
-    _eager_only(op)
     r = _factor(op, "downscale_factor", downscale_factor)
     c = input._values.shape[1]
     torch.pixel_unshuffle(input._values.new_zeros(1, c, r, r), r)  # dense torch's dtype checks
