@@ -501,3 +501,19 @@ def test_readme_images_example_runs():
     assert tuple(env["logits"].shape) == (4, 10)
     assert env["tokens"].shape[2] == 64 and env["grid"].shape[2] is env["h"].shape[2]
     assert [t.shape[0] for t in env["tokens"].unbind()] == [48, 8, 64, 10]
+
+
+@pytest.mark.parametrize("kw", [dict(kernel_size=2, stride=2), dict(kernel_size=3, padding=1, stride=2),
+                                dict(kernel_size=(2, 3), dilation=(1, 2), stride=1)], ids=str)
+def test_unfold_patches_per_sample_with_gradients(kw):
+    _check(lambda x: F.unfold(x, **kw), lambda x: F.unfold(x, **kw), _images(SIZES2))
+
+
+def test_unfold_tokens_share_the_patch_conv_nested_int():
+    """NaViT patchify two ways: ``unfold`` and ``conv2d(stride=p).flatten(2)`` give one token extent."""
+    x = _batch(_images([(8, 12), (4, 8), (0, 4)], c=3))
+    w = torch.randn(5, 3, 4, 4, dtype=F64)
+    u = F.unfold(x, 4, stride=4)
+    c = F.conv2d(x, w, stride=4).flatten(2)
+    assert u.shape[2] is c.shape[2]
+    torch.testing.assert_close((w.flatten(1) @ u).values(), c.values())

@@ -460,8 +460,10 @@ class _RowsConv(torch.autograd.Function):
         if ctx.needs_input_grad[1]:
             buf = _canvas_rows(rows, plan, margin)
             gw = _taps_weight_grad(g, _as_canvas(buf, plan, margin), buf, margin, weight, stride, padding, dilation)
+            del buf  # one canvas-sized buffer at a time (peak memory)
         if ctx.needs_input_grad[0]:
             gcanvas = _input_grad(g, plan, weight, stride, padding, dilation)
+            del g
             gx = _Gather.apply(gcanvas.movedim(1, -1).reshape(-1, gcanvas.shape[1]), plan.in_index, plan.in_gutter)
         if has_bias and ctx.needs_input_grad[2]:
             gb = grad.sum(0)

@@ -31,14 +31,14 @@ from ..bridge import values_of, wrap_values
 from ..compile import spatial as csp
 from ..errors import StructureError
 from ..kernels import canvas as cv
-from ..structure import RaggedExtent, mapped_extent, partition_for
+from ..structure import RaggedExtent, flat_extent, mapped_extent, partition_for
 from . import register_multi_jagged_func
 from ._common import MJT, describe, eager_route, wrap
 from .routes import _needs_grad, route
 
 mj = torch.ops.multijagged
 
-__all__ = ["is_ragged_spatial", "as_spatial", "conv", "conv_transpose", "pool"]
+__all__ = ["is_ragged_spatial", "as_spatial", "conv", "conv_transpose", "pool", "unfold"]
 
 
 def is_ragged_spatial(x, nspatial: int) -> bool:
@@ -366,7 +366,43 @@ def spatial_conv_param_grads_default(func, grad, x, weight, padding, dilation, g
     )
 
 
+# ----------------------------------------------------------------------------- unfold (patches)
+@eager_route(_WHY)
+def unfold(op: str, input: MJT, kernel_size, dilation=1, padding=0, stride=1):
+    """``F.unfold`` of images ``(B, C, j0, j1)``: ``(B, C·kh·kw, j_t)``, each image's patches as
+    dense ``F.unfold`` lays them out (channel-major, then kernel position; patches row-major), the
+    token extent the flatten of the output grid's extents (``structure.flat_extent``), so it is the
+    extent ``conv2d(…, stride=…).flatten(2)`` of the same geometry gives."""
+    _check_layout(op, input, 2)
+    input = as_spatial(op, input, 2)
+    k = _tuple(op, kernel_size, 2, "kernel_size")
+    d = _tuple(op, dilation, 2, "dilation")
+    p = _tuple(op, padding, 2, "padding")
+    s = _tuple(op, stride, 2, "stride")
+    windows = tuple(cv.Window(k[a], s[a], p[a], p[a], d[a]) for a in range(2))
+
+    def dense(canvas, plan):
+        cols = F.unfold(canvas, k, d, p, s)  # (pages, C·k², L)
+        return cols.view(cols.shape[0], cols.shape[1], *plan.out_shape)
+
+    grid, *_ = _run(op, input, windows, 2, 0.0, dense)
+    if grid._ragged_dims != (2, 3):
+        raise StructureError(f"{op}(): expected both spatial dims ragged, got {describe(input)}")
+    tokens = partition_for([flat_extent(grid._partition)])
+    if _needs_grad(grid):
+        return wrap_values(values_of(grid), tokens, (2,))
+    return wrap(grid._values, tokens, (2,))
+
+
 # ----------------------------------------------------------------------------- routes
+@route(F.unfold)
+def _unfold(input, kernel_size, dilation=1, padding=0, stride=1):
+    if not is_ragged_spatial(input, 2):
+        return NotImplemented
+    return unfold("unfold", input, kernel_size, dilation, padding, stride)
+
+
+
 def _conv_route(n: int):
     name = _CONV[n].__name__
 
