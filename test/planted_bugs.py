@@ -172,6 +172,21 @@ BUGS = [
         "starts = torch.stack([bias_start.index_select(0, self.segs), self.lq, self.lk], 1)",
         "starts = torch.stack([bias_start.index_select(0, self.segs), self.lq * 0, self.lk * 0], 1)",
         ("test_attention_kernels.py",)),
+    # ------------------------------------------------------------------ issue 12 (images)
+    Bug("canvas gutter ignores the left padding", "kernels/canvas.py",
+        "        return max(self.pad_l, r)", "        return r", ("test_spatial.py",)),
+    Bug("avg pooling divisor: count_include_pad inverted", "kernels/canvas.py",
+        "        if count_include_pad:\n            div = div * (hi - lo)", "        if not count_include_pad:\n            div = div * (hi - lo)",
+        ("test_spatial.py",)),
+    Bug("weight gradient taps shifted the wrong way", "kernels/canvas.py",
+        "offs = [margin + sum((t * d - p) * w", "offs = [margin + sum((p - t * d) * w", ("test_spatial.py",)),
+    Bug("size rule forgets the stride (two windows share a nested int)", "kernels/canvas.py",
+        "        return (\"floor\", a, self.stride)", "        return (\"floor\", a)", ("test_spatial.py",)),
+    Bug("batch norm backward drops the mean of the gradient", "kernels/norms.py",
+        "gx = torch.addcmul(torch.addcmul((-scale * gb / n).view(shape)", "gx = torch.addcmul(torch.addcmul((0 * gb).view(shape)",
+        ("test_image_norms.py",)),
+    Bug("pixel rows of a static spatial dim in the wrong order", "ops/spatial.py",
+        "        pix = pix * sz[s, a] + comp[a]", "        pix = pix + comp[a] * sz[s, a]", ("test_spatial.py",)),
 
 ]
 

@@ -264,12 +264,9 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
         return mj.spatial_conv(input, weight, bias, [a for pr in pads for a in pr], list(d), groups)
     fn = _CONV[nspatial]
     pad_canvas = tuple(pl for pl, _ in pads)
-    rows_op = None
-    if cv.canvas_conv_applies(input._values, weight, groups):
-        # oneDNN's forward, a backward of per-tap GEMMs (NOTE [ Conv backward on the canvas ])
-        def rows_op(rows, plan):
-            return cv.rows_conv(rows, plan, weight, bias, s, pad_canvas, d)
-
+    # oneDNN's forward, a backward of per-tap GEMMs (NOTE [ Conv backward on the canvas ])
+    rows_op = None if not cv.canvas_conv_applies(input._values, weight, groups) else (
+        lambda rows, plan: cv.rows_conv(rows, plan, weight, bias, s, pad_canvas, d))
     out, *_ = _run(op, input, windows, nspatial, 0.0,
                    lambda canvas, plan: fn(canvas, weight, bias, s, pad_canvas, d, groups), rows_op)
     return out
@@ -400,16 +397,6 @@ def _unfold(input, kernel_size, dilation=1, padding=0, stride=1):
     if not is_ragged_spatial(input, 2):
         return NotImplemented
     return unfold("unfold", input, kernel_size, dilation, padding, stride)
-
-
-
-def _conv_route(n: int):
-    name = _CONV[n].__name__
-
-    def routed(input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1):
-        return conv(name, n, input, weight, bias, stride, padding, dilation, groups)
-
-    return routed
 
 
 def _conv_t_route(n: int):
