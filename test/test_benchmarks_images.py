@@ -19,6 +19,14 @@ BENCH = os.path.join(ROOT, "benchmarks")
 SMALL = ["--scale", "0.125", "--steps", "1", "--warmup", "0", "--threads", "1"]
 
 
+@pytest.fixture(autouse=True)
+def _keep_threads():
+    """The script sets torch's thread count; later tests must not inherit it."""
+    n = torch.get_num_threads()
+    yield
+    torch.set_num_threads(n)
+
+
 def _load():
     if BENCH not in sys.path:
         sys.path.insert(0, BENCH)  # the script imports _harness and _image_modules as siblings

@@ -324,7 +324,7 @@ def test_bad_input_errors_name_the_op():
     ragged_c = mj.nested_tensor([torch.randn(3, 4, 5), torch.randn(2, 6, 5)], ragged_dims=(1, 2))
     with pytest.raises(StructureError, match=r"conv2d\(\): expected a static channel dim"):
         F.conv2d(ragged_c, torch.randn(6, 3, 3, 3))
-    with pytest.raises(ValueError, match=r"conv2d\(\): expected a \(B, C, L, L\) input"):
+    with pytest.raises(ValueError, match=r"conv2d\(\): expected components \(n, C, L, L\).*also take ragged spatial dims"):
         F.conv2d(x.unsqueeze(-1), torch.randn(6, 4, 3, 3, dtype=F64))
 
 
@@ -517,3 +517,21 @@ def test_unfold_tokens_share_the_patch_conv_nested_int():
     c = F.conv2d(x, w, stride=4).flatten(2)
     assert u.shape[2] is c.shape[2]
     torch.testing.assert_close((w.flatten(1) @ u).values(), c.values())
+
+
+def test_compiled_path_op_differentiates_to_second_order():
+    """``multijagged::spatial_conv`` (the op compiled graphs use) and its parameter-gradient op
+    differentiate to any order, like the eager path."""
+    mjops = torch.ops.multijagged
+    x = _batch(_images([(4, 5), (3, 3), (0, 2)], c=2))
+    off, sizes = x._partition.offsets, x._partition.host_sizes()
+    v = x.values().detach().requires_grad_()
+    w = torch.randn(4, 1, 3, 3, dtype=F64, requires_grad=True)
+    b = torch.randn(4, dtype=F64, requires_grad=True)
+
+    def f(v, w, b):
+        t = mj.from_packed(v, off, sizes, (2, 3))
+        return mjops.spatial_conv(t, w, b, [1, 1, 1, 1], [1, 1], 2).values()
+
+    assert torch.autograd.gradcheck(f, (v, w, b))
+    assert torch.autograd.gradgradcheck(f, (v, w, b))

@@ -172,3 +172,34 @@ def _backward(ctx, grad):
 
 
 torch.library.register_autograd("multijagged::spatial_conv", _backward, setup_context=_setup, lib=LIB)
+
+
+def _param_grads_setup(ctx, inputs, output):
+    grad, x, weight, padding, dilation, groups, need_weight, need_bias = inputs
+    _no_zero_fill(ctx)
+    ctx.save_for_backward(grad, x, weight)
+    ctx.geometry = (list(padding), list(dilation), groups, need_weight, need_bias)
+
+
+def _param_grads_backward(ctx, ggw, ggb):
+    """gw = Σ grad ⊗ x over the taps and gb = Σ grad: bilinear, so d/dgrad is the conv of x with
+    ggw (plus ggb per channel), and d/dx the input gradient of a conv of kernel ggw."""
+    grad, x, weight = ctx.saved_tensors
+    padding, dilation, groups, need_weight, need_bias = ctx.geometry
+    ggw = ggw if need_weight else None  # the output not asked for is an empty placeholder
+    ggb = ggb if need_bias else None
+    d_grad = d_x = None
+    if ctx.needs_input_grad[0]:
+        if ggw is not None:
+            d_grad = mj.spatial_conv(x, ggw, ggb, padding, dilation, groups)
+        elif ggb is not None:
+            d_grad = torch.zeros_like(grad) + ggb.view(-1, *([1] * (grad.dim() - 2)))
+    if ctx.needs_input_grad[1] and ggw is not None:
+        mirrored = [padding[i ^ 1] for i in range(len(padding))]
+        d_x = mj.spatial_conv(grad, _transposed_kernel(ggw, groups), None, mirrored, dilation, groups)
+    return d_grad, d_x, None, None, None, None, None, None
+
+
+torch.library.register_autograd(
+    "multijagged::spatial_conv_param_grads", _param_grads_backward, setup_context=_param_grads_setup, lib=LIB
+)

@@ -80,13 +80,17 @@ def eager_route(reason: str, traceable=None):
                 raise NotImplementedError(reason.format(op=op))
             return fn(*args, **kwargs)
 
-        # a frame dynamo compiles in the eager fallback calls this: a graph break, then eager
-        eager = torch.compiler.disable(eager, reason=reason)
+        # A frame dynamo compiles in the eager fallback calls this disabled: a graph break, then
+        # eager. Made on first use under compile (dynamo is loaded by then), not at import:
+        # ``torch.compiler.disable`` imports dynamo, and with it ``torch.distributed.nn``.
+        disabled: list = []
 
         @functools.wraps(fn)
         def routed(*args, **kwargs):
             if torch.compiler.is_compiling() and not (traceable is not None and traceable(*args, **kwargs)):
-                return eager(*args, **kwargs)
+                if not disabled:
+                    disabled.append(torch.compiler.disable(eager, reason=reason))
+                return disabled[0](*args, **kwargs)
             return fn(*args, **kwargs)
 
         return routed

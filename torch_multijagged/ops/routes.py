@@ -173,7 +173,7 @@ def unify_call(func, args: tuple, kwargs: dict | None):
 def _relabel_map(first: MJT, other: MJT):
     """``other``'s partition with each extent replaced by ``first``'s extent at the same logical
     dim when the two are equal-sized but not identical (None when nothing changes)."""
-    if torch.compiler.is_compiling() or _is_traced(other._values):
+    if torch.compiler.is_compiling() or _is_traced(other._partition.offsets):
         # Traced extents are one extent only when provably one nested int: nothing to relabel.
         return None
     swap = {}
@@ -575,7 +575,7 @@ def _conv_route(fn, nspatial: int):
         1 ragged; aten's conv asks for concrete sizes, which a ragged dim has not."""
         if not isinstance(input, MJT) or isinstance(weight, MJT) or isinstance(bias, MJT):
             return NotImplemented
-        if nspatial < 3 and ((input._ragged_dims == (1,) and len(input._size) == nspatial + 2) or max(input._ragged_dims) >= 2):
+        if nspatial < 3 and len(input._size) == nspatial + 2 and (input._ragged_dims == (1,) or max(input._ragged_dims) >= 2):
             from . import spatial  # ragged spatial dims: one dense conv over a canvas of the images
 
             return spatial.conv(name, nspatial, input, weight, bias, *args, **kwargs)
