@@ -101,6 +101,18 @@ def _finish(x: MJT, v: torch.Tensor) -> MJT:
 
 
 # ----------------------------------------------------------------------------- batch_norm
+def _norm_input(op: str, input: MJT, weight, bias, running_mean, running_var):
+    """``(input, C)`` of a batch / instance norm: channels first (images of one size, whose dim 1
+    ``nested_tensor`` calls ragged, read as channels), parameters of shape ``(C,)``."""
+    if input._ragged_dims == (1,) and input.dim() in (3, 4):
+        input = as_spatial(op, input, input.dim() - 2)
+    _require_channels_first(op, input)
+    c = input.shape[1]
+    for name, t in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):
+        _check_param(op, name, t, c)
+    return input, c
+
+
 @route(F.batch_norm)
 @eager_route(_WHY, traceable=_declined)
 def _batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
@@ -109,12 +121,7 @@ def _batch_norm(input, running_mean, running_var, weight=None, bias=None, traini
     if not isinstance(input, MJT):
         return NotImplemented
     op = "batch_norm"
-    if input._ragged_dims == (1,) and input.dim() in (3, 4):
-        input = as_spatial(op, input, input.dim() - 2)  # images of one size: dim 1 is the channels
-    _require_channels_first(op, input)
-    c = input.shape[1]
-    for name, t in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):
-        _check_param(op, name, t, c)
+    input, c = _norm_input(op, input, weight, bias, running_mean, running_var)
     return _finish(input, _batch_norm_values(_values(input), running_mean, running_var, weight, bias, training,
                                              momentum, eps))
 
@@ -182,12 +189,7 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
     if not isinstance(input, MJT):
         return NotImplemented
     op = "instance_norm"
-    if input._ragged_dims == (1,) and input.dim() in (3, 4):
-        input = as_spatial(op, input, input.dim() - 2)  # images of one size: dim 1 is the channels
-    _require_channels_first(op, input)
-    c = input.shape[1]
-    for name, t in (("weight", weight), ("bias", bias), ("running_mean", running_mean), ("running_var", running_var)):
-        _check_param(op, name, t, c)
+    input, c = _norm_input(op, input, weight, bias, running_mean, running_var)
     if not use_input_stats:
         # the running statistics normalise every pixel alike: batch_norm in eval mode on the values
         if running_mean is None or running_var is None:
