@@ -34,6 +34,7 @@ __all__ = [
     "median",
     "quartiles",
     "ratio",
+    "method_figures",
     "fmt",
     "format_table",
     "environment",
@@ -204,6 +205,28 @@ def ratio(a: Optional[float], b: Optional[float]) -> Optional[float]:
     if a is None or b is None or b <= 0:
         return None
     return a / b
+
+
+def method_figures(samples: Mapping[str, Sequence[float]], peaks: Mapping[str, int], rho: float) -> dict[str, dict]:
+    """Per method, from its step times (ns, interleaved rounds) and peak bytes: median ms and
+    IQR, paired speedups over ``padded`` and ``loop`` (when they ran), packing efficiency
+    (speedup over padded × ``rho``) and peak over the loop's."""
+    pad, loop = samples.get("padded"), samples.get("loop")
+    out = {}
+    for name, s in samples.items():
+        q25, med, q75 = quartiles(s)
+        speedup = median(paired_ratios(pad, s)) if pad else None
+        out[name] = {
+            "ms_per_step": med / 1e6,
+            "ms_iqr": [q25 / 1e6, q75 / 1e6],
+            "speedup_vs_padded": speedup,
+            "speedup_vs_loop": median(paired_ratios(loop, s)) if loop else None,
+            "packing_efficiency": None if speedup is None else speedup * rho,
+            "peak_bytes": peaks[name],
+            "peak_vs_loop": ratio(peaks[name], peaks.get("loop")),
+            "samples_ns": s,
+        }
+    return out
 
 
 def fmt(x: Optional[float], digits: int = 1, missing: str = "n/a") -> str:

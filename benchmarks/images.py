@@ -308,24 +308,9 @@ def run_regime(model_name: str, regime: str, sizes, model, make, methods: list[M
         r_used = rho([(a // p, b // p) for a, b in sizes])
     else:
         r_used = rho(sizes)
-    pad, loop = samples.get("padded"), samples.get("loop")
-    res = {}
+    res = h.method_figures({m.name: samples[m.name] for m in runnable}, peak, r_used)
     for m in runnable:
-        s = samples[m.name]
-        q25, med, q75 = h.quartiles(s)
-        speedup = h.median(h.paired_ratios(pad, s)) if pad else None
-        res[m.name] = {
-            "ms_per_step": med / 1e6,
-            "ms_iqr": [q25 / 1e6, q75 / 1e6],
-            "speedup_vs_padded": speedup,
-            "speedup_vs_loop": h.median(h.paired_ratios(loop, s)) if loop else None,
-            "packing_efficiency": None if speedup is None else speedup * r_used,
-            "peak_bytes": peak[m.name],
-            "peak_vs_loop": h.ratio(peak[m.name], peak.get("loop")),
-            "loss": losses[m.name],
-            "grad_err": grad_errs[m.name],
-            "samples_ns": s,
-        }
+        res[m.name].update(loss=losses[m.name], grad_err=grad_errs[m.name])
     return {"sizes": sizes, "B": len(sizes), "pixels": sum(a * b for a, b in sizes),
             "envelope": [max(s[0] for s in sizes), max(s[1] for s in sizes)],
             "rho_pixels": rho(sizes), "rho": r_used, "rho_kind": "tokens" if model_name == "navit" else "pixels",

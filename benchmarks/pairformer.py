@@ -282,23 +282,9 @@ def run_regime(name: str, lengths: list[int], block, cfg: Config, methods: list[
         peak[m.name], _ = h.peak_live_bytes(lambda m=m: m.loss(block, states[m.name]).backward())
 
     rp = rho_pair(lengths)
-    pad, loop = samples.get("padded"), samples.get("loop")
-    res = {}
+    res = h.method_figures({m.name: samples[m.name] for m in runnable}, peak, rp)
     for m in runnable:
-        s = samples[m.name]
-        q25, med, q75 = h.quartiles(s)
-        speedup = h.median(h.paired_ratios(pad, s)) if pad else None
-        res[m.name] = {
-            "ms_per_step": med / 1e6,
-            "ms_iqr": [q25 / 1e6, q75 / 1e6],
-            "speedup_vs_padded": speedup,
-            "speedup_vs_loop": h.median(h.paired_ratios(loop, s)) if loop else None,
-            "packing_efficiency": None if speedup is None else speedup * rp,
-            "peak_bytes": peak[m.name],
-            "peak_vs_loop": h.ratio(peak[m.name], peak.get("loop")),
-            "loss": losses[m.name],
-            "samples_ns": s,
-        }
+        res[m.name]["loss"] = losses[m.name]
     return {"lengths": lengths, "B": len(lengths), "sum_n": sum(lengths), "sum_n2": sum(n * n for n in lengths),
             "rho_pair": rp, "reference_loss": ref_loss, "loss_spread": spread, "methods": res, "notes": notes,
             "errors": errors}
