@@ -396,6 +396,15 @@ def test_adaptive_pool2d_golden_and_empty_sample():
     assert torch.isneginf(mx[1]).all() and (idx[1] == 0).all()  # identity of max, index 0
 
 
+def test_adaptive_pool2d_static_side_of_size_zero_is_a_batch_without_pixels():
+    # every image 0 pixels wide (a static side of 0): each pools like the empty sample above
+    x = mj.nested_tensor([torch.randn(2, 3, 0, dtype=DT), torch.randn(2, 1, 0, dtype=DT)], ragged_dims=(2,))
+    assert x.shape[3] == 0
+    assert torch.isnan(F.adaptive_avg_pool2d(x, (2, 1))).all()
+    mx, idx = F.adaptive_max_pool2d(x, (2, 1), return_indices=True)
+    assert mx.shape == (2, 2, 2, 1) and torch.isneginf(mx).all() and (idx == 0).all()
+
+
 def test_adaptive_pool2d_static_side_none_keeps_it_and_global_pool_is_dense():
     comps, rd = fixed("static_h")  # (B, C, 3, j0)
     check(lambda x: F.adaptive_avg_pool2d(x, (None, 2)), _pool_ref(F.adaptive_avg_pool2d, (None, 2)), comps, rd)

@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import given, strategies as st
+from hypothesis import example, given, strategies as st
 
 import torch_multijagged as mj
 from torch_multijagged import multi_jagged
@@ -343,6 +343,7 @@ def _geometry(draw):
 
 
 @given(_geometry())
+@example((2, [(8, 0), (0, 0)], "conv", 1, 1, 0, 1, False))  # a static side of 0 (every image 0 wide)
 def test_random_geometries_match_dense_or_raise_like_dense(geo):
     n, sizes, kind, k, s, p, d, ceil = geo
     comps = _images([sz if n == 2 else sz[0] for sz in sizes], c=2, seed=len(sizes))

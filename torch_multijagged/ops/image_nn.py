@@ -288,7 +288,7 @@ class _Pixels:
         s = math.prod(x.shape[d] for d in sp_static)
         self.lead = tuple(x.shape[d] for d in range(1, n - nsp))
         # (P, *static spatial, *lead) → one row per pixel
-        self.pv = v.permute(0, *[stat.index(d) + 1 for d in sp_static], *lead_vd).reshape(rows * s, -1)
+        self.pv = v.permute(0, *[stat.index(d) + 1 for d in sp_static], *lead_vd).reshape(rows * s, math.prod(self.lead))
         p = x._partition
         sample, coords = p.row_coords()
         dev = v.device
@@ -306,8 +306,11 @@ class _Pixels:
                 self.host_ext.append(host[:, k])
             else:
                 size = x.shape[d]
-                inner //= size
-                self.coord.append(((t // inner) % size).repeat(rows))
+                if s == 0:  # a static spatial dim of size 0: no pixels at all
+                    self.coord.append(t)
+                else:
+                    inner //= size
+                    self.coord.append(((t // inner) % size).repeat(rows))
                 self.ext.append(torch.full((p.batch,), size, dtype=torch.int64, device=dev))
                 self.host_ext.append(torch.full((p.batch,), size, dtype=torch.int64))
         self.batch = p.batch

@@ -177,7 +177,7 @@ def _wrap_pixels(x: MJT, rows: torch.Tensor, out_sizes: torch.Tensor, windows, n
     key = ("pixel_rows_out", x._ragged_dims, tuple(sorted(static.items())), nspatial)
     fwd = part.derived(key, lambda q: _element_pixels(q, x._ragged_dims, static, nspatial, out_sizes))
     c = rows.shape[1]
-    vals = rows.index_select(0, fwd).view(-1, *[static[d] for d in sorted(static)], c).movedim(-1, 1).contiguous()
+    vals = rows.index_select(0, fwd).view(part.rows, *[static[d] for d in sorted(static)], c).movedim(-1, 1).contiguous()
     return wrap_values(vals, part, x._ragged_dims) if grad else wrap(vals, part, x._ragged_dims)
 
 
