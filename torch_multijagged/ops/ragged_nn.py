@@ -378,6 +378,10 @@ def _adaptive_max(input, output_size, return_indices):
     kind = _pooled(op, input)
     if kind == "ragged" and size == 1:
         out, idx = torch.max(input, -1, keepdim=True)  # the first maximum takes the gradient; compiles
+        # a sample without elements pools to -inf, as for any other output size (max gives the
+        # dtype's lowest value there)
+        empty = input._partition.extents[0].lengths() == 0
+        out = out.masked_fill(empty.view(-1, *([1] * (out.dim() - 1))), float("-inf"))
         return (out, idx) if return_indices else out
     if kind == "static":
         out, idx = _static_last(input, lambda v: torch.adaptive_max_pool1d(v, size), two=True)
