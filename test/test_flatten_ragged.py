@@ -7,6 +7,7 @@ Oracle: dense ``flatten`` / ``unflatten`` of every component.
 
 from __future__ import annotations
 
+import io
 import warnings
 
 import pytest
@@ -266,4 +267,31 @@ def test_flatten_of_ragged_dims_between_compiled_ops_is_a_graph_break():
         want = torch.autograd.grad(ref.values().sum(), [x2, w1, w2])
         torch.testing.assert_close(got[0].values(), want[0].values())
         for a, b in zip(got[1:], want[1:]):
+            torch.testing.assert_close(a, b)
+
+
+def test_unflatten_after_a_compiled_region_between_flatten_and_unflatten():
+    """A compiled block between ``flatten`` and ``unflatten`` (the NaViT encoder) returns tokens
+    whose ragged dim still knows the dims it was flattened from (NOTE [ Extents across a compiled
+    region ]): ``unflatten`` restores the image nested ints, with eager's values and gradients."""
+    torch._dynamo.reset()
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(5, 3, dtype=D, generator=g, requires_grad=True)
+    block = torch.compile(lambda t: (t.transpose(1, 2) @ w.t()).relu().transpose(1, 2), backend="aot_eager", fullgraph=True)
+    for seed, sides in enumerate(([(4, 5), (3, 3), (0, 2)], [(5, 5), (6, 3), (2, 4), (1, 1)])):
+        leaves, x = _batch([(3, h, w_) for h, w_ in sides], (2, 3), seed)
+        h, wd = x.shape[2], x.shape[3]
+        out = block(x.flatten(2)).unflatten(2, (h, wd))
+        assert out.shape[2] == h and out.shape[3] == wd
+        buf = io.BytesIO()
+        torch.save(x, buf)  # the compiled region left nothing on x that pickling refuses
+        buf.seek(0)
+        assert bit_equal(torch.load(buf).values(), x.values())
+        ref = [(c.flatten(1).t() @ w.t()).relu().t().unflatten(1, c.shape[1:]) for c in leaves]
+        for i, (o, r) in enumerate(zip(out.unbind(), ref)):
+            torch.testing.assert_close(o, r, msg=f"sample {i}")
+        cots = [torch.randn(r.shape, generator=g, dtype=D) for r in ref]
+        got = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cots)), [*leaves, w])
+        want = torch.autograd.grad(sum((r * c).sum() for r, c in zip(ref, cots)), [*leaves, w])
+        for a, b in zip(got, want):
             torch.testing.assert_close(a, b)

@@ -97,7 +97,7 @@ def _exclusive_cumsum(lengths: torch.Tensor) -> torch.Tensor:
 class RaggedExtent:
     """Per-sample sizes of one ragged dim; see NOTE [ Ragged extents and nested ints ]."""
 
-    __slots__ = ("offsets", "sum_carrier", "max_carrier", "sq_carrier", "_host_lengths", "cache")
+    __slots__ = ("offsets", "sum_carrier", "max_carrier", "sq_carrier", "_host_lengths", "cache", "__weakref__")
 
     def __init__(
         self,

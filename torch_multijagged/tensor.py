@@ -32,9 +32,11 @@ import functools
 import hashlib
 import pathlib
 import re
-
+import weakref
+from typing import Optional
 
 import torch
+from torch.utils.weak import WeakTensorKeyDictionary
 
 from .layout import multi_jagged
 from .structure import Partition, RaggedExtent, _is_traced
@@ -91,6 +93,30 @@ def _is_internal_attr(name: str, value) -> bool:
 def _user_state(t: "MultiJaggedTensor") -> dict:
     """The attributes a user set on ``t`` (dense tensors serialize and deep-copy these too)."""
     return {k: v for k, v in t.__dict__.items() if not _is_internal_attr(k, v)}
+
+
+# NOTE [ Extents across a compiled region ]
+#
+# A compiled function returns its outputs through ``__tensor_unflatten__``, which rebuilds their
+# extents from the inner tensors. When an output's offsets are an input's offsets (the same
+# tensor object, so the same nested int), the input's extent is reused rather than a new one
+# made: the caches on an extent (the partition a flattened dim came from, the extents that size
+# rules mapped it to) then survive the region, and ``t.flatten(2)`` → compiled block →
+# ``unflatten`` works as it does eagerly. ``__tensor_flatten__`` (where dynamo meets an input)
+# records each real offsets tensor's extent, both held weakly (a table, not an attribute on the
+# tensor, which ``torch.save`` would try to pickle).
+
+_EXTENT_OF: WeakTensorKeyDictionary = WeakTensorKeyDictionary()
+
+
+def _known_extent(offsets: torch.Tensor, carriers) -> Optional[RaggedExtent]:
+    ref = _EXTENT_OF.get(offsets) if type(offsets) is torch.Tensor else None
+    e = ref() if ref is not None else None
+    if e is None or e.offsets is not offsets:
+        return None
+    if (e.total, e.max, e.sum_sq) != tuple(c.shape[0] for c in carriers):
+        return None
+    return e
 
 
 class MultiJaggedTensor(torch.Tensor):
@@ -334,6 +360,8 @@ class MultiJaggedTensor(torch.Tensor):
         names = ["_values", "_offsets"]
         is_offsets = []
         for i, e in enumerate(uniq):
+            if type(e.offsets) is torch.Tensor:
+                _EXTENT_OF[e.offsets] = weakref.ref(e)  # NOTE [ Extents across a compiled region ]
             is_offsets.append(e.offsets is p.offsets)
             if not is_offsets[-1]:
                 names.append(f"_ext{i}_offsets")
@@ -369,9 +397,8 @@ class MultiJaggedTensor(torch.Tensor):
                 # Reuse the traced nested int instead of minting a new one (docs/design.md §1). Only
                 # for fake inners: at runtime outer_size is not meaningful.
                 off.nested_int_memo = outer_size[ragged_dims[index.index(i)]]
-            uniq.append(
-                RaggedExtent(off, inner[f"_ext{i}_sum"], inner[f"_ext{i}_max"], inner[f"_ext{i}_sq"])
-            )
+            carriers = inner[f"_ext{i}_sum"], inner[f"_ext{i}_max"], inner[f"_ext{i}_sq"]
+            uniq.append(_known_extent(off, carriers) or RaggedExtent(off, *carriers))
         extents = tuple(uniq[i] for i in index)
         partition = Partition(extents, offsets, values.shape[0])
         return MultiJaggedTensor(values, partition, ragged_dims, requires_grad=requires_grad)
