@@ -295,3 +295,30 @@ def test_unflatten_after_a_compiled_region_between_flatten_and_unflatten():
         want = torch.autograd.grad(sum((r * c).sum() for r, c in zip(ref, cots)), [*leaves, w])
         for a, b in zip(got, want):
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("spelling", ["view", "reshape", "unflatten"])
+def test_split_of_a_token_dim_under_compile_is_a_graph_break(spelling):
+    """Splitting a token dim back into image dims inside a compiled function, with nested ints
+    read from an input's shape: a graph break (the split runs eagerly, equal to eager), and under
+    fullgraph an error naming the op."""
+    leaves, x = _batch([(4, 3, 2), (4, 1, 5), (4, 0, 2)], (2, 3))
+    split = {
+        "view": lambda t, h, w: t.view(t.shape[0], 4, h, w),
+        "reshape": lambda t, h, w: t.reshape(-1, 4, h, w),
+        "unflatten": lambda t, h, w: t.unflatten(2, (h, w)),
+    }[spelling]
+
+    def f(img, tok):
+        return split(tok * 2, img.shape[2], img.shape[3]) + img
+
+    tok = x.flatten(2)
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dynamo's own notes on the break
+        out = torch.compile(f, backend="aot_eager")(x, tok)
+    assert out.shape[2] == x.shape[2] and out.shape[3] == x.shape[3]
+    _same(out, [c * 3 for c in leaves])
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=rf"{'view' if spelling == 'view' else spelling}\(\): .*torch.compile cannot trace"):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(x, tok)

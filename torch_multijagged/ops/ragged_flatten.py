@@ -146,17 +146,18 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
         if is_nested_int(target):
             if torch.compiler.is_compiling():
                 # whether ``target`` is the merged extent's nested int is known once it is made
-                return lambda: _merge_to(op, x, size)
+                return lambda: _plan_eagerly(op, x, size)
             k = x._ragged_dims.index(start)
             sub = x._partition if end - start + 1 == x._partition.nragged else partition_for(x._partition.extents[k:k + end - start + 1])
             if target != flat_extent(sub).nested_int:
                 return None
         return lambda: flatten_ragged(op, x, start, end)
     if len(size) > n:
+        if torch.compiler.is_compiling():
+            # which dim ``size`` splits is known from the extents' flatten links, on the host
+            return (lambda: _plan_eagerly(op, x, size)) if any(is_nested_int(s) for s in size) else None
         found = []
         for k, d in enumerate(x._ragged_dims):
-            if torch.compiler.is_compiling():
-                break
             sub = _unflat(x, k)
             if sub is None or sub.nragged - 1 != len(size) - n:
                 continue
@@ -174,9 +175,10 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
 
 
 @eager_route(_WHY)
-def _merge_to(op: str, x: MJT, size) -> MJT:
-    """``x.view(size)`` / ``reshape`` where ``size`` names a merged ragged dim by its nested int:
-    planned eagerly; not the merge's nested int, it goes the ordinary way (and its error)."""
+def _plan_eagerly(op: str, x: MJT, size) -> MJT:
+    """``x.view(size)`` / ``reshape`` that names a merged ragged dim, or the dims to split one
+    into, by nested ints: planned eagerly (a graph break under compile); a size that is neither
+    goes the ordinary way (and its error)."""
     plan = view_plan(op, x, size)
     if plan is not None:
         return plan()
