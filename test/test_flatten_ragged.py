@@ -322,3 +322,19 @@ def test_split_of_a_token_dim_under_compile_is_a_graph_break(spelling):
     torch._dynamo.reset()
     with pytest.raises(Exception, match=rf"{'view' if spelling == 'view' else spelling}\(\): .*torch.compile cannot trace"):
         torch.compile(f, backend="aot_eager", fullgraph=True)(x, tok)
+
+
+def test_static_regrouping_beside_ragged_spatial_dims_compiles_fullgraph():
+    """Splitting or merging *static* dims of ``(B, C, j_h, j_w)`` (channel groups) is no ragged
+    split: under ``fullgraph=True`` it stays in the graph, by every spelling."""
+    _, x = _batch([(6, 5, 2), (6, 2, 4), (6, 0, 3)], (2, 3))
+    x = x.detach()
+
+    def f(t):
+        a = t.unflatten(1, (2, 3)).sin().flatten(1, 2)
+        b = t.view(t.shape[0], 2, 3, t.shape[2], t.shape[3]).reshape(t.shape[0], 6, t.shape[2], -1)
+        return a + b
+
+    torch._dynamo.reset()
+    out = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+    _same(out, [c.sin() + c for c in x.unbind()])

@@ -153,19 +153,20 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
                 return None
         return lambda: flatten_ragged(op, x, start, end)
     if len(size) > n:
-        if torch.compiler.is_compiling():
-            # which dim ``size`` splits is known from the extents' flatten links, on the host
-            return (lambda: _plan_eagerly(op, x, size)) if any(is_nested_int(s) for s in size) else None
+        m = len(size) - n + 1  # ragged dim d would split into size[d : d + m]
         found = []
         for k, d in enumerate(x._ragged_dims):
-            sub = _unflat(x, k)
-            if sub is None or sub.nragged - 1 != len(size) - n:
-                continue
-            m = sub.nragged
-            want = [e.nested_int for e in sub.extents]
-            if (_fits(size[:d], x.shape[:d]) and _fits(size[d + m:], x.shape[d + 1:])
-                    and all(s == -1 or (is_nested_int(s) and s == w) for s, w in zip(size[d:d + m], want))
+            if not (_fits(size[:d], x.shape[:d]) and _fits(size[d + m:], x.shape[d + 1:])
                     and any(is_nested_int(s) for s in size[d:d + m])):
+                continue
+            if torch.compiler.is_compiling():
+                # whether dim d was flattened from those dims is known on the host (its extent's link)
+                return lambda: _plan_eagerly(op, x, size)
+            sub = _unflat(x, k)
+            if sub is None or sub.nragged != m:
+                continue
+            want = [e.nested_int for e in sub.extents]
+            if all(s == -1 or (is_nested_int(s) and s == w) for s, w in zip(size[d:d + m], want)):
                 found.append((d, size[d:d + m]))
         if len(found) != 1:
             return None
