@@ -324,17 +324,29 @@ def test_split_of_a_token_dim_under_compile_is_a_graph_break(spelling):
         torch.compile(f, backend="aot_eager", fullgraph=True)(x, tok)
 
 
-def test_static_regrouping_beside_ragged_spatial_dims_compiles_fullgraph():
+@pytest.mark.parametrize("grad", [False, True])
+def test_static_regrouping_beside_ragged_spatial_dims_compiles_fullgraph(grad):
     """Splitting or merging *static* dims of ``(B, C, j_h, j_w)`` (channel groups) is no ragged
-    split: under ``fullgraph=True`` it stays in the graph, by every spelling."""
-    _, x = _batch([(6, 5, 2), (6, 2, 4), (6, 0, 3)], (2, 3))
-    x = x.detach()
+    split: under ``fullgraph=True`` it stays in the graph, by every spelling, and its gradients
+    equal eager's (autograd on the packed values: the wrapper's own view backward would multiply
+    the two ragged sizes while AOT traces it)."""
 
     def f(t):
         a = t.unflatten(1, (2, 3)).sin().flatten(1, 2)
         b = t.view(t.shape[0], 2, 3, t.shape[2], t.shape[3]).reshape(t.shape[0], 6, t.shape[2], -1)
-        return a + b
+        return a * b
 
+    cf = torch.compile(f, backend="aot_eager", fullgraph=True)
     torch._dynamo.reset()
-    out = torch.compile(f, backend="aot_eager", fullgraph=True)(x)
-    _same(out, [c.sin() + c for c in x.unbind()])
+    for seed, sides in enumerate(([(5, 2), (2, 4), (0, 3)], [(3, 3), (1, 6)])):
+        leaves, x = _batch([(6, h, w) for h, w in sides], (2, 3), seed)
+        if not grad:
+            x = x.detach()
+        out = cf(x)
+        _same(out, [c.detach().sin() * c.detach() for c in leaves])
+        if grad:
+            cots = [torch.randn(c.shape, dtype=D) for c in leaves]
+            got = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cots)), leaves)
+            want = torch.autograd.grad(sum((f_ * c).sum() for f_, c in zip((l.sin() * l for l in leaves), cots)), leaves)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b)

@@ -34,6 +34,7 @@ from ..errors import StructureError
 from ..structure import Partition, flat_extent, partition_for
 from ._common import MJT, describe, eager_route, wrap
 from .routes import _needs_grad, route
+from .views import check_view_shape
 
 __all__ = ["flatten_ragged", "unflatten_ragged", "view_plan"]
 
@@ -199,4 +200,20 @@ def _view(input, *shape):
     if not isinstance(input, MJT) or not shape or isinstance(shape[0], torch.dtype):
         return NotImplemented
     plan = view_plan("view", input, _normalize(shape))
-    return NotImplemented if plan is None else plan()
+    if plan is not None:
+        return plan()
+    return traced_static_view("view", input, _normalize(shape))
+
+
+def traced_static_view(op: str, x: MJT, shape):
+    """While tracing a tensor that needs gradients: ``x`` with its static dims regrouped to
+    ``shape`` by a view (``reshape`` for every op but ``view``) of its packed values, with autograd
+    on the values; otherwise ``NotImplemented`` (aten's ``view`` on the wrapper). The wrapper's own
+    ViewBackward0 reshapes the gradient to ``x``'s sizes, and AOT's joint trace of that multiplies
+    the nested ints of two ragged dims (unsupported)."""
+    if not (torch.compiler.is_compiling() and _needs_grad(x)):
+        return NotImplemented
+    static, ragged = check_view_shape(op, x, shape)
+    v = values_of(x)
+    new = v.view(v.shape[0], *static) if op == "view" else v.reshape(v.shape[0], *static)
+    return wrap_values(new, x._partition, ragged)

@@ -33,6 +33,9 @@ def reshape_as(op: str, input: MJT, shape) -> MJT:
     strides; aten's composite would multiply nested ints to check the element count. The shape
     is checked first, so that a bad one is reported under ``op``'s name."""
     check_view_shape(op, input, shape)
+    traced = ragged_flatten.traced_static_view(op, input, shape)
+    if traced is not NotImplemented:
+        return traced
     if torch.compiler.is_compiling():
         # A failed view cannot be caught while tracing: copy unless the tensor is contiguous,
         # where every regrouping of static dims is a view (NOTE [ Contiguity as torch.jagged
