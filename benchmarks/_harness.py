@@ -229,6 +229,27 @@ def method_figures(samples: Mapping[str, Sequence[float]], peaks: Mapping[str, i
     return out
 
 
+def method_table(r: Mapping[str, Any], names: Sequence[str], rho_label: str, extra=None) -> str:
+    """The per-method table of a result with ``method_figures`` entries and a float64
+    ``reference_loss``: time, ratios, peak memory and loss per method ("n/a" for one that did
+    not run); ``extra = (headers, fn)`` appends the columns ``fn(method_entry)``."""
+    headers = ["method", "ms/step", "IQR", "×padded", "×loop", f"×padded·{rho_label}", "peak MiB", "peak/loop",
+               "loss", "Δloss rel", *(extra[0] if extra else ())]
+    rows = []
+    for n in names:
+        m = r["methods"].get(n)
+        if m is None:
+            rows.append([n] + ["n/a"] * (len(headers) - 1))
+            continue
+        rows.append([
+            n, fmt(m["ms_per_step"], 1), f"{m['ms_iqr'][0]:.1f}–{m['ms_iqr'][1]:.1f}",
+            fmt(m["speedup_vs_padded"], 2), fmt(m["speedup_vs_loop"], 2), fmt(m["packing_efficiency"], 2),
+            fmt(m["peak_bytes"] / 2**20, 1), fmt(m["peak_vs_loop"], 2), f"{m['loss']:.8g}",
+            f"{(m['loss'] - r['reference_loss']) / abs(r['reference_loss']):+.1e}", *(extra[1](m) if extra else ()),
+        ])
+    return format_table(headers, rows)
+
+
 def fmt(x: Optional[float], digits: int = 1, missing: str = "n/a") -> str:
     return missing if x is None else f"{x:.{digits}f}"
 

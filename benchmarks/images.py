@@ -324,21 +324,7 @@ def print_regime(model_name: str, regime: str, r: dict, names: list[str]) -> Non
             else f"ρ={r['rho']:.3f}")
     print(f"\n{model_name} / {regime}: B={r['B']}, sides {min(sides)}–{max(sides)}, envelope {hm}×{wm}, "
           f"ΣHW={r['pixels']}  {what}  (1/ρ = {1 / r['rho']:.2f}×)")
-    headers = ["method", "ms/step", "IQR", "×padded", "×loop", "×padded·ρ", "peak MiB", "peak/loop", "loss",
-               "Δloss rel", "grad err"]
-    rows = []
-    for n in names:
-        m = r["methods"].get(n)
-        if m is None:
-            rows.append([n] + ["n/a"] * (len(headers) - 1))
-            continue
-        rows.append([
-            n, h.fmt(m["ms_per_step"], 1), f"{m['ms_iqr'][0]:.1f}–{m['ms_iqr'][1]:.1f}",
-            h.fmt(m["speedup_vs_padded"], 2), h.fmt(m["speedup_vs_loop"], 2), h.fmt(m["packing_efficiency"], 2),
-            h.fmt(m["peak_bytes"] / 2**20, 1), h.fmt(m["peak_vs_loop"], 2), f"{m['loss']:.8g}",
-            f"{(m['loss'] - r['reference_loss']) / abs(r['reference_loss']):+.1e}", f"{m['grad_err']:.0e}",
-        ])
-    print(h.format_table(headers, rows))
+    print(h.method_table(r, names, "ρ", extra=(["grad err"], lambda m: [f"{m['grad_err']:.0e}"])))
     spread = "n/a" if r["loss_spread"] is None else f"{r['loss_spread']:.1e}"
     print(f"  losses' max relative disagreement: {spread}")
     for note in r["notes"]:

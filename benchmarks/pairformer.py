@@ -293,20 +293,7 @@ def run_regime(name: str, lengths: list[int], block, cfg: Config, methods: list[
 def print_regime(name: str, r: dict, names: list[str]) -> None:
     print(f"\n{name}: B={r['B']} lengths {r['lengths']}  ΣN={r['sum_n']}  ΣN²={r['sum_n2']}  "
           f"ρ_pair={r['rho_pair']:.3f}  (1/ρ_pair = {1 / r['rho_pair']:.2f}×)")
-    headers = ["method", "ms/step", "IQR", "×padded", "×loop", "×padded·ρ_pair", "peak MiB", "peak/loop", "loss", "Δloss rel"]
-    rows = []
-    for n in names:
-        m = r["methods"].get(n)
-        if m is None:
-            rows.append([n] + ["n/a"] * (len(headers) - 1))
-            continue
-        rows.append([
-            n, h.fmt(m["ms_per_step"], 1), f"{m['ms_iqr'][0]:.1f}–{m['ms_iqr'][1]:.1f}",
-            h.fmt(m["speedup_vs_padded"], 2), h.fmt(m["speedup_vs_loop"], 2), h.fmt(m["packing_efficiency"], 2),
-            h.fmt(m["peak_bytes"] / 2**20, 1), h.fmt(m["peak_vs_loop"], 2), f"{m['loss']:.8g}",
-            f"{(m['loss'] - r['reference_loss']) / abs(r['reference_loss']):+.1e}",
-        ])
-    print(h.format_table(headers, rows))
+    print(h.method_table(r, names, "ρ_pair"))
     for note in r["notes"]:
         print("  " + note)
 
