@@ -275,7 +275,10 @@ def test_matches_torch_jagged(name):
             e_vals, g_vals = expected.values(), got.values()
         else:
             e_vals, g_vals = expected, got
-        assert_close(g_vals, e_vals, name, rtol=0, atol=0)
+        # bit for bit, except softmax: NJT takes it on a padded copy, we per segment, and the
+        # exponentials' sums may round differently in the last place
+        tol = 1e-14 if name.startswith("softmax") else 0
+        assert_close(g_vals, e_vals, name, rtol=tol, atol=tol)
         if not njt_grad:
             return
         g = torch.randn(e_vals.shape, generator=torch.Generator().manual_seed(seed), dtype=e_vals.dtype)
