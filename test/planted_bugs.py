@@ -94,7 +94,7 @@ BUGS = [
     Bug("double backward of a reduction ignores the local derivative", "compile/library.py",
         "d_grad = mj.reduce(gg * local, \"sum\", dim, keepdim)", "d_grad = mj.reduce(gg, \"sum\", dim, keepdim)",
         ("test_double_backward.py",)),
-    Bug("row offsets not checked against sizes", "constructors.py",
+    Bug("row offsets not checked against sizes", "structure.py",
         "    if not torch.equal(off.diff(), counts):", "    if False:",
         ("test_serialization.py", "test_constructor_checks.py", "test_constructors.py")),
     # ------------------------------------------------------------------ attention (issue 8)

@@ -2,7 +2,9 @@
 
 ``values_of(x)`` is ``x.values()``; ``wrap_values(values, partition, ragged_dims)`` is the
 zero-copy view behind ``from_packed``. Gradients cross unchanged: the packed values *are* the
-elements, with no padding.
+elements, with no padding. These two crossings are the subclass's own (``tensor.py``, which
+``values()`` needs); this module adds the ones built on them: adopting a wrapper built around
+values that carry a graph, relabelling nested ints, and ``wrap_values_like``.
 
 NOTE [ Differentiable backward of the bridge ]
 
@@ -21,48 +23,9 @@ from __future__ import annotations
 import torch
 
 from .structure import Partition
-from .tensor import MultiJaggedTensor
+from .tensor import MultiJaggedTensor, _graph, _ValuesOf, values_of, wrap_values
 
 __all__ = ["values_of", "wrap_values", "wrap_values_like", "relabel"]
-
-
-def _graph(grad: torch.Tensor) -> bool:
-    # In backward, grad mode is on only under create_graph=True.
-    return torch.is_grad_enabled() and grad.requires_grad
-
-
-class _ValuesOf(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x: MultiJaggedTensor):  # type: ignore[override]
-        ctx.set_materialize_grads(False)
-        ctx.partition, ctx.ragged_dims = x._partition, x._ragged_dims
-        return x._values.view_as(x._values)
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
-        if grad is None:
-            return None
-        if 0 in grad.stride() and grad.numel() > 1:
-            # An expanded gradient (``values().sum()``'s) would reach aten's view/reshape
-            # backward formulas, which reshape in C++ and fail on a non-viewable wrapper with
-            # nested-int sizes: materialise it.
-            grad = grad.contiguous()
-        if _graph(grad):
-            return _WrapValues.apply(grad, ctx.partition, ctx.ragged_dims)
-        return MultiJaggedTensor(grad, ctx.partition, ctx.ragged_dims)
-
-
-class _WrapValues(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, values: torch.Tensor, partition: Partition, ragged_dims):  # type: ignore[override]
-        ctx.set_materialize_grads(False)
-        return MultiJaggedTensor(values.view_as(values), partition, ragged_dims)
-
-    @staticmethod
-    def backward(ctx, grad: MultiJaggedTensor):  # type: ignore[override]
-        if grad is None:
-            return None, None, None
-        return (_ValuesOf.apply(grad) if _graph(grad) else grad._values), None, None
 
 
 class _Adopt(torch.autograd.Function):
@@ -108,16 +71,6 @@ def relabel(x: MultiJaggedTensor, partition: Partition) -> MultiJaggedTensor:
     """``x`` with the nested ints of an equal-sized ``partition``; differentiable (gradients
     return with x's own nested ints, as the autograd engine checks)."""
     return _Relabel.apply(x, partition)
-
-
-def values_of(x: MultiJaggedTensor) -> torch.Tensor:
-    """Packed ``(T, *static)`` values of ``x``; differentiable."""
-    return _ValuesOf.apply(x)
-
-
-def wrap_values(values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...]) -> MultiJaggedTensor:
-    """A MultiJaggedTensor viewing ``values``; differentiable w.r.t. ``values``."""
-    return _WrapValues.apply(values, partition, ragged_dims)
 
 
 def wrap_values_like(values: torch.Tensor, like: MultiJaggedTensor) -> MultiJaggedTensor:

@@ -11,7 +11,7 @@ import torch
 from .bridge import values_of, wrap_values
 from .kernels import reference as ref
 from .layout import multi_jagged
-from .structure import Partition, RaggedExtent, _is_traced, register_partition
+from .structure import Partition, RaggedExtent, _is_traced, offsets_problem, partition_from_sizes, register_partition
 from .tensor import MultiJaggedTensor
 
 __all__ = [
@@ -32,33 +32,6 @@ mj = torch.ops.multijagged
 
 
 # ----------------------------------------------------------------------------- structure
-def _extents_for(host_sizes: torch.Tensor, device, offsets_for_single: Optional[torch.Tensor] = None):
-    """One extent per ragged dim; dims with equal per-sample sizes share one (one nested int)."""
-    extents: list[RaggedExtent] = []
-    r = host_sizes.shape[1]
-    for k in range(r):
-        col = host_sizes[:, k].contiguous()
-        for j in range(k):
-            if torch.equal(host_sizes[:, j], col):
-                extents.append(extents[j])
-                break
-        else:
-            off = offsets_for_single if r == 1 else None
-            extents.append(RaggedExtent.from_lengths(col, device, offsets=off))
-    return extents
-
-
-def _partition(host_sizes: torch.Tensor, device, offsets: Optional[torch.Tensor] = None) -> Partition:
-    extents = _extents_for(host_sizes, device, offsets)
-    if len(extents) == 1:
-        p = Partition(extents, extents[0].offsets, extents[0].total)
-    else:
-        p = Partition.from_extents(extents)
-        if offsets is not None:
-            p = Partition(p.extents, offsets, p.rows)
-    return register_partition(p)
-
-
 def _ragged_dims_tuple(op: str, ragged_dims) -> tuple[int, ...]:
     """``ragged_dims`` as a tuple of ints. A bare int is one dim (as torch's ``dim=`` arguments
     accept); entries must be integers: ``1.5`` or ``True`` is a mistake, not dim 1."""
@@ -181,7 +154,7 @@ def as_nested_tensor(
     ragged_dims, sizes = _infer("as_nested_tensor", tensors, ragged_dims)
     if dtype is not None or device is not None:
         tensors = [t.to(dtype=dtype, device=device) for t in tensors]
-    partition = _partition(sizes, tensors[0].device)
+    partition = partition_from_sizes(sizes, tensors[0].device)
     return _FromComponents.apply(partition, ragged_dims, *tensors)
 
 
@@ -202,7 +175,7 @@ def nested_tensor(
         values = values.to(dtype=dtype, device=device)
     if pin_memory:
         values = values.pin_memory()
-    partition = _partition(sizes, values.device)
+    partition = partition_from_sizes(sizes, values.device)
     return MultiJaggedTensor(values, partition, ragged_dims, requires_grad=requires_grad)
 
 
@@ -251,7 +224,7 @@ def from_packed(
         _check_offsets(op, offsets, values.shape[0], host.prod(1))
     if not traced:
         _check_rows(op, host, values.shape[0])
-    partition = _partition(host, values.device, offsets)
+    partition = partition_from_sizes(host, values.device, offsets)
     return wrap_values(values, partition, ragged_dims)
 
 
@@ -269,89 +242,11 @@ def _check_rows(op: str, host: torch.Tensor, rows: int) -> None:
         )
 
 
-def _offsets_problem(name: str, off: torch.Tensor, rows: int, counts: torch.Tensor) -> Optional[str]:
-    """What is wrong with host offsets ``off`` (B+1,) of ``rows`` packed rows whose samples hold
-    ``counts`` (B,) rows each, or None."""
-    if off[0] != 0:
-        return f"{name} must start at 0, got {name}[0] = {int(off[0])}"
-    if (off.diff() < 0).any():
-        return f"{name} must be non-decreasing, got {off.tolist()}"
-    if off[-1] != rows:
-        return f"{name} must end at the packed row count {rows}, got {name}[-1] = {int(off[-1])}"
-    if not torch.equal(off.diff(), counts):
-        return f"{name} disagree with sizes: rows per sample {off.diff().tolist()} vs product of sizes {counts.tolist()}"
-    return None
-
-
 def _check_offsets(op: str, offsets: torch.Tensor, rows: int, counts: torch.Tensor) -> None:
     # SYNC: none for CPU offsets; for others the caller asked for validation.
-    problem = _offsets_problem("offsets", offsets.detach().cpu(), rows, counts)
+    problem = offsets_problem("offsets", offsets.detach().cpu(), rows, counts)
     if problem:
         raise ValueError(f"{op}(): {problem}")
-
-
-def _load_error(msg: str) -> ValueError:
-    return ValueError(f"torch.load(): invalid multi_jagged tensor in file: {msg}")
-
-
-def _check_serialized_parts(values, offsets, extent_offsets, ragged_dims, requires_grad) -> None:
-    """Types, dtypes, shapes and devices of ``_rebuild``'s arguments (no data read)."""
-    if not isinstance(values, torch.Tensor) or isinstance(values, MultiJaggedTensor) or values.is_nested or values.dim() < 1:
-        raise _load_error(f"expected values to be a dense tensor with a packed dim 0, got {type(values).__name__}")
-    if not isinstance(requires_grad, bool):
-        raise _load_error(f"expected requires_grad to be a bool, got {type(requires_grad).__name__}")
-    if requires_grad and not (values.is_floating_point() or values.is_complex()):
-        raise _load_error(f"requires_grad=True needs a floating point or complex dtype, got {values.dtype}")
-    if not isinstance(ragged_dims, tuple) or not all(type(d) is int for d in ragged_dims):
-        raise _load_error(f"expected ragged_dims to be a tuple of ints, got {ragged_dims!r}")
-    ndim = len(ragged_dims) + values.dim()
-    if not ragged_dims or list(ragged_dims) != sorted(set(ragged_dims)) or ragged_dims[0] < 1 or ragged_dims[-1] >= ndim:
-        raise _load_error(f"expected ragged_dims to be increasing logical dims in [1, {ndim - 1}], got {ragged_dims}")
-    if not isinstance(extent_offsets, tuple) or len(extent_offsets) != len(ragged_dims):
-        raise _load_error(f"expected one offsets tensor per ragged dim {ragged_dims}, got {type(extent_offsets).__name__}")
-    named = [("offsets", offsets)] + [(f"offsets of ragged dim {d}", e) for d, e in zip(ragged_dims, extent_offsets)]
-    for name, t in named:
-        if not isinstance(t, torch.Tensor) or isinstance(t, MultiJaggedTensor) or t.is_nested:
-            raise _load_error(f"expected {name} to be a tensor, got {type(t).__name__}")
-        if t.dtype != torch.int64 or t.dim() != 1 or t.shape[0] != offsets.shape[0] or t.shape[0] < 1:
-            raise _load_error(
-                f"expected {name} to be a 1-D int64 tensor of B + 1 = {offsets.shape[0]} >= 1 entries, "
-                f"got {t.dtype} of shape {tuple(t.shape)}"
-            )
-        if t.device != values.device:
-            raise _load_error(f"expected {name} on the values' device {values.device}, got {t.device}")
-
-
-def _from_serialized(values, offsets, extent_offsets, ragged_dims, requires_grad) -> MultiJaggedTensor:
-    """Rebuild a saved tensor (``tensor._rebuild``; NOTE [ Serialized form ]) after host checks
-    that every part agrees: a tampered or corrupted file raises ValueError instead of giving a
-    tensor whose ops disagree with each other."""
-    if isinstance(extent_offsets, tuple):
-        # Files from older versions pickled RaggedExtent objects (loadable with weights_only=False).
-        extent_offsets = tuple(e.offsets if isinstance(e, RaggedExtent) else e for e in extent_offsets)
-    _check_serialized_parts(values, offsets, extent_offsets, ragged_dims, requires_grad)
-    # Each distinct extent once: the identity of its offsets is its nested int (a square pair
-    # names one tensor twice, and pickle's memo keeps that).
-    unique: dict[int, RaggedExtent] = {}
-    for d, e in zip(ragged_dims, extent_offsets):
-        if id(e) not in unique:
-            # SYNC: loading reads the offsets on the host, once, to check and size the structure.
-            host = e.detach().cpu()
-            if host[0] != 0 or (host.diff() < 0).any():
-                raise _load_error(f"offsets of ragged dim {d} must start at 0 and be non-decreasing, got {host.tolist()}")
-            unique[id(e)] = RaggedExtent.from_lengths(host.diff(), values.device, offsets=e)
-    extents = [unique[id(e)] for e in extent_offsets]
-    counts = torch.stack([e.host_lengths() for e in extents], 1).prod(1)
-    rows = values.shape[0]
-    # SYNC: loading reads the row offsets on the host, once.
-    problem = _offsets_problem("offsets", offsets.detach().cpu(), rows, counts)
-    if problem:
-        raise _load_error(f"{problem} (the row offsets, the ragged extents and the values' rows must agree)")
-    if len(extents) == 1 and offsets is extent_offsets[0]:
-        partition = Partition(extents, offsets, extents[0].total)
-    else:
-        partition = Partition(extents, offsets, rows)
-    return MultiJaggedTensor(values, register_partition(partition), ragged_dims, requires_grad=requires_grad)
 
 
 def from_padded(
@@ -373,7 +268,7 @@ def from_padded(
         col = host[:, k]
         if col.numel() and (bool((col > padded.shape[d]).any()) or bool((col < 0).any())):
             raise ValueError(f"{op}(): lengths along dim {d} must lie in [0, {padded.shape[d]}], got {col.tolist()}")
-    partition = _partition(host, padded.device)
+    partition = partition_from_sizes(host, padded.device)
     static = [s for d, s in enumerate(padded.shape) if d and d not in ragged_dims]
     # A structure-only template: no memory behind its values.
     like = MultiJaggedTensor(padded.new_zeros(()).expand(partition.rows, *static), partition, ragged_dims)
@@ -396,17 +291,13 @@ def from_jagged(njt: torch.Tensor) -> MultiJaggedTensor:
     values = njt.values().movedim(r - 1, 0)
     offsets = njt.offsets()
     host = offsets.diff().cpu().unsqueeze(1)  # SYNC: once per conversion
-    partition = _partition(host, values.device, offsets)
+    partition = partition_from_sizes(host, values.device, offsets)
     return wrap_values(values, partition, (r,))
 
 
 def to_jagged(x: MultiJaggedTensor) -> torch.Tensor:
     """As ``torch.jagged`` (one ragged dim only), sharing values and offsets. Differentiable."""
-    if len(x._ragged_dims) != 1:
-        raise ValueError(f"to_jagged(): torch.jagged holds one ragged dim, got ragged dims {x._ragged_dims}")
-    r = x._ragged_dims[0]
-    values = values_of(x).movedim(0, r - 1)
-    return torch.nested.nested_tensor_from_jagged(values, x._partition.offsets, jagged_dim=r)
+    return x.to_jagged()
 
 
 # ----------------------------------------------------------------------------- batch pieces
@@ -576,11 +467,7 @@ def is_nested(x) -> bool:
 
 def occupancy(x: MultiJaggedTensor) -> float:
     """ρ = (valid cells) / (B · Π max extents): the valid fraction of the padded envelope."""
-    p = x._partition
-    envelope = p.batch
-    for e in p.extents:
-        envelope *= int(e.max)
-    return 1.0 if envelope == 0 else int(p.rows) / envelope
+    return x.occupancy()
 
 
 # ----------------------------------------------------------------------------- torch.nested

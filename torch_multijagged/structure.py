@@ -469,3 +469,48 @@ def _rows_of_product(extents: tuple[RaggedExtent, ...]):
         prod = prod * e.host_lengths()
     # SYNC: none — host lengths.
     return int(prod.sum()) if prod.numel() else 0
+
+
+# ----------------------------------------------------------------------------- factories
+def _extents_for(host_sizes: torch.Tensor, device, offsets_for_single: Optional[torch.Tensor] = None):
+    """One extent per ragged dim; dims with equal per-sample sizes share one (one nested int)."""
+    extents: list[RaggedExtent] = []
+    r = host_sizes.shape[1]
+    for k in range(r):
+        col = host_sizes[:, k].contiguous()
+        for j in range(k):
+            if torch.equal(host_sizes[:, j], col):
+                extents.append(extents[j])
+                break
+        else:
+            off = offsets_for_single if r == 1 else None
+            extents.append(RaggedExtent.from_lengths(col, device, offsets=off))
+    return extents
+
+
+def partition_from_sizes(host_sizes: torch.Tensor, device, offsets: Optional[torch.Tensor] = None) -> Partition:
+    """The registered partition of per-sample ``host_sizes`` (B, R); dims with equal sizes share
+    one extent (one nested int). With one ragged dim, ``offsets`` (if given) become the extent's
+    offsets, so that a ``torch.jagged`` tensor's nested int carries over."""
+    extents = _extents_for(host_sizes, device, offsets)
+    if len(extents) == 1:
+        p = Partition(extents, extents[0].offsets, extents[0].total)
+    else:
+        p = Partition.from_extents(extents)
+        if offsets is not None:
+            p = Partition(p.extents, offsets, p.rows)
+    return register_partition(p)
+
+
+def offsets_problem(name: str, off: torch.Tensor, rows: int, counts: torch.Tensor) -> Optional[str]:
+    """What is wrong with host offsets ``off`` (B+1,) of ``rows`` packed rows whose samples hold
+    ``counts`` (B,) rows each, or None."""
+    if off[0] != 0:
+        return f"{name} must start at 0, got {name}[0] = {int(off[0])}"
+    if (off.diff() < 0).any():
+        return f"{name} must be non-decreasing, got {off.tolist()}"
+    if off[-1] != rows:
+        return f"{name} must end at the packed row count {rows}, got {name}[-1] = {int(off[-1])}"
+    if not torch.equal(off.diff(), counts):
+        return f"{name} disagree with sizes: rows per sample {off.diff().tolist()} vs product of sizes {counts.tolist()}"
+    return None

@@ -28,6 +28,7 @@ together. ``is_nested`` stays False (docs/design.md §14; ``torch_multijagged.is
 
 from __future__ import annotations
 
+import copy
 import functools
 import hashlib
 import pathlib
@@ -39,6 +40,7 @@ import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from .layout import multi_jagged
+from .serialization import INTERNAL_ATTRS, copy_partition, partition_from_file, user_state
 from .structure import Partition, RaggedExtent, _is_traced
 
 __all__ = ["MultiJaggedTensor"]
@@ -55,44 +57,11 @@ def _source_digest() -> str:
     return h.hexdigest()[:16]
 
 
-# NOTE [ Serialized form ]
-#
-# ``torch.save`` / ``pickle`` / ``copy.copy`` reduce a MultiJaggedTensor to
-# ``_rebuild_from_type_v2(_rebuild, MultiJaggedTensor, args, state)`` with
-# ``args = (values, offsets, extent_offsets, ragged_dims, requires_grad)``: plain tensors, a tuple
-# of R plain tensors (one per ragged dim; a square pair lists the same tensor twice, and pickle's
-# memo keeps that identity, hence one nested int), a tuple of ints and a bool. So the default
-# ``torch.load(weights_only=True)`` needs only ``_rebuild`` and the class allowlisted (done at
-# import, below the class); no other global of this package is ever named by a file. ``_rebuild``
-# validates everything it is given with host checks before building (constructors.py,
-# ``_from_serialized``), and ``__setstate__`` refuses state that would overwrite the structure.
-# ``state`` carries user attributes only: internal and cached keys (``_size``, ``_strides``, torch's
-# ``_sym_sizes_capsule``…) are never written.
-
-
 def _rebuild(values, offsets, extent_offsets, ragged_dims, requires_grad):
-    """Serialization entry point (module level so that pickle can name it)."""
-    from .constructors import _from_serialized
-
-    return _from_serialized(values, offsets, extent_offsets, ragged_dims, requires_grad)
-
-
-# Attributes set by ``__new__``; with torch's size/stride caches (``_sym_*``) they are the wrapper's
-# internal state, rebuilt from ``_rebuild``'s arguments and never serialized.
-_INTERNAL_ATTRS = frozenset({"_values", "_partition", "_ragged_dims", "_size", "_strides", "_vgraph", "_retained"})
-
-
-def _is_internal_attr(name: str, value) -> bool:
-    return (
-        name in _INTERNAL_ATTRS
-        or name.startswith(("_sym_", "_ext"))
-        or type(value).__name__ == "PyCapsule"
-    )
-
-
-def _user_state(t: "MultiJaggedTensor") -> dict:
-    """The attributes a user set on ``t`` (dense tensors serialize and deep-copy these too)."""
-    return {k: v for k, v in t.__dict__.items() if not _is_internal_attr(k, v)}
+    """Serialization entry point (module level so that pickle can name it; NOTE [ Serialized
+    form ] in ``serialization.py``)."""
+    partition = partition_from_file(values, offsets, extent_offsets, ragged_dims, requires_grad, MultiJaggedTensor)
+    return MultiJaggedTensor(values, partition, ragged_dims, requires_grad=requires_grad)
 
 
 # NOTE [ Extents across a compiled region ]
@@ -179,8 +148,6 @@ class MultiJaggedTensor(torch.Tensor):
 
     def values(self) -> torch.Tensor:  # type: ignore[override]
         """Packed ``(T, *static)`` buffer; differentiable (gradients flow back to ``self``)."""
-        from .bridge import values_of
-
         return values_of(self)
 
     def offsets(self, dim: int | None = None) -> torch.Tensor:
@@ -249,15 +216,21 @@ class MultiJaggedTensor(torch.Tensor):
         return self._partition.host_sizes()
 
     def occupancy(self) -> float:
-        """Valid fraction ρ of the padded envelope ``(B, max…)``; padding rate is ``1 - ρ``."""
-        from .constructors import occupancy
-
-        return occupancy(self)
+        """Valid fraction ρ = (valid cells) / (B · Π max extents) of the padded envelope
+        ``(B, max…)``; padding rate is ``1 - ρ``."""
+        p = self._partition
+        envelope = p.batch
+        for e in p.extents:
+            envelope *= int(e.max)
+        return 1.0 if envelope == 0 else int(p.rows) / envelope
 
     def to_jagged(self) -> torch.Tensor:
-        from .constructors import to_jagged
-
-        return to_jagged(self)
+        """As ``torch.jagged`` (one ragged dim only), sharing values and offsets. Differentiable."""
+        if len(self._ragged_dims) != 1:
+            raise ValueError(f"to_jagged(): torch.jagged holds one ragged dim, got ragged dims {self._ragged_dims}")
+        r = self._ragged_dims[0]
+        values = values_of(self).movedim(0, r - 1)
+        return torch.nested.nested_tensor_from_jagged(values, self._partition.offsets, jagged_dim=r)
 
     # ------------------------------------------------------------------ repr / serialization
     def __repr__(self) -> str:  # type: ignore[override]
@@ -279,7 +252,7 @@ class MultiJaggedTensor(torch.Tensor):
         p = self._partition
         values = self._values.detach() if self._values.requires_grad else self._values
         args = (values, p.offsets, tuple(e.offsets for e in p.extents), self._ragged_dims, self.requires_grad)
-        return (torch._tensor._rebuild_from_type_v2, (_rebuild, type(self), args, _user_state(self)))
+        return (torch._tensor._rebuild_from_type_v2, (_rebuild, type(self), args, user_state(self)))
 
     def __setstate__(self, state):
         # Called by ``_rebuild_from_type_v2`` after ``_rebuild`` with the file's ``state``: user
@@ -300,7 +273,7 @@ class MultiJaggedTensor(torch.Tensor):
                 raise ValueError(f"torch.load(): expected attribute names, got {k!r}")
             if k in ("_size", "_strides") or k.startswith("_sym_"):
                 continue
-            if k in _INTERNAL_ATTRS or hasattr(type(self), k):
+            if k in INTERNAL_ATTRS or hasattr(type(self), k):
                 raise ValueError(
                     f"torch.load(): a MultiJaggedTensor's saved attributes may not replace its structure, got {k!r}"
                 )
@@ -317,12 +290,10 @@ class MultiJaggedTensor(torch.Tensor):
             )
         if id(self) in memo:
             return memo[id(self)]
-        import copy
-
         with torch.no_grad():
             # deepcopy through ``memo``: storages shared with other copied objects stay shared.
             values = copy.deepcopy(self._values.detach(), memo)
-            partition = _copy_partition(self._partition, memo)
+            partition = copy_partition(self._partition, memo)
             new = MultiJaggedTensor(values, partition, self._ragged_dims, requires_grad=self.requires_grad)
             grad = self.grad
             if grad is not None:
@@ -331,7 +302,7 @@ class MultiJaggedTensor(torch.Tensor):
                 else:
                     grad = copy.deepcopy(grad, memo)
                 new.grad = grad
-        for k, v in _user_state(self).items():
+        for k, v in user_state(self).items():
             setattr(new, k, copy.deepcopy(v, memo))
         memo[id(self)] = new
         return new
@@ -482,21 +453,57 @@ def _rename(e: BaseException, func) -> None:
     e.args = (f"{name}(): {msg[m.end():]}{note}",) + e.args[1:]
 
 
-def _copy_partition(p: Partition, memo: dict) -> Partition:
-    """``p`` with deep-copied offsets (new nested ints); extents shared between dims stay shared.
-    Host lengths and shape carriers describe sizes only and are reused."""
-    import copy
+# ----------------------------------------------------------------------------- values crossings
+# NOTE [ Differentiable backward of the bridge ] in ``bridge.py``.
 
-    moved: dict[int, RaggedExtent] = {}
-    extents = []
-    for e in p.extents:
-        if id(e) not in moved:
-            host = None if e._host_lengths is None else e._host_lengths.clone()
-            off = copy.deepcopy(e.offsets, memo)
-            moved[id(e)] = RaggedExtent(off, e.sum_carrier, e.max_carrier, e.sq_carrier, host)
-        extents.append(moved[id(e)])
-    # For one ragged dim the row offsets are the extent's offsets: ``memo`` maps them to the same copy.
-    return Partition(extents, copy.deepcopy(p.offsets, memo), p.rows)
+
+def _graph(grad: torch.Tensor) -> bool:
+    # In backward, grad mode is on only under create_graph=True.
+    return torch.is_grad_enabled() and grad.requires_grad
+
+
+class _ValuesOf(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: MultiJaggedTensor):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.partition, ctx.ragged_dims = x._partition, x._ragged_dims
+        return x._values.view_as(x._values)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+        if grad is None:
+            return None
+        if 0 in grad.stride() and grad.numel() > 1:
+            # An expanded gradient (``values().sum()``'s) would reach aten's view/reshape
+            # backward formulas, which reshape in C++ and fail on a non-viewable wrapper with
+            # nested-int sizes: materialise it.
+            grad = grad.contiguous()
+        if _graph(grad):
+            return _WrapValues.apply(grad, ctx.partition, ctx.ragged_dims)
+        return MultiJaggedTensor(grad, ctx.partition, ctx.ragged_dims)
+
+
+class _WrapValues(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, partition: Partition, ragged_dims):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        return MultiJaggedTensor(values.view_as(values), partition, ragged_dims)
+
+    @staticmethod
+    def backward(ctx, grad: MultiJaggedTensor):  # type: ignore[override]
+        if grad is None:
+            return None, None, None
+        return (_ValuesOf.apply(grad) if _graph(grad) else grad._values), None, None
+
+
+def values_of(x: MultiJaggedTensor) -> torch.Tensor:
+    """Packed ``(T, *static)`` values of ``x``; differentiable."""
+    return _ValuesOf.apply(x)
+
+
+def wrap_values(values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...]) -> MultiJaggedTensor:
+    """A MultiJaggedTensor viewing ``values``; differentiable w.r.t. ``values``."""
+    return _WrapValues.apply(values, partition, ragged_dims)
 
 
 # ``torch.load(weights_only=True)`` (torch's default) may name these two globals and no other of
