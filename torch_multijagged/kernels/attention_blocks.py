@@ -1,6 +1,7 @@
 """The ``blocks`` CPU backend of varlen attention (NOTE [ Attention by blocks of equal segments ]):
 one dense call per run of equal consecutive segments, on views of the packed buffers. Same
-contract as ``kernels/attention.py`` (NOTE [ Varlen attention contract ]), which re-exports it."""
+contract as ``kernels/attention.py`` (NOTE [ Varlen attention contract ]), which re-exports it;
+built on ``attention_common.py`` and, for dropout, ``attention_bucketed.py``."""
 
 from __future__ import annotations
 
@@ -8,9 +9,9 @@ from typing import Optional
 
 import torch
 
-from .attention import (
-    NEG_INF, _compute_dtype, _dense_forward, _grad_buffers, _expand_heads, _host_lengths, _reduce_heads, _scale, attention_bucketed,
-    attention_bucketed_backward,
+from .attention_bucketed import attention_bucketed, attention_bucketed_backward
+from .attention_common import (
+    NEG_INF, _compute_dtype, _dense_forward, _grad_buffers, _expand_heads, _host_lengths, _reduce_heads, _scale,
 )
 
 __all__ = ["attention_blocks", "attention_blocks_backward", "block_runs"]

@@ -1,0 +1,138 @@
+"""What the CPU backends of varlen attention share (NOTE [ Varlen attention contract ],
+``kernels/attention.py``): the score layout, the padded math formula and torch's fused CPU kernel
+on one padded batch, the head and scale helpers, the host lengths and the gradient buffers.
+
+The bottom of the attention kernels: imports none of them. ``attention_bucketed.py`` (the
+bucketed and loop paths) and ``attention_blocks.py`` (the blocks path) build on it, and
+``attention.py`` re-exports it."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+__all__ = ["score_offsets"]
+
+_flash_fwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu.default
+_flash_bwd = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu_backward.default
+NEG_INF = float("-inf")
+
+
+def score_offsets(cu_q: torch.Tensor, cu_k: torch.Tensor) -> torch.Tensor:
+    """``(N+1,)`` exclusive prefix sum of ``Lq_s · Lk_s``: where each segment's score block starts."""
+    n = cu_q.diff() * cu_k.diff()
+    out = n.new_zeros(n.shape[0] + 1)
+    torch.cumsum(n, 0, out=out[1:])
+    return out
+
+
+# ----------------------------------------------------------------------------- padded math
+def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+def _scores(qb, kb, bias_b, causal, scale):
+    """Masked scores ``(n, Hq, Lm, Sm)`` in the compute dtype; ``bias_b`` holds -inf at padded keys."""
+    ct = _compute_dtype(qb.dtype)
+    s = torch.matmul(qb.to(ct), kb.to(ct).transpose(-1, -2)) * scale
+    if bias_b is not None:
+        s = s + bias_b.to(ct)
+    if causal:
+        lm, sm = s.shape[-2], s.shape[-1]
+        hide = torch.ones(lm, sm, dtype=torch.bool, device=s.device).triu(1)
+        s = s.masked_fill(hide, NEG_INF)
+    return s
+
+
+def _probs(s, lse):
+    p = torch.exp(s - lse.unsqueeze(-1))
+    # rows with no visible key: lse = -inf and s - lse = nan; they get no probability mass
+    return torch.where(torch.isneginf(lse).unsqueeze(-1), torch.zeros((), dtype=p.dtype), p)
+
+
+def _kept(x, keep_b, dropout_p):
+    """``x`` at kept entries, scaled by ``1 / (1 - p)``; p = 1 drops everything (zeros, as
+    ``F.dropout``) rather than computing ``0 / 0``."""
+    return x * keep_b * (1.0 / (1.0 - dropout_p) if dropout_p < 1 else 0.0)
+
+
+def _math_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p):
+    s = _scores(qb, kb, bias_b, causal, scale)
+    lse = torch.logsumexp(s, -1)
+    p = _probs(s, lse)
+    if keep_b is not None:
+        p = _kept(p, keep_b, dropout_p)
+    out = torch.matmul(p, vb.to(p.dtype)).to(qb.dtype)
+    return out, lse
+
+
+def _math_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropout_p):
+    ct = _compute_dtype(qb.dtype)
+    s = _scores(qb, kb, bias_b, causal, scale)
+    p = _probs(s, lse.to(ct))
+    go, vb, qb_c, kb_c = go.to(ct), vb.to(ct), qb.to(ct), kb.to(ct)
+    pd = p if keep_b is None else _kept(p, keep_b, dropout_p)
+    dv = torch.matmul(pd.transpose(-1, -2), go)
+    dp = torch.matmul(go, vb.transpose(-1, -2))
+    if keep_b is not None:
+        dp = _kept(dp, keep_b, dropout_p)
+    delta = (go * ob.to(ct)).sum(-1, keepdim=True)
+    ds = p * (dp - delta)
+    dq = torch.matmul(ds, kb_c) * scale
+    dk = torch.matmul(ds.transpose(-1, -2), qb_c) * scale
+    return dq, dk, dv, ds
+
+
+def _flash_ok(q, v, keep, need_dbias, fused=True) -> bool:
+    # torch's fused CPU kernel: no dropout, no gradient for the mask, one head size
+    return (
+        keep is None and not need_dbias and q.device.type == "cpu" and q.shape[-1] == v.shape[-1]
+        and fused
+    )
+
+
+def _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p, fused=True):
+    """One padded batch ``(n, H, L, D)``: torch's fused CPU kernel when it applies."""
+    if _flash_ok(qb, vb, keep_b, False, fused):
+        out, lse = _flash_fwd(qb, kb, vb, 0.0, causal, attn_mask=bias_b, scale=scale)
+        return out, lse.to(_compute_dtype(qb.dtype))
+    return _math_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p)
+
+
+def _dense_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropout_p, need_dbias, fused=True):
+    if _flash_ok(qb, vb, keep_b, need_dbias, fused):
+        # the fused kernel's own lse convention: a row with no visible key has lse 0, not -inf
+        lse_k = torch.where(torch.isneginf(lse), torch.zeros((), dtype=lse.dtype), lse)
+        dq, dk, dv = _flash_bwd(go, qb, kb, vb, ob, lse_k, 0.0, causal, attn_mask=bias_b, scale=scale)
+        return dq, dk, dv, None
+    return _math_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropout_p)
+
+
+# ----------------------------------------------------------------------------- helpers
+def _expand_heads(x, hq):
+    """``(n, Hk, S, D)`` → ``(n, Hq, S, D)`` by ``repeat_interleave`` (enable_gqa)."""
+    r = hq // x.shape[1]
+    return x if r == 1 else x.repeat_interleave(r, dim=1)
+
+
+def _reduce_heads(dx, hk):
+    r = dx.shape[1] // hk
+    return dx if r == 1 else dx.reshape(dx.shape[0], hk, r, *dx.shape[2:]).sum(2)
+
+
+def _scale(q, scale):
+    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+
+def _host_lengths(cu):
+    # SYNC: the CPU paths size their padded buckets from the lengths (free on the CPU; the CUDA
+    # paths never come here).
+    return cu.diff().cpu()
+
+
+def _grad_buffers(q, k, v, bias, need_dbias: bool):
+    """Zeroed ``(dq, dk, dv, dbias)`` accumulators in the compute dtype (``dbias`` None unless asked)."""
+    ct = _compute_dtype(q.dtype)
+    z = [torch.zeros(t.shape, dtype=ct, device=q.device) for t in (q, k, v)]
+    return (*z, torch.zeros(bias.shape, dtype=ct, device=q.device) if need_dbias else None)
