@@ -1,5 +1,5 @@
 """Unchanged ``nn`` attention modules on multi_jagged batches (NOTE [ Batch-second tokens ] in
-ops/mha.py): ``nn.MultiheadAttention(batch_first=True)``, ``nn.TransformerEncoderLayer`` and
+ops/attention/mha.py): ``nn.MultiheadAttention(batch_first=True)``, ``nn.TransformerEncoderLayer`` and
 ``nn.TransformerEncoder``, against the per-sample reference (each sample alone, batch of one)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import torch_multijagged as tmj
-from torch_multijagged.ops.mha import BatchSecond
+from torch_multijagged.ops.attention.mha import BatchSecond
 
 E, H = 16, 4
 LENS = [(3, 0, 5, 1), (1,), (2, 2, 7)]

@@ -1,4 +1,4 @@
-"""Broadcasting that creates ragged axes (ops/pointwise.py, NOTE [ Broadcasting over ragged dims ]).
+"""Broadcasting that creates ragged axes (ops/elementwise/pointwise.py, NOTE [ Broadcasting over ragged dims ]).
 
 ``(B, j0, 1, C) ∘ (B, 1, j0, C)`` → square pair, ``(B, j0, 1, C) ∘ (B, 1, j1, C)`` →
 rectangular pair, for every pointwise binary op, against the per-sample reference (forward and

@@ -1,4 +1,4 @@
-"""Every leaf gets its gradient (NOTE [ Equal sizes, different nested ints ] in ops/routes.py).
+"""Every leaf gets its gradient (NOTE [ Equal sizes, different nested ints ] in ops/_routing.py).
 
 Operands with equal per-sample sizes combine whether they share a nested int or were built
 separately (README "Compatibility": "the result carries the first operand's nested int, and each

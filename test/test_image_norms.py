@@ -1,4 +1,4 @@
-"""Normalisation and adaptive pooling over ragged spatial dims (ops/image_nn.py, NOTE [ Norms and
+"""Normalisation and adaptive pooling over ragged spatial dims (ops/vision/norms.py, NOTE [ Norms and
 adaptive pooling over ragged spatial dims ]): ``batch_norm``, ``instance_norm``, ``group_norm``,
 ``layer_norm`` over channels-last images and ``adaptive_{avg,max}_pool{1,2}d``, on images
 ``(B, C, j0, j1)``, square batches ``(B, C, j0, j0)``, one static side ``(B, C, 3, j0)`` /

@@ -1,4 +1,4 @@
-"""Indexing-style ops (ops/indexing.py): ``F.embedding``, ``F.embedding_bag``, ``masked_select``,
+"""Indexing-style ops (ops/indexing/gather.py): ``F.embedding``, ``F.embedding_bag``, ``masked_select``,
 ``index_put`` / ``x[idx] = v`` and batched matmul with a dense per-sample operand, against the
 per-sample dense reference, with zero-length samples, gradients to every input, ``no_grad`` /
 ``inference_mode`` and one fullgraph compile test per family."""

@@ -1,7 +1,8 @@
-"""The package's layering (CONTRIBUTING.md, Layering): the core modules — structure, tensor,
-bridge, constructors — import without the op table (ops/) or the op library (compile/), and the
-op table reaches the subclass only through ``tensor.install_op_table`` (NOTE [ Handler lookup ]);
-routes only route (NOTE [ Bridged computations ])."""
+"""The package's layering (CONTRIBUTING.md, Layering): no import cycle anywhere in the package,
+function-local imports included; the core modules — structure, serialization, tensor, bridge,
+constructors — import without the op table (ops/) or the op library (compile/), and the op table
+reaches the subclass only through ``tensor.install_op_table`` (NOTE [ Handler lookup ]); routes
+only route (NOTE [ Routes ], NOTE [ Bridged computations ])."""
 
 import ast
 import pathlib
@@ -13,7 +14,7 @@ import torch_multijagged as mj
 from torch_multijagged import ops, tensor
 
 PKG = pathlib.Path(mj.__file__).parent
-CORE = ["structure.py", "tensor.py", "bridge.py", "constructors.py", "layout.py", "errors.py", "packing.py"]
+CORE = ["structure.py", "serialization.py", "tensor.py", "bridge.py", "constructors.py", "layout.py", "errors.py", "packing.py"]
 
 
 def _imported_modules(path: pathlib.Path):
@@ -28,6 +29,119 @@ def _imported_modules(path: pathlib.Path):
         elif isinstance(node, ast.Import):
             for alias in node.names:
                 yield 0, alias.name
+
+
+def _module_name(root: pathlib.Path, path: pathlib.Path) -> str:
+    parts = list(path.relative_to(root.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph(root: pathlib.Path) -> dict[str, set[str]]:
+    """Module → the package modules it imports, from every ``import`` / ``from`` statement of
+    every module under ``root``, those inside functions included. ``from pkg import name`` is an
+    edge to ``pkg.name`` when that is a module, else to ``pkg`` (its ``__init__``)."""
+    modules = {_module_name(root, p): p for p in root.rglob("*.py")}
+    graph: dict[str, set[str]] = {m: set() for m in modules}
+    for mod, path in modules.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(anchor + ([base] if base else []))
+                targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            elif isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                continue
+            for t in targets:
+                while t and t not in modules:  # import a.b.c names module a.b when c is an attribute
+                    t = t.rpartition(".")[0]
+                if t and t != mod:
+                    graph[mod].add(t)
+    return graph
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan), each sorted."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    cycles: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return sorted(cycles)
+
+
+def _describe(graph: dict[str, set[str]], cycle: list[str]) -> str:
+    inside = set(cycle)
+    arrows = [f"{a} -> {b}" for a in cycle for b in sorted(graph[a] & inside)]
+    return f"{len(cycle)} modules: " + "; ".join(arrows)
+
+
+def test_no_import_cycle_in_the_package():
+    """Arrows point down only (kernels ← compile ← core ← ops ← the package's ``__init__``); a
+    function-local import counts, since deferring an import hides a cycle without removing it."""
+    graph = import_graph(PKG)
+    assert [_describe(graph, c) for c in import_cycles(graph)] == []
+
+
+def _write(root: pathlib.Path, files: dict[str, str]) -> None:
+    for name, text in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(textwrap.dedent(text))
+
+
+def test_cycle_check_finds_a_function_local_cycle(tmp_path):
+    """The check is not vacuous: a cycle closed by an import inside a function, one through a
+    package ``__init__``, and one through ``from . import name`` are each reported with their files."""
+    pkg = tmp_path / "pkg"
+    _write(pkg, {
+        "__init__.py": "from . import ops\n",
+        "tensor.py": "def f():\n    from .constructors import make\n    return make\n",
+        "constructors.py": "from .tensor import f\nmake = 1\n",
+        "ops/__init__.py": "from . import views\ndef register(): pass\n",
+        "ops/views.py": "from . import register\n",
+        "kernels/a.py": "from . import b\n",
+        "kernels/b.py": "import pkg.kernels.a\n",
+        "kernels/__init__.py": "",
+        "clean.py": "from .tensor import f\n",
+    })
+    graph = import_graph(pkg)
+    assert import_cycles(graph) == [
+        ["pkg.constructors", "pkg.tensor"],
+        ["pkg.kernels.a", "pkg.kernels.b"],
+        ["pkg.ops", "pkg.ops.views"],
+    ]
+    assert _describe(graph, ["pkg.constructors", "pkg.tensor"]) == (
+        "2 modules: pkg.constructors -> pkg.tensor; pkg.tensor -> pkg.constructors"
+    )
 
 
 def test_core_modules_never_import_the_op_table():
@@ -71,12 +185,12 @@ def test_core_imports_in_a_fresh_process_without_ops():
 
 def test_the_package_installs_the_op_table_once():
     assert tensor._dispatch is ops.dispatch
-    assert tensor._ROUTES is ops.routes.ROUTES
-    assert tensor._unify is ops.routes.unify_call
-    assert tensor._guard_write is ops.views.guard_write
-    assert tensor._reorder_copies is ops.views._REORDER_COPIES
+    assert tensor._ROUTES is ops._routing.ROUTES
+    assert tensor._unify is ops._routing.unify_call
+    assert tensor._guard_write is ops.shape.views.guard_write
+    assert tensor._reorder_copies is ops.shape.views._REORDER_COPIES
     # nothing in ops/ writes into the tensor module
-    for path in (PKG / "ops").glob("*.py"):
+    for path in (PKG / "ops").rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.Assign, ast.AugAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
@@ -86,11 +200,16 @@ def test_the_package_installs_the_op_table_once():
                     )
 
 
+# Modules that hold routes only (NOTE [ Routes ]); a family's other modules mix routes with handlers.
+ROUTE_MODULES = ["_routing.py", "shape/reshape.py", "indexing/getitem.py", "reductions/routes.py",
+                 "contractions/einsum.py", "elementwise/signs.py"]
+
+
 def test_routes_never_touch_packed_values():
-    """``routes.py`` and ``shape_routes.py`` check and forward; computations on the packed values
-    live in ``ops/bridged.py`` (the values bridge) or in handlers."""
+    """Route modules check and forward; computations on the packed values live in
+    ``ops/bridged.py`` (the values bridge) or in handlers."""
     bad = []
-    for name in ("routes.py", "shape_routes.py"):
+    for name in ROUTE_MODULES:
         for node in ast.walk(ast.parse((PKG / "ops" / name).read_text())):
             if isinstance(node, ast.Attribute) and node.attr == "_values":
                 bad.append(f"{name}:{node.lineno} ._values")

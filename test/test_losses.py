@@ -1,4 +1,4 @@
-"""Elementwise losses (ops/losses.py) against the per-sample reference: ``reduction="none"`` per
+"""Elementwise losses (ops/nn/losses.py) against the per-sample reference: ``reduction="none"`` per
 sample, ``"sum"``/``"mean"`` over every existing element (dense torch on the concatenated
 samples), gradients of input, target and the weights, every layout, a zero-length sample."""
 
@@ -113,7 +113,7 @@ def test_loss_bad_reduction_raises():
 
 
 # ----------------------------------------------------------------------------- class losses
-# The class dim is dim 1 (NOTE [ Class dim of cross_entropy ] in ops/losses.py): the inputs here
+# The class dim is dim 1 (NOTE [ Class dim of cross_entropy ] in ops/nn/losses.py): the inputs here
 # are the layout's tensors with their channel dim moved to dim 1, e.g. (B, j0, C) → (B, C, j0).
 IGNORE = 1  # a class index that also occurs as a real class, so that ignoring it matters
 

@@ -1,4 +1,4 @@
-"""``matmul`` between multi_jagged tensors (routes.py ``_matmul``), eagerly, against the
+"""``matmul`` between multi_jagged tensors (ops/contractions/matmul.py ``_matmul``), eagerly, against the
 per-sample dense reference with gradients: attention scores ``q @ k.transpose(1, 2)`` (square
 when q and k share an extent, rectangular across two extents), ``attn @ v`` contracting a
 ragged dim, and with a dense weight. The compile tests compare compiled output with eager

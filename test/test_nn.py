@@ -1,5 +1,5 @@
-"""Feature transforms and everyday nn ops (ops/nn.py, ops/custom.py, ops/routes.py, ops/factory.py,
-ops/views.py) against the per-sample reference."""
+"""Feature transforms and everyday nn ops (ops/nn/norms.py, ops/contractions/matmul.py, ops/elementwise/factory.py,
+ops/shape/views.py) against the per-sample reference."""
 
 import pytest
 import torch

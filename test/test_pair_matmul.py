@@ -1,4 +1,4 @@
-"""Contractions over a ragged dim of square pairs (``multijagged::pair_matmul``, ops/pair_mm.py):
+"""Contractions over a ragged dim of square pairs (``multijagged::pair_matmul``, ops/contractions/pair_mm.py):
 the packed kernel against a per-sample loop, ``einsum`` (ellipsis, implicit output, every
 operand order) and ``matmul`` against the dense op per sample, with gradients, second order,
 zero-length samples, no leakage, dtypes and ``torch.compile``."""

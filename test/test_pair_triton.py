@@ -53,7 +53,7 @@ def _offsets(counts):
 
 def _pair_maps(ns, ms):
     """``(li, ri)`` of the rectangular pair ``(B, j_n, j_m)`` built from singles of lengths
-    ``ns`` and ``ms``: the row maps ``ops/pointwise.py`` gathers with."""
+    ``ns`` and ``ms``: the row maps ``ops/elementwise/pointwise.py`` gathers with."""
     ns, ms = torch.tensor(ns), torch.tensor(ms)
     sizes = torch.stack([ns, ms], 1)
     off = _offsets(ns * ms)

@@ -1,4 +1,4 @@
-"""Pointwise ops (ops/pointwise.py) against the per-sample reference, on all four layouts."""
+"""Pointwise ops (ops/elementwise/pointwise.py) against the per-sample reference, on all four layouts."""
 
 import pytest
 import torch

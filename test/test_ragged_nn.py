@@ -1,4 +1,4 @@
-"""nn and scan ops over ragged dims (ops/ragged_nn.py, NOTE [ Ops over ragged dims in nn ]):
+"""nn and scan ops over ragged dims (ops/nn/ragged.py, NOTE [ Ops over ragged dims in nn ]):
 ``layer_norm`` over a ragged ``normalized_shape``, ``cumsum``/``cumprod``, ``F.normalize`` and
 1-d pooling over the ragged dim of ``(B, C, j0)``. Each against the per-sample dense reference
 with a zero-length sample, gradients to every input (first and second order), no_grad and

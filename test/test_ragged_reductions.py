@@ -1,4 +1,4 @@
-"""Reductions and softmax over ragged dims (ops/reductions.py, ops/routes.py).
+"""Reductions and softmax over ragged dims (ops/reductions/reduce.py, ops/reductions/routes.py).
 
 NOTE [ Reducing ragged dims ]: reducing some ragged dims keeps the structure of the others (a
 pair reduced over one dim gives back the singles' nested int); reducing all of them gives a

@@ -1,8 +1,8 @@
-"""Result dtypes of reductions (ops/reductions.py, ops/routes.py): every reduction over static,
+"""Result dtypes of reductions (ops/reductions/reduce.py, ops/reductions/routes.py): every reduction over static,
 ragged, mixed and all ragged dims, for every dtype, equals the dense op per sample — values
 *and dtype* (integer and bool sums and products accumulate in int64; ``any``/``all`` give bool,
 uint8 for uint8; ``logsumexp`` of integers gives the default float dtype; bool ``amax`` works).
-Also the norm of an empty extent (NOTE [ Norm of an empty extent ] in ops/routes.py).
+Also the norm of an empty extent (NOTE [ Norm of an empty extent ] in ops/reductions/routes.py).
 """
 
 import math

@@ -1,5 +1,5 @@
-"""Gradients of reductions that the grid tests could not reach (ops/reductions.py,
-ops/routes.py, ops/factory.py): var/std/norm/prod over static dims, ``max``/``min`` over a static
+"""Gradients of reductions that the grid tests could not reach (ops/reductions/reduce.py,
+ops/reductions/routes.py, ops/elementwise/factory.py): var/std/norm/prod over static dims, ``max``/``min`` over a static
 dim (aten's backward: ``new_zeros`` + ``scatter``), the tie rule, three ragged dims in every order,
 and the dense kernel of ``multijagged::reduce_backward`` against dense autograd.
 """

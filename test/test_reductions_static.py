@@ -1,5 +1,5 @@
 """Reductions over static dims, global reductions and the sum over the ragged dim of (B, j0, C)
-(ops/reductions.py, ops/routes.py)."""
+(ops/reductions/reduce.py, ops/reductions/routes.py)."""
 
 import pytest
 import torch

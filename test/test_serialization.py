@@ -1,4 +1,4 @@
-"""repr, serialization and the tensor-level conversions (tensor.py, ops/factory.py)."""
+"""repr, serialization and the tensor-level conversions (tensor.py, ops/elementwise/factory.py)."""
 
 import copy
 import io

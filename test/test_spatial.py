@@ -1,4 +1,4 @@
-"""Convolution, transposed convolution and pooling over ragged spatial dims (ops/spatial.py,
+"""Convolution, transposed convolution and pooling over ragged spatial dims (ops/vision/conv.py,
 kernels/canvas.py), against the per-sample reference: each image through the dense op alone."""
 
 from __future__ import annotations
@@ -500,8 +500,8 @@ def test_readme_images_example_runs():
     env = {"torch": torch, "F": F, "multi_jagged": multi_jagged, "mj": mj}
     exec(compile(code, "README.md", "exec"), env)
     assert tuple(env["logits"].shape) == (4, 10)
-    assert env["tokens"].shape[2] == 64 and env["grid"].shape[2] is env["h"].shape[2]
-    assert [t.shape[0] for t in env["tokens"].unbind()] == [48, 8, 64, 10]
+    assert env["tokens"].shape[2] == 16 and env["grid"].shape[2] is env["h"].shape[2]
+    assert [t.shape[0] for t in env["tokens"].unbind()] == [48, 12, 64, 10]  # = (h/4)·(w/4) per image
 
 
 @pytest.mark.parametrize("kw", [dict(kernel_size=2, stride=2), dict(kernel_size=3, padding=1, stride=2),

@@ -1,4 +1,4 @@
-"""Structure ops (ops/views.py, routes for split/chunk/einsum): transpose / permute of ragged
+"""Structure ops (ops/shape/views.py, routes for split/chunk/einsum): transpose / permute of ragged
 dims, unsqueeze / squeeze, flatten / unflatten / view / reshape of static dims, narrow / slicing
 / select of static dims, cat / stack, chunk / split, einsum over static dims — per-sample
 reference with gradients, nested-int bookkeeping, gradcheck, golden cases and errors."""

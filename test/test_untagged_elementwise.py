@@ -1,5 +1,5 @@
 """Elementwise aten ops that torch 2.13 leaves without the pointwise tag (``floor_divide``,
-``hardswish``; ops/pointwise.py ``_UNTAGGED``) and a sweep of common elementwise ops over every
+``hardswish``; ops/elementwise/pointwise.py ``_UNTAGGED``) and a sweep of common elementwise ops over every
 dtype they take, against the per-sample reference (values and result dtype)."""
 
 import pytest

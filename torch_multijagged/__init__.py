@@ -14,10 +14,10 @@ from .ops import fastpath as _fastpath
 # The subclass's dispatch entry points find the op table here (NOTE [ Handler lookup ] in tensor.py).
 _install_op_table(
     dispatch=ops.dispatch,
-    routes=ops.routes.ROUTES,
-    unify=ops.routes.unify_call,
-    guard_write=ops.views.guard_write,
-    reorder_copies=ops.views._REORDER_COPIES,
+    routes=ops.ROUTES,
+    unify=ops.unify_call,
+    guard_write=ops.guard_write,
+    reorder_copies=ops.reorder_copies,
     fast=_fastpath.FAST,
     fast_enabled=_fastpath.enabled,
 )

@@ -47,10 +47,10 @@ key                                   value (method that builds it)
 ``("reorder", order)``                ``(index, partition)`` with ragged dims in ``order`` (``reorder_rows``)
 ``"segments"``                        ``(cu, seg_sample)`` along the last ragged dim (``segments``)
 ``("size_stride", rd, shape, st)``    a wrapper's logical (size, stride) (``logical_size_stride``)
-``("padded_pos", maxes)``             flat padded position of every row (ops/custom.py, ``derived``)
-``("diagonal_rows", pair)``           each row's diagonal cell in the square ``pair`` (ops/views.py)
+``("padded_pos", maxes)``             flat padded position of every row (ops/shape/padded.py, ``derived``)
+``("diagonal_rows", pair)``           each row's diagonal cell in the square ``pair`` (ops/shape/views.py)
 ``("row_counts", b, red, dtype, dev)`` rows reduced into each output row of a reduction (``mean``'s
-                                      divisor; ops/reductions.py ``_Plan.count``)
+                                      divisor; ops/reductions/reduce.py ``_Plan.count``)
 ====================================  ===========================================================
 
 ``derived(key, compute)`` is the one get-or-compute: ``compute(partition)`` runs on the first

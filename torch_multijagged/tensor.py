@@ -14,14 +14,14 @@ Why not subclass NJT's ``NestedTensor``: dynamo requires that for the ``NestedTe
 NJT's code assumes a single ``_ragged_idx``. Why not the key at all: without it there is no
 ``CompositeImplicitAutogradNestedTensor`` kernel, so composite ops whose decomposition reshapes
 across the ragged dims (``linear``, ``matmul``, ``mean`` over a ragged dim, ``group_norm``) are
-*routed* in ``__torch_function__`` to ops that reach dispatch intact (``ops/routes.py``) or to
+*routed* in ``__torch_function__`` to ops that reach dispatch intact (``ops/_routing.py``) or to
 a computation on the packed values (``ops/bridged.py``); a route never computes anything itself.
 ``docs/design.md`` records what was tried and measured.
 
 The logical size holds one nested int per ragged dim (NOTE [ Ragged extents and nested ints ]).
 Strides and contiguity are what ``torch.jagged`` reports for the same logical tensor: the values'
 strides read with the packed dim at the first ragged dim's place, and for one ragged dim the batch
-stride ``row·j0`` (NOTE [ Contiguity as torch.jagged reports it ] in ops/views.py); with several
+stride ``row·j0`` (NOTE [ Contiguity as torch.jagged reports it ] in ops/shape/views.py); with several
 ragged dims the batch stride is the packed-row stride, since nested ints cannot be multiplied
 together. ``is_nested`` stays False (docs/design.md §14; ``torch_multijagged.is_nested``).
 """
@@ -123,7 +123,7 @@ class MultiJaggedTensor(torch.Tensor):
             requires_grad,
             # sizes, dim and numel are answered in C++ from the stored size; strides and
             # contiguity come from Python (NOTE [ Subclass mechanism ]). numel, which C++ would
-            # compute as a product of nested ints, is routed in __torch_function__ (ops/routes.py).
+            # compute as a product of nested ints, is routed in __torch_function__ (ops/_routing.py).
             "strides",
             False,
             False,
@@ -398,7 +398,7 @@ class MultiJaggedTensor(torch.Tensor):
         if len(args) > 1 or kwargs:
             # Operands with equal sizes but other nested ints are relabelled onto the first's,
             # except where a tensor is held by identity (NOTE [ Equal sizes, different nested
-            # ints ] in ops/routes.py).
+            # ints ] in ops/_routing.py).
             args, kwargs = _unify(func, args, kwargs)
         fast = _FAST.get(func)
         if fast is not None and _fast_enabled():
@@ -417,7 +417,7 @@ class MultiJaggedTensor(torch.Tensor):
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         # In-place writes into a copy made by reordering ragged dims would be lost (NOTE
-        # [ Reordered ragged dims are copies ] in ops/views.py).
+        # [ Reordered ragged dims are copies ] in ops/shape/views.py).
         if _reorder_copies:  # only while such a copy is alive: no call per op otherwise
             _guard_write(func, args, kwargs)
         return _dispatch(func, args, kwargs)
@@ -515,9 +515,9 @@ torch.serialization.add_safe_globals([_rebuild, MultiJaggedTensor])
 #
 # The two dispatch entry points above look up per op, in these module globals: for
 # ``__torch_function__`` the eager values path (``ops/fastpath.py``: ``FAST`` and its
-# ``enabled`` predicate), the routes (``ops/routes.py``: ``ROUTES``, and ``unify_call`` for
+# ``enabled`` predicate), the routes (``ops/_routing.py``: ``ROUTES``, and ``unify_call`` for
 # operands with equal sizes but other nested ints), and for ``__torch_dispatch__`` the op table's ``dispatch``
-# (``ops/__init__.py``) with the write guard for reordered copies (``ops/views.py``). This module
+# (``ops/_table.py``) with the write guard for reordered copies (``ops/shape/views.py``). This module
 # sits below ``ops/`` (ops/ imports it, never the reverse: CONTRIBUTING.md, Layering), so the op
 # table is handed in once, by the package's ``__init__.py`` calling ``install_op_table`` after it
 # has imported ``ops``. Plain globals, not a lookup through a registry object: these are the

@@ -1,11 +1,11 @@
 """``multijagged::sdpa`` and its backward: scaled dot-product attention as one op.
 
-``F.scaled_dot_product_attention`` is routed here (``ops/attention.py``) with its arguments
+``F.scaled_dot_product_attention`` is routed here (``ops/attention/sdpa.py``) with its arguments
 checked and normalised: ``mask`` is None or an additive float tensor of q's dtype, ``seed`` is
 None or a one-element int64 tensor that fixes the dropout keep mask (so the op is a function of
 its inputs: the backward regenerates the same mask, and compiled graphs stay functional). The
 dense kernel below defines the op for plain tensors (``(…, L, D)``, heads at dim -3 for
-``enable_gqa``); for multi_jagged tensors the handler in ``ops/attention.py`` runs one of the
+``enable_gqa``); for multi_jagged tensors the handler in ``ops/attention/sdpa.py`` runs one of the
 backends of NOTE [ Varlen attention contract ] (``kernels/attention.py``).
 
 ``lse`` (the row log-sum-exp, saved for the backward) is not differentiable. The backward op has

@@ -5,12 +5,12 @@ NOTE [ Why custom ops ]
 Some composite aten ops decompose (``CompositeImplicitAutograd``) into reshapes across the ragged
 dims before a subclass sees them (``linear`` → ``view(B·j0, C)``), and some derivative formulas
 need per-row data the aten formula cannot express (``unbind`` → ``stack``). The router
-(``ops/routes.py``) sends those calls here. Each op below is an ordinary ``torch.library`` op:
+(``ops/_routing.py``) sends those calls here. Each op below is an ordinary ``torch.library`` op:
 
 * its *dense* kernel defines it for plain tensors (a dense tensor is a multi_jagged tensor with
   no ragged dims), which is what ``opcheck`` exercises;
 * a multi_jagged argument makes the dispatcher call ``MultiJaggedTensor.__torch_dispatch__``,
-  where the handler in ``ops/custom.py`` does the work on packed values;
+  where the handler in ``ops/shape/padded.py`` does the work on packed values;
 * the autograd formula is written in terms of other ops, so it runs on wrappers and compiles.
 """
 

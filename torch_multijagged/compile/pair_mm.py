@@ -8,7 +8,7 @@ Two levels, as the other structural ops:
   spanned by the two ragged dims (in storage order): ``X' @ Y'`` with ``X' = Xᵀ`` when ``tx``.
   It carries the autograd formula (below), written with ``pair_matmul`` itself, so it
   differentiates to any order and traces under ``torch.compile``. Its handler
-  (``ops/pair_mm.py``) runs one of the packed kernels on the values.
+  (``ops/contractions/pair_mm.py``) runs one of the packed kernels on the values.
 * The packed kernels (NOTE [ Pair matmul contract ] in ``kernels/pair_mm.py``):
   ``pair_matmul_packed`` (the bucketed pure-torch formulation, NOTE [ Bucketed pair matmul ]) and
   ``pair_matmul_triton`` (``kernels/pair_mm_triton.py``), picked by ``pair_matmul_values``

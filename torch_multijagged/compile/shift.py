@@ -1,4 +1,4 @@
-"""``multijagged::shift``: the one primitive behind scans along any dim (``ops/ragged_nn.py``).
+"""``multijagged::shift``: the one primitive behind scans along any dim (``ops/nn/ragged.py``).
 
 NOTE [ Scans by shifting ]
 

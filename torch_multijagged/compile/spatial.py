@@ -2,7 +2,7 @@
 (stride 1, ``padding_l + padding_r = dilation·(kernel − 1)`` per axis: the ``"same"`` convs of a
 CNN), traceable by ``torch.compile``.
 
-Eagerly, ``ops/spatial.py`` computes every windowed op with dense autograd on the packed values
+Eagerly, ``ops/vision/conv.py`` computes every windowed op with dense autograd on the packed values
 (NOTE [ Canvas ] in ``kernels/canvas.py``). Inside a compiled region the canvas cannot be planned
 from symbolic sizes, so the size-keeping convolution is one op at two levels, as the other
 structural ops:

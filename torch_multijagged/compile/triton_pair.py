@@ -21,7 +21,7 @@ The dispatch functions ``pair_combine``, ``pair_add_layer_norm``, ``to_padded_ro
 ``from_padded_rows`` run the op where ``kernel_choice.use_triton`` holds and the kernel covers
 the case, and ``kernels/reference.py``'s twin otherwise. The handlers call them: the pointwise
 handler for ``add``/``sub``/``mul`` of two operands that are both gathered into new pair rows
-(``ops/pointwise.py``), and ``to_padded``/``from_padded_like`` (``ops/custom.py``). The fused
+(``ops/elementwise/pointwise.py``), and ``to_padded``/``from_padded_like`` (``ops/shape/padded.py``). The fused
 LayerNorm has no automatic hook (``add`` and ``layer_norm`` reach the handlers as two separate
 calls); callers use ``pair_add_layer_norm`` directly.
 

@@ -25,7 +25,7 @@ masked) gets a zero output row and no gradient, as dense SDPA gives for a fully 
 ``lse`` is not specified. The backward returns ``(dq, dk, dv, dbias)``, ``dbias`` summed over the
 segments that share a block (and over heads when ``Hb = 1``).
 
-Two CPU paths implement the contract (the dispatcher in ``ops/attention.py`` picks one per call):
+Two CPU paths implement the contract (the dispatcher in ``ops/attention/sdpa.py`` picks one per call):
 ``attention_bucketed`` sorts segments by length and pads only within buckets of similar length
 (one dense call per bucket), ``attention_loop`` runs one dense call per segment on views. Both
 run torch's fused CPU flash kernel where it applies (no bias gradient, no dropout) and a

@@ -1,151 +1,35 @@
-"""The op table: one handler per aten overload, registered with a schema string.
+"""The op table and the routes of ``multi_jagged`` tensors, one family per subpackage.
 
-NOTE [ Op table ]
+Three mechanisms carry every op (NOTE [ Subclass mechanism ] in ``tensor.py``), each in one
+module here:
 
-``register_multi_jagged_func(aten_ops, "self: mjt, other: any?, ...")`` files a handler for each
-overload in ``aten_ops``. The schema string lists positional arguments as ``name: kind`` with
-kind ``mjt`` (a MultiJaggedTensor), ``t`` (a dense tensor), ``any``; a trailing ``?`` makes an
-argument optional and a final ``...`` admits further unchecked arguments. Handlers are named
-after the aten overload (``sum_dim_IntList``) and receive ``(func, *args, **kwargs)``.
+* ``_table.py`` — the aten op table (NOTE [ Op table ]): one handler per aten overload, which
+  ``MultiJaggedTensor.__torch_dispatch__`` calls through ``dispatch``;
+* ``_routing.py`` — the ``__torch_function__`` routes (NOTE [ Routes ]) of composite ops that
+  must not decompose, and operand unification (NOTE [ Equal sizes, different nested ints ]);
+* ``fastpath.py`` — the eager values path (NOTE [ Eager values path ]): hot ops computed on the
+  packed values under torch's own autograd; ``bridged.py`` holds the computations that routes
+  send to the values.
 
-Lookup (``dispatch``, which ``MultiJaggedTensor.__torch_dispatch__`` calls: NOTE [ Handler
-lookup ] in tensor.py): the table, then the pointwise tag (``pointwise.py``), then
-``NotImplementedError`` naming the op and the layout. There is no per-sample fallback.
+The families register handlers and routes into the first two on import. Each family's handlers,
+routes and values-path entries live in its subpackage (CONTRIBUTING.md, "Where does X live"):
+``elementwise``, ``shape``, ``indexing``, ``reductions``, ``contractions``, ``nn``,
+``attention``, ``vision``. Imports point down only: families import the mechanisms, never this
+package's ``__init__``; the mechanisms import no family (``fastpath.py`` excepted, which sits on
+top of the families whose computations it reuses).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Sequence
+from ._table import MULTI_JAGGED_OPS, dispatch, op_name, register_multi_jagged_func
+from ._routing import ROUTES, unify_call
+from . import elementwise, shape, indexing, reductions, contractions, nn, attention, vision  # noqa: F401  (register)
+from . import fastpath
+from .shape import views
 
-import torch
+__all__ = ["register_multi_jagged_func", "dispatch", "MULTI_JAGGED_OPS", "op_name", "ROUTES", "unify_call", "fastpath", "views"]
 
-from ..tensor import MultiJaggedTensor
-
-__all__ = ["register_multi_jagged_func", "dispatch", "MULTI_JAGGED_OPS", "op_name"]
-
-MULTI_JAGGED_OPS: dict[Any, tuple[Callable, "_Schema"]] = {}
-
-
-def op_name(func) -> str:
-    name = getattr(func, "__name__", str(func))
-    return name[: -len(".default")] if name.endswith(".default") else name
-
-
-_KINDS: dict[str, Callable[[Any], bool]] = {
-    "mjt": lambda x: isinstance(x, MultiJaggedTensor),
-    "t": lambda x: isinstance(x, torch.Tensor) and not isinstance(x, MultiJaggedTensor),
-    "any": lambda x: True,
-}
-_DESC = {"mjt": "a multi_jagged tensor", "t": "a dense tensor", "any": "anything"}
-
-
-class _Schema:
-    """A parsed schema string; ``check`` is the per-call cost, so it is kept to a loop."""
-
-    __slots__ = ("args", "min_args", "variadic", "text")
-
-    def __init__(self, text: str) -> None:
-        parts = [p.strip() for p in text.split(",")]
-        self.variadic = parts[-1] == "..."
-        if self.variadic:
-            parts = parts[:-1]
-        self.args = []
-        for p in parts:
-            name, kind = (s.strip() for s in p.split(":"))
-            optional = kind.endswith("?")
-            kind = kind.rstrip("?")
-            if kind not in _KINDS:
-                raise AssertionError(f"unknown argument kind {kind!r} in schema {text!r}")
-            self.args.append((name, kind, optional))
-        self.min_args = sum(not opt for _, _, opt in self.args)
-        self.text = text
-
-    def check(self, func, args: Sequence[Any]) -> None:
-        n = len(args)
-        if n < self.min_args or (n > len(self.args) and not self.variadic):
-            raise TypeError(
-                f"{op_name(func)}(): expected {self.min_args} to {len(self.args)} positional "
-                f"arguments ({self.text}), got {n}"
-            )
-        for (name, kind, optional), a in zip(self.args, args):
-            if kind == "any" or (optional and a is None):
-                continue
-            if not _KINDS[kind](a):
-                raise TypeError(
-                    f"{op_name(func)}(): expected {name} to be {_DESC[kind]}, got "
-                    f"{type(a).__name__} for layout torch.multi_jagged"
-                )
-
-
-def register_multi_jagged_func(aten_ops, schema: str):
-    """Decorator: file ``handler(func, *args, **kwargs)`` for every overload in ``aten_ops``."""
-    if not isinstance(aten_ops, (list, tuple)):
-        aten_ops = [aten_ops]
-    parsed = _Schema(schema)
-
-    def wrapper(handler):
-        for op in aten_ops:
-            if op in MULTI_JAGGED_OPS:
-                raise AssertionError(f"{op} is registered twice")
-            MULTI_JAGGED_OPS[op] = (handler, parsed)
-        return handler
-
-    return wrapper
-
-
-_POINTWISE: dict[Any, bool] = {}  # func.tags builds a list per access
-
-
-_COMPOSITE: dict[Any, bool] = {}
-
-
-def _composite(func) -> bool:
-    hit = _COMPOSITE.get(func)
-    if hit is None:
-        hit = _COMPOSITE[func] = isinstance(func, torch._ops.OpOverload) and torch._C._dispatch_has_kernel_for_dispatch_key(
-            func.name(), torch._C.DispatchKey.CompositeImplicitAutograd
-        )
-    return hit
-
-
-def dispatch(func, args, kwargs):
-    if len(args) == 1 and not kwargs:
-        fast = metadata.FAST.get(func)
-        if fast is not None:
-            return fast(args[0])
-    entry = MULTI_JAGGED_OPS.get(func)
-    if entry is not None:
-        handler, schema = entry
-        schema.check(func, args)
-        return handler(func, *args, **kwargs)
-    is_pointwise = _POINTWISE.get(func)
-    if is_pointwise is None:
-        is_pointwise = _POINTWISE[func] = torch.Tag.pointwise in func.tags
-    if is_pointwise:
-        return pointwise.pointwise(func, *args, **kwargs)
-    if _composite(func):
-        # A composite op reaches dispatch intact when the autograd keys are off (inference_mode);
-        # elsewhere it decomposes before dispatch. Decompose it here the same way.
-        out = func.decompose(*args, **kwargs)
-        if out is not NotImplemented:
-            return out
-    raise NotImplementedError(
-        f"{op_name(func)}(): not supported for layout torch.multi_jagged "
-        "(no handler in the op table; see CONTRIBUTING.md to add one)"
-    )
-
-
-# Handler modules register themselves on import; order does not matter.
-from . import metadata, pointwise, factory, views, reductions, nn, custom, attention, mha  # noqa: E402,F401
-from . import losses  # noqa: E402,F401  (routes; after routes.py defines route)
-from . import ragged_nn  # noqa: E402,F401  (layer_norm over ragged dims, scans, normalize, pooling)
-from . import resample  # noqa: E402,F401  (interpolate, pixel_shuffle/unshuffle over ragged spatial dims)
-from . import spatial  # noqa: E402,F401  (convolution and pooling over ragged spatial dims: kernels/canvas.py)
-from . import image_nn  # noqa: E402,F401  (batch/instance/group norm, adaptive pooling over ragged spatial dims)
-from . import indexing  # noqa: E402,F401  (handlers and routes of indexing-style ops)
-from . import pair_mm  # noqa: E402,F401  (contractions over a ragged dim of square pairs)
-from . import routes  # noqa: E402,F401
-
-# The subclass reaches ``dispatch``, ``routes.ROUTES``, ``routes.unify_call`` and
-# ``views.guard_write`` through ``tensor.install_op_table``, which the package's __init__ calls
-# (NOTE [ Handler lookup ] in tensor.py).
+# The entry points the subclass needs (``tensor.install_op_table``; NOTE [ Handler lookup ] in
+# tensor.py), named once for the package's ``__init__``.
+guard_write = views.guard_write
+reorder_copies = views._REORDER_COPIES

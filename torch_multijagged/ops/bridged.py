@@ -11,7 +11,7 @@ dims (the packed rows stand in for the batch and ragged subscripts). Each functi
 to the values with ``bridge.values_of``, runs the dense op and crosses back with
 ``bridge.wrap_values``; gradients cross unchanged (NOTE [ Differentiable backward of the bridge ]).
 
-Routes (``routes.py``, ``shape_routes.py``, ``nn.py``) decide *whether* a call comes here and
+Routes (``contractions/matmul.py``, ``contractions/einsum.py``, ``nn/norms.py``, ``vision/``) decide *whether* a call comes here and
 check its structure; these functions only compute. Dynamo cannot trace the bridge (it reads the
 subclass's attributes), so the routes of ``linear`` and the norms take it eagerly only.
 """

@@ -40,13 +40,13 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
-from ..bridge import _Adopt, _ValuesOf
+from ..bridge import _Adopt
 from ..errors import StructureError
-from ..tensor import MultiJaggedTensor
-from . import pointwise as _pw
-from . import reductions as _red
-from . import views as _views
-from . import attention as _att
+from ..tensor import MultiJaggedTensor, _ValuesOf
+from .attention import sdpa as _att
+from .elementwise import pointwise as _pw
+from .reductions import reduce as _red
+from .shape import views as _views
 from ._common import static_dims
 
 __all__ = ["FAST", "enabled"]
@@ -338,7 +338,7 @@ def _permute(input, *dims):
 
 
 def _view(input, *size):
-    # reshape / flatten / unflatten reach this after their checks (ops/shape_routes.py)
+    # reshape / flatten / unflatten reach this after their checks (ops/shape/reshape.py)
     if not isinstance(input, MJT):
         return NotImplemented
     if len(size) == 1 and isinstance(size[0], (list, tuple, torch.Size)):
@@ -348,7 +348,7 @@ def _view(input, *size):
     try:
         out = _views.view_default(aten.view.default, _standin(input), list(size))
     except StructureError:
-        return NotImplemented  # maybe a merge / split of ragged dims: its route (ops/ragged_flatten.py)
+        return NotImplemented  # maybe a merge / split of ragged dims: its route (ops/shape/flatten.py)
     return _finish(out)
 
 

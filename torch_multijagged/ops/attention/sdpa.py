@@ -32,14 +32,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..compile import attention as cattn
-from ..compile.attention import BACKENDS, backend  # noqa: F401  (public: re-exported)
-from ..errors import StructureError
-from ..kernels import attention as kattn
-from ..structure import _is_traced, partition_for, same_extent
-from . import register_multi_jagged_func
-from ._common import MJT, describe, static_dims, wrap
-from .routes import _call, _needs_grad, route
+from ...compile import attention as cattn
+from ...compile.attention import BACKENDS, backend  # noqa: F401  (public: re-exported)
+from ...errors import StructureError
+from ...kernels import attention as kattn
+from ...structure import _is_traced, partition_for, same_extent
+from .._table import register_multi_jagged_func
+from .._common import MJT, describe, static_dims, wrap
+from .._routing import _call, _needs_grad, route
 
 __all__ = ["backend", "BACKENDS", "segments"]
 

@@ -20,7 +20,7 @@ explicit ``dtype=`` is honoured), ``logsumexp`` of them runs in the default floa
 float16/bfloat16 accumulate in float32 and round once, ``any``/``all`` give bool (uint8 for
 uint8), ``amax``/``amin`` keep the dtype (bool included).
 
-Reductions over ragged dims are routed (``ops/routes.py``) to ``multijagged::reduce``, whose
+Reductions over ragged dims are routed (``routes.py``) to ``multijagged::reduce``, whose
 backward (``reduce_backward`` below) is written on packed values: aten's formulas would divide
 by (``mean``) or expand to (dense results) nested-int sizes, or (``prod``) use ``cumprod`` along
 a ragged dim. The aten overloads below still serve calls that reach dispatch directly, such as
@@ -31,12 +31,12 @@ from __future__ import annotations
 
 import torch
 
-from ..compile import library  # noqa: F401  (defines multijagged::reduce*)
-from ..compile import segment as seg
-from ..errors import StructureError
-from ..kernels import reference as ref
-from . import op_name, register_multi_jagged_func
-from ._common import MJT, canonical_dim, describe, static_dims, wrap
+from ...compile import library  # noqa: F401  (defines multijagged::reduce*)
+from ...compile import segment as seg
+from ...errors import StructureError
+from ...kernels import reference as ref
+from .._table import op_name, register_multi_jagged_func
+from .._common import MJT, canonical_dim, describe, static_dims, wrap
 
 aten = torch.ops.aten
 mj = torch.ops.multijagged

@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import torch
 
-from ..compile import pair_mm as cpm
-from ..structure import same_extent
-from . import register_multi_jagged_func
-from ._common import MJT, describe, same_partition, static_dims, wrap
+from ...compile import pair_mm as cpm
+from ...structure import same_extent
+from .._table import register_multi_jagged_func
+from .._common import MJT, describe, same_partition, static_dims, wrap
 
 mj = torch.ops.multijagged
 

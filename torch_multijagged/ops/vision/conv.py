@@ -27,14 +27,15 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..bridge import values_of, wrap_values
-from ..compile import spatial as csp
-from ..errors import StructureError
-from ..kernels import canvas as cv
-from ..structure import RaggedExtent, flat_extent, mapped_extent, partition_for
-from . import register_multi_jagged_func
-from ._common import MJT, describe, eager_route, wrap
-from .routes import _needs_grad, route
+from ...bridge import values_of, wrap_values
+from .. import bridged
+from ...compile import spatial as csp
+from ...errors import StructureError
+from ...kernels import canvas as cv
+from ...structure import RaggedExtent, flat_extent, mapped_extent, partition_for
+from .._table import register_multi_jagged_func
+from .._common import MJT, describe, eager_route, wrap
+from .._routing import _needs_grad, route
 
 mj = torch.ops.multijagged
 
@@ -433,3 +434,29 @@ def _avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, cou
     if not is_ragged_spatial(input, 2):
         return NotImplemented
     return pool("avg_pool2d", 2, input, kernel_size, stride, padding, 1, ceil_mode, False, count_include_pad, divisor_override)
+
+
+def _conv_route(fn, nspatial: int):
+    name = fn.__name__
+
+    def routed(input, weight, bias=None, *args, **kwargs):
+        """To the values (``bridged.conv``) when components are ``(n, C, *spatial)`` with only dim
+        1 ragged; aten's conv asks for concrete sizes, which a ragged dim has not."""
+        if not isinstance(input, MJT) or isinstance(weight, MJT) or isinstance(bias, MJT):
+            return NotImplemented
+        if nspatial < 3 and len(input._size) == nspatial + 2 and (input._ragged_dims == (1,) or max(input._ragged_dims) >= 2):
+            # ragged spatial dims: one dense conv over a canvas of the images
+            return conv(name, nspatial, input, weight, bias, *args, **kwargs)
+        if input._ragged_dims != (1,) or len(input._size) != nspatial + 3:
+            raise StructureError(
+                f"{name}(): expected components (n, C, {', '.join('L' * nspatial)}) with only dim 1 ragged "
+                f"(the conv's batch), got {describe(input)} with ragged dims {input._ragged_dims} for "
+                "layout torch.multi_jagged; conv1d and conv2d also take ragged spatial dims (B, C, j0[, j1])"
+            )
+        return bridged.conv(fn, input, weight, bias, *args, **kwargs)
+
+    return routed
+
+
+for _fn, _n in ((F.conv1d, 1), (F.conv2d, 2), (F.conv3d, 3)):
+    route(_fn)(_conv_route(_fn, _n))

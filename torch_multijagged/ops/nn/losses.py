@@ -26,9 +26,9 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from ..errors import StructureError
-from ._common import MJT, describe
-from .routes import route
+from ...errors import StructureError
+from .._common import MJT, describe
+from .._routing import route
 
 __all__: list[str] = []
 

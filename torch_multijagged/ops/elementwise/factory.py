@@ -5,10 +5,11 @@ from __future__ import annotations
 
 import torch
 
-from . import op_name, register_multi_jagged_func, views
-from ._common import MJT, describe, same_partition, wrap
+from .._table import op_name, register_multi_jagged_func
+from ..shape import views
+from .._common import MJT, describe, same_partition, wrap
 from .pointwise import pointwise
-from .routes import route
+from .._routing import route
 
 aten = torch.ops.aten
 
@@ -42,7 +43,7 @@ def like_default(func, inp, *args, **kwargs):
 
     Memory-format requests are honoured on the values (they are the storage)."""
     if func is aten.clone.default and kwargs.get("memory_format") is torch.contiguous_format:
-        # contiguous in torch.jagged's order (NOTE [ Contiguity as torch.jagged reports it ] in views.py)
+        # contiguous in torch.jagged's order (NOTE [ Contiguity as torch.jagged reports it ] in ops/shape/views.py)
         return wrap(views.contiguous_values(inp), inp._partition, inp._ragged_dims)
     return _same_values_op(func, inp, *args, **kwargs)
 

@@ -22,8 +22,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ._common import MJT, describe
-from .routes import route
+from .._common import MJT, describe
+from .._routing import route
 
 __all__ = ["BatchSecond"]
 

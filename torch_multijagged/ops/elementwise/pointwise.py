@@ -23,11 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from ..compile.kernel_choice import use_triton
-from ..structure import partition_for, same_extent
-from ._common import MJT, describe, static_dims, wrap
-from ..errors import StructureError
-from . import op_name, register_multi_jagged_func
+from ...compile.kernel_choice import use_triton
+from ...structure import partition_for, same_extent
+from .._common import MJT, describe, static_dims, wrap
+from ...errors import StructureError
+from .._table import op_name, register_multi_jagged_func, register_pointwise_fallback
 
 aten = torch.ops.aten
 
@@ -63,6 +63,7 @@ def _kind(func) -> int:
     return k
 
 
+@register_pointwise_fallback
 def pointwise(func, *args, **kwargs):
     kind = _kind(func)
     if kind == 2:
@@ -193,7 +194,7 @@ def _pair_kernel(func, args, partition, out_dims, out_static):
     (left, li), (right, ri) = (_align_mjt(a, partition, out_dims, out_static, gather=False) for a in args)
     if left.dtype != right.dtype or left.shape[1:] != right.shape[1:]:
         return None
-    from ..compile.triton_pair import pair_combine  # imports triton: only on this path
+    from ...compile.triton_pair import pair_combine  # imports triton: only on this path
 
     return wrap(pair_combine(left, right, li, ri, _PAIR_OPS[func]), partition, out_dims)
 

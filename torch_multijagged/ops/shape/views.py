@@ -7,11 +7,11 @@ import weakref
 import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int
 
-from ..errors import StructureError
-from ..kernels import reference as ref
-from . import register_multi_jagged_func
-from ..structure import partition_for, same_extent
-from ._common import MJT, canonical_dim, describe, same_partition, static_dims, wrap
+from ...errors import StructureError
+from ...kernels import reference as ref
+from .._table import register_multi_jagged_func
+from ...structure import partition_for, same_extent
+from .._common import MJT, canonical_dim, describe, same_partition, static_dims, wrap
 
 aten = torch.ops.aten
 

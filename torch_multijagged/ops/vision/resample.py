@@ -46,10 +46,10 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..bridge import values_of, wrap_values
-from ..structure import mapped_extent, partition_for
-from ._common import MJT, describe, eager_route, wrap
-from .routes import _needs_grad, route
+from ...bridge import values_of, wrap_values
+from ...structure import mapped_extent, partition_for
+from .._common import MJT, describe, eager_route, wrap
+from .._routing import _needs_grad, route
 
 __all__ = []
 

@@ -2,13 +2,16 @@
 
 import torch
 
-from . import register_multi_jagged_func, views
+from .._common import MJT
+from .._routing import route
+from .._table import FAST, register_multi_jagged_func
+from . import views
 
 aten = torch.ops.aten
 
 # Queried on every op by autograd and the dispatcher, so ``dispatch`` looks these up before the
-# schema check (see FAST in ops/__init__.py).
-FAST = {
+# schema check (``FAST`` in ``_table.py``).
+FAST.update({
     aten.sym_size.default: lambda x: x._size,
     aten.dim.default: lambda x: len(x._size),
     aten.sym_stride.default: lambda x: x._strides,
@@ -17,7 +20,7 @@ FAST = {
     aten.numel.default: lambda x: x._values.numel(),
     aten.sym_storage_offset.default: lambda x: x._values.storage_offset(),
     aten.is_non_overlapping_and_dense.default: lambda x: False,
-}
+})
 
 
 @register_multi_jagged_func(
@@ -28,7 +31,7 @@ def is_contiguous_default(func, inp, memory_format=torch.contiguous_format):
     if memory_format not in (torch.contiguous_format, torch.preserve_format):
         return False
     # A copy made by reordering ragged dims is not contiguous, so that .contiguous() gives a
-    # writable tensor (NOTE [ Reordered ragged dims are copies ] in views.py).
+    # writable tensor (NOTE [ Reordered ragged dims are copies ] in ops/shape/views.py).
     return views.njt_order_values(inp).is_contiguous() and not views.is_reorder_copy(inp)
 
 
@@ -76,3 +79,16 @@ def _pin_memory_default(func, inp, device=None):
 def record_stream_default(func, inp, s):
     inp._values.record_stream(s)
     inp._partition.offsets.record_stream(s)
+
+
+@route(torch.Tensor.numel, torch.numel, torch.Tensor.nelement)
+def _numel(input):
+    """The packed element count (no padding is stored): rows × the static sizes. The wrapper's
+    C++ numel would multiply nested ints."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    n = input._partition.rows
+    for d, s in enumerate(input._size):
+        if d and d not in input._ragged_dims:
+            n = n * s
+    return n

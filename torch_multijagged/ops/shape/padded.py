@@ -1,33 +1,19 @@
-"""Handlers for the ``multijagged::`` ops (compile/library.py) when given multi_jagged tensors."""
+"""The batch as per-sample components and as a padded envelope: the handlers of
+``multijagged::unbind``, ``pack_like``, ``to_padded`` and ``from_padded_like`` (``compile/library.py``)
+when given multi_jagged tensors."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
 
-from ..compile import library  # noqa: F401  (defines the ops)
-from ..compile.kernel_choice import use_triton
-from ..kernels import reference as ref
-from . import register_multi_jagged_func
-from ._common import MJT, wrap
+from ...compile import library  # noqa: F401  (defines the ops)
+from ...compile.kernel_choice import use_triton
+from ...kernels import reference as ref
+from .._table import register_multi_jagged_func
+from .._common import MJT, wrap
 
 mj = torch.ops.multijagged
-
-
-@register_multi_jagged_func(mj.linear.default, "x: mjt, weight: t, bias: t?")
-def linear_default(func, x, weight, bias=None):
-    v = x._values
-    if v.dim() < 2 or x._ragged_dims[-1] == len(x._size) - 1 or v.shape[-1] != weight.shape[-1]:
-        raise ValueError(
-            f"linear(): expected the last dim of input to be static and equal to weight.shape[-1] = "
-            f"{weight.shape[-1]}, got input shape {tuple(x.shape)}"
-        )
-    return wrap(F.linear(v, weight, bias), x._partition, x._ragged_dims)
-
-
-@register_multi_jagged_func(mj.linear_param_grads.default, "grad: mjt, x: mjt, weight: any, bias: any")
-def linear_param_grads_default(func, grad, x, weight, bias):
-    return library._linear_param_grads_dense(grad._values, x._values, weight, bias)
 
 
 @register_multi_jagged_func(mj.unbind.default, "x: mjt")
@@ -94,7 +80,7 @@ def to_padded_default(func, x, padding, output_size=None):
     static = x._values.shape[1:]
     if x._ragged_dims and use_triton(x._values):
         # one pass writing every cell, no row map (NOTE [ Padded cells and packed rows ])
-        from ..compile.triton_pair import to_padded_rows
+        from ...compile.triton_pair import to_padded_rows
 
         out = to_padded_rows(x._values, p.offsets, p.device_sizes(), maxes, padding)
     else:
@@ -128,7 +114,7 @@ def from_padded_like_default(func, padded, like):
     if tuple(static) != expected:
         stor = stor[(slice(None),) * (1 + len(maxes)) + tuple(slice(0, s) for s in expected)]
     if like._ragged_dims and use_triton(stor):
-        from ..compile.triton_pair import from_padded_rows
+        from ...compile.triton_pair import from_padded_rows
 
         return wrap(from_padded_rows(stor, p.offsets, p.device_sizes(), p.rows), p, like._ragged_dims)
     # flatten, not reshape(-1, …): with a zero-size static dim, -1 is ambiguous (0 elements).

@@ -34,12 +34,12 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from ..bridge import relabel
-from ..structure import Partition, RaggedExtent, partition_for
-from . import register_multi_jagged_func
-from ._common import MJT, describe, wrap
-from .custom import _padded_positions
-from .routes import route
+from ...bridge import relabel
+from ...structure import Partition, RaggedExtent, partition_for
+from .._table import register_multi_jagged_func
+from .._common import MJT, describe, wrap
+from ..shape.padded import _padded_positions
+from .._routing import route
 
 aten = torch.ops.aten
 
@@ -533,7 +533,7 @@ def _same_rows(x: MJT, other: MJT) -> None:
 @route(torch.bmm, torch.Tensor.bmm)
 def _bmm(input, mat2, *, out=None):
     """``(B, D, j) @ (B, j', E)`` with equal-sized but distinct extents: ``mat2`` relabelled onto
-    ``input``'s (NOTE [ Equal sizes, different nested ints ] in routes.py; the automatic
+    ``input``'s (NOTE [ Equal sizes, different nested ints ] in ops/_routing.py; the automatic
     relabelling only pairs extents at the same logical dim), so that each operand's gradient
     comes back with its own nested int."""
     if (out is None and isinstance(input, MJT) and isinstance(mat2, MJT) and input._partition is not mat2._partition

@@ -34,7 +34,7 @@ pixel of the ragged sides (``(ΣHᵢWᵢ, C)`` for ``(B, C, j0, j1)``; ``(ΣWᵢ
   ``output_size`` entries of ``None`` keep a static side and raise for a ragged one. An output
   of size 1 on every side (global pooling) of the average is the routed ``mean`` (it compiles);
   other sizes build their window maps on the host from the partition's host sizes (no device
-  sync) and run eagerly only, as the 1-d pooling of ``ragged_nn.py``.
+  sync) and run eagerly only, as the 1-d pooling of ``ops/nn/ragged.py``.
 
 Eager only, except global average pooling: under ``torch.compile`` the norms and the other pools
 are a graph break (``fullgraph=True``: an error naming the op; NOTE [ Eager-only routes ] in
@@ -49,12 +49,13 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ..bridge import values_of, wrap_values_like
-from ._common import MJT, describe, eager_route, static_dims, wrap
-from .routes import _dense, _needs_grad, route
+from ...bridge import values_of, wrap_values_like
+from .. import bridged
+from .._common import MJT, describe, eager_route, static_dims, wrap
+from .._routing import _dense, _needs_grad, route
 
-from ..kernels.norms import batch_norm_train  # noqa: E402
-from .spatial import as_spatial  # noqa: E402
+from ...kernels.norms import batch_norm_train  # noqa: E402
+from .conv import as_spatial  # noqa: E402
 
 __all__ = ["group_norm", "spatial_layout"]
 
@@ -231,7 +232,7 @@ def _update_running(x: MJT, pixels, mean, var, running_mean, running_var, moment
 def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     """``group_norm`` of a channels-first ``(B, C, *spatial)`` input with ragged spatial dims:
     per sample and group over the group's channels and the sample's pixels (the route in
-    routes.py sends this case here)."""
+    the ``group_norm`` route below sends this case here)."""
     op = "group_norm"
     c = input.shape[1]
     if num_groups <= 0 or c % num_groups:
@@ -471,3 +472,20 @@ def _adaptive_max_route(fn, nsp: int, always_indices: bool):
 route(F.adaptive_avg_pool2d)(_adaptive_avg_route(torch._C._nn.adaptive_avg_pool2d, 2))
 route(F.adaptive_max_pool2d, F._adaptive_max_pool2d)(_adaptive_max_route(torch._C._nn.adaptive_max_pool2d, 2, False))
 route(F.adaptive_max_pool2d_with_indices)(_adaptive_max_route(torch._C._nn.adaptive_max_pool2d, 2, True))
+
+
+@route(F.group_norm)
+def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
+    """To the values (``bridged.group_norm``) when the only ragged dim is dim 1: its decomposition
+    would reshape across the ragged dim."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if input._ragged_dims and 1 not in input._ragged_dims and len(input._size) >= 3:
+        # channels first with ragged spatial dims (B, C, j0, j1)
+        return group_norm(input, num_groups, weight, bias, eps)
+    if input._ragged_dims != (1,):
+        raise ValueError(
+            f"group_norm(): expected components (n, C, *) with only dim 1 ragged, got ragged dims "
+            f"{input._ragged_dims} for layout torch.multi_jagged"
+        )
+    return bridged.group_norm(input, num_groups, weight, bias, eps)

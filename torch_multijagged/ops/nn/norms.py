@@ -17,9 +17,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from . import bridged, ragged_nn, register_multi_jagged_func
-from ._common import MJT, describe, static_dims, wrap
-from .routes import _dense, _needs_grad, route
+from .._table import register_multi_jagged_func
+from .. import bridged
+from . import ragged as ragged_nn
+from .._common import MJT, describe, static_dims, wrap
+from .._routing import _dense, _needs_grad, route
 
 aten = torch.ops.aten
 

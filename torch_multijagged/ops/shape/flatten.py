@@ -29,11 +29,11 @@ from typing import Callable, Optional
 import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int
 
-from ..bridge import values_of, wrap_values
-from ..errors import StructureError
-from ..structure import Partition, flat_extent, partition_for
-from ._common import MJT, describe, eager_route, wrap
-from .routes import _needs_grad, route
+from ...bridge import values_of, wrap_values
+from ...errors import StructureError
+from ...structure import Partition, flat_extent, partition_for
+from .._common import MJT, describe, eager_route, wrap
+from .._routing import _needs_grad, route
 from .views import check_view_shape
 
 __all__ = ["flatten_ragged", "unflatten_ragged", "view_plan"]
@@ -196,7 +196,7 @@ def _normalize(shape) -> tuple:
 @route(torch.Tensor.view)
 def _view(input, *shape):
     """``view`` that merges or splits ragged dims (``view_plan``); anything else goes on to aten's
-    ``view`` (ops/views.py)."""
+    ``view`` (ops/shape/views.py)."""
     if not isinstance(input, MJT) or not shape or isinstance(shape[0], torch.dtype):
         return NotImplemented
     plan = view_plan("view", input, _normalize(shape))

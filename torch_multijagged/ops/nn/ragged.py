@@ -28,13 +28,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ..bridge import values_of, wrap_values
-from ..compile import shift as _shift  # noqa: F401  (defines multijagged::shift)
-from ..kernels import canvas as cv
-from ..structure import RaggedExtent, mapped_extent, partition_for
-from . import register_multi_jagged_func
-from ._common import MJT, canonical_dim, describe, eager_route, static_dims, wrap
-from .routes import _call, _needs_grad, route
+from ...bridge import values_of, wrap_values
+from ...compile import shift as _shift  # noqa: F401  (defines multijagged::shift)
+from ...kernels import canvas as cv
+from ...structure import RaggedExtent, mapped_extent, partition_for
+from .._table import register_multi_jagged_func
+from .._common import MJT, canonical_dim, describe, eager_route, static_dims, wrap
+from .._routing import _call, _needs_grad, route
 
 __all__ = ["covers_ragged", "layer_norm_ragged"]
 

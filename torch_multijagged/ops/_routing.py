@@ -1,0 +1,259 @@
+"""The route registry: ``__torch_function__`` routes, the mechanism every family's routes use.
+
+NOTE [ Routes ]
+
+Composite ops whose decomposition would reshape across ragged dims, or whose aten derivative
+cannot handle ragged sizes, are sent to ops that reach ``__torch_dispatch__`` intact. A route only
+*routes*: it checks its arguments and forwards them to other torch functions (``multijagged::``
+and aten ops) or, eagerly, to a computation on the packed values in ``bridged.py`` (NOTE
+[ Bridged computations ]); it never touches packed values itself. Returning ``NotImplemented``
+falls back to the ordinary call. ``@route(torch.fn, torch.Tensor.fn)`` files a route; each family
+keeps its routes next to its handlers (CONTRIBUTING.md, "Where does X live").
+
+This module also holds what routes share: operand unification (NOTE [ Equal sizes, different
+nested ints ]), ``_call`` (a ``multijagged::`` op without torch.library's autograd wrapper when
+nothing needs a gradient), and the routes of the autograd API itself.
+
+See NOTE [ Subclass mechanism ] in ``tensor.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import torch
+
+from ..bridge import relabel
+from ..compile import library  # noqa: F401  (defines the multijagged:: ops that routes call)
+from ..errors import StructureError
+from ..structure import _is_traced, partition_for, same_extent
+from ._common import MJT, canonical_dim
+from ._table import dispatch as _dispatch
+
+mj = torch.ops.multijagged
+
+ROUTES: dict[Any, Callable[..., Any]] = {}
+
+
+def route(*funcs):
+    """Decorator: ``fn`` is the route of every torch function in ``funcs`` (NOTE [ Routes ])."""
+
+    def wrapper(fn):
+        for f in funcs:
+            ROUTES[f] = fn
+        return fn
+
+    return wrapper
+
+
+def unify_extents(args: tuple, keep_first: bool = False) -> tuple:
+    """NOTE [ Equal sizes, different nested ints ]
+
+    Two tensors built separately from equal lengths have different nested ints (as in
+    torch.jagged), yet this layout lets them combine (README, Compatibility). The autograd engine, however, checks each
+    gradient's shape against its input's, nested ints included: ``(B, j1, C)`` may not receive a
+    ``(B, j0, C)`` gradient. So before an op sees them, operands are relabelled onto the first
+    operand's extent *at the same logical dim* with a differentiable, zero-copy ``relabel``
+    whose backward restores their own. Extents at different dims are left alone: ``x (B, j0, 1)
+    * y (B, 1, j1)`` stays rectangular ``(B, j0, j1)`` even when the lengths are equal. Tensors
+    inside a list argument (``cat``, ``stack``) are unified too. Eager only: under tracing
+    extents are compared by identity.
+
+    The rule: a relabelled operand is a *new* tensor standing in for the user's, so relabelling
+    is only right where the op merely *reads* its operands to compute a new tensor. It never
+    replaces a tensor that is held by identity (``relabel_policy``):
+
+    * the autograd API (``torch.autograd.grad`` / ``backward``, ``Tensor.backward``): its
+      ``inputs`` are the leaves whose gradients are asked for — a relabelled stand-in is not in
+      the graph, so its gradient would be ``None`` (and ``.grad`` would land on the stand-in).
+      Only its cotangents (``grad_outputs``, ``gradient``) are relabelled, pairwise onto their
+      outputs (``_unify_cotangents``);
+    * the written argument of an in-place op (``self`` of ``add_``, the first list of a
+      ``_foreach_*_``) and ``out=``: the write must reach the user's tensor;
+    * ``torch.ops`` calls (``multijagged::*``, ``aten::*``): these are made by our routes (whose
+      operands were unified at the user's call) and by backward formulas, whose tensor arguments
+      are structure templates — ``reduce_backward(grad (B, j1, C), x (B, j0, j1, C), …)`` must
+      not turn ``x`` into ``(B, j1, j1, C)`` when the lengths agree.
+
+    Everything else relabels: the op reads the stand-in, whose gradient flows back to the
+    user's tensor. Attribute setters too: ``x.grad = g`` (torch checks the size, nested ints
+    included) stores a stand-in for ``g`` that shares its values, so in-place updates reach both.
+    """
+    first = None
+    out = None
+    for i, a in enumerate(args):
+        if isinstance(a, (list, tuple)) and a and isinstance(a[0], MJT):
+            if not (keep_first and i == 0):
+                inner = unify_extents(tuple(a) if first is None else (first, *a))
+                inner = inner if first is None else inner[1:]
+                if any(x is not y for x, y in zip(inner, a)):
+                    out = list(args) if out is None else out
+                    out[i] = type(a)(inner)
+            first = first if first is not None else a[0]
+            continue
+        if not isinstance(a, MJT):
+            continue
+        if first is None:
+            first = a
+            continue
+        if a._partition is first._partition:
+            continue
+        mapping = _relabel_map(first, a)
+        if mapping is None:
+            continue
+        if out is None:
+            out = list(args)
+        out[i] = relabel(a, mapping)
+    return args if out is None else tuple(out)
+
+
+# Functions whose tensor arguments are held by identity (see the NOTE above).
+_HELD = {torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward}
+NEVER, OPERANDS, INPLACE = 0, 1, 2
+_POLICY: dict = {}
+
+
+def relabel_policy(func) -> int:
+    """``NEVER``, ``OPERANDS`` (relabel every operand after the first) or ``INPLACE`` (also
+    keep the written first argument as it is); cached per function."""
+    try:
+        hit = _POLICY.get(func)
+        held = func in _HELD
+    except TypeError:  # an unhashable callable: decide every time
+        hit, held = None, False
+    if hit is not None:
+        return hit
+    name = getattr(func, "__name__", "")
+    if held or isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        policy = NEVER
+    elif name.endswith("_") and not name.endswith("__"):
+        policy = INPLACE
+    else:
+        policy = OPERANDS
+    try:
+        _POLICY[func] = policy
+    except TypeError:
+        pass
+    return policy
+
+
+_COTANGENT = {torch.autograd.grad: "grad_outputs", torch.autograd.backward: "grad_tensors", torch.Tensor.backward: "gradient"}
+
+
+def _unify_cotangents(func, args: tuple, kwargs: dict) -> dict:
+    """The autograd API's cotangents (``grad_outputs``, ``gradient``) relabelled pairwise onto
+    their outputs, which the engine requires to match in shape, nested ints included; the
+    ``inputs`` stay the user's tensors."""
+    name = _COTANGENT[func]
+    grads = kwargs.get(name)
+    if grads is None or not args:
+        return kwargs
+    single = isinstance(grads, torch.Tensor)
+    outs = (args[0],) if isinstance(args[0], torch.Tensor) else tuple(args[0])
+    gs = (grads,) if single else tuple(grads)
+    new = tuple(unify_extents((o, g))[1] if isinstance(o, MJT) and isinstance(g, MJT) else g for o, g in zip(outs, gs))
+    new = new + gs[len(new):]
+    if all(a is b for a, b in zip(new, gs)):
+        return kwargs
+    return {**kwargs, name: new[0] if single else new}
+
+
+def unify_call(func, args: tuple, kwargs: dict | None):
+    """``(args, kwargs)`` of a ``__torch_function__`` call with operands unified as the NOTE
+    [ Equal sizes, different nested ints ] allows; ``out=`` is never relabelled."""
+    policy = relabel_policy(func)
+    if policy == NEVER:
+        if func in _HELD and kwargs:
+            kwargs = _unify_cotangents(func, args, kwargs)
+        return args, kwargs
+    keep_first = policy == INPLACE
+    if kwargs and any(isinstance(v, MJT) or (isinstance(v, (list, tuple)) and v and isinstance(v[0], MJT))
+                      for k, v in kwargs.items() if k != "out"):
+        names = [k for k in kwargs if k != "out"]
+        unified = unify_extents((*args, *(kwargs[k] for k in names)), keep_first)
+        kwargs = {**kwargs, **dict(zip(names, unified[len(args):]))}
+        return unified[: len(args)], kwargs
+    if len(args) > 1:
+        args = unify_extents(args, keep_first)
+    return args, kwargs
+
+
+def _relabel_map(first: MJT, other: MJT):
+    """``other``'s partition with each extent replaced by ``first``'s extent at the same logical
+    dim when the two are equal-sized but not identical (None when nothing changes)."""
+    if torch.compiler.is_compiling() or _is_traced(other._partition.offsets):
+        # Traced extents are one extent only when provably one nested int: nothing to relabel.
+        return None
+    swap = {}
+    for d, e in zip(other._ragged_dims, other._partition.extents):
+        if d in first._ragged_dims:
+            k = first._partition.extents[first._ragged_dims.index(d)]
+            if k is not e and id(e) not in swap and same_extent(k, e):
+                swap[id(e)] = k
+    if not swap:
+        return None
+    return partition_for([swap.get(id(e), e) for e in other._partition.extents])
+
+
+def _dense(t) -> bool:
+    return isinstance(t, torch.Tensor) and not isinstance(t, MJT)
+
+
+def _needs_grad(*args) -> bool:
+    return torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad for a in args)
+
+
+def _call(op, *args):
+    """Call a ``multijagged::`` op, skipping torch.library's Python autograd wrapper when no
+    argument needs a gradient (it was half of ``linear``'s eager overhead). Under dynamo the
+    plain call is traced: the wrapper costs nothing in a compiled graph."""
+    if (
+        torch.compiler.is_compiling()
+        or torch._C._len_torch_dispatch_stack()
+        or _needs_grad(*args)
+    ):
+        return op(*args)
+    # Below autograd, with no dispatch mode active, the dispatcher would only forward the call to
+    # MultiJaggedTensor.__torch_dispatch__: go to the op table directly.
+    return _dispatch(op, args, {})
+
+
+def _static_dim(op: str, input, dim) -> int:
+    d = canonical_dim(op, input.dim(), dim)
+    if d == 0 or d in input._ragged_dims:
+        raise StructureError(f"{op}(): expected a static dim of a multi_jagged tensor, got dim {dim} (batch or ragged)")
+    return d
+
+
+_CONCRETE_SIZES = "SymIntArrayRef expected to contain only concrete integers"
+
+
+def _autograd_entry(fn):
+    """``torch.autograd.grad`` / ``backward`` with a multi_jagged argument, unchanged except that
+    aten's bare "concrete integers" error — raised inside the C++ engine, where no handler can
+    intercept the op — becomes a ``NotImplementedError`` (a ``RuntimeError``) that says what
+    causes it (README, Gradients)."""
+    name = fn.__name__
+
+    def routed(*args, **kwargs):
+        try:
+            with torch._C.DisableTorchFunctionSubclass():
+                return fn(*args, **kwargs)
+        except RuntimeError as e:
+            if _CONCRETE_SIZES not in str(e):
+                raise
+            raise NotImplementedError(
+                f"{name}(): the autograd engine asked for concrete sizes of a gradient whose shape holds "
+                "nested ints (layout torch.multi_jagged). The known cause is a double backward "
+                "(create_graph=True) through a dense operand that requires grad and broadcasts over ragged "
+                "dims, such as x * w with w of shape (C,) or x - x.mean(1, keepdim=True): the engine "
+                "un-broadcasts its gradient with a sum whose own derivative expands a dense tensor to "
+                "nested-int sizes. This is not supported."
+            ) from e
+
+    return routed
+
+
+route(torch.autograd.grad)(_autograd_entry(torch.autograd.grad))
+route(torch.autograd.backward)(_autograd_entry(torch.autograd.backward))
+route(torch.Tensor.backward)(_autograd_entry(torch.Tensor.backward))

@@ -1,0 +1,118 @@
+"""``einsum``: contractions of static dims on the packed values, diagonals of square pairs, and
+(through ``pair_product``) contractions of a ragged dim of square pairs."""
+
+from __future__ import annotations
+
+import torch
+
+from .. import bridged
+from .._common import MJT, describe, same_partition
+from .._routing import route
+from ..shape.views import square_extent
+from .pair_mm import pair_product
+
+_LAYOUT = "layout torch.multi_jagged"
+
+
+def _diagonals(op: MJT, term: str, equation: str):
+    """``(op, term)`` with every subscript repeated on two ragged dims replaced by the diagonal
+    (``biic`` on a square pair → ``bic``, via ``torch.diagonal``)."""
+    for d1 in op._ragged_dims:
+        c = term[d1]
+        d2 = next((d for d in op._ragged_dims if d > d1 and term[d] == c), None)
+        if d2 is None:
+            continue
+        square_extent("einsum", op, d1, d2, f" (subscript {c!r} on ragged dims {d1} and {d2} of {equation!r})")
+        # diagonal removes both dims and appends the diagonal; move it back to d1
+        op = torch.diagonal(op, 0, d1, d2).movedim(-1, d1)
+        term = term[:d2] + term[d2 + 1:]
+        return _diagonals(op, term, equation)
+    for d in range(1, op.dim()):
+        c = term[d]
+        if d not in op._ragged_dims and any(term[r] == c for r in op._ragged_dims):
+            raise NotImplementedError(
+                f"einsum(): subscript {c!r} labels both a ragged and a static dim of {describe(op)} in "
+                f"{equation!r}, which {_LAYOUT} cannot express"
+            )
+    if term[0] in term[1:]:
+        raise NotImplementedError(f"einsum(): the batch subscript {term[0]!r} labels another dim too in {equation!r}")
+    return op, term
+
+
+def _explicit(equation: str, operands) -> tuple[list[str], str]:
+    """``(terms, out)`` of ``equation`` with one subscript per dim: every ``...`` replaced by
+    letters the equation does not use (right-aligned across operands, as broadcasting), and an
+    implicit output made explicit as dense torch does (the ellipsis dims, then the subscripts
+    that appear once, in alphabetical order)."""
+    lhs, arrow, out = equation.replace(" ", "").partition("->")
+    terms = lhs.split(",")
+    if len(terms) != len(operands):
+        raise ValueError(f"einsum(): expected {len(terms)} operands for {equation!r}, got {len(operands)}")
+    free = [c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba" if c not in equation]
+    widths = [o.dim() - (len(t) - 3) if "..." in t else 0 for t, o in zip(terms, operands)]
+    ell = free[: max(widths, default=0)][::-1]
+    if any(w < 0 for w in widths) or len(ell) < max(widths, default=0):
+        raise ValueError(f"einsum(): an ellipsis covers more dims than operand has in {equation!r}")
+    terms = [t.replace("...", "".join(ell[len(ell) - w:])) for t, w in zip(terms, widths)]
+    for k, (term, o) in enumerate(zip(terms, operands)):
+        if len(term) != o.dim() or not term.isalpha():
+            raise ValueError(
+                f"einsum(): the number of subscripts in the equation ({len(term)}) does not match the number "
+                f"of dimensions ({o.dim()}) for operand {k} in {equation!r}"
+            )
+    if not arrow:
+        once = sorted(c for c in set("".join(terms)) if "".join(terms).count(c) == 1 and c not in ell)
+        out = "".join(ell) + "".join(once)
+    else:
+        out = out.replace("...", "".join(ell))
+        if not out.isalpha() and out:
+            raise ValueError(f"einsum(): invalid output subscripts {out!r} in {equation!r}")
+    return terms, out
+
+
+@route(torch.einsum)
+def _einsum(equation, *operands):
+    """``einsum`` that contracts static dims only: every multi_jagged operand carries the same
+    batch and ragged subscripts (and structure), which the output keeps in order; the packed rows
+    stand in for them, so the contraction runs on the values. A subscript repeated on the two
+    ragged dims of a square pair takes its diagonal first (``bii->bi``)."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not any(isinstance(o, MJT) for o in operands):
+        return NotImplemented
+    terms, out = _explicit(equation, operands)
+    if len(set(out)) != len(out):
+        raise ValueError(f"einsum(): expected each output subscript once, got {out!r} in {equation!r}")
+    operands, terms = list(operands), list(terms)
+    product = pair_product(terms, operands, out)  # NOTE [ Contracting a ragged dim ]
+    if product is not None:
+        return product
+    for k, o in enumerate(operands):
+        if isinstance(o, MJT):
+            operands[k], terms[k] = _diagonals(o, terms[k], equation)
+    mjts = [o for o in operands if isinstance(o, MJT)]
+    ref = mjts[0]
+    ragged_letters = None
+    for term, op in zip(terms, operands):
+        if isinstance(op, MJT):
+            letters = term[0] + "".join(term[d] for d in op._ragged_dims)
+            if ragged_letters is None:
+                ragged_letters = letters
+            if letters != ragged_letters or op._ragged_dims != ref._ragged_dims or not same_partition(op._partition, ref._partition):
+                raise ValueError(f"einsum(): multi_jagged operands must share batch and ragged subscripts and structure in {equation!r}")
+    dense_terms = [t for t, o in zip(terms, operands) if not isinstance(o, MJT)]
+    if any(c in t for t in dense_terms for c in ragged_letters):
+        raise NotImplementedError(f"einsum(): dense operands cannot index the batch or ragged dims in {equation!r}")
+    positions = [out.find(c) for c in ragged_letters]
+    if -1 in positions or positions != sorted(positions) or positions[0] != 0:
+        raise NotImplementedError(
+            f"einsum(): the output must keep the batch and ragged subscripts in order in {equation!r} "
+            f"({_LAYOUT} contracts static dims only; use transpose to reorder ragged dims)"
+        )
+    row = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in equation)
+
+    def packed(term):
+        return row + "".join(c for c in term if c not in ragged_letters)
+
+    packed_eq = ",".join(packed(t) if isinstance(o, MJT) else t for t, o in zip(terms, operands)) + "->" + packed(out)
+    return bridged.einsum(packed_eq, operands, ref._partition, tuple(positions[1:]))

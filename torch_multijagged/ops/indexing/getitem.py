@@ -1,0 +1,82 @@
+"""``x[i]``, ``x[:, ..., k]``, ``select`` of the batch dim and ``unbind``: routes that express
+Python indexing with the ops that have handlers (``select``, ``slice``, ``unsqueeze``) and give the
+per-sample components."""
+
+from __future__ import annotations
+
+import torch
+
+from ...errors import StructureError
+from .._common import MJT, canonical_dim, describe
+from .._routing import _needs_grad, route
+from .._table import dispatch as _dispatch
+
+mj = torch.ops.multijagged
+
+
+def _components(input):
+    """The B components: views of the packed values when no gradient is needed (aten's
+    ``unbind``, as torch.jagged); otherwise ``multijagged::unbind`` (copies), whose backward packs
+    the component gradients back — aten's would ``stack`` components of different shapes."""
+    if torch.compiler.is_compiling() or _needs_grad(input) or torch._C._len_torch_dispatch_stack():
+        return tuple(mj.unbind.default(input))
+    return _dispatch(torch.ops.aten.unbind.int, (input, 0), {})
+
+
+@route(torch.unbind, torch.Tensor.unbind)
+def _unbind(input, dim=0):
+    if isinstance(input, MJT) and dim == 0:
+        return _components(input)
+    return NotImplemented
+
+
+@route(torch.Tensor.__getitem__)
+def _getitem(input, index):
+    if isinstance(input, MJT) and isinstance(index, int):
+        b = input._partition.batch
+        if not -b <= index < b:
+            raise IndexError(f"index {index} is out of bounds for dimension 0 with size {b}")
+        return _components(input)[index]
+    if isinstance(input, MJT) and isinstance(index, (tuple, slice, type(Ellipsis), type(None))):
+        return _getitem_static(input, index if isinstance(index, tuple) else (index,))
+    return NotImplemented
+
+
+def _getitem_static(input, items):
+    """``x[:, :, 0]``, ``x[..., 1:3]``, ``x[:, None]``: full slices over the batch and ragged dims
+    and basic indexing of static dims, as the ops that express it (``select``, ``slice``,
+    ``unsqueeze``). Python's own indexing would compare slice bounds with the nested ints
+    ("relation is indeterminate")."""
+    if items and isinstance(items[0], int) and not isinstance(items[0], bool):
+        return _getitem(input, items[0])[items[1:]]  # a sample, then dense indexing
+    if any(isinstance(i, type(Ellipsis)) for i in items):
+        at = next(k for k, i in enumerate(items) if isinstance(i, type(Ellipsis)))
+        real = sum(1 for i in items if i is not None and not isinstance(i, type(Ellipsis)))
+        items = items[:at] + (slice(None),) * (input.dim() - real) + items[at + 1:]
+    out, d = input, 0
+    for it in items:
+        if it is None:
+            out, d = out.unsqueeze(d), d + 1
+        elif isinstance(it, slice) and it == slice(None):
+            d += 1
+        elif d == 0 or d in out._ragged_dims:
+            op = "select" if isinstance(it, int) else "slice"
+            raise StructureError(
+                f"{op}(): expected a static dim of {describe(out)}, got dim {d} (batch or ragged); index it "
+                "with a full slice ':' (select samples with x[i] or unbind())"
+            )
+        elif isinstance(it, bool) or not isinstance(it, (int, slice)):
+            return NotImplemented
+        elif isinstance(it, int):
+            out = out.select(d, it)
+        else:
+            start, stop, step = it.indices(out.shape[d])
+            out, d = torch.ops.aten.slice.Tensor(out, d, start, stop, step), d + 1
+    return out
+
+
+@route(torch.select, torch.Tensor.select)
+def _select(input, dim, index):
+    if isinstance(input, MJT) and isinstance(dim, int) and canonical_dim("select", input.dim(), dim) == 0:
+        return _getitem(input, index)
+    return NotImplemented

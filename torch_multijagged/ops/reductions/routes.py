@@ -1,0 +1,220 @@
+"""Routes of the reductions: ``sum``/``mean``/``prod``/``logsumexp``/``amax``/``amin`` over ragged
+(and some static) dims, ``max``/``min`` with indices, ``var``/``std``, ``vector_norm``/``norm``.
+Each forwards to ``multijagged::reduce`` (handled in ``reduce.py``, NOTE [ Reducing ragged dims ])
+so that the derivative is the layout's own, not aten's, which divides by nested ints."""
+
+from __future__ import annotations
+
+import torch
+
+from .._common import MJT, canonical_dim
+from .._routing import _call, _needs_grad, route
+
+mj = torch.ops.multijagged
+
+
+def _reduced_dims(input, dim) -> list[int]:
+    """Canonical, sorted dims of a reduction of ``input`` over ``dim`` (every dim for None / ())."""
+    if dim is None:
+        return list(range(input.dim()))
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    if not dims:
+        return list(range(input.dim()))
+    return sorted({canonical_dim("reduce", input.dim(), d) for d in dims})
+
+
+def _touches_ragged(input, dim) -> list[int] | None:
+    """Canonical dims when a reduction of ``input`` over ``dim`` involves a ragged or the batch
+    dim (so aten's derivative cannot run on it), else None."""
+    if not isinstance(input, MJT):
+        return None
+    canon = _reduced_dims(input, dim)
+    if 0 in canon or any(d in input._ragged_dims for d in canon):
+        return canon
+    return None
+
+
+def _reduce(input, kind, dims, keepdim):
+    return _call(mj.reduce.default, input, kind, dims, keepdim)
+
+
+def _reduction_route(kind: str, static_too: bool = False):
+    """``static_too``: route reductions over static dims as well (``prod``: aten's
+    ``prod_backward`` builds tensors of the input's nested-int sizes; ``amax``: below)."""
+
+    def routed(input, dim=None, keepdim=False, *, dtype=None):
+        if static_too and isinstance(input, MJT):
+            dims = _reduced_dims(input, dim)
+        else:
+            dims = _touches_ragged(input, dim)
+        if dims is None:
+            return NotImplemented
+        if dtype is not None:
+            input = input.to(dtype)
+        out = _reduce(input, kind, None if dim is None else dims, keepdim)
+        # reduce() accumulates integers in int64 (as dense torch without dtype=); an explicit
+        # integer dtype= wraps as dense torch does, which the cast reproduces exactly (sums and
+        # products agree modulo 2^bits)
+        return out if dtype is None or out.dtype == dtype else out.to(dtype)
+
+    return routed
+
+
+route(torch.sum, torch.Tensor.sum)(_reduction_route("sum"))
+route(torch.mean, torch.Tensor.mean)(_reduction_route("mean"))
+route(torch.prod, torch.Tensor.prod)(_reduction_route("prod", static_too=True))
+route(torch.logsumexp, torch.Tensor.logsumexp)(_reduction_route("logsumexp"))
+# amax/amin over static dims too: aten's amax_backward views a gradient whose values may be an
+# expanded (stride-0) buffer, which the view handler refuses
+route(torch.amax, torch.Tensor.amax)(_reduction_route("amax", static_too=True))
+route(torch.amin, torch.Tensor.amin)(_reduction_route("amin", static_too=True))
+
+
+def _max_min(is_max: bool):
+    kind = "amax" if is_max else "amin"
+
+    def routed(input, dim=None, keepdim=False, *args, **kwargs):
+        if not isinstance(input, MJT) or not isinstance(dim, int) or args or kwargs:
+            return NotImplemented
+        if _touches_ragged(input, dim) is None:
+            return NotImplemented  # static dim: aten.max.dim, whose backward scatters to the index
+        src = input.detach()
+        indices = (torch.argmax if is_max else torch.argmin)(src if src.dtype != torch.bool else src.to(torch.uint8), dim, keepdim)
+        values = _reduce(src if _needs_grad(input) else input, kind, [dim], keepdim)
+        if _needs_grad(input):
+            values = _selected(input, values, indices, dim, keepdim)
+        return torch.return_types.max((values, indices)) if is_max else torch.return_types.min((values, indices))
+
+    return routed
+
+
+def _selected(input, values, indices, dim, keepdim):
+    """``values`` (max/min over ``dim``, detached) made differentiable as dense ``max(dim)`` is:
+    the whole gradient goes to the element at ``indices`` (``amax`` would share it among ties).
+    The picked element is summed out of a one-hot mask, which is exact (x + 0 = x); an empty
+    extent picks nothing (sum 0) and keeps the amax rule's value."""
+    hit = torch.zeros_like(input, dtype=torch.bool).scatter(dim, indices if keepdim else indices.unsqueeze(dim), True)
+    picked = _reduce(torch.where(hit, input, torch.zeros_like(input)), "sum", [dim], keepdim)
+    p = picked.detach()
+    return torch.where((p == values) | p.isnan(), picked, values)
+
+
+route(torch.max, torch.Tensor.max)(_max_min(True))
+route(torch.min, torch.Tensor.min)(_max_min(False))
+
+
+class _NanIfUsed(torch.autograd.Function):
+    """``t / 0`` forward (inf, or nan where t is 0 or nan: dense var's value when
+    n - correction <= 0); backward nan where the incoming gradient is non-zero, else 0."""
+
+    @staticmethod
+    def forward(ctx, t):  # type: ignore[override]
+        ctx.set_materialize_grads(False)  # no zeros of nested-int sizes (see bridge.py)
+        return t / torch.zeros_like(t)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return None
+        return torch.where(grad != 0, torch.full_like(grad, float("nan")), torch.zeros_like(grad))
+
+
+def _safe_root(t, p=2):
+    """``t ** (1/p)`` whose gradient is 0 (not nan) where t == 0, as dense std / norm backward
+    give; nan stays nan."""
+    zero = t == 0
+    safe = torch.where(zero, torch.ones_like(t), t)
+    return torch.where(zero, torch.zeros_like(t), safe.sqrt() if p == 2 else safe.pow(1.0 / p))
+
+
+def _var_std(sqrt: bool):
+    def routed(input, dim=None, *args, correction=None, keepdim=False, unbiased=None):
+        # torch.var(x, dim, unbiased, keepdim), torch.var(x, dim, *, correction, keepdim) and
+        # x.var(unbiased)
+        if not isinstance(input, MJT):
+            return NotImplemented
+        if isinstance(dim, bool) and not args:
+            dim, unbiased = None, dim
+        if args:
+            if isinstance(args[0], bool) and unbiased is None and len(args) <= 2:
+                unbiased = args[0]
+                keepdim = args[1] if len(args) > 1 else keepdim
+            else:
+                return NotImplemented
+        if not (input.dtype.is_floating_point or input.dtype.is_complex):
+            raise RuntimeError(f"{'std' if sqrt else 'var'}(): std and var only support floating point and complex dtypes")
+        # Static dims too: aten's var/std have no handler, and this composite of routed ops is
+        # correct over any dims (its gradient needs no formula of its own).
+        dims = _reduced_dims(input, dim)
+        if correction is None:
+            correction = 1 if unbiased is None or unbiased else 0
+        d = None if dim is None else dims
+        # The mean gathered back to the input's rows rather than broadcast: a dense (B, 1, …)
+        # mean would broadcast over the batch, and the double backward of that broadcast expands
+        # a dense tensor to nested-int sizes (NOTE [ Double backward ] in compile/library.py).
+        mean = _reduce(input, "mean", d, True)
+        centred = input - _call(mj.reduce_backward.default, mean, input.detach(), mean.detach(), "sum", d, True)
+        denom = _reduce(torch.ones_like(input).detach(), "sum", d, keepdim) - correction
+        ok = denom > 0
+        # Where n - correction <= 0 the result is Σ/0 (inf, nan for no spread), as dense torch gives; its gradient is nan
+        # when the result is used, and 0 when it is not (dense torch then never runs its
+        # backward). A plain division would put 0/0 into every sample's gradient.
+        total = _reduce(centred * centred, "sum", d, keepdim)
+        var = torch.where(ok, total / torch.where(ok, denom, torch.ones_like(denom)), _NanIfUsed.apply(total))
+        if not sqrt:
+            return var
+        # Where var is nan (n <= correction) std is that nan itself: the root's derivative there
+        # (nan) would reach a double backward as 0 · nan for a sample with no elements.
+        return torch.where(ok, _safe_root(torch.where(ok, var, torch.ones_like(var))), var)
+
+    return routed
+
+
+route(torch.var, torch.Tensor.var)(_var_std(False))
+route(torch.std, torch.Tensor.std)(_var_std(True))
+
+
+@route(torch.linalg.vector_norm)
+def _vector_norm(input, ord=2, dim=None, keepdim=False, *, dtype=None):
+    """Over any dims (static ones too: aten's ``linalg_vector_norm`` has no handler).
+
+    NOTE [ Norm of an empty extent ]: dense torch raises for the ±inf and negative norms of an
+    empty vector (no identity). Per sample we define them instead of failing the batch: an empty
+    extent has norm 0 for every ``ord >= 0`` and for ``inf`` (the largest of no magnitudes,
+    which are all >= 0), and ``inf`` for ``-inf`` and ``ord < 0`` (the smallest of no magnitudes;
+    the limit ``(Σ∅ |x|^p)^(1/p) = 0^(1/p)``)."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if not (input.dtype.is_floating_point or input.dtype.is_complex):
+        got = str(input.dtype).replace("torch.", "").capitalize()
+        raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {got}")
+    dims = _reduced_dims(input, dim)
+    if dtype is not None:
+        input = input.to(dtype)
+    d = None if dim is None else dims
+    a = input.abs()
+    if ord == float("inf"):
+        # amax over an empty extent is the dtype's lowest value; the norm is 0 there
+        return _reduce(a, "amax", d, keepdim).clamp_min(0)
+    if ord == -float("inf"):
+        m = _reduce(a, "amin", d, keepdim)
+        empty = _reduce(torch.ones_like(a, dtype=torch.bool).detach(), "sum", d, keepdim) == 0
+        return torch.where(empty, torch.full_like(m, float("inf")).detach(), m)
+    if ord == 0:
+        return _reduce((a != 0).to(a.dtype), "sum", d, keepdim)
+    if ord == 1:
+        return _reduce(a, "sum", d, keepdim)
+    if ord == 2:
+        return _safe_root(_reduce(input * input, "sum", d, keepdim))
+    if ord < 0:
+        return _reduce(a.pow(ord), "sum", d, keepdim).pow(1.0 / ord)  # Σ = 0 (empty) → inf
+    return _safe_root(_reduce(a.pow(ord), "sum", d, keepdim), ord)
+
+
+@route(torch.norm, torch.Tensor.norm)
+def _norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
+    if p == "fro":
+        p = 2
+    if not isinstance(p, (int, float)) or out is not None:
+        return NotImplemented
+    return _vector_norm(input, p, dim, keepdim, dtype=dtype)
