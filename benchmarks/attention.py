@@ -167,7 +167,7 @@ def prepare_ours(case: Case) -> dict:
 
 
 def backend_forcing() -> tuple[Optional[Callable[[str], Any]], list[str], str]:
-    """(context manager factory, backend names, note): how ``ops/attention.py`` lets a caller force
+    """(context manager factory, backend names, note): how ``ops/attention/sdpa.py`` lets a caller force
     a backend, probed by name; (None, [], why) when it does not."""
     mod = h.optional_import("torch_multijagged.ops.attention")
     if mod is None:

@@ -45,7 +45,7 @@ _FAST = ("test_fastpath.py", "test_pointwise.py", "test_double_backward.py", "te
 _ATT = ("test_attention_kernels.py", "test_attention.py", "test_attention_modules.py", "test_varlen_accessors.py")
 
 BUGS = [
-    # ------------------------------------------------------------------ the nine of issue 7
+    # ------------------------------------------------------------------ handlers, index maps, backward formulas
     Bug("from_padded length check off by one", "constructors.py",
         "(col > padded.shape[d]).any()", "(col > padded.shape[d] + 1).any()", ("test_constructor_checks.py", "test_constructors.py", "test_errors.py")),
     Bug("masked_fill drops the dtype cast", "ops/elementwise/factory.py",
@@ -82,7 +82,7 @@ BUGS = [
         "k_out = ref.segment_reduce(first, plan.index, plan.rows, \"amin\", empty=0)",
         "k_out = ref.segment_reduce(torch.where(hit, pos, torch.full_like(pos, -1)), plan.index, plan.rows, \"amax\", empty=0)",
         ("test_reduction_grads.py", "test_ragged_reductions.py")),
-    # ------------------------------------------------------------------ code paths added for issue 7
+    # ------------------------------------------------------------------ unification, serialization, checks
     Bug("integer sum accumulates in the input dtype", "ops/reductions/reduce.py",
         "        return v.to(torch.int64)\n", "        return v\n", ("test_reduction_dtypes.py", "test_op_chains.py")),
     Bug("logsumexp of integers in float64, not the default dtype", "ops/reductions/reduce.py",
@@ -97,7 +97,7 @@ BUGS = [
     Bug("row offsets not checked against sizes", "structure.py",
         "    if not torch.equal(off.diff(), counts):", "    if False:",
         ("test_serialization.py", "test_constructor_checks.py", "test_constructors.py")),
-    # ------------------------------------------------------------------ attention (issue 8)
+    # ------------------------------------------------------------------ attention
     Bug("causal mask hides the diagonal too", "kernels/attention_common.py",
         "hide = torch.ones(lm, sm, dtype=torch.bool, device=s.device).triu(1)",
         "hide = torch.ones(lm, sm, dtype=torch.bool, device=s.device).triu(0)", _ATT),
@@ -119,7 +119,7 @@ BUGS = [
     Bug("MHA with key is value: k/v projection takes the query's bias", "ops/attention/mha.py",
         "kp, vp = F.linear(k, w[e:], None if b is None else b[e:]).unflatten(-1, (2, e)).unbind(-2)",
         "kp, vp = F.linear(k, w[e:], None if b is None else b[:2 * e]).unflatten(-1, (2, e)).unbind(-2)", _ATT),
-    # ------------------------------------------------------------------ the eager values path (issue 9)
+    # ------------------------------------------------------------------ the eager values path
     Bug("values path reuses a result's values after an in-place write to the wrapper", "ops/fastpath.py",
         "hit[0]._version == hit[1] and _version(x) == hit[3] and _requires_grad(x)",
         "hit[0]._version == hit[1] and _requires_grad(x)", _FAST),
@@ -140,7 +140,7 @@ BUGS = [
         "return result(func(values(b), a, **kwargs), b._partition, b._ragged_dims)", _FAST),
     Bug("values path: autograd.grad asks the wrapper of an intermediate, not its values", "ops/fastpath.py",
         "owned = [own_values(t) for t in ins]", "owned = [None for t in ins]", _FAST),
-    # ------------------------------------------------------------------ torch.jagged parity (issue 10)
+    # ------------------------------------------------------------------ torch.jagged parity
     Bug("flat argmax indexes the packed rows, not torch.jagged's values() layout", "ops/reductions/reduce.py",
         "return x._values.movedim(0, x._ragged_dims[0] - 1) if len(x._ragged_dims) == 1 else x._values",
         "return x._values", ("test_njt_gaps.py", "test_njt_opinfo.py")),
@@ -156,7 +156,7 @@ BUGS = [
         "    e.args = (f\"{name}(): {msg[m.end():]}{note}\",) + e.args[1:]", "    return", ("test_njt_gaps.py",)),
     Bug("assert_close ignores per-sample extents", "_testing.py",
         "if a._partition is not b._partition and not torch.equal(a.sizes(), b.sizes()):", "if False:", ("test_njt_gaps.py",)),
-    # ------------------------------------------------------------------ issue 11 (Pairformer)
+    # ------------------------------------------------------------------ the Pairformer
     Bug("pair_matmul backward: dX forgets Y's transpose", "compile/pair_mm.py",
         "dx = mj.pair_matmul(grad, y, False, not ty) if not tx", "dx = mj.pair_matmul(grad, y, False, ty) if not tx",
         ("test_pair_matmul.py",)),
@@ -172,7 +172,7 @@ BUGS = [
         "starts = torch.stack([bias_start.index_select(0, self.segs), self.lq, self.lk], 1)",
         "starts = torch.stack([bias_start.index_select(0, self.segs), self.lq * 0, self.lk * 0], 1)",
         ("test_attention_kernels.py",)),
-    # ------------------------------------------------------------------ issue 12 (images)
+    # ------------------------------------------------------------------ images
     Bug("canvas gutter ignores the left padding", "kernels/canvas.py",
         "        return max(self.pad_l, r)", "        return r", ("test_spatial.py",)),
     Bug("avg pooling divisor: count_include_pad inverted", "kernels/canvas.py",

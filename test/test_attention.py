@@ -1,4 +1,4 @@
-"""``F.scaled_dot_product_attention`` on multi_jagged tensors (issue 8 §1, §4).
+"""``F.scaled_dot_product_attention`` on multi_jagged tensors.
 
 The oracle is the per-sample reference: unbind, run dense ``F.scaled_dot_product_attention`` on
 each sample in float64, compare outputs and the gradients of every leaf (q, k, v, a float mask,
@@ -608,7 +608,7 @@ def test_values_sum_backward_after_transposes_regression():
     y = x.unflatten(-1, (2, 8)).transpose(1, 2).transpose(1, 2).flatten(-2)
     y.values().sum().backward()
     assert torch.equal(x.grad.values(), torch.ones(8, 16))
-    # and through attention, as the issue's pattern uses it
+    # and through attention, as a user's model uses it
     x.grad = None
     q = x.unflatten(-1, (2, 8)).transpose(1, 2)
     sdpa(q, q, q).transpose(1, 2).flatten(-2).values().sum().backward()

@@ -1,4 +1,4 @@
-"""The subclass-mechanism proofs (issue 2 §1, docs/design.md): a ragged structure built inside a
+"""The subclass-mechanism proofs (docs/design.md §1): a ragged structure built inside a
 compiled region, reduced back, forward and backward, one graph across length vectors."""
 
 import pytest

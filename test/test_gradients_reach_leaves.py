@@ -234,7 +234,7 @@ def _separate_equal_lengths():
 
 
 def test_autograd_grad_inputs_tuple_golden():
-    """The issue's case: ``grad(loss, (x, y))`` gave None for y."""
+    """The reported case: ``grad(loss, (x, y))`` gave None for y."""
     x, y = _separate_equal_lengths()
     gx, gy = torch.autograd.grad((x * y).sum(), (x, y))
     assert gy is not None

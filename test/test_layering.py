@@ -111,6 +111,27 @@ def test_no_import_cycle_in_the_package():
     assert [_describe(graph, c) for c in import_cycles(graph)] == []
 
 
+# Layers from the bottom; an import may only point to its own layer or one below it.
+_LAYERS = {"kernels": 0, "compile": 1, "ops": 3}
+_TOOLBOX = {"packing", "distributed", "_testing"}  # built on the constructors, beside ops/
+
+
+def _layer(module: str) -> float:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return 4  # the package's __init__: the face
+    if parts[1] in _TOOLBOX:
+        return 2.5
+    return _LAYERS.get(parts[1], 2)  # else the core
+
+
+def test_imports_point_down_the_layers():
+    """kernels ← compile ← core ← ops ← the package face (CONTRIBUTING.md, Layering)."""
+    graph = import_graph(PKG)
+    up = [f"{a} -> {b}" for a in sorted(graph) for b in sorted(graph[a]) if _layer(b) > _layer(a)]
+    assert up == []
+
+
 def _write(root: pathlib.Path, files: dict[str, str]) -> None:
     for name, text in files.items():
         path = root / name

@@ -1,4 +1,4 @@
-"""Shape, batch-dim and metadata parity with ``torch.jagged`` (issue 10 §2): ``view`` / ``reshape``
+"""Shape, batch-dim and metadata parity with ``torch.jagged``: ``view`` / ``reshape``
 with ``-1`` for the batch or a ragged dim, ``Tensor.to_padded_tensor``, ``narrow`` / ``chunk`` /
 ``split`` on the batch dim, ``torch.nested.narrow(..., layout=multi_jagged)``,
 ``nested_tensor_from_jagged``, ``is_nested``, and strides / contiguity as ``torch.jagged`` reports

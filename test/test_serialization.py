@@ -379,7 +379,7 @@ def test_tampered_state_raises(case, load):
 
 
 def test_tampered_offsets_are_caught_before_ops_disagree():
-    # the repro: offsets edited to disagree with sizes used to load, and then unbind, sum
+    # a tampered file: offsets edited to disagree with sizes used to load, and then unbind, sum
     # and to_padded_tensor gave three different answers
     x = _rect_pair()
     a = _args(x)

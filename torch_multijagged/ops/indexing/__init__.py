@@ -1,5 +1,6 @@
 """Indexing: ``x[i]`` / ``x[:, ..., k]`` / ``select`` / ``unbind`` (``getitem.py``), and indices on
 packed rows — ``embedding``, ``embedding_bag``, ``masked_select``, ``index_put``, ``bmm`` with a
-dense per-sample operand (``gather.py``, NOTE [ Indices on packed rows ])."""
+dense per-sample operand (``gather.py``, NOTE [ Indices on packed rows ]); ``scatter`` /
+``gather`` along static and ragged dims (``scatter.py``, NOTE [ Scatter and gather ])."""
 
-from . import getitem, gather  # noqa: F401  (register)
+from . import getitem, gather, scatter  # noqa: F401  (register)

@@ -7,11 +7,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ... import constructors
 from ...compile import library  # noqa: F401  (defines the ops)
 from ...compile.kernel_choice import use_triton
 from ...kernels import reference as ref
 from .._table import register_multi_jagged_func
 from .._common import MJT, wrap
+from .._routing import route
 
 mj = torch.ops.multijagged
 
@@ -120,3 +122,11 @@ def from_padded_like_default(func, padded, like):
     # flatten, not reshape(-1, …): with a zero-size static dim, -1 is ambiguous (0 elements).
     flat = stor.flatten(0, len(maxes))
     return wrap(flat.index_select(0, _padded_positions(like, maxes)), p, like._ragged_dims)
+
+
+@route(torch.Tensor.to_padded_tensor)
+def _to_padded_tensor(input, padding, output_size=None):
+    """The method form of ``torch.nested.to_padded_tensor``."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    return constructors.to_padded_tensor(input, padding, output_size)

@@ -13,11 +13,9 @@ import torch
 
 from ... import constructors
 from ...errors import StructureError
-from .. import bridged
-from .._common import MJT, canonical_dim, describe, same_partition
-from ..contractions.pair_mm import pair_product
+from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, _static_dim, route
-from .views import check_view_shape, square_extent
+from .views import check_view_shape
 from . import flatten as ragged_flatten
 
 
@@ -188,14 +186,6 @@ def _narrow(input, dim, start, length):
         return constructors.narrow_batch(input, start, length)
     _static_dim("narrow", input, dim)
     return NotImplemented
-
-
-@route(torch.Tensor.to_padded_tensor)
-def _to_padded_tensor(input, padding, output_size=None):
-    """The method form of ``torch.nested.to_padded_tensor``."""
-    if not isinstance(input, MJT):
-        return NotImplemented
-    return constructors.to_padded_tensor(input, padding, output_size)
 
 
 def _xsplit_route(op: str, pick_dim):

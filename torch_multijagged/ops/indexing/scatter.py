@@ -1,0 +1,107 @@
+"""``scatter`` / ``scatter_add`` / ``gather`` along static and ragged dims.
+
+NOTE [ Scatter and gather ]
+
+What the backward of value-selecting reductions needs (aten's
+``max(dim)`` backward is ``new_zeros(sizes).scatter(dim, indices, grad)``, its double backward a
+``gather``), plus the one-hot that routes ``max(dim)`` over a ragged dim (``reductions/routes.py``, ``_selected``).
+Along a static dim they act on the values; every tensor operand must then have self's ragged
+dims and structure. Along a ragged dim the index must have size 1 there (one position per
+sample and remaining coordinate) and carry self's other ragged dims (a dense ``(B, …)`` index
+when that dim is self's only ragged one): it is compared with each row's coordinate. An index
+outside a sample's extent selects nothing there (dense torch raises; an empty extent's
+arg-extreme is 0, which must select nothing).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...compile import segment as seg
+from ...errors import StructureError
+from .._common import MJT, canonical_dim, describe, static_dims, wrap
+from .._table import op_name, register_multi_jagged_func
+
+aten = torch.ops.aten
+
+
+def _same_structure(func, x: MJT, t, what: str) -> None:
+    if isinstance(t, MJT) and (t._ragged_dims != x._ragged_dims or not t._partition.same_as(x._partition)):
+        raise StructureError(f"{op_name(func)}(): expected {what} with the structure of self {describe(x)}, got {describe(t)}")
+    if isinstance(t, torch.Tensor) and not isinstance(t, MJT):
+        raise NotImplementedError(f"{op_name(func)}(): a dense {what} along a static dim of layout torch.multi_jagged")
+
+
+def _to_rows_along(func, x: MJT, d: int, t, what: str):
+    """``t`` (index or src, size 1 along ragged dim ``d`` of x) as ``(x rows, *x static)``, and
+    the map of x's rows to t's rows (``(index, sub)``)."""
+    k = x._ragged_dims.index(d)
+    keep = tuple(i for i in range(len(x._ragged_dims)) if i != k)
+    rowidx, sub = x._partition.map_to_sub(keep)
+    if isinstance(t, MJT):
+        want = tuple(r for r in x._ragged_dims if r != d)
+        if t._ragged_dims != want or not t._partition.same_as(sub) or t.shape[d] != 1:
+            raise NotImplementedError(
+                f"{op_name(func)}(): along ragged dim {d} of {describe(x)}, expected a {what} of size 1 there "
+                f"with the other ragged dims of self, got {describe(t)} for layout torch.multi_jagged"
+            )
+        v = t._values.squeeze(static_dims(len(t._size), t._ragged_dims).index(d) + 1)
+    else:
+        if keep or t.dim() != len(x._size) or t.shape[0] != x._partition.batch or t.shape[d] != 1:
+            raise NotImplementedError(
+                f"{op_name(func)}(): along ragged dim {d} of {describe(x)}, expected a dense {what} (B, …) with "
+                f"size 1 there, got {describe(t)} for layout torch.multi_jagged"
+            )
+        v = t.squeeze(d)
+    if tuple(v.shape[1:]) != tuple(x._values.shape[1:]):
+        raise NotImplementedError(f"{op_name(func)}(): expected a {what} matching the static sizes of self {describe(x)}, got {describe(t)}")
+    return v.index_select(0, rowidx), rowidx, sub
+
+
+def _hits(x: MJT, d: int, index_rows: torch.Tensor) -> torch.Tensor:
+    _, coords = x._partition.row_coords()
+    pos = coords[:, x._ragged_dims.index(d)].reshape(-1, *([1] * (index_rows.dim() - 1)))
+    return index_rows == pos
+
+
+@register_multi_jagged_func(
+    [aten.scatter.src, aten.scatter.value, aten.scatter_add.default], "self: mjt, dim: any, index: any, src: any"
+)
+def scatter_src(func, x, dim, index, src):
+    d = canonical_dim(op_name(func), len(x._size), dim)
+    if d == 0:
+        raise NotImplementedError(f"{op_name(func)}(): along the batch dim of layout torch.multi_jagged")
+    if d not in x._ragged_dims:
+        for t, what in ((index, "index"), (src, "src")):
+            _same_structure(func, x, t, what)
+        vd = static_dims(len(x._size), x._ragged_dims).index(d) + 1
+        s = src._values if isinstance(src, MJT) else src
+        return wrap(func(x._values, vd, index._values, s), x._partition, x._ragged_dims)
+    idx, _, _ = _to_rows_along(func, x, d, index, "index")
+    s = _to_rows_along(func, x, d, src, "src")[0] if isinstance(src, torch.Tensor) else src
+    hit = _hits(x, d, idx)
+    v = x._values
+    if func is aten.scatter_add.default:
+        out = v + torch.where(hit, s, torch.zeros_like(v))
+    else:
+        out = torch.where(hit, s, v) if isinstance(s, torch.Tensor) else v.masked_fill(hit, s)
+    return wrap(out, x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func(aten.gather.default, "self: mjt, dim: any, index: any, sparse_grad: any?")
+def gather_default(func, x, dim, index, sparse_grad=False):
+    d = canonical_dim(op_name(func), len(x._size), dim)
+    if d == 0:
+        raise NotImplementedError(f"{op_name(func)}(): along the batch dim of layout torch.multi_jagged")
+    if d not in x._ragged_dims:
+        _same_structure(func, x, index, "index")
+        vd = static_dims(len(x._size), x._ragged_dims).index(d) + 1
+        return wrap(func(x._values, vd, index._values), x._partition, x._ragged_dims)
+    idx, rowidx, sub = _to_rows_along(func, x, d, index, "index")
+    v = x._values
+    # the one hit of each index row, summed out of its segment (0 where nothing is hit)
+    k = seg.segment_reduce(torch.where(_hits(x, d, idx), v, torch.zeros_like(v)), rowidx, sub.rows, "sum")
+    if isinstance(index, MJT):
+        vd = static_dims(len(index._size), index._ragged_dims).index(d) + 1
+        return wrap(k.unsqueeze(vd), index._partition, index._ragged_dims)
+    return k.unsqueeze(d)
