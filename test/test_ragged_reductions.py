@@ -422,7 +422,7 @@ def test_norm_grad_at_zero_vector(ord):
     assert_close(leaf.grad, dense.grad)
 
 
-def test_var_grad_does_not_leak_nan_into_unused_samples():
+def test_var_grad_does_not_leak_nan_into_other_samples():
     leaves = [torch.tensor([[0.5, 1.0]], dtype=torch.float64, requires_grad=True),  # n = 1: var = nan
               torch.tensor([[1.0, 2.0], [3.0, 5.0]], dtype=torch.float64, requires_grad=True)]
     x = mj.as_nested_tensor(leaves, ragged_dims=(1,))
@@ -430,7 +430,27 @@ def test_var_grad_does_not_leak_nan_into_unused_samples():
     torch.testing.assert_close(v[1], torch.tensor([2.0, 4.5], dtype=torch.float64))
     v[1].sum().backward()  # the loss does not involve sample 0
     torch.testing.assert_close(leaves[1].grad, torch.tensor([[-2.0, -3.0], [2.0, 3.0]], dtype=torch.float64))  # = 2(x - mean)/(2-1)
-    torch.testing.assert_close(leaves[0].grad, torch.zeros(1, 2, dtype=torch.float64))  # per-sample: no path → 0
+    # sample 0's var backward runs with a zero cotangent, as in the stacked per-sample reference
+    # torch.stack([c.var(0) for c in leaves])[1]: 2/(n-1) · 0 · (x - mean) = inf · 0 = nan
+    assert leaves[0].grad.isnan().all()
+
+
+@pytest.mark.parametrize("loss", ["nansum", "select"])
+def test_var_with_one_element_has_nan_gradient_as_dense(loss):
+    """``var(correction=1)`` over a sample with one element: nan, and so is its gradient whenever
+    the backward runs — also with a zero cotangent (``nansum``), where dense torch's
+    ``2 / (n - 1) · g · (x - mean)`` is ``inf · 0``."""
+    comps = [torch.tensor([[0.5, 1.0]], dtype=torch.float64), torch.tensor([[1.0, 2.0], [3.0, 5.0]], dtype=torch.float64)]
+    ours = [c.clone().requires_grad_() for c in comps]
+    ref = [c.clone().requires_grad_() for c in comps]
+    v = mj.as_nested_tensor(ours, ragged_dims=(1,)).var(1, correction=1)
+    dense = torch.stack([c.var(0, correction=1) for c in ref])
+    pick = (lambda t: t.nansum()) if loss == "nansum" else (lambda t: t[1].sum())
+    got = torch.autograd.grad(pick(v), ours)
+    want = torch.autograd.grad(pick(dense), ref)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, equal_nan=True)
+    assert got[0].isnan().all() and not got[1].isnan().any()
 
 
 # ----------------------------------------------------------------------------- gradcheck

@@ -113,12 +113,16 @@ def test_gather_scatter_static_dim_per_sample():
 def test_scatter_gather_along_ragged_dim_with_size_one_index():
     comps = [torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), torch.zeros(0, 2), torch.tensor([[7.0, 8.0]])]
     x = mj.nested_tensor(comps, ragged_dims=(1,))
-    idx = torch.tensor([[[2, 0]], [[0, 0]], [[0, 0]]])  # (B, 1, C); sample 1 has no row 0: selects nothing
-    g = x.gather(1, idx)
-    assert g.tolist() == [[[5.0, 2.0]], [[0.0, 0.0]], [[7.0, 8.0]]]  # = comp[idx, c]; empty → nothing picked
-    s = x.scatter(1, idx, torch.full((3, 1, 2), -1.0))
-    expected = [[[1.0, -1.0], [3.0, 4.0], [-1.0, 6.0]], [], [[-1.0, -1.0]]]
-    assert [c.tolist() for c in s.unbind()] == expected
+    idx = torch.tensor([[[2, 0]], [[0, 0]], [[0, 0]]])  # (B, 1, C); sample 1 has no row 0
+    with pytest.raises(RuntimeError, match="sample 1"):  # as dense gather raises for sample 1
+        x.gather(1, idx)
+    with pytest.raises(RuntimeError, match="sample 1"):
+        x.scatter(1, idx, torch.full((3, 1, 2), -1.0))
+    x2 = mj.nested_tensor([comps[0], comps[2]], ragged_dims=(1,))
+    idx2 = idx[[0, 2]]
+    assert x2.gather(1, idx2).tolist() == [[[5.0, 2.0]], [[7.0, 8.0]]]  # = comp[idx, c]
+    s = x2.scatter(1, idx2, torch.full((2, 1, 2), -1.0))
+    assert [c.tolist() for c in s.unbind()] == [[[1.0, -1.0], [3.0, 4.0], [-1.0, 6.0]], [[-1.0, -1.0]]]
 
 
 def test_max_over_static_dim_double_backward():

@@ -24,6 +24,7 @@ _install_op_table(
 from .constructors import (
     as_nested_tensor,
     from_jagged,
+    from_mask,
     from_packed,
     from_padded,
     is_nested,
@@ -60,6 +61,7 @@ __all__ = [
     "from_packed",
     "from_padded",
     "from_jagged",
+    "from_mask",
     "to_jagged",
     "to_padded_tensor",
     "occupancy",

@@ -25,6 +25,7 @@ __all__ = [
     "occupancy",
     "nested_tensor_from_jagged",
     "narrow",
+    "from_mask",
     "is_nested",
 ]
 
@@ -273,6 +274,26 @@ def from_padded(
     # A structure-only template: no memory behind its values.
     like = MultiJaggedTensor(padded.new_zeros(()).expand(partition.rows, *static), partition, ragged_dims)
     return mj.from_padded_like(padded, like)
+
+
+def from_mask(dense: torch.Tensor, mask: torch.Tensor) -> MultiJaggedTensor:
+    """The positions of a dense ``(B, N, …)`` tensor where ``mask`` ``(B, N)`` is True, in order,
+    as a multi_jagged ``(B, j, …)``: a per-sample keep mask (kept tokens after pruning, the valid
+    tokens of an attention mask that is not a prefix). ``mask.sum(1)`` are the lengths.
+    Differentiable w.r.t. ``dense``."""
+    op = "from_mask"
+    if not isinstance(dense, torch.Tensor) or not isinstance(mask, torch.Tensor):
+        raise TypeError(f"{op}(): expected tensors, got {type(dense).__name__} and {type(mask).__name__}")
+    _check_dense(op, "dense", dense)
+    _check_dense(op, "mask", mask)
+    if mask.dtype != torch.bool:
+        raise TypeError(f"{op}(): expected a bool mask, got {mask.dtype}")
+    if dense.dim() < 2 or mask.shape != dense.shape[:2]:
+        raise ValueError(f"{op}(): expected dense (B, N, …) and mask (B, N), got {tuple(dense.shape)} and {tuple(mask.shape)}")
+    lengths = mask.sum(1).cpu().unsqueeze(1)  # SYNC: the new lengths size the structure
+    partition = partition_from_sizes(lengths, dense.device)
+    rows = dense[mask.to(dense.device)]  # row-major over (b, n): each sample's kept rows, in order
+    return wrap_values(rows, partition, (1,))
 
 
 def to_padded_tensor(x: MultiJaggedTensor, padding: float = 0.0, output_size=None) -> torch.Tensor:

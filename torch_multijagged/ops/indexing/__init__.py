@@ -3,4 +3,4 @@ packed rows — ``embedding``, ``embedding_bag``, ``masked_select``, ``index_put
 dense per-sample operand (``gather.py``, NOTE [ Indices on packed rows ]); ``scatter`` /
 ``gather`` along static and ragged dims (``scatter.py``, NOTE [ Scatter and gather ])."""
 
-from . import getitem, gather, scatter  # noqa: F401  (register)
+from . import along, slicing, joins, getitem, gather, scatter  # noqa: F401  (register)

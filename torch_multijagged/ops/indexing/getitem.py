@@ -1,6 +1,6 @@
-"""``x[i]``, ``x[:, ..., k]``, ``select`` of the batch dim and ``unbind``: routes that express
-Python indexing with the ops that have handlers (``select``, ``slice``, ``unsqueeze``) and give the
-per-sample components."""
+"""``x[i]``, ``x[:, ..., k]``, ``select`` and ``unbind``: routes that express Python indexing with
+the ops that have handlers (``select``, ``slice``, ``unsqueeze`` of static dims; ``slicing.py``
+along ragged dims, per sample) and give the per-sample components."""
 
 from __future__ import annotations
 
@@ -10,6 +10,8 @@ from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, route
 from .._table import dispatch as _dispatch
+from .along import ragged_dim
+from .slicing import select_ragged, slice_ragged
 
 mj = torch.ops.multijagged
 
@@ -43,10 +45,10 @@ def _getitem(input, index):
 
 
 def _getitem_static(input, items):
-    """``x[:, :, 0]``, ``x[..., 1:3]``, ``x[:, None]``: full slices over the batch and ragged dims
-    and basic indexing of static dims, as the ops that express it (``select``, ``slice``,
-    ``unsqueeze``). Python's own indexing would compare slice bounds with the nested ints
-    ("relation is indeterminate")."""
+    """``x[:, 0]``, ``x[:, 1:]``, ``x[..., 1:3]``, ``x[:, None]``: a full slice over the batch dim,
+    basic indexing of any other dim — per sample along ragged dims (NOTE [ Indexing along ragged
+    dims ]) — as the ops that express it (``select``, ``slice``, ``unsqueeze``). Python's own
+    indexing would compare slice bounds with the nested ints ("relation is indeterminate")."""
     if items and isinstance(items[0], int) and not isinstance(items[0], bool):
         return _getitem(input, items[0])[items[1:]]  # a sample, then dense indexing
     if any(isinstance(i, type(Ellipsis)) for i in items):
@@ -59,14 +61,20 @@ def _getitem_static(input, items):
             out, d = out.unsqueeze(d), d + 1
         elif isinstance(it, slice) and it == slice(None):
             d += 1
-        elif d == 0 or d in out._ragged_dims:
-            op = "select" if isinstance(it, int) else "slice"
-            raise StructureError(
-                f"{op}(): expected a static dim of {describe(out)}, got dim {d} (batch or ragged); index it "
-                "with a full slice ':' (select samples with x[i] or unbind())"
-            )
         elif isinstance(it, bool) or not isinstance(it, (int, slice)):
             return NotImplemented
+        elif d == 0:
+            op = "select" if isinstance(it, int) else "slice"
+            raise StructureError(
+                f"{op}(): expected a full slice ':' over the batch dim of {describe(out)}, got {it!r} "
+                "(select samples with x[i] or unbind())"
+            )
+        elif d in out._ragged_dims:
+            k = out._ragged_dims.index(d)
+            if isinstance(it, int):
+                out = select_ragged("select", out, d, k, it)
+            else:
+                out, d = slice_ragged("slice", out, d, k, it.start, it.stop, 1 if it.step is None else it.step), d + 1
         elif isinstance(it, int):
             out = out.select(d, it)
         else:
@@ -77,6 +85,11 @@ def _getitem_static(input, items):
 
 @route(torch.select, torch.Tensor.select)
 def _select(input, dim, index):
-    if isinstance(input, MJT) and isinstance(dim, int) and canonical_dim("select", input.dim(), dim) == 0:
+    if not isinstance(input, MJT) or not isinstance(dim, int):
+        return NotImplemented
+    if canonical_dim("select", input.dim(), dim) == 0:
         return _getitem(input, index)
-    return NotImplemented
+    hit = ragged_dim("select", input, dim)
+    if hit is None:
+        return NotImplemented  # a static dim: the op table's handler
+    return select_ragged("select", input, *hit, index)

@@ -1,5 +1,6 @@
 """Reductions over static and ragged dims: the aten handlers and ``multijagged::reduce``
 (``reduce.py``, NOTE [ Reducing ragged dims ]) and the routes that send ``sum``/``mean``/``var``/
-``norm``/``max``… there (``routes.py``)."""
+``norm``/``max``… there (``routes.py``), and order statistics — ``sort``, ``topk``, ``kthvalue``,
+``median``, ``cummax`` — per sample (``order.py``, NOTE [ Order statistics along ragged dims ])."""
 
-from . import reduce, routes  # noqa: F401  (register)
+from . import reduce, routes, order  # noqa: F401  (register)

@@ -93,7 +93,8 @@ def _selected(input, values, indices, dim, keepdim):
     the whole gradient goes to the element at ``indices`` (``amax`` would share it among ties).
     The picked element is summed out of a one-hot mask, which is exact (x + 0 = x); an empty
     extent picks nothing (sum 0) and keeps the amax rule's value."""
-    hit = torch.zeros_like(input, dtype=torch.bool).scatter(dim, indices if keepdim else indices.unsqueeze(dim), True)
+    # aten's scatter (NOTE [ Scatter and gather ]): an empty extent's index 0 selects nothing
+    hit = torch.ops.aten.scatter.value(torch.zeros_like(input, dtype=torch.bool), dim, indices if keepdim else indices.unsqueeze(dim), True)
     picked = _reduce(torch.where(hit, input, torch.zeros_like(input)), "sum", [dim], keepdim)
     p = picked.detach()
     return torch.where((p == values) | p.isnan(), picked, values)
@@ -103,20 +104,25 @@ route(torch.max, torch.Tensor.max)(_max_min(True))
 route(torch.min, torch.Tensor.min)(_max_min(False))
 
 
-class _NanIfUsed(torch.autograd.Function):
+class _NanWhere(torch.autograd.Function):
     """``t / 0`` forward (inf, or nan where t is 0 or nan: dense var's value when
-    n - correction <= 0); backward nan where the incoming gradient is non-zero, else 0."""
+    n - correction <= 0), read only where ``degenerate`` holds; backward nan there — whatever the
+    incoming gradient, zero included, as dense var's ``2 / (n - correction) · g · (x - mean)`` is
+    ``inf · 0`` — and 0 elsewhere. An output that is never used gets no backward at all (no
+    gradient, as dense torch)."""
 
     @staticmethod
-    def forward(ctx, t):  # type: ignore[override]
+    def forward(ctx, t, degenerate):  # type: ignore[override]
         ctx.set_materialize_grads(False)  # no zeros of nested-int sizes (see bridge.py)
+        ctx.save_for_backward(degenerate)
         return t / torch.zeros_like(t)
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         if grad is None:
-            return None
-        return torch.where(grad != 0, torch.full_like(grad, float("nan")), torch.zeros_like(grad))
+            return None, None
+        (degenerate,) = ctx.saved_tensors
+        return torch.where(degenerate, torch.full_like(grad, float("nan")), torch.zeros_like(grad)), None
 
 
 def _safe_root(t, p=2):
@@ -156,11 +162,12 @@ def _var_std(sqrt: bool):
         centred = input - _call(mj.reduce_backward.default, mean, input.detach(), mean.detach(), "sum", d, True)
         denom = _reduce(torch.ones_like(input).detach(), "sum", d, keepdim) - correction
         ok = denom > 0
-        # Where n - correction <= 0 the result is Σ/0 (inf, nan for no spread), as dense torch gives; its gradient is nan
-        # when the result is used, and 0 when it is not (dense torch then never runs its
-        # backward). A plain division would put 0/0 into every sample's gradient.
+        # Where n - correction <= 0 the result is Σ/0 (inf, nan for no spread), as dense torch gives, and so
+        # is its gradient: nan whenever the backward runs, 0 when the result is never used (dense
+        # torch then never runs its backward). A plain division would put 0/0 into every sample's
+        # gradient.
         total = _reduce(centred * centred, "sum", d, keepdim)
-        var = torch.where(ok, total / torch.where(ok, denom, torch.ones_like(denom)), _NanIfUsed.apply(total))
+        var = torch.where(ok, total / torch.where(ok, denom, torch.ones_like(denom)), _NanWhere.apply(total, ~ok))
         if not sqrt:
             return var
         # Where var is nan (n <= correction) std is that nan itself: the root's derivative there

@@ -15,6 +15,7 @@ from ... import constructors
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, _static_dim, route
+from ..indexing.slicing import narrow_ragged
 from .views import check_view_shape
 from . import flatten as ragged_flatten
 
@@ -179,12 +180,15 @@ route(torch.tensor_split, torch.Tensor.tensor_split)(_split_route("tensor_split"
 @route(torch.narrow, torch.Tensor.narrow)
 def _narrow(input, dim, start, length):
     """``narrow`` of the batch dim: a sub-batch (``constructors.narrow_batch``); of a static dim:
-    aten's ``narrow`` (a ``slice`` of the values); of a ragged dim: an error."""
+    aten's ``narrow`` (a ``slice`` of the values); of a ragged dim: per sample, a static result
+    (NOTE [ Indexing along ragged dims ])."""
     if not isinstance(input, MJT):
         return NotImplemented
-    if canonical_dim("narrow", input.dim(), dim) == 0:
+    d = canonical_dim("narrow", input.dim(), dim)
+    if d == 0:
         return constructors.narrow_batch(input, start, length)
-    _static_dim("narrow", input, dim)
+    if d in input._ragged_dims:
+        return narrow_ragged("narrow", input, d, input._ragged_dims.index(d), int(start), int(length))
     return NotImplemented
 
 

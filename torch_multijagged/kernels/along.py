@@ -1,0 +1,55 @@
+"""Index maps for ops along one ragged dim: where each output row reads its input row.
+
+Plain tensors in and out (NOTE [ Packed-row partition ] in ``structure.py`` for the row layout).
+The ops of ``ops/indexing/`` and ``ops/reductions/order.py`` compute, for every output row, the
+sample and the ragged coordinates of the input cell it reads; ``packed_rows`` turns those into
+packed rows of the input, and the values are gathered with them (dense autograd: the gradient of
+a gather is a scatter-add, so a row read twice gets both gradients).
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = ["packed_rows", "slice_bounds", "segment_order"]
+
+
+def packed_rows(offsets: torch.Tensor, sizes: torch.Tensor, sample: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
+    """Packed row of ragged coordinate ``coords[r]`` (R,) of sample ``sample[r]``:
+    ``offsets[s] + Σ_k a_k Π_{l>k} n_{s,l}``. ``sizes``: (B, R) per-sample extents."""
+    row = offsets[sample]
+    if coords.shape[1] == 0:
+        return row
+    n = sizes[sample]
+    stride = torch.ones_like(row)
+    for k in reversed(range(coords.shape[1])):
+        row = row + coords[:, k] * stride
+        stride = stride * n[:, k]
+    return row
+
+
+def slice_bounds(n: torch.Tensor, start, stop, step: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(first, length)`` per sample of ``range(n_i)[start:stop:step]`` (``step > 0``), the way
+    Python and dense torch clamp slice bounds: negative bounds count from each sample's end."""
+    def bound(v, default):
+        if v is None:
+            return default
+        b = torch.full_like(n, v)
+        b = torch.where(b < 0, b + n, b)
+        return torch.minimum(b.clamp_min(0), n)
+
+    first = bound(start, torch.zeros_like(n))
+    last = bound(stop, n)
+    length = torch.div((last - first).clamp_min(0) + step - 1, step, rounding_mode="floor")
+    return first, length
+
+
+def segment_order(segment: torch.Tensor, keys: torch.Tensor, descending: bool) -> torch.Tensor:
+    """For keys ``(T, S)`` whose rows belong to ``segment`` (T,), the row order that sorts each
+    column within each segment (stable: ties keep their row order, as dense ``stable=True``;
+    NaN sorts as the largest value, as in ``torch.sort``), segments in increasing order. Returns
+    ``(T, S)`` row indices."""
+    _, by_key = torch.sort(keys, dim=0, descending=descending, stable=True)
+    seg = segment.unsqueeze(1).expand_as(by_key).gather(0, by_key)
+    _, by_segment = torch.sort(seg, dim=0, stable=True)
+    return by_key.gather(0, by_segment)

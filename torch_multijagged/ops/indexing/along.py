@@ -1,0 +1,151 @@
+"""Ops along a ragged dim, the machinery: every output cell reads one input cell (or a fill).
+
+NOTE [ Indexing along ragged dims ]
+
+Along a ragged dim every op is the dense op applied to each sample: ``x[:, -1]`` is each sample's
+last token, ``x[:, 1:]`` drops each sample's first, ``cat`` concatenates each sample's pieces,
+``sort`` sorts each sample's own elements. They are all one move: every output row reads one
+input row, chosen by arithmetic on the output row's sample and ragged coordinates
+(``kernels/along.py``: ``packed_rows``), and the values are gathered with dense autograd (a
+gather's gradient is a scatter-add, so every order of gradients works and a row read twice gets
+both gradients). Constant padding reads a fill instead.
+
+The structure rule — the same eagerly and under ``torch.compile``, since it depends on the op
+and its arguments, never on the lengths:
+
+* **the dim is removed** by an integer index (``select``, ``x[:, i]``, ``kthvalue``, ``median``);
+* **the dim becomes static** when the op fixes its size whatever the sample's size: ``narrow``
+  (``length``), ``topk`` (``k``), ``index_select`` / ``gather`` with a dense index (the index's
+  size). A sample too short for it raises, naming the sample, as dense torch raises for it;
+* **the dim stays ragged** when the size follows the sample's: slices (clamped per sample, as
+  dense slicing clamps), ``cat``, ``pad``, ``repeat``, and the ops that keep the size (``sort``,
+  ``flip``, ``roll``, ``cummax``), or ``gather`` with a multi_jagged index (the index's extent).
+  A new per-sample size is a new extent, ``structure.mapped_extent`` keyed by the size rule, so
+  that the same slice of one extent twice gives one nested int; a size that equals the input's
+  keeps its nested int.
+
+When no ragged dim remains the result is a dense ``(B, …)`` tensor, as for a reduction over every
+ragged dim. The ops that read per-sample sizes on the host (to check bounds or build an extent)
+run eagerly; under ``torch.compile`` they are graph breaks (NOTE [ Eager-only routes ]).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+
+from ...bridge import values_of, wrap_values
+from ...errors import StructureError
+from ...kernels.along import packed_rows
+from ...structure import RaggedExtent, mapped_extent, partition_for
+from .._common import MJT, canonical_dim, describe, eager_route, static_dims
+
+__all__ = ["ragged_dim", "keep_along", "drop_along", "to_static", "const_extent", "first_bad", "EAGER"]
+
+EAGER = "{op}() along a ragged dim reads per-sample sizes on the host: a graph break under torch.compile"
+
+
+def ragged_dim(op: str, x: MJT, dim) -> Optional[tuple[int, int]]:
+    """``(d, k)``: the canonical dim and its index among ``x``'s ragged dims, or None when ``dim``
+    is not ragged."""
+    d = canonical_dim(op, len(x._size), dim)
+    if d in x._ragged_dims:
+        return d, x._ragged_dims.index(d)
+    return None
+
+
+def first_bad(bad: torch.Tensor) -> Optional[int]:
+    """The first sample where the host mask ``bad`` (B,) holds, or None."""
+    hit = bad.nonzero()
+    return int(hit[0, 0]) if hit.numel() else None  # SYNC: none — host tensors
+
+
+def const_extent(e: RaggedExtent, size: int) -> RaggedExtent:
+    """The extent of ``e``'s batch with every sample of size ``size``."""
+    return mapped_extent(e, ("const", int(size)), lambda n: torch.full_like(n, int(size)))
+
+
+def _gather_rows(x: MJT, sample: torch.Tensor, coords: torch.Tensor, valid=None, fill=None) -> torch.Tensor:
+    p = x._partition
+    rows = packed_rows(p.offsets, p.device_sizes(), sample, coords)
+    v = values_of(x)
+    if valid is None:
+        return v.index_select(0, rows)
+    out = v.index_select(0, torch.where(valid, rows, torch.zeros_like(rows)))
+    mask = valid.reshape(-1, *([1] * (v.dim() - 1)))
+    return torch.where(mask, out, torch.full_like(out, fill) if fill is not None else torch.zeros_like(out))
+
+
+def keep_along(
+    x: MJT,
+    extents: list[RaggedExtent],
+    source: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    valid: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
+    fill=None,
+) -> MJT:
+    """``x`` with ragged extents ``extents`` (storage order): the output cell of sample ``s`` at
+    ragged coordinates ``a`` (T, R) reads ``x``'s cell at ``source(s, a)`` (T, R); where
+    ``valid(s, a)`` is false it holds ``fill`` instead."""
+    out = partition_for(extents)
+    sample, coords = out.row_coords()
+    src = source(sample, coords)
+    ok = valid(sample, coords) if valid is not None else None
+    if ok is not None:
+        src = torch.where(ok.unsqueeze(1), src, torch.zeros_like(src))
+    return wrap_values(_gather_rows(x, sample, src, ok, fill), out, x._ragged_dims)
+
+
+def drop_along(x: MJT, k: int, position: torch.Tensor):
+    """``x`` without its ragged dim ``k``: every remaining cell of sample ``s`` reads coordinate
+    ``position[s]`` along it ((B,) on the values' device). Dense ``(B, …)`` when no ragged dim
+    remains."""
+    p = x._partition
+    keep = tuple(i for i in range(p.nragged) if i != k)
+    d = x._ragged_dims[k]
+    if keep:
+        sub = p.map_to_sub(keep)[1]
+        sample, coords = sub.row_coords()
+    else:
+        sample = torch.arange(p.batch, device=p.offsets.device)
+        coords = sample.new_zeros(p.batch, 0)
+    src = torch.cat([coords[:, :k], position[sample].unsqueeze(1), coords[:, k:]], 1)
+    v = _gather_rows(x, sample, src)
+    if not keep:
+        return v
+    ragged = tuple(r - (r > d) for r in x._ragged_dims if r != d)
+    return wrap_values(v, sub, ragged)
+
+
+def to_static(y: MJT, k: int, size: int):
+    """``y``, whose ragged dim ``k`` has size ``size`` in every sample, with that dim static: its
+    rows regrouped so that the dim is the innermost ragged one, then folded into the values."""
+    p = y._partition
+    d = y._ragged_dims[k]
+    order = tuple(i for i in range(p.nragged) if i != k) + (k,)
+    v = values_of(y)
+    if order != tuple(range(p.nragged)):
+        v = v.index_select(0, p.reorder_rows(order)[0])
+    keep = order[:-1]
+    sub = p.map_to_sub(keep)[1] if keep else None
+    rows = int(sub.rows) if keep else p.batch
+    v = v.reshape(rows, size, *v.shape[1:])
+    statics = sorted(static_dims(len(y._size), y._ragged_dims) + (d,))
+    v = v.movedim(1, 1 + statics.index(d))
+    if not keep:
+        return v
+    return wrap_values(v, sub, tuple(r for r in y._ragged_dims if r != d))
+
+
+def require_ragged(op: str, x: MJT, dim) -> tuple[int, int]:
+    hit = ragged_dim(op, x, dim)
+    if hit is None:
+        raise StructureError(f"{op}(): expected a ragged dim of {describe(x)}, got dim {dim}")
+    if hit[0] == 0:
+        raise StructureError(f"{op}(): not along the batch dim of {describe(x)}")
+    return hit
+
+
+def eager(fn):
+    """The route ``fn`` as an eager-only route (NOTE [ Eager-only routes ])."""
+    return eager_route(EAGER)(fn)

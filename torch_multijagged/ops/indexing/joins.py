@@ -1,0 +1,261 @@
+"""Joins along ragged dims, per sample: ``torch.cat`` (sizes add; a dense ``(B, k, …)`` or
+``(1, k, …)`` operand joins every sample — the class token), ``F.pad`` (constant, reflect,
+replicate, circular, as dense pads each sample) and ``repeat`` / ``tile``. The result's dim stays
+ragged (NOTE [ Indexing along ragged dims ] in ``along.py``)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ...bridge import values_of, wrap_values
+from ...errors import StructureError
+from ...kernels.along import packed_rows
+from ...structure import mapped_extent, partition_for, same_extent
+from .._common import MJT, canonical_dim, describe, static_dims
+from .._routing import route
+from .along import eager, first_bad, keep_along
+
+_MODES = ("constant", "reflect", "replicate", "circular")
+
+
+# ----------------------------------------------------------------------------- cat
+def _as_rows(op: str, t, like: MJT, d: int):
+    """A dense cat operand ``(B or 1, m, *static)`` as packed rows ``(B·m, *static)`` and its
+    per-sample size ``m`` along ``d`` (only when ``d`` is ``like``'s one ragged dim)."""
+    b = like._partition.batch
+    if like._ragged_dims != (d,) or t.dim() != like.dim() or t.shape[0] not in (1, b):
+        raise StructureError(
+            f"{op}(): a dense operand joins a multi_jagged one along its only ragged dim, as (B, …) or (1, …) of "
+            f"the same rank; got {describe(t)} with {describe(like)} along dim {d}"
+        )
+    rows = t.expand(b, *t.shape[1:]).movedim(d, 1)
+    if tuple(rows.shape[2:]) != tuple(like._values.shape[1:]):
+        raise StructureError(f"{op}(): expected the static sizes of {describe(like)}, got {describe(t)}")
+    return rows.reshape(b * rows.shape[1], *rows.shape[2:]), rows.shape[1]
+
+
+@eager
+def cat_ragged(op: str, tensors, d: int):
+    """Per-sample concatenation along ragged dim ``d``."""
+    first = next(t for t in tensors if isinstance(t, MJT))
+    k = first._ragged_dims.index(d)
+    p = first._partition
+    parts = []  # (values, offsets, sizes (B, R), lengths along d (B,) host or int)
+    for t in tensors:
+        if isinstance(t, MJT):
+            q = t._partition
+            if t._ragged_dims != first._ragged_dims or t._values.shape[1:] != first._values.shape[1:] or any(
+                i != k and not same_extent(a, b) for i, (a, b) in enumerate(zip(q.extents, p.extents))
+            ):
+                raise StructureError(
+                    f"{op}(): expected tensors that differ only along dim {d}, got {describe(first)} and {describe(t)}"
+                )
+            parts.append((values_of(t), q.offsets, q.device_sizes(), q.extents[k].host_lengths(), q.extents[k]))
+        elif isinstance(t, torch.Tensor):
+            rows, m = _as_rows(op, t, first, d)
+            off = torch.arange(p.batch + 1, device=p.offsets.device) * m
+            sizes = torch.full((p.batch, 1), m, device=p.offsets.device, dtype=torch.int64)
+            parts.append((rows, off, sizes, torch.full((p.batch,), m), m))
+        else:
+            raise TypeError(f"{op}(): expected tensors, got {type(t).__name__}")
+    e = p.extents[k]
+    key = ("cat", tuple(part[4] if isinstance(part[4], int) else id(part[4]) for part in parts))
+    pinned = [part[4] for part in parts if not isinstance(part[4], int)]
+    out_e = mapped_extent(e, key, lambda n: sum(part[3] for part in parts))
+    out_e.cache.setdefault(("cat_sources", key), pinned)  # keep the extents named by id alive
+    extents = list(p.extents)
+    extents[k] = out_e
+    out = partition_for(extents)
+    sample, coords = out.row_coords()
+    a = coords[:, k]
+    dtype = first.dtype
+    for part in parts:
+        dtype = torch.promote_types(dtype, part[0].dtype)
+    values = torch.cat([part[0].to(dtype) for part in parts], 0)
+    base = 0
+    start = torch.zeros_like(sample)
+    rows = torch.zeros_like(sample)
+    for v, off, sizes, lengths, _ in parts:
+        n = lengths.to(sample.device)[sample]
+        hit = (a >= start) & (a < start + n)
+        local = coords.clone()
+        local[:, k] = torch.where(hit, a - start, torch.zeros_like(a))
+        src = packed_rows(off, sizes, sample, local) + base
+        rows = torch.where(hit, src, rows)
+        start = start + n
+        base += v.shape[0]
+    return wrap_values(values.index_select(0, rows), out, first._ragged_dims)
+
+
+@route(torch.cat, torch.concat, torch.concatenate)
+def _cat(tensors, dim=0, *, out=None):
+    if out is not None or not isinstance(tensors, (list, tuple)):
+        return NotImplemented
+    first = next((t for t in tensors if isinstance(t, MJT)), None)
+    if first is None:
+        return NotImplemented
+    d = canonical_dim("cat", first.dim(), dim)
+    if d == 0 or d not in first._ragged_dims:
+        return NotImplemented  # static dims (or the batch dim): the op table's handler
+    return cat_ragged("cat", list(tensors), d)
+
+
+# ----------------------------------------------------------------------------- pad
+def _source(mode: str, q: torch.Tensor, n: torch.Tensor):
+    """Input coordinate that padded position ``q`` (input coordinates: may be < 0 or >= n) reads,
+    and whether it reads one (constant mode reads the fill outside)."""
+    if mode == "constant":
+        return q.clamp_min(0), (q >= 0) & (q < n)
+    if mode == "replicate":
+        return torch.minimum(q.clamp_min(0), n - 1), None
+    if mode == "circular":
+        return torch.remainder(q, n), None
+    r = torch.where(q < 0, -q, q)  # reflect
+    return torch.where(r >= n, 2 * (n - 1) - r, r), None
+
+
+def _check_pad(op: str, x: MJT, mode: str, pads: dict, n_host: dict) -> None:
+    for d, (lo, hi) in pads.items():
+        if d not in n_host:
+            continue
+        n = n_host[d]
+        if mode == "reflect":
+            bad = first_bad((n <= max(lo, hi)) & ((lo > 0) | (hi > 0)))
+            why = "Padding size should be less than the corresponding input dimension"
+        elif mode == "replicate":
+            bad = first_bad(n == 0)
+            why = "the padded dim must not be empty"
+        elif mode == "circular":
+            bad = first_bad(n < max(lo, hi))
+            why = "Padding value causes wrapping around more than once"
+        else:
+            bad = first_bad(n + lo + hi < 0)
+            why = "the padded size would be negative"
+        if bad is not None:
+            raise RuntimeError(f"{op}(): {why}: padding {(lo, hi)} of dim {d} with size {int(n[bad])} in sample {bad} of {describe(x)}")
+
+
+@eager
+def pad_ragged(op: str, x: MJT, pads: dict, mode: str, value):
+    """``F.pad`` of each sample: ``pads`` maps logical dims to ``(before, after)``."""
+    p = x._partition
+    ragged = {d: pads[d] for d in pads if d in x._ragged_dims}
+    n_host = {d: p.extents[x._ragged_dims.index(d)].host_lengths() for d in ragged}
+    _check_pad(op, x, mode, pads, n_host)
+    extents = list(p.extents)
+    for d, (lo, hi) in ragged.items():
+        k = x._ragged_dims.index(d)
+        extents[k] = mapped_extent(p.extents[k], ("pad", lo, hi), lambda n, lo=lo, hi=hi: n + lo + hi)
+    n = p.device_sizes()
+
+    def source(sample, a):
+        a = a.clone()
+        for d, (lo, _) in ragged.items():
+            k = x._ragged_dims.index(d)
+            a[:, k] = _source(mode, a[:, k] - lo, n[sample, k])[0]
+        return a
+
+    def valid(sample, a):
+        if mode != "constant":
+            return None
+        ok = torch.ones_like(sample, dtype=torch.bool)
+        for d, (lo, _) in ragged.items():
+            k = x._ragged_dims.index(d)
+            q = a[:, k] - lo
+            ok = ok & (q >= 0) & (q < n[sample, k])
+        return ok
+
+    out = keep_along(x, extents, source, valid, value) if ragged else x
+    statics = {d: pads[d] for d in pads if d not in x._ragged_dims}
+    if not statics:
+        return out
+    v = values_of(out)
+    for d, (lo, hi) in statics.items():
+        vd = static_dims(x.dim(), x._ragged_dims).index(d) + 1
+        size = v.shape[vd]
+        q = torch.arange(-lo, size + hi, device=v.device)
+        src, ok = _source(mode, q, torch.tensor(size, device=v.device))
+        if mode == "constant":
+            if size == 0:
+                src = torch.zeros_like(q)
+            g = v.index_select(vd, src.clamp(0, max(size - 1, 0))) if size else v.new_zeros(
+                *v.shape[:vd], q.shape[0], *v.shape[vd + 1:])
+            shape = [1] * v.dim()
+            shape[vd] = -1
+            v = torch.where(ok.reshape(shape), g, torch.full_like(g, value))
+        else:
+            v = v.index_select(vd, src)
+    return wrap_values(v, out._partition, out._ragged_dims)
+
+
+@route(F.pad, torch._C._nn.pad)
+def _pad(input, pad, mode="constant", value=None):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if mode not in _MODES:
+        raise NotImplementedError(f"pad(): mode {mode!r} for layout torch.multi_jagged (supported: {', '.join(_MODES)})")
+    pad = list(pad)
+    if len(pad) % 2 or len(pad) // 2 > input.dim():
+        raise RuntimeError(f"Padding length should be divisible by 2 and at most twice the number of dims, got {len(pad)}")
+    pads = {}
+    for i in range(len(pad) // 2):
+        d = input.dim() - 1 - i
+        if pad[2 * i] or pad[2 * i + 1]:
+            pads[d] = (int(pad[2 * i]), int(pad[2 * i + 1]))
+    if 0 in pads:
+        raise NotImplementedError(f"pad(): along the batch dim of {describe(input)}")
+    if mode != "constant" and any(lo < 0 or hi < 0 for lo, hi in pads.values()):
+        raise RuntimeError(f"pad(): negative padding is only supported in constant mode, got {pad}")
+    if not pads:
+        return input.clone()
+    return pad_ragged("pad", input, pads, mode, 0.0 if value is None else value)
+
+
+# ----------------------------------------------------------------------------- repeat / tile
+@eager
+def repeat_ragged(op: str, x: MJT, reps: list[int]):
+    """Each sample repeated ``reps[d]`` times along each dim ``d >= 1`` (``reps[0] == 1``)."""
+    p = x._partition
+    extents = list(p.extents)
+    for k, d in enumerate(x._ragged_dims):
+        if reps[d] != 1:
+            extents[k] = mapped_extent(p.extents[k], ("repeat", reps[d]), lambda n, r=reps[d]: n * r)
+    n = p.device_sizes()
+
+    def source(sample, a):
+        a = a.clone()
+        for k, d in enumerate(x._ragged_dims):
+            if reps[d] != 1:
+                a[:, k] = torch.remainder(a[:, k], n[sample, k])
+        return a
+
+    out = keep_along(x, extents, source) if any(reps[d] != 1 for d in x._ragged_dims) else x
+    static_reps = [1] + [reps[d] for d in static_dims(x.dim(), x._ragged_dims)]
+    if all(r == 1 for r in static_reps) and out is not x:
+        return out
+    return wrap_values(values_of(out).repeat(static_reps), out._partition, out._ragged_dims)
+
+
+@route(torch.Tensor.repeat)
+def _repeat(input, *sizes):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    reps = list(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (list, tuple, torch.Size)) else list(sizes)
+    if len(reps) < input.dim():
+        raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
+    if len(reps) > input.dim() or reps[0] != 1:
+        raise NotImplementedError(
+            f"repeat(): repeats {tuple(reps)} of {describe(input)} would repeat the batch dim or add leading dims; "
+            "layout torch.multi_jagged repeats each sample (the first repeat must be 1)"
+        )
+    return repeat_ragged("repeat", input, [int(r) for r in reps])
+
+
+@route(torch.tile, torch.Tensor.tile)
+def _tile(input, *dims):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    reps = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (list, tuple, torch.Size)) else list(dims)
+    reps = [1] * (input.dim() - len(reps)) + reps
+    return _repeat(input, reps)

@@ -1,0 +1,301 @@
+"""Indexing along ragged dims, per sample: ``select`` / ``x[:, i]``, slices ``x[:, a:b:s]``,
+``narrow``, ``index_select``, ``gather`` / ``take_along_dim`` / ``scatter`` / ``scatter_add``,
+``flip``, ``roll``
+(NOTE [ Indexing along ragged dims ] in ``along.py``: which results are ragged, static or dense).
+Along static dims these ops act on the values."""
+
+from __future__ import annotations
+
+import torch
+
+from ...bridge import values_of, wrap_values
+from ...errors import StructureError
+from ...kernels.along import packed_rows, slice_bounds
+from ...structure import mapped_extent, same_extent
+from .._common import MJT, canonical_dim, describe, static_dims
+from .._routing import route
+from .along import const_extent, drop_along, eager, first_bad, keep_along, ragged_dim, to_static
+
+__all__ = ["select_ragged", "slice_ragged", "narrow_ragged", "take_static"]
+
+
+def _lengths(x: MJT, k: int) -> torch.Tensor:
+    return x._partition.extents[k].host_lengths()
+
+
+@eager
+def select_ragged(op: str, x: MJT, d: int, k: int, index: int):
+    """``x.select(d, index)`` per sample: a negative index counts from each sample's end."""
+    n = _lengths(x, k)
+    pos = n + index if index < 0 else torch.full_like(n, index)
+    bad = first_bad((pos < 0) | (pos >= n))
+    if bad is not None:
+        raise IndexError(
+            f"{op}(): index {index} is out of bounds for dimension {d} with size {int(n[bad])} in sample {bad} "
+            f"of {describe(x)}"
+        )
+    return drop_along(x, k, pos.to(x._partition.offsets.device))
+
+
+@eager
+def slice_ragged(op: str, x: MJT, d: int, k: int, start, stop, step: int):
+    """``x[..., start:stop:step]`` along ragged dim ``d``, bounds clamped per sample."""
+    if step <= 0:
+        raise ValueError("step must be greater than zero")
+    e = x._partition.extents[k]
+    first, _ = slice_bounds(e.host_lengths(), start, stop, step)
+    out = mapped_extent(e, ("slice", start, stop, step), lambda n: slice_bounds(n, start, stop, step)[1])
+    extents = list(x._partition.extents)
+    extents[k] = out
+    first = first.to(e.offsets.device)
+
+    def source(sample, a):
+        a = a.clone()
+        a[:, k] = first[sample] + a[:, k] * step
+        return a
+
+    return keep_along(x, extents, source)
+
+
+@eager
+def narrow_ragged(op: str, x: MJT, d: int, k: int, start: int, length: int):
+    """``x.narrow(d, start, length)`` per sample: every sample must hold ``start + length``
+    (a negative ``start`` counts from its end); the dim becomes static of size ``length``."""
+    n = _lengths(x, k)
+    first = n + start if start < 0 else torch.full_like(n, start)
+    bad = first_bad((first < 0) | (first + length > n))
+    if bad is not None:
+        raise RuntimeError(
+            f"{op}(): start ({start}) + length ({length}) exceeds dimension size ({int(n[bad])}) of sample {bad} "
+            f"of {describe(x)} at dim {d}"
+        )
+    table = first.unsqueeze(1) + torch.arange(length)
+    return take_static(x, k, length, table.to(x._partition.offsets.device))
+
+
+def take_static(x: MJT, k: int, size: int, table: torch.Tensor):
+    """Dim ``k`` becomes static of ``size``: output position ``j`` of sample ``s`` reads
+    coordinate ``table[s, j]`` ((B, size)) or ``table[j]`` ((size,))."""
+    extents = list(x._partition.extents)
+    extents[k] = const_extent(extents[k], size)
+
+    def source(sample, a):
+        a = a.clone()
+        a[:, k] = table[sample, a[:, k]] if table.dim() == 2 else table[a[:, k]]
+        return a
+
+    return to_static(keep_along(x, extents, source), k, size)
+
+
+@eager
+def index_select_ragged(op: str, x: MJT, d: int, k: int, index: torch.Tensor):
+    if isinstance(index, MJT) or index.dim() > 1 or index.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{op}(): expected a 1-D dense int64 index, got {describe(index)} of {index.dtype}")
+    index = index.reshape(-1).to(torch.int64)
+    n = _lengths(x, k)
+    if index.numel():
+        lo, hi = int(index.min()), int(index.max())  # SYNC: bounds are checked per sample, on the host
+        bad = first_bad((n <= hi) | torch.full_like(n, lo < 0, dtype=torch.bool))
+        if bad is not None:
+            raise IndexError(f"{op}(): index out of range in sample {bad} of {describe(x)} (size {int(n[bad])} at dim {d})")
+    return take_static(x, k, index.numel(), index.to(x._partition.offsets.device))
+
+
+def _check_index_range(op: str, x: MJT, d: int, index_values: torch.Tensor, n_rows: torch.Tensor, sample: torch.Tensor):
+    # SYNC: dense gather raises for an index out of range; so must we, naming the sample.
+    bad = (index_values < 0) | (index_values >= n_rows.reshape(-1, *([1] * (index_values.dim() - 1))))
+    if bool(bad.any()):
+        row = int(bad.reshape(bad.shape[0], -1).any(1).nonzero()[0, 0])
+        s = int(sample[row])
+        raise RuntimeError(f"{op}(): index out of bounds for dimension {d} in sample {s} of {describe(x)}")
+
+
+def _index_rows(op: str, x: MJT, d: int, k: int, index):
+    """For ``gather`` / ``scatter`` along ragged dim ``d``: ``(rows, wrap)`` — the packed row of
+    ``x`` that every element of ``index`` names (shaped as ``index``'s values, or as a dense
+    index moved to ``(B·m, *static)``) and a function that gives a result of ``index``'s shape
+    from values of that shape."""
+    p = x._partition
+    if isinstance(index, MJT):
+        if index._ragged_dims != x._ragged_dims or any(
+            i != k and not same_extent(a, b) for i, (a, b) in enumerate(zip(index._partition.extents, p.extents))
+        ) or index.dim() != x.dim() or any(
+            index.shape[e] != x.shape[e] for e in static_dims(x.dim(), x._ragged_dims)
+        ):
+            raise StructureError(
+                f"{op}(): expected an index with the ragged dims and static sizes of {describe(x)} (any extent "
+                f"along dim {d}), got {describe(index)}"
+            )
+        q = index._partition
+        sample, coords = q.row_coords()
+        idx = index._values.to(torch.int64)
+        base = coords.clone()
+        base[:, k] = 0
+        n = p.device_sizes()[sample]
+        stride = n[:, k + 1:].prod(1) if k + 1 < n.shape[1] else torch.ones_like(sample)
+        _check_index_range(op, x, d, idx, n[:, k], sample)
+        shape = (-1, *([1] * (idx.dim() - 1)))
+        rows = packed_rows(p.offsets, p.device_sizes(), sample, base).reshape(shape) + idx * stride.reshape(shape)
+        return rows, lambda v: wrap_values(v, q, index._ragged_dims)
+    if x._ragged_dims != (d,) or index.dim() != x.dim() or index.shape[0] != p.batch:
+        raise NotImplementedError(
+            f"{op}(): a dense index along a ragged dim needs a tensor whose only ragged dim is {d} and an index "
+            f"(B, …) of its rank, got {describe(x)} and {describe(index)}"
+        )
+    idx = index.to(torch.int64).movedim(d, 1)  # (B, m, *static)
+    m = idx.shape[1]
+    if tuple(idx.shape[2:]) != tuple(x._values.shape[1:]):
+        raise NotImplementedError(f"{op}(): expected the index's static sizes to be those of {describe(x)}, got {describe(index)}")
+    sample = torch.arange(p.batch, device=p.offsets.device).repeat_interleave(m)
+    flat = idx.reshape(p.batch * m, *idx.shape[2:])
+    _check_index_range(op, x, d, flat, p.extents[0].lengths()[sample], sample)
+    rows = p.offsets[sample].reshape(-1, *([1] * (flat.dim() - 1))) + flat
+    return rows, lambda v: v.reshape(p.batch, m, *v.shape[1:]).movedim(1, d)
+
+
+@eager
+def gather_ragged(op: str, x: MJT, d: int, k: int, index):
+    """``x.gather(d, index)`` per sample: ``out[s][…, j, …] = x[s][…, index[s][…, j, …], …]``."""
+    rows, result = _index_rows(op, x, d, k, index)
+    return result(values_of(x).gather(0, rows))
+
+
+@eager
+def scatter_ragged(op: str, x: MJT, d: int, k: int, index, src, add: bool):
+    """``x.scatter(d, index, src)`` (``scatter_add`` with ``add``) per sample:
+    ``out[s][…, index[s][…, j, …], …] = src[s][…, j, …]``; ``src`` has ``index``'s shape (a
+    multi_jagged tensor of its structure, or a dense one for a dense index) or is a number."""
+    rows, _ = _index_rows(op, x, d, k, index)
+    if isinstance(src, torch.Tensor):
+        s = values_of(src) if isinstance(src, MJT) else src.movedim(d, 1).reshape(rows.shape[0], *rows.shape[1:])
+        if s.shape != rows.shape:
+            raise StructureError(f"{op}(): expected src with the shape of index {describe(index)}, got {describe(src)}")
+    else:
+        s = torch.full(rows.shape, src, dtype=x.dtype, device=rows.device)
+    v = values_of(x)
+    out = v.scatter_add(0, rows, s.to(v.dtype)) if add else v.scatter(0, rows, s.to(v.dtype))
+    return wrap_values(out, x._partition, x._ragged_dims)
+
+
+@eager
+def flip_ragged(op: str, x: MJT, ragged: list[int], shifts=None):
+    """Flip (``shifts`` None) or roll the ragged dims ``ragged`` (indices) of each sample."""
+    n = x._partition.device_sizes()
+
+    def source(sample, a):
+        a = a.clone()
+        for j, k in enumerate(ragged):
+            nk = n[sample, k]
+            if shifts is None:
+                a[:, k] = nk - 1 - a[:, k]
+            else:
+                a[:, k] = torch.remainder(a[:, k] - shifts[j], nk)
+        return a
+
+    return keep_along(x, list(x._partition.extents), source)
+
+
+# ----------------------------------------------------------------------------- routes
+@route(torch.index_select, torch.Tensor.index_select)
+def _index_select(input, dim, index, *, out=None):
+    if not isinstance(input, MJT) or out is not None:
+        return NotImplemented
+    d = canonical_dim("index_select", input.dim(), dim)
+    if d == 0:
+        raise NotImplementedError(f"index_select(): along the batch dim of {describe(input)} (select samples with x[i])")
+    hit = ragged_dim("index_select", input, dim)
+    if hit is None:
+        vd = static_dims(input.dim(), input._ragged_dims).index(d) + 1
+        return _static_values(input, lambda v: v.index_select(vd, index))
+    return index_select_ragged("index_select", input, *hit, index)
+
+
+def _static_values(x: MJT, fn):
+    """``fn`` applied to the values of ``x`` (static dims only: the structure is kept)."""
+    return wrap_values(fn(values_of(x)), x._partition, x._ragged_dims)
+
+
+@route(torch.gather, torch.Tensor.gather)
+def _gather(input, dim, index, *, sparse_grad=False, out=None):
+    if not isinstance(input, MJT) or out is not None or not isinstance(dim, int):
+        return NotImplemented
+    hit = ragged_dim("gather", input, dim)
+    if hit is None or hit[0] == 0:
+        return NotImplemented  # static dims: the op table's handler
+    return gather_ragged("gather", input, *hit, index)
+
+
+@route(torch.take_along_dim, torch.Tensor.take_along_dim)
+def _take_along_dim(input, indices, dim=None, *, out=None):
+    if not isinstance(input, MJT) or dim is None or out is not None:
+        return NotImplemented
+    hit = ragged_dim("take_along_dim", input, dim)
+    if hit is None:
+        return NotImplemented
+    if isinstance(indices, MJT):
+        shape = [input.shape[e] if e in static_dims(input.dim(), input._ragged_dims) and indices.shape[e] == 1 else -1
+                 for e in range(indices.dim())]
+        indices = indices.expand(shape) if any(s != -1 for s in shape) else indices
+    elif indices.dim() == input.dim():
+        indices = indices.expand(*[indices.shape[e] if e in (0, hit[0]) else input.shape[e] for e in range(input.dim())])
+    return gather_ragged("take_along_dim", input, *hit, indices)
+
+
+def _scatter_route(name: str, add: bool):
+    def routed(input, dim, index, src=None, *, value=None, reduce=None, out=None):
+        if not isinstance(input, MJT) or out is not None or reduce is not None or not isinstance(dim, int):
+            return NotImplemented
+        hit = ragged_dim(name, input, dim)
+        if hit is None or hit[0] == 0:
+            return NotImplemented  # static dims: the op table's handler
+        return scatter_ragged(name, input, *hit, index, value if src is None else src, add)
+
+    return routed
+
+
+route(torch.scatter, torch.Tensor.scatter)(_scatter_route("scatter", False))
+route(torch.scatter_add, torch.Tensor.scatter_add)(_scatter_route("scatter_add", True))
+
+
+@route(torch.flip, torch.Tensor.flip)
+def _flip(input, *dims):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    dims = dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims
+    canon = [canonical_dim("flip", input.dim(), d) for d in dims]
+    if 0 in canon:
+        raise NotImplementedError(f"flip(): along the batch dim of {describe(input)} (reorder samples explicitly)")
+    ragged = [input._ragged_dims.index(d) for d in canon if d in input._ragged_dims]
+    statics = [static_dims(input.dim(), input._ragged_dims).index(d) + 1 for d in canon if d not in input._ragged_dims]
+    out = flip_ragged("flip", input, ragged) if ragged else input
+    if statics or not ragged:  # flip of no dim at all is a copy, as in dense torch
+        out = _static_values(out, lambda v: v.flip(statics))
+    return out
+
+
+@route(torch.fliplr, torch.Tensor.fliplr)
+def _fliplr(input):
+    return _flip(input, [1]) if isinstance(input, MJT) else NotImplemented
+
+
+@route(torch.roll, torch.Tensor.roll)
+def _roll(input, shifts, dims=None):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if dims is None:
+        raise NotImplementedError(f"roll(): without dims (the flattened tensor) for {describe(input)}; name the dims")
+    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    if len(shifts) != len(dims):
+        raise RuntimeError(f"roll(): shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
+    canon = [canonical_dim("roll", input.dim(), d) for d in dims]
+    if 0 in canon:
+        raise NotImplementedError(f"roll(): along the batch dim of {describe(input)}")
+    ragged = [(input._ragged_dims.index(d), s) for d, s in zip(canon, shifts) if d in input._ragged_dims]
+    statics = [(static_dims(input.dim(), input._ragged_dims).index(d) + 1, s) for d, s in zip(canon, shifts)
+               if d not in input._ragged_dims]
+    out = flip_ragged("roll", input, [k for k, _ in ragged], [s for _, s in ragged]) if ragged else input
+    if statics:
+        out = _static_values(out, lambda v: v.roll([s for _, s in statics], [vd for vd, _ in statics]))
+    return out
+

@@ -1,0 +1,293 @@
+"""Order statistics per sample: ``sort`` / ``argsort`` / ``topk`` / ``kthvalue`` / ``median`` /
+``nanmedian`` / ``cummax`` / ``cummin`` along ragged dims (along static dims, the dense op on the
+values).
+
+NOTE [ Order statistics along ragged dims ]
+
+Along ragged dim k the elements that one dense call would order are a *segment*: the cells of one
+sample that share every other coordinate (the rows ``Partition.map_to_sub`` maps to one row of
+the partition without dim k), one column per static element. ``sort`` orders every column of
+every segment at once (``kernels/along.py``: ``segment_order``, a stable sort by value and then
+by segment) and writes the order into the segment's own rows; ``kthvalue`` / ``median`` /
+``nanmedian`` pick one position of that order per segment and column (the lower median;
+``median`` gives the first NaN of a column that has one, ``nanmedian`` the median of the rest,
+as dense torch); ``topk`` takes the first k. ``cummax`` / ``cummin`` are a scan by doubling
+(``log₂ max n`` steps) whose combine keeps dense torch's rules: the later index on ties, the first
+NaN once one is seen. Only indices are computed this way (without autograd); values are gathered
+from the input with them, so the gradient is dense torch's: each output's gradient goes to the
+element it came from.
+
+Ties keep their order (``stable=True`` in dense terms, also for ``topk``, whose order dense torch
+leaves unspecified). ``topk``'s and ``kthvalue``'s k must fit every sample, and ``median`` needs
+a non-empty dim, or they raise naming the sample, as dense torch raises for it.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...bridge import values_of, wrap_values
+from ...kernels.along import segment_order
+from .._common import MJT, canonical_dim, describe, static_dims, wrap
+from .._routing import route
+from ..indexing.along import eager, first_bad, ragged_dim
+from ..indexing.slicing import take_static
+
+rt = torch.return_types
+
+
+def _columns(v: torch.Tensor) -> torch.Tensor:
+    return v.reshape(v.shape[0], -1)
+
+
+def _segments(x: MJT, k: int):
+    """``(segment (T,), coordinate along k (T,), sub partition, row stride along k (T,))``."""
+    p = x._partition
+    keep = tuple(i for i in range(p.nragged) if i != k)
+    seg, sub = p.map_to_sub(keep)
+    sample, coords = p.row_coords()
+    n = p.device_sizes()[sample]
+    stride = n[:, k + 1:].prod(1) if k + 1 < p.nragged else torch.ones_like(sample)
+    return seg, coords[:, k], sub, stride
+
+
+def _sorted_rows(x: MJT, k: int, descending: bool) -> torch.Tensor:
+    """(T, S): the input row whose element lands at each row (and column) once every segment is
+    sorted."""
+    seg, _, _, _ = _segments(x, k)
+    keys = _columns(x._values.detach())
+    order = segment_order(seg, keys, descending)
+    slots = torch.sort(seg, stable=True)[1]  # each segment's rows, in coordinate order
+    src = torch.empty_like(order)
+    src[slots] = order
+    return src
+
+
+def _gather_values(x: MJT, rows: torch.Tensor) -> torch.Tensor:
+    """Values of ``x`` at input rows ``rows`` ((N, S)), differentiable: (N, *static)."""
+    v = values_of(x)
+    return _columns(v).gather(0, rows).reshape(rows.shape[0], *v.shape[1:])
+
+
+@eager
+def sort_ragged(op: str, x: MJT, k: int, descending: bool):
+    src = _sorted_rows(x, k, descending)
+    _, coord, _, _ = _segments(x, k)
+    values = wrap_values(_gather_values(x, src), x._partition, x._ragged_dims)
+    indices = wrap(coord[src].reshape(x._values.shape), x._partition, x._ragged_dims)
+    return values, indices
+
+
+def _pick(op: str, x: MJT, k: int, src: torch.Tensor, position: torch.Tensor):
+    """The element at ``position`` ((segments, S) places in the sorted order, per segment and
+    column) of every segment — each non-empty, so it has a cell at coordinate 0 —: ``(values,
+    indices)`` without dim k."""
+    seg, coord, sub, stride = _segments(x, k)
+    at0 = coord == 0
+    first = torch.empty(int(sub.rows), dtype=torch.int64, device=src.device)
+    step = torch.empty_like(first)
+    first[seg[at0]] = torch.arange(coord.shape[0], device=src.device)[at0]
+    step[seg[at0]] = stride[at0]
+    rows = src.gather(0, first.unsqueeze(1) + position * step.unsqueeze(1))
+    values = _gather_values(x, rows)
+    indices = coord[rows].reshape(values.shape)
+    d = x._ragged_dims[k]
+    ragged = tuple(r - (r > d) for r in x._ragged_dims if r != d)
+    if sub.nragged == 0:
+        return values, indices
+    return wrap_values(values, sub, ragged), wrap(indices, sub, ragged)
+
+
+def _seg_lengths(x: MJT, k: int) -> torch.Tensor:
+    """(S_rows,) size along k of every segment."""
+    p = x._partition
+    keep = tuple(i for i in range(p.nragged) if i != k)
+    sub = p.map_to_sub(keep)[1]
+    sample = sub.row_sample() if sub.nragged else torch.arange(p.batch, device=p.offsets.device)
+    return p.extents[k].lengths()[sample]
+
+
+def _keepdim(out, d: int, keepdim: bool):
+    return out if not keepdim else tuple(o.unsqueeze(d) for o in out)
+
+
+@eager
+def kthvalue_ragged(op: str, x: MJT, k: int, kth: int, keepdim: bool):
+    n = x._partition.extents[k].host_lengths()
+    bad = first_bad((n < kth) | torch.full_like(n, kth < 1, dtype=torch.bool))
+    if bad is not None:
+        raise RuntimeError(f"{op}(): selected number k = {kth} out of range for sample {bad} of {describe(x)} (size {int(n[bad])})")
+    src = _sorted_rows(x, k, False)
+    position = torch.full((int(_seg_lengths(x, k).shape[0]), src.shape[1]), kth - 1, dtype=torch.int64, device=src.device)
+    return _keepdim(_pick(op, x, k, src, position), x._ragged_dims[k], keepdim)
+
+
+@eager
+def median_ragged(op: str, x: MJT, k: int, keepdim: bool, ignore_nan: bool):
+    n = x._partition.extents[k].host_lengths()
+    bad = first_bad(n == 0)
+    if bad is not None:
+        raise IndexError(f"{op}(): Expected reduction dim {x._ragged_dims[k]} to have non-zero size in sample {bad} of {describe(x)}")
+    seg, _, sub, _ = _segments(x, k)
+    src = _sorted_rows(x, k, False)
+    keys = _columns(x._values.detach())
+    nan = keys.isnan().to(torch.int64) if keys.is_floating_point() else torch.zeros_like(keys, dtype=torch.int64)
+    nans = torch.zeros(int(_seg_lengths(x, k).shape[0]), keys.shape[1], dtype=torch.int64, device=keys.device).index_add_(0, seg, nan)
+    length = _seg_lengths(x, k).unsqueeze(1)
+    if ignore_nan:
+        m = length - nans
+        position = torch.where(m > 0, torch.div(m - 1, 2, rounding_mode="floor"), torch.zeros_like(m))
+    else:
+        position = torch.where(nans > 0, length - nans, torch.div(length - 1, 2, rounding_mode="floor"))
+    return _keepdim(_pick(op, x, k, src, position), x._ragged_dims[k], keepdim)
+
+
+@eager
+def topk_ragged(op: str, x: MJT, k: int, kk: int, largest: bool):
+    n = x._partition.extents[k].host_lengths()
+    bad = first_bad(n < kk)
+    if bad is not None:
+        raise RuntimeError(f"{op}(): selected index k = {kk} out of range for sample {bad} of {describe(x)} (size {int(n[bad])})")
+    values, indices = sort_ragged(op, x, k, largest)
+    table = torch.arange(kk, device=x._partition.offsets.device)
+    return take_static(values, k, kk, table), take_static(indices, k, kk, table)
+
+
+def _scan_indices(x: MJT, k: int, is_max: bool) -> torch.Tensor:
+    """(T, S) coordinate along k of the running max (min) of every segment, dense torch's rules."""
+    seg, coord, _, stride = _segments(x, k)
+    v = _columns(x._values.detach())
+    idx = coord.unsqueeze(1).expand_as(v).clone()
+    nan = v.isnan() if v.is_floating_point() else torch.zeros_like(v, dtype=torch.bool)
+    longest = int(x._partition.extents[k].max)
+    step = 1
+    while step < longest:
+        has = coord >= step
+        earlier = torch.where(has, torch.arange(v.shape[0], device=v.device) - step * stride, torch.zeros_like(coord))
+        ev, ei, en = v[earlier], idx[earlier], nan[earlier]
+        later_wins = ~en & (nan | ((v >= ev) if is_max else (v <= ev)))
+        take = has.unsqueeze(1) & ~later_wins
+        v, idx, nan = torch.where(take, ev, v), torch.where(take, ei, idx), torch.where(take, en, nan)
+        step *= 2
+    return idx
+
+
+@eager
+def scan_ragged(op: str, x: MJT, k: int, is_max: bool):
+    idx = _scan_indices(x, k, is_max)
+    _, coord, _, stride = _segments(x, k)
+    rows = torch.arange(idx.shape[0], device=idx.device).unsqueeze(1) + (idx - coord.unsqueeze(1)) * stride.unsqueeze(1)
+    values = wrap_values(_gather_values(x, rows), x._partition, x._ragged_dims)
+    return values, wrap(idx.reshape(x._values.shape), x._partition, x._ragged_dims)
+
+
+# ----------------------------------------------------------------------------- static dims
+def _static(op: str, x: MJT, d: int, fn, removes: bool):
+    """``fn(values, vd)`` → (values, indices) along static dim ``d``, structure kept."""
+    vd = static_dims(x.dim(), x._ragged_dims).index(d) + 1
+    values, indices = fn(values_of(x), vd)
+    ragged = tuple(r - (r > d) for r in x._ragged_dims) if removes else x._ragged_dims
+    return wrap_values(values, x._partition, ragged), wrap(indices, x._partition, ragged)
+
+
+def _dim(op: str, x: MJT, dim):
+    d = canonical_dim(op, x.dim(), dim)
+    if d == 0:
+        raise NotImplementedError(f"{op}(): along the batch dim of {describe(x)} for layout torch.multi_jagged")
+    return d, ragged_dim(op, x, d)
+
+
+@route(torch.sort, torch.Tensor.sort)
+def _sort(input, dim=-1, descending=False, stable=False, *, out=None):
+    if not isinstance(input, MJT) or out is not None:
+        return NotImplemented
+    if isinstance(dim, bool):  # sort(stable, dim=..., descending=...) overload
+        dim = -1
+    d, hit = _dim("sort", input, dim)
+    if hit is None:
+        v, i = _static("sort", input, d, lambda v, vd: torch.sort(v, vd, descending=descending, stable=True), False)
+    else:
+        v, i = sort_ragged("sort", input, hit[1], bool(descending))
+    return rt.sort((v, i))
+
+
+@route(torch.argsort, torch.Tensor.argsort)
+def _argsort(input, dim=-1, descending=False, stable=False):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    return _sort(input, dim, descending, stable)[1]
+
+
+@route(torch.msort, torch.Tensor.msort)
+def _msort(input, *, out=None):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    raise NotImplementedError(f"msort(): sorts along the batch dim of {describe(input)} for layout torch.multi_jagged")
+
+
+@route(torch.topk, torch.Tensor.topk)
+def _topk(input, k, dim=-1, largest=True, sorted=True, *, out=None):
+    if not isinstance(input, MJT) or out is not None:
+        return NotImplemented
+    d, hit = _dim("topk", input, dim)
+    if hit is None:
+        v, i = _static("topk", input, d, lambda v, vd: torch.topk(v, k, vd, largest, sorted), False)
+    else:
+        v, i = topk_ragged("topk", input, hit[1], int(k), bool(largest))
+    return rt.topk((v, i))
+
+
+@route(torch.kthvalue, torch.Tensor.kthvalue)
+def _kthvalue(input, k, dim=-1, keepdim=False, *, out=None):
+    if not isinstance(input, MJT) or out is not None:
+        return NotImplemented
+    d, hit = _dim("kthvalue", input, dim)
+    if hit is None:
+        v, i = _static("kthvalue", input, d, lambda v, vd: torch.kthvalue(v, k, vd, keepdim), not keepdim)
+    else:
+        v, i = kthvalue_ragged("kthvalue", input, hit[1], int(k), bool(keepdim))
+    return rt.kthvalue((v, i))
+
+
+def _median_route(name: str, ignore_nan: bool, result):
+    dense = getattr(torch, name)
+
+    def routed(input, dim=None, keepdim=False, *, out=None):
+        if not isinstance(input, MJT) or out is not None:
+            return NotImplemented
+        if dim is None:
+            return dense(values_of(input))  # over every element of the batch, as sum() is
+        d, hit = _dim(name, input, dim)
+        if hit is None:
+            v, i = _static(name, input, d, lambda v, vd: dense(v, vd, keepdim), not keepdim)
+        else:
+            v, i = median_ragged(name, input, hit[1], bool(keepdim), ignore_nan)
+        return result((v, i))
+
+    return routed
+
+
+route(torch.median, torch.Tensor.median)(_median_route("median", False, rt.median))
+route(torch.nanmedian, torch.Tensor.nanmedian)(_median_route("nanmedian", True, rt.nanmedian))
+
+
+def _scan_route(name: str, is_max: bool, result):
+    dense = getattr(torch, name)
+
+    def routed(input, dim, *, out=None):
+        if not isinstance(input, MJT) or out is not None:
+            return NotImplemented
+        d, hit = _dim(name, input, dim)
+        if hit is None:
+            v, i = _static(name, input, d, lambda v, vd: dense(v, vd), False)
+        else:
+            v, i = scan_ragged(name, input, hit[1], is_max)
+        return result((v, i))
+
+    return routed
+
+
+route(torch.cummax, torch.Tensor.cummax)(_scan_route("cummax", True, rt.cummax))
+route(torch.cummin, torch.Tensor.cummin)(_scan_route("cummin", False, rt.cummin))
+
+__all__ = ["sort_ragged", "topk_ragged", "kthvalue_ragged", "median_ragged", "scan_ragged"]
