@@ -72,7 +72,12 @@ def _gather_rows(x: MJT, sample: torch.Tensor, coords: torch.Tensor, valid=None,
     v = values_of(x)
     if valid is None:
         return v.index_select(0, rows)
-    out = v.index_select(0, torch.where(valid, rows, torch.zeros_like(rows)))
+    if v.shape[0] == 0:  # nothing to read: every output cell is the fill
+        out = v.new_zeros((rows.shape[0], *v.shape[1:]))
+        if v.requires_grad:  # still a function of the input, as dense pad's output is
+            out = out + v.sum() * 0
+    else:
+        out = v.index_select(0, torch.where(valid, rows, torch.zeros_like(rows)))
     mask = valid.reshape(-1, *([1] * (v.dim() - 1)))
     return torch.where(mask, out, torch.full_like(out, fill) if fill is not None else torch.zeros_like(out))
 

@@ -14,7 +14,7 @@ from ...kernels.along import packed_rows
 from ...structure import mapped_extent, partition_for, same_extent
 from .._common import MJT, canonical_dim, describe, static_dims
 from .._routing import route
-from .along import eager, first_bad, keep_along
+from .along import eager, keep_along
 
 _MODES = ("constant", "reflect", "replicate", "circular")
 
@@ -115,34 +115,29 @@ def _source(mode: str, q: torch.Tensor, n: torch.Tensor):
     return torch.where(r >= n, 2 * (n - 1) - r, r), None
 
 
-def _check_pad(op: str, x: MJT, mode: str, pads: dict, n_host: dict) -> None:
-    for d, (lo, hi) in pads.items():
-        if d not in n_host:
+def _check_pad(op: str, x: MJT, pad: list, mode: str, value) -> None:
+    """Dense ``F.pad`` on a meta tensor of each distinct sample shape: its errors (input rank for
+    a mode, reflect padding not below the size, circular wrapping twice…) are dense torch's own,
+    raised naming the first sample that has that shape."""
+    sizes = x._partition.host_sizes()
+    seen = set()
+    for i, row in enumerate(sizes.tolist()):  # SYNC: none — host sizes
+        if tuple(row) in seen:
             continue
-        n = n_host[d]
-        if mode == "reflect":
-            bad = first_bad((n <= max(lo, hi)) & ((lo > 0) | (hi > 0)))
-            why = "Padding size should be less than the corresponding input dimension"
-        elif mode == "replicate":
-            bad = first_bad(n == 0)
-            why = "the padded dim must not be empty"
-        elif mode == "circular":
-            bad = first_bad(n < max(lo, hi))
-            why = "Padding value causes wrapping around more than once"
-        else:
-            bad = first_bad(n + lo + hi < 0)
-            why = "the padded size would be negative"
-        if bad is not None:
-            raise RuntimeError(f"{op}(): {why}: padding {(lo, hi)} of dim {d} with size {int(n[bad])} in sample {bad} of {describe(x)}")
+        seen.add(tuple(row))
+        shape = [x.shape[d] if d not in x._ragged_dims else row[x._ragged_dims.index(d)] for d in range(1, x.dim())]
+        try:
+            F.pad(torch.empty(shape, device="meta", dtype=x.dtype), pad, mode=mode, value=value if mode == "constant" else None)
+        except Exception as e:  # re-raised with the sample named, same type
+            raise type(e)(f"{op}(): {e} (sample {i} of {describe(x)}, component shape {tuple(shape)})") from e
 
 
 @eager
-def pad_ragged(op: str, x: MJT, pads: dict, mode: str, value):
+def pad_ragged(op: str, x: MJT, pad: list, pads: dict, mode: str, value):
     """``F.pad`` of each sample: ``pads`` maps logical dims to ``(before, after)``."""
+    _check_pad(op, x, pad, mode, value)
     p = x._partition
     ragged = {d: pads[d] for d in pads if d in x._ragged_dims}
-    n_host = {d: p.extents[x._ragged_dims.index(d)].host_lengths() for d in ragged}
-    _check_pad(op, x, mode, pads, n_host)
     extents = list(p.extents)
     for d, (lo, hi) in ragged.items():
         k = x._ragged_dims.index(d)
@@ -205,11 +200,9 @@ def _pad(input, pad, mode="constant", value=None):
             pads[d] = (int(pad[2 * i]), int(pad[2 * i + 1]))
     if 0 in pads:
         raise NotImplementedError(f"pad(): along the batch dim of {describe(input)}")
-    if mode != "constant" and any(lo < 0 or hi < 0 for lo, hi in pads.values()):
-        raise RuntimeError(f"pad(): negative padding is only supported in constant mode, got {pad}")
-    if not pads:
+    if not pads and mode == "constant":
         return input.clone()
-    return pad_ragged("pad", input, pads, mode, 0.0 if value is None else value)
+    return pad_ragged("pad", input, pad, pads, mode, 0.0 if value is None else value)
 
 
 # ----------------------------------------------------------------------------- repeat / tile

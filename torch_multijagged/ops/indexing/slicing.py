@@ -62,11 +62,19 @@ def narrow_ragged(op: str, x: MJT, d: int, k: int, start: int, length: int):
     """``x.narrow(d, start, length)`` per sample: every sample must hold ``start + length``
     (a negative ``start`` counts from its end); the dim becomes static of size ``length``."""
     n = _lengths(x, k)
+    if length < 0:
+        raise RuntimeError(f"{op}(): length must be non-negative.")
     first = n + start if start < 0 else torch.full_like(n, start)
-    bad = first_bad((first < 0) | (first + length > n))
+    bad = first_bad((first < 0) | (first > n))
+    if bad is not None:  # dense torch's two checks, in its order and with its exception types
+        raise IndexError(
+            f"{op}(): start out of range (expected to be in range of [{-int(n[bad])}, {int(n[bad])}], but got {start}) "
+            f"in sample {bad} of {describe(x)} at dim {d}"
+        )
+    bad = first_bad(first + length > n)
     if bad is not None:
         raise RuntimeError(
-            f"{op}(): start ({start}) + length ({length}) exceeds dimension size ({int(n[bad])}) of sample {bad} "
+            f"{op}(): start ({start}) + length ({length}) exceeds dimension size ({int(n[bad])}) in sample {bad} "
             f"of {describe(x)} at dim {d}"
         )
     table = first.unsqueeze(1) + torch.arange(length)

@@ -1,0 +1,298 @@
+"""Indexing and joins along ragged dims, per sample (NOTE [ Indexing along ragged dims ]):
+``x[:, i]``, slices, ``narrow``, ``index_select``, ``gather`` / ``scatter`` /
+``take_along_dim``, ``flip``, ``roll``, ``cat``, ``F.pad``, ``repeat`` / ``tile`` — against the
+per-sample reference (each sample's dense op along dim ``d - 1``), with gradients of every leaf,
+zero-length samples, B = 0, three ragged dims, every dtype, and the dense error where dense
+raises, naming the sample."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+from torch_multijagged import multi_jagged
+
+from _reference import ALL_LAYOUTS, DTYPES, SEQ, SQUARE, RECT3_MID, build, few, grid, seeds, structures
+
+F64 = torch.float64
+
+
+def _outputs(out, batch: int) -> list:
+    if isinstance(out, mj.MultiJaggedTensor):
+        return list(out.unbind())
+    assert isinstance(out, torch.Tensor) and out.shape[0] == batch, f"expected a dense (B, …) output, got {out!r}"
+    return list(out)
+
+
+def check(fn, ref, comps, ragged_dims, grad: bool = True):
+    """``fn(x)`` per sample equals ``ref(component)`` (shape, dtype, values); with ``grad``, the
+    gradients of every component leaf agree under a random cotangent. Where ``ref`` raises for
+    some sample, ``fn`` raises the same type, naming that sample."""
+    grad = grad and len(comps) > 0 and comps[0].is_floating_point()
+    x, leaves = build(comps, ragged_dims, requires_grad=grad)
+    ref_leaves = [c.detach().clone().requires_grad_(grad) for c in comps]
+    expected = []
+    for i, c in enumerate(ref_leaves):
+        try:
+            expected.append(ref(c))
+        except Exception as e:  # dense raises for this sample: so must we, naming it
+            with pytest.raises(type(e), match=rf"sample {i}\b"):
+                fn(x)
+            return None
+    out = fn(x)
+    got = _outputs(out, len(comps))
+    assert len(got) == len(expected)
+    for i, (o, e) in enumerate(zip(got, expected)):
+        assert tuple(o.shape) == tuple(e.shape), f"sample {i}: shape {tuple(o.shape)} != {tuple(e.shape)}"
+        assert o.dtype == e.dtype, f"sample {i}: dtype {o.dtype} != {e.dtype}"
+        torch.testing.assert_close(o, e, rtol=0, atol=0, equal_nan=True, msg=lambda m: f"sample {i}: {m}")
+    if grad and any(e.requires_grad for e in expected):
+        gen = torch.Generator().manual_seed(0)
+        cot = [torch.randn(e.shape, generator=gen, dtype=e.dtype) for e in expected]
+        g1 = torch.autograd.grad(sum((o * c).sum() for o, c in zip(got, cot)), leaves, allow_unused=True)
+        g2 = torch.autograd.grad(sum((e * c).sum() for e, c in zip(expected, cot)), ref_leaves, allow_unused=True)
+        for i, (a, b, leaf) in enumerate(zip(g1, g2, ref_leaves)):
+            a = torch.zeros_like(leaf) if a is None else a
+            b = torch.zeros_like(leaf) if b is None else b
+            torch.testing.assert_close(a, b, msg=lambda m: f"grad of sample {i}: {m}")
+    return out
+
+
+def _at(d: int, item, ndim: int):
+    """``item`` at logical dim d: a full index tuple for the batch (``x[:, :, item]``) and the
+    same for a component (``c[:, item]``)."""
+    return (slice(None),) * d + (item,), (slice(None),) * (d - 1) + (item,)
+
+
+# ----------------------------------------------------------------------------- the grid
+def _cases(d: int, x_ndim: int, lengths: list[int]):
+    """(name, fn on the batch, ref on a component) for ragged dim d; ``lengths`` along it."""
+    c = d - 1
+    short = min(lengths, default=0)
+    last = x_ndim - 1
+    cases = {}
+    for name, it in (("0", 0), ("-1", -1), ("1", 1), ("shortest-1", short - 1 if short else 0)):
+        bi, ci = _at(d, it, x_ndim)
+        cases[f"x[{name}]"] = (lambda x, bi=bi: x[bi], lambda t, ci=ci: t[ci])
+        cases[f"select({name})"] = (lambda x, it=it: x.select(d, it), lambda t, it=it: t.select(c, it))
+    for sl in (slice(1, None), slice(None, 2), slice(-2, None), slice(None, None, 2), slice(1, -1), slice(0, 1), slice(5, None),
+               slice(-9, 9, 3)):
+        bi, ci = _at(d, sl, x_ndim)
+        cases[f"slice{(sl.start, sl.stop, sl.step)}"] = (lambda x, bi=bi: x[bi], lambda t, ci=ci: t[ci])
+    for name, start, length in (("0,shortest", 0, short), ("-1,1", -1, 1), ("1,shortest-1", 1, max(short - 1, 0))):
+        cases[f"narrow({name})"] = (lambda x, s=start, n=length: x.narrow(d, s, n), lambda t, s=start, n=length: t.narrow(c, s, n))
+    idx = torch.tensor([0, short - 1, 0] if short else [], dtype=torch.int64)
+    cases["index_select"] = (lambda x: x.index_select(d, idx), lambda t: t.index_select(c, idx))
+    cases["flip"] = (lambda x: x.flip(d), lambda t: t.flip(c))
+    cases["flip+static"] = (lambda x: x.flip([d, last]) if last != d else x.flip(d), lambda t: t.flip([c, last - 1]) if last != d else t.flip(c))
+    cases["roll(1)"] = (lambda x: x.roll(1, d), lambda t: t.roll(1, c))
+    cases["roll(-3)+static"] = (lambda x: x.roll((-3, 1), (d, last)) if last != d else x.roll(-3, d),
+                               lambda t: t.roll((-3, 1), (c, last - 1)) if last != d else t.roll(-3, c))
+    reps = [1] * x_ndim
+    reps[d] = 2
+    reps2 = list(reps)
+    if last != d:
+        reps2[last] = 3
+    cases["repeat"] = (lambda x: x.repeat(reps), lambda t: t.repeat(reps[1:]))
+    cases["repeat+static"] = (lambda x: x.repeat(*reps2), lambda t: t.repeat(reps2[1:]))
+    cases["tile"] = (lambda x: x.tile(reps2[1:]), lambda t: t.tile(reps2[1:]))
+    cases["cat(x,x)"] = (lambda x: torch.cat([x, x], d), lambda t: torch.cat([t, t], c))
+    cases["cat(x,x[1:])"] = (lambda x: torch.cat([x, x[_at(d, slice(1, None), x_ndim)[0]]], d),
+                             lambda t: torch.cat([t, t[_at(d, slice(1, None), x_ndim)[1]]], c))
+    pad = [0, 0] * (x_ndim - 1 - d)
+    for mode, lr in (("constant", (1, 2)), ("constant", (-1, 1)), ("reflect", (1, 1)), ("replicate", (2, 0)), ("circular", (1, 1))):
+        pp = pad + list(lr)
+        cases[f"pad{lr}-{mode}"] = (lambda x, pp=pp, m=mode: F.pad(x, pp, mode=m), lambda t, pp=pp, m=mode: F.pad(t, pp, mode=m))
+    return cases
+
+
+_NAMES = list(_cases(1, 3, [2, 3]))
+
+
+@pytest.mark.parametrize("case", _NAMES)
+@given(data=st.data(), s=st.sampled_from(ALL_LAYOUTS).flatmap(lambda lay: structures(lay, min_batch=0)), seed=seeds)
+@grid
+def test_per_sample(case, data, s, seed):
+    """Every op of the grid, on every layout and each of its ragged dims, in float64 with gradients."""
+    comps = s.components(seed)
+    d = data.draw(st.sampled_from(s.ragged_dims))
+    k = s.ragged_dims.index(d)
+    lengths = [sz[k] for sz in s.sizes]
+    fn, ref = _cases(d, len(s.shapes.template) + 1, lengths)[case]
+    check(fn, ref, comps, s.ragged_dims)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("case", ["x[0]", "slice(1, None, None)", "flip", "cat(x,x)", "pad(1, 2)-constant",
+                                  "repeat", "index_select", "roll(1)"])
+@given(s=structures(SEQ, min_batch=0), seed=seeds)
+@grid
+def test_dtypes(dtype, case, s, seed):
+    comps = s.components(seed, dtype=dtype)
+    fn, ref = _cases(1, 3, [sz[0] for sz in s.sizes])[case]
+    check(fn, ref, comps, s.ragged_dims)
+
+
+# ----------------------------------------------------------------------------- gather / scatter
+@st.composite
+def _gather_case(draw, layout=SEQ):
+    s = draw(structures(layout, min_batch=1))
+    d = draw(st.sampled_from(s.ragged_dims))
+    k = s.ragged_dims.index(d)
+    seed = draw(seeds)
+    g = torch.Generator().manual_seed(seed)
+    index = []
+    for shape, sz in zip(s.shapes, s.sizes):
+        n = sz[k]
+        m = draw(st.integers(0, 3)) if n else 0
+        ishape = list(shape)
+        ishape[d - 1] = m
+        index.append(torch.randint(0, max(n, 1), ishape, generator=g))
+    return s, d, seed, index
+
+
+@given(case=st.sampled_from([SEQ, SQUARE, RECT3_MID]).flatmap(_gather_case))
+@few(12)
+def test_gather_with_a_multi_jagged_index(case):
+    """``gather`` along a ragged dim with an index of any extent there: the index's shape."""
+    s, d, seed, index = case
+    idx = mj.nested_tensor(index, ragged_dims=s.ragged_dims)
+    comps = s.components(seed)
+    it = iter(index)
+    out = check(lambda x: x.gather(d, idx), lambda t: t.gather(d - 1, next(it)), comps, s.ragged_dims)
+    assert torch.equal(out.sizes(), idx.sizes())  # the index's structure (its nested ints, or x's where equal)
+    it = iter(index)
+    check(lambda x: torch.take_along_dim(x, idx, d), lambda t: torch.take_along_dim(t, next(it), d - 1), comps, s.ragged_dims)
+
+
+@given(s=structures(SEQ, min_batch=1), seed=seeds)
+@few(12)
+def test_scatter_and_scatter_add_per_sample(s, seed):
+    g = torch.Generator().manual_seed(seed)
+    perms = [torch.stack([torch.randperm(n, generator=g) for _ in range(c.shape[1])], 1) if n else torch.zeros(0, c.shape[1], dtype=torch.int64)
+             for n, c in ((sz[0], c) for sz, c in zip(s.sizes, s.components(seed)))]
+    index = mj.nested_tensor(perms, ragged_dims=(1,))
+    srcs = [torch.randn(p.shape, generator=g, dtype=F64) for p in perms]
+    src = mj.nested_tensor(srcs, ragged_dims=(1,))
+    for name in ("scatter", "scatter_add"):
+        it = iter(zip(perms, srcs))
+        check(lambda x: getattr(x, name)(1, index, src), lambda t: getattr(t, name)(0, *next(it)), s.components(seed), (1,))
+
+
+def test_gather_dense_index_and_errors():
+    comps = [torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]), torch.tensor([[7.0, 8.0]])]
+    x = mj.nested_tensor(comps)
+    idx = torch.tensor([[[2, 0], [1, 1]], [[0, 0], [0, 0]]])  # (B, m=2, C)
+    assert x.gather(1, idx).tolist() == [[[5.0, 2.0], [3.0, 4.0]], [[7.0, 8.0], [7.0, 8.0]]]  # = comp[idx[j, c], c]
+    with pytest.raises(RuntimeError, match="sample 1"):
+        x.gather(1, torch.tensor([[[2, 0]], [[1, 0]]]))  # sample 1 has one row
+    with pytest.raises(IndexError, match="sample 1"):
+        x.index_select(1, torch.tensor([0, 2]))
+
+
+# ----------------------------------------------------------------------------- structure rule
+def test_structure_rule_golden():
+    x = mj.nested_tensor([torch.arange(6.0).view(3, 2), torch.arange(2.0).view(1, 2), torch.zeros(0, 2)])
+    assert x[:, 1:].shape[1] == x[:, 1:].shape[1]  # one slice rule on one extent: one nested int
+    assert x.flip(1).shape[1] == x.shape[1] and x.roll(1, 1).shape[1] == x.shape[1]  # sizes kept: the same one
+    assert x[:, 1:].sizes().tolist() == [[2], [0], [0]]  # = max(n - 1, 0)
+    assert x[:, ::2].sizes().tolist() == [[2], [1], [0]]  # = ceil(n / 2)
+    assert [c.tolist() for c in x[:, -2:].unbind()] == [[[2.0, 3.0], [4.0, 5.0]], [[0.0, 1.0]], []]
+    with pytest.raises(IndexError, match="sample 2"):
+        x[:, 0]  # sample 2 is empty
+    two = mj.nested_tensor([torch.arange(6.0).view(3, 2), torch.arange(4.0).view(2, 2)])
+    pair = two.unsqueeze(-2) + two.unsqueeze(-3)  # (B, j0, j0, 2)
+    col = pair[:, :, 0]  # column 0 of each sample: (B, j0, 2) with the singles' nested int
+    assert col.shape[1] == two.shape[1] and [c.tolist() for c in col.unbind()][1] == [[0.0, 2.0], [2.0, 4.0]]  # = x_a + x_0
+    head = two[:, 0]  # every ragged dim gone: dense (B, C)
+    assert type(head) is torch.Tensor and head.tolist() == [[0.0, 1.0], [0.0, 1.0]]
+    n = two.narrow(1, -2, 2)  # a size fixed by the arguments: static, hence dense here
+    assert type(n) is torch.Tensor and n.tolist() == [[[2.0, 3.0], [4.0, 5.0]], [[0.0, 1.0], [2.0, 3.0]]]
+    p2 = two.unsqueeze(-2) + two.unsqueeze(-3)
+    q = p2.narrow(2, 0, 1)  # (B, j0, 1, 2): dim 2 static, dim 1 ragged
+    assert isinstance(q, mj.MultiJaggedTensor) and q.ragged_dims == (1,) and q.shape[2] == 1
+    assert [c.shape for c in q.unbind()] == [torch.Size([3, 1, 2]), torch.Size([2, 1, 2])]
+
+
+def test_prepend_class_token():
+    """``torch.cat([cls.expand(B, 1, C), x], 1)`` and the ``(1, 1, C)`` form: per sample."""
+    comps = [torch.randn(3, 4, dtype=F64), torch.randn(0, 4, dtype=F64), torch.randn(2, 4, dtype=F64)]
+    cls = torch.randn(1, 1, 4, dtype=F64, requires_grad=True)
+    x, leaves = build(comps, (1,), requires_grad=True)
+    for out in (torch.cat([cls.expand(3, 1, 4), x], dim=1), torch.cat([cls, x], 1), torch.cat([x, cls], 1)):
+        first = out.unbind()
+        assert [c.shape[0] for c in first] in ([4, 1, 3],)
+    y = torch.cat([cls.expand(3, 1, 4), x], dim=1)
+    for c, t in zip(y.unbind(), comps):
+        torch.testing.assert_close(c, torch.cat([cls[0], t]))
+    y.values().sum().backward()
+    torch.testing.assert_close(cls.grad, torch.full((1, 1, 4), 3.0, dtype=F64))  # = one copy per sample
+    assert all(torch.equal(leaf.grad, torch.ones_like(leaf)) for leaf in leaves)
+    pooled = y[:, 0]  # the class token back: dense (B, C)
+    torch.testing.assert_close(pooled, cls[0].expand(3, 4))
+
+
+def test_pad_errors_are_dense_errors_naming_the_sample():
+    x = mj.nested_tensor([torch.randn(3, 4), torch.randn(3, 1)], ragged_dims=(2,))
+    with pytest.raises(RuntimeError, match="sample 1"):
+        F.pad(x, (1, 1), mode="reflect")  # reflect padding must be below each sample's size
+    with pytest.raises(NotImplementedError, match="batch dim"):
+        x.flip(0)
+
+
+# ----------------------------------------------------------------------------- properties
+@pytest.mark.parametrize("case", ["slice(1, None, None)", "flip", "cat(x,x[1:])", "pad(1, 2)-constant", "roll(1)", "x[-1]"])
+@given(s=structures(SEQ, min_batch=2), seed=seeds, j=st.integers(0, 10))
+@grid
+def test_no_leakage(case, s, seed, j):
+    """Changing sample j changes no output of another sample."""
+    comps = s.components(seed)
+    j = j % len(comps)
+    other = list(comps)
+    other[j] = comps[j] + 1.0
+    fn, _ = _cases(1, 3, [sz[0] for sz in s.sizes])[case]
+    try:
+        a = _outputs(fn(mj.nested_tensor(comps)), len(comps))
+    except (IndexError, RuntimeError):
+        return  # a sample the op refuses (checked in test_per_sample)
+    b = _outputs(fn(mj.nested_tensor(other)), len(comps))
+    for i in range(len(comps)):
+        if i != j:
+            assert torch.equal(a[i], b[i]), f"sample {i} changed when sample {j} did"
+
+
+@pytest.mark.parametrize("case", ["slice(1, None, None)", "cat(x,x)", "pad(1, 2)-constant", "x[-1]", "roll(1)", "repeat", "narrow(-1,1)"])
+def test_second_order(case):
+    comps = [torch.randn(3, 2, dtype=F64), torch.randn(2, 2, dtype=F64), torch.randn(4, 2, dtype=F64)]
+    fn, _ = _cases(1, 3, [3, 2, 4])[case]
+
+    def f(*leaves):
+        out = fn(mj.as_nested_tensor(list(leaves)))
+        return out.values() if isinstance(out, mj.MultiJaggedTensor) else out
+
+    assert torch.autograd.gradgradcheck(f, tuple(c.requires_grad_() for c in comps))
+
+
+def test_inference_mode():
+    comps = [torch.randn(3, 2), torch.randn(1, 2)]
+    x = mj.nested_tensor(comps)
+    with torch.inference_mode():
+        y = torch.cat([x[:, 1:], x.flip(1)], 1)
+    for c, t in zip(y.unbind(), comps):
+        assert torch.equal(c, torch.cat([t[1:], t.flip(0)]))
+
+
+def test_compiled_slice_is_a_graph_break():
+    """A slice makes a new extent from host sizes: under torch.compile a graph break (the
+    regions around it compile), with fullgraph an error naming the op."""
+    def f(x):
+        return (x[:, 1:] * 2).sum(1)
+
+    comps = [torch.randn(3, 2), torch.randn(2, 2)]
+    x = mj.nested_tensor(comps)
+    torch.testing.assert_close(torch.compile(f, backend="aot_eager")(x), f(x))
+    with pytest.raises(Exception, match="slice"):  # a new function: the one above has its cache entry
+        torch.compile(lambda x: (x[:, 1:] * 2).sum(1), backend="aot_eager", fullgraph=True)(mj.nested_tensor(comps))
