@@ -187,6 +187,22 @@ BUGS = [
         ("test_image_norms.py",)),
     Bug("pixel rows of a static spatial dim in the wrong order", "ops/vision/conv.py",
         "        pix = pix * sz[s, a] + comp[a]", "        pix = pix + comp[a] * sz[s, a]", ("test_spatial.py",)),
+    # ------------------------------------------------------------------ order statistics along ragged dims
+    Bug("sort not stable by segment", "kernels/along.py",
+        "_, by_segment = torch.sort(seg, dim=0, stable=True)", "_, by_segment = torch.sort(seg, dim=0)",
+        ("test_order_stats.py",)),
+    Bug("nanmedian counts NaNs", "ops/reductions/order.py",
+        "        m = length - nans\n", "        m = length\n", ("test_order_stats.py",)),
+    Bug("cummax tie rule >= becomes >", "ops/reductions/order.py",
+        "(v >= ev) if is_max", "(v > ev) if is_max", ("test_order_stats.py",)),
+    Bug("topk k check off by one (k = n + 1 passes)", "ops/reductions/order.py",
+        "bad = first_bad((n < kk) |", "bad = first_bad((n < kk - 1) |", ("test_order_stats.py",)),
+    Bug("cummax/cummin: an earlier NaN keeps the index from a later NaN", "ops/reductions/order.py",
+        "later_wins = nan | (~en & ((v >= ev) if is_max else (v <= ev)))",
+        "later_wins = ~en & (nan | ((v >= ev) if is_max else (v <= ev)))", ("test_order_stats.py",)),
+    Bug("median picks the upper median", "ops/reductions/order.py",
+        'torch.where(nans > 0, length - nans, torch.div(length - 1, 2, rounding_mode="floor"))',
+        'torch.where(nans > 0, length - nans, torch.div(length, 2, rounding_mode="floor"))', ("test_order_stats.py",)),
 
 ]
 

@@ -12,10 +12,10 @@ by segment) and writes the order into the segment's own rows; ``kthvalue`` / ``m
 ``nanmedian`` pick one position of that order per segment and column (the lower median;
 ``median`` gives the first NaN of a column that has one, ``nanmedian`` the median of the rest,
 as dense torch); ``topk`` takes the first k. ``cummax`` / ``cummin`` are a scan by doubling
-(``log₂ max n`` steps) whose combine keeps dense torch's rules: the later index on ties, the first
-NaN once one is seen. Only indices are computed this way (without autograd); values are gathered
-from the input with them, so the gradient is dense torch's: each output's gradient goes to the
-element it came from.
+(``log₂ max n`` steps) whose combine keeps dense torch's rules: the later index on ties, and every
+NaN takes over (the latest NaN so far; no number displaces a NaN). Only indices are computed this
+way (without autograd); values are gathered from the input with them, so the gradient is dense
+torch's: each output's gradient goes to the element it came from.
 
 Ties keep their order (``stable=True`` in dense terms, also for ``topk``, whose order dense torch
 leaves unspecified). ``topk``'s and ``kthvalue``'s k must fit every sample, and ``median`` needs
@@ -23,6 +23,8 @@ a non-empty dim, or they raise naming the sample, as dense torch raises for it.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -37,7 +39,8 @@ rt = torch.return_types
 
 
 def _columns(v: torch.Tensor) -> torch.Tensor:
-    return v.reshape(v.shape[0], -1)
+    # not reshape(T, -1): with no rows (B = 0, or every sample empty) the -1 is ambiguous
+    return v.reshape(v.shape[0], math.prod(v.shape[1:]))
 
 
 def _segments(x: MJT, k: int):
@@ -115,6 +118,8 @@ def _keepdim(out, d: int, keepdim: bool):
 def kthvalue_ragged(op: str, x: MJT, k: int, kth: int, keepdim: bool):
     n = x._partition.extents[k].host_lengths()
     bad = first_bad((n < kth) | torch.full_like(n, kth < 1, dtype=torch.bool))
+    if bad is not None and int(n[bad]) == 0:  # dense torch checks for an empty dim first
+        raise IndexError(f"{op}(): Expected reduction dim {x._ragged_dims[k]} to have non-zero size in sample {bad} of {describe(x)}")
     if bad is not None:
         raise RuntimeError(f"{op}(): selected number k = {kth} out of range for sample {bad} of {describe(x)} (size {int(n[bad])})")
     src = _sorted_rows(x, k, False)
@@ -145,7 +150,7 @@ def median_ragged(op: str, x: MJT, k: int, keepdim: bool, ignore_nan: bool):
 @eager
 def topk_ragged(op: str, x: MJT, k: int, kk: int, largest: bool):
     n = x._partition.extents[k].host_lengths()
-    bad = first_bad(n < kk)
+    bad = first_bad((n < kk) | torch.full_like(n, kk < 0, dtype=torch.bool))  # k < 0 fits no sample
     if bad is not None:
         raise RuntimeError(f"{op}(): selected index k = {kk} out of range for sample {bad} of {describe(x)} (size {int(n[bad])})")
     values, indices = sort_ragged(op, x, k, largest)
@@ -165,7 +170,8 @@ def _scan_indices(x: MJT, k: int, is_max: bool) -> torch.Tensor:
         has = coord >= step
         earlier = torch.where(has, torch.arange(v.shape[0], device=v.device) - step * stride, torch.zeros_like(coord))
         ev, ei, en = v[earlier], idx[earlier], nan[earlier]
-        later_wins = ~en & (nan | ((v >= ev) if is_max else (v <= ev)))
+        # dense torch's step ``isnan(x) || (!isnan(out) && x >= out)``: a later NaN always wins
+        later_wins = nan | (~en & ((v >= ev) if is_max else (v <= ev)))
         take = has.unsqueeze(1) & ~later_wins
         v, idx, nan = torch.where(take, ev, v), torch.where(take, ei, idx), torch.where(take, en, nan)
         step *= 2
@@ -205,7 +211,9 @@ def _sort(input, dim=-1, descending=False, stable=False, *, out=None):
         dim = -1
     d, hit = _dim("sort", input, dim)
     if hit is None:
-        v, i = _static("sort", input, d, lambda v, vd: torch.sort(v, vd, descending=descending, stable=True), False)
+        # dim= by keyword: with stable=, torch.sort takes only its keyword-only overload (a
+        # positional dim is a TypeError)
+        v, i = _static("sort", input, d, lambda v, vd: torch.sort(v, dim=vd, descending=descending, stable=True), False)
     else:
         v, i = sort_ragged("sort", input, hit[1], bool(descending))
     return rt.sort((v, i))
