@@ -168,11 +168,11 @@ def test_constructor_errors(case):
 
 # ----------------------------------------------------------------------------- unsupported ops
 UNSUPPORTED = {
-    "sort": lambda x: torch.sort(x, -1),
-    "flip": lambda x: torch.flip(x, [-1]),
-    "topk": lambda x: torch.topk(x, 1),
-    "kthvalue": lambda x: torch.kthvalue(x, 1),
-    "roll": lambda x: torch.roll(x, 1, -1),
+    "logcumsumexp": lambda x: torch.logcumsumexp(x, 1),
+    "tril": lambda x: torch.tril(x),
+    "msort": lambda x: torch.msort(x),  # sorts along the batch dim
+    "flip": lambda x: torch.flip(x, [0]),  # the batch dim
+    "roll": lambda x: torch.roll(x, 1),  # the flattened tensor
 }
 
 

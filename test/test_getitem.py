@@ -42,11 +42,20 @@ def test_static_indexing_matches_per_sample(idx, lens):
         torch.testing.assert_close(a, b)
 
 
-@pytest.mark.parametrize("idx", [(S, 1), (S, slice(0, 1)), (slice(0, 1),)])
-def test_indexing_batch_or_ragged_dims_raises(idx):
+def test_indexing_the_batch_dim_with_a_slice_raises():
     x = tmj.nested_tensor([torch.randn(n, 3) for n in (2, 3)])
-    with pytest.raises(ValueError, match="static dim"):
-        x[idx]
+    with pytest.raises(ValueError, match="batch dim"):
+        x[0:1]
+
+
+@pytest.mark.parametrize("idx", [(S, 1), (S, slice(0, 1)), (S, -1), (S, slice(None, None, 2))])
+def test_indexing_a_ragged_dim_is_per_sample(idx):
+    comps = [torch.randn(n, 3) for n in (2, 3)]
+    x = tmj.nested_tensor(comps)
+    out = x[idx]
+    got = list(out.unbind()) if isinstance(out, tmj.MultiJaggedTensor) else list(out)
+    for o, c in zip(got, comps):
+        torch.testing.assert_close(o, c[idx[1:]])
 
 
 def test_sample_then_dense_indexing():

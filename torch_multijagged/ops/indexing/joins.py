@@ -199,7 +199,7 @@ def _pad(input, pad, mode="constant", value=None):
         if pad[2 * i] or pad[2 * i + 1]:
             pads[d] = (int(pad[2 * i]), int(pad[2 * i + 1]))
     if 0 in pads:
-        raise NotImplementedError(f"pad(): along the batch dim of {describe(input)}")
+        raise NotImplementedError(f"pad(): along the batch dim of {describe(input)} for layout torch.multi_jagged")
     if not pads and mode == "constant":
         return input.clone()
     return pad_ragged("pad", input, pad, pads, mode, 0.0 if value is None else value)

@@ -153,7 +153,7 @@ def _index_rows(op: str, x: MJT, d: int, k: int, index):
     idx = index.to(torch.int64).movedim(d, 1)  # (B, m, *static)
     m = idx.shape[1]
     if tuple(idx.shape[2:]) != tuple(x._values.shape[1:]):
-        raise NotImplementedError(f"{op}(): expected the index's static sizes to be those of {describe(x)}, got {describe(index)}")
+        raise NotImplementedError(f"{op}(): expected the index's static sizes to be those of {describe(x)}, got {describe(index)} for layout torch.multi_jagged")
     sample = torch.arange(p.batch, device=p.offsets.device).repeat_interleave(m)
     flat = idx.reshape(p.batch * m, *idx.shape[2:])
     _check_index_range(op, x, d, flat, p.extents[0].lengths()[sample], sample)
@@ -210,7 +210,7 @@ def _index_select(input, dim, index, *, out=None):
         return NotImplemented
     d = canonical_dim("index_select", input.dim(), dim)
     if d == 0:
-        raise NotImplementedError(f"index_select(): along the batch dim of {describe(input)} (select samples with x[i])")
+        raise NotImplementedError(f"index_select(): along the batch dim of {describe(input)} for layout torch.multi_jagged (select samples with x[i])")
     hit = ragged_dim("index_select", input, dim)
     if hit is None:
         vd = static_dims(input.dim(), input._ragged_dims).index(d) + 1
@@ -272,7 +272,7 @@ def _flip(input, *dims):
     dims = dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims
     canon = [canonical_dim("flip", input.dim(), d) for d in dims]
     if 0 in canon:
-        raise NotImplementedError(f"flip(): along the batch dim of {describe(input)} (reorder samples explicitly)")
+        raise NotImplementedError(f"flip(): along the batch dim of {describe(input)} for layout torch.multi_jagged (reorder samples explicitly)")
     ragged = [input._ragged_dims.index(d) for d in canon if d in input._ragged_dims]
     statics = [static_dims(input.dim(), input._ragged_dims).index(d) + 1 for d in canon if d not in input._ragged_dims]
     out = flip_ragged("flip", input, ragged) if ragged else input
@@ -291,14 +291,14 @@ def _roll(input, shifts, dims=None):
     if not isinstance(input, MJT):
         return NotImplemented
     if dims is None:
-        raise NotImplementedError(f"roll(): without dims (the flattened tensor) for {describe(input)}; name the dims")
+        raise NotImplementedError(f"roll(): without dims (the flattened tensor) of {describe(input)} for layout torch.multi_jagged; name the dims")
     shifts = [shifts] if isinstance(shifts, int) else list(shifts)
     dims = [dims] if isinstance(dims, int) else list(dims)
     if len(shifts) != len(dims):
         raise RuntimeError(f"roll(): shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
     canon = [canonical_dim("roll", input.dim(), d) for d in dims]
     if 0 in canon:
-        raise NotImplementedError(f"roll(): along the batch dim of {describe(input)}")
+        raise NotImplementedError(f"roll(): along the batch dim of {describe(input)} for layout torch.multi_jagged")
     ragged = [(input._ragged_dims.index(d), s) for d, s in zip(canon, shifts) if d in input._ragged_dims]
     statics = [(static_dims(input.dim(), input._ragged_dims).index(d) + 1, s) for d, s in zip(canon, shifts)
                if d not in input._ragged_dims]
