@@ -203,6 +203,21 @@ BUGS = [
     Bug("median picks the upper median", "ops/reductions/order.py",
         'torch.where(nans > 0, length - nans, torch.div(length - 1, 2, rounding_mode="floor"))',
         'torch.where(nans > 0, length - nans, torch.div(length, 2, rounding_mode="floor"))', ("test_order_stats.py",)),
+    # ------------------------------------------------------------------ indexing and joins along ragged dims
+    Bug("slice start not clamped at the sample's end", "kernels/along.py",
+        "        return torch.minimum(b.clamp_min(0), n)", "        return b.clamp_min(0)", ("test_ragged_indexing.py",)),
+    Bug("flip reads one past the sample's end", "ops/indexing/slicing.py",
+        "a[:, k] = nk - 1 - a[:, k]", "a[:, k] = nk - a[:, k]", ("test_ragged_indexing.py",)),
+    Bug("select: a negative index counts from the longest sample", "ops/indexing/slicing.py",
+        "pos = n + index if index < 0 else torch.full_like(n, index)",
+        "pos = n.max() + index if index < 0 else torch.full_like(n, index)", ("test_ragged_indexing.py",)),
+    Bug("cat: the second piece starts at the first's offset, not after it", "ops/indexing/joins.py",
+        "        start = start + n\n", "        start = start\n", ("test_ragged_indexing.py",)),
+    Bug("reflect padding mirrors about the edge cell's outer side", "ops/indexing/joins.py",
+        "return torch.where(r >= n, 2 * (n - 1) - r, r), None", "return torch.where(r >= n, 2 * n - 1 - r, r), None",
+        ("test_ragged_indexing.py",)),
+    Bug("gather's index range not checked per sample", "ops/indexing/slicing.py",
+        "    if bool(bad.any()):", "    if False:", ("test_ragged_indexing.py", "test_reduction_grads.py")),
 
 ]
 

@@ -235,6 +235,18 @@ def test_prepend_class_token():
     torch.testing.assert_close(pooled, cls[0].expand(3, 4))
 
 
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("pad", [(1, 1), (2, 1), (0, 2), (1, 2, 2, 1)], ids=str)
+def test_pad_modes_on_signals_and_images(mode, pad):
+    """Every mode, every sample long enough for it: signals (B, C, j0) and images (B, C, j0, j1)."""
+    g = torch.Generator().manual_seed(len(pad) + pad[0])
+    if len(pad) == 2:
+        comps, ragged = [torch.randn(2, n, generator=g, dtype=F64) for n in (3, 4, 5)], (2,)
+    else:
+        comps, ragged = [torch.randn(2, h, w, generator=g, dtype=F64) for h, w in ((3, 4), (5, 3), (4, 4))], (2, 3)
+    check(lambda x: F.pad(x, pad, mode=mode), lambda t: F.pad(t, pad, mode=mode), comps, ragged)
+
+
 def test_pad_errors_are_dense_errors_naming_the_sample():
     x = mj.nested_tensor([torch.randn(3, 4), torch.randn(3, 1)], ragged_dims=(2,))
     with pytest.raises(RuntimeError, match="sample 1"):
