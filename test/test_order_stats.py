@@ -521,31 +521,44 @@ def test_inference_mode_gives_the_same_values():
 
 
 # ----------------------------------------------------------------------------- compile
-def test_compiled_sort_along_ragged_dim_is_a_graph_break():
-    """``sort`` along a ragged dim reads per-sample sizes on the host: under torch.compile a
-    graph break (the regions around it compile) with eager's values, indices and gradients;
-    with fullgraph=True an error naming the op."""
+def test_compiled_sort_along_ragged_dim_is_one_graph():
+    """``sort`` / ``argsort`` / ``topk`` / ``kthvalue`` / ``median`` along a ragged dim make no new
+    extent: under torch.compile(fullgraph=True) one graph serves changing lengths, with eager's
+    values, indices and gradients."""
     torch._dynamo.reset()
 
     def f(t):
         v, i = torch.sort(t * 2, dim=1, descending=True)
-        return (v + i.to(v.dtype)).sum(-1) * 3
+        top = t.topk(1, dim=1).values.sum((1, 2)) + t.kthvalue(1, dim=1).values.sum(-1) + t.median(1).values.sum(-1)
+        return (v + i.to(v.dtype)).sum(-1) * 3 + t.argsort(1).sum(-1) + top.unsqueeze(1)
 
     cc = CompileCounterWithBackend("aot_eager")
-    cf = torch.compile(f, backend=cc)
-    for seed, ns in enumerate(([3, 0, 4], [2, 5])):
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for seed, ns in enumerate(([3, 1, 4], [2, 5, 1], [4, 4, 2])):
         comps = comps_for([(n, 2) for n in ns], seed)
         x1, x2 = (mj.nested_tensor(comps, ragged_dims=(1,), requires_grad=True) for _ in range(2))
         out, ref = cf(x1), f(x2)
-        if seed == 0:  # the break: a graph before sort (t * 2) and one after it
-            assert cc.frame_count == 2
-        assert out.shape == x1.shape[:2]
         assert bit_equal(out.values(), ref.values())
         (g1,), (g2,) = torch.autograd.grad(out.values().sum(), [x1]), torch.autograd.grad(ref.values().sum(), [x2])
         assert bit_equal(g1.values(), g2.values())
+    assert cc.frame_count == 1
     torch._dynamo.reset()
-    with pytest.raises(Exception, match=r"sort\(\) along a ragged dim reads per-sample sizes on the host"):
-        torch.compile(f, backend="aot_eager", fullgraph=True)(mj.nested_tensor(comps_for([(3, 2), (1, 2)], 0), ragged_dims=(1,)))
+
+
+def test_compiled_cummax_along_ragged_dim_is_a_graph_break():
+    """``cummax`` scans ``log₂ max n`` steps, a number read on the host: a graph break (the
+    regions around it compile), with fullgraph=True an error naming the op."""
+    torch._dynamo.reset()
+
+    def f(t):
+        return torch.cummax(t * 2, dim=1).values.sum(-1) * 3
+
+    comps = comps_for([(3, 2), (1, 2)], 0)
+    out = torch.compile(f, backend="aot_eager")(mj.nested_tensor(comps, ragged_dims=(1,)))
+    assert bit_equal(out.values(), f(mj.nested_tensor(comps, ragged_dims=(1,))).values())
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"cummax\(\) along a ragged dim reads per-sample sizes on the host"):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(mj.nested_tensor(comps, ragged_dims=(1,)))
 
 
 # ----------------------------------------------------------------------------- token pruning

@@ -308,3 +308,33 @@ def test_compiled_slice_is_a_graph_break():
     torch.testing.assert_close(torch.compile(f, backend="aot_eager")(x), f(x))
     with pytest.raises(Exception, match="slice"):  # a new function: the one above has its cache entry
         torch.compile(lambda x: (x[:, 1:] * 2).sum(1), backend="aot_eager", fullgraph=True)(mj.nested_tensor(comps))
+
+
+def test_compiled_ops_without_a_new_extent_are_one_graph():
+    """``x[:, i]``, ``narrow``, ``index_select``, ``flip``, ``roll``, ``gather`` / ``scatter`` (with
+    an index of an existing extent) make no new extent: under
+    torch.compile(fullgraph=True) one graph serves changing lengths, gradients included; a sample
+    too short fails in the graph (an assert: the message cannot name the sample)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    idx = torch.tensor([0, 0])
+
+    def f(x):
+        pooled = x[:, 0] + x[:, -1] + x.narrow(1, 0, 1).sum(1) + x.index_select(1, idx).sum(1)
+        order = x[..., :1].argsort(1, descending=True).expand(-1, -1, 2)  # (B, j0, 2), x's extent
+        return pooled.unsqueeze(1) * x.flip(1).roll(1, 1) + x.gather(1, order) + x.scatter(1, order, x * 2)
+
+    cc = CompileCounterWithBackend("aot_eager")
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for ns in ([3, 1, 4], [2, 5, 1], [4, 4, 2]):
+        comps = [torch.randn(n, 2, dtype=F64) for n in ns]
+        x1, x2 = (mj.nested_tensor(comps, requires_grad=True) for _ in range(2))
+        out, ref = cf(x1), f(x2)
+        torch.testing.assert_close(out.values(), ref.values())
+        (g1,), (g2,) = torch.autograd.grad(out.values().sum(), [x1]), torch.autograd.grad(ref.values().sum(), [x2])
+        torch.testing.assert_close(g1.values(), g2.values())
+    assert cc.frame_count == 1
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        cf(mj.nested_tensor([torch.randn(n, 2, dtype=F64) for n in (2, 0, 3)]))
+    torch._dynamo.reset()

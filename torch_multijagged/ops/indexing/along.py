@@ -25,8 +25,11 @@ and its arguments, never on the lengths:
   keeps its nested int.
 
 When no ragged dim remains the result is a dense ``(B, …)`` tensor, as for a reduction over every
-ragged dim. The ops that read per-sample sizes on the host (to check bounds or build an extent)
-run eagerly; under ``torch.compile`` they are graph breaks (NOTE [ Eager-only routes ]).
+ragged dim. An op that builds a new extent needs its sizes on the host: under ``torch.compile``
+it is a graph break (``eager``; NOTE [ Eager-only routes ]). The others trace (``eager_or_traced``):
+their maps are arithmetic on device sizes, and the bounds check that eagerly names the sample
+(``check_samples``) is an assert in the graph — never dropped, since a gather past a sample's end
+would read the next sample's rows.
 """
 
 from __future__ import annotations
@@ -38,10 +41,10 @@ import torch
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import packed_rows
-from ...structure import RaggedExtent, mapped_extent, partition_for
+from ...structure import RaggedExtent, _is_traced, partition_for
 from .._common import MJT, canonical_dim, describe, eager_route, static_dims
 
-__all__ = ["ragged_dim", "keep_along", "drop_along", "to_static", "const_extent", "first_bad", "EAGER"]
+__all__ = ["ragged_dim", "keep_along", "drop_along", "take_static", "check_samples", "first_bad", "eager", "eager_or_traced", "EAGER"]
 
 EAGER = "{op}() along a ragged dim reads per-sample sizes on the host: a graph break under torch.compile"
 
@@ -61,9 +64,18 @@ def first_bad(bad: torch.Tensor) -> Optional[int]:
     return int(hit[0, 0]) if hit.numel() else None  # SYNC: none — host tensors
 
 
-def const_extent(e: RaggedExtent, size: int) -> RaggedExtent:
-    """The extent of ``e``'s batch with every sample of size ``size``."""
-    return mapped_extent(e, ("const", int(size)), lambda n: torch.full_like(n, int(size)))
+def check_samples(x: MJT, k: int, bad_of, fail, traced_message: str) -> None:
+    """Refuse a sample that dense torch would refuse: ``bad_of(n)`` marks them from the sizes
+    ``n`` (B,) along ragged dim ``k``. Eagerly ``fail(sample, size)`` raises for the first one
+    (host sizes, no sync); traced, an assert in the graph fails with ``traced_message``."""
+    e = x._partition.extents[k]
+    if _is_traced(e.offsets):
+        torch._assert_async(~bad_of(e.lengths()).any(), traced_message)
+        return
+    n = e.host_lengths()
+    bad = first_bad(bad_of(n))
+    if bad is not None:
+        fail(bad, int(n[bad]))
 
 
 def _gather_rows(x: MJT, sample: torch.Tensor, coords: torch.Tensor, valid=None, fill=None) -> torch.Tensor:
@@ -92,7 +104,9 @@ def keep_along(
     """``x`` with ragged extents ``extents`` (storage order): the output cell of sample ``s`` at
     ragged coordinates ``a`` (T, R) reads ``x``'s cell at ``source(s, a)`` (T, R); where
     ``valid(s, a)`` is false it holds ``fill`` instead."""
-    out = partition_for(extents)
+    p = x._partition
+    same = len(extents) == p.nragged and all(a is b for a, b in zip(extents, p.extents))
+    out = p if same else partition_for(extents)  # sizes kept: the input's own partition (and maps)
     sample, coords = out.row_coords()
     src = source(sample, coords)
     ok = valid(sample, coords) if valid is not None else None
@@ -122,24 +136,30 @@ def drop_along(x: MJT, k: int, position: torch.Tensor):
     return wrap_values(v, sub, ragged)
 
 
-def to_static(y: MJT, k: int, size: int):
-    """``y``, whose ragged dim ``k`` has size ``size`` in every sample, with that dim static: its
-    rows regrouped so that the dim is the innermost ragged one, then folded into the values."""
-    p = y._partition
-    d = y._ragged_dims[k]
-    order = tuple(i for i in range(p.nragged) if i != k) + (k,)
-    v = values_of(y)
-    if order != tuple(range(p.nragged)):
-        v = v.index_select(0, p.reorder_rows(order)[0])
-    keep = order[:-1]
-    sub = p.map_to_sub(keep)[1] if keep else None
-    rows = int(sub.rows) if keep else p.batch
-    v = v.reshape(rows, size, *v.shape[1:])
-    statics = sorted(static_dims(len(y._size), y._ragged_dims) + (d,))
+def take_static(x: MJT, k: int, size: int, table: torch.Tensor):
+    """Ragged dim ``k`` made static of ``size``: position ``j`` of every remaining cell of sample
+    ``s`` reads coordinate ``table[s, j]`` ((B, size)) or ``table[j]`` ((size,)) along it. The
+    rows are gathered in (cell, j) order and folded into the values; no new extent, so it traces."""
+    p = x._partition
+    d = x._ragged_dims[k]
+    keep = tuple(i for i in range(p.nragged) if i != k)
+    if keep:
+        sub = p.map_to_sub(keep)[1]
+        sample, coords = sub.row_coords()
+        cells = sub.rows
+    else:
+        sample = torch.arange(p.batch, device=p.offsets.device)
+        coords = sample.new_zeros(p.batch, 0)
+        cells = p.batch
+    pos = table[sample] if table.dim() == 2 else table.unsqueeze(0).expand(sample.shape[0], size)
+    src = torch.cat([coords[:, :k].repeat_interleave(size, 0), pos.reshape(-1, 1), coords[:, k:].repeat_interleave(size, 0)], 1)
+    v = _gather_rows(x, sample.repeat_interleave(size), src)
+    v = v.reshape(cells, size, *v.shape[1:])
+    statics = sorted(static_dims(len(x._size), x._ragged_dims) + (d,))
     v = v.movedim(1, 1 + statics.index(d))
     if not keep:
         return v
-    return wrap_values(v, sub, tuple(r for r in y._ragged_dims if r != d))
+    return wrap_values(v, sub, tuple(r for r in x._ragged_dims if r != d))
 
 
 def require_ragged(op: str, x: MJT, dim) -> tuple[int, int]:
@@ -154,3 +174,9 @@ def require_ragged(op: str, x: MJT, dim) -> tuple[int, int]:
 def eager(fn):
     """The route ``fn`` as an eager-only route (NOTE [ Eager-only routes ])."""
     return eager_route(EAGER)(fn)
+
+
+def eager_or_traced(fn):
+    """The route ``fn``, which makes no new extent and traces: it runs under ``torch.compile``
+    too (checking bounds in the graph rather than on the host)."""
+    return eager_route(EAGER, traceable=lambda *args, **kwargs: True)(fn)

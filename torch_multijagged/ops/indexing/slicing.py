@@ -11,10 +11,10 @@ import torch
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import packed_rows, slice_bounds
-from ...structure import mapped_extent, same_extent
+from ...structure import _is_traced, mapped_extent, same_extent
 from .._common import MJT, canonical_dim, describe, static_dims
 from .._routing import route
-from .along import const_extent, drop_along, eager, first_bad, keep_along, ragged_dim, to_static
+from .along import check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
 
 __all__ = ["select_ragged", "slice_ragged", "narrow_ragged", "take_static"]
 
@@ -23,18 +23,19 @@ def _lengths(x: MJT, k: int) -> torch.Tensor:
     return x._partition.extents[k].host_lengths()
 
 
-@eager
+@eager_or_traced
 def select_ragged(op: str, x: MJT, d: int, k: int, index: int):
-    """``x.select(d, index)`` per sample: a negative index counts from each sample's end."""
-    n = _lengths(x, k)
-    pos = n + index if index < 0 else torch.full_like(n, index)
-    bad = first_bad((pos < 0) | (pos >= n))
-    if bad is not None:
-        raise IndexError(
-            f"{op}(): index {index} is out of bounds for dimension {d} with size {int(n[bad])} in sample {bad} "
-            f"of {describe(x)}"
-        )
-    return drop_along(x, k, pos.to(x._partition.offsets.device))
+    """``x.select(d, index)`` per sample: a negative index counts from each sample's end. No new
+    extent, so it also traces (one graph over changing lengths)."""
+    def position(n):
+        return n + index if index < 0 else torch.full_like(n, index)
+
+    def fail(s, n):
+        raise IndexError(f"{op}(): index {index} is out of bounds for dimension {d} with size {n} in sample {s} of {describe(x)}")
+
+    check_samples(x, k, lambda n: (position(n) < 0) | (position(n) >= n), fail,
+                  f"{op}(): index {index} is out of bounds for dimension {d} of a sample")
+    return drop_along(x, k, position(x._partition.extents[k].lengths()))
 
 
 @eager
@@ -57,62 +58,58 @@ def slice_ragged(op: str, x: MJT, d: int, k: int, start, stop, step: int):
     return keep_along(x, extents, source)
 
 
-@eager
+@eager_or_traced
 def narrow_ragged(op: str, x: MJT, d: int, k: int, start: int, length: int):
     """``x.narrow(d, start, length)`` per sample: every sample must hold ``start + length``
     (a negative ``start`` counts from its end); the dim becomes static of size ``length``."""
-    n = _lengths(x, k)
     if length < 0:
         raise RuntimeError(f"{op}(): length must be non-negative.")
-    first = n + start if start < 0 else torch.full_like(n, start)
-    bad = first_bad((first < 0) | (first > n))
-    if bad is not None:  # dense torch's two checks, in its order and with its exception types
+
+    def first_of(n):
+        return n + start if start < 0 else torch.full_like(n, start)
+
+    def bad_start(s, n):  # dense torch's two checks, in its order and with its exception types
         raise IndexError(
-            f"{op}(): start out of range (expected to be in range of [{-int(n[bad])}, {int(n[bad])}], but got {start}) "
-            f"in sample {bad} of {describe(x)} at dim {d}"
-        )
-    bad = first_bad(first + length > n)
-    if bad is not None:
-        raise RuntimeError(
-            f"{op}(): start ({start}) + length ({length}) exceeds dimension size ({int(n[bad])}) in sample {bad} "
+            f"{op}(): start out of range (expected to be in range of [{-n}, {n}], but got {start}) in sample {s} "
             f"of {describe(x)} at dim {d}"
         )
-    table = first.unsqueeze(1) + torch.arange(length)
-    return take_static(x, k, length, table.to(x._partition.offsets.device))
+
+    def bad_length(s, n):
+        raise RuntimeError(
+            f"{op}(): start ({start}) + length ({length}) exceeds dimension size ({n}) in sample {s} of {describe(x)} at dim {d}"
+        )
+
+    check_samples(x, k, lambda n: (first_of(n) < 0) | (first_of(n) > n), bad_start, f"{op}(): start out of range in a sample")
+    check_samples(x, k, lambda n: first_of(n) + length > n, bad_length, f"{op}(): start + length exceeds the size of a sample")
+    n = x._partition.extents[k].lengths()
+    table = first_of(n).unsqueeze(1) + torch.arange(length, device=n.device)
+    return take_static(x, k, length, table)
 
 
-def take_static(x: MJT, k: int, size: int, table: torch.Tensor):
-    """Dim ``k`` becomes static of ``size``: output position ``j`` of sample ``s`` reads
-    coordinate ``table[s, j]`` ((B, size)) or ``table[j]`` ((size,))."""
-    extents = list(x._partition.extents)
-    extents[k] = const_extent(extents[k], size)
-
-    def source(sample, a):
-        a = a.clone()
-        a[:, k] = table[sample, a[:, k]] if table.dim() == 2 else table[a[:, k]]
-        return a
-
-    return to_static(keep_along(x, extents, source), k, size)
-
-
-@eager
+@eager_or_traced
 def index_select_ragged(op: str, x: MJT, d: int, k: int, index: torch.Tensor):
     if isinstance(index, MJT) or index.dim() > 1 or index.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{op}(): expected a 1-D dense int64 index, got {describe(index)} of {index.dtype}")
-    index = index.reshape(-1).to(torch.int64)
-    n = _lengths(x, k)
+    index = index.reshape(-1).to(torch.int64).to(x._partition.offsets.device)
     if index.numel():
-        lo, hi = int(index.min()), int(index.max())  # SYNC: bounds are checked per sample, on the host
-        bad = first_bad((n <= hi) | torch.full_like(n, lo < 0, dtype=torch.bool))
-        if bad is not None:
-            raise IndexError(f"{op}(): index out of range in sample {bad} of {describe(x)} (size {int(n[bad])} at dim {d})")
-    return take_static(x, k, index.numel(), index.to(x._partition.offsets.device))
+        lo, hi = index.min(), index.max()
+
+        def fail(s, n):
+            raise IndexError(f"{op}(): index out of range in sample {s} of {describe(x)} (size {n} at dim {d})")
+
+        # SYNC: none on the CPU; eagerly on an accelerator, the index's bounds come to the host once
+        check_samples(x, k, lambda n: (n <= hi.to(n.device)) | (lo < 0).to(n.device), fail, f"{op}(): index out of range in a sample")
+    return take_static(x, k, index.numel(), index)
 
 
 def _check_index_range(op: str, x: MJT, d: int, index_values: torch.Tensor, n_rows: torch.Tensor, sample: torch.Tensor):
-    # SYNC: dense gather raises for an index out of range; so must we, naming the sample.
+    """Dense gather / scatter raise for an index out of range; so must we, naming the sample
+    (traced: an assert in the graph)."""
     bad = (index_values < 0) | (index_values >= n_rows.reshape(-1, *([1] * (index_values.dim() - 1))))
-    if bool(bad.any()):
+    if _is_traced(x._partition.offsets):
+        torch._assert_async(~bad.any(), f"{op}(): index out of bounds for dimension {d} in a sample")
+        return
+    if bool(bad.any()):  # SYNC: the check dense torch makes; free on the CPU
         row = int(bad.reshape(bad.shape[0], -1).any(1).nonzero()[0, 0])
         s = int(sample[row])
         raise RuntimeError(f"{op}(): index out of bounds for dimension {d} in sample {s} of {describe(x)}")
@@ -161,14 +158,14 @@ def _index_rows(op: str, x: MJT, d: int, k: int, index):
     return rows, lambda v: v.reshape(p.batch, m, *v.shape[1:]).movedim(1, d)
 
 
-@eager
+@eager_or_traced
 def gather_ragged(op: str, x: MJT, d: int, k: int, index):
     """``x.gather(d, index)`` per sample: ``out[s][…, j, …] = x[s][…, index[s][…, j, …], …]``."""
     rows, result = _index_rows(op, x, d, k, index)
     return result(values_of(x).gather(0, rows))
 
 
-@eager
+@eager_or_traced
 def scatter_ragged(op: str, x: MJT, d: int, k: int, index, src, add: bool):
     """``x.scatter(d, index, src)`` (``scatter_add`` with ``add``) per sample:
     ``out[s][…, index[s][…, j, …], …] = src[s][…, j, …]``; ``src`` has ``index``'s shape (a
@@ -185,9 +182,10 @@ def scatter_ragged(op: str, x: MJT, d: int, k: int, index, src, add: bool):
     return wrap_values(out, x._partition, x._ragged_dims)
 
 
-@eager
+@eager_or_traced
 def flip_ragged(op: str, x: MJT, ragged: list[int], shifts=None):
-    """Flip (``shifts`` None) or roll the ragged dims ``ragged`` (indices) of each sample."""
+    """Flip (``shifts`` None) or roll the ragged dims ``ragged`` (indices) of each sample (sizes
+    kept: no new extent, so it traces)."""
     n = x._partition.device_sizes()
 
     def source(sample, a):

@@ -29,11 +29,10 @@ import math
 import torch
 
 from ...bridge import values_of, wrap_values
-from ...kernels.along import segment_order
+from ...kernels.along import packed_rows, segment_order
 from .._common import MJT, canonical_dim, describe, static_dims, wrap
 from .._routing import route
-from ..indexing.along import eager, first_bad, ragged_dim
-from ..indexing.slicing import take_static
+from ..indexing.along import check_samples, eager, eager_or_traced, ragged_dim, take_static
 
 rt = torch.return_types
 
@@ -72,7 +71,7 @@ def _gather_values(x: MJT, rows: torch.Tensor) -> torch.Tensor:
     return _columns(v).gather(0, rows).reshape(rows.shape[0], *v.shape[1:])
 
 
-@eager
+@eager_or_traced
 def sort_ragged(op: str, x: MJT, k: int, descending: bool):
     src = _sorted_rows(x, k, descending)
     _, coord, _, _ = _segments(x, k)
@@ -85,12 +84,17 @@ def _pick(op: str, x: MJT, k: int, src: torch.Tensor, position: torch.Tensor):
     """The element at ``position`` ((segments, S) places in the sorted order, per segment and
     column) of every segment — each non-empty, so it has a cell at coordinate 0 —: ``(values,
     indices)`` without dim k."""
-    seg, coord, sub, stride = _segments(x, k)
-    at0 = coord == 0
-    first = torch.empty(int(sub.rows), dtype=torch.int64, device=src.device)
-    step = torch.empty_like(first)
-    first[seg[at0]] = torch.arange(coord.shape[0], device=src.device)[at0]
-    step[seg[at0]] = stride[at0]
+    _, coord, sub, _ = _segments(x, k)
+    p = x._partition
+    if sub.nragged:
+        sample, coords = sub.row_coords()
+    else:
+        sample = torch.arange(p.batch, device=p.offsets.device)
+        coords = sample.new_zeros(p.batch, 0)
+    zero = torch.zeros_like(sample).unsqueeze(1)
+    first = packed_rows(p.offsets, p.device_sizes(), sample, torch.cat([coords[:, :k], zero, coords[:, k:]], 1))
+    n = p.device_sizes()[sample]
+    step = n[:, k + 1:].prod(1) if k + 1 < p.nragged else torch.ones_like(sample)
     rows = src.gather(0, first.unsqueeze(1) + position * step.unsqueeze(1))
     values = _gather_values(x, rows)
     indices = coord[rows].reshape(values.shape)
@@ -114,31 +118,32 @@ def _keepdim(out, d: int, keepdim: bool):
     return out if not keepdim else tuple(o.unsqueeze(d) for o in out)
 
 
-@eager
+@eager_or_traced
 def kthvalue_ragged(op: str, x: MJT, k: int, kth: int, keepdim: bool):
-    n = x._partition.extents[k].host_lengths()
-    bad = first_bad((n < kth) | torch.full_like(n, kth < 1, dtype=torch.bool))
-    if bad is not None and int(n[bad]) == 0:  # dense torch checks for an empty dim first
-        raise IndexError(f"{op}(): Expected reduction dim {x._ragged_dims[k]} to have non-zero size in sample {bad} of {describe(x)}")
-    if bad is not None:
-        raise RuntimeError(f"{op}(): selected number k = {kth} out of range for sample {bad} of {describe(x)} (size {int(n[bad])})")
+    def fail(s, n):  # the first sample dense torch refuses, with its exception type
+        if n == 0:
+            raise IndexError(f"{op}(): Expected reduction dim {x._ragged_dims[k]} to have non-zero size in sample {s} of {describe(x)}")
+        raise RuntimeError(f"{op}(): selected number k = {kth} out of range for sample {s} of {describe(x)} (size {n})")
+
+    check_samples(x, k, lambda n: (n < kth) | torch.full_like(n, kth < 1, dtype=torch.bool), fail,
+                  f"{op}(): selected number k = {kth} out of range for a sample")
     src = _sorted_rows(x, k, False)
-    position = torch.full((int(_seg_lengths(x, k).shape[0]), src.shape[1]), kth - 1, dtype=torch.int64, device=src.device)
+    position = torch.full((_seg_lengths(x, k).shape[0], src.shape[1]), kth - 1, dtype=torch.int64, device=src.device)
     return _keepdim(_pick(op, x, k, src, position), x._ragged_dims[k], keepdim)
 
 
-@eager
+@eager_or_traced
 def median_ragged(op: str, x: MJT, k: int, keepdim: bool, ignore_nan: bool):
-    n = x._partition.extents[k].host_lengths()
-    bad = first_bad(n == 0)
-    if bad is not None:
-        raise IndexError(f"{op}(): Expected reduction dim {x._ragged_dims[k]} to have non-zero size in sample {bad} of {describe(x)}")
+    def empty(s, n):
+        raise IndexError(f"{op}(): Expected reduction dim {x._ragged_dims[k]} to have non-zero size in sample {s} of {describe(x)}")
+
+    check_samples(x, k, lambda n: n == 0, empty, f"{op}(): Expected reduction dim to have non-zero size in every sample")
     seg, _, sub, _ = _segments(x, k)
     src = _sorted_rows(x, k, False)
     keys = _columns(x._values.detach())
-    nan = keys.isnan().to(torch.int64) if keys.is_floating_point() else torch.zeros_like(keys, dtype=torch.int64)
-    nans = torch.zeros(int(_seg_lengths(x, k).shape[0]), keys.shape[1], dtype=torch.int64, device=keys.device).index_add_(0, seg, nan)
     length = _seg_lengths(x, k).unsqueeze(1)
+    nan = keys.isnan().to(torch.int64) if keys.is_floating_point() else torch.zeros_like(keys, dtype=torch.int64)
+    nans = torch.zeros(length.shape[0], keys.shape[1], dtype=torch.int64, device=keys.device).index_add_(0, seg, nan)
     if ignore_nan:
         m = length - nans
         position = torch.where(m > 0, torch.div(m - 1, 2, rounding_mode="floor"), torch.zeros_like(m))
@@ -147,12 +152,14 @@ def median_ragged(op: str, x: MJT, k: int, keepdim: bool, ignore_nan: bool):
     return _keepdim(_pick(op, x, k, src, position), x._ragged_dims[k], keepdim)
 
 
-@eager
+@eager_or_traced
 def topk_ragged(op: str, x: MJT, k: int, kk: int, largest: bool):
-    n = x._partition.extents[k].host_lengths()
-    bad = first_bad((n < kk) | torch.full_like(n, kk < 0, dtype=torch.bool))  # k < 0 fits no sample
-    if bad is not None:
-        raise RuntimeError(f"{op}(): selected index k = {kk} out of range for sample {bad} of {describe(x)} (size {int(n[bad])})")
+    def short(s, n):
+        raise RuntimeError(f"{op}(): selected index k = {kk} out of range for sample {s} of {describe(x)} (size {n})")
+
+    # k < 0 fits no sample
+    check_samples(x, k, lambda n: (n < kk) | torch.full_like(n, kk < 0, dtype=torch.bool), short,
+                  f"{op}(): selected index k = {kk} out of range for a sample")
     values, indices = sort_ragged(op, x, k, largest)
     table = torch.arange(kk, device=x._partition.offsets.device)
     return take_static(values, k, kk, table), take_static(indices, k, kk, table)
