@@ -338,3 +338,17 @@ def test_compiled_ops_without_a_new_extent_are_one_graph():
     with pytest.raises(RuntimeError, match="out of bounds"):
         cf(mj.nested_tensor([torch.randn(n, 2, dtype=F64) for n in (2, 0, 3)]))
     torch._dynamo.reset()
+
+
+def test_from_mask_keeps_each_samples_masked_positions_in_order():
+    dense = torch.arange(12.0, dtype=F64).view(2, 3, 2).requires_grad_()
+    keep = torch.tensor([[True, False, True], [False, False, False]])
+    x = mj.from_mask(dense, keep)
+    assert x.sizes().tolist() == [[2], [0]]  # = keep.sum(1)
+    assert [c.tolist() for c in x.unbind()] == [[[0.0, 1.0], [4.0, 5.0]], []]  # = dense[0, [0, 2]], dense[1, []]
+    (g,) = torch.autograd.grad(x.values().sum(), dense)
+    assert torch.equal(g, keep.unsqueeze(-1).expand(2, 3, 2).to(F64))  # = 1 where kept
+    with pytest.raises(TypeError, match="bool"):
+        mj.from_mask(dense, keep.long())
+    with pytest.raises(ValueError, match=r"\(B, N\)"):
+        mj.from_mask(dense, keep[:, :2])
