@@ -92,23 +92,18 @@ def _einsum(equation, *operands):
             operands[k], terms[k] = _diagonals(o, terms[k], equation)
     mjts = [o for o in operands if isinstance(o, MJT)]
     ref = mjts[0]
-    ragged_letters = None
+    ragged_letters = ref_term = None
     for term, op in zip(terms, operands):
         if isinstance(op, MJT):
+            ref_term = ref_term or term
             letters = term[0] + "".join(term[d] for d in op._ragged_dims)
-            if ragged_letters is None:
-                ragged_letters = letters
+            ragged_letters = ragged_letters or letters
             if letters != ragged_letters or op._ragged_dims != ref._ragged_dims or not same_partition(op._partition, ref._partition):
-                raise ValueError(f"einsum(): multi_jagged operands must share batch and ragged subscripts and structure in {equation!r}")
+                return _broadcast_einsum(equation, terms, operands, out)
     dense_terms = [t for t, o in zip(terms, operands) if not isinstance(o, MJT)]
-    if any(c in t for t in dense_terms for c in ragged_letters):
-        raise NotImplementedError(f"einsum(): dense operands cannot index the batch or ragged dims in {equation!r}")
     positions = [out.find(c) for c in ragged_letters]
-    if -1 in positions or positions != sorted(positions) or positions[0] != 0:
-        raise NotImplementedError(
-            f"einsum(): the output must keep the batch and ragged subscripts in order in {equation!r} "
-            f"({_LAYOUT} contracts static dims only; use transpose to reorder ragged dims)"
-        )
+    if any(c in t for t in dense_terms for c in ragged_letters) or -1 in positions or positions != sorted(positions) or positions[0] != 0:
+        return _broadcast_einsum(equation, terms, operands, out)
     row = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in equation)
 
     def packed(term):
@@ -116,3 +111,43 @@ def _einsum(equation, *operands):
 
     packed_eq = ",".join(packed(t) if isinstance(o, MJT) else t for t, o in zip(terms, operands)) + "->" + packed(out)
     return bridged.einsum(packed_eq, operands, ref._partition, tuple(positions[1:]))
+
+
+def _broadcast_einsum(equation: str, terms: list, operands: list, out: str):
+    """NOTE [ einsum by broadcasting ]
+
+    Any contraction that is valid per sample, as the broadcast product summed over the contracted
+    subscripts: every operand is permuted to one subscript order (the output's, then the
+    contracted ones) and unsqueezed where it lacks a subscript, so that multiplying them creates
+    the ragged dims the output needs (``bhid,bhjd->bhij``: ``(B, H, j0, 1, D) · (B, H, 1, j0, D)``
+    is a pair, NOTE [ Broadcasting over ragged dims ]) and summing contracts them, ragged ones
+    included (``bij,bjd->bid``). It materialises the product (``Π`` of every subscript's size per
+    sample), as ``matmul`` between multi_jagged tensors does; the pair product and the static-dim
+    contraction above are the fast paths. Every multi_jagged operand has the batch subscript at
+    dim 0, and the output starts with it."""
+    batch = {t[0] for t, o in zip(terms, operands) if isinstance(o, MJT)}
+    if len(batch) != 1:
+        raise ValueError(f"einsum(): multi_jagged operands must share the batch subscript (their dim 0) in {equation!r}")
+    b = batch.pop()
+    if not out.startswith(b):
+        raise NotImplementedError(
+            f"einsum(): the output must start with the batch subscript {b!r} in {equation!r} for {_LAYOUT}"
+        )
+    contracted = []
+    for t in terms:
+        contracted += [c for c in t if c not in out and c not in contracted]
+    order = out + "".join(contracted)
+    product = None
+    for t, o in zip(terms, operands):
+        perm = sorted(range(len(t)), key=lambda i: order.index(t[i]))
+        if perm != list(range(len(t))):
+            o = o.permute(perm)
+        have = "".join(t[i] for i in perm)
+        for pos, c in enumerate(order):
+            if c not in have:
+                o = o.unsqueeze(pos)
+                have = have[:pos] + c + have[pos:]
+        product = o if product is None else product * o
+    if contracted:
+        product = product.sum(dim=list(range(len(out), len(order))))
+    return product
