@@ -138,3 +138,29 @@ def test_full_reduction_compiles_with_two_threads():
         torch.testing.assert_close(g.values(), 2 * x.values().detach())
     finally:
         torch.set_num_threads(prev)
+
+
+def test_dense_modulation_compiles_once_over_changing_lengths():
+    """``x * (1 + scale[:, None]) + shift[:, None]`` (a diffusion transformer's modulation, dense
+    ``(B, C)`` operands broadcast over the ragged dim): one graph over batches of new lengths,
+    forward and backward, as ``torch.jagged`` compiles it."""
+    torch._dynamo.reset()
+    cc = CompileCounterWithBackend("aot_eager")
+
+    def f(x, scale, shift):
+        return x * (1 + scale[:, None]) + shift[:, None]
+
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for ls in ((3, 2, 4), (17, 9, 30), (5, 1, 2)):
+        x = torch.nested.nested_tensor([torch.randn(n, 8) for n in ls], layout=mj.multi_jagged, requires_grad=True)
+        scale, shift = torch.randn(3, 8, requires_grad=True), torch.randn(3, 8, requires_grad=True)
+        out = cf(x, scale, shift)
+        ref = f(x, scale, shift)
+        torch.testing.assert_close(out.values(), ref.values())
+        got = torch.autograd.grad(out.values().sum(), (x, scale, shift))
+        want = torch.autograd.grad(ref.values().sum(), (x, scale, shift))
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a.values() if isinstance(a, mj.MultiJaggedTensor) else a,
+                                       b.values() if isinstance(b, mj.MultiJaggedTensor) else b)
+    assert cc.frame_count == 1
+    torch._dynamo.reset()
