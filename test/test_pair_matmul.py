@@ -220,10 +220,12 @@ def test_compiled_fullgraph_no_recompile_as_lengths_change():
 
 
 @pytest.mark.parametrize("eq", ["bijc,bkc->bikc", "bij,bjk,bkl->bil"])
-def test_unsupported_contractions_raise_naming_einsum(eq):
+def test_other_contractions_run_per_sample(eq):
+    """Contractions the pair product does not take run by broadcasting (test_contractions.py)."""
     p = mj.nested_tensor(comps_for([(2, 2, 3), (1, 1, 3)], 0), ragged_dims=(1, 2))
     q = mj.nested_tensor(comps_for([(2, 3), (1, 3)], 1))
     s = mj.nested_tensor(comps_for([(2, 2), (1, 1)], 2), ragged_dims=(1, 2))
     ops = (p, q) if eq.count(",") == 1 else (s, s, s)
-    with pytest.raises((ValueError, NotImplementedError), match=r"^einsum\(\)"):
-        torch.einsum(eq, *ops)
+    sample_eq = ",".join(t[1:] for t in eq.split("->")[0].split(",")) + "->" + eq.split("->")[1][1:]
+    for i, o in enumerate(torch.einsum(eq, *ops).unbind()):
+        torch.testing.assert_close(o, torch.einsum(sample_eq, *[op.unbind()[i] for op in ops]))

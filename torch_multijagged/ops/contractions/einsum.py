@@ -133,6 +133,9 @@ def _broadcast_einsum(equation: str, terms: list, operands: list, out: str):
         raise NotImplementedError(
             f"einsum(): the output must start with the batch subscript {b!r} in {equation!r} for {_LAYOUT}"
         )
+    ragged = {t[d] for t, o in zip(terms, operands) if isinstance(o, MJT) for d in o._ragged_dims}
+    if any(c in ragged for t, o in zip(terms, operands) if not isinstance(o, MJT) for c in t):
+        raise NotImplementedError(f"einsum(): dense operands cannot index the ragged dims in {equation!r} for {_LAYOUT}")
     contracted = []
     for t in terms:
         contracted += [c for c in t if c not in out and c not in contracted]

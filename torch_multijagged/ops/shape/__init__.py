@@ -2,6 +2,7 @@
 ``select``/``slice``/``cat``/``stack``/``diagonal``, ``views.py``), metadata queries
 (``metadata.py``), ``reshape``/``flatten``/``unflatten``/the ``split`` family/``narrow``
 (``reshape.py``), merging and splitting ragged dims (``flatten.py``, NOTE [ Flattening ragged
-dims ]), and the batch as components or a padded envelope (``padded.py``)."""
+dims ]), the batch as components or a padded envelope (``padded.py``), and static dims moved
+before the batch dim (``leading.py``, NOTE [ Batch-moved tokens ])."""
 
-from . import views, metadata, padded, flatten, reshape  # noqa: F401  (register)
+from . import views, metadata, padded, flatten, reshape, leading  # noqa: F401  (register)

@@ -1,0 +1,81 @@
+"""Static dims in front of the batch dim (NOTE [ Batch-moved tokens ]): the packed-qkv idiom
+``qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4).unbind(0)``, ``torch.stack([a, b], 0)``,
+``movedim`` — per sample, with gradients of every leaf and a zero-length sample."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_multijagged as mj
+from torch_multijagged.ops.shape.leading import BatchMoved
+
+F64 = torch.float64
+B, H, D = 3, 2, 4
+
+
+def _comps(ns=(3, 0, 4), width=3 * H * D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, width, generator=g, dtype=F64, requires_grad=True) for n in ns]
+
+
+@pytest.mark.parametrize("split", ["unbind", "index", "select"])
+def test_packed_qkv_attention_per_sample(split):
+    comps = _comps()
+    x = mj.as_nested_tensor(comps)
+    qkv = x.reshape(B, x.shape[1], 3, H, D).permute(2, 0, 3, 1, 4)  # (3, B, H, j0, D)
+    assert isinstance(qkv, BatchMoved) and qkv.shape[:3] == (3, B, H) and qkv.dim() == 5
+    q, k, v = {"unbind": lambda: qkv.unbind(0), "index": lambda: (qkv[0], qkv[1], qkv[2]),
+               "select": lambda: tuple(qkv.select(0, i) for i in range(3))}[split]()
+    assert isinstance(q, mj.MultiJaggedTensor) and q.shape[1] == H and q.shape[2] == x.shape[1]
+    out = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).flatten(-2)  # (B, j0, H·D)
+    refs = []
+    for c in comps:
+        s = c.reshape(c.shape[0], 3, H, D).permute(1, 2, 0, 3)  # (3, H, n, D)
+        refs.append(F.scaled_dot_product_attention(s[0], s[1], s[2]).transpose(0, 1).flatten(-2))
+    for a, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    got = torch.autograd.grad(sum((a ** 2).sum() for a in out.unbind()), comps)
+    want = torch.autograd.grad(sum((r ** 2).sum() for r in refs), comps)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_stack_along_the_batch_dim_and_back():
+    comps = _comps(width=2)
+    x = mj.as_nested_tensor(comps)
+    s = torch.stack([x, 2 * x], 0)  # (2, B, j0, 2)
+    assert isinstance(s, BatchMoved) and s.shape[:2] == (2, B) and len(s) == 2
+    a, b = s.unbind(0)
+    for u, w, c in zip(a.unbind(), b.unbind(), comps):
+        torch.testing.assert_close(u, c)
+        torch.testing.assert_close(w, 2 * c)
+    back = s.permute(1, 0, 2, 3)  # the batch first again: (B, 2, j0, 2)
+    assert isinstance(back, mj.MultiJaggedTensor)
+    for t, c in zip(back.unbind(), comps):
+        torch.testing.assert_close(t, torch.stack([c, 2 * c]))
+    moved = s.movedim(0, -1)  # (B, j0, 2, 2)
+    for t, c in zip(moved.unbind(), comps):
+        torch.testing.assert_close(t, torch.stack([c, 2 * c], -1))
+
+
+def test_movedim_and_transpose_compose():
+    x = mj.as_nested_tensor(_comps(width=6))
+    y = x.unflatten(-1, (2, 3)).movedim(2, 0)  # (2, B, j0, 3)
+    assert isinstance(y, BatchMoved) and y.shape[0] == 2
+    z = y.transpose(0, 1)  # (B, 2, j0, 3): batch first
+    assert isinstance(z, mj.MultiJaggedTensor)
+    for t, c in zip(z.unbind(), x.unbind()):
+        torch.testing.assert_close(t, c.unflatten(-1, (2, 3)).movedim(1, 0))
+
+
+def test_token_errors_name_the_op():
+    x = mj.as_nested_tensor(_comps(width=6))
+    y = x.unflatten(-1, (2, 3)).permute(2, 0, 1, 3)
+    with pytest.raises(NotImplementedError, match=r"^sum\(\).*static dim before its batch dim"):
+        y.sum()
+    with pytest.raises(IndexError):
+        y[2]
+    with pytest.raises(mj.StructureError, match="ragged dim"):
+        x.permute(1, 0, 2)  # a ragged dim cannot lead

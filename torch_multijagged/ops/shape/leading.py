@@ -1,0 +1,215 @@
+"""Static dims in front of the batch dim: the packed-qkv idiom.
+
+NOTE [ Batch-moved tokens ]
+
+ViT code splits a fused projection with ``qkv.reshape(B, N, 3, H, D).permute(2, 0, 3, 1, 4)``
+and ``q, k, v = qkv.unbind(0)`` (or ``qkv[0]``), and stacks with ``torch.stack([a, b], 0)``:
+for a moment a static dim stands before the batch dim. This layout keeps the batch at dim 0 by
+construction, so a ``permute`` / ``movedim`` that moves the batch away from dim 0, and a
+``stack`` along dim 0, return a ``BatchMoved`` token: the batch-first multi_jagged tensor and
+the permutation, with the logical shape and no data of its own. It supports what the idiom
+needs: its metadata, indexing its leading static dim (``unbind(0)``, ``x[i]``, ``select(0, i)``),
+which gives batch-first multi_jagged tensors again (a ``select`` of a static dim and a
+batch-first ``permute``: views, gradients of every order), and permuting it back. Any other op
+raises, naming it; ``nn.MultiheadAttention``'s ``transpose(0, 1)`` of a 3-D tensor is the
+``BatchSecond`` token (NOTE [ Batch-second tokens ]). Tokens are eager only: under
+``torch.compile`` a ``permute`` that moves the batch raises.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...errors import StructureError
+from .._common import MJT, canonical_dim, describe
+from .._routing import route
+
+__all__ = ["BatchMoved"]
+
+aten = torch.ops.aten
+
+
+def _settle(mjt: MJT, perm: tuple[int, ...]):
+    """``mjt.permute(perm)``: a multi_jagged tensor when the batch comes first, else a token."""
+    if perm[0] == 0:
+        return mjt if perm == tuple(range(len(perm))) else mjt.permute(perm)
+    if torch.compiler.is_compiling():
+        raise NotImplementedError(
+            "permute(): moving the batch dim of a multi_jagged tensor away from dim 0 is eager only; under "
+            "torch.compile select the leading static dim first (qkv.unbind(2) instead of qkv.permute(2, …).unbind(0))"
+        )
+    return BatchMoved(mjt, perm)
+
+
+class BatchMoved(torch.Tensor):
+    """A multi_jagged tensor whose batch dim is not at dim 0 (NOTE [ Batch-moved tokens ]):
+    dim ``i`` of the token is dim ``perm[i]`` of the batch-first tensor ``_mjt``."""
+
+    _mjt: MJT
+    _perm: tuple[int, ...]
+
+    @staticmethod
+    def __new__(cls, mjt: MJT, perm: tuple[int, ...]):
+        size = [mjt._size[p] for p in perm]
+        stride = [mjt._strides[p] for p in perm]
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, size, stride, 0, torch.contiguous_format, mjt.dtype, torch.strided, mjt.device, False, False,
+            "sizes", False, False, storage_size=0,
+        )
+        r._mjt, r._perm = mjt, tuple(perm)
+        r._size, r._strides = tuple(size), tuple(stride)
+        return r
+
+    def __repr__(self) -> str:  # type: ignore[override]
+        return f"BatchMoved(permute({self._mjt!r}, {self._perm}))"
+
+    # ------------------------------------------------------------------ what the token supports
+    def _select0(self, index: int):
+        s = self._perm[0]
+        n = self._size[0]
+        if not -n <= index < n:
+            raise IndexError(f"index {index} is out of bounds for dimension 0 with size {n}")
+        picked = self._mjt.select(s, index)
+        return _settle(picked, tuple(p - (p > s) for p in self._perm[1:]))
+
+    def _permute(self, perm):
+        perm = [canonical_dim("permute", len(self._perm), d) for d in perm]
+        if sorted(perm) != list(range(len(self._perm))):
+            raise RuntimeError(f"permute(): dims {tuple(perm)} are not a permutation of {len(self._perm)} dims")
+        return _settle(self._mjt, tuple(self._perm[d] for d in perm))
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        self = args[0] if args else None
+        if isinstance(self, BatchMoved):
+            handled = _TOKEN_OPS.get(func)
+            if handled is not None:
+                out = handled(self, *args[1:], **kwargs)
+                if out is not NotImplemented:
+                    return out
+        if getattr(func, "__name__", "") == "__get__" or func in _METADATA:
+            with torch._C.DisableTorchFunctionSubclass():
+                return func(*args, **kwargs)
+        raise NotImplementedError(
+            f"{getattr(func, '__name__', func)}(): a multi_jagged tensor with a static dim before its batch dim "
+            f"{describe(self) if isinstance(self, torch.Tensor) else ''} supports only indexing that leading dim "
+            "(unbind(0), x[i], select(0, i)) and permuting the batch back to dim 0 (layout torch.multi_jagged)"
+        )
+
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        meta = _DISPATCH_METADATA.get(func)
+        if meta is not None:
+            return meta(args[0])
+        raise NotImplementedError(f"{func}: a batch-moved multi_jagged token has no data of its own (see BatchMoved)")
+
+
+def _unbind(t: BatchMoved, dim=0):
+    if canonical_dim("unbind", len(t._perm), dim) != 0:
+        return NotImplemented
+    return tuple(t._select0(i) for i in range(t._size[0]))
+
+
+def _getitem(t: BatchMoved, index):
+    if isinstance(index, int) and not isinstance(index, bool):
+        return t._select0(index)
+    if isinstance(index, tuple) and index and isinstance(index[0], int) and not isinstance(index[0], bool):
+        return t._select0(index[0])[index[1:]] if len(index) > 1 else t._select0(index[0])
+    return NotImplemented
+
+
+def _select(t: BatchMoved, dim, index):
+    if canonical_dim("select", len(t._perm), dim) != 0:
+        return NotImplemented
+    return t._select0(index)
+
+
+def _permute(t: BatchMoved, *dims):
+    dims = dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple, torch.Size)) else dims
+    return t._permute(list(dims))
+
+
+def _transpose(t: BatchMoved, dim0, dim1):
+    n = len(t._perm)
+    a, b = canonical_dim("transpose", n, dim0), canonical_dim("transpose", n, dim1)
+    perm = list(range(n))
+    perm[a], perm[b] = perm[b], perm[a]
+    return t._permute(perm)
+
+
+def _movedim_order(op: str, n: int, source, destination) -> list[int]:
+    """The permutation ``movedim(source, destination)`` makes of ``n`` dims."""
+    src = [source] if isinstance(source, int) else list(source)
+    dst = [destination] if isinstance(destination, int) else list(destination)
+    src = [canonical_dim(op, n, d) for d in src]
+    dst = [canonical_dim(op, n, d) for d in dst]
+    order = [None] * n
+    for s, d in zip(src, dst):
+        order[d] = s
+    rest = iter(d for d in range(n) if d not in src)
+    return [o if o is not None else next(rest) for o in order]
+
+
+def _movedim(t: BatchMoved, source, destination):
+    return t._permute(_movedim_order("movedim", len(t._perm), source, destination))
+
+
+_TOKEN_OPS = {
+    torch.unbind: _unbind, torch.Tensor.unbind: _unbind,
+    torch.Tensor.__getitem__: _getitem,
+    torch.select: _select, torch.Tensor.select: _select,
+    torch.permute: _permute, torch.Tensor.permute: _permute,
+    torch.transpose: _transpose, torch.Tensor.transpose: _transpose, torch.swapaxes: _transpose,
+    torch.Tensor.swapaxes: _transpose, torch.swapdims: _transpose, torch.Tensor.swapdims: _transpose,
+    torch.movedim: _movedim, torch.Tensor.movedim: _movedim, torch.moveaxis: _movedim, torch.Tensor.moveaxis: _movedim,
+}
+
+_METADATA = {torch.Tensor.dim, torch.Tensor.size, torch.Tensor.ndimension, torch.Tensor.is_floating_point,
+             torch.Tensor.is_complex, torch.Tensor.__hash__, torch.Tensor.__len__}
+
+_DISPATCH_METADATA = {
+    aten.sym_size.default: lambda x: x._size,
+    aten.dim.default: lambda x: len(x._size),
+    aten.sym_stride.default: lambda x: x._strides,
+    aten.sym_numel.default: lambda x: x._mjt._values.numel(),
+    aten.numel.default: lambda x: x._mjt._values.numel(),
+    aten.sym_storage_offset.default: lambda x: 0,
+    aten.is_contiguous.default: lambda x: False,
+    aten.sym_is_contiguous.default: lambda x: False,
+}
+
+
+# ----------------------------------------------------------------------------- routes that make tokens
+@route(torch.permute, torch.Tensor.permute)
+def _permute_mjt(input, *dims):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    dims = dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple, torch.Size)) else dims
+    perm = tuple(canonical_dim("permute", input.dim(), d) for d in dims)
+    if not perm or perm[0] == 0 or sorted(perm) != list(range(input.dim())):
+        return NotImplemented  # batch first (or a bad permutation): the op table's handler
+    if perm[0] in input._ragged_dims:
+        raise StructureError(
+            f"permute(): a ragged dim of {describe(input)} cannot come before the batch dim (dims {perm}); "
+            "only static dims can"
+        )
+    return _settle(input, perm)
+
+
+@route(torch.movedim, torch.Tensor.movedim, torch.moveaxis, torch.Tensor.moveaxis)
+def _movedim_mjt(input, source, destination):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    return input.permute(_movedim_order("movedim", input.dim(), source, destination))
+
+
+@route(torch.stack)
+def _stack(tensors, dim=0, *, out=None):
+    if out is not None or not isinstance(tensors, (list, tuple)) or not tensors or not isinstance(tensors[0], MJT):
+        return NotImplemented
+    if canonical_dim("stack", tensors[0].dim() + 1, dim) != 0:
+        return NotImplemented  # static dims: the op table's handler
+    stacked = torch.stack(list(tensors), 1)  # (B, K, …)
+    perm = (1, 0) + tuple(range(2, stacked.dim()))
+    return _settle(stacked, perm)
