@@ -73,9 +73,51 @@ def test_movedim_and_transpose_compose():
 def test_token_errors_name_the_op():
     x = mj.as_nested_tensor(_comps(width=6))
     y = x.unflatten(-1, (2, 3)).permute(2, 0, 1, 3)
-    with pytest.raises(NotImplementedError, match=r"^sum\(\).*static dim before its batch dim"):
-        y.sum()
+    with pytest.raises(NotImplementedError, match=r"^cumsum\(\).*batch dim is not at dim 0"):
+        y.cumsum(0)
     with pytest.raises(IndexError):
         y[2]
-    with pytest.raises(mj.StructureError, match="ragged dim"):
-        x.permute(1, 0, 2)  # a ragged dim cannot lead
+    full = mj.as_nested_tensor(_comps(ns=(3, 1, 4), width=6))
+    lead = full.permute(1, 0, 2)  # a ragged dim leads: x[i] selects per sample, unbind(0) cannot
+    first = lead[0]  # the first token of each sample: (B, C)
+    torch.testing.assert_close(first, torch.stack([c[0] for c in full.unbind()]))
+    with pytest.raises(NotImplementedError, match="ragged"):
+        lead.unbind(0)
+
+
+def test_sequence_first_encoder_layer_per_sample():
+    """``nn.TransformerEncoderLayer(batch_first=False)`` on sequence-first input ``x.transpose(0, 1)``
+    (N, B, C): each sample as the dense layer computes it, gradients of the input and every
+    parameter included."""
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=False).double().eval()
+    comps = [torch.randn(n, 8, dtype=F64, requires_grad=True) for n in (3, 1, 4)]
+    x = mj.as_nested_tensor(comps)
+    out = layer(x.transpose(0, 1)).transpose(0, 1)  # back to (B, j0, C)
+    assert isinstance(out, mj.MultiJaggedTensor)
+    refs = [layer(c.unsqueeze(1))[:, 0] for c in comps]  # (n, 1, C): a batch of one, sequence-first
+    for a, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    params = list(layer.parameters())
+    got = torch.autograd.grad(sum((a ** 2).sum() for a in out.unbind()), comps + params)
+    want = torch.autograd.grad(sum((r ** 2).sum() for r in refs), comps + params)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_sequence_first_ops_map_their_dims():
+    comps = [torch.randn(n, 3, dtype=F64) for n in (2, 4)]
+    x = mj.nested_tensor(comps)
+    s = x.transpose(0, 1)  # (N, B, C)
+    m = s.mean(0)  # over each sample's sequence: dense (B, C)
+    assert type(m) is torch.Tensor
+    torch.testing.assert_close(m, torch.stack([c.mean(0) for c in comps]))
+    bias = torch.randn(3, dtype=F64)
+    y = (torch.softmax(s * 2 + bias, dim=-1) - 1).transpose(0, 1)
+    for a, c in zip(y.unbind(), comps):
+        torch.testing.assert_close(a, torch.softmax(c * 2 + bias, -1) - 1)
+    z = s.sum(-1, keepdim=True).transpose(0, 1)
+    for a, c in zip(z.unbind(), comps):
+        torch.testing.assert_close(a, c.sum(-1, keepdim=True))
+    with pytest.raises(NotImplementedError, match="dense operand of 2 dims"):
+        s + torch.randn(2, 3, dtype=F64)  # would broadcast over the moved batch dim

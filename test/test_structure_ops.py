@@ -126,12 +126,11 @@ def test_transpose_golden():
 
 def test_permute_errors():
     x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
-    # transpose(0, 1) of a 3-D tensor is nn.MultiheadAttention's batch-first swap: a token that
-    # only swaps back (test_attention_modules.py); using it for anything else names the batch dim
+    # moving the batch dim gives a token (test_batch_moved.py); ops it does not take name the batch dim
     with pytest.raises(NotImplementedError, match="batch dim"):
-        x.transpose(0, 1) + 1
-    with pytest.raises(ValueError, match="batch dim"):
-        x.unsqueeze(-1).transpose(0, 1)
+        torch.cumsum(x.transpose(0, 1), 0)
+    with pytest.raises(NotImplementedError, match="batch dim"):
+        x.unsqueeze(-1).transpose(0, 1).cumsum(0)
     with pytest.raises(ValueError, match="permute"):
         x.permute(0, 1, 1)
 

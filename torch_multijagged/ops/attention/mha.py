@@ -5,11 +5,14 @@ NOTE [ Batch-second tokens ]
 ``nn.MultiheadAttention(batch_first=True).forward`` swaps the batch dim to second place
 (``query.transpose(1, 0)``), calls ``F.multi_head_attention_forward`` (sequence-first) and swaps
 the result back. This layout has the batch at dim 0 by construction, so ``transpose(0, 1)`` of a
-3-D multi_jagged tensor returns a ``BatchSecond``: a token that holds the original tensor and
-supports exactly three things — its metadata, being swapped back (``transpose(0, 1)`` returns the
-original), and being passed to ``F.multi_head_attention_forward``, which is routed to ``_mha``: the
-same computation on the batch-first tensors (in-projection, ``F.scaled_dot_product_attention`` on
-``(B, H, j, D)``, out-projection) with a ``BatchSecond`` result. Anything else raises. The
+3-D multi_jagged tensor returns a ``BatchSecond``: a batch-moved token (NOTE [ Batch-moved
+tokens ] in ``shape/leading.py``) that holds the original tensor and supports its metadata, being
+swapped back (``transpose(0, 1)`` returns the original), the ops that do not care where the batch
+is (elementwise, last-dim ops such as ``linear`` / ``layer_norm`` / ``dropout``, reductions with
+mapped dims: so ``nn.TransformerEncoderLayer(batch_first=False)`` runs on sequence-first input),
+and being passed to ``F.multi_head_attention_forward``, which is ``_mha``: the same computation on
+the batch-first tensors (in-projection, ``F.scaled_dot_product_attention`` on ``(B, H, j, D)``,
+out-projection) with a ``BatchSecond`` result. Anything else raises. The
 tokens are not part of the autograd graph: gradients flow through the batch-first tensors they
 hold, so a module runs unchanged, forward and backward, and no ``key_padding_mask`` is needed —
 each sample has its own length.
@@ -22,8 +25,9 @@ import math
 import torch
 import torch.nn.functional as F
 
-from .._common import MJT, describe
+from .._common import MJT, canonical_dim, describe
 from .._routing import route
+from ..shape.leading import BatchMoved, batch_transpose, token_op
 
 __all__ = ["BatchSecond"]
 
@@ -32,99 +36,42 @@ _SWAPS = {torch.transpose, torch.Tensor.transpose, torch.swapaxes, torch.Tensor.
           torch.Tensor.swapdims}
 
 
-def _swaps_batch(args, kwargs) -> bool:
-    dims = list(args[1:3])
-    for name in ("dim0", "dim1", "axis0", "axis1"):
-        if name in kwargs:
-            dims.append(kwargs[name])
-    if len(dims) != 2:
-        return False
-    n = args[0].dim()
-    return sorted(d % n for d in dims) == [0, 1]
-
-
-class BatchSecond(torch.Tensor):
-    """A 3-D multi_jagged tensor with its batch dim swapped to second place (NOTE [ Batch-second
-    tokens ]); ``transpose(0, 1)`` gives the tensor back."""
-
-    _mjt: MJT
+class BatchSecond(BatchMoved):
+    """A multi_jagged tensor with its batch dim swapped to second place (NOTE [ Batch-second
+    tokens ]): a batch-moved token (NOTE [ Batch-moved tokens ]) that
+    ``F.multi_head_attention_forward`` also takes."""
 
     @staticmethod
     def __new__(cls, mjt: MJT):
-        size = list(mjt._size)
-        size[0], size[1] = size[1], size[0]
-        stride = list(mjt._strides)
-        stride[0], stride[1] = stride[1], stride[0]
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, size, stride, 0, torch.contiguous_format, mjt.dtype, torch.strided, mjt.device, False, False,
-            "sizes", False, False, storage_size=0,
-        )
-        r._mjt = mjt
-        r._size, r._strides = tuple(size), tuple(stride)
-        return r
+        return BatchMoved.__new__(cls, mjt, (1, 0) + tuple(range(2, mjt.dim())))
 
     def __repr__(self) -> str:  # type: ignore[override]
         return f"BatchSecond({self._mjt!r})"
 
-    @classmethod
-    def __torch_function__(cls, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func in _SWAPS and isinstance(args[0], BatchSecond) and _swaps_batch(args, kwargs):
-            return args[0]._mjt
-        if func is F.multi_head_attention_forward:
-            return _mha(*args, **kwargs)
-        if getattr(func, "__name__", "") == "__get__" or func in _METADATA:
-            with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **kwargs)
-        raise NotImplementedError(
-            f"{getattr(func, '__name__', func)}(): a multi_jagged tensor with its batch dim swapped to dim 1 "
-            "(transpose(0, 1)) supports only being swapped back and F.multi_head_attention_forward "
-            "(nn.MultiheadAttention with batch_first=True); keep the batch first for other ops"
-        )
-
-    @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        meta = _DISPATCH_METADATA.get(func)
-        if meta is not None:
-            return meta(args[0])
-        raise NotImplementedError(
-            f"{func}: a multi_jagged tensor with its batch dim swapped to dim 1 has no data of its own "
-            "(see BatchSecond)"
-        )
-
-
-_METADATA = {torch.Tensor.dim, torch.Tensor.size, torch.Tensor.ndimension, torch.Tensor.is_floating_point,
-             torch.Tensor.is_complex, torch.Tensor.__hash__}
-
-
-aten = torch.ops.aten
-_DISPATCH_METADATA = {
-    aten.sym_size.default: lambda x: x._size,
-    aten.dim.default: lambda x: len(x._size),
-    aten.sym_stride.default: lambda x: x._strides,
-    aten.sym_numel.default: lambda x: x._mjt._values.numel(),
-    aten.numel.default: lambda x: x._mjt._values.numel(),
-    aten.sym_storage_offset.default: lambda x: 0,
-    aten.is_contiguous.default: lambda x: False,
-    aten.sym_is_contiguous.default: lambda x: False,
-}
-
 
 @route(*_SWAPS)
 def _swap(input, *args, **kwargs):
-    if isinstance(input, MJT) and input.dim() == 3 and _swaps_batch((input, *args), kwargs):
-        if torch.compiler.is_compiling():
-            raise NotImplementedError(
-                "transpose(0, 1) of a multi_jagged tensor (nn.MultiheadAttention's batch_first swap) is not "
-                "supported under torch.compile; compile a module that calls F.scaled_dot_product_attention on "
-                "(B, H, j, D) instead (README, Attention)"
-            )
+    if not isinstance(input, MJT):
+        return NotImplemented
+    dims = list(args[:2]) + [kwargs[k] for k in ("dim0", "dim1", "axis0", "axis1") if k in kwargs]
+    if len(dims) != 2:
+        return NotImplemented
+    a, b = (canonical_dim("transpose", input.dim(), d) for d in dims)
+    if 0 not in (a, b) or a == b:
+        return NotImplemented  # the batch stays first: the op table's handler
+    if torch.compiler.is_compiling():
+        raise NotImplementedError(
+            "transpose() of the batch dim of a multi_jagged tensor (nn.MultiheadAttention's batch_first swap) is "
+            "not supported under torch.compile; compile a module that calls F.scaled_dot_product_attention on "
+            "(B, H, j, D) instead (README, Attention)"
+        )
+    if input.dim() == 3 and sorted((a, b)) == [0, 1]:
         return BatchSecond(input)
-    return NotImplemented
+    return batch_transpose(input, a, b)
 
 
 def _unwrap(name: str, t):
-    if isinstance(t, BatchSecond):
+    if isinstance(t, BatchMoved) and t._perm == (1, 0, 2):
         return t._mjt
     raise TypeError(
         f"{_OP}(): expected {name} to be a multi_jagged tensor swapped to sequence-first like the query, got "
@@ -132,6 +79,7 @@ def _unwrap(name: str, t):
     )
 
 
+@token_op(F.multi_head_attention_forward)
 def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_proj_bias, bias_k, bias_v,
          add_zero_attn, dropout_p, out_proj_weight, out_proj_bias, training=True, key_padding_mask=None,
          need_weights=True, attn_mask=None, use_separate_proj_weight=False, q_proj_weight=None, k_proj_weight=None,

@@ -10,21 +10,25 @@ construction, so a ``permute`` / ``movedim`` that moves the batch away from dim 
 the permutation, with the logical shape and no data of its own. It supports what the idiom
 needs: its metadata, indexing its leading static dim (``unbind(0)``, ``x[i]``, ``select(0, i)``),
 which gives batch-first multi_jagged tensors again (a ``select`` of a static dim and a
-batch-first ``permute``: views, gradients of every order), and permuting it back. Any other op
-raises, naming it; ``nn.MultiheadAttention``'s ``transpose(0, 1)`` of a 3-D tensor is the
-``BatchSecond`` token (NOTE [ Batch-second tokens ]). Tokens are eager only: under
-``torch.compile`` a ``permute`` that moves the batch raises.
+batch-first ``permute``: views, gradients of every order), and permuting it back. Sequence-first
+code (``(N, B, C)``, ``x.transpose(0, 1)``: the ``BatchSecond`` token of NOTE [ Batch-second
+tokens ], a subclass) also runs the ops that do not care where the batch is: elementwise ops
+between tokens of one permutation (dense operands that broadcast over the unmoved trailing dims,
+numbers), ops on an unmoved last dim (``linear``, ``layer_norm``, ``dropout``, activations,
+``softmax``), and reductions, whose dims are mapped through the permutation — each runs on the
+batch-first tensor and the result is permuted alike (``(N, B, C).mean(0)`` is the dense
+``(B, C)``). Any other op raises, naming it. Tokens are eager only: under ``torch.compile`` a
+``permute`` that moves the batch raises.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...errors import StructureError
-from .._common import MJT, canonical_dim, describe
+from .._common import MJT, canonical_dim
 from .._routing import route
 
-__all__ = ["BatchMoved"]
+__all__ = ["BatchMoved", "token_op", "batch_transpose"]
 
 aten = torch.ops.aten
 
@@ -66,9 +70,10 @@ class BatchMoved(torch.Tensor):
     # ------------------------------------------------------------------ what the token supports
     def _select0(self, index: int):
         s = self._perm[0]
-        n = self._size[0]
-        if not -n <= index < n:
-            raise IndexError(f"index {index} is out of bounds for dimension 0 with size {n}")
+        if s not in self._mjt._ragged_dims:  # a ragged leading dim checks per sample
+            n = self._size[0]
+            if not -n <= index < n:
+                raise IndexError(f"index {index} is out of bounds for dimension 0 with size {n}")
         picked = self._mjt.select(s, index)
         return _settle(picked, tuple(p - (p > s) for p in self._perm[1:]))
 
@@ -82,19 +87,24 @@ class BatchMoved(torch.Tensor):
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         self = args[0] if args else None
-        if isinstance(self, BatchMoved):
-            handled = _TOKEN_OPS.get(func)
-            if handled is not None:
-                out = handled(self, *args[1:], **kwargs)
-                if out is not NotImplemented:
-                    return out
+        handled = _TOKEN_OPS.get(func)
+        if handled is not None and (isinstance(self, BatchMoved) or func in _REGISTERED):
+            out = handled(*args, **kwargs)
+            if out is not NotImplemented:
+                return out
+        if func in _FORWARDED:
+            out = _forward(func, args, kwargs)
+            if out is not NotImplemented:
+                return out
         if getattr(func, "__name__", "") == "__get__" or func in _METADATA:
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
+        perm = self._perm if isinstance(self, BatchMoved) else None
         raise NotImplementedError(
-            f"{getattr(func, '__name__', func)}(): a multi_jagged tensor with a static dim before its batch dim "
-            f"{describe(self) if isinstance(self, torch.Tensor) else ''} supports only indexing that leading dim "
-            "(unbind(0), x[i], select(0, i)) and permuting the batch back to dim 0 (layout torch.multi_jagged)"
+            f"{getattr(func, '__name__', func)}(): a multi_jagged tensor whose batch dim is not at dim 0 (dims "
+            f"permuted {perm}) supports indexing its leading dim, permuting the batch back to dim 0, elementwise "
+            "ops, last-dim ops (linear, layer_norm, dropout, softmax(-1)) and reductions; permute the batch back "
+            "first for other ops (layout torch.multi_jagged)"
         )
 
     @classmethod
@@ -108,6 +118,11 @@ class BatchMoved(torch.Tensor):
 def _unbind(t: BatchMoved, dim=0):
     if canonical_dim("unbind", len(t._perm), dim) != 0:
         return NotImplemented
+    if t._perm[0] in t._mjt._ragged_dims:
+        raise NotImplementedError(
+            "unbind(0): the leading dim is ragged (each sample has its own length); index it with x[i] "
+            "(per sample) or permute the batch back to dim 0"
+        )
     return tuple(t._select0(i) for i in range(t._size[0]))
 
 
@@ -155,6 +170,135 @@ def _movedim(t: BatchMoved, source, destination):
     return t._permute(_movedim_order("movedim", len(t._perm), source, destination))
 
 
+# ----------------------------------------------------------------------------- ops that forward
+_REGISTERED: set = set()
+
+
+def token_op(*funcs):
+    """Decorator: ``fn(*args, **kwargs)`` handles ``funcs`` called with a batch-moved token
+    (``nn.MultiheadAttention``'s forward takes sequence-first tokens: ``attention/mha.py``)."""
+    def wrapper(fn):
+        for f in funcs:
+            _TOKEN_OPS[f] = fn
+            _REGISTERED.add(f)
+        return fn
+
+    return wrapper
+
+
+def _tokens(args) -> list:
+    out = []
+    for a in args:
+        if isinstance(a, BatchMoved):
+            out.append(a)
+        elif isinstance(a, (list, tuple)):
+            out += [t for t in a if isinstance(t, BatchMoved)]
+    return out
+
+
+def _trailing_fixed(perm) -> int:
+    """How many trailing dims the permutation leaves in place."""
+    n = 0
+    for i in range(len(perm) - 1, -1, -1):
+        if perm[i] != i:
+            break
+        n += 1
+    return n
+
+
+def _unwrap_arg(a, fixed: int):
+    if isinstance(a, BatchMoved):
+        return a._mjt
+    if isinstance(a, (list, tuple)):
+        return type(a)(_unwrap_arg(t, fixed) for t in a)
+    if isinstance(a, torch.Tensor) and not isinstance(a, MJT) and a.dim() > fixed:
+        raise NotImplementedError(
+            f"a dense operand of {a.dim()} dims with a batch-moved multi_jagged token: only dense operands that "
+            f"broadcast over its {fixed} unmoved trailing dims (layout torch.multi_jagged)"
+        )
+    return a
+
+
+def _rewrap(out, perm):
+    if isinstance(out, MJT) and out.dim() == len(perm):
+        return _settle(out, perm)
+    if isinstance(out, tuple) and not isinstance(out, torch.Size):
+        return type(out)(*(_rewrap(o, perm) for o in out)) if hasattr(out, "_fields") else tuple(_rewrap(o, perm) for o in out)
+    return out
+
+
+def _forward(func, args, kwargs):
+    """``func`` on the batch-first tensors, the result permuted alike (NOTE [ Batch-moved tokens ])."""
+    tokens = _tokens(list(args) + list(kwargs.values()))
+    perm = tokens[0]._perm
+    if any(t._perm != perm for t in tokens):
+        raise NotImplementedError(
+            f"{getattr(func, '__name__', func)}(): batch-moved multi_jagged tokens of different permutations"
+        )
+    kind = _FORWARDED[func]
+    n = len(perm)
+    if kind == "last" and perm[-1] != n - 1:
+        return NotImplemented
+    if kind == "reduce":
+        return _reduce(func, tokens[0], *args[1:], **kwargs)
+    if kind == "dim":
+        args, kwargs = _map_dim(func, perm, args, kwargs)
+    # parameters of a last-dim op (a linear's weight) are not operands broadcast against the token
+    fixed = n if kind == "last" else _trailing_fixed(perm)
+    out = func(*_unwrap_arg(list(args), fixed), **{k: _unwrap_arg(v, fixed) for k, v in kwargs.items()})
+    return _rewrap(out, perm)
+
+
+def _map_dim(func, perm, args, kwargs):
+    """``softmax``-like ops: the ``dim`` argument (second positional or keyword) mapped to the
+    batch-first tensor's dim."""
+    n = len(perm)
+    if "dim" in kwargs:
+        kwargs = {**kwargs, "dim": perm[canonical_dim(func.__name__, n, kwargs["dim"])]}
+    elif len(args) > 1 and isinstance(args[1], int):
+        args = (args[0], perm[canonical_dim(func.__name__, n, args[1])], *args[2:])
+    return args, kwargs
+
+
+def _reduce(func, t: "BatchMoved", dim=None, keepdim=False, *rest, **kwargs):
+    """A reduction over token dims ``dim``: over the mapped dims of the batch-first tensor; the
+    kept dims keep their order."""
+    name = getattr(func, "__name__", "reduce")
+    n = len(t._perm)
+    if dim is None:
+        return func(t._mjt, *rest, **kwargs)
+    dims = [dim] if isinstance(dim, int) else list(dim)
+    dims = sorted({canonical_dim(name, n, d) for d in dims})
+    out = func(t._mjt, [t._perm[d] for d in dims], keepdim, *rest, **kwargs)
+    if keepdim:
+        return _rewrap(out, t._perm)
+    gone = {t._perm[d] for d in dims}
+    kept = [p for i, p in enumerate(t._perm) if i not in dims]
+    remap = {p: p - sum(g < p for g in gone) for p in kept}
+    perm = tuple(remap[p] for p in kept)
+    if isinstance(out, torch.Tensor) and not isinstance(out, MJT):
+        return out.permute(perm) if perm != tuple(range(len(perm))) else out
+    return _rewrap(out, perm)
+
+
+F = torch.nn.functional
+_ELEMENTWISE = [
+    torch.add, torch.sub, torch.mul, torch.div, torch.Tensor.add, torch.Tensor.sub, torch.Tensor.mul, torch.Tensor.div,
+    torch.Tensor.__add__, torch.Tensor.__radd__, torch.Tensor.__sub__, torch.Tensor.__rsub__, torch.Tensor.__mul__,
+    torch.Tensor.__rmul__, torch.Tensor.__truediv__, torch.Tensor.__rtruediv__, torch.Tensor.__neg__, torch.Tensor.__pow__,
+    torch.relu, torch.tanh, torch.sigmoid, torch.exp, torch.sqrt, torch.rsqrt, torch.Tensor.relu, torch.Tensor.tanh,
+    torch.Tensor.sigmoid, torch.Tensor.exp, torch.Tensor.sqrt, torch.Tensor.rsqrt, torch.Tensor.pow, torch.pow,
+    torch.Tensor.clone, torch.clone, torch.Tensor.detach, torch.Tensor.contiguous, torch.Tensor.to, torch.Tensor.float,
+    torch.Tensor.double, torch.Tensor.half, torch.Tensor.bfloat16, torch.where, torch.Tensor.masked_fill,
+    F.relu, F.gelu, F.silu, F.elu, F.leaky_relu, F.sigmoid, F.tanh, F.dropout, F.mish, F.hardswish,
+]
+_LAST = [F.linear, F.layer_norm, F.rms_norm, F.glu]
+_DIM = [F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax]
+_REDUCE = [torch.sum, torch.mean, torch.amax, torch.amin, torch.Tensor.sum, torch.Tensor.mean, torch.Tensor.amax,
+           torch.Tensor.amin]
+_FORWARDED = {**{f: "elementwise" for f in _ELEMENTWISE}, **{f: "last" for f in _LAST}, **{f: "dim" for f in _DIM},
+              **{f: "reduce" for f in _REDUCE}}
+
 _TOKEN_OPS = {
     torch.unbind: _unbind, torch.Tensor.unbind: _unbind,
     torch.Tensor.__getitem__: _getitem,
@@ -189,12 +333,14 @@ def _permute_mjt(input, *dims):
     perm = tuple(canonical_dim("permute", input.dim(), d) for d in dims)
     if not perm or perm[0] == 0 or sorted(perm) != list(range(input.dim())):
         return NotImplemented  # batch first (or a bad permutation): the op table's handler
-    if perm[0] in input._ragged_dims:
-        raise StructureError(
-            f"permute(): a ragged dim of {describe(input)} cannot come before the batch dim (dims {perm}); "
-            "only static dims can"
-        )
     return _settle(input, perm)
+
+
+def batch_transpose(input: MJT, dim0: int, dim1: int):
+    """``transpose`` that moves the batch dim: the permutation's token."""
+    perm = list(range(input.dim()))
+    perm[dim0], perm[dim1] = perm[dim1], perm[dim0]
+    return _settle(input, tuple(perm))
 
 
 @route(torch.movedim, torch.Tensor.movedim, torch.moveaxis, torch.Tensor.moveaxis)
