@@ -29,6 +29,7 @@ CASES = {
     "with dense bsic,ce->bise": ("bsic,ce->bise", [(lambda n, m, s: (s, n, 2), (2,)), (2, 5)]),
     "triangle bikc,bjkc->bijc": ("bikc,bjkc->bijc", [(lambda n, m, s: (n, n, 2), (1, 2)), (lambda n, m, s: (n, n, 2), (1, 2))]),
     "sum out bi,bi->b": ("bi,bi->b", [(lambda n, m, s: (n,), (1,)), (lambda n, m, s: (n,), (1,))]),
+    "two contracted bic,bjc->bi": ("bic,bjc->bi", [(lambda n, m, s: (n, 2), (1,)), (lambda n, m, s: (m, 2), (1,))]),
 }
 
 
