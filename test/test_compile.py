@@ -164,3 +164,23 @@ def test_dense_modulation_compiles_once_over_changing_lengths():
                                        b.values() if isinstance(b, mj.MultiJaggedTensor) else b)
     assert cc.frame_count == 1
     torch._dynamo.reset()
+
+
+def test_unmodified_encoder_layer_compiles_with_graph_breaks():
+    """``torch.compile`` of an unmodified ``nn.TransformerEncoderLayer`` / ``nn.MultiheadAttention``
+    on a multi_jagged batch: they graph-break inside ``nn.MultiheadAttention`` (its batch swap
+    is eager only) and the package's own frames run eagerly around the breaks (NOTE [ Own frames
+    under torch.compile ]); the result is the eager one, gradients included."""
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()
+    mha = nn.MultiheadAttention(8, 2, batch_first=True).double()
+    comps = [torch.randn(n, 8, dtype=torch.float64) for n in (3, 1, 4)]
+    for module, call in ((layer, lambda m, t: m(t)), (mha, lambda m, t: m(t, t, t, need_weights=False)[0])):
+        x1, x2 = (mj.nested_tensor(comps, requires_grad=True) for _ in range(2))
+        out = torch.compile(lambda t: call(module, t), backend="aot_eager")(x1)
+        ref = call(module, x2)
+        torch.testing.assert_close(out.values(), ref.values())
+        (g1,), (g2,) = torch.autograd.grad(out.values().sum(), [x1]), torch.autograd.grad(ref.values().sum(), [x2])
+        torch.testing.assert_close(g1.values(), g2.values())
+    torch._dynamo.reset()

@@ -39,6 +39,7 @@ from typing import Optional
 import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from . import _frames
 from .layout import multi_jagged
 from .serialization import INTERNAL_ATTRS, copy_partition, partition_from_file, user_state
 from .structure import Partition, RaggedExtent, _is_traced
@@ -326,6 +327,8 @@ class MultiJaggedTensor(torch.Tensor):
         # torch.jagged sets on its values). Set here, where dynamo meets an input, rather than
         # on every construction.
         self._values._dynamo_propagated_dynamic_indices = {0}
+        if not _frames.skipped:  # NOTE [ Own frames under torch.compile ]: dynamo is loaded by now
+            _frames.skip_frames("torch_multijagged")
         uniq, index = self._unique_extents()
         p = self._partition
         names = ["_values", "_offsets"]
