@@ -184,3 +184,35 @@ def test_unmodified_encoder_layer_compiles_with_graph_breaks():
         (g1,), (g2,) = torch.autograd.grad(out.values().sum(), [x1]), torch.autograd.grad(ref.values().sum(), [x2])
         torch.testing.assert_close(g1.values(), g2.values())
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("form", ["shape[:-1] + (H, -1)", "(B, N, H, -1)", "reshape(B, N, 3, H, D)"])
+def test_view_with_sizes_read_from_shape_is_one_graph(form):
+    """``q.view(q.shape[:-1] + (H, -1))`` and friends keep every ragged dim and regroup static
+    ones: under fullgraph one graph over changing lengths, gradients included; the packed-qkv
+    idiom with ``unbind(2)`` runs through attention in the same graph."""
+    torch._dynamo.reset()
+    H = 2
+
+    def f(q):
+        if form == "shape[:-1] + (H, -1)":
+            h = q.view(q.shape[:-1] + (H, -1))
+        elif form == "(B, N, H, -1)":
+            h = q.view(q.shape[0], q.shape[1], H, -1)
+        else:
+            qkv = q.reshape(q.shape[0], q.shape[1], 3, H, 2)
+            a, b, c = (t.transpose(1, 2) for t in qkv.unbind(2))
+            return F.scaled_dot_product_attention(a, b, c).transpose(1, 2).flatten(-2)
+        return h.sum(-1)
+
+    cc = CompileCounterWithBackend("aot_eager")
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for ls in ((3, 2, 4), (5, 1, 2), (2, 6, 3)):
+        comps = [torch.randn(n, 12, dtype=torch.float64) for n in ls]
+        x1, x2 = (mj.nested_tensor(comps, requires_grad=True) for _ in range(2))
+        out, ref = cf(x1), f(x2)
+        torch.testing.assert_close(out.values(), ref.values())
+        (g1,), (g2,) = torch.autograd.grad(out.values().sum(), [x1]), torch.autograd.grad(ref.values().sum(), [x2])
+        torch.testing.assert_close(g1.values(), g2.values())
+    assert cc.frame_count == 1
+    torch._dynamo.reset()

@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Callable, Optional
 
 import torch
-from torch.fx.experimental.symbolic_shapes import is_nested_int
+from torch.fx.experimental.symbolic_shapes import is_nested_int, statically_known_true
 
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
@@ -122,6 +122,16 @@ def _runs(x: MJT) -> list[tuple[int, int]]:
     return out
 
 
+def _same_size(a, b) -> bool:
+    """``a`` is the nested int ``b`` itself (identity while tracing, where comparing two symbolic
+    nested ints would guard on them)."""
+    if a is b:
+        return True
+    if torch.compiler.is_compiling() or not (is_nested_int(a) and is_nested_int(b)):
+        return bool(statically_known_true(a == b)) if is_nested_int(a) and is_nested_int(b) else False
+    return bool(a == b)
+
+
 def _fits(given, expected) -> bool:
     return all(g == -1 or g == e for g, e in zip(given, expected)) and len(given) == len(expected)
 
@@ -159,6 +169,10 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
         for k, d in enumerate(x._ragged_dims):
             if not (_fits(size[:d], x.shape[:d]) and _fits(size[d + m:], x.shape[d + 1:])
                     and any(is_nested_int(s) for s in size[d:d + m])):
+                continue
+            if _same_size(size[d], x.shape[d]):
+                # dim d kept whole (``q.view(q.shape[:-1] + (H, -1))``): the new dims regroup static
+                # ones, which needs no host sizes — not a split of d (whose pieces are other extents)
                 continue
             if torch.compiler.is_compiling():
                 # whether dim d was flattened from those dims is known on the host (its extent's link)
