@@ -131,3 +131,27 @@ def test_compiled_attention_scores_are_one_graph():
         torch.testing.assert_close(cf(x, x, x).values(), f(x, x, x).values())
     assert cc.frame_count == 1
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("form", ["dense ([2], [0])", "dense 1", "mjt ([2], [2])", "dense-first ([1], [2])"])
+def test_tensordot_per_sample(form):
+    """``tensordot`` as the per-sample ``tensordot`` of each sample (stacked), gradients included."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 4, generator=g, dtype=F64, requires_grad=True) for n in (3, 0, 2)]
+    w = torch.randn(4, 5, generator=g, dtype=F64, requires_grad=True)
+    x = mj.as_nested_tensor(comps)
+    fn, ref = {
+        "dense ([2], [0])": (lambda: torch.tensordot(x, w, dims=([2], [0])), lambda c: torch.tensordot(c, w, dims=([1], [0]))),
+        "dense 1": (lambda: torch.tensordot(x, w, dims=1), lambda c: torch.tensordot(c, w, dims=1)),
+        "mjt ([2], [2])": (lambda: torch.tensordot(x, x, dims=([2], [2])), lambda c: torch.tensordot(c, c, dims=([1], [1]))),
+        "dense-first ([1], [2])": (lambda: torch.tensordot(w.t(), x, dims=([1], [2])), lambda c: torch.tensordot(w.t(), c, dims=([1], [1]))),
+    }[form]
+    out = fn()
+    refs = [ref(c) for c in comps]
+    for a, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    leaves = comps + ([] if form.startswith("mjt") else [w])
+    got = torch.autograd.grad(sum((a ** 2).sum() for a in out.unbind()), leaves)
+    want = torch.autograd.grad(sum((r ** 2).sum() for r in refs), leaves)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

@@ -154,3 +154,38 @@ def _broadcast_einsum(equation: str, terms: list, operands: list, out: str):
     if contracted:
         product = product.sum(dim=list(range(len(out), len(order))))
     return product
+
+
+@route(torch.tensordot)
+def _tensordot(a, b, dims=2, out=None):
+    """``tensordot`` as ``einsum``: per sample when a multi_jagged operand is involved — two
+    multi_jagged operands share the batch dim (``out[s] = tensordot(a[s], b[s], dims)`` with the
+    dims of the samples), a dense one contributes its remaining dims after ``a``'s."""
+    if out is not None or not (isinstance(a, MJT) or isinstance(b, MJT)):
+        return NotImplemented
+    if isinstance(dims, int):
+        if dims < 0:
+            raise RuntimeError(f"tensordot expects dims >= 0, but got dims={dims}")
+        da, db = list(range(a.dim() - dims, a.dim())), list(range(dims))
+    elif isinstance(dims, torch.Tensor):
+        da, db = [int(d) for d in dims[0].reshape(-1)], [int(d) for d in dims[1].reshape(-1)]  # SYNC: dims are a spec
+    else:
+        da, db = ([d] if isinstance(d, int) else list(d) for d in dims)
+    if len(da) != len(db):
+        raise RuntimeError(f"both dimension lists should have same length, got {len(da)} and {len(db)}")
+    da = [d % a.dim() for d in da]
+    db = [d % b.dim() for d in db]
+    if (isinstance(a, MJT) and 0 in da) or (isinstance(b, MJT) and 0 in db):
+        raise NotImplementedError(f"tensordot(): contracting the batch dim of a multi_jagged operand for {_LAYOUT}")
+    letters = iter("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ")
+    ta = [next(letters) for _ in range(a.dim())]
+    tb = [next(letters) for _ in range(b.dim())]
+    for i, j in zip(da, db):
+        tb[j] = ta[i]
+    if isinstance(a, MJT) and isinstance(b, MJT):
+        tb[0] = ta[0]
+    out_terms = [c for i, c in enumerate(ta) if i not in da]
+    out_terms += [c for j, c in enumerate(tb) if j not in db and not (isinstance(a, MJT) and isinstance(b, MJT) and j == 0)]
+    if not isinstance(a, MJT):  # the batch subscript leads the output
+        out_terms = [c for c in tb if c in out_terms][:1] + [c for c in out_terms if c != tb[0]]
+    return torch.einsum(f"{''.join(ta)},{''.join(tb)}->{''.join(out_terms)}", a, b)
