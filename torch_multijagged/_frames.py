@@ -14,8 +14,9 @@ eagerly, as the break intended, while inlining from user frames is unaffected (i
 dynamo's trace rules, not by the frame hook). Measured: ``torch.compile`` of an unmodified
 ``nn.TransformerEncoderLayer`` on a multi_jagged batch, which graph-breaks inside
 ``nn.MultiheadAttention``, went from an ``InternalTorchDynamoError`` to the eager result. The
-marking runs once, the first time dynamo meets a multi_jagged tensor (``__tensor_flatten__``):
-importing dynamo at package import would cost 0.6 s and load ``torch.distributed.nn``.
+marking runs once, the first time dynamo meets a multi_jagged tensor (``__tensor_flatten__``,
+when dynamo is loaded): importing dynamo at package import would cost 0.6 s and load
+``torch.distributed.nn``.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ import functools
 import hashlib
 import pathlib
 import re
+import sys
 import weakref
 from typing import Optional
 
@@ -327,8 +328,8 @@ class MultiJaggedTensor(torch.Tensor):
         # torch.jagged sets on its values). Set here, where dynamo meets an input, rather than
         # on every construction.
         self._values._dynamo_propagated_dynamic_indices = {0}
-        if not _frames.skipped:  # NOTE [ Own frames under torch.compile ]: dynamo is loaded by now
-            _frames.skip_frames("torch_multijagged")
+        if not _frames.skipped and "torch._dynamo.eval_frame" in sys.modules:
+            _frames.skip_frames("torch_multijagged")  # NOTE [ Own frames under torch.compile ]
         uniq, index = self._unique_extents()
         p = self._partition
         names = ["_values", "_offsets"]
