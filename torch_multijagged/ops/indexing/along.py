@@ -39,10 +39,9 @@ from typing import Callable, Optional
 import torch
 
 from ...bridge import values_of, wrap_values
-from ...errors import StructureError
 from ...kernels.along import packed_rows
 from ...structure import RaggedExtent, _is_traced, partition_for
-from .._common import MJT, canonical_dim, describe, eager_route, static_dims
+from .._common import MJT, canonical_dim, eager_route, static_dims
 
 __all__ = ["ragged_dim", "keep_along", "drop_along", "take_static", "check_samples", "first_bad", "eager", "eager_or_traced", "EAGER"]
 
@@ -160,15 +159,6 @@ def take_static(x: MJT, k: int, size: int, table: torch.Tensor):
     if not keep:
         return v
     return wrap_values(v, sub, tuple(r for r in x._ragged_dims if r != d))
-
-
-def require_ragged(op: str, x: MJT, dim) -> tuple[int, int]:
-    hit = ragged_dim(op, x, dim)
-    if hit is None:
-        raise StructureError(f"{op}(): expected a ragged dim of {describe(x)}, got dim {dim}")
-    if hit[0] == 0:
-        raise StructureError(f"{op}(): not along the batch dim of {describe(x)}")
-    return hit
 
 
 def eager(fn):
