@@ -166,23 +166,58 @@ def test_dense_modulation_compiles_once_over_changing_lengths():
     torch._dynamo.reset()
 
 
-def test_unmodified_encoder_layer_compiles_with_graph_breaks():
-    """``torch.compile`` of an unmodified ``nn.TransformerEncoderLayer`` / ``nn.MultiheadAttention``
-    on a multi_jagged batch: they graph-break inside ``nn.MultiheadAttention`` (its batch swap
-    is eager only) and the package's own frames run eagerly around the breaks (NOTE [ Own frames
-    under torch.compile ]); the result is the eager one, gradients included."""
+def _values_or_dense(t):
+    return t.values() if isinstance(t, mj.MultiJaggedTensor) else t
+
+
+_MODULE_CASES = {
+    "TransformerEncoderLayer": lambda: (lambda m: lambda t: m(t))(
+        nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()),
+    "TransformerEncoder (2 layers, norm_first)": lambda: (lambda m: lambda t: m(t))(nn.TransformerEncoder(
+        nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True, norm_first=True), 2,
+        enable_nested_tensor=False).double()),
+    "TransformerDecoderLayer": lambda: (lambda m: lambda t: m(t, t))(
+        nn.TransformerDecoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()),
+    "MultiheadAttention need_weights=False": lambda: (lambda m: lambda t: m(t, t, t, need_weights=False)[0])(
+        nn.MultiheadAttention(8, 2, batch_first=True).double()),
+    "MultiheadAttention with weights": lambda: (lambda m: lambda t: m(t, t, t))(
+        nn.MultiheadAttention(8, 2, batch_first=True).double()),
+    "sequence-first TransformerEncoderLayer": lambda: (lambda m: lambda t: m(t.transpose(0, 1)).transpose(0, 1))(
+        nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0).double()),
+    "sequence-first mean over the sequence": lambda: (lambda m: lambda t: m(t.transpose(0, 1)).mean(0))(
+        nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0).double()),
+    "packed qkv permute(2, 0, 3, 1, 4).unbind(0)": lambda: (lambda w: lambda t: F.scaled_dot_product_attention(
+        *w(t).reshape(t.shape[0], t.shape[1], 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)).transpose(1, 2).flatten(-2))(
+        nn.Linear(8, 24).double()),
+    "stack(0) then reduce": lambda: lambda t: torch.stack([t, 2 * t], 0).sum(0),
+}
+
+
+@pytest.mark.parametrize("case", _MODULE_CASES)
+def test_unmodified_modules_and_moved_batch_are_one_graph(case):
+    """``torch.compile(fullgraph=True)`` of unmodified ``nn.Transformer*`` / ``nn.MultiheadAttention``
+    (their batch swap is a batch-moved token, traced through) and of the packed-qkv and
+    sequence-first idioms: one graph over three length sets, outputs and the gradients of the
+    input and of every parameter equal to eager's."""
     torch._dynamo.reset()
     torch.manual_seed(0)
-    layer = nn.TransformerEncoderLayer(8, 2, 16, dropout=0.0, batch_first=True).double()
-    mha = nn.MultiheadAttention(8, 2, batch_first=True).double()
-    comps = [torch.randn(n, 8, dtype=torch.float64) for n in (3, 1, 4)]
-    for module, call in ((layer, lambda m, t: m(t)), (mha, lambda m, t: m(t, t, t, need_weights=False)[0])):
+    f = _MODULE_CASES[case]()
+    params = [p for c in getattr(f, "__closure__", None) or () for m in [c.cell_contents]
+              if isinstance(m, nn.Module) for p in m.parameters()]
+    cc = CompileCounterWithBackend("aot_eager")
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for ls in ((3, 1, 4), (5, 2, 2), (1, 6, 3)):
+        comps = [torch.randn(n, 8, dtype=torch.float64) for n in ls]
         x1, x2 = (mj.nested_tensor(comps, requires_grad=True) for _ in range(2))
-        out = torch.compile(lambda t: call(module, t), backend="aot_eager")(x1)
-        ref = call(module, x2)
-        torch.testing.assert_close(out.values(), ref.values())
-        (g1,), (g2,) = torch.autograd.grad(out.values().sum(), [x1]), torch.autograd.grad(ref.values().sum(), [x2])
-        torch.testing.assert_close(g1.values(), g2.values())
+        outs, refs = cf(x1), f(x2)
+        outs, refs = (o if isinstance(o, tuple) else (o,) for o in (outs, refs))
+        for o, r in zip(outs, refs):
+            torch.testing.assert_close(_values_or_dense(o), _values_or_dense(r))
+        g1 = torch.autograd.grad(sum((_values_or_dense(o) ** 2).sum() for o in outs), [x1, *params])
+        g2 = torch.autograd.grad(sum((_values_or_dense(r) ** 2).sum() for r in refs), [x2, *params])
+        for a, b in zip(g1, g2):
+            torch.testing.assert_close(_values_or_dense(a), _values_or_dense(b))
+    assert cc.frame_count == 1
     torch._dynamo.reset()
 
 

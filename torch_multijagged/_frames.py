@@ -12,8 +12,9 @@ attribute 'node'`` reading ``x.__dict__``) instead of falling back. ``skip_frame
 code object of the package with ``torch._dynamo.eval_frame.skip_code``: such a frame then runs
 eagerly, as the break intended, while inlining from user frames is unaffected (it is decided by
 dynamo's trace rules, not by the frame hook). Measured: ``torch.compile`` of an unmodified
-``nn.TransformerEncoderLayer`` on a multi_jagged batch, which graph-breaks inside
-``nn.MultiheadAttention``, went from an ``InternalTorchDynamoError`` to the eager result. The
+``nn.TransformerEncoderLayer`` on a multi_jagged batch, when it graph-broke inside
+``nn.MultiheadAttention`` (before the batch-moved token was traceable), went from an
+``InternalTorchDynamoError`` to the eager result. The
 marking runs once, the first time dynamo meets a multi_jagged tensor (``__tensor_flatten__``,
 when dynamo is loaded): importing dynamo at package import would cost 0.6 s and load
 ``torch.distributed.nn``.

@@ -59,12 +59,6 @@ def _swap(input, *args, **kwargs):
     a, b = (canonical_dim("transpose", input.dim(), d) for d in dims)
     if 0 not in (a, b) or a == b:
         return NotImplemented  # the batch stays first: the op table's handler
-    if torch.compiler.is_compiling():
-        raise NotImplementedError(
-            "transpose() of the batch dim of a multi_jagged tensor (nn.MultiheadAttention's batch_first swap) is "
-            "not supported under torch.compile; compile a module that calls F.scaled_dot_product_attention on "
-            "(B, H, j, D) instead (README, Attention)"
-        )
     if input.dim() == 3 and sorted((a, b)) == [0, 1]:
         return BatchSecond(input)
     return batch_transpose(input, a, b)

@@ -38,12 +38,13 @@ def _reduce(input, kind, dims, keepdim):
     return _call(mj.reduce.default, input, kind, dims, keepdim)
 
 
-def _reduction_route(kind: str, static_too: bool = False):
+def _reduction_route(kind: str, static_too=False):
     """``static_too``: route reductions over static dims as well (``prod``: aten's
-    ``prod_backward`` builds tensors of the input's nested-int sizes; ``amax``: below)."""
+    ``prod_backward`` builds tensors of the input's nested-int sizes; ``amax``: below), or a
+    predicate of the input saying when to."""
 
     def routed(input, dim=None, keepdim=False, *, dtype=None):
-        if static_too and isinstance(input, MJT):
+        if isinstance(input, MJT) and (static_too(input) if callable(static_too) else static_too):
             dims = _reduced_dims(input, dim)
         else:
             dims = _touches_ragged(input, dim)
@@ -61,7 +62,10 @@ def _reduction_route(kind: str, static_too: bool = False):
 
 
 route(torch.sum, torch.Tensor.sum)(_reduction_route("sum"))
-route(torch.mean, torch.Tensor.mean)(_reduction_route("mean"))
+# mean over static dims of a tensor with several ragged dims too: aten's mean_backward divides by
+# the ratio of numels, a product of nested ints that fake tensors cannot form (under torch.compile
+# the attention weights of nn.MultiheadAttention, a (B, H, j0, j0) mean over heads)
+route(torch.mean, torch.Tensor.mean)(_reduction_route("mean", static_too=lambda x: len(x._ragged_dims) > 1))
 route(torch.prod, torch.Tensor.prod)(_reduction_route("prod", static_too=True))
 route(torch.logsumexp, torch.Tensor.logsumexp)(_reduction_route("logsumexp"))
 # amax/amin over static dims too: aten's amax_backward views a gradient whose values may be an

@@ -17,8 +17,11 @@ between tokens of one permutation (dense operands that broadcast over the unmove
 numbers), ops on an unmoved last dim (``linear``, ``layer_norm``, ``dropout``, activations,
 ``softmax``), and reductions, whose dims are mapped through the permutation — each runs on the
 batch-first tensor and the result is permuted alike (``(N, B, C).mean(0)`` is the dense
-``(B, C)``). Any other op raises, naming it. Tokens are eager only: under ``torch.compile`` a
-``permute`` that moves the batch raises.
+``(B, C)``). Any other op raises, naming it. Under ``torch.compile`` the token is a traceable
+wrapper subclass around the batch-first tensor, so these idioms (and ``nn.MultiheadAttention``)
+trace into one graph; a token may not cross the compiled function's boundary (an input or an
+output), where it would be rebuilt outside the autograd graph: that is a graph break with a
+message, and ``fullgraph=True`` raises it.
 """
 
 from __future__ import annotations
@@ -37,11 +40,6 @@ def _settle(mjt: MJT, perm: tuple[int, ...]):
     """``mjt.permute(perm)``: a multi_jagged tensor when the batch comes first, else a token."""
     if perm[0] == 0:
         return mjt if perm == tuple(range(len(perm))) else mjt.permute(perm)
-    if torch.compiler.is_compiling():
-        raise NotImplementedError(
-            "permute(): moving the batch dim of a multi_jagged tensor away from dim 0 is eager only; under "
-            "torch.compile select the leading static dim first (qkv.unbind(2) instead of qkv.permute(2, …).unbind(0))"
-        )
     return BatchMoved(mjt, perm)
 
 
@@ -66,6 +64,26 @@ class BatchMoved(torch.Tensor):
 
     def __repr__(self) -> str:  # type: ignore[override]
         return f"BatchMoved(permute({self._mjt!r}, {self._perm}))"
+
+    # A traceable wrapper subclass: inside a compiled function dynamo and AOT trace through the
+    # token to the batch-first tensor it holds. Only across the region's boundary is a token
+    # rebuilt from its inner tensor (``__tensor_unflatten__``), and there it would come back outside
+    # the autograd graph — a gradient silently lost — so it is refused.
+    def __tensor_flatten__(self):
+        return ["_mjt"], self._perm
+
+    @classmethod
+    def __tensor_unflatten__(cls, inner, perm, outer_size, outer_stride):
+        from torch._dynamo.exc import unimplemented
+
+        unimplemented(
+            gb_type="multi_jagged batch-moved token at a compiled region's boundary",
+            context=f"permutation {perm}",
+            explanation=f"a multi_jagged tensor whose batch dim is not at dim 0 (dims permuted {perm}) cannot be an input or an "
+            "output of a torch.compile'd function; permute the batch back to dim 0 inside the function (for "
+            "sequence-first code, x.transpose(0, 1)) (layout torch.multi_jagged)",
+            hints=["permute the batch dim back to dim 0 inside the compiled function"],
+        )
 
     # ------------------------------------------------------------------ what the token supports
     def _select0(self, index: int):
@@ -96,7 +114,8 @@ class BatchMoved(torch.Tensor):
             out = _forward(func, args, kwargs)
             if out is not NotImplemented:
                 return out
-        if getattr(func, "__name__", "") == "__get__" or func in _METADATA:
+        name = getattr(func, "__name__", "")
+        if name == "__get__" or func in _METADATA or name.startswith(("is_", "_is_")):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         perm = self._perm if isinstance(self, BatchMoved) else None
@@ -310,7 +329,9 @@ _TOKEN_OPS = {
 }
 
 _METADATA = {torch.Tensor.dim, torch.Tensor.size, torch.Tensor.ndimension, torch.Tensor.is_floating_point,
-             torch.Tensor.is_complex, torch.Tensor.__hash__, torch.Tensor.__len__}
+             torch.Tensor.is_complex, torch.Tensor.__hash__, torch.Tensor.__len__, torch.Tensor.storage_offset,
+             torch.Tensor.stride, torch.Tensor.is_contiguous, torch.Tensor.untyped_storage,
+             torch.Tensor.element_size, torch.Tensor.get_device}
 
 _DISPATCH_METADATA = {
     aten.sym_size.default: lambda x: x._size,
