@@ -295,3 +295,28 @@ def test_cotangent_of_other_nested_int_and_hooks():
     assert seen == [y.shape]  # the hook saw y's own nested int
     assert h.grad.shape == h.shape
     torch.testing.assert_close(y.grad.unbind()[0], torch.tensor([[1.0], [20.0]]))  # = cot · x
+
+
+@pytest.mark.parametrize("op", ["cat", "concat", "concatenate", "stack"])
+@pytest.mark.parametrize("dim", [1, -1])
+def test_list_operand_with_dim_keyword(op, dim):
+    """``torch.cat([x, y], dim=…)`` (the list the only positional argument) relabels ``y`` as
+    ``torch.cat([x, y], …)`` does: square pairs built separately with equal lengths, every leaf's
+    gradient equal to the dense one."""
+    f = getattr(torch, op)
+    ns = (3, 0, 2)
+    xs = comps_for([(n, n, 2) for n in ns], 0)
+    ys = comps_for([(n, n, 2) for n in ns], 1)
+    lx = [t.clone().requires_grad_() for t in xs]
+    ly = [t.clone().requires_grad_() for t in ys]
+    x, y = mj.as_nested_tensor(lx, ragged_dims=(1, 2)), mj.as_nested_tensor(ly, ragged_dims=(1, 2))
+    out = f([x, y], dim=dim)
+    d = dim - 1 if dim > 0 else dim
+    ref = [f([a, b], dim=d) for a, b in zip(xs, ys)]
+    for i, (o, r) in enumerate(zip(out.unbind(), ref)):
+        assert_close(o, r, f"sample {i}")
+    got = torch.autograd.grad((out * out).sum(), lx + ly)
+    rx, ry = [t.clone().requires_grad_() for t in xs], [t.clone().requires_grad_() for t in ys]
+    want = torch.autograd.grad(sum((f([a, b], dim=d) ** 2).sum() for a, b in zip(rx, ry)), rx + ry)
+    for k, (g, w) in enumerate(zip(got, want)):
+        assert_close(g, w, f"grad of leaf {k}")

@@ -173,7 +173,8 @@ def unify_call(func, args: tuple, kwargs: dict | None):
         unified = unify_extents((*args, *(kwargs[k] for k in names)), keep_first)
         kwargs = {**kwargs, **dict(zip(names, unified[len(args):]))}
         return unified[: len(args)], kwargs
-    if len(args) > 1:
+    if len(args) > 1 or (args and isinstance(args[0], (list, tuple)) and len(args[0]) > 1):
+        # a single list argument too: ``torch.cat([x, y], dim=-1)`` has no second positional one
         args = unify_extents(args, keep_first)
     return args, kwargs
 
