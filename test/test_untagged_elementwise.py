@@ -56,6 +56,11 @@ OPS = {
     "maximum": (lambda x, y: torch.maximum(x, y), NUMS + (torch.bool,)),
     "sign": (lambda x, y: torch.sign(x), NUMS),
     "hardswish": (lambda x, y: F.hardswish(x), FLOATS),
+    # elementwise with one dense parameter for every element
+    "isin": (lambda x, y: torch.isin(x, torch.tensor([0, 1, -2], dtype=x.dtype)), NUMS),
+    "isin_scalar": (lambda x, y: torch.isin(x, 1), NUMS),
+    "bucketize": (lambda x, y: torch.bucketize(x, torch.tensor([-1, 0, 1], dtype=x.dtype)), NUMS),
+    "searchsorted": (lambda x, y: torch.searchsorted(torch.tensor([-1, 0, 1], dtype=x.dtype), x, right=True), NUMS),
 }
 
 
@@ -82,6 +87,31 @@ def test_elementwise_grads(name):
     @given(structures(LAYOUTS[1], max_batch=3), seeds)
     def check(s, seed):
         per_sample_check(f, R(components(s.shapes, seed), s.ragged_dims), R(components(s.shapes, seed + 1), s.ragged_dims), share=True, seed=seed)
+
+    check()
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_equal_and_allclose(layout):
+    """``torch.equal`` / ``torch.allclose`` give a Python bool over the whole batch: True for equal
+    elements and per-sample extents (operands built separately), False when an element or an
+    extent differs, or against a dense tensor."""
+
+    @few(5)
+    @given(structures(layout, max_batch=3), seeds)
+    def check(s, seed):
+        cs = components(s.shapes, seed)
+        x = mj.nested_tensor(cs, ragged_dims=s.ragged_dims)
+        y = mj.nested_tensor([c.clone() for c in cs], ragged_dims=s.ragged_dims)
+        assert torch.equal(x, y) is True and torch.allclose(x, y) is True
+        assert torch.allclose(x, y + 1e-9) is True and torch.equal(x, y + 1e-9) is (x.numel() == 0)
+        assert torch.equal(x, y + 1) is (x.numel() == 0) and torch.allclose(x, y + 1) is (x.numel() == 0)
+        assert torch.equal(x, x.values()) is False
+        if any(c.numel() for c in cs):
+            longer = [torch.cat([c, c], 0) if c.shape[0] else c for c in cs]  # another extent
+            z = mj.nested_tensor(longer, ragged_dims=s.ragged_dims) if s.ragged_dims == (1,) else None
+            if z is not None:
+                assert torch.equal(x, z) is False
 
     check()
 

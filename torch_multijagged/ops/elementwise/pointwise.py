@@ -268,3 +268,55 @@ _UNTAGGED = [
     aten.log_sigmoid_backward.default,
 ]
 register_multi_jagged_func(_UNTAGGED, "a: any, ...")(pointwise)
+
+
+# ----------------------------------------------------------------------------- whole-tensor comparisons
+@register_multi_jagged_func(aten.equal.default, "self: any, other: any")
+def equal_default(func, a, b):
+    """``torch.equal``: a Python bool, True when both have the same shape — the same ragged dims
+    with equal per-sample extents, the same static sizes — and the same elements. (aten tags it
+    pointwise, but it returns a bool, not a tensor.) A dense tensor never has a multi_jagged
+    tensor's shape."""
+    if not (isinstance(a, MJT) and isinstance(b, MJT)):
+        return False
+    if len(a._size) != len(b._size) or a._values.shape[1:] != b._values.shape[1:] or not _same_layout(a, b):
+        return False
+    return func(a._values, b._values)
+
+
+@register_multi_jagged_func(aten.allclose.default, "self: any, other: any, rtol: any?, atol: any?, equal_nan: any?")
+def allclose_default(func, a, b, rtol=1e-5, atol=1e-8, equal_nan=False):
+    """``torch.allclose``: ``isclose`` with its broadcasting (NOTE [ Broadcasting over ragged dims
+    ]), then ``all``."""
+    # SYNC: the result is a Python bool, as dense allclose's
+    return bool(aten.isclose.default(a, b, rtol, atol, equal_nan).all())
+
+
+# ----------------------------------------------------------------------------- elementwise with a dense parameter
+@register_multi_jagged_func([aten.isin.Tensor_Tensor, aten.isin.Tensor_Scalar], "elements: mjt, test_elements: any, ...")
+def isin_Tensor(func, x, test, *args, **kwargs):
+    """``isin(x, test_elements)``: elementwise on the packed values; ``test_elements`` is one set
+    for every element, so it must be dense (or a scalar)."""
+    if isinstance(test, MJT):
+        raise NotImplementedError("isin(): a multi_jagged test_elements is not supported for layout torch.multi_jagged (pass a dense tensor)")
+    return wrap(func(x._values, test, *args, **kwargs), x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func(aten.bucketize.Tensor, "self: mjt, boundaries: t, ...")
+def bucketize_Tensor(func, x, boundaries, *args, **kwargs):
+    """``bucketize(x, boundaries)``: one dense 1-D ``boundaries`` for every element."""
+    return wrap(func(x._values, boundaries, *args, **kwargs), x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func(aten.searchsorted.Tensor, "sorted_sequence: any, self: any, ...")
+def searchsorted_Tensor(func, sorted_sequence, x, *args, **kwargs):
+    """``searchsorted(boundaries, x)`` with dense 1-D ``boundaries``: elementwise on ``x``'s
+    values. Per-sample boundaries (a multi_jagged ``sorted_sequence``) are not supported."""
+    if isinstance(sorted_sequence, MJT) or not isinstance(x, MJT) or sorted_sequence.dim() != 1:
+        raise NotImplementedError(
+            "searchsorted(): for layout torch.multi_jagged, expected dense 1-D boundaries and multi_jagged "
+            f"values, got {describe(sorted_sequence)} and {describe(x) if isinstance(x, torch.Tensor) else type(x).__name__}"
+        )
+    if kwargs.get("sorter") is not None:
+        raise NotImplementedError("searchsorted(): sorter= is not supported for layout torch.multi_jagged")
+    return wrap(func(sorted_sequence, x._values, *args, **kwargs), x._partition, x._ragged_dims)
