@@ -123,6 +123,24 @@ def test_layer_norm_over_a_ragged_dim_with_weight_is_rejected():
         F.layer_norm(x, (x.shape[-2], 4), torch.ones(4))
 
 
+@layouts
+def test_native_layer_norm_statistics_per_sample(layout):
+    """``aten.native_layer_norm`` returns ``(out, mean, rstd)``: the statistics have the input's
+    structure (the normalized dims kept as 1), per sample as dense torch's; ``_fused_rms_norm``'s
+    ``rstd`` too. The backward ops take them back."""
+
+    @grid
+    @given(structures(layout, min_c=2, max_c=4), seeds)
+    def check(s, seed):
+        w, b = _dense(seed, s.c), _dense(seed + 1, s.c)
+        x = R(components(s.shapes, seed), s.ragged_dims)
+        for k in (1, 2):  # mean, rstd
+            per_sample_check(lambda t, w, b: torch.ops.aten.native_layer_norm(t, [s.c], w, b, 1e-5)[k], x, w, b, grad=False)
+        per_sample_check(lambda t, w: torch.ops.aten._fused_rms_norm(t, [s.c], w, 1e-5)[1], x, w, grad=False)
+
+    check()
+
+
 def test_layer_norm_golden():
     x = mj.nested_tensor([torch.tensor([[1.0, 3.0]]), torch.zeros(0, 2), torch.tensor([[2.0, 2.0]])])
     out = F.layer_norm(x, (2,), eps=0.0)

@@ -40,21 +40,26 @@ def _like(x: MJT, v: torch.Tensor):
     return wrap(v, x._partition, x._ragged_dims)
 
 
+def _packed(t):
+    """The packed values of a statistics tensor (multi_jagged, or already packed)."""
+    return t._values if isinstance(t, MJT) else t
+
+
 @register_multi_jagged_func(aten.native_layer_norm.default, "input: mjt, normalized_shape: any, weight: t?, bias: t?, eps: any")
 def native_layer_norm_default(func, x, normalized_shape, weight, bias, eps):
     _check_trailing("layer_norm", x, normalized_shape)
     out, mean, rstd = func(x._values, normalized_shape, weight, bias, eps)
-    # mean / rstd are not differentiable outputs (derivatives.yaml) and only come back to the
-    # backward below: they stay packed, which saves two wrapper constructions per call.
-    return _like(x, out), mean, rstd
+    # mean / rstd have the input's shape with the normalized dims kept as 1 (dense torch's):
+    # the input's structure, so a caller reads them per sample like the output.
+    return _like(x, out), _like(x, mean), _like(x, rstd)
 
 
 @register_multi_jagged_func(
     aten.native_layer_norm_backward.default,
-    "grad_out: mjt, input: mjt, normalized_shape: any, mean: t, rstd: t, weight: t?, bias: t?, output_mask: any",
+    "grad_out: mjt, input: mjt, normalized_shape: any, mean: any, rstd: any, weight: t?, bias: t?, output_mask: any",
 )
 def native_layer_norm_backward_default(func, grad, x, normalized_shape, mean, rstd, weight, bias, mask):
-    gx, gw, gb = func(grad._values, x._values, normalized_shape, mean, rstd, weight, bias, mask)
+    gx, gw, gb = func(grad._values, x._values, normalized_shape, _packed(mean), _packed(rstd), weight, bias, mask)
     return (_like(x, gx) if gx is not None else None), gw, gb
 
 
@@ -62,15 +67,15 @@ def native_layer_norm_backward_default(func, grad, x, normalized_shape, mean, rs
 def _fused_rms_norm_default(func, x, normalized_shape, weight=None, eps=None):
     _check_trailing("rms_norm", x, normalized_shape)
     out, rstd = func(x._values, normalized_shape, weight, eps)
-    return _like(x, out), rstd  # see native_layer_norm_default
+    return _like(x, out), _like(x, rstd)  # see native_layer_norm_default
 
 
 @register_multi_jagged_func(
     aten._fused_rms_norm_backward.default,
-    "grad_out: mjt, input: mjt, normalized_shape: any, rstd: t, weight: t?, output_mask: any",
+    "grad_out: mjt, input: mjt, normalized_shape: any, rstd: any, weight: t?, output_mask: any",
 )
 def _fused_rms_norm_backward_default(func, grad, x, normalized_shape, rstd, weight, mask):
-    gx, gw = func(grad._values, x._values, normalized_shape, rstd, weight, mask)
+    gx, gw = func(grad._values, x._values, normalized_shape, _packed(rstd), weight, mask)
     return (_like(x, gx) if gx is not None else None), gw
 
 
