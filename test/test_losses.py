@@ -22,7 +22,30 @@ LOSSES = {
     "bce_logits_pos_weight": lambda x, y: F.binary_cross_entropy_with_logits(
         x, y.sigmoid(), reduction=RED, pos_weight=PW),
     "l1": lambda x, y: F.l1_loss(x, y, reduction=RED),
+    "soft_margin": lambda x, y: F.soft_margin_loss(x, torch.sign(y).detach(), reduction=RED),  # no target gradient
+    "bce": lambda x, y: F.binary_cross_entropy(x.sigmoid(), y.sigmoid(), reduction=RED),
+    "bce_weight": lambda x, y: F.binary_cross_entropy(x.sigmoid(), y.sigmoid(), weight=y.abs().detach(), reduction=RED),
+    "hinge_embedding": lambda x, y: F.hinge_embedding_loss(x, torch.sign(y), margin=0.7, reduction=RED),
+    "margin_ranking": lambda x, y: F.margin_ranking_loss(x, y, torch.sign(x - 0.3 * y), margin=0.2, reduction=RED),
+    "poisson_nll": lambda x, y: F.poisson_nll_loss(x, y.abs(), reduction=RED),
+    "poisson_nll_full": lambda x, y: F.poisson_nll_loss(x.abs() + 0.1, 3 * y.abs(), log_input=False, full=True, reduction=RED),
+    "gaussian_nll": lambda x, y: F.gaussian_nll_loss(x, y, y.abs() + 0.3, reduction=RED),
+    "gaussian_nll_full": lambda x, y: F.gaussian_nll_loss(x, y, y.abs() * 1e-3, full=True, eps=1e-3, reduction=RED),
+    # over the last dim: per sample an (N, D) / (N, C) input, the loss per position
+    "cosine_embedding": lambda x, y: F.cosine_embedding_loss(x, y, torch.sign(x.sum(-1)), margin=0.1, reduction=RED),
+    "triplet_margin": lambda x, y: F.triplet_margin_loss(x, y, 0.5 * x - y, margin=0.5, reduction=RED),
+    "triplet_margin_swap": lambda x, y: F.triplet_margin_loss(x, y, y - x, p=1, swap=True, reduction=RED),
+    "triplet_distance": lambda x, y: F.triplet_margin_with_distance_loss(
+        x, y, 0.5 * x - y, distance_function=lambda a, b: (a - b).abs().sum(-1), reduction=RED),
+    "multilabel_soft_margin": lambda x, y: F.multilabel_soft_margin_loss(x, (y > 0).double(), reduction=RED),
+    "multi_margin": lambda x, y: F.multi_margin_loss(x, y.argmax(-1), margin=0.8, reduction=RED),
+    "multi_margin_p2_weight": lambda x, y: F.multi_margin_loss(x, y.argmax(-1), p=2, weight=PW, reduction=RED),
+    "multilabel_margin": lambda x, y: F.multilabel_margin_loss(
+        x, torch.where(torch.arange(x.shape[-1]) < 2, y.argsort(-1), -1), reduction=RED),
 }
+# losses over the last dim (their sum / mean reference flattens all other dims)
+LAST_DIM = {"bce_logits_pos_weight", "cosine_embedding", "triplet_margin", "triplet_margin_swap", "triplet_distance",
+            "multilabel_soft_margin", "multi_margin", "multi_margin_p2_weight", "multilabel_margin"}
 RED = "mean"
 PW = None
 
@@ -49,7 +72,10 @@ def test_loss_matches_per_sample(layout, loss, reduction):
         rx = [c.detach().clone().requires_grad_() for c in xc]
         ry = [c.detach().clone().requires_grad_() for c in yc]
         if reduction == "none":
-            ref = [LOSSES[loss](a, b) for a, b in zip(rx, ry)]
+            if loss in LAST_DIM and "pos_weight" not in loss:  # dense torch takes (N, C) only: the sample's positions as N
+                ref = [LOSSES[loss](a.reshape(-1, a.shape[-1]), b.reshape(-1, b.shape[-1])).reshape(a.shape[:-1]) for a, b in zip(rx, ry)]
+            else:
+                ref = [LOSSES[loss](a, b) for a, b in zip(rx, ry)]
             outs = out.unbind()
             assert len(outs) == len(ref)
             for o, r in zip(outs, ref):
@@ -59,7 +85,7 @@ def test_loss_matches_per_sample(layout, loss, reduction):
             want = torch.autograd.grad(sum((r * c).sum() for r, c in zip(ref, cot)), [*rx, *ry], allow_unused=True)
         else:
             RED = reduction
-            ref = LOSSES[loss](torch.cat([_flat(a) for a in rx]), torch.cat([_flat(b) for b in ry])) if "pos_weight" not in loss else \
+            ref = LOSSES[loss](torch.cat([_flat(a) for a in rx]), torch.cat([_flat(b) for b in ry])) if loss not in LAST_DIM else \
                 LOSSES[loss](torch.cat([a.reshape(-1, a.shape[-1]) for a in rx]), torch.cat([b.reshape(-1, b.shape[-1]) for b in ry]))
             assert not isinstance(out, mj.MultiJaggedTensor) and out.dim() == 0
             torch.testing.assert_close(out, ref, equal_nan=True)

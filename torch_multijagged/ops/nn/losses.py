@@ -21,6 +21,7 @@ no class dim can be ragged, so that call raises and says to pass ``logits.transp
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -296,3 +297,219 @@ def _kl_div(input, target, size_average=None, reduce=None, reduction="mean", log
     if reduction == "batchmean":
         return loss.sum() / input.size(0)
     return _reduce(op, loss, reduction)
+
+
+# ----------------------------------------------------------------------------- elementwise losses
+# Dense torch's composites reduce with aten's sum, whose backward expands a dense gradient to
+# nested-int sizes; the routes below write each loss with elementwise ops and reduce with the
+# multi_jagged reductions, as the losses above (the formulas are aten's).
+def _elementwise_loss(op: str, size_average, reduce, reduction: str, *ts):
+    reduction = _legacy(op, size_average, reduce, reduction)
+    _check_reduction(op, reduction)
+    return reduction, _autocast_fp32(*ts)
+
+
+@route(F.soft_margin_loss)
+def _soft_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    if not _involved(input, target):
+        return NotImplemented
+    reduction, (input, target) = _elementwise_loss("soft_margin_loss", size_average, reduce, reduction, input, target)
+    return _reduce("soft_margin_loss", torch.log1p(torch.exp(-input * target)), reduction)
+
+
+@route(F.binary_cross_entropy)
+def _binary_cross_entropy(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    if not _involved(input, target, weight):
+        return NotImplemented
+    op = "binary_cross_entropy"
+    reduction, (input, target, weight) = _elementwise_loss(op, size_average, reduce, reduction, input, target, weight)
+    # aten: (y - 1)·max(log(1 - x), -100) - y·max(log x, -100)
+    loss = (target - 1) * torch.clamp(torch.log1p(-input), min=-100) - target * torch.clamp(torch.log(input), min=-100)
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(op, loss, reduction)
+
+
+@route(F.hinge_embedding_loss)
+def _hinge_embedding_loss(input, target, margin=1.0, size_average=None, reduce=None, reduction="mean"):
+    if not _involved(input, target):
+        return NotImplemented
+    op = "hinge_embedding_loss"
+    reduction, (input, target) = _elementwise_loss(op, size_average, reduce, reduction, input, target)
+    zero = torch.zeros_like(input).detach()
+    loss = torch.where(target != 1, (margin - input).clamp_min(0), zero) + torch.where(target != -1, input, zero)
+    return _reduce(op, loss, reduction)
+
+
+@route(F.margin_ranking_loss)
+def _margin_ranking_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
+    if not _involved(input1, input2, target):
+        return NotImplemented
+    op = "margin_ranking_loss"
+    reduction, (input1, input2, target) = _elementwise_loss(op, size_average, reduce, reduction, input1, input2, target)
+    return _reduce(op, (-target * (input1 - input2) + margin).clamp_min(0), reduction)
+
+
+@route(F.poisson_nll_loss)
+def _poisson_nll_loss(input, target, log_input=True, full=False, size_average=None, eps=1e-8, reduce=None, reduction="mean"):
+    if not _involved(input, target):
+        return NotImplemented
+    op = "poisson_nll_loss"
+    reduction, (input, target) = _elementwise_loss(op, size_average, reduce, reduction, input, target)
+    loss = torch.exp(input) - target * input if log_input else input - target * torch.log(input + eps)
+    if full:
+        stirling = target * torch.log(target) - target + 0.5 * torch.log(2 * math.pi * target)
+        loss = loss + stirling.masked_fill(target <= 1, 0)
+    return _reduce(op, loss, reduction)
+
+
+@route(F.gaussian_nll_loss)
+def _gaussian_nll_loss(input, target, var, full=False, eps=1e-6, reduction="mean"):
+    if not _involved(input, target, var):
+        return NotImplemented
+    op = "gaussian_nll_loss"
+    _check_reduction(op, reduction)
+    input, target, var = _autocast_fp32(input, target, var)
+    if not isinstance(var, torch.Tensor):
+        var = torch.full_like(input, float(var)).detach()
+    elif var.dim() == input.dim() - 1:  # one variance per position: input (…, D), var (…)
+        var = var.unsqueeze(-1)
+    if (var.detach() < 0).any():
+        raise ValueError("var has negative entry/entries")
+    # dense torch clamps a clone of var in place under no_grad: the clamped value, var's gradient
+    var = var + (var.clamp(min=eps) - var).detach()
+    loss = 0.5 * (torch.log(var) + (input - target) ** 2 / var)
+    if full:
+        loss = loss + 0.5 * math.log(2 * math.pi)
+    return _reduce(op, loss, reduction)
+
+
+# ----------------------------------------------------------------------------- losses over the last dim
+# Dense torch takes (N, D) / (N, C) inputs with (N,) targets; a multi_jagged (B, j…, D) input is
+# per sample such an input, its last dim the feature / class dim, and the per-position loss has
+# the target's structure (B, j…).
+def _last_dim_input(op: str, input) -> None:
+    if not isinstance(input, MJT) or input._ragged_dims and input._ragged_dims[-1] == input.dim() - 1:
+        raise StructureError(f"{op}(): expected a multi_jagged input whose last dim is static (the feature dim), got {describe(input)}")
+
+
+@route(F.pairwise_distance, torch.pairwise_distance)
+def _pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
+    """``‖x1 - x2 + eps‖_p`` over the last dim, as dense torch."""
+    if not _involved(x1, x2):
+        return NotImplemented
+    _last_dim_input("pairwise_distance", x1 if isinstance(x1, MJT) else x2)
+    return torch.linalg.vector_norm(x1 - x2 + eps, p, -1, keepdim)
+
+
+@route(F.cosine_embedding_loss)
+def _cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
+    if not _involved(input1, input2, target):
+        return NotImplemented
+    op = "cosine_embedding_loss"
+    reduction, (input1, input2, target) = _elementwise_loss(op, size_average, reduce, reduction, input1, input2, target)
+    _last_dim_input(op, input1)
+    eps = 1e-12  # aten's EPSILON
+    prod = (input1 * input2).sum(-1)
+    mag = ((input1 * input1).sum(-1) + eps) * ((input2 * input2).sum(-1) + eps)
+    cos = prod / torch.sqrt(mag)
+    zero = torch.zeros_like(cos).detach()
+    loss = torch.where(target == 1, 1 - cos, zero) + torch.where(target == -1, (cos - margin).clamp_min(0), zero)
+    return _reduce(op, loss, reduction)
+
+
+def _triplet(op, anchor, positive, negative, margin, swap, reduction, distance):
+    _last_dim_input(op, anchor)
+    d_pos = distance(anchor, positive)
+    d_neg = distance(anchor, negative)
+    if swap:
+        d_neg = torch.minimum(d_neg, distance(positive, negative))
+    return _reduce(op, (margin + d_pos - d_neg).clamp_min(0), reduction)
+
+
+@route(F.triplet_margin_loss)
+def _triplet_margin_loss(anchor, positive, negative, margin=1.0, p=2, eps=1e-6, swap=False, size_average=None,
+                         reduce=None, reduction="mean"):
+    if not _involved(anchor, positive, negative):
+        return NotImplemented
+    op = "triplet_margin_loss"
+    reduction, (anchor, positive, negative) = _elementwise_loss(op, size_average, reduce, reduction, anchor, positive, negative)
+    return _triplet(op, anchor, positive, negative, margin, swap, reduction, lambda a, b: _pairwise_distance(a, b, p, eps))
+
+
+@route(F.triplet_margin_with_distance_loss)
+def _triplet_margin_with_distance_loss(anchor, positive, negative, *, distance_function=None, margin=1.0, swap=False,
+                                       reduction="mean"):
+    if not _involved(anchor, positive, negative):
+        return NotImplemented
+    op = "triplet_margin_with_distance_loss"
+    _check_reduction(op, reduction)
+    if margin <= 0:
+        raise ValueError(f"{op}: expected margin to be greater than 0, got {margin} instead")
+    return _triplet(op, anchor, positive, negative, margin, swap, reduction, distance_function or _pairwise_distance)
+
+
+@route(F.multilabel_soft_margin_loss)
+def _multilabel_soft_margin_loss(input, target, weight=None, size_average=None, reduce=None, reduction="mean"):
+    if not _involved(input, target, weight):
+        return NotImplemented
+    op = "multilabel_soft_margin_loss"
+    reduction, (input, target, weight) = _elementwise_loss(op, size_average, reduce, reduction, input, target, weight)
+    _last_dim_input(op, input)
+    loss = -(target * F.logsigmoid(input) + (1 - target) * F.logsigmoid(-input))
+    if weight is not None:
+        loss = loss * weight
+    return _reduce(op, loss.sum(-1) / input.shape[-1], reduction)
+
+
+def _class_targets(op: str, input, target):
+    """Class indices ``(B, j…)`` for an input ``(B, j…, C)`` (class dim last, as dense torch's
+    ``(N, C)`` of these losses)."""
+    _last_dim_input(op, input)
+    if not isinstance(target, MJT) or target.dim() != input.dim() - 1 or target._ragged_dims != input._ragged_dims:
+        raise StructureError(f"{op}(): expected a multi_jagged target of the input's shape {describe(input)} without its "
+                             f"last (class) dim, got {describe(target)}")
+    if target.dtype.is_floating_point or target.dtype == torch.bool:
+        raise RuntimeError(f"{op}(): expected target of class indices to have an integer dtype, got {target.dtype}")
+
+
+@route(F.multi_margin_loss)
+def _multi_margin_loss(input, target, p=1, margin=1.0, weight=None, size_average=None, reduce=None, reduction="mean"):
+    if not _involved(input, target, weight):
+        return NotImplemented
+    op = "multi_margin_loss"
+    reduction, (input, weight) = _elementwise_loss(op, size_average, reduce, reduction, input, weight)
+    if p not in (1, 2):
+        raise ValueError(f"{op}(): only p == 1 and p == 2 supported")
+    _class_targets(op, input, target)
+    c = input.shape[-1]
+    t = target.long().unsqueeze(-1)
+    z = (margin - input.gather(-1, t) + input).clamp_min(0)  # an index out of [0, C) raises in gather
+    if p == 2:
+        z = z * z
+    if weight is not None:
+        z = z * (torch.zeros_like(input, dtype=weight.dtype).detach() + weight).gather(-1, t)
+    z = z.masked_fill(F.one_hot(target.long(), c).bool(), 0)  # the target class itself is not a margin
+    return _reduce(op, z.sum(-1) / c, reduction)
+
+
+@route(F.multilabel_margin_loss)
+def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduction="mean"):
+    """Per position, ``Σ_j Σ_i max(0, 1 - (x[y_j] - x[i])) / C`` over the targets ``y_j`` before
+    the first ``-1`` and the classes ``i`` that are not targets, as dense torch."""
+    if not _involved(input, target):
+        return NotImplemented
+    op = "multilabel_margin_loss"
+    reduction, (input,) = _elementwise_loss(op, size_average, reduce, reduction, input)
+    _last_dim_input(op, input)
+    if not _same_shape(input, target) or target.dtype.is_floating_point or target.dtype == torch.bool:
+        raise StructureError(f"{op}(): expected a multi_jagged integer target of the input's shape {describe(input)}, "
+                             f"got {describe(target)} of dtype {target.dtype}")
+    c = input.shape[-1]
+    t = target.long()
+    valid = (t >= 0).long().cumprod(-1).bool()  # the targets before the first -1
+    safe = t.clamp_min(0)
+    is_target = (F.one_hot(safe, c) * valid.unsqueeze(-1)).sum(-2) > 0
+    z = (1 - (input.gather(-1, safe).unsqueeze(-1) - input.unsqueeze(-2))).clamp_min(0)  # (…, target j, class i)
+    z = z * (valid.unsqueeze(-1) & ~is_target.unsqueeze(-2))
+    return _reduce(op, z.sum((-2, -1)) / c, reduction)
