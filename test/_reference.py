@@ -388,8 +388,11 @@ def per_sample_check(
                 x = torch.zeros_like(mj_inputs[0]) + x
                 assert all(x.shape[d] == mj_inputs[0].shape[d] for d in x.ragged_dims)
             mj_inputs.append(x)
-            rl = [c.detach().clone().requires_grad_(grad) for c in a.comps]
+            rl = [c.detach().clone().requires_grad_(grad and c.is_floating_point()) for c in a.comps]
             mj_args.append(x)
+            if a.comps and not a.comps[0].is_floating_point():  # a mask or indices: no gradient
+                ref_parts.append(lambda i, rl=rl: rl[i])
+                continue
             mj_leaves += leaves
             ref_leaves += rl
             ref_parts.append(lambda i, rl=rl: rl[i])

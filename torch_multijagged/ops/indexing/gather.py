@@ -29,6 +29,7 @@ contracting the ragged dim, is a padded batched product too (zeros in the paddin
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import torch
@@ -246,15 +247,52 @@ def masked_select_default(func, x, mask):
 
 @register_multi_jagged_func(aten.masked_scatter.default, "self: mjt, mask: mjt, source: any")
 def masked_scatter_default(func, x, mask, source):
-    """The inverse of ``masked_select`` (its gradient): ``source`` ``(B, j)`` fills each sample's
-    selected elements in its row-major order."""
+    """Per sample, as dense ``masked_scatter``: sample ``b``'s selected elements (in its row-major
+    order) take the first elements of *its own* source in row-major order — a multi_jagged
+    ``source`` of any structure whose dims after the batch are ragged first: the ``(B, j)``
+    result of ``masked_select`` (its gradient), or a tensor of ``x``'s structure. A dense
+    ``source`` is one for every sample: each sample starts at its first element."""
     _same_structure("masked_scatter", x, mask, "a mask")
-    src = source._values if isinstance(source, MJT) else source
-    if not _ragged_lead(x):
-        order = _logical_order(x, mask._values)
-        flat = src.reshape(-1)  # source elements are taken in flat order, as dense masked_scatter
-        src = flat.new_empty(flat.shape).index_copy(0, order, flat[: order.shape[0]])
-    return wrap(func(x._values, mask._values, src), x._partition, x._ragged_dims)
+    if isinstance(source, MJT) and not _ragged_lead(source):
+        raise NotImplementedError(
+            f"masked_scatter(): a source whose ragged dims do not come first is not supported for {_LAYOUT}, "
+            f"got {describe(source)}"
+        )
+    if isinstance(source, MJT) and source._partition.batch != x._partition.batch:
+        raise RuntimeError(f"masked_scatter(): expected a source of batch size {x._partition.batch}, got {describe(source)}")
+    src = (source._values if isinstance(source, MJT) else source).reshape(-1)
+    picked = src[_source_positions(x, mask._values, source)]
+    return wrap(func(x._values, mask._values, picked), x._partition, x._ragged_dims)
+
+
+def _source_positions(x: MJT, mask_values: torch.Tensor, source) -> torch.Tensor:
+    """For each selected element of ``x`` (storage order), its position in the flattened source
+    values: its sample's source start plus its rank among the sample's selected elements in
+    row-major order (bounds checked per sample without a sync)."""
+    p = x._partition
+    sel = mask_values.reshape(mask_values.shape[0], math.prod(mask_values.shape[1:]))
+    sample = p.row_sample().unsqueeze(1).expand(sel.shape)[sel]
+    order = None if _ragged_lead(x) else _logical_order(x, mask_values)
+    if order is not None:
+        sample = sample[order]  # row-major order within each sample (samples stay grouped)
+    k = sample.shape[0]
+    counts = torch.zeros(p.batch, dtype=torch.int64, device=sample.device).index_add(0, sample, torch.ones_like(sample))
+    rank = torch.arange(k, device=sample.device) - (counts.cumsum(0) - counts)[sample]
+    if isinstance(source, MJT):
+        per_row = math.prod(source._values.shape[1:])
+        starts = source._partition.offsets * per_row
+        available = (starts[1:] - starts[:-1])[sample]
+        pos = starts[:-1][sample] + rank
+    else:
+        available = torch.full_like(rank, source.numel())
+        pos = rank
+    torch._assert_async(
+        (rank < available).all(),
+        "masked_scatter: expected source to have at least as many elements as the ones in each sample's mask",
+    )
+    if order is not None:
+        pos = torch.empty_like(pos).index_copy(0, order, pos)
+    return pos
 
 
 class _MaskedSelect(torch.autograd.Function):
@@ -308,6 +346,70 @@ def _masked_select(input, mask, *, out=None):
     if torch.is_grad_enabled() and input.requires_grad:
         return _MaskedSelect.apply(input, mask)
     return aten.masked_select.default(input, mask)
+
+
+class _MaskedScatter(torch.autograd.Function):
+    """``masked_scatter`` with the source's gradient: aten's ``masked_scatter_backward`` pads the
+    selected gradient to the source's concrete sizes, which a multi_jagged source does not have.
+    Here the selected gradient (``masked_select``, each sample's in row-major order) goes back
+    to the first elements of each sample's source (a multi_jagged source) or, summed over the
+    samples, to the first elements of a dense one — with differentiable ops, so every order is
+    defined."""
+
+    @staticmethod
+    def forward(ctx, x, mask, source):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        dense = not isinstance(source, MJT)
+        ctx.save_for_backward(mask, source.detach() if not dense else torch.empty(0))
+        ctx.source_shape = tuple(source.shape) if dense else None
+        return aten.masked_scatter.default(x, mask, source)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return None, None, None
+        mask, source = ctx.saved_tensors
+        gx = grad.masked_fill(mask, 0) if ctx.needs_input_grad[0] else None
+        gs = None
+        if ctx.needs_input_grad[2]:
+            sel = _MaskedSelect.apply(grad, mask)  # (B, j)
+            if ctx.source_shape is None:
+                gs = _ScatterSelected.apply(sel, source, _leading_elements(source, mask))
+            else:
+                numel = math.prod(ctx.source_shape)
+                # SYNC: to_padded sizes its result from the longest selection (dense masked_scatter
+                # sizes its gradient from the source instead)
+                summed = sel.to_padded_tensor(0.0).sum(0)
+                gs = F.pad(summed, (0, numel - summed.shape[0])).view(ctx.source_shape)
+        return gx, None, gs
+
+
+def _leading_elements(source: MJT, mask: MJT) -> MJT:
+    """A boolean tensor of ``source``'s structure: True at the first ``k_b`` elements of each
+    sample's source in row-major order, ``k_b`` the number of elements ``mask`` selects in
+    sample ``b`` (the source elements that ``masked_scatter`` reads)."""
+    m = mask._values
+    counts = torch.zeros(mask._partition.batch, dtype=torch.int64, device=m.device)
+    counts = counts.index_add(0, mask._partition.row_sample(), m.reshape(m.shape[0], math.prod(m.shape[1:])).sum(1))
+    v = source._values
+    per_row = math.prod(v.shape[1:])
+    sample = source._partition.row_sample().unsqueeze(1).expand(v.shape[0], per_row).reshape(-1)
+    rank = torch.arange(sample.shape[0], device=v.device) - source._partition.offsets[sample] * per_row
+    return wrap((rank < counts[sample]).view(v.shape), source._partition, source._ragged_dims)
+
+
+@route(torch.masked_scatter, torch.Tensor.masked_scatter)
+def _masked_scatter(input, mask, source):
+    if not isinstance(input, MJT) or not isinstance(source, torch.Tensor):
+        return NotImplemented
+    if torch.is_grad_enabled() and source.requires_grad:
+        if isinstance(source, MJT) and not _ragged_lead(source):
+            raise NotImplementedError(
+                f"masked_scatter(): a source whose ragged dims do not come first is not supported for {_LAYOUT}, "
+                f"got {describe(source)}"
+            )
+        return _MaskedScatter.apply(input, mask, source)
+    return NotImplemented
 
 
 
