@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
 
-from _reference import R, few, per_sample_check, seeds
+from _reference import R, assert_close, few, per_sample_check, seeds
 from _structures import comps_for, length_pairs, lengths
 
 FEW = few(8)
@@ -116,3 +116,85 @@ def test_matmul_golden():
     o = s @ v
     torch.testing.assert_close(o.unbind()[0], torch.tensor([[5.0], [12.0]]))  # = [3·1 + 1·2 + 0·3, 2·(1 + 2 + 3)]
     assert o.unbind()[1].shape == (0, 1)
+
+
+# ----------------------------------------------------------------------------- mm, mv, outer, dot, inner, add*
+def _square(ns, seed):
+    return [m + 3 * torch.eye(m.shape[0], dtype=m.dtype) for m in comps_for([(n, n) for n in ns], seed)]
+
+
+# name → (fn(x, v, s, w, m) on: x (B, j0, C), v (B, j0), s (B, j0, j0), w dense (C, D), m (B, j0, D); ref(same, per sample))
+PRODUCTS = {
+    "mm_dense": lambda x, v, s, w, m: torch.mm(x, w),
+    "mm_contract_ragged": lambda x, v, s, w, m: x.transpose(-1, -2).mm(m),
+    "mm_ragged_square": lambda x, v, s, w, m: torch.mm(s, x),
+    "mv_dense": lambda x, v, s, w, m: torch.mv(x, w[:, 0]),
+    "mv_ragged": lambda x, v, s, w, m: s.mv(v),
+    "outer_dense": lambda x, v, s, w, m: torch.outer(v, w[0]),
+    "outer_ragged": lambda x, v, s, w, m: torch.ger(v, v * 2),
+    "dot": lambda x, v, s, w, m: torch.dot(v, v.sin()),
+    "vdot": lambda x, v, s, w, m: v.vdot(v.cos()),
+    "inner_dense_vector": lambda x, v, s, w, m: torch.inner(x, w[:, 0]),
+    "inner_dense_matrix": lambda x, v, s, w, m: torch.inner(x, w.t()),
+    "inner_ragged": lambda x, v, s, w, m: torch.inner(x, x.cos()),
+    "addmm": lambda x, v, s, w, m: torch.addmm(w[0], x, w, beta=0.5, alpha=2.0),
+    "addmm_ragged_input": lambda x, v, s, w, m: torch.addmm(m, x, w),
+    "addmm_beta0": lambda x, v, s, w, m: torch.addmm(torch.where(m > 1e9, m, float("nan")), x, w, beta=0),  # nan ignored
+    "addr": lambda x, v, s, w, m: torch.addr(m, v, w[0], alpha=0.5),
+    "baddbmm": lambda x, v, s, w, m: torch.baddbmm(s, x, x.transpose(1, 2), beta=2.0),
+}
+
+
+@pytest.mark.parametrize("name", PRODUCTS)
+def test_matrix_products_per_sample(name):
+    """``mm``, ``mv``, ``outer``/``ger``, ``dot``/``vdot``, ``inner``, ``addmm``, ``addr`` and
+    ``baddbmm`` are the dense op on each sample (a ``(B, j0, C)`` tensor's samples are
+    ``(n, C)`` matrices), gradients of every operand included."""
+    f = PRODUCTS[name]
+
+    def ref(x, v, s, w, m):
+        if name == "baddbmm":  # per sample a matrix product (dense baddbmm wants a batch)
+            return 2.0 * s + x @ x.t()
+        return f(x, v, s, w, m)
+
+    @FEW
+    @given(lengths(max_batch=3), st.integers(1, 3), seeds)
+    def check(ns, c, seed):
+        comps = [comps_for([(n, c) for n in ns], seed), comps_for([(n,) for n in ns], seed + 1), _square(ns, seed + 2),
+                 comps_for([(n, 2) for n in ns], seed + 4)]
+        w = comps_for([(c, 2)], seed + 3)[0]
+        leaves = [[t.clone().requires_grad_() for t in cs] for cs in comps]
+        x, v, sq, m = (mj.as_nested_tensor(ls, ragged_dims=(1, 2) if k == 2 else (1,)) for k, ls in enumerate(leaves))
+        # the operands of one model share x's nested int (a zero of x's structure added to each)
+        z = torch.zeros_like(x[..., :1])
+        wl = w.clone().requires_grad_()
+        out = f(x, (z + v.unsqueeze(-1)).squeeze(-1), z + sq, wl, z + m)
+        refs = [[t.clone().requires_grad_() for t in cs] for cs in comps]
+        wr = w.clone().requires_grad_()
+        expected = [ref(*(r[i] for r in refs[:3]), wr, refs[3][i]) for i in range(len(ns))]
+        got = list(out.unbind(0)) if name in ("dot", "vdot", "mm_contract_ragged") else list(out.unbind())
+        if name in ("dot", "vdot", "mm_contract_ragged"):
+            assert not isinstance(out, mj.MultiJaggedTensor)
+        assert len(got) == len(expected)
+        cot = [torch.randn(e.shape, dtype=e.dtype, generator=torch.Generator().manual_seed(seed + i)) for i, e in enumerate(expected)]
+        for i, (a, e) in enumerate(zip(got, expected)):
+            assert_close(a, e, f"sample {i}")
+        flat_leaves = [t for ls in leaves for t in ls] + [wl]
+        flat_refs = [t for rs in refs for t in rs] + [wr]
+        g = torch.autograd.grad(sum((a * k).sum() for a, k in zip(got, cot)), flat_leaves, allow_unused=True)
+        g_ref = torch.autograd.grad(sum((e * k).sum() for e, k in zip(expected, cot)), flat_refs, allow_unused=True)
+        for k, (a, b, leaf) in enumerate(zip(g, g_ref, flat_refs)):
+            zero = torch.zeros_like(leaf)
+            assert_close(zero if a is None else a, zero if b is None else b, f"grad of leaf {k}")
+
+    check()
+
+
+def test_matrix_product_errors():
+    x = mj.nested_tensor([torch.randn(2, 3), torch.randn(0, 3)])
+    with pytest.raises(RuntimeError, match=r"mm\(\): expected operands of 2-D, 2-D per sample"):
+        torch.mm(x.unsqueeze(-1), torch.randn(1, 2))
+    with pytest.raises(RuntimeError, match=r"dot\(\): expected operands of 1-D, 1-D per sample"):
+        torch.dot(x, x)
+    with pytest.raises(RuntimeError, match=r"mv\(\)"):
+        torch.mv(x, torch.randn(3, 1))

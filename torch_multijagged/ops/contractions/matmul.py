@@ -1,5 +1,7 @@
 """``linear`` and ``matmul`` / ``@`` on multi_jagged operands: the routes that pick the
-contraction, and the handlers of ``multijagged::linear`` (and its parameter gradients).
+contraction, and the handlers of ``multijagged::linear`` (and its parameter gradients); ``mm``,
+``mv``, ``outer``, ``dot``, ``inner`` and ``addmm`` / ``addr`` / ``baddbmm`` per sample, as routes
+to ``matmul``, ``bmm`` and broadcast products.
 
 ``linear`` and ``x @ W`` with a dense 2-D ``W`` act on the packed rows (``multijagged::linear``;
 eagerly with gradients, the values bridge: NOTE [ Bridged computations ]). ``matmul`` with a dense
@@ -102,3 +104,117 @@ def linear_default(func, x, weight, bias=None):
 @register_multi_jagged_func(mj.linear_param_grads.default, "grad: mjt, x: mjt, weight: any, bias: any")
 def linear_param_grads_default(func, grad, x, weight, bias):
     return library._linear_param_grads_dense(grad._values, x._values, weight, bias)
+
+
+# ----------------------------------------------------------------------------- mm, mv, outer, dot and their add* forms
+# Each is the dense op per sample: ``torch.mm(x, W)`` on ``(B, j0, C)`` is ``x_b @ W`` for every
+# sample (dense mm on the batched 3-D tensor would refuse it). They route to ``matmul`` and to
+# broadcast products, whose routes and handlers already hold every structure and gradient.
+def _per_sample_dim(t) -> int:
+    return t.dim() - 1 if isinstance(t, MJT) else t.dim()
+
+
+def _check_dims(op: str, want: tuple[int, ...], *ts) -> None:
+    got = tuple(_per_sample_dim(t) for t in ts)
+    if got != want:
+        raise RuntimeError(
+            f"{op}(): expected operands of {', '.join(f'{d}-D' for d in want)} per sample (a multi_jagged tensor's "
+            f"samples have one dim fewer than it), got {' and '.join(describe(t) for t in ts)}"
+        )
+
+
+def _involves(*ts) -> bool:
+    return any(isinstance(t, MJT) for t in ts)
+
+
+def _scaled_sum(input, product, beta, alpha):
+    """``beta * input + alpha * product``, with ``input`` ignored for ``beta == 0`` (dense torch's
+    rule: its nan and inf do not propagate)."""
+    if alpha != 1:
+        product = product * alpha
+    if beta == 0:
+        return product
+    return (input if beta == 1 else input * beta) + product
+
+
+@route(torch.mm, torch.Tensor.mm)
+def _mm(input, mat2, *, out=None):
+    if out is not None or not _involves(input, mat2):
+        return NotImplemented
+    _check_dims("mm", (2, 2), input, mat2)
+    return torch.matmul(input, mat2)
+
+
+@route(torch.mv, torch.Tensor.mv)
+def _mv(input, vec, *, out=None):
+    if out is not None or not _involves(input, vec):
+        return NotImplemented
+    _check_dims("mv", (2, 1), input, vec)
+    return torch.matmul(input, vec.unsqueeze(-1)).squeeze(-1)
+
+
+@route(torch.outer, torch.Tensor.outer, torch.ger, torch.Tensor.ger)
+def _outer(input, vec2, *, out=None):
+    if out is not None or not _involves(input, vec2):
+        return NotImplemented
+    _check_dims("outer", (1, 1), input, vec2)
+    return input.unsqueeze(-1) * vec2.unsqueeze(-2)
+
+
+def _dot_product(op: str, input, other, conj: bool):
+    _check_dims(op, (1, 1), input, other)
+    if input.dtype != other.dtype:
+        raise RuntimeError(f"{op}(): expected both vectors to have the same dtype, but found {input.dtype} and {other.dtype}")
+    return ((input.conj() if conj and input.is_complex() else input) * other).sum(-1)
+
+
+@route(torch.dot, torch.Tensor.dot)
+def _dot(input, other, *, out=None):
+    if out is not None or not _involves(input, other):
+        return NotImplemented
+    return _dot_product("dot", input, other, conj=False)
+
+
+@route(torch.vdot, torch.Tensor.vdot)
+def _vdot(input, other, *, out=None):
+    if out is not None or not _involves(input, other):
+        return NotImplemented
+    return _dot_product("vdot", input, other, conj=True)
+
+
+@route(torch.inner, torch.Tensor.inner)
+def _inner(input, other, *, out=None):
+    """``Σ_k a[…, k] b[…, k]`` per sample: a dense 1-D ``other`` or two samples of one dim each
+    sum a product; a dense 2-D ``other`` or two 2-D samples are a matmul with ``otherᵀ``."""
+    if out is not None or not _involves(input, other):
+        return NotImplemented
+    a, b = _per_sample_dim(input), _per_sample_dim(other)
+    if b == 1 and (a == 1 or not isinstance(other, MJT)):
+        return (input * other).sum(-1)
+    if a == 2 and b == 2:
+        return torch.matmul(input, other.transpose(-1, -2))
+    raise NotImplementedError(
+        f"inner(): {describe(input)} and {describe(other)} are not supported for layout torch.multi_jagged "
+        "(supported: a dense 1-D or 2-D other, or samples of one or two dims each)"
+    )
+
+
+@route(torch.addmm, torch.Tensor.addmm)
+def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
+    if out is not None or not _involves(input, mat1, mat2):
+        return NotImplemented
+    return _scaled_sum(input, _mm(mat1, mat2), beta, alpha)
+
+
+@route(torch.addr, torch.Tensor.addr)
+def _addr(input, vec1, vec2, *, beta=1, alpha=1, out=None):
+    if out is not None or not _involves(input, vec1, vec2):
+        return NotImplemented
+    return _scaled_sum(input, _outer(vec1, vec2), beta, alpha)
+
+
+@route(torch.baddbmm, torch.Tensor.baddbmm)
+def _baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
+    if out is not None or not _involves(input, batch1, batch2):
+        return NotImplemented
+    return _scaled_sum(input, torch.bmm(batch1, batch2), beta, alpha)
