@@ -51,6 +51,14 @@ REDUCTIONS = {
     "argmin": (lambda t, d, k: torch.argmin(t, d[0], keepdim=k), "argmin", False),
     "max.values": (lambda t, d, k: t.max(d[0], keepdim=k).values, "amax", False),
     "min.indices": (lambda t, d, k: torch.min(t, d[0], keepdim=k).indices, "argmin", False),
+    # composites of the above (routes.py)
+    "nansum": (lambda t, d, k: torch.nansum(torch.where(t > 1.5, float("nan"), t), d, keepdim=k), "sum", True),
+    "nanmean": (lambda t, d, k: t.nanmean(d, keepdim=k), "mean", True),
+    "count_nonzero": (lambda t, d, k: torch.count_nonzero((t > 0) if not k else t.round(), d), "count", True),
+    "aminmax.max": (lambda t, d, k: torch.aminmax(t, dim=d[0], keepdim=k).max, "amax", False),
+    "var_mean.mean": (lambda t, d, k: torch.var_mean(t, d, keepdim=k)[1], "mean", True),
+    "std_mean.std": (lambda t, d, k: torch.std_mean(t, d, correction=0, keepdim=k)[0], "std", True),
+    "linalg.norm": (lambda t, d, k: torch.linalg.norm(t, 3, d[0], keepdim=k), "norm", False),
 }
 
 
@@ -73,7 +81,7 @@ def _check_reduction(name, s, seed, dims, keepdim):
     rfn = _REF.get(name, fn)
     ref = empty_aware(lambda t: rfn(t, dims, keepdim), kind, dims)
     comps = components(s.shapes, seed)
-    grad = kind not in ("any", "all", "argmax", "argmin")
+    grad = kind not in ("any", "all", "argmax", "argmin", "count")
     if dense and not grad:
         dense_forward_check(lambda x: fn(x, dims, keepdim), ref, comps, s.ragged_dims)
         return
@@ -577,3 +585,20 @@ def test_no_cross_sample_leakage(name, layout):
         assert bit_equal(grads[0], grads[1]), f"grad of sample {i} changed when sample {j} did"
 
     check()
+
+
+def test_dist_linalg_norm_and_nan_reductions_golden():
+    x = mj.nested_tensor([torch.tensor([[3.0, 4.0]]), torch.zeros(0, 2), torch.tensor([[0.0, float("nan")], [1.0, 2.0]])])
+    y = torch.zeros_like(x)
+    assert torch.nansum(x).item() == 10.0  # = 3 + 4 + 0 + 1 + 2 (nan skipped)
+    assert torch.nanmean(x).item() == 2.0  # = 10 / 5 non-nan elements
+    assert torch.count_nonzero(x).item() == 5  # nan counts as nonzero
+    clean = torch.nan_to_num(x)
+    assert torch.dist(clean, y).item() == pytest.approx(math.sqrt(9 + 16 + 1 + 4))
+    assert torch.dist(clean, y, 1).item() == 10.0
+    assert torch.linalg.norm(clean, dim=-1).unbind()[0].tolist() == [5.0]  # ‖(3, 4)‖
+    assert torch.linalg.norm(clean, "fro", dim=(1, 2)).tolist() == [5.0, 0.0, pytest.approx(math.sqrt(5))]
+    lo, hi = torch.aminmax(clean)
+    assert (lo.item(), hi.item()) == (0.0, 4.0)
+    with pytest.raises(NotImplementedError, match="linalg.norm"):
+        torch.linalg.norm(clean, "nuc", dim=(1, 2))

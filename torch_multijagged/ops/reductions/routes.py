@@ -1,7 +1,9 @@
 """Routes of the reductions: ``sum``/``mean``/``prod``/``logsumexp``/``amax``/``amin`` over ragged
 (and some static) dims, ``max``/``min`` with indices, ``var``/``std``, ``vector_norm``/``norm``.
 Each forwards to ``multijagged::reduce`` (handled in ``reduce.py``, NOTE [ Reducing ragged dims ])
-so that the derivative is the layout's own, not aten's, which divides by nested ints."""
+so that the derivative is the layout's own, not aten's, which divides by nested ints. Composites
+of these: ``linalg.norm`` (vector and Frobenius), ``dist``, ``nansum`` / ``nanmean``,
+``count_nonzero``, ``aminmax``, ``var_mean`` / ``std_mean``."""
 
 from __future__ import annotations
 
@@ -229,3 +231,95 @@ def _norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
     if not isinstance(p, (int, float)) or out is not None:
         return NotImplemented
     return _vector_norm(input, p, dim, keepdim, dtype=dtype)
+
+
+@route(torch.linalg.norm)
+def _linalg_norm(input, ord=None, dim=None, keepdim=False, *, out=None, dtype=None):
+    """Vector norms (``dim`` one dim, or ``dim=None`` with ``ord=None``: the flattened tensor) and
+    the Frobenius norm over two dims; other matrix norms (nuclear, spectral, induced) are not
+    supported for this layout."""
+    if not isinstance(input, MJT) or out is not None:
+        return NotImplemented
+    dims = None if dim is None else ([dim] if isinstance(dim, int) else list(dim))
+    if dims is not None and len(dims) == 2 and ord in (None, "fro"):
+        return _vector_norm(input, 2, dims, keepdim, dtype=dtype)
+    if (dims is None and ord is None) or (dims is not None and len(dims) == 1 and not isinstance(ord, str)):
+        return _vector_norm(input, 2 if ord is None else ord, dims, keepdim, dtype=dtype)
+    raise NotImplementedError(
+        f"linalg.norm(): ord={ord!r} over dims {dim} is not supported for layout torch.multi_jagged "
+        "(vector norms over one dim and the Frobenius norm over two are)"
+    )
+
+
+@route(torch.dist, torch.Tensor.dist)
+def _dist(input, other, p=2):
+    """``‖input - other‖_p`` over every element, as dense torch: one scalar for the batch."""
+    if not (isinstance(input, MJT) or isinstance(other, MJT)):
+        return NotImplemented
+    return _vector_norm(input - other, p)
+
+
+def _nan_zeroed(input):
+    return torch.where(torch.isnan(input), torch.zeros_like(input), input) if input.is_floating_point() else input
+
+
+@route(torch.nansum, torch.Tensor.nansum)
+def _nansum(input, dim=None, keepdim=False, *, dtype=None):
+    """``sum`` with nan counted as 0, over any dims (aten's ``nansum`` has no handler)."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    return torch.sum(_nan_zeroed(input), dim, keepdim, dtype=dtype) if dim is not None else torch.sum(_nan_zeroed(input), dtype=dtype)
+
+
+@route(torch.nanmean, torch.Tensor.nanmean)
+def _nanmean(input, dim=None, keepdim=False, *, dtype=None):
+    """dense torch's ``nansum / (number of non-nan elements)``."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if not input.is_floating_point():
+        raise RuntimeError(f"nanmean(): expected input to have floating point or complex dtype but got {input.dtype}")
+    return _nansum(input, dim, keepdim, dtype=dtype) / _nansum((~torch.isnan(input)).to(input.dtype), dim, keepdim)
+
+
+@route(torch.count_nonzero, torch.Tensor.count_nonzero)
+def _count_nonzero(input, dim=None):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    nz = input != 0
+    return nz.sum() if dim is None else nz.sum(dim)
+
+
+@route(torch.aminmax, torch.Tensor.aminmax)
+def _aminmax(input, *, dim=None, keepdim=False):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if dim is None:
+        return torch.return_types.aminmax((torch.amin(input), torch.amax(input)))
+    return torch.return_types.aminmax((torch.amin(input, dim, keepdim), torch.amax(input, dim, keepdim)))
+
+
+def _moments(sqrt: bool):
+    spread = _var_std(sqrt)
+
+    def routed(input, dim=None, *args, correction=None, keepdim=False, unbiased=None):
+        """``(var, mean)`` / ``(std, mean)``: the ``var`` / ``std`` route (with its arguments)
+        and ``mean`` over the same dims."""
+        if not isinstance(input, MJT):
+            return NotImplemented
+        s = spread(input, dim, *args, correction=correction, keepdim=keepdim, unbiased=unbiased)
+        if s is NotImplemented:
+            return NotImplemented
+        if isinstance(dim, bool):  # var_mean(x, unbiased)
+            dim = None
+        if args and len(args) > 1:
+            keepdim = args[1]
+        m = torch.mean(input) if dim is None else torch.mean(input, dim, keepdim)
+        if dim is None and keepdim:
+            m = m.reshape([1] * input.dim())
+        return s, m
+
+    return routed
+
+
+route(torch.var_mean)(_moments(False))
+route(torch.std_mean)(_moments(True))
