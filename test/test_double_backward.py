@@ -424,3 +424,43 @@ def test_gradgrad_relabel_equal_sizes():
     """Two tensors built separately with equal lengths (different nested ints) are relabelled
     onto one extent; the relabelling's backward must carry the graph too."""
     assert gradgrad(lambda a, b: (a * b).tanh(), "seq", n_mjt=2)
+
+
+# ----------------------------------------------------------------------------- packed-level ops
+# Handlers call these below autograd; a direct call differentiates to any order all the same.
+def test_gradgrad_pair_matmul_packed():
+    n = torch.tensor([3, 0, 2, 1])
+    off = F.pad((n * n).cumsum(0), (1, 0))
+    x, y = (torch.randn(int(off[-1]), 2, dtype=D, requires_grad=True) for _ in range(2))
+    for tx, ty in ((False, False), (False, True), (True, False), (True, True)):
+        def f(a, b, tx=tx, ty=ty):
+            return torch.ops.multijagged.pair_matmul_packed(a, b, off, n, tx, ty)
+
+        assert torch.autograd.gradcheck(f, (x, y))
+        assert torch.autograd.gradgradcheck(f, (x, y), fast_mode=FAST)
+
+
+@pytest.mark.parametrize("geometry", [((4, 1, 3, 3), [1, 1, 1, 1], [1, 1], 2), ((3, 2, 2, 3), [1, 0, 2, 2], [1, 2], 1)],
+                         ids=["groups", "asymmetric_dilated"])
+def test_gradgrad_spatial_conv_rows(geometry):
+    shape, padding, dilation, groups = geometry
+    sizes = torch.tensor([[4, 5], [3, 3], [0, 2]])  # pixel rows of three images, one empty
+    rows = torch.randn(29, 2, dtype=D, requires_grad=True)
+    w = torch.randn(*shape, dtype=D, requires_grad=True)
+    b = torch.randn(shape[0], dtype=D, requires_grad=True)
+    grad = torch.randn(29, shape[0], dtype=D, requires_grad=True)
+    ops = torch.ops.multijagged
+
+    def conv(r, w, b):
+        return ops.spatial_conv_rows(r, sizes, w, b, padding, dilation, groups)
+
+    assert torch.autograd.gradcheck(conv, (rows, w, b))
+    assert torch.autograd.gradgradcheck(conv, (rows, w, b), fast_mode=FAST)
+    for need_w, need_b in ((True, True), (True, False), (False, True)):
+        def param_grads(g, r, need_w=need_w, need_b=need_b):
+            gw, gb = ops.spatial_conv_rows_param_grads(g, r, sizes, w.detach(), padding, dilation, groups, need_w,
+                                                       need_b)
+            return tuple(t for t, need in ((gw, need_w), (gb, need_b)) if need)
+
+        assert torch.autograd.gradcheck(param_grads, (grad, rows))
+        assert torch.autograd.gradgradcheck(param_grads, (grad, rows), fast_mode=FAST)

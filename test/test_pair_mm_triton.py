@@ -152,6 +152,23 @@ def test_op_matches_naive_and_opcheck():
     torch.library.opcheck(OPS.pair_matmul_triton, (x, y, off, n, m, False, True), **kw)
 
 
+@pytest.mark.parametrize("tx, ty", FLAGS, ids=lambda f: str(int(f)))
+def test_op_gradients_to_second_order_match_the_packed_reference(tx, ty):
+    """A direct call differentiates: first and second order equal ``pair_matmul_packed``'s."""
+    x, y, off, n, m = _case((3, 0, 5), 3, seed=7)
+    grads = []
+    for fn in (lambda a, b: OPS.pair_matmul_triton(a, b, off, n, m, tx, ty),
+               lambda a, b: OPS.pair_matmul_packed(a, b, off, n, tx, ty)):
+        a, b = x.clone().requires_grad_(), y.clone().requires_grad_()
+        out = fn(a, b)
+        g = torch.randn(out.shape, generator=torch.Generator().manual_seed(1)).to(out)
+        ga, gb = torch.autograd.grad(out, (a, b), g, create_graph=True)
+        w = torch.randn(ga.shape, generator=torch.Generator().manual_seed(2)).to(ga)
+        grads.append((ga, gb, *torch.autograd.grad((ga * w).sum() + (gb * w).sum(), (a, b))))
+    for got, want in zip(*grads):
+        torch.testing.assert_close(got, want, **_tol(torch.float32))
+
+
 def test_dispatch_picks_the_kernel_only_where_it_applies(monkeypatch):
     launches = []
     real = kt._launch

@@ -81,17 +81,48 @@ def _setup(ctx, inputs, output):
     ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, y if ctx.needs_input_grad[0] else None)
 
 
+def _grads(mm, grad, x, y, tx, ty, need_x, need_y):
+    """(dX, dY) of ``C = X' Y'``, with ``mm(a, b, ta, tb)`` the product (the module docstring)."""
+    dx = dy = None
+    if need_x:
+        dx = mm(grad, y, False, not ty) if not tx else mm(y, grad, ty, True)
+    if need_y:
+        dy = mm(x, grad, not tx, False) if not ty else mm(grad, x, True, tx)
+    return dx, dy
+
+
 def _backward(ctx, grad):
     if grad is None:
         return None, None, None, None
     x, y = ctx.saved_tensors
-    tx, ty = ctx.flags
-    dx = dy = None
-    if ctx.needs_input_grad[0]:
-        dx = mj.pair_matmul(grad, y, False, not ty) if not tx else mj.pair_matmul(y, grad, ty, True)
-    if ctx.needs_input_grad[1]:
-        dy = mj.pair_matmul(x, grad, not tx, False) if not ty else mj.pair_matmul(grad, x, True, tx)
+    dx, dy = _grads(mj.pair_matmul, grad, x, y, *ctx.flags, *ctx.needs_input_grad[:2])
     return dx, dy, None, None
 
 
 torch.library.register_autograd("multijagged::pair_matmul", _backward, setup_context=_setup, lib=LIB)
+
+
+# The packed kernel has the same formula, with the same offsets and lengths, so that a direct call
+# differentiates to any order too (the handler of ``pair_matmul`` calls it below autograd).
+def _packed_setup(ctx, inputs, output):
+    x, y, offsets, lengths, tx, ty = inputs
+    _no_zero_fill(ctx)
+    ctx.flags = (tx, ty)
+    ctx.save_for_backward(x if ctx.needs_input_grad[1] else None, y if ctx.needs_input_grad[0] else None, offsets,
+                          lengths)
+
+
+def _packed_backward(ctx, grad):
+    if grad is None:
+        return None, None, None, None, None, None
+    x, y, offsets, lengths = ctx.saved_tensors
+
+    def mm(a, b, ta, tb):
+        return mj.pair_matmul_packed(a, b, offsets, lengths, ta, tb)
+
+    dx, dy = _grads(mm, grad, x, y, *ctx.flags, *ctx.needs_input_grad[:2])
+    return dx, dy, None, None, None, None
+
+
+torch.library.register_autograd("multijagged::pair_matmul_packed", _packed_backward, setup_context=_packed_setup,
+                                lib=LIB)

@@ -203,3 +203,63 @@ def _param_grads_backward(ctx, ggw, ggb):
 torch.library.register_autograd(
     "multijagged::spatial_conv_param_grads", _param_grads_backward, setup_context=_param_grads_setup, lib=LIB
 )
+
+
+# The row-level ops have the same formulas on pixel rows ``(P, C)`` (channels last), so that a
+# direct call differentiates to any order too (the handlers of ``spatial_conv`` call them below
+# autograd).
+def _rows_setup(ctx, inputs, output):
+    rows, sizes, weight, bias, padding, dilation, groups = inputs
+    _no_zero_fill(ctx)
+    ctx.geometry = (list(padding), list(dilation), groups, bias is not None)
+    ctx.save_for_backward(rows, sizes, weight)
+
+
+def _rows_backward(ctx, grad):
+    if grad is None:
+        return (None,) * 7
+    rows, sizes, weight = ctx.saved_tensors
+    padding, dilation, groups, has_bias = ctx.geometry
+    gx = gw = gb = None
+    if ctx.needs_input_grad[0]:
+        mirrored = [padding[i ^ 1] for i in range(len(padding))]
+        gx = mj.spatial_conv_rows(grad, sizes, _transposed_kernel(weight, groups), None, mirrored, dilation, groups)
+    need_w = ctx.needs_input_grad[2]
+    need_b = has_bias and ctx.needs_input_grad[3]
+    if need_w or need_b:
+        gw, gb = mj.spatial_conv_rows_param_grads(grad, rows if need_w else rows.detach(), sizes, weight.detach(),
+                                                  padding, dilation, groups, need_w, need_b)
+    return gx, None, gw if need_w else None, gb if need_b else None, None, None, None
+
+
+torch.library.register_autograd("multijagged::spatial_conv_rows", _rows_backward, setup_context=_rows_setup, lib=LIB)
+
+
+def _rows_param_grads_setup(ctx, inputs, output):
+    grad, rows, sizes, weight, padding, dilation, groups, need_weight, need_bias = inputs
+    _no_zero_fill(ctx)
+    ctx.save_for_backward(grad, rows, sizes)
+    ctx.geometry = (list(padding), list(dilation), groups, need_weight, need_bias)
+
+
+def _rows_param_grads_backward(ctx, ggw, ggb):
+    grad, rows, sizes = ctx.saved_tensors
+    padding, dilation, groups, need_weight, need_bias = ctx.geometry
+    ggw = ggw if need_weight else None  # the output not asked for is an empty placeholder
+    ggb = ggb if need_bias else None
+    d_grad = d_rows = None
+    if ctx.needs_input_grad[0]:
+        if ggw is not None:
+            d_grad = mj.spatial_conv_rows(rows, sizes, ggw, ggb, padding, dilation, groups)
+        elif ggb is not None:
+            d_grad = torch.zeros_like(grad) + ggb
+    if ctx.needs_input_grad[1] and ggw is not None:
+        mirrored = [padding[i ^ 1] for i in range(len(padding))]
+        d_rows = mj.spatial_conv_rows(grad, sizes, _transposed_kernel(ggw, groups), None, mirrored, dilation, groups)
+    return d_grad, d_rows, None, None, None, None, None, None, None
+
+
+torch.library.register_autograd(
+    "multijagged::spatial_conv_rows_param_grads", _rows_param_grads_backward, setup_context=_rows_param_grads_setup,
+    lib=LIB,
+)
