@@ -1,5 +1,5 @@
 """nn and scan ops over ragged dims: ``layer_norm`` over a ragged ``normalized_shape``,
-``cumsum``/``cumprod``, ``F.normalize`` and 1-d pooling over the ragged dim of ``(B, C, j0)``.
+``cumsum``/``cumprod``/``logcumsumexp``, ``F.normalize`` and 1-d pooling over the ragged dim of ``(B, C, j0)``.
 
 NOTE [ Ops over ragged dims in nn ]
 
@@ -9,8 +9,9 @@ NOTE [ Ops over ragged dims in nn ]
   (``reduce_backward``), so gradients of any order and ``torch.compile`` work (``torch.jagged``'s
   backward raises). ``weight``/``bias`` would need the ragged shape: a ``ValueError`` (``torch.jagged``
   ignores them silently).
-* ``cumsum``/``cumprod`` along any non-batch dim: Hillis–Steele scans of ``multijagged::shift``
-  (NOTE [ Scans by shifting ] in compile/shift.py), per sample along a ragged dim.
+* ``cumsum``/``cumprod``/``logcumsumexp`` along any non-batch dim: Hillis–Steele scans of
+  ``multijagged::shift`` (NOTE [ Scans by shifting ] in compile/shift.py) combining with ``+``,
+  ``*`` or ``logaddexp``, per sample along a ragged dim.
 * ``F.normalize(x, p, dim)``: ``x / max(‖x‖_p, eps)`` with the norm over ``dim`` per sample
   (the routed ``vector_norm``), gathered back to ``x``'s elements.
 * Pooling (``avg_pool1d``, ``max_pool1d``, ``adaptive_*_pool1d``) over a last ragged dim of
@@ -80,7 +81,15 @@ def _rounds(m) -> int:
     return 62
 
 
-def _scan(op: str, input, dim, dtype, prod: bool):
+# scan kind → (combine, fill of the rows shifted in from before a segment's start)
+_SCANS = {
+    "cumsum": (torch.add, 0.0),
+    "cumprod": (torch.mul, 1.0),
+    "logcumsumexp": (torch.logaddexp, float("-inf")),
+}
+
+
+def _scan(op: str, input, dim, dtype):
     d = canonical_dim(op, input.dim(), dim)
     if d == 0:
         raise NotImplementedError(
@@ -89,30 +98,39 @@ def _scan(op: str, input, dim, dtype, prod: bool):
         )
     if dtype is not None:
         input = input.to(dtype)
+    elif op == "logcumsumexp":
+        if not (input.dtype.is_floating_point or input.dtype.is_complex):
+            raise RuntimeError(f"logcumsumexp(): expected floating point or complex input, got {input.dtype}")
     elif not (input.dtype.is_floating_point or input.dtype.is_complex):
         input = input.to(torch.int64)  # dense torch's integer promotion for cumsum/cumprod
+    combine, fill = _SCANS[op]
     m = input._partition.extents[input._ragged_dims.index(d)].max if d in input._ragged_dims else input.shape[d]
     y, s = input, 1
     for _ in range(_rounds(m)):
-        shifted = _call(mj.shift.default, y, d, s, 1.0 if prod else 0.0)
-        y = y * shifted if prod else y + shifted
+        shifted = _call(mj.shift.default, y, d, s, fill)
+        if op == "logcumsumexp":
+            # A row shifted in from before its segment's start adds no term (logaddexp(y, -inf) = y),
+            # but logaddexp's second derivative there is inf / inf: such rows keep y through a where.
+            valid = _call(mj.shift.default, torch.ones_like(y).detach(), d, s, 0.0) > 0
+            y = torch.where(valid, combine(y, torch.where(valid, shifted, y)), y)
+        else:
+            y = combine(y, shifted)
         s *= 2
     return y.clone() if y is input else y
 
 
-def _scan_route(prod: bool):
-    op = "cumprod" if prod else "cumsum"
-
+def _scan_route(op: str):
     def routed(input, dim, *, dtype=None, out=None):
         if not isinstance(input, MJT) or out is not None or not isinstance(dim, int):
             return NotImplemented
-        return _scan(op, input, dim, dtype, prod)
+        return _scan(op, input, dim, dtype)
 
     return routed
 
 
-route(torch.cumsum, torch.Tensor.cumsum)(_scan_route(False))
-route(torch.cumprod, torch.Tensor.cumprod)(_scan_route(True))
+route(torch.cumsum, torch.Tensor.cumsum)(_scan_route("cumsum"))
+route(torch.cumprod, torch.Tensor.cumprod)(_scan_route("cumprod"))
+route(torch.logcumsumexp, torch.Tensor.logcumsumexp)(_scan_route("logcumsumexp"))
 
 
 # ----------------------------------------------------------------------------- norms
