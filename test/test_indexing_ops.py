@@ -14,7 +14,7 @@ import torch_multijagged as mj
 from torch_multijagged import multi_jagged
 
 from _reference import CUBE, PS, R, RECT, RECT3, RECT3_MID, SEQ, SQUARE, STATIC_LEAD, few, per_sample_check, seeds, structures
-from _structures import comps_for, lengths
+from _structures import comps_for, lengths, per_sample_check_any_ints
 
 FEW = few(8)
 V = 7  # vocabulary size of the embedding tests
@@ -548,3 +548,31 @@ def test_empty_batch_every_op():
     none = torch.zeros(0, dtype=torch.int64)
     assert torch.index_put(x, [none, none], torch.tensor(1.0)).unbind() == ()
     assert torch.index_put(x, [none], torch.tensor(1.0)).unbind() == ()
+
+
+# --------------------------------------------------------------------------- take_along_dim, constant_pad_nd
+@pytest.mark.parametrize("layout", [SEQ, SQUARE, STATIC_LEAD], ids=str)
+def test_take_along_static_dim_and_constant_pad_nd(layout):
+    """``take_along_dim`` along the last (static) dim with multi_jagged indices, also broadcast
+    from size 1 over another static dim; ``torch.constant_pad_nd`` as ``F.pad`` (static and
+    ragged dims)."""
+
+    @FEW
+    @given(structures(layout, min_c=2), seeds)
+    def check(s, seed):
+        comps = s.components(seed)
+        g = torch.Generator().manual_seed(seed)
+        idx = [torch.randint(0, s.c, (*c.shape[:-1], 3), generator=g) for c in comps]
+        per_sample_check(lambda x, i: torch.take_along_dim(x, i, -1), R(comps, s.ragged_dims), R(idx, s.ragged_dims),
+                         ref=lambda c, i: torch.take_along_dim(c, i, -1))
+        per_sample_check(lambda x: torch.constant_pad_nd(x, (1, 2), 0.5), R(comps, s.ragged_dims),
+                         ref=lambda c: torch.constant_pad_nd(c, (1, 2), 0.5))
+        if layout is not STATIC_LEAD:  # along the (last) ragged dim: a new extent n + 3
+            per_sample_check_any_ints(lambda x: torch.constant_pad_nd(x, (0, 0, 2, 1)), lambda c: torch.constant_pad_nd(c, (0, 0, 2, 1)),
+                                      comps, s.ragged_dims)
+        if layout is STATIC_LEAD:  # indices of size 1 along S broadcast over it
+            one = [i[:1] for i in idx]
+            per_sample_check(lambda x, i: torch.take_along_dim(x, i, -1), R(comps, s.ragged_dims), R(one, s.ragged_dims),
+                             ref=lambda c, i: torch.take_along_dim(c, i, -1))
+
+    check()

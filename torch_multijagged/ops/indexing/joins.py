@@ -1,7 +1,7 @@
 """Joins along ragged dims, per sample: ``torch.cat`` (sizes add; a dense ``(B, k, …)`` or
 ``(1, k, …)`` operand joins every sample — the class token), ``F.pad`` (constant, reflect,
-replicate, circular, as dense pads each sample) and ``repeat`` / ``tile``. The result's dim stays
-ragged (NOTE [ Indexing along ragged dims ] in ``along.py``)."""
+replicate, circular, as dense pads each sample; ``torch.constant_pad_nd`` too) and ``repeat`` /
+``tile``. The result's dim stays ragged (NOTE [ Indexing along ragged dims ] in ``along.py``)."""
 
 from __future__ import annotations
 
@@ -252,3 +252,9 @@ def _tile(input, *dims):
     reps = list(dims[0]) if len(dims) == 1 and isinstance(dims[0], (list, tuple, torch.Size)) else list(dims)
     reps = [1] * (input.dim() - len(reps)) + reps
     return _repeat(input, reps)
+
+
+@route(torch.constant_pad_nd)
+def _constant_pad_nd(input, pad, value=0):
+    """``torch.constant_pad_nd``: ``F.pad`` in constant mode (along ragged dims too)."""
+    return _pad(input, pad, "constant", value) if isinstance(input, MJT) else NotImplemented

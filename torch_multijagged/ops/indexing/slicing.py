@@ -1,6 +1,6 @@
 """Indexing along ragged dims, per sample: ``select`` / ``x[:, i]``, slices ``x[:, a:b:s]``,
 ``narrow``, ``index_select``, ``gather`` / ``take_along_dim`` / ``scatter`` / ``scatter_add``,
-``flip``, ``roll``
+``flip``, ``roll``, ``rot90``
 (NOTE [ Indexing along ragged dims ] in ``along.py``: which results are ragged, static or dense).
 Along static dims these ops act on the values."""
 
@@ -237,7 +237,13 @@ def _take_along_dim(input, indices, dim=None, *, out=None):
         return NotImplemented
     hit = ragged_dim("take_along_dim", input, dim)
     if hit is None:
-        return NotImplemented
+        if not (isinstance(indices, MJT) and indices.dim() == input.dim()):
+            return NotImplemented
+        # a static dim: gather's handler, with the indices broadcast over input's static dims
+        d = canonical_dim("take_along_dim", input.dim(), dim)
+        statics = static_dims(input.dim(), input._ragged_dims)
+        shape = [input.shape[e] if e in statics and e != d and indices.shape[e] == 1 else -1 for e in range(indices.dim())]
+        return torch.gather(input, dim, indices.expand(shape) if any(s != -1 for s in shape) else indices)
     if isinstance(indices, MJT):
         shape = [input.shape[e] if e in static_dims(input.dim(), input._ragged_dims) and indices.shape[e] == 1 else -1
                  for e in range(indices.dim())]
@@ -305,3 +311,26 @@ def _roll(input, shifts, dims=None):
         out = _static_values(out, lambda v: v.roll([s for _, s in statics], [vd for vd, _ in statics]))
     return out
 
+
+
+@route(torch.rot90, torch.Tensor.rot90)
+def _rot90(input, k=1, dims=(0, 1)):
+    """dense torch's composition: ``flip`` of one of the two dims and a ``transpose`` (ragged dims
+    included: a rectangular pair ``(B, j0, j1)`` turns into ``(B, j1, j0)``)."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if len(dims) != 2:
+        raise RuntimeError(f"rot90(): expected total rotation dims == 2, but got dims = {len(dims)}")
+    d0, d1 = (canonical_dim("rot90", input.dim(), d) for d in dims)
+    if d0 == d1:
+        raise RuntimeError(f"rot90(): expected rotation dims to be different, but got dim0 = {d0} and dim1 = {d1}")
+    if 0 in (d0, d1):
+        raise NotImplementedError(f"rot90(): along the batch dim of {describe(input)} for layout torch.multi_jagged")
+    k %= 4
+    if k == 1:
+        return _flip(input, [d1]).transpose(d0, d1)
+    if k == 2:
+        return _flip(input, [d0, d1])
+    if k == 3:
+        return _flip(input, [d0]).transpose(d0, d1)
+    return input.clone()

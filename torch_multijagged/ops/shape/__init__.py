@@ -3,6 +3,7 @@
 (``metadata.py``), ``reshape``/``flatten``/``unflatten``/the ``split`` family/``narrow``
 (``reshape.py``), merging and splitting ragged dims (``flatten.py``, NOTE [ Flattening ragged
 dims ]), the batch as components or a padded envelope (``padded.py``), and static dims moved
-before the batch dim (``leading.py``, NOTE [ Batch-moved tokens ])."""
+before the batch dim (``leading.py``, NOTE [ Batch-moved tokens ]), and per-sample matrix
+structure: ``tril``/``triu``/``trace``/``diag``/``diagflat`` (``matrices.py``)."""
 
-from . import views, metadata, padded, flatten, reshape, leading  # noqa: F401  (register)
+from . import views, metadata, padded, flatten, reshape, leading, matrices  # noqa: F401  (register)

@@ -1,5 +1,6 @@
 """``__torch_function__`` routes of the shape family: ``reshape`` / ``flatten`` / ``unflatten``,
-the ``split`` family, ``narrow``, ``squeeze()`` (NOTE [ Routes ] in ``ops/_routing.py`` says what a route may do).
+the ``split`` family, ``narrow``, ``squeeze()``, ``channel_shuffle``, ``view_copy`` (NOTE [ Routes ]
+in ``ops/_routing.py`` says what a route may do).
 
 Errors name the op the user called (``reshape()``, not the ``view()`` it routes to); piece sizes
 of the ``split`` family and the sizes of ``unflatten`` come from dense torch itself, run on a
@@ -223,3 +224,25 @@ def _squeeze(input, dim=None):
         return NotImplemented
     dims = [d for d in range(1, input.dim()) if d not in input._ragged_dims and input.shape[d] == 1]
     return torch.squeeze(input, dims) if dims else input.view(input.shape)
+
+
+@route(torch.channel_shuffle, torch.native_channel_shuffle)
+def _channel_shuffle(input, groups):
+    """Channels (static dim 1, as dense torch's ``(N, C, *)``) regrouped: ``unflatten`` into
+    ``(groups, C / groups)``, ``transpose``, ``flatten`` back."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if input.dim() < 3 or 1 in input._ragged_dims:
+        raise StructureError(f"channel_shuffle(): expected a static channel dim 1, as dense (N, C, *), got {describe(input)}")
+    c = input.shape[1]
+    if groups <= 0 or c % groups:
+        raise RuntimeError(f"channel_shuffle(): Number of channels must be divisible by groups. Got {c} channels and {groups} groups.")
+    return input.unflatten(1, (groups, c // groups)).transpose(1, 2).flatten(1, 2)
+
+
+@route(torch.view_copy)
+def _view_copy(input, size, *, out=None):
+    """``view_copy``: ``view`` (the sizes as ``view`` takes them), then a copy."""
+    if not isinstance(input, MJT) or out is not None:
+        return NotImplemented
+    return input.view(size).clone()
