@@ -480,7 +480,7 @@ def build_table(names: Optional[Sequence[str]] = None) -> list[Row]:
 
 
 def summary(rows: Sequence[Row]) -> dict[str, int]:
-    out = {k: 0 for k in ("pass", "wrong", "raises", "n/a", "error")}
+    out = dict.fromkeys(("pass", "wrong", "raises", "n/a", "error"), 0)
     for r in rows:
         out[r.status] += 1
     return out

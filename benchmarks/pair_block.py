@@ -455,7 +455,7 @@ def host_floor(methods: list[Method]) -> dict[str, float]:
             step(block, m, states[m.name])
         except Exception:
             states.pop(m.name, None)
-    best = {n: math.inf for n in states}
+    best = dict.fromkeys(states, math.inf)
     for _ in range(FLOOR_REPS):
         for m in methods:
             if m.name in states:

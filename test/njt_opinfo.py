@@ -23,7 +23,6 @@ import math
 import sys
 import zlib
 from collections import defaultdict
-from typing import Any
 
 import torch
 from torch.testing._internal.opinfo.core import BinaryUfuncInfo, ReductionOpInfo, UnaryUfuncInfo
@@ -66,7 +65,7 @@ def _is_njt(t) -> bool:
 
 def _compact(t):
     if _is_njt(t) and t._lengths is not None:
-        c = torch.nested.as_nested_tensor([x for x in t.detach().unbind()], layout=torch.jagged)
+        c = torch.nested.as_nested_tensor(list(t.detach().unbind()), layout=torch.jagged)
         return c.requires_grad_(t.requires_grad)
     return t
 
@@ -77,7 +76,7 @@ def to_ours(t):
         return t
     src = t.detach()
     if src._lengths is not None:  # holes: compact to the same components
-        src = torch.nested.as_nested_tensor([c for c in src.unbind()], layout=torch.jagged)
+        src = torch.nested.as_nested_tensor(list(src.unbind()), layout=torch.jagged)
         if t._ragged_idx != 1:
             raise AssertionError("holes with a transposed ragged dim")
     out = mj.from_jagged(src.contiguous() if t._ragged_idx == 1 else src).detach()
@@ -155,7 +154,7 @@ def _grads(out, inputs) -> list:
     if loss is None:
         return [None] * len(inputs)
     gs = torch.autograd.grad(loss, inputs, allow_unused=True)
-    return [g for g in gs]
+    return list(gs)
 
 
 def _compare_grads(ours, ref) -> None:

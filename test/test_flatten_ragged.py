@@ -41,7 +41,7 @@ def _grads_agree(out, expected, leaves, seed=0):
     g = torch.Generator().manual_seed(seed)
     cots = [torch.randn(e.shape, generator=g, dtype=e.dtype) for e in expected]
     gm = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cots)), leaves, allow_unused=True)
-    gr = [c for c in cots]  # d/dleaf of Σ (flatten(leaf) · c) is c reshaped like the leaf
+    gr = list(cots)  # d/dleaf of Σ (flatten(leaf) · c) is c reshaped like the leaf
     for k, (a, c, leaf) in enumerate(zip(gm, gr, leaves)):
         a = torch.zeros_like(leaf) if a is None else a
         assert torch.equal(a, c.reshape(leaf.shape)), f"grad of leaf {k}"

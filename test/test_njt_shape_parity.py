@@ -9,7 +9,7 @@ import re
 
 import pytest
 import torch
-from hypothesis import given, strategies as st
+from hypothesis import given
 
 import torch_multijagged as mj
 from torch_multijagged import StructureError

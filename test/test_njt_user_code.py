@@ -33,32 +33,43 @@ def _(lay):
 def _(lay):
     a, b = torch.randn(2, 5, requires_grad=True), torch.randn(3, 5, requires_grad=True)
     nt = torch.nested.as_nested_tensor([a, b], layout=lay)
-    nt.sum().backward(); return a.grad
+    nt.sum().backward()
+    return a.grad
 @_step("to_padded method")
 def _(lay):
     nt = torch.nested.nested_tensor([torch.randn(2, 5), torch.randn(3, 5)], layout=lay)
     return nt.to_padded_tensor(0.0).shape
 @_step("nested.narrow from padded")
 def _(lay):
-    padded = torch.randn(3, 5, 4); lengths = torch.tensor([3, 2, 5]); starts = torch.zeros(3, dtype=torch.int64)
+    padded = torch.randn(3, 5, 4)
+    lengths = torch.tensor([3, 2, 5])
+    starts = torch.zeros(3, dtype=torch.int64)
     nt = torch.nested.narrow(padded, dim=1, start=starts, length=lengths, layout=lay)
     return nt.shape, [c.shape for c in nt.unbind()]
 @_step("nested_tensor_from_jagged")
 def _(lay):
-    values = torch.randn(10, 5); offsets = torch.tensor([0, 3, 5, 10])
-    if lay == torch.jagged: nt = torch.nested.nested_tensor_from_jagged(values, offsets)
-    else: nt = mj.nested_tensor_from_jagged(values, offsets)
+    values = torch.randn(10, 5)
+    offsets = torch.tensor([0, 3, 5, 10])
+    if lay == torch.jagged:
+        nt = torch.nested.nested_tensor_from_jagged(values, offsets)
+    else:
+        nt = mj.nested_tensor_from_jagged(values, offsets)
     return nt.shape, nt.offsets()
 @_step("mha tutorial block")
 def _(lay):
     E, H = 16, 4
     nt = torch.nested.nested_tensor([torch.randn(n, E) for n in (3, 5, 2)], layout=lay, requires_grad=True)
-    proj = nn.Linear(E, 3*E); out_proj = nn.Linear(E, E)
+    proj = nn.Linear(E, 3*E)
+    out_proj = nn.Linear(E, E)
     q, k, v = torch.chunk(proj(nt), 3, dim=-1)
-    q = q.unflatten(-1, [H, E//H]).transpose(1, 2); k = k.unflatten(-1, [H, E//H]).transpose(1, 2); v = v.unflatten(-1, [H, E//H]).transpose(1, 2)
+    q = q.unflatten(-1, [H, E//H]).transpose(1, 2)
+    k = k.unflatten(-1, [H, E//H]).transpose(1, 2)
+    v = v.unflatten(-1, [H, E//H]).transpose(1, 2)
     a = F.scaled_dot_product_attention(q, k, v, dropout_p=0.0, is_causal=True)
     a = a.transpose(1, 2).flatten(-2)
-    o = out_proj(a); o.sum().backward(); return o.shape
+    o = out_proj(a)
+    o.sum().backward()
+    return o.shape
 @_step("sdpa cross lengths")
 def _(lay):
     q = torch.nested.nested_tensor([torch.randn(n, 2, 8) for n in (3, 5)], layout=lay)
@@ -101,12 +112,14 @@ def _(lay):
     return f(nt).shape
 @_step("masked_select nested API")
 def _(lay):
-    padded = torch.randn(3, 5); mask = torch.tensor([[1,1,0,0,0],[1,1,1,1,0],[1,0,0,0,0]], dtype=torch.bool)
+    padded = torch.randn(3, 5)
+    mask = torch.tensor([[1,1,0,0,0],[1,1,1,1,0],[1,0,0,0,0]], dtype=torch.bool)
     return torch.nested.masked_select(padded, mask).shape
 @_step("embedding bag / embedding")
 def _(lay):
     idx = torch.nested.nested_tensor([torch.tensor([1, 2, 3]), torch.tensor([4, 5])], layout=lay)
-    emb = nn.Embedding(10, 4); bag = nn.EmbeddingBag(10, 4, mode="mean")
+    emb = nn.Embedding(10, 4)
+    bag = nn.EmbeddingBag(10, 4, mode="mean")
     return emb(idx).shape, bag(idx).shape
 @_step("values/offsets/lengths")
 def _(lay):
@@ -172,7 +185,8 @@ def _(lay):
     a = torch.nested.nested_tensor([torch.randn(n, 8) for n in (3,5,2)], layout=lay, requires_grad=True)
     lin = nn.Linear(8,8)
     y = torch.utils.checkpoint.checkpoint(lambda x: F.gelu(lin(x)), a, use_reentrant=False)
-    y.sum().backward(); return lin.weight.grad.shape
+    y.sum().backward()
+    return lin.weight.grad.shape
 @_step("print repr")
 def _(lay):
     a = torch.nested.nested_tensor([torch.randn(n, 2) for n in (1,2)], layout=lay)

@@ -532,7 +532,7 @@ def _start(struct, seed, ties=False):
 
 def run_chain(data, s: State, length: int):
     """Draw and check ``length`` ops; returns (final result, final per-sample references, ops)."""
-    ops, out = [], s.x
+    ops = []
     for _ in range(length):
         op = draw_op(data, s)
         before = s

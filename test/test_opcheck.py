@@ -250,7 +250,7 @@ def _triton_attention():
     return fwd, bwd
 
 
-TRITON_OPS = {name for name in SAMPLES if name.endswith("_triton") or name.endswith("_triton_backward")}
+TRITON_OPS = {name for name in SAMPLES if name.endswith(("_triton", "_triton_backward"))}
 # backward ops whose own derivative raises NotImplementedError by design
 NO_DOUBLE_BACKWARD = {"sdpa_backward", "varlen_attention_backward", "varlen_attention_triton_backward",
                       "pair_add_layer_norm_triton_backward"}

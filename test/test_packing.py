@@ -238,7 +238,7 @@ def test_block_diagonal_mask_no_leakage(lengths, seed):
     q, k, v = (torch.randn(h, t, d, generator=g, dtype=torch.float64, requires_grad=True) for _ in range(3))
     out = _sdpa(q, k, v, mask)
     bounds = mj.packed_position_ids(lengths=lengths).eq(0).nonzero().flatten().tolist()
-    starts = [s for s in torch.tensor([0] + lengths[:-1]).cumsum(0).tolist()]
+    starts = torch.tensor([0] + lengths[:-1]).cumsum(0).tolist()
     for s, n in zip(starts, lengths):
         if n == 0:
             continue

@@ -37,8 +37,7 @@ from .constructors import (
 )
 from .constructors import _install
 from . import _testing
-from . import packing
-from . import distributed  # collectives of multi_jagged batches (loads nothing torch has not)
+from . import distributed  # noqa: F401  (collectives of multi_jagged batches; loads nothing torch has not)
 from .packing import (
     block_diagonal_mask,
     collate,
@@ -68,7 +67,14 @@ __all__ = [
     "nested_tensor_from_jagged",
     "narrow",
     "is_nested",
-    *packing.__all__,
+    # packing
+    "first_fit_decreasing",
+    "position_ids",
+    "packed_position_ids",
+    "segment_ids",
+    "block_diagonal_mask",
+    "padding_rate",
+    "collate",
 ]
 
 __version__ = "0.1.0"

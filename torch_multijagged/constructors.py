@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import operator
-from typing import Optional, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import torch
 
@@ -114,14 +114,14 @@ def _infer(op: str, tensors: Sequence[torch.Tensor], ragged_dims) -> tuple[tuple
 
 class _FromComponents(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, partition, ragged_dims, *components):  # type: ignore[override]
+    def forward(ctx, partition, ragged_dims, *components):
         ctx.set_materialize_grads(False)  # zeros of nested-int sizes cannot be made
         ctx.count = len(components)
         values = ref.pack_components(components, ragged_dims)
         return MultiJaggedTensor(values, partition, ragged_dims)
 
     @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
+    def backward(ctx, grad):
         if grad is None:
             return (None, None) + (None,) * ctx.count
         # Through the differentiable bridge under create_graph=True (NOTE [ Differentiable
@@ -306,11 +306,12 @@ def from_jagged(njt: torch.Tensor) -> MultiJaggedTensor:
     nested int). Differentiable."""
     if not (isinstance(njt, torch.Tensor) and njt.is_nested and njt.layout == torch.jagged):
         raise TypeError(f"from_jagged(): expected a torch.jagged nested tensor, got {type(njt).__name__}")
-    if njt.lengths() is not None:
+    jagged: Any = njt  # a NestedTensor: lengths(), offsets(), _ragged_idx are not in torch.Tensor's stubs
+    if jagged.lengths() is not None:
         raise ValueError("from_jagged(): expected a contiguous torch.jagged tensor (lengths=None); call .contiguous() first")
-    r = njt._ragged_idx
+    r = jagged._ragged_idx
     values = njt.values().movedim(r - 1, 0)
-    offsets = njt.offsets()
+    offsets = jagged.offsets()
     host = offsets.diff().cpu().unsqueeze(1)  # SYNC: once per conversion
     partition = partition_from_sizes(host, values.device, offsets)
     return wrap_values(values, partition, (r,))
@@ -368,7 +369,7 @@ def narrow_batch(x: MultiJaggedTensor, start, length) -> MultiJaggedTensor:
     values (``split_batch``); ``start`` may be negative, as dense ``narrow`` allows."""
     # dense torch's own checks and negative-start rule, on a meta tensor of the batch size
     probe = torch.empty(x._partition.batch, device="meta").narrow(0, start, length)
-    return split_batch(x, [(probe.storage_offset(), probe.shape[0])])[0]
+    return split_batch(x, [(int(probe.storage_offset()), probe.shape[0])])[0]
 
 
 # ----------------------------------------------------------------------------- torch.jagged builders
@@ -492,7 +493,7 @@ def occupancy(x: MultiJaggedTensor) -> float:
 
 
 # ----------------------------------------------------------------------------- torch.nested
-_ORIGINAL: dict[str, object] = {}
+_ORIGINAL: dict[str, Callable[..., Any]] = {}
 
 
 def _install() -> None:

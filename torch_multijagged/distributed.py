@@ -234,9 +234,9 @@ def all_gather(x: MultiJaggedTensor, group: Optional[dist.ProcessGroup] = None) 
     grad = bool(headers[:, _GRAD].any())
     rank = dist.get_rank(group)
     bs, ts = headers[:, _B].tolist(), headers[:, _T].tolist()
-    sizes = _all_gather_rows(x.sizes().to(device), bs, rank, group, grad=False)
+    gathered = _all_gather_rows(x.sizes().to(device), bs, rank, group, grad=False)
     # SYNC: from_packed needs the gathered sizes on the host (a no-op copy on gloo).
-    sizes = torch.cat(sizes).cpu()
+    sizes = torch.cat(gathered).cpu()
     values = x.values() if grad else x.values().detach()
     pieces = _all_gather_rows(_to_wire(values), ts, rank, group, grad)
     return _build(torch.cat(pieces), sizes, headers[0])
@@ -248,9 +248,9 @@ def gather(x: MultiJaggedTensor, dst: int = 0, group: Optional[dist.ProcessGroup
     op = "gather"
     headers, device = _exchange_headers(op, x, group, False)
     here = dist.get_rank() == dst
-    out = []
-    for t, counts in ((x.sizes().to(device), headers[:, _B]), (_to_wire(x.values().detach()), headers[:, _T])):
-        counts = counts.tolist()
+    out: list[torch.Tensor] = []  # on dst
+    for t, per_rank in ((x.sizes().to(device), headers[:, _B]), (_to_wire(x.values().detach()), headers[:, _T])):
+        counts: list[int] = per_rank.tolist()
         rows = max(counts, default=0)
         if rows * math.prod(t.shape[1:]) == 0:
             out.append(t.new_zeros((sum(counts), *t.shape[1:])))
@@ -258,7 +258,8 @@ def gather(x: MultiJaggedTensor, dst: int = 0, group: Optional[dist.ProcessGroup
         padded = _pad_rows(t, rows)
         pieces = [torch.empty_like(padded) for _ in counts] if here else None
         dist.gather(padded, pieces, dst=dst, group=group)
-        out.append(torch.cat([p[:c] for p, c in zip(pieces, counts)]) if here else None)
+        if pieces is not None:
+            out.append(torch.cat([p[:c] for p, c in zip(pieces, counts)]))
     if not here:
         return None
     # SYNC: from_packed needs the sizes on the host (a no-op copy on gloo).
@@ -313,6 +314,7 @@ def broadcast(
     op = "broadcast"
     header, _, device = _source_header(op, x, src, group, device)
     if dist.get_rank() == src:
+        assert x is not None  # else _source_header raised on every rank
         for t in (x.sizes().to(device), _to_wire(x.values().detach()).contiguous()):
             if t.numel():
                 dist.broadcast(t, src, group=group)
@@ -360,8 +362,8 @@ def scatter(
             error = e
         else:
             # Each rank's row count from the host sizes, without reading the device offsets.
-            rows = [int(r.sum()) for r in x.sizes().prod(1).split(bs)]
-            extra = torch.tensor([bs, rows], dtype=torch.int64).T.flatten()
+            row_counts = [int(r.sum()) for r in x.sizes().prod(1).split(bs)]
+            extra = torch.tensor([bs, row_counts], dtype=torch.int64).T.flatten()
     header, table, device = _source_header(op, x, src, group, device, 2 * world, extra, error)
     counts = table.view(world, 2)
     empty = header.clone()
@@ -369,12 +371,13 @@ def scatter(
     sizes, values = _empty_like_header(empty, device)
     mine = dist.get_rank(group)
     out = []
-    full = (x.sizes(), _to_wire(x.values().detach())) if here else (None, None)
-    for buf, n, whole in zip((sizes, values), counts.T.tolist(), full):
+    full = (x.sizes(), _to_wire(x.values().detach())) if here and x is not None else (None, None)
+    per_rank: list[list[int]] = counts.T.tolist()
+    for buf, n, whole in zip((sizes, values), per_rank, full):
         rows = max(n, default=0)
         piece = buf.new_empty((rows, *buf.shape[1:]))
         if piece.numel():
-            parts = [_pad_rows(p.to(device), rows) for p in whole.split(n)] if here else None
+            parts = [_pad_rows(p.to(device), rows) for p in whole.split(n)] if whole is not None else None
             dist.scatter(piece, parts, src=src, group=group)
         out.append(piece[: n[mine]])
     # SYNC: from_packed needs the sizes on the host (a no-op copy on gloo).

@@ -159,7 +159,7 @@ def _pair_ln_bwd_kernel(
         w = tl.load(W + c, mask=c_ok, other=0.0).to(acc)
     dw = tl.zeros((BLOCK_C,), acc)
     db = tl.zeros((BLOCK_C,), acc)
-    for k in range(0, tiles_per_prog):
+    for k in range(tiles_per_prog):
         tile = pid + k * nprog
         n = tile.to(tl.int64) * BLOCK_N + tl.arange(0, BLOCK_N)
         n_ok = (n < N) & (tile < tiles)

@@ -315,8 +315,8 @@ _LAST = [F.linear, F.layer_norm, F.rms_norm, F.glu]
 _DIM = [F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax]
 _REDUCE = [torch.sum, torch.mean, torch.amax, torch.amin, torch.Tensor.sum, torch.Tensor.mean, torch.Tensor.amax,
            torch.Tensor.amin]
-_FORWARDED = {**{f: "elementwise" for f in _ELEMENTWISE}, **{f: "last" for f in _LAST}, **{f: "dim" for f in _DIM},
-              **{f: "reduce" for f in _REDUCE}}
+_FORWARDED = {**dict.fromkeys(_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAST, "last"),
+              **dict.fromkeys(_DIM, "dim"), **dict.fromkeys(_REDUCE, "reduce")}
 
 _TOKEN_OPS = {
     torch.unbind: _unbind, torch.Tensor.unbind: _unbind,
