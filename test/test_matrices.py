@@ -10,7 +10,7 @@ from hypothesis import given
 
 import torch_multijagged as mj
 
-from _reference import R, RECT, SEQ, SQUARE, STATIC_LEAD, few, per_sample_check, seeds, structures
+from _reference import R, RECT, SEQ, STATIC_LEAD, few, per_sample_check, seeds, structures
 from _structures import comps_for, lengths, per_sample_check_any_ints
 
 FEW = few(8)
