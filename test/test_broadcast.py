@@ -471,3 +471,22 @@ def test_rect_plus_square_of_one_side_raises_unless_equal():
     out = _row(x) * _col(y2) + (_row(x) + _col(x))
     for o, a, b in zip(out.unbind(), x.unbind(), y2.unbind()):
         assert_close(o, a.unsqueeze(1) * b.unsqueeze(0) + (a.unsqueeze(1) + a.unsqueeze(0)))
+
+
+def test_broadcast_tensors_per_sample():
+    """``torch.broadcast_tensors``: each operand broadcast to the common shape (a dense static
+    operand, a dense per-sample one, a pair from two singles), gradients summed back."""
+
+    @few(8)
+    @given(lengths(max_batch=3), seeds)
+    def check(ns, seed):
+        x = R(comps_for([(n, 1, 2) for n in ns], seed), (1,))
+        d = comps_for([(3, 2)], seed + 1)[0]
+        per_sample_check(lambda a, b: torch.broadcast_tensors(a, b)[0], x, d, ref=lambda a, b: torch.broadcast_tensors(a, b)[0])
+        per_sample_check(lambda a, b: torch.broadcast_tensors(a, b)[1], x, d, ref=lambda a, b: torch.broadcast_tensors(a, b)[1])
+        y = R(comps_for([(n, 2) for n in ns], seed + 2), (1,))
+        out = per_sample_check(lambda a, b: torch.broadcast_tensors(a.unsqueeze(2), b.unsqueeze(1))[1], y, y,
+                               ref=lambda a, b: torch.broadcast_tensors(a.unsqueeze(1), b.unsqueeze(0))[1], share=True)
+        assert out.ragged_dims == (1, 2)
+
+    check()

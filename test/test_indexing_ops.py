@@ -576,3 +576,43 @@ def test_take_along_static_dim_and_constant_pad_nd(layout):
                              ref=lambda c, i: torch.take_along_dim(c, i, -1))
 
     check()
+
+
+# --------------------------------------------------------------------------- along static dims: scatter_, scatter_reduce, index_*; nonzero
+@pytest.mark.parametrize("layout", [SEQ, SQUARE, STATIC_LEAD], ids=str)
+def test_static_dim_index_ops_and_nonzero(layout):
+    """``scatter_`` (in place), ``scatter_reduce``, ``index_add`` / ``index_copy`` / ``index_fill``
+    / ``index_select`` along the last (static) dim, and ``nonzero`` / ``argwhere`` per sample
+    (``(B, j, D)``: each sample's positions in its row-major order)."""
+
+    @FEW
+    @given(structures(layout, min_c=2), seeds)
+    def check(s, seed):
+        comps = s.components(seed)
+        g = torch.Generator().manual_seed(seed)
+        idx = R([torch.randint(0, s.c, c.shape, generator=g) for c in comps], s.ragged_dims)
+        src = R(s.components(seed + 1), s.ragged_dims)
+        x = R(comps, s.ragged_dims)
+        ix = torch.tensor([s.c - 1, 0])
+        narrow = R([c[..., :2] for c in s.components(seed + 2)], s.ragged_dims)
+        per_sample_check(lambda a, i, b: a.clone().scatter_(-1, i, b), x, idx, src, ref=lambda a, i, b: a.clone().scatter_(-1, i, b))
+        per_sample_check(lambda a, i: a.clone().scatter_(-1, i, 0.5), x, idx, ref=lambda a, i: a.clone().scatter_(-1, i, 0.5))
+        for reduce in ("sum", "amax", "mean"):
+            per_sample_check(lambda a, i, b: torch.scatter_reduce(a, -1, i, b, reduce, include_self=False), x, idx, src,
+                             ref=lambda a, i, b: torch.scatter_reduce(a, -1, i, b, reduce, include_self=False))
+        per_sample_check(lambda a, b: a.index_add(-1, ix, b, alpha=2.0), x, narrow, ref=lambda a, b: a.index_add(-1, ix, b, alpha=2.0))
+        per_sample_check(lambda a, b: torch.index_copy(a, -1, ix, b), x, narrow, ref=lambda a, b: torch.index_copy(a, -1, ix, b))
+        per_sample_check(lambda a: torch.ops.aten.index_fill(a, -1, ix, -1.0), x, ref=lambda a: a.index_fill(-1, ix, -1.0))
+        per_sample_check(lambda a: torch.ops.aten.index_select(a, -1, ix), x, ref=lambda a: a.index_select(-1, ix))
+        ints = [(c > 0.3).to(torch.int64) for c in comps]
+        m = mj.nested_tensor(ints, ragged_dims=s.ragged_dims)
+        for f in (torch.nonzero, torch.argwhere):  # a new extent: the number of nonzeros per sample
+            _components_equal(f(m), [f(c) for c in ints])
+
+    check()
+    x = mj.nested_tensor([torch.tensor([[0, 2], [3, 0]]), torch.zeros(0, 2, dtype=torch.int64)])
+    assert [c.tolist() for c in x.nonzero().unbind()] == [[[0, 1], [1, 0]], []]
+    rows, cols = torch.nonzero(x, as_tuple=True)
+    assert rows.unbind()[0].tolist() == [0, 1] and cols.unbind()[0].tolist() == [1, 0]
+    with pytest.raises(NotImplementedError, match="scatter_reduce.*ragged dim 1"):
+        torch.scatter_reduce(x.double(), 1, torch.zeros_like(x), x.double(), "sum")

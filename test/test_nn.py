@@ -190,6 +190,8 @@ ACTIVATIONS = {
     "hardsigmoid": F.hardsigmoid,
     "nn.GELU module": torch.nn.GELU(),
     "swiglu_like": lambda t: F.silu(t) * torch.sigmoid(t),
+    "rrelu_eval": lambda t: F.rrelu(t, 0.1, 0.3, training=False),
+    "torch.rrelu_eval": lambda t: torch.rrelu(t, 0.2, 0.4),
 }
 
 
@@ -200,6 +202,37 @@ def test_activations(layout, op):
     @given(structures(layout), seeds)
     def check(s, seed):
         per_sample_check(ACTIVATIONS[op], R(components(s.shapes, seed, low=-4, high=4), s.ragged_dims))
+
+    check()
+
+
+def test_rrelu_training_and_gumbel_hard():
+    """``rrelu`` in training: negative elements scaled by a slope in [lower, upper] (their
+    gradient), the others kept; ``gumbel_softmax(hard=True)`` gives one 1 per row (its one-hot is
+    an in-place ``scatter_`` along the static dim)."""
+    comps = components([(5, 4), (0, 4), (3, 4)], seed=3)
+    x, leaves = build(comps, (1,), requires_grad=True)
+    out = F.rrelu(x, 0.1, 0.3, training=True)
+    grads = torch.autograd.grad(out.sum(), leaves)
+    for o, c, g in zip(out.unbind(), comps, grads):
+        neg = c < 0
+        assert torch.equal(o[~neg], c[~neg]) and torch.equal(g[~neg], torch.ones_like(g[~neg]))
+        slope = o[neg] / c[neg]
+        assert ((slope >= 0.1) & (slope <= 0.3)).all() and torch.allclose(g[neg], slope)
+    hard = F.gumbel_softmax(x, hard=True)
+    for h in hard.unbind():
+        assert ((h == 0) | (h == 1)).all() and (h.sum(-1) == 1).all()
+
+
+@layouts
+def test_bilinear(layout):
+    @grid
+    @given(structures(layout, min_c=2, max_c=3), seeds)
+    def check(s, seed):
+        x = R(components(s.shapes, seed), s.ragged_dims)
+        y = R(components(s.shapes, seed + 1), s.ragged_dims)
+        per_sample_check(F.bilinear, x, y, _dense(seed, 4, s.c, s.c), _dense(seed + 1, 4), share=True, rtol=1e-6, atol=1e-6)
+        per_sample_check(lambda a, b, w: F.bilinear(a, b, w), x, y, _dense(seed + 2, 2, s.c, s.c), share=True, rtol=1e-6, atol=1e-6)
 
     check()
 

@@ -218,3 +218,16 @@ def _baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
     if out is not None or not _involves(input, batch1, batch2):
         return NotImplemented
     return _scaled_sum(input, torch.bmm(batch1, batch2), beta, alpha)
+
+
+@route(F.bilinear, torch.bilinear)
+def _bilinear(input1, input2, weight, bias=None):
+    """``x1ᵀ A_o x2 + b_o`` per position: ``x1`` times ``A`` as one matmul with a dense
+    ``(in1, out · in2)`` matrix, then the product with ``x2`` summed over ``in2`` (aten's
+    ``_trilinear`` flattens the leading dims, ragged ones included)."""
+    if not _involves(input1, input2) or isinstance(weight, MJT) or isinstance(bias, MJT):
+        return NotImplemented
+    o, i1, i2 = weight.shape
+    t = torch.matmul(input1, weight.permute(1, 0, 2).reshape(i1, o * i2)).unflatten(-1, (o, i2))
+    out = (t * input2.unsqueeze(-2)).sum(-1)
+    return out if bias is None else out + bias

@@ -27,6 +27,7 @@ from ...compile.kernel_choice import use_triton
 from ...structure import partition_for, same_extent
 from .._common import MJT, describe, static_dims, wrap
 from ...errors import StructureError
+from .._routing import route
 from .._table import op_name, register_multi_jagged_func, register_pointwise_fallback
 
 aten = torch.ops.aten
@@ -320,3 +321,17 @@ def searchsorted_Tensor(func, sorted_sequence, x, *args, **kwargs):
     if kwargs.get("sorter") is not None:
         raise NotImplementedError("searchsorted(): sorter= is not supported for layout torch.multi_jagged")
     return wrap(func(sorted_sequence, x._values, *args, **kwargs), x._partition, x._ragged_dims)
+
+
+@route(torch.broadcast_tensors)
+def _broadcast_tensors(*tensors):
+    """Each operand broadcast to the common shape (NOTE [ Broadcasting over ragged dims ]): a
+    ``where`` with an all-False mask of that shape, so each result keeps its operand's dtype and
+    its gradient sums back over the broadcast dims. Copies, where dense torch returns views."""
+    if not any(isinstance(t, MJT) for t in tensors):
+        return NotImplemented
+    mask = None
+    for t in tensors:
+        z = torch.zeros_like(t, dtype=torch.bool).detach()
+        mask = z if mask is None else mask | z
+    return tuple(torch.where(mask, t, t) for t in tensors)

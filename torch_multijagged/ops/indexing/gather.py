@@ -348,6 +348,19 @@ def _masked_select(input, mask, *, out=None):
     return aten.masked_select.default(input, mask)
 
 
+@route(torch.nonzero, torch.Tensor.nonzero, torch.argwhere, torch.Tensor.argwhere)
+def _nonzero(input, *, out=None, as_tuple=False):
+    """``(B, j, D)``: each sample's nonzero positions (its ``D`` dims), in its row-major order, as
+    dense ``nonzero`` per sample — every dim's coordinate (a ``cumsum`` of ones) selected with
+    ``masked_select``. ``as_tuple=True`` gives the ``D`` columns ``(B, j)``."""
+    if not isinstance(input, MJT) or out is not None:
+        return NotImplemented
+    mask = input != 0
+    ones = torch.ones_like(input, dtype=torch.int64)
+    cols = [torch.masked_select(ones.cumsum(d) - 1, mask) for d in range(1, input.dim())]
+    return tuple(cols) if as_tuple else torch.stack(cols, -1)
+
+
 class _MaskedScatter(torch.autograd.Function):
     """``masked_scatter`` with the source's gradient: aten's ``masked_scatter_backward`` pads the
     selected gradient to the source's concrete sizes, which a multi_jagged source does not have.

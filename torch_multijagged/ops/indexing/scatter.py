@@ -1,4 +1,5 @@
-"""``scatter`` / ``scatter_add`` / ``gather`` along static and ragged dims.
+"""``scatter`` / ``scatter_add`` / ``gather`` along static and ragged dims; ``scatter_`` (in place),
+``scatter_reduce``, ``index_add`` / ``index_copy`` / ``index_fill`` along static dims.
 
 NOTE [ Scatter and gather ]
 
@@ -105,3 +106,66 @@ def gather_default(func, x, dim, index, sparse_grad=False):
         vd = static_dims(len(index._size), index._ragged_dims).index(d) + 1
         return wrap(k.unsqueeze(vd), index._partition, index._ragged_dims)
     return k.unsqueeze(d)
+
+
+def _static(func, x: MJT, dim, *ts) -> int:
+    """The values dim of static dim ``dim`` (the tensor operands checked to have x's structure);
+    a ragged or the batch dim raises, naming the op."""
+    d = canonical_dim(op_name(func), len(x._size), dim)
+    if d == 0 or d in x._ragged_dims:
+        raise NotImplementedError(
+            f"{op_name(func)}(): along {'the batch' if d == 0 else 'ragged'} dim {d} of {describe(x)} is not supported "
+            "for layout torch.multi_jagged (along static dims it is)"
+        )
+    for t, what in ts:
+        _same_structure(func, x, t, what)
+    return static_dims(len(x._size), x._ragged_dims).index(d) + 1
+
+
+def _packed(t):
+    return t._values if isinstance(t, MJT) else t
+
+
+@register_multi_jagged_func([aten.scatter_.src, aten.scatter_.value], "self: mjt, dim: any, index: mjt, src: any")
+def scatter__src(func, x, dim, index, src):
+    """In place along a static dim (``F.gumbel_softmax(hard=True)``'s one-hot)."""
+    vd = _static(func, x, dim, (index, "index"), *([(src, "src")] if isinstance(src, torch.Tensor) else []))
+    func(x._values, vd, index._values, _packed(src))
+    return x
+
+
+@register_multi_jagged_func(aten.scatter_reduce.two, "self: mjt, dim: any, index: mjt, src: mjt, reduce: any, ...")
+def scatter_reduce_two(func, x, dim, index, src, reduce, *args, **kwargs):
+    vd = _static(func, x, dim, (index, "index"), (src, "src"))
+    return wrap(func(x._values, vd, index._values, src._values, reduce, *args, **kwargs), x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func([aten.index_add.default, aten.index_copy.default], "self: mjt, dim: any, index: t, source: mjt, ...")
+def index_add_default(func, x, dim, index, source, *args, **kwargs):
+    """Along a static dim, with one dense index for every sample (the dims of ``source`` other than
+    ``dim`` are self's)."""
+    vd = _static(func, x, dim, (source, "source"))
+    return wrap(func(x._values, vd, index, source._values, *args, **kwargs), x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func([aten.index_fill.int_Scalar, aten.index_fill.int_Tensor], "self: mjt, dim: any, index: t, value: any")
+def index_fill_int(func, x, dim, index, value):
+    """Along a static dim (``index_copy``'s gradient)."""
+    vd = _static(func, x, dim)
+    return wrap(func(x._values, vd, index, value), x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func(aten.index_select.default, "self: mjt, dim: any, index: t")
+def index_select_default(func, x, dim, index):
+    """Along a static dim (``index_add``'s gradient; ``torch.index_select`` along a ragged dim is a
+    route, ``indexing/slicing.py``)."""
+    vd = _static(func, x, dim)
+    return wrap(func(x._values, vd, index), x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func(aten.index_add_.default, "self: mjt, dim: any, index: t, source: mjt, ...")
+def index_add__default(func, x, dim, index, source, *args, **kwargs):
+    """In place along a static dim (``index_select``'s gradient)."""
+    vd = _static(func, x, dim, (source, "source"))
+    func(x._values, vd, index, source._values, *args, **kwargs)
+    return x

@@ -1,5 +1,6 @@
-"""Feature transforms over static trailing dims: norms and dropout. They keep the structure and
-run on the packed values; statistics tensors (mean / rstd) share the input's partition.
+"""Feature transforms over static trailing dims: norms, dropout and ``rrelu``. They keep the
+structure and run on the packed values; statistics tensors (mean / rstd) share the input's
+partition.
 
 NOTE [ Norms under double backward ]
 
@@ -113,3 +114,16 @@ def _rms_norm(input, normalized_shape, weight=None, eps=None):
         return NotImplemented
     _check_trailing("rms_norm", input, normalized_shape)
     return bridged.rms_norm(input, normalized_shape, weight, eps)
+
+
+@route(F.rrelu, torch.rrelu)
+def _rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False, generator=None):
+    """Eval: ``leaky_relu`` with the mean slope. Training: a slope drawn uniformly in
+    ``[lower, upper]`` for every negative element (``uniform_`` on the input's structure), 1 for
+    the others — the gradient is the slope, as dense torch's."""
+    if not isinstance(input, MJT) or inplace:
+        return NotImplemented
+    if not training:
+        return F.leaky_relu(input, (lower + upper) / 2)
+    slope = torch.empty_like(input).detach().uniform_(lower, upper, generator=generator)
+    return torch.where(input >= 0, input, input * slope)
