@@ -185,6 +185,12 @@ BUGS = [
     Bug("batch norm backward drops the mean of the gradient", "kernels/norms.py",
         "gx = torch.addcmul(torch.addcmul((-scale * gb / n).view(shape)", "gx = torch.addcmul(torch.addcmul((0 * gb).view(shape)",
         ("test_image_norms.py",)),
+    Bug("group norm's fast backward halves the projection on x-hat", "kernels/norms.py",
+        "gx = gp.sub_(xhat.mul_(b.index_select(0, sample).unsqueeze(2))).mul_(r)",
+        "gx = gp.sub_(xhat.mul_(b.index_select(0, sample).unsqueeze(2) * 0.5)).mul_(r)", ("test_image_norms.py",)),
+    Bug("group norm's double backward forgets the weight", "kernels/norms.py",
+        "gp = grad if weight is None else (grad.view(per_channel) * _per_channel(weight, g)).view(p, g, k)\n            a = x",
+        "gp = grad\n            a = x", ("test_image_norms.py",)),
     Bug("pixel rows of a static spatial dim in the wrong order", "ops/vision/conv.py",
         "        pix = pix * sz[s, a] + comp[a]", "        pix = pix + comp[a] * sz[s, a]", ("test_spatial.py",)),
     # ------------------------------------------------------------------ order statistics along ragged dims

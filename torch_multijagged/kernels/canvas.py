@@ -508,16 +508,11 @@ def _taps_weight_grad(grad: Tensor, canvas: Tensor, buf: Tensor, margin: int, we
         for off in offs:
             taps.append(g @ buf[off: off + m])
     else:
-        pad = []
-        for p in reversed(padding):
-            pad += [p, p]
-        x = F.pad(canvas, pad).movedim(1, -1)  # (N, *spatial, C)
-        outs = grad.shape[2:]
-        for tap in _taps(k):
-            view = x
-            for a, (t, d, s, o) in enumerate(zip(tap, dilation, stride, outs)):
-                view = view.narrow(a + 1, t * d, (o - 1) * s + 1)[(slice(None),) * (a + 1) + (slice(None, None, s),)]
-            taps.append(g @ view.reshape(-1, ci))
+        # the dense weight gradient on the canvas: no padded copy of it, no strided copy per tap
+        # (they were the peak of a CNN step with a strided conv)
+        return torch.ops.aten.convolution_backward(
+            grad, canvas, weight, None, list(stride), list(padding), list(dilation), False, [0] * len(k), 1,
+            [False, True, False])[1]
     return torch.stack(taps, -1).view(co, ci, *k)
 
 

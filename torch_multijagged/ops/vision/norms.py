@@ -54,7 +54,7 @@ from .. import bridged
 from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _dense, _needs_grad, route
 
-from ...kernels.norms import batch_norm_train  # noqa: E402
+from ...kernels.norms import batch_norm_train, segment_norm  # noqa: E402
 from .conv import as_spatial  # noqa: E402
 
 __all__ = ["group_norm", "spatial_layout"]
@@ -152,28 +152,15 @@ def _float(v: torch.Tensor) -> torch.Tensor:
     return v.float() if v.dtype in (torch.float16, torch.bfloat16) else v
 
 
-def _segment_moments(v3: torch.Tensor, x: MJT):
-    """Per-sample mean and biased variance of ``v3 (P, K, m)`` over its P rows (the sample's
-    packed rows) and m: ``(B, K)`` each, and the centred values. A sample without rows divides
-    by 1 (its statistics are 0 and reach no output)."""
+def _normalise(x: MJT, v3: torch.Tensor, channels: int, weight, bias, eps: float):
+    """``(out, mean, biased var)``: ``v3 (P, G, m)`` normalised per sample and group over the
+    sample's packed rows and m, then scaled and shifted per channel (one autograd node that saves
+    the input only: NOTE [ Group norm over packed pixels ] in ``kernels/norms.py``). A sample
+    without rows divides by 1 (its statistics are 0 and reach no output)."""
     p = x._partition
-    sample = p.row_sample()
     cnt = (p.offsets.diff() * v3.shape[2]).clamp_min(1).to(v3.dtype).unsqueeze(1)
-    b, k = p.batch, v3.shape[1]
-    mean = v3.new_zeros(b, k).index_add(0, sample, v3.sum(2)) / cnt
-    centred = v3 - mean.index_select(0, sample).unsqueeze(2)
-    var = v3.new_zeros(b, k).index_add(0, sample, (centred * centred).sum(2)) / cnt
-    return mean, var, centred
-
-
-def _affine(out: torch.Tensor, weight, bias) -> torch.Tensor:
-    """``out (P, C, *static)`` scaled and shifted per channel."""
-    shape = (1, -1) + (1,) * (out.dim() - 2)
-    if weight is not None:
-        out = out * weight.view(shape)
-    if bias is not None:
-        out = out + bias.view(shape)
-    return out
+    cast = (lambda t: t if t is None or t.dtype == v3.dtype else t.to(v3.dtype))
+    return segment_norm(v3, p.row_sample(), p.batch, cnt, channels, cast(weight), cast(bias), eps)
 
 
 def _pixels_per_sample(x: MJT, v: torch.Tensor) -> torch.Tensor:
@@ -202,12 +189,10 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
         i = int((pixels == 1).nonzero()[0, 0])
         raise ValueError(f"{op}(): expected more than 1 spatial element when training, got sample {i} with 1 pixel")
     w = _float(v)
-    mean, var, centred = _segment_moments(w.reshape(w.shape[0], c, math.prod(w.shape[2:])), input)
-    sample = input._partition.row_sample()
-    out = (centred * (var + eps).rsqrt().index_select(0, sample).unsqueeze(2)).view(w.shape)
+    out, mean, var = _normalise(input, w.reshape(w.shape[0], c, math.prod(w.shape[2:])), c, weight, bias, eps)
     if running_mean is not None or running_var is not None:
         _update_running(input, pixels, mean, var, running_mean, running_var, momentum)
-    return _finish(input, _affine(out, weight, bias).to(v.dtype))
+    return _finish(input, out.view(w.shape).to(v.dtype))
 
 
 def _update_running(x: MJT, pixels, mean, var, running_mean, running_var, momentum) -> None:
@@ -244,10 +229,9 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     if input._partition.rows * (c // num_groups) * math.prod(v.shape[2:]) == 1:
         raise ValueError(f"{op}(): expected more than 1 value per group when training, got input size {describe(input)}")
     w = _float(v)
-    _, var, centred = _segment_moments(w.reshape(w.shape[0], num_groups, c // num_groups * math.prod(w.shape[2:])), input)
-    sample = input._partition.row_sample()
-    out = (centred * (var + eps).rsqrt().index_select(0, sample).unsqueeze(2)).view(w.shape)
-    return _finish(input, _affine(out, weight, bias).to(v.dtype))
+    out, _, _ = _normalise(input, w.reshape(w.shape[0], num_groups, c // num_groups * math.prod(w.shape[2:])), c, weight,
+                           bias, eps)
+    return _finish(input, out.view(w.shape).to(v.dtype))
 
 
 # ----------------------------------------------------------------------------- adaptive pooling
