@@ -534,3 +534,25 @@ def test_batch_norm_float32_statistics_are_accurate_over_many_pixels():
     # weight gradient: Σ cot·x̂ cancels (x̂ has zero mean), so float32 rounding alone is ~1e-4 of it
     for name, a, r, tol in zip("y gx gw gb".split(), run(torch.float32), run(torch.float64), (2e-6, 2e-5, 2e-3, 2e-6)):
         assert ((a - r).abs().max() / r.abs().max()) < tol, name
+
+
+@pytest.mark.parametrize("op", ["group_norm", "instance_norm"])
+def test_norm_gradients_recorded_for_double_backward_match_per_sample(op):
+    """With ``create_graph=True`` the norms' backward runs its differentiable form (the one
+    ``gradgradcheck`` differentiates, but never compares with the truth): its first-order
+    gradients of input, weight and bias equal the per-sample reference's."""
+    comps, rd = fixed("rect", c=4)
+    comps = [c.detach().requires_grad_() for c in comps]
+    w, b = torch.randn(4, dtype=DT, requires_grad=True), torch.randn(4, dtype=DT, requires_grad=True)
+    if op == "group_norm":
+        f, ref = (lambda x: F.group_norm(x, 2, w, b)), (lambda t: F.group_norm(t, 2, w, b))
+    else:
+        f, ref = (lambda x: F.instance_norm(x, weight=w, bias=b)), (lambda t: F.instance_norm(t, weight=w, bias=b))
+    out = f(mj.as_nested_tensor(comps, ragged_dims=rd))
+    refs = _per_sample(ref, comps)
+    g = torch.Generator().manual_seed(3)
+    cot = [torch.randn(r.shape, generator=g, dtype=DT) for r in refs]
+    got = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cot)), [*comps, w, b], create_graph=True)
+    want = torch.autograd.grad(sum((r * c).sum() for r, c in zip(refs, cot)), [*comps, w, b])
+    for a, e in zip(got, want):
+        torch.testing.assert_close(a, e)
