@@ -310,6 +310,44 @@ def test_compiled_slice_is_a_graph_break():
         torch.compile(lambda x: (x[:, 1:] * 2).sum(1), backend="aot_eager", fullgraph=True)(mj.nested_tensor(comps))
 
 
+WHOLE_SLICES = {
+    "[:, 0:]": lambda x: x[:, 0:],
+    "[..., 0:, :]": lambda x: x[..., 0:, :],
+    "[:, ::1]": lambda x: x[:, ::1],
+    "[0:, 0::1]": lambda x: x[0:, 0::1],
+}
+
+
+@pytest.mark.parametrize("index", WHOLE_SLICES)
+def test_whole_slice_along_a_ragged_dim_keeps_the_extent_and_compiles(index):
+    """``0:`` / ``::1`` take every index of every sample (``k[..., mem_len:, :]`` with
+    ``mem_len = 0``, as x-transformers writes its cache): the same extent, per sample the dense
+    slice, gradients included, and under torch.compile(fullgraph=True) one graph over changing
+    lengths (a slice that changes sizes is a graph break, above)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    f = lambda x: WHOLE_SLICES[index](x) * 2  # noqa: E731
+    cc = CompileCounterWithBackend("aot_eager")
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for ns in ([3, 0, 4], [2, 5, 1], [4, 4, 2]):
+        comps = [torch.randn(n, 2, dtype=F64, requires_grad=True) for n in ns]
+        x = mj.as_nested_tensor(comps)
+        for fn in (f, cf):
+            out = fn(x)
+            assert out.shape[1] == x.shape[1]  # x's own nested int
+            got = list(out.unbind())
+            refs = [c * 2 for c in comps]  # a whole slice of each sample is the sample
+            for a, r in zip(got, refs):
+                torch.testing.assert_close(a, r)
+            g1 = torch.autograd.grad(sum((a ** 2).sum() for a in got), comps)
+            g2 = torch.autograd.grad(sum((r ** 2).sum() for r in refs), comps)
+            for a, b in zip(g1, g2):
+                torch.testing.assert_close(a, b)
+    assert cc.frame_count == 1
+    torch._dynamo.reset()
+
+
 def test_compiled_ops_without_a_new_extent_are_one_graph():
     """``x[:, i]``, ``narrow``, ``index_select``, ``flip``, ``roll``, ``gather`` / ``scatter`` (with
     an index of an existing extent) make no new extent: under

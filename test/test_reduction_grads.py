@@ -84,6 +84,39 @@ def test_new_factories_structure():
         x.new_zeros(y.shape)  # another tensor's nested int
 
 
+def test_new_factories_with_some_of_selfs_nested_ints():
+    """A size holding some of self's nested ints — a ragged dim set to 1, as OpenFold's
+    row-wise dropout makes its mask ``z.new_ones([B, 1, j0, C])`` — is, per sample, the size with
+    each nested int read as that sample's extent; the result broadcasts against self."""
+    pair_comps = [torch.randn(n, n, 2, dtype=D) for n in (3, 0, 2)]
+    z = mj.nested_tensor(pair_comps)
+    rows = z.new_ones([3, 1, z.shape[2], 2])
+    assert rows.shape[2] == z.shape[2]
+    assert [tuple(c.shape) for c in rows.unbind()] == [(1, 3, 2), (1, 0, 2), (1, 2, 2)] and rows.dtype == D
+    assert all(torch.equal(c, torch.ones_like(c)) for c in rows.unbind())
+    cols = z.new_full([3, z.shape[1], 1], 5.0, dtype=torch.int32)
+    assert [c.tolist() for c in cols.unbind()] == [[[5]] * 3, [], [[5]] * 2]
+    comps = [torch.randn(n, n, 2, dtype=D, requires_grad=True) for n in (3, 0, 2)]
+    zz = mj.as_nested_tensor(comps)
+    out = zz * (zz.new_ones([3, 1, zz.shape[2], 2]) * 2)  # a mask shared along the rows
+    got = list(out.unbind())
+    for a, c in zip(got, comps):
+        torch.testing.assert_close(a, c * 2)
+    grads = torch.autograd.grad(sum((a ** 2).sum() for a in got), comps)
+    for g, c in zip(grads, comps):
+        torch.testing.assert_close(g, 8 * c)
+    rect = mj.nested_tensor([torch.randn(n, m) for n, m in ((3, 1), (0, 2), (2, 2))], ragged_dims=(1, 2))
+    swapped = rect.new_zeros([3, rect.shape[2], rect.shape[1]])  # the extents in the other order
+    assert [tuple(c.shape) for c in swapped.unbind()] == [(1, 3), (2, 0), (2, 2)]
+    other = mj.nested_tensor([torch.ones(1, 1), torch.ones(4, 1), torch.ones(2, 1)])
+    with pytest.raises(NotImplementedError, match=r"new_ones\(\): expected a size holding nested ints of self"):
+        z.new_ones([3, other.shape[1], 1])
+    with pytest.raises(NotImplementedError, match="batch size at dim 0"):
+        z.new_ones([z.shape[1], 2])
+    with pytest.raises(ValueError, match="batch size 3"):
+        z.new_ones([2, 1, z.shape[2]])
+
+
 def test_max_over_static_dim_backward_golden():
     leaf = torch.tensor([[1.0, 3.0, 3.0], [2.0, 2.0, 0.0]], requires_grad=True)
     x = mj.as_nested_tensor([leaf, torch.zeros(0, 3)], ragged_dims=(1,))

@@ -10,6 +10,7 @@ from ..shape import views
 from .._common import MJT, describe, same_partition, wrap
 from .pointwise import pointwise
 from .._routing import route
+from ...structure import partition_for
 
 aten = torch.ops.aten
 
@@ -117,7 +118,9 @@ def new_zeros_default(func, inp, size, *args, **kwargs):
     """``new_*(size)``. A size of plain ints gives a dense tensor (as ``torch.jagged``). A size
     holding ``self``'s own nested ints, in the order of its ragged dims, gives a multi_jagged
     tensor with ``self``'s structure, those ragged dims and the other entries as static sizes —
-    what aten's backward formulas ask for (``max(dim)``'s ``new_zeros(self.sizes())``)."""
+    what aten's backward formulas ask for (``max(dim)``'s ``new_zeros(self.sizes())``). A size
+    holding some of them, in any order, gives the structure of those extents alone (per sample,
+    each nested int read as that sample's extent)."""
     from torch.fx.experimental.symbolic_shapes import is_nested_int
 
     size = list(size)
@@ -126,15 +129,38 @@ def new_zeros_default(func, inp, size, *args, **kwargs):
         return func(inp._values, size, *args, **kwargs)
     p = inp._partition
     mine = [e.nested_int for e in p.extents]
-    if len(ragged) != len(mine) or any(size[d] != j for d, j in zip(ragged, mine)) or ragged[0] == 0:
+    if ragged[0] == 0:
         raise NotImplementedError(
-            f"{op_name(func)}(): expected a size holding the nested ints of self {describe(inp)} in order, "
-            f"got {tuple(size)} for layout torch.multi_jagged"
+            f"{op_name(func)}(): expected the batch size at dim 0, got a nested int in {tuple(size)} "
+            "for layout torch.multi_jagged"
         )
     if size[0] != p.batch:
         raise ValueError(f"{op_name(func)}(): expected batch size {p.batch} at dim 0, got {size[0]}")
     static = [s for d, s in enumerate(size) if d and d not in ragged]
-    return wrap(func(inp._values, [inp._values.shape[0], *static], *args, **kwargs), p, ragged)
+    if len(ragged) == len(mine) and all(size[d] == j for d, j in zip(ragged, mine)):
+        return wrap(func(inp._values, [inp._values.shape[0], *static], *args, **kwargs), p, ragged)
+    # Some of self's nested ints, e.g. a ragged dim set to 1 (a dropout mask shared along it,
+    # OpenFold's DropoutRowwise): per sample the size with each nested int read as that sample's
+    # extent, so the structure of those extents alone.
+    picked = []
+    for d in ragged:
+        k = next((k for k, j in enumerate(mine) if size[d] == j), None)
+        if k is None:
+            raise NotImplementedError(
+                f"{op_name(func)}(): expected a size holding nested ints of self {describe(inp)}, "
+                f"got {tuple(size)} for layout torch.multi_jagged"
+            )
+        picked.append(p.extents[k])
+    sub = partition_for(picked)
+    return wrap(func(inp._values, [sub.rows, *static], *args, **kwargs), sub, ragged)
+
+
+@register_multi_jagged_func(aten.new_empty_strided.default, "self: mjt, size: any, stride: any, ...")
+def new_empty_strided_default(func, inp, size, stride, **kwargs):
+    """``new_empty(size)``: the strides asked for are the layout's own (packed values). Autograd's
+    backward of an in-place op on a view (``CopySlices``: ``q = x[..., :2]; q.mul_(2)``, or a
+    transposed view under ``torch.compile``) allocates the base's gradient with it."""
+    return new_zeros_default(aten.new_empty.default, inp, size, **kwargs)
 
 
 @route(torch.Tensor.detach, torch.detach)

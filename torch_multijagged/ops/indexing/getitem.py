@@ -44,6 +44,13 @@ def _getitem(input, index):
     return NotImplemented
 
 
+def _whole(it: slice) -> bool:
+    """``:``, ``0:``, ``::1``: every index of the dim, in every sample — no new extent, so it
+    also traces (``k[..., mem_len:, :]`` with ``mem_len = 0``, a cache slice of x-transformers)."""
+    return (it.start is None or (type(it.start) is int and it.start == 0)) and it.stop is None and (
+        it.step is None or (type(it.step) is int and it.step == 1))
+
+
 def _getitem_static(input, items):
     """``x[:, 0]``, ``x[:, 1:]``, ``x[..., 1:3]``, ``x[:, None]``: a full slice over the batch dim,
     basic indexing of any other dim — per sample along ragged dims (NOTE [ Indexing along ragged
@@ -59,7 +66,7 @@ def _getitem_static(input, items):
     for it in items:
         if it is None:
             out, d = out.unsqueeze(d), d + 1
-        elif isinstance(it, slice) and it == slice(None):
+        elif isinstance(it, slice) and _whole(it):
             d += 1
         elif isinstance(it, bool) or not isinstance(it, (int, slice)):
             return NotImplemented

@@ -230,4 +230,8 @@ def traced_static_view(op: str, x: MJT, shape):
     static, ragged = check_view_shape(op, x, shape)
     v = values_of(x)
     new = v.view(v.shape[0], *static) if op == "view" else v.reshape(v.shape[0], *static)
-    return wrap_values(new, x._partition, ragged)
+    out = wrap_values(new, x._partition, ragged)
+    # not an autograd view of x: an in-place write into either would not reach the other's
+    # gradient, so such writes are refused in the trace (NOTE [ Writes into shared values ] in tensor.py)
+    x.__dict__["_traced_alias"] = out.__dict__["_traced_alias"] = True
+    return out

@@ -12,6 +12,7 @@ from ...kernels import reference as ref
 from .._table import register_multi_jagged_func
 from ...structure import partition_for, same_extent
 from .._common import MJT, canonical_dim, describe, same_partition, static_dims, wrap
+from ...tensor import written_args
 
 aten = torch.ops.aten
 
@@ -163,31 +164,13 @@ def is_reorder_copy(x: MJT) -> bool:
     return ref_ is not None and ref_() is not None
 
 
-_WRITTEN: dict = {}  # func -> (positions, keyword names) of the tensor arguments it writes
-_METADATA_WRITES = {"detach_", "requires_grad_"}
-
-
-def _written(func):
-    hit = _WRITTEN.get(func)
-    if hit is None:
-        schema = getattr(func, "_schema", None)
-        if schema is None or not schema.is_mutable or schema.name.split("::")[-1] in _METADATA_WRITES:
-            hit = ((), ())
-        else:
-            args = schema.arguments
-            w = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
-            hit = (tuple(i for i in w if not args[i].kwarg_only), tuple(args[i].name for i in w if args[i].kwarg_only))
-        _WRITTEN[func] = hit
-    return hit
-
-
 def guard_write(func, args, kwargs) -> None:
     """Raise when an aten op would write into a reordered-ragged-dims copy (NOTE [ Reordered
     ragged dims are copies ]); called for every dispatched op, so the common case is two dict
     lookups."""
     if not _REORDER_COPIES:
         return
-    pos, names = _written(func)
+    pos, names = written_args(func)
     if not pos and not names:
         return
     targets = [args[i] for i in pos if i < len(args)] + [kwargs[n] for n in names if n in kwargs]
