@@ -1,12 +1,37 @@
-"""Published library code, unchanged, on multi_jagged batches against the same code on each
-sample: ``einops`` (``rearrange`` / ``reduce`` / ``repeat`` / ``einsum`` and its layers), with
-gradients. Skipped when the library is not installed (it is in the ``test`` extra)."""
+"""Published model-library code, unchanged, on multi_jagged batches against the same code on each
+sample (a batch of one): outputs, and the gradients of every input and every parameter
+(``torch.autograd.grad``; the reference's parameter gradients are summed over samples), in
+float64 (``module.double()``):
+
+* ``einops`` — ``rearrange`` / ``reduce`` / ``repeat`` / ``einsum`` and its layers;
+* ``transformers`` (Hugging Face) — ViT and DINOv2 blocks on tokens ``(B, j0, C)``, a ConvNeXt
+  stage and a ResNet backbone on images ``(B, C, j0, j1)`` of different sizes;
+* ``x-transformers`` — its ``Attention``, ``FeedForward`` and ``Encoder``;
+* ``openfold3`` (OpenFold's AlphaFold 3 reproduction) — the pair stack on square pairs
+  ``(B, j0, j0, C)``: triangle multiplication outgoing / incoming, triangle attention from the
+  starting / ending node, the SwiGLU pair transition and ``PairFormerBlock``.
+
+Every library is pinned in the ``test`` extra; its tests are skipped where it is not installed.
+Each batch holds a zero-length sample where the dense module accepts one; where the dense module
+refuses an empty sample (``view(..., -1)`` of zero elements, in ViT / DINOv2 / OpenFold attention)
+the batch still holds one, whose output must be empty. ``torch.compile`` (``aot_eager``, lengths
+dynamic through the nested ints, ``fullgraph=True``) runs one module per library over three length
+vectors in one graph. What cannot run is ``xfail(strict=True)`` with its reason.
+
+Not here: ``timm`` and ``vit-pytorch`` import ``torchvision``, whose registry build (compiled
+against CUDA torch) does not load beside the CPU torch; Boltz pins ``numpy<2`` and
+``einops==0.8.0``, Protenix pins its torch version, and the ``alphafold3-pytorch`` wheels are
+either empty or need RDKit, Lightning, torch-geometric and gradio on import.
+"""
 
 from __future__ import annotations
+
+import warnings
 
 import pytest
 import torch
 import torch.nn.functional as F
+from torch._dynamo.testing import CompileCounterWithBackend
 
 import torch_multijagged as mj
 
@@ -15,6 +40,8 @@ from einops.layers.torch import Rearrange, Reduce  # noqa: E402
 
 F64 = torch.float64
 H = 2
+# for libraries that take their attention softmax in float32 (``softmax(..., dtype=torch.float32)``)
+SOFTMAX_F32 = dict(rtol=1e-5, atol=1e-6)
 
 
 def _leaves(ns=(3, 1, 4), c=12, seed=0):
@@ -60,3 +87,322 @@ def test_einops_per_sample(case):
     batched, per_sample = CASES[case]
     # a zero-length sample, except where the dense op refuses one (max over nothing)
     _check(batched, per_sample, _leaves(ns=(3, 1, 4) if case == "reduce max" else (3, 0, 4)))
+
+
+# ----------------------------------------------------------------------------- model libraries
+def _tokens(ns, c=8, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, c, generator=g, dtype=F64, requires_grad=True) for n in ns]
+
+
+def _pairs(ns, c=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, n, c, generator=g, dtype=F64, requires_grad=True) for n in ns]
+
+
+def _images(sizes, c=3, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(c, h, w, generator=g, dtype=F64, requires_grad=True) for h, w in sizes]
+
+
+def _outputs(out):
+    """The tensors a module returned, as a tuple (``ModelOutput`` and tuples alike)."""
+    if isinstance(out, torch.Tensor):
+        return (out,)
+    return tuple(o for o in (out.values() if isinstance(out, dict) else out) if isinstance(o, torch.Tensor))
+
+
+def _samples(t):
+    return list(t.unbind()) if isinstance(t, mj.MultiJaggedTensor) else list(t.unbind(0))
+
+
+def _run_module(module, call, inputs, *, dense_refuses_empty=False, batched_call=None, tol=None):
+    """``call(module, *batch)`` against ``call(module, *sample)`` for every sample (each input
+    with a batch dim of one), outputs and the gradients of the inputs and of every parameter.
+
+    ``inputs``: one list of per-sample leaves per argument. With ``dense_refuses_empty``, a
+    sample of zero length has no reference (the dense module raises on it): its outputs must be
+    empty. ``batched_call`` (a compiled ``call``) replaces ``call`` on the batch."""
+    tol = tol or {}
+    batch = [mj.as_nested_tensor(leaves) for leaves in inputs]
+    got = [_samples(o) for o in _outputs((batched_call or call)(module, *batch))]
+    refs = []
+    for i in range(len(inputs[0])):
+        sample = [leaves[i] for leaves in inputs]
+        if dense_refuses_empty and sample[0].numel() == 0:
+            refs.append(None)
+            continue
+        refs.append([o[0] for o in _outputs(call(module, *(t.unsqueeze(0) for t in sample)))])
+    assert len(got) == len(next(r for r in refs if r is not None)), "as many outputs as the dense module"
+    for i, ref in enumerate(refs):
+        for k, per_output in enumerate(got):
+            if ref is None:
+                assert per_output[i].numel() == 0, "the output of an empty sample must be empty"
+            else:
+                torch.testing.assert_close(per_output[i], ref[k], **tol)
+    wrt = [leaf for leaves in inputs for leaf in leaves] + [p for p in module.parameters() if p.requires_grad]
+    g_batch = torch.autograd.grad(sum((a ** 2).sum() for o in got for a in o), wrt, allow_unused=True)
+    g_ref = torch.autograd.grad(sum((a ** 2).sum() for r in refs if r is not None for a in r), wrt, allow_unused=True)
+    for t, a, b in zip(wrt, g_batch, g_ref):
+        a = torch.zeros_like(t) if a is None else a
+        b = torch.zeros_like(t) if b is None else b
+        torch.testing.assert_close(a, b, **tol)
+
+
+@pytest.fixture(autouse=True)
+def _no_warnings_and_fresh_dynamo():
+    torch._dynamo.reset()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+    torch._dynamo.reset()
+
+
+def _compiled_one_graph(module, call, make_inputs, lengths, **kw):
+    """``call`` under ``torch.compile(fullgraph=True, backend="aot_eager")`` on batches of the
+    given lengths, each against the eager per-sample reference: one graph for all of them."""
+    cc = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(call, backend=cc, fullgraph=True)
+    for ns in lengths:
+        _run_module(module, call, make_inputs(ns), batched_call=compiled, **kw)
+    assert cc.frame_count == 1, f"{cc.frame_count} graphs"
+
+
+LENGTHS = ((3, 1, 4), (2, 5, 1), (4, 4, 2))  # new lengths at a fixed batch size: one graph
+
+
+def test_einops_compiled_packed_qkv_attention_one_graph():
+    batched, per_sample = CASES["rearrange packed qkv + sdpa"]
+    cc = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(batched, backend=cc, fullgraph=True)
+    for ns in LENGTHS:
+        _check(compiled, per_sample, _leaves(ns=ns))
+    assert cc.frame_count == 1
+
+
+# ----------------------------------------------------------------------------- transformers
+def _hf():
+    return pytest.importorskip("transformers")
+
+
+def _vit_layer(attn):
+    _hf()
+    from transformers import ViTConfig
+    from transformers.models.vit.modeling_vit import ViTLayer
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(hidden_size=8, num_attention_heads=2, intermediate_size=16, attn_implementation=attn)
+    return ViTLayer(cfg).double().eval()
+
+
+def _call(m, *xs):
+    return m(*xs)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_transformers_vit_layer(attn):
+    """Pre-norm block: ``LayerNorm``, q / k / v ``view(*shape[:-1], -1, d)``, the library's
+    attention (SDPA, or its eager matmul + float32 softmax), MLP, residuals."""
+    _run_module(_vit_layer(attn), _call, [_tokens((3, 0, 4))], dense_refuses_empty=True,
+                tol=SOFTMAX_F32 if attn == "eager" else None)
+
+
+def test_transformers_dinov2_layer_layer_scale_swiglu():
+    _hf()
+    from transformers import Dinov2Config
+    from transformers.models.dinov2.modeling_dinov2 import Dinov2Layer
+
+    torch.manual_seed(0)
+    cfg = Dinov2Config(hidden_size=8, num_attention_heads=2, mlp_ratio=2, layerscale_value=0.5, use_swiglu_ffn=True,
+                       attn_implementation="sdpa")
+    _run_module(Dinov2Layer(cfg).double().eval(), _call, [_tokens((3, 0, 4))], dense_refuses_empty=True)
+
+
+def test_transformers_convnext_stage_on_images_of_different_sizes():
+    """Downsampling (channels-first ``LayerNorm``, stride-2 conv) then two ConvNeXt layers
+    (7×7 depthwise conv, permutes, ``LayerNorm``, MLP, layer scale): ``(B, 3, j0, j1)`` in."""
+    _hf()
+    from transformers import ConvNextConfig
+    from transformers.models.convnext.modeling_convnext import ConvNextStage
+
+    torch.manual_seed(0)
+    cfg = ConvNextConfig(num_channels=3, hidden_sizes=[8, 16], depths=[1, 1], layer_scale_init_value=0.5)
+    stage = ConvNextStage(cfg, in_channels=3, out_channels=8, depth=2).double()
+    _run_module(stage, _call, [_images(((8, 12), (4, 4), (12, 7)))])
+
+
+def test_transformers_resnet_backbone_pooled():
+    """The whole backbone (stem conv + max pool, bottleneck stages, batch norm in eval mode,
+    adaptive average pooling): each image at its own size to a dense ``(B, C, 1, 1)``."""
+    _hf()
+    from transformers import ResNetConfig
+    from transformers.models.resnet.modeling_resnet import ResNetModel
+
+    torch.manual_seed(0)
+    cfg = ResNetConfig(num_channels=3, embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="bottleneck")
+    model = ResNetModel(cfg).double().eval()
+    _run_module(model, lambda m, x: m(x).pooler_output, [_images(((32, 40), (16, 16), (24, 35)))])
+
+
+@pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
+    "ViTEmbeddings.interpolate_pos_encoding computes with the token count as a number "
+    "(embeddings.shape[1] - 1, then sqrt and interpolate to height // patch): a nested int admits "
+    "no arithmetic ('NestedIntNode' object has no attribute 'sub')"))
+def test_transformers_vit_model_interpolated_positions_on_images_of_different_sizes():
+    _hf()
+    from transformers import ViTConfig
+    from transformers.models.vit.modeling_vit import ViTModel
+
+    torch.manual_seed(0)
+    cfg = ViTConfig(hidden_size=8, num_hidden_layers=1, num_attention_heads=2, intermediate_size=16, image_size=16,
+                    patch_size=4, attn_implementation="sdpa")
+    model = ViTModel(cfg, add_pooling_layer=False).double().eval()
+    _run_module(model, lambda m, x: m(x, interpolate_pos_encoding=True).last_hidden_state,
+                [_images(((16, 16), (8, 12), (12, 8)))])
+
+
+def test_transformers_vit_layer_compiled_one_graph():
+    _compiled_one_graph(_vit_layer("sdpa"), _call, lambda ns: [_tokens(ns)], LENGTHS)
+
+
+# ----------------------------------------------------------------------------- x-transformers
+def _xt():
+    return pytest.importorskip("x_transformers")
+
+
+def _xt_encoder(**kw):
+    _xt()
+    from x_transformers import Encoder
+
+    torch.manual_seed(0)
+    return Encoder(dim=8, depth=2, heads=2, attn_dim_head=4, **kw).double()
+
+
+def test_x_transformers_attention():
+    _xt()
+    from x_transformers.x_transformers import Attention
+
+    torch.manual_seed(0)
+    _run_module(Attention(8, heads=2, dim_head=4).double(), _call, [_tokens((3, 0, 4))], tol=SOFTMAX_F32)
+
+
+def test_x_transformers_feedforward_glu():
+    _xt()
+    from x_transformers.x_transformers import FeedForward
+
+    torch.manual_seed(0)
+    _run_module(FeedForward(8, mult=2, glu=True).double(), _call, [_tokens((3, 0, 4))])
+
+
+@pytest.mark.parametrize("variant", ["default", "rmsnorm, glu, flash"])
+def test_x_transformers_encoder(variant):
+    kw = {} if variant == "default" else dict(use_rmsnorm=True, ff_glu=True, attn_flash=True)
+    _run_module(_xt_encoder(**kw), _call, [_tokens((3, 0, 4))], tol=SOFTMAX_F32)
+
+
+@pytest.mark.xfail(strict=True, raises=AttributeError, reason=(
+    "rotary positions are arange(x.shape[1] + mem_len + offset): arithmetic on a nested int "
+    "('NestedIntNode' object has no attribute 'add')"))
+def test_x_transformers_encoder_rotary():
+    _xt()
+    from x_transformers import Encoder
+
+    torch.manual_seed(0)
+    model = Encoder(dim=16, depth=1, heads=2, attn_dim_head=64, rotary_pos_emb=True).double()
+    _run_module(model, _call, [_tokens((3, 1, 4), c=16)], tol=SOFTMAX_F32)
+
+
+def test_x_transformers_encoder_compiled_one_graph():
+    """Its cache slice ``k[..., mem_len:, :]`` (``mem_len = 0``) along the ragged dim traces."""
+    _compiled_one_graph(_xt_encoder(), _call, lambda ns: [_tokens(ns)], LENGTHS, tol=SOFTMAX_F32)
+
+
+# ----------------------------------------------------------------------------- openfold3 (AF3 pair stack)
+CZ, CS = 6, 4
+
+
+def _of3():
+    return pytest.importorskip("openfold3")
+
+
+def _tri_mul(direction):
+    _of3()
+    from openfold3.core.model.layers.triangular_multiplicative_update import (
+        TriangleMultiplicationIncoming,
+        TriangleMultiplicationOutgoing,
+    )
+
+    torch.manual_seed(0)
+    cls = TriangleMultiplicationOutgoing if direction == "outgoing" else TriangleMultiplicationIncoming
+    return cls(CZ, 4).double()
+
+
+@pytest.mark.parametrize("direction", ["outgoing", "incoming"])
+def test_openfold3_triangle_multiplication(direction):
+    """``mask=None`` (every pair valid; the module makes ``z.new_ones(z.shape[:-1])``), on the
+    batch and on each sample."""
+    _run_module(_tri_mul(direction), _call, [_pairs((3, 0, 2, 4))])
+
+
+@pytest.mark.parametrize("node", ["starting", "ending"])
+def test_openfold3_triangle_attention(node):
+    """``mask=None``; the ending node transposes the pair (``x.transpose(-2, -3)``) around the
+    same attention: q / k / v ``view(shape[:-1] + (H, -1))``, ``q /= sqrt(c)`` in place, biases
+    ``(B, j0, 1, 1, j0)`` and ``(B, 1, H, j0, j0)`` added in place to the logits."""
+    _of3()
+    from openfold3.core.model.layers.triangular_attention import TriangleAttention, TriangleAttentionEndingNode
+
+    torch.manual_seed(0)
+    cls = TriangleAttention if node == "starting" else TriangleAttentionEndingNode
+    _run_module(cls(CZ, 3, 2).double(), _call, [_pairs((3, 0, 2, 4))], dense_refuses_empty=True)
+
+
+def test_openfold3_pair_transition():
+    _of3()
+    from openfold3.core.model.layers.transition import SwiGLUTransition
+
+    torch.manual_seed(0)
+    _run_module(SwiGLUTransition(CZ, 2).double(), _call, [_pairs((3, 0, 2, 4))])
+
+
+def _pairformer_block():
+    _of3()
+    from openfold3.core.model.latent.pairformer import PairFormerBlock
+
+    torch.manual_seed(0)
+    return PairFormerBlock(c_s=CS, c_z=CZ, c_hidden_pair_bias=3, no_heads_pair_bias=2, c_hidden_mul=4,
+                           c_hidden_pair_att=3, no_heads_pair=2, transition_type="swiglu", transition_n=2,
+                           pair_dropout=0.0, fuse_projection_weights=False, inf=1e9).double()
+
+
+def _block_call(m, s, z):
+    # every token and pair valid: the masks are ones of the singles' and the pairs' shapes
+    return m(s, z, single_mask=s.new_ones(s.shape[:-1]), pair_mask=z.new_ones(z.shape[:-1]))
+
+
+@pytest.mark.parametrize("mode", ["eval", "train"])
+def test_openfold3_pairformer_block(mode):
+    """Singles ``(B, j0, CS)`` and pairs ``(B, j1, j1, CZ)`` of the same lengths: triangle
+    updates, triangle attention both ways, pair transition, single attention with pair bias,
+    single transition. In training mode its row / column dropout (rate 0 here, so the result is
+    defined) builds ``z.new_ones([B, 1, j1, CZ])``, a mask shared along a ragged dim."""
+    block = _pairformer_block().train(mode == "train")
+    ns = (3, 0, 2, 4)
+    _run_module(block, _block_call, [_tokens(ns, c=CS, seed=1), _pairs(ns, c=CZ, seed=2)], dense_refuses_empty=True)
+
+
+def test_openfold3_triangle_multiplication_compiled_one_graph():
+    _compiled_one_graph(_tri_mul("outgoing"), _call, lambda ns: [_pairs(ns)], LENGTHS)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "under torch.compile, OpenFold's in-place q /= sqrt(c_hidden) on q: (B, j0, H, j0, C) — a view "
+    "whose ragged dims are not adjacent, with autograd recording — fails while dynamo runs it on "
+    "fake tensors: torch multiplies the view's two symbolic ragged sizes, whose hints are nested "
+    "ints (ValueError: unsupported: NestedIntNode, from NestedIntNode.mul)"))
+def test_openfold3_triangle_attention_compiled():
+    _of3()
+    from openfold3.core.model.layers.triangular_attention import TriangleAttention
+
+    torch.manual_seed(0)
+    _compiled_one_graph(TriangleAttention(CZ, 3, 2).double(), _call, lambda ns: [_pairs(ns)], LENGTHS)
