@@ -13,7 +13,6 @@ import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
-from torch_multijagged import multi_jagged
 
 from _reference import ALL_LAYOUTS, DTYPES, SEQ, SQUARE, RECT3_MID, build, few, grid, seeds, structures
 

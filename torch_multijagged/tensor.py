@@ -98,9 +98,11 @@ class MultiJaggedTensor(torch.Tensor):
     ``offsets`` ``(B+1,)``. See NOTE [ Packed-row partition ] in structure.py.
     """
 
-    _values: torch.Tensor
+    _values: torch.Tensor  # type: ignore[assignment]  # shadows Tensor._values() (sparse), a method in torch's stubs
     _partition: Partition
     _ragged_dims: tuple[int, ...]
+    _size: tuple
+    _strides: tuple
 
     @staticmethod
     def __new__(
@@ -148,7 +150,7 @@ class MultiJaggedTensor(torch.Tensor):
     def ragged_dims(self) -> tuple[int, ...]:
         return self._ragged_dims
 
-    def values(self) -> torch.Tensor:  # type: ignore[override]
+    def values(self) -> torch.Tensor:
         """Packed ``(T, *static)`` buffer; differentiable (gradients flow back to ``self``)."""
         return values_of(self)
 
@@ -327,7 +329,7 @@ class MultiJaggedTensor(torch.Tensor):
         # Packed rows are data-dependent: keep dim 0 dynamic under dynamo (an unguarded hint, as
         # torch.jagged sets on its values). Set here, where dynamo meets an input, rather than
         # on every construction.
-        self._values._dynamo_propagated_dynamic_indices = {0}
+        self._values._dynamo_propagated_dynamic_indices = {0}  # type: ignore[attr-defined]  # not in torch's stubs
         if not _frames.skipped and "torch._dynamo.eval_frame" in sys.modules:
             _frames.skip_frames("torch_multijagged")  # NOTE [ Own frames under torch.compile ]
         uniq, index = self._unique_extents()
@@ -423,7 +425,7 @@ class MultiJaggedTensor(torch.Tensor):
         return result
 
     @classmethod
-    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # type: ignore[override]  # as torch's NestedTensor
         kwargs = kwargs or {}
         # In-place writes into a copy made by reordering ragged dims would be lost (NOTE
         # [ Reordered ragged dims are copies ] in ops/shape/views.py).
@@ -485,13 +487,13 @@ def _graph(grad: torch.Tensor) -> bool:
 
 class _ValuesOf(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x: MultiJaggedTensor):  # type: ignore[override]
+    def forward(ctx, x: MultiJaggedTensor):
         ctx.set_materialize_grads(False)
         ctx.partition, ctx.ragged_dims = x._partition, x._ragged_dims
         return x._values.view_as(x._values)
 
     @staticmethod
-    def backward(ctx, grad: torch.Tensor):  # type: ignore[override]
+    def backward(ctx, grad: torch.Tensor):
         if grad is None:
             return None
         if 0 in grad.stride() and grad.numel() > 1:
@@ -506,12 +508,12 @@ class _ValuesOf(torch.autograd.Function):
 
 class _WrapValues(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, values: torch.Tensor, partition: Partition, ragged_dims):  # type: ignore[override]
+    def forward(ctx, values: torch.Tensor, partition: Partition, ragged_dims):
         ctx.set_materialize_grads(False)
         return MultiJaggedTensor(values.view_as(values), partition, ragged_dims)
 
     @staticmethod
-    def backward(ctx, grad: MultiJaggedTensor):  # type: ignore[override]
+    def backward(ctx, grad: MultiJaggedTensor):
         if grad is None:
             return None, None, None
         return (_ValuesOf.apply(grad) if _graph(grad) else grad._values), None, None
@@ -579,7 +581,7 @@ def _eager() -> bool:
 
 def _targets(args, kwargs, pos, names) -> list:
     """The multi_jagged tensors an op writes."""
-    out = []
+    out: list[MultiJaggedTensor] = []
     for t in [args[i] for i in pos if i < len(args)] + [kwargs[n] for n in names if n in kwargs]:
         out.extend(x for x in (t if isinstance(t, (list, tuple)) else (t,)) if isinstance(x, MultiJaggedTensor))
     return out
@@ -690,7 +692,7 @@ _guard_write = _no_op_table
 _reorder_copies: dict = {}  # the live registry of reordered copies (the same dict object as views')
 
 
-def install_op_table(*, dispatch, routes: dict, unify, guard_write, reorder_copies: dict, fast: dict = None,
+def install_op_table(*, dispatch, routes: dict, unify, guard_write, reorder_copies: dict, fast: Optional[dict] = None,
                      fast_enabled=None) -> None:
     """Bind the op table's entry points (NOTE [ Handler lookup ]); called once by the package's
     ``__init__.py``. ``routes`` and ``reorder_copies`` are the live dicts, not copies."""
