@@ -17,7 +17,10 @@ dynamo's trace rules, not by the frame hook). Measured: ``torch.compile`` of an 
 ``InternalTorchDynamoError`` to the eager result. The
 marking runs once, the first time dynamo meets a multi_jagged tensor (``__tensor_flatten__``,
 when dynamo is loaded): importing dynamo at package import would cost 0.6 s and load
-``torch.distributed.nn``.
+``torch.distributed.nn``. One gap remains: after a graph break *inside* an inlined package
+function (an eager-only route), dynamo resumes that function in a new code object that no mark
+covers, so code reached from routes reads ``x.__dict__`` only once ``torch.compiler.is_compiling()``
+is known to be False (``values_of`` in ``tensor.py``).
 """
 
 from __future__ import annotations

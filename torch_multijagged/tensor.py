@@ -521,7 +521,8 @@ class _WrapValues(torch.autograd.Function):
 
 def values_of(x: MultiJaggedTensor) -> torch.Tensor:
     """Packed ``(T, *static)`` values of ``x``; differentiable."""
-    if "_vgraph" in x.__dict__ and torch.is_grad_enabled() and _eager():
+    # _eager() first: dynamo fails reading x.__dict__ (NOTE [ Own frames under torch.compile ])
+    if torch.is_grad_enabled() and _eager() and "_vgraph" in x.__dict__:
         check_not_written_through_alias(x, "values")  # NOTE [ Writes into shared values ]
     return _ValuesOf.apply(x)
 
