@@ -150,7 +150,40 @@ def as_nested_tensor(
     dtype: Optional[torch.dtype] = None,
     device=None,
 ) -> MultiJaggedTensor:
-    """Pack ``tensors`` into a ``(B, …)`` multi_jagged tensor, differentiable w.r.t. them."""
+    r"""Packs a list of tensors into a multi_jagged tensor ``(B, …)``, differentiable w.r.t. them.
+
+    Sample ``i`` is ``tensors[i]``. As :func:`nested_tensor`, but the result is not a new leaf:
+    gradients flow back to ``tensors``.
+    ``torch.nested.as_nested_tensor(tensors, layout=torch.multi_jagged)`` calls this.
+
+    Args:
+        tensors (list of Tensor): the ``B >= 1`` components, of one rank, dtype and device.
+
+    Keyword args:
+        ragged_dims (int or sequence of ints, optional): the logical ragged dims, increasing in
+            ``[1, rank]`` (dim ``d`` of a component is logical dim ``d + 1``). Every dim whose
+            size differs across the components must be one; a dim whose sizes happen to agree
+            may be one too. Default: the dims that differ, or ``(1,)`` when none does.
+        dtype (:class:`torch.dtype`, optional): the dtype of the result, converted to
+            differentiably. Default: the components'.
+        device (:class:`torch.device`, optional): the device of the result. Default: the
+            components'.
+
+    Returns:
+        MultiJaggedTensor: the batch of ``len(tensors)`` samples.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> a = torch.ones(2, 3, requires_grad=True)
+        >>> b = torch.ones(1, 3, requires_grad=True)
+        >>> x = mj.as_nested_tensor([a, b])
+        >>> [t.shape for t in x.unbind()]
+        [torch.Size([2, 3]), torch.Size([1, 3])]
+        >>> (2 * x).sum().backward()
+        >>> b.grad
+        tensor([[2., 2., 2.]])
+    """
     tensors = list(tensors)
     ragged_dims, sizes = _infer("as_nested_tensor", tensors, ragged_dims)
     if dtype is not None or device is not None:
@@ -168,7 +201,49 @@ def nested_tensor(
     requires_grad: bool = False,
     pin_memory: bool = False,
 ) -> MultiJaggedTensor:
-    """A new leaf ``(B, …)`` multi_jagged tensor holding a copy of ``tensors``."""
+    r"""Constructs a multi_jagged tensor ``(B, …)`` with no autograd history from a list of tensors.
+
+    Sample ``i`` is a copy of ``tensors[i]``. The components share one rank, dtype and device and
+    may differ in size along any of their dims, which become the ragged dims.
+    ``torch.nested.nested_tensor(tensors, layout=torch.multi_jagged)`` calls this; see
+    :func:`as_nested_tensor` for a result differentiable w.r.t. ``tensors``.
+
+    Args:
+        tensors (list of Tensor): the ``B >= 1`` components; nested lists of numbers are
+            accepted too, as ``torch.nested.nested_tensor`` accepts them.
+
+    Keyword args:
+        ragged_dims (int or sequence of ints, optional): the logical ragged dims, increasing in
+            ``[1, rank]`` (dim ``d`` of a component is logical dim ``d + 1``). Every dim whose
+            size differs across the components must be one; a dim whose sizes happen to agree
+            may be one too. Default: the dims that differ, or ``(1,)`` when none does.
+        dtype (:class:`torch.dtype`, optional): the dtype of the result. Default: the
+            components'.
+        device (:class:`torch.device`, optional): the device of the result. Default: the
+            components'.
+        requires_grad (bool, optional): whether autograd records operations on the result.
+            Default: ``False``.
+        pin_memory (bool, optional): whether the packed values are allocated in pinned memory.
+            Default: ``False``.
+
+    Returns:
+        MultiJaggedTensor: a leaf batch of ``len(tensors)`` samples.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> x = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
+        >>> x.dim(), x.ragged_dims
+        (3, (1,))
+        >>> [t.shape for t in x.unbind()]
+        [torch.Size([2, 3]), torch.Size([1, 3])]
+        >>> pairs = mj.nested_tensor([torch.ones(2, 2, 4), torch.ones(3, 3, 4)])
+        >>> pairs.ragged_dims, pairs.sizes().tolist()
+        ((1, 2), [[2, 2], [3, 3]])
+        >>> y = mj.nested_tensor([torch.ones(2, 3), torch.ones(2, 3)], ragged_dims=(1, 2))
+        >>> y.ragged_dims
+        (1, 2)
+    """
     tensors = [_as_component("nested_tensor", t) for t in tensors]
     ragged_dims, sizes = _infer("nested_tensor", tensors, ragged_dims)
     with torch.no_grad():
@@ -188,14 +263,47 @@ def from_packed(
     *,
     validate: bool = False,
 ) -> MultiJaggedTensor:
-    """Zero-copy view of packed ``values`` ``(T, *static)`` as a multi_jagged tensor.
+    r"""Views packed values ``(T, *static)`` as a multi_jagged tensor, without a copy.
 
-    ``offsets``: (B+1,) int64 row offsets on the values' device; ``sizes``: (B, R) (or (B,) for
-    R = 1) int64 per-sample extents of ``ragged_dims`` (an int is one dim). Host checks always run:
-    types, shapes, ``sizes >= 0``, ``Σ_i Π_k sizes[i, k] == T``, and — when ``offsets`` are on the
-    CPU, where reading them costs no device sync — that the offsets start at 0, increase, end at T
-    and agree with ``sizes``. ``validate=True`` runs the offsets checks on any device (a sync). For
-    one ragged dim the nested int is keyed on ``offsets`` itself."""
+    Sample ``i`` is packed rows ``offsets[i] .. offsets[i + 1]`` of ``values``: its ragged dims
+    flattened row-major over its ragged coordinates, of sizes ``sizes[i]``. Host checks always
+    run: types, shapes, ``sizes >= 0``, ``Σ_i Π_k sizes[i, k] == T``, and — when ``offsets`` are
+    on the CPU, where reading them costs no device sync — that the offsets start at 0, increase,
+    end at ``T`` and agree with ``sizes``. For one ragged dim the nested int is keyed on
+    ``offsets`` itself. Differentiable w.r.t. ``values``.
+
+    Args:
+        values (Tensor): the packed ``(T, *static)`` values.
+        offsets (Tensor): ``(B+1,)`` int64 row offsets, on the values' device.
+        sizes (Tensor): ``(B, R)`` (or ``(B,)`` for ``R = 1``) int64 per-sample extents of
+            ``ragged_dims``.
+        ragged_dims (int or sequence of ints, optional): the ``R`` logical ragged dims,
+            increasing; an int is one dim. Default: ``(1,)``.
+
+    Keyword args:
+        validate (bool, optional): run the offsets checks on any device (a device sync).
+            Default: ``False``.
+
+    Returns:
+        MultiJaggedTensor: a ``(B, …)`` view of ``values``.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> values = torch.arange(10.).view(5, 2)
+        >>> x = mj.from_packed(values, torch.tensor([0, 3, 5]), torch.tensor([3, 2]))
+        >>> [t.shape for t in x.unbind()]
+        [torch.Size([3, 2]), torch.Size([2, 2])]
+        >>> x[1]
+        tensor([[6., 7.],
+                [8., 9.]])
+        >>> x.values().data_ptr() == values.data_ptr()
+        True
+        >>> sizes = torch.tensor([[2, 2], [1, 1]])  # a 2 x 2 and a 1 x 1 pair
+        >>> pairs = mj.from_packed(torch.ones(5, 4), torch.tensor([0, 4, 5]), sizes, (1, 2))
+        >>> pairs.dim(), pairs.ragged_dims
+        (4, (1, 2))
+    """
     op = "from_packed"
     _check_dense(op, "values", values)
     if not isinstance(values, torch.Tensor) or values.dim() < 1:
@@ -253,8 +361,33 @@ def _check_offsets(op: str, offsets: torch.Tensor, rows: int, counts: torch.Tens
 def from_padded(
     padded: torch.Tensor, lengths: torch.Tensor, ragged_dims: Sequence[int] | int = (1,)
 ) -> MultiJaggedTensor:
-    """The valid region of a padded ``(B, max…)`` tensor; ``lengths``: (B,) or (B, R) integers with
-    ``0 <= lengths[:, k] <= padded.shape[ragged_dims[k]]``. Differentiable."""
+    r"""Cuts the valid region out of a padded tensor ``(B, max…)`` as a multi_jagged tensor.
+
+    Sample ``i`` is ``padded[i]`` cut to its first ``lengths[i, k]`` entries along each ragged dim
+    ``ragged_dims[k]``; the padding is dropped. The inverse of :func:`to_padded_tensor`.
+    Differentiable w.r.t. ``padded``.
+
+    Args:
+        padded (Tensor): the dense ``(B, max…)`` tensor.
+        lengths (Tensor): ``(B,)`` or ``(B, R)`` integers (or a nested list of them) with
+            ``0 <= lengths[:, k] <= padded.shape[ragged_dims[k]]``.
+        ragged_dims (int or sequence of ints, optional): the ``R`` logical ragged dims,
+            increasing; an int is one dim. Default: ``(1,)``.
+
+    Returns:
+        MultiJaggedTensor: the valid region, shaped as ``padded`` but ragged along
+        ``ragged_dims``.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> x = mj.from_padded(torch.arange(6.).view(2, 3), torch.tensor([3, 1]))
+        >>> x[0], x[1]
+        (tensor([0., 1., 2.]), tensor([3.]))
+        >>> images = mj.from_padded(torch.ones(2, 3, 4, 4), torch.tensor([[4, 2], [3, 4]]), (2, 3))
+        >>> [t.shape for t in images.unbind()]
+        [torch.Size([3, 4, 2]), torch.Size([3, 3, 4])]
+    """
     op = "from_padded"
     if not isinstance(padded, torch.Tensor):
         raise TypeError(f"{op}(): expected padded to be a tensor, got {type(padded).__name__}")
@@ -277,10 +410,28 @@ def from_padded(
 
 
 def from_mask(dense: torch.Tensor, mask: torch.Tensor) -> MultiJaggedTensor:
-    """The positions of a dense ``(B, N, …)`` tensor where ``mask`` ``(B, N)`` is True, in order,
-    as a multi_jagged ``(B, j, …)``: a per-sample keep mask (kept tokens after pruning, the valid
-    tokens of an attention mask that is not a prefix). ``mask.sum(1)`` are the lengths.
-    Differentiable w.r.t. ``dense``."""
+    r"""Keeps the positions of a dense tensor ``(B, N, …)`` where a mask is True, as ``(B, j, …)``.
+
+    Sample ``i`` is ``dense[i][mask[i]]``, in order: a per-sample keep mask (the tokens kept
+    after pruning, the valid tokens of an attention mask that is not a prefix).
+    ``mask.sum(1)`` are the lengths. Differentiable w.r.t. ``dense``.
+
+    Args:
+        dense (Tensor): the dense ``(B, N, …)`` tensor.
+        mask (Tensor): the ``(B, N)`` bool mask.
+
+    Returns:
+        MultiJaggedTensor: ``(B, j, …)``, ragged along dim 1.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> dense = torch.arange(8.).view(2, 4)
+        >>> mask = torch.tensor([[True, False, True, False], [False, False, False, True]])
+        >>> x = mj.from_mask(dense, mask)
+        >>> x[0], x[1]
+        (tensor([0., 2.]), tensor([7.]))
+    """
     op = "from_mask"
     if not isinstance(dense, torch.Tensor) or not isinstance(mask, torch.Tensor):
         raise TypeError(f"{op}(): expected tensors, got {type(dense).__name__} and {type(mask).__name__}")
@@ -297,13 +448,59 @@ def from_mask(dense: torch.Tensor, mask: torch.Tensor) -> MultiJaggedTensor:
 
 
 def to_padded_tensor(x: MultiJaggedTensor, padding: float = 0.0, output_size=None) -> torch.Tensor:
-    """Dense envelope ``(B, max…)`` with ``padding`` outside the valid region. Differentiable."""
+    r"""Pads a multi_jagged tensor into a dense tensor ``(B, max…)``.
+
+    Each ragged dim becomes its max size over the samples (or ``output_size``'s entry), and the
+    cells outside a sample's valid region hold ``padding``. ``torch.nested.to_padded_tensor`` and
+    ``x.to_padded_tensor`` call this for a multi_jagged ``x``. Differentiable w.r.t. ``x``.
+
+    Args:
+        x (MultiJaggedTensor): the batch to pad.
+        padding (float, optional): the value of the padding cells. Default: ``0.0``.
+        output_size (sequence of ints, optional): the size of the result, of length ``x.dim()``:
+            ``output_size[0]`` is ``B``, every other entry at least its dim's (max) size.
+            Default: ``None`` (the envelope).
+
+    Returns:
+        Tensor: the dense ``(B, max…)`` tensor.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> x = mj.nested_tensor([torch.ones(2), torch.ones(1)])
+        >>> mj.to_padded_tensor(x, -1.0)
+        tensor([[ 1.,  1.],
+                [ 1., -1.]])
+        >>> torch.nested.to_padded_tensor(x, 0.0, output_size=(2, 3))
+        tensor([[1., 1., 0.],
+                [1., 0., 0.]])
+    """
     return mj.to_padded(x, float(padding), None if output_size is None else list(output_size))
 
 
 def from_jagged(njt: torch.Tensor) -> MultiJaggedTensor:
-    """A ``torch.jagged`` tensor as multi_jagged, sharing its values and offsets (and so its
-    nested int). Differentiable."""
+    r"""Converts a ``torch.jagged`` nested tensor to multi_jagged, sharing its values and offsets.
+
+    The result keeps ``njt``'s ragged dim and its nested int, so its shape equals ``njt``'s.
+    The inverse of :func:`to_jagged`. Differentiable w.r.t. ``njt``.
+
+    Args:
+        njt (Tensor): a contiguous ``torch.jagged`` nested tensor (``njt.lengths()`` is
+            ``None``; call ``.contiguous()`` first otherwise).
+
+    Returns:
+        MultiJaggedTensor: a view of ``njt``'s values with one ragged dim.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> njt = torch.nested.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)], layout=torch.jagged)
+        >>> x = mj.from_jagged(njt)
+        >>> x.ragged_dims, x.shape == njt.shape
+        ((1,), True)
+        >>> x.values().data_ptr() == njt.values().data_ptr()
+        True
+    """
     if not (isinstance(njt, torch.Tensor) and njt.is_nested and njt.layout == torch.jagged):
         raise TypeError(f"from_jagged(): expected a torch.jagged nested tensor, got {type(njt).__name__}")
     jagged: Any = njt  # a NestedTensor: lengths(), offsets(), _ragged_idx are not in torch.Tensor's stubs
@@ -318,7 +515,28 @@ def from_jagged(njt: torch.Tensor) -> MultiJaggedTensor:
 
 
 def to_jagged(x: MultiJaggedTensor) -> torch.Tensor:
-    """As ``torch.jagged`` (one ragged dim only), sharing values and offsets. Differentiable."""
+    r"""Converts a multi_jagged tensor to a ``torch.jagged`` nested tensor, sharing values and offsets.
+
+    ``torch.jagged`` holds one ragged dim: a tensor with several raises ``ValueError``. The
+    result has the same shape (the same nested int). Same as ``x.to_jagged()``; the inverse of
+    :func:`from_jagged`. Differentiable w.r.t. ``x``.
+
+    Args:
+        x (MultiJaggedTensor): a multi_jagged tensor with one ragged dim.
+
+    Returns:
+        Tensor: a ``torch.jagged`` nested tensor of the same shape.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> x = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
+        >>> njt = mj.to_jagged(x)
+        >>> njt.layout, njt.shape == x.shape
+        (torch.jagged, True)
+        >>> [t.shape for t in njt.unbind()]
+        [torch.Size([2, 3]), torch.Size([1, 3])]
+    """
     return x.to_jagged()
 
 
@@ -388,13 +606,41 @@ def nested_tensor_from_jagged(
     min_seqlen=None,
     max_seqlen=None,
 ) -> MultiJaggedTensor:
-    """``torch.nested.nested_tensor_from_jagged`` for layout ``multi_jagged``: sample ``i`` is
-    ``values`` rows ``offsets[i] .. offsets[i + 1]`` along dim ``jagged_dim - 1`` (logical dim
-    ``jagged_dim``, default 1). A view of ``values`` when the offsets cover them (start at 0, end
-    at their extent) and ``lengths`` is None; otherwise (``lengths`` given: sample ``i`` is rows
+    r"""Constructs a multi_jagged tensor from jagged components, as ``torch.nested.nested_tensor_from_jagged``.
+
+    The counterpart of ``torch.nested.nested_tensor_from_jagged`` for layout ``multi_jagged``,
+    taking the same arguments: sample ``i`` is ``values`` rows ``offsets[i] .. offsets[i + 1]``
+    along dim ``jagged_dim - 1``, which becomes logical ragged dim ``jagged_dim``. The result is
+    a view of ``values`` when the offsets cover them (start at 0, end at their extent) and
+    ``lengths`` is ``None``; otherwise (``lengths`` given: sample ``i`` is rows
     ``offsets[i] .. offsets[i] + lengths[i]``, leaving holes) a compact copy, since this layout
-    stores no holes. ``min_seqlen`` / ``max_seqlen`` are accepted for compatibility and unused
-    (the extents are known exactly). Differentiable w.r.t. ``values``."""
+    stores no holes. Differentiable w.r.t. ``values``.
+
+    Args:
+        values (Tensor): the packed values; dim ``jagged_dim - 1`` holds the samples' rows.
+        offsets (Tensor): ``(B+1,)`` integer offsets of the samples along that dim.
+        lengths (Tensor, optional): ``(B,)`` integer lengths of the samples, for offsets that
+            leave holes. Default: ``None`` (each sample runs to the next offset).
+        jagged_dim (int, optional): the logical ragged dim, at least 1. Default: ``None`` (1).
+        min_seqlen (int, optional): accepted for compatibility and unused: the extents are known
+            exactly. Default: ``None``.
+        max_seqlen (int, optional): accepted for compatibility and unused. Default: ``None``.
+
+    Returns:
+        MultiJaggedTensor: ``(B, …)`` with one ragged dim, ``jagged_dim``.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> values = torch.arange(12.).view(6, 2)
+        >>> x = mj.nested_tensor_from_jagged(values, torch.tensor([0, 2, 3, 6]))
+        >>> [t.shape for t in x.unbind()]
+        [torch.Size([2, 2]), torch.Size([1, 2]), torch.Size([3, 2])]
+        >>> y = mj.nested_tensor_from_jagged(values, torch.tensor([0, 3, 6]), lengths=torch.tensor([1, 2]))
+        >>> y[0], y[1]
+        (tensor([[0., 1.]]), tensor([[6., 7.],
+                [8., 9.]]))
+    """
     op = "nested_tensor_from_jagged"
     if not isinstance(values, torch.Tensor) or values.dim() < 1:
         raise TypeError(f"{op}(): expected values to be a tensor of at least 1 dim, got {type(values).__name__}")
@@ -435,12 +681,38 @@ def _rows_of_samples(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
 
 
 def narrow(tensor: torch.Tensor, dim: int, start, length, layout=multi_jagged) -> MultiJaggedTensor:
-    """``torch.nested.narrow(tensor, dim, start, length, layout=multi_jagged)``: sample ``i`` is
-    ``tensor[i]`` narrowed along (its) dim ``dim - 1`` to ``start[i] .. start[i] + length[i]``
-    (``start`` / ``length``: ints or ``(B,)`` / ``(1,)`` integer tensors), which becomes ragged
-    dim ``dim``. ``torch.jagged`` makes a non-contiguous view of ``tensor`` (and supports only
-    ``dim=1``); this layout stores no holes, so the result is a compact copy, differentiable
-    w.r.t. ``tensor``, for any ``dim >= 1``."""
+    r"""Narrows each sample of a dense tensor ``(B, …)`` to its own window along a dim.
+
+    Sample ``i`` is ``tensor[i]`` narrowed along (its) dim ``dim - 1`` to
+    ``start[i] .. start[i] + length[i]``, and ``dim`` becomes a ragged dim.
+    ``torch.nested.narrow(tensor, dim, start, length, layout=torch.multi_jagged)`` calls this.
+    ``torch.jagged`` makes a non-contiguous view of ``tensor`` (and supports only ``dim=1``);
+    this layout stores no holes, so the result is a compact copy, differentiable w.r.t.
+    ``tensor``, for any ``dim >= 1``.
+
+    Args:
+        tensor (Tensor): the dense ``(B, …)`` tensor, of at least 2 dims.
+        dim (int): the dim to narrow, at least 1 (dim 0 is the batch).
+        start (int or Tensor): the first index of each sample's window: an int, or a ``(B,)``
+            or ``(1,)`` integer tensor.
+        length (int or Tensor): the length of each sample's window, in the same forms.
+        layout (:class:`torch.layout`, optional): must be ``torch.multi_jagged``.
+            Default: ``torch.multi_jagged``.
+
+    Returns:
+        MultiJaggedTensor: a copy of the windows, ragged along ``dim``.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> t = torch.arange(8.).view(2, 4)
+        >>> x = mj.narrow(t, 1, torch.tensor([0, 1]), torch.tensor([2, 3]))
+        >>> x[0], x[1]
+        (tensor([0., 1.]), tensor([5., 6., 7.]))
+        >>> y = torch.nested.narrow(t, 1, 1, 2, layout=torch.multi_jagged)
+        >>> y.ragged_dims, [s.tolist() for s in y.unbind()]
+        ((1,), [[1.0, 2.0], [5.0, 6.0]])
+    """
     op = "narrow"
     if layout is not multi_jagged:
         raise ValueError(f"{op}(): expected layout=torch.multi_jagged, got {layout}")
@@ -479,16 +751,56 @@ def narrow(tensor: torch.Tensor, dim: int, start, length, layout=multi_jagged) -
 
 
 def is_nested(x) -> bool:
-    """Whether ``x`` is a nested tensor of any layout: ``torch.jagged``, ``torch.strided`` nested,
-    or ``multi_jagged``. Use it where ``torch.jagged`` code branches on ``x.is_nested``, which is
-    False for this layout (docs/design.md, "``is_nested``": True would make torch.compile,
-    ``autograd.grad`` with ``grad_outputs``, ``nn.MultiheadAttention`` and DataLoader workers treat
-    the tensor as a C++ nested tensor)."""
+    r"""Returns whether ``x`` is a nested tensor of any layout.
+
+    True for ``torch.jagged``, ``torch.strided`` nested and ``multi_jagged`` tensors. Use it where
+    ``torch.jagged`` code branches on ``x.is_nested``, which is False for this layout
+    (docs/design.md, "``is_nested``": True would make torch.compile, ``autograd.grad`` with
+    ``grad_outputs``, ``nn.MultiheadAttention`` and DataLoader workers treat the tensor as a C++
+    nested tensor).
+
+    Args:
+        x (object): any object.
+
+    Returns:
+        bool: whether ``x`` is a nested tensor.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> x = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
+        >>> x.is_nested, mj.is_nested(x)
+        (False, True)
+        >>> mj.is_nested(torch.nested.nested_tensor([torch.ones(2), torch.ones(1)], layout=torch.jagged))
+        True
+        >>> mj.is_nested(torch.ones(2, 3))
+        False
+    """
     return isinstance(x, MultiJaggedTensor) or (isinstance(x, torch.Tensor) and x.is_nested)
 
 
 def occupancy(x: MultiJaggedTensor) -> float:
-    """ρ = (valid cells) / (B · Π max extents): the valid fraction of the padded envelope."""
+    r"""Returns the valid fraction of the padded envelope ``(B, max…)`` of a multi_jagged tensor.
+
+    ρ = (valid cells) / (B · Π max extents); the padding rate is ``1 - ρ``. Same as
+    ``x.occupancy()``.
+
+    Args:
+        x (MultiJaggedTensor): the batch.
+
+    Returns:
+        float: ρ, in ``[0, 1]``; 1.0 when the envelope is empty.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> x = mj.nested_tensor([torch.ones(4, 3), torch.ones(2, 3)])
+        >>> mj.occupancy(x)
+        0.75
+        >>> s = mj.nested_tensor([torch.ones(2, 8), torch.ones(4, 8)])
+        >>> mj.occupancy(s.unsqueeze(-2) + s.unsqueeze(-3))  # 2·2 + 4·4 cells of 2·4·4
+        0.625
+    """
     return x.occupancy()
 
 

@@ -10,4 +10,23 @@ __all__ = ["StructureError"]
 
 
 class StructureError(ValueError, RuntimeError):
-    pass
+    r"""Operands' structures do not fit together.
+
+    Raised when operands differ in their per-sample sizes along a ragged dim or in their batch
+    sizes, or when an op over the batch dim asks for what the layout cannot express. It is both a
+    :class:`ValueError` (a user mistake) and a :class:`RuntimeError` (what ``torch.jagged`` raises
+    for the same mistakes, so code written against it keeps catching it). Operands whose ragged
+    dims have equal per-sample sizes combine, even when their nested ints differ.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> a = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
+        >>> b = mj.nested_tensor([torch.ones(1, 3), torch.ones(1, 3)])
+        >>> a + b  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+            ...
+        torch_multijagged.errors.StructureError: add(): ... ragged dim 1 has different per-sample sizes
+        >>> issubclass(mj.StructureError, ValueError), issubclass(mj.StructureError, RuntimeError)
+        (True, True)
+    """

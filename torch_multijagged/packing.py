@@ -98,12 +98,12 @@ def _source(op: str, x, lengths, offsets, dim: int):
 
 # ----------------------------------------------------------------------------- bin packing
 def first_fit_decreasing(lengths, budget: int, *, over_length: str = "error") -> list[list[int]]:
-    """Pack samples of ``lengths`` into bins of at most ``budget`` tokens, first-fit-decreasing.
+    r"""Packs samples of the given lengths into bins of at most ``budget`` tokens, first-fit-decreasing.
 
     Samples are taken longest first (ties by increasing index, so the result is deterministic)
-    and each goes into the first bin with room; a new bin opens only when none has room. Returns
-    the bins in opening order, each a list of sample indices in placement order. Zero-length
-    samples go into the first bin (an empty input gives ``[]``).
+    and each goes into the first bin with room; a new bin opens only when none has room.
+    Zero-length samples go into the first bin (an empty input gives ``[]``). Runs on the host:
+    packing is preprocessing.
 
     ``over_length`` says what happens to a sample longer than ``budget``:
 
@@ -114,6 +114,28 @@ def first_fit_decreasing(lengths, budget: int, *, over_length: str = "error") ->
       appears once per piece, and the k-th occurrence (in bin order) is piece k, rows
       ``[k·budget, min((k+1)·budget, n))`` — full pieces sort first and fill bins of their own,
       so the remainder always lands in a later bin.
+
+    Args:
+        lengths (sequence of ints or Tensor): the ``(B,)`` non-negative sample lengths.
+        budget (int): the capacity of a bin in tokens, positive.
+
+    Keyword args:
+        over_length (str, optional): ``"error"``, ``"truncate"`` or ``"split"``, as above.
+            Default: ``"error"``.
+
+    Returns:
+        list of lists of ints: the bins in opening order, each the sample indices it holds in
+        placement order.
+
+    Example::
+
+        >>> import torch_multijagged as mj
+        >>> mj.first_fit_decreasing([5, 3, 7, 2, 0, 4], 8)
+        [[2, 4], [0, 1], [5, 3]]
+        >>> mj.first_fit_decreasing([10, 3], 4, over_length="split")
+        [[0], [0], [1], [0]]
+        >>> mj.first_fit_decreasing([10, 3], 4, over_length="truncate")
+        [[0], [1]]
     """
     op = "first_fit_decreasing"
     host = _host_lengths(op, lengths)
@@ -155,9 +177,36 @@ def first_fit_decreasing(lengths, budget: int, *, over_length: str = "error") ->
 
 # ----------------------------------------------------------------------------- ids and mask
 def packed_position_ids(x=None, *, lengths=None, offsets=None, dim: int = 1) -> torch.Tensor:
-    """``(T,)`` int64 positions of the packed rows, restarting at 0 for every sample: for lengths
-    ``[3, 0, 2]`` it is ``[0, 1, 2, 0, 1]``. Give exactly one of a multi_jagged ``x`` (positions
-    along its ragged ``dim``), ``lengths`` ``(B,)`` or ``offsets`` ``(B+1,)``."""
+    r"""Returns the positions of the packed rows, restarting at 0 for every sample.
+
+    For lengths ``[3, 0, 2]`` it is ``[0, 1, 2, 0, 1]``: the packed form of
+    :func:`position_ids`. Give exactly one of a multi_jagged ``x`` (positions along its ragged
+    ``dim``), ``lengths`` or ``offsets``.
+
+    Args:
+        x (MultiJaggedTensor, optional): a batch ragged along ``dim``. Default: ``None``.
+
+    Keyword args:
+        lengths (sequence of ints or Tensor, optional): ``(B,)`` non-negative sample lengths.
+            Default: ``None``.
+        offsets (Tensor, optional): ``(B+1,)`` int64 sample offsets, starting at 0 and
+            non-decreasing. Default: ``None``.
+        dim (int, optional): the ragged dim of ``x`` to read. Default: ``1``.
+
+    Returns:
+        Tensor: ``(T,)`` int64 positions, ``T`` the total length, on the device of ``x`` /
+        ``lengths`` / ``offsets`` (the CPU for a list of lengths).
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> mj.packed_position_ids(lengths=[3, 0, 2])
+        tensor([0, 1, 2, 0, 1])
+        >>> mj.packed_position_ids(offsets=torch.tensor([0, 1, 4]))
+        tensor([0, 0, 1, 2])
+        >>> mj.packed_position_ids(mj.nested_tensor([torch.ones(2, 8), torch.ones(3, 8)]))
+        tensor([0, 1, 0, 1, 2])
+    """
     host, off, device = _source("packed_position_ids", x, lengths, offsets, dim)
     return _positions(host, off, device)
 
@@ -170,12 +219,37 @@ def _positions(host: torch.Tensor, off: Optional[torch.Tensor], device) -> torch
 
 
 def position_ids(x=None, *, lengths=None, offsets=None, dim: int = 1) -> MultiJaggedTensor:
-    """Per-sample positions ``0 … nᵢ-1`` as a multi_jagged ``(B, j)`` int64 tensor.
+    r"""Returns the per-sample positions ``0 … nᵢ-1`` as a multi_jagged ``(B, j)`` int64 tensor.
 
-    From a multi_jagged ``x`` of shape ``(B, …, j, …)`` (``j`` at ``dim``, default 1) the result
-    shares ``x``'s nested int for ``j``, so it adds to / indexes alongside ``x``'s ragged dim; from
+    From a multi_jagged ``x`` of shape ``(B, …, j, …)`` (``j`` at ``dim``) the result shares
+    ``x``'s nested int for ``j``, so it adds to / indexes alongside ``x``'s ragged dim; from
     ``offsets`` it shares the nested int keyed on those offsets; from ``lengths`` it gets a new
-    one. ``.values()`` is the packed form (``packed_position_ids``)."""
+    one. Give exactly one of the three. ``.values()`` is the packed form
+    (:func:`packed_position_ids`).
+
+    Args:
+        x (MultiJaggedTensor, optional): a batch ragged along ``dim``. Default: ``None``.
+
+    Keyword args:
+        lengths (sequence of ints or Tensor, optional): ``(B,)`` non-negative sample lengths.
+            Default: ``None``.
+        offsets (Tensor, optional): ``(B+1,)`` int64 sample offsets, starting at 0 and
+            non-decreasing. Default: ``None``.
+        dim (int, optional): the ragged dim of ``x`` to read. Default: ``1``.
+
+    Returns:
+        MultiJaggedTensor: ``(B, j)`` int64 positions.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> x = mj.nested_tensor([torch.ones(3, 4), torch.ones(1, 4)])
+        >>> pos = mj.position_ids(x)
+        >>> pos.shape == x.shape[:2], pos.values()
+        (True, tensor([0, 1, 2, 0]))
+        >>> [p.tolist() for p in mj.position_ids(lengths=[2, 0, 3]).unbind()]
+        [[0, 1], [], [0, 1, 2]]
+    """
     host, off, device = _source("position_ids", x, lengths, offsets, dim)
     values = _positions(host, off, device)
     if off is None:
@@ -184,33 +258,107 @@ def position_ids(x=None, *, lengths=None, offsets=None, dim: int = 1) -> MultiJa
 
 
 def segment_ids(x=None, *, lengths=None, offsets=None, dim: int = 1) -> torch.Tensor:
-    """``(T,)`` int64 sample index of every packed row: lengths ``[3, 0, 2]`` give
-    ``[0, 0, 0, 2, 2]``. Same sources as ``packed_position_ids``."""
+    r"""Returns the sample index of every packed row.
+
+    Lengths ``[3, 0, 2]`` give ``[0, 0, 0, 2, 2]``. Give exactly one of a multi_jagged ``x``
+    (rows along its ragged ``dim``), ``lengths`` or ``offsets``, as for
+    :func:`packed_position_ids`.
+
+    Args:
+        x (MultiJaggedTensor, optional): a batch ragged along ``dim``. Default: ``None``.
+
+    Keyword args:
+        lengths (sequence of ints or Tensor, optional): ``(B,)`` non-negative sample lengths.
+            Default: ``None``.
+        offsets (Tensor, optional): ``(B+1,)`` int64 sample offsets, starting at 0 and
+            non-decreasing. Default: ``None``.
+        dim (int, optional): the ragged dim of ``x`` to read. Default: ``1``.
+
+    Returns:
+        Tensor: ``(T,)`` int64 sample indices, ``T`` the total length.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> mj.segment_ids(lengths=[3, 0, 2])
+        tensor([0, 0, 0, 2, 2])
+        >>> mj.segment_ids(offsets=torch.tensor([0, 1, 4]))
+        tensor([0, 1, 1, 1])
+    """
     host, _, device = _source("segment_ids", x, lengths, offsets, dim)
     total = int(host.sum())  # SYNC: none — host lengths
     return torch.arange(host.shape[0], device=device).repeat_interleave(host.to(device), output_size=total)
 
 
 def block_diagonal_mask(x=None, *, lengths=None, offsets=None, dim: int = 1) -> torch.Tensor:
-    """Dense ``(T, T)`` bool mask of a packed sequence: ``mask[q, k]`` is True iff rows q and k
-    belong to the same sample (``seg[q] == seg[k]``). For code that needs an explicit mask (dense
-    SDPA's ``attn_mask``); it is O(T²) memory, so prefer varlen boundaries where available. A
-    zero-length sample has no rows and so no block."""
+    r"""Returns the block-diagonal attention mask of a packed sequence.
+
+    ``mask[q, k]`` is True iff rows ``q`` and ``k`` belong to the same sample
+    (``seg[q] == seg[k]`` with ``seg`` from :func:`segment_ids`). For code that needs an
+    explicit mask (dense SDPA's ``attn_mask``); it is O(T²) memory, so prefer varlen boundaries
+    where available. A zero-length sample has no rows and so no block. Give exactly one of a
+    multi_jagged ``x``, ``lengths`` or ``offsets``, as for :func:`packed_position_ids`.
+
+    Args:
+        x (MultiJaggedTensor, optional): a batch ragged along ``dim``. Default: ``None``.
+
+    Keyword args:
+        lengths (sequence of ints or Tensor, optional): ``(B,)`` non-negative sample lengths.
+            Default: ``None``.
+        offsets (Tensor, optional): ``(B+1,)`` int64 sample offsets, starting at 0 and
+            non-decreasing. Default: ``None``.
+        dim (int, optional): the ragged dim of ``x`` to read. Default: ``1``.
+
+    Returns:
+        Tensor: the dense ``(T, T)`` bool mask, ``T`` the total length.
+
+    Example::
+
+        >>> import torch_multijagged as mj
+        >>> mj.block_diagonal_mask(lengths=[2, 0, 1])
+        tensor([[ True,  True, False],
+                [ True,  True, False],
+                [False, False,  True]])
+    """
     seg = segment_ids(x, lengths=lengths, offsets=offsets, dim=dim)
     return seg.unsqueeze(1) == seg.unsqueeze(0)
 
 
 # ----------------------------------------------------------------------------- padding rate
 def padding_rate(x, *, bins: Optional[Sequence[Sequence[int]]] = None, budget: Optional[int] = None) -> float:
-    """The fraction of padding tokens.
+    r"""Returns the fraction of padding tokens, padded to the longest sample or packed into bins.
 
     * ``padding_rate(x)`` for a multi_jagged ``x`` or ``lengths``: padding each sample to the
       longest, ``1 − occupancy`` (lengths: ``1 − Σnᵢ / (B · max nᵢ)``; 0.0 when there is no
       envelope, e.g. B = 0 or all lengths 0).
     * ``padding_rate(lengths, bins=bins, budget=L)``: after packing into ``bins`` of ``L`` tokens
-      (as ``first_fit_decreasing`` returns), ``1 − tokens / (len(bins) · L)``. A sample index that
-      occurs several times counts as consecutive pieces (``over_length="split"``), one occurrence
-      of an over-length sample as its first ``L`` tokens (``"truncate"``). A bin over ``L`` raises.
+      (as :func:`first_fit_decreasing` returns), ``1 − tokens / (len(bins) · L)``. A sample index
+      that occurs several times counts as consecutive pieces (``over_length="split"``), one
+      occurrence of an over-length sample as its first ``L`` tokens (``"truncate"``). A bin over
+      ``L`` raises ``ValueError``.
+
+    Args:
+        x (MultiJaggedTensor or sequence of ints or Tensor): a batch, or the ``(B,)`` sample
+            lengths.
+
+    Keyword args:
+        bins (list of lists of ints, optional): the sample indices of each bin (lengths only).
+            Default: ``None`` (padding to the longest).
+        budget (int, optional): the capacity of a bin in tokens; required with ``bins``.
+            Default: ``None``.
+
+    Returns:
+        float: the padding fraction, in ``[0, 1]``.
+
+    Example::
+
+        >>> import torch_multijagged as mj
+        >>> lengths = [5, 3, 7, 2, 0, 4]
+        >>> mj.padding_rate(lengths)  # 1 - 21 / (6 · 7)
+        0.5
+        >>> bins = mj.first_fit_decreasing(lengths, 8)
+        >>> mj.padding_rate(lengths, bins=bins, budget=8)  # 1 - 21 / (3 · 8)
+        0.125
     """
     op = "padding_rate"
     if isinstance(x, MultiJaggedTensor):
@@ -262,7 +410,7 @@ def _collate_tensors(op: str, name: str, ts: Sequence[torch.Tensor]):
 
 
 def collate(samples: Sequence[Any]):
-    """A ``DataLoader`` ``collate_fn``: a list of samples into multi_jagged batches.
+    r"""Collates a list of samples into multi_jagged batches: a ``DataLoader`` ``collate_fn``.
 
     * tensors ``(nᵢ, …)`` (varying along dim 0, other dims equal) → one ``(B, j, …)``
       multi_jagged tensor, ragged along dim 1 even when every length agrees (a stable schema);
@@ -272,6 +420,26 @@ def collate(samples: Sequence[Any]):
 
     Mismatched keys, ranks, trailing dims, dtypes or a mix of tensors and non-tensors in one field
     raise ``ValueError`` / ``TypeError`` naming the field.
+
+    Args:
+        samples (sequence of Tensor or of dicts): the ``B >= 1`` samples of the batch.
+
+    Returns:
+        MultiJaggedTensor or Tensor or dict: the batch, of the samples' kind.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> samples = [{"tokens": torch.ones(3, 4), "label": torch.tensor(1), "name": "a"},
+        ...            {"tokens": torch.ones(1, 4), "label": torch.tensor(0), "name": "b"}]
+        >>> batch = mj.collate(samples)
+        >>> batch["tokens"].ragged_dims, batch["tokens"].sizes().tolist()
+        ((1,), [[3], [1]])
+        >>> batch["label"], batch["name"]
+        (tensor([1, 0]), ['a', 'b'])
+        >>> loader = torch.utils.data.DataLoader(samples, batch_size=2, collate_fn=mj.collate)
+        >>> [t.shape for t in next(iter(loader))["tokens"].unbind()]
+        [torch.Size([3, 4]), torch.Size([1, 4])]
     """
     op = "collate"
     samples = list(samples)

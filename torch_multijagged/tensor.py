@@ -91,11 +91,38 @@ def _known_extent(offsets: torch.Tensor, carriers) -> Optional[RaggedExtent]:
 
 
 class MultiJaggedTensor(torch.Tensor):
-    """A batch of B dense tensors of common rank whose extents may differ in several dims.
+    r"""A batch of ``B`` dense tensors of common rank whose extents may differ in several dims.
 
-    Logical shape e.g. ``(B, j0, j0, C)``; storage: ``values`` ``(T, *static)`` with the ragged
-    dims flattened into packed rows (row-major over the sample's ragged coordinates), split by
-    ``offsets`` ``(B+1,)``. See NOTE [ Packed-row partition ] in structure.py.
+    The logical shape holds one nested int per ragged dim, e.g. ``(B, j0, j0, C)`` for square
+    pairs. Storage: ``values`` ``(T, *static)`` with the ragged dims flattened into packed rows
+    (row-major over the sample's ragged coordinates), split by ``offsets`` ``(B+1,)``; see NOTE
+    [ Packed-row partition ] in structure.py. Every op equals the dense op applied per sample.
+    ``x.is_nested`` is False: use :func:`torch_multijagged.is_nested`.
+
+    Built by the constructors (:func:`torch_multijagged.nested_tensor`, ``as_nested_tensor``,
+    ``from_packed``, ``from_padded``, ``from_mask``, ``from_jagged``, or
+    ``torch.nested.nested_tensor(..., layout=torch.multi_jagged)``) rather than called directly.
+
+    Args:
+        values (Tensor): the packed ``(T, *static)`` values.
+        partition (Partition): the packed-row partition of the batch (internal: the
+            constructors build it).
+        ragged_dims (tuple of ints): the logical ragged dims, increasing, each at least 1.
+
+    Keyword args:
+        requires_grad (bool, optional): whether autograd records operations on the result.
+            Default: ``False``.
+
+    Example::
+
+        >>> import torch, torch_multijagged as mj
+        >>> x = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
+        >>> isinstance(x, mj.MultiJaggedTensor), x.dim(), x.ragged_dims
+        (True, 3, (1,))
+        >>> x.shape  # doctest: +ELLIPSIS
+        torch.Size([2, j..., 3])
+        >>> [t.shape for t in x.unbind()]
+        [torch.Size([2, 3]), torch.Size([1, 3])]
     """
 
     _values: torch.Tensor  # type: ignore[assignment]  # shadows Tensor._values() (sparse), a method in torch's stubs
@@ -144,20 +171,87 @@ class MultiJaggedTensor(torch.Tensor):
     # ------------------------------------------------------------------ public accessors
     @property
     def layout(self):  # type: ignore[override]
+        r"""The layout of the tensor: :data:`torch_multijagged.multi_jagged`.
+
+        Example::
+
+            >>> import torch, torch_multijagged as mj
+            >>> x = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
+            >>> x.layout
+            torch.multi_jagged
+            >>> x.layout is torch.multi_jagged
+            True
+        """
         return multi_jagged
 
     @property
     def ragged_dims(self) -> tuple[int, ...]:
+        r"""The logical dims whose sizes may differ per sample, increasing (a tuple of ints).
+
+        Every other dim but the batch dim 0 is static: one size for all samples. The shape
+        holds a nested int at each ragged dim.
+
+        Example::
+
+            >>> import torch, torch_multijagged as mj
+            >>> s = mj.nested_tensor([torch.ones(2, 8), torch.ones(3, 8)])
+            >>> s.ragged_dims
+            (1,)
+            >>> pair = s.unsqueeze(-2) + s.unsqueeze(-3)
+            >>> pair.ragged_dims
+            (1, 2)
+            >>> [t.shape for t in pair.unbind()]
+            [torch.Size([2, 2, 8]), torch.Size([3, 3, 8])]
+        """
         return self._ragged_dims
 
     def values(self) -> torch.Tensor:
-        """Packed ``(T, *static)`` buffer; differentiable (gradients flow back to ``self``)."""
+        r"""Returns the packed values ``(T, *static)``, differentiably.
+
+        The ragged dims are flattened into packed rows (row-major over each sample's ragged
+        coordinates), sample after sample; ``offsets()`` splits them by sample. A view of the
+        storage, not a copy; gradients flow back to ``self``.
+
+        Returns:
+            Tensor: the ``(T, *static)`` packed values, ``T`` the number of packed rows.
+
+        Example::
+
+            >>> import torch, torch_multijagged as mj
+            >>> x = mj.nested_tensor([torch.arange(6.).view(3, 2), torch.arange(2.).view(1, 2)])
+            >>> x.values()
+            tensor([[0., 1.],
+                    [2., 3.],
+                    [4., 5.],
+                    [0., 1.]])
+        """
         return values_of(self)
 
     def offsets(self, dim: int | None = None) -> torch.Tensor:
-        """``(B+1,)`` int64 sample offsets into the packed rows; with ``dim`` (a ragged dim), the
-        exclusive prefix sum of that dim's per-sample sizes (the tensor its nested int is keyed
-        on, as ``torch.jagged``'s ``offsets()``)."""
+        r"""Returns the offsets of the samples in the packed rows, or of one ragged dim's sizes.
+
+        Without ``dim``: sample ``i`` is packed rows ``offsets[i] .. offsets[i + 1]`` of
+        ``values()``. With ``dim``: the exclusive prefix sum of that ragged dim's per-sample
+        sizes, the tensor its nested int is keyed on (as ``torch.jagged``'s ``offsets()``). For
+        one ragged dim the two agree.
+
+        Args:
+            dim (int, optional): a ragged dim (negative counts from the end). Default: ``None``
+                (the sample offsets).
+
+        Returns:
+            Tensor: ``(B+1,)`` int64, on the values' device.
+
+        Example::
+
+            >>> import torch, torch_multijagged as mj
+            >>> s = mj.nested_tensor([torch.ones(2, 8), torch.ones(3, 8)])
+            >>> s.offsets()
+            tensor([0, 2, 5])
+            >>> pair = s.unsqueeze(-2) + s.unsqueeze(-3)
+            >>> pair.offsets(), pair.offsets(dim=2)
+            (tensor([ 0,  4, 13]), tensor([0, 2, 5]))
+        """
         if dim is None:
             return self._partition.offsets
         return self._partition.extents[self._ragged_index("offsets", dim)].offsets
@@ -169,24 +263,71 @@ class MultiJaggedTensor(torch.Tensor):
         return self._ragged_dims.index(d)
 
     def cu_seqlens(self, dtype: torch.dtype = torch.int32) -> torch.Tensor:
-        """Sequence boundaries for calling varlen attention kernels yourself (flash-attn's
-        ``cu_seqlens``, int32 by default as it requires): attention runs along the last ragged
-        dim, and every (sample, coordinates of the other ragged dims) is one sequence of
-        consecutive packed rows. For ``(B, j0, C)`` or ``(B, H, j0, D)`` this is ``offsets()``; for
-        a pair ``(B, j0, j0, C)`` each row of each sample is a sequence."""
+        r"""Returns the sequence boundaries for calling varlen attention kernels yourself.
+
+        Flash-attn's ``cu_seqlens``: attention runs along the last ragged dim, and every
+        (sample, coordinates of the other ragged dims) is one sequence of consecutive packed
+        rows. For ``(B, j0, C)`` or ``(B, H, j0, D)`` this is ``offsets()``; for a pair
+        ``(B, j0, j0, C)`` each row of each sample is a sequence. Raises ``ValueError`` for a
+        tensor without a ragged dim.
+
+        Args:
+            dtype (:class:`torch.dtype`, optional): the dtype of the result. Default:
+                ``torch.int32``, as flash-attn requires.
+
+        Returns:
+            Tensor: ``(S+1,)`` boundaries of the ``S`` sequences in the packed rows.
+
+        Example::
+
+            >>> import torch, torch_multijagged as mj
+            >>> s = mj.nested_tensor([torch.ones(2, 8), torch.ones(3, 8)])
+            >>> s.cu_seqlens()
+            tensor([0, 2, 5], dtype=torch.int32)
+            >>> pair = s.unsqueeze(-2) + s.unsqueeze(-3)
+            >>> pair.cu_seqlens(torch.int64)
+            tensor([ 0,  2,  4,  7, 10, 13])
+        """
         if not self._ragged_dims:
             raise ValueError("cu_seqlens(): expected a tensor with a ragged dim")
         return self._partition.segments()[0].to(dtype)
 
     def max_seqlen(self) -> int:
-        """The longest sequence of ``cu_seqlens()``: the max size of the last ragged dim (no sync)."""
+        r"""Returns the length of the longest sequence of ``cu_seqlens()``.
+
+        The max size of the last ragged dim over the samples, known on the host (no device
+        sync). Raises ``ValueError`` for a tensor without a ragged dim.
+
+        Returns:
+            int: the max per-sample size of the last ragged dim.
+
+        Example::
+
+            >>> import torch, torch_multijagged as mj
+            >>> x = mj.nested_tensor([torch.ones(2, 8), torch.ones(3, 8), torch.ones(0, 8)])
+            >>> x.max_seqlen()
+            3
+        """
         if not self._ragged_dims:
             raise ValueError("max_seqlen(): expected a tensor with a ragged dim")
         return self._partition.extents[-1].max
 
     def lengths(self) -> None:
-        """``None``, as ``torch.jagged``'s ``lengths()`` of a tensor without holes: every sample
-        is all of its packed rows (per-sample extents: ``sizes()``)."""
+        r"""Returns ``None``, as ``torch.jagged``'s ``lengths()`` of a tensor without holes.
+
+        This layout stores no holes: every sample is all of its packed rows. The per-sample
+        extents are ``sizes()``.
+
+        Returns:
+            None
+
+        Example::
+
+            >>> import torch, torch_multijagged as mj
+            >>> x = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
+            >>> x.lengths() is None
+            True
+        """
         return None
 
     # torch.jagged's private metadata, which its own tests and some user code read. Defined for
@@ -216,12 +357,42 @@ class MultiJaggedTensor(torch.Tensor):
         return self._ragged_dims[0]
 
     def sizes(self) -> torch.Tensor:
-        """``(B, R)`` int64 per-sample extents of the ragged dims, on the CPU."""
+        r"""Returns the per-sample sizes of the ragged dims.
+
+        Column ``k`` holds the sizes of ragged dim ``ragged_dims[k]``. Kept on the host, so
+        reading it costs no device sync.
+
+        Returns:
+            Tensor: ``(B, R)`` int64 on the CPU, ``R`` the number of ragged dims.
+
+        Example::
+
+            >>> import torch, torch_multijagged as mj
+            >>> x = mj.nested_tensor([torch.ones(3, 2, 4), torch.ones(1, 5, 4)])
+            >>> x.ragged_dims
+            (1, 2)
+            >>> x.sizes()
+            tensor([[3, 2],
+                    [1, 5]])
+        """
         return self._partition.host_sizes()
 
     def occupancy(self) -> float:
-        """Valid fraction ρ = (valid cells) / (B · Π max extents) of the padded envelope
-        ``(B, max…)``; padding rate is ``1 - ρ``."""
+        r"""Returns the valid fraction of the padded envelope ``(B, max…)``.
+
+        ρ = (valid cells) / (B · Π max extents), counting cells of the ragged dims only; the
+        padding rate is ``1 - ρ``. 1.0 when the envelope is empty (``B = 0`` or a max of 0).
+
+        Returns:
+            float: ρ, in ``[0, 1]``.
+
+        Example::
+
+            >>> import torch, torch_multijagged as mj
+            >>> x = mj.nested_tensor([torch.ones(4, 3), torch.ones(2, 3)])
+            >>> x.occupancy()
+            0.75
+        """
         p = self._partition
         envelope = p.batch
         for e in p.extents:
@@ -229,7 +400,24 @@ class MultiJaggedTensor(torch.Tensor):
         return 1.0 if envelope == 0 else int(p.rows) / envelope
 
     def to_jagged(self) -> torch.Tensor:
-        """As ``torch.jagged`` (one ragged dim only), sharing values and offsets. Differentiable."""
+        r"""Converts to a ``torch.jagged`` nested tensor, sharing values and offsets.
+
+        ``torch.jagged`` holds one ragged dim: a tensor with several raises ``ValueError``. The
+        result has the same shape (the same nested int) and is differentiable w.r.t. ``self``.
+
+        Returns:
+            Tensor: a ``torch.jagged`` nested tensor of the same shape.
+
+        Example::
+
+            >>> import torch, torch_multijagged as mj
+            >>> x = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
+            >>> njt = x.to_jagged()
+            >>> njt.layout, njt.shape == x.shape
+            (torch.jagged, True)
+            >>> [t.shape for t in njt.unbind()]
+            [torch.Size([2, 3]), torch.Size([1, 3])]
+        """
         if len(self._ragged_dims) != 1:
             raise ValueError(f"to_jagged(): torch.jagged holds one ragged dim, got ragged dims {self._ragged_dims}")
         r = self._ragged_dims[0]
