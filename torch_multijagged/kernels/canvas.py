@@ -306,7 +306,7 @@ class _Where:
     row, h, w, first canvas row, canvas width)`` — or None for the index path."""
 
     index: Tensor
-    gutter: Tensor
+    gutter: Optional[Tensor]
     total: int
     rows: int
     blocks: Optional[tuple]
@@ -331,9 +331,6 @@ def _where(plan: CanvasPlan, side: str, margin: int = 0) -> _Where:
     total = plan.pages * page + 2 * margin
     if margin:
         index = index + margin
-        gutter = _complement(index, total)
-    else:
-        gutter = plan.in_gutter if side == "in" else plan.out_gutter
     counts = sizes.prod(1) if sizes.shape[1] else torch.zeros(sizes.shape[0], dtype=torch.int64)
     b, rows = counts.shape[0], int(counts.sum())
     blocks = None
@@ -352,6 +349,9 @@ def _where(plan: CanvasPlan, side: str, margin: int = 0) -> _Where:
                 first = int(origins[i, 0])
             blocks.append((starts[i], h, w, margin + int(plan.page_of[i]) * page + first, width))
         blocks = tuple(blocks)
+    # the gutter rows only on the index path (placing by blocks zero-fills instead)
+    gutter = None if blocks is not None else (_complement(index, total) if margin else
+                                              plan.in_gutter if side == "in" else plan.out_gutter)
     hit = plan.cache[key] = _Where(index, gutter, total, rows, blocks)
     return hit
 

@@ -54,7 +54,8 @@ from .. import bridged
 from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _dense, _needs_grad, route
 
-from ...kernels.norms import ROWS_PER_SAMPLE_NATIVE, batch_norm_train, group_norm_rows, segment_norm  # noqa: E402
+from ...kernels import norms as _kernels  # noqa: E402
+from ...kernels.norms import batch_norm_train, group_norm_rows, segment_norm  # noqa: E402
 from .conv import as_spatial  # noqa: E402
 
 __all__ = ["group_norm", "spatial_layout"]
@@ -229,7 +230,7 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     if input._partition.rows * (c // num_groups) * math.prod(v.shape[2:]) == 1:
         raise ValueError(f"{op}(): expected more than 1 value per group when training, got input size {describe(input)}")
     w = _float(v)
-    if w.dim() == 2 and input._partition.rows >= ROWS_PER_SAMPLE_NATIVE * input._partition.batch:
+    if w.dim() == 2 and input._partition.rows >= _kernels.ROWS_PER_SAMPLE_NATIVE * input._partition.batch:
         cast = (lambda t: t if t is None or t.dtype == w.dtype else t.to(w.dtype))
         lengths = _pixels_per_sample(input, v).tolist()
         return _finish(input, group_norm_rows(w, lengths, num_groups, cast(weight), cast(bias), eps).to(v.dtype))

@@ -1,0 +1,88 @@
+"""Both ways of moving images on and off the canvas, and both group-norm kernels, against the
+per-sample dense op: the threshold rules (``kernels.canvas.BLOCK_ROWS``,
+``kernels.norms.ROWS_PER_SAMPLE_NATIVE``) pick one by the images' mean size, so each test forces
+each choice on the same small images (a zero-size image among them) — the suite's other images
+are small enough to take the index path and the segment norm only."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torch_multijagged.kernels import canvas, norms
+from test_spatial import SIZES1, SIZES2, _batch, _check, _images
+
+F64 = torch.float64
+
+
+@pytest.fixture(params=["blocks", "index"])
+def placement(request, monkeypatch):
+    monkeypatch.setattr(canvas, "BLOCK_ROWS", 0 if request.param == "blocks" else 10**9)
+    return request.param
+
+
+@pytest.fixture(params=["per-image kernel", "segment sums"])
+def norm_kernel(request, monkeypatch):
+    monkeypatch.setattr(norms, "ROWS_PER_SAMPLE_NATIVE", 0 if request.param == "per-image kernel" else 10**9)
+    return request.param
+
+
+def _params(*shapes, seed=3):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(*s, generator=g, dtype=F64, requires_grad=True) for s in shapes]
+
+
+@pytest.mark.parametrize("kw", [dict(padding=1), dict(stride=2, padding=1), dict(padding=(0, 2), dilation=2)], ids=str)
+def test_conv2d(placement, kw):
+    w, b = _params((3, 4, 3, 3), (3,))
+    _check(lambda x: F.conv2d(x, w, b, **kw), lambda x: F.conv2d(x, w, b, **kw), _images(SIZES2), [w, b])
+
+
+def test_conv1d_and_transposed(placement):
+    w, b = _params((3, 4, 3), (3,))
+    _check(lambda x: F.conv1d(x, w, b, padding=1), lambda x: F.conv1d(x, w, b, padding=1), _images(SIZES1), [w, b])
+    wt, = _params((4, 3, 3, 3))
+    _check(lambda x: F.conv_transpose2d(x, wt, stride=2), lambda x: F.conv_transpose2d(x, wt, stride=2),
+           _images(SIZES2), [wt])
+
+
+def test_pooling_fills_the_gutters_with_its_identity(placement):
+    # negative images: a max pool reading a zero gutter instead of -inf would be wrong
+    comps = [-c.abs() - 1 for c in _images(SIZES2)]
+    _check(lambda x: F.max_pool2d(x, 3, stride=1, padding=1), lambda x: F.max_pool2d(x, 3, stride=1, padding=1), comps)
+    _check(lambda x: F.avg_pool2d(x, 2, ceil_mode=True), lambda x: F.avg_pool2d(x, 2, ceil_mode=True), _images(SIZES2))
+
+
+def test_conv_second_order(placement):
+    small = [c[:, :3, :3].clone().requires_grad_() for c in _images([(3, 3), (2, 3), (0, 3)], c=2)]
+    w, = _params((2, 2, 3, 3))
+    torch.autograd.gradgradcheck(
+        lambda wt, *t: F.conv2d(_stack(t), wt, padding=1).values(), (w, *[s for s in small if s.numel()]))
+
+
+def _stack(t):
+    import torch_multijagged as mj
+    return mj.as_nested_tensor(list(t))
+
+
+def test_group_norm(norm_kernel):
+    w, b = _params((4,), (4,))
+    _check(lambda x: F.group_norm(x, 2, w, b), lambda x: torch.group_norm(x, 2, w, b, 1e-5), _images(SIZES2), [w, b])
+    _check(lambda x: F.group_norm(x, 4), lambda x: torch.group_norm(x, 4, None, None, 1e-5), _images(SIZES2))
+
+
+def test_group_norm_second_order(norm_kernel):
+    small = [c[:, :2, :2].clone().requires_grad_() for c in _images([(2, 2), (2, 2)], c=2)]
+    w, b = _params((2,), (2,))
+    torch.autograd.gradgradcheck(lambda wt, bt, *t: F.group_norm(_stack(t), 1, wt, bt).values(), (w, b, *small))
+
+
+def test_float32_within_dense_tolerance(placement, norm_kernel):
+    comps = _images(SIZES2, dtype=torch.float32)
+    x = _batch(comps)
+    out = F.group_norm(F.conv2d(x, torch.ones(4, 4, 3, 3) / 36, padding=1), 2)
+    for o, c in zip(out.unbind(), comps):
+        if c.numel():
+            torch.testing.assert_close(o, F.group_norm(F.conv2d(c[None], torch.ones(4, 4, 3, 3) / 36, padding=1), 2)[0],
+                                       rtol=1e-5, atol=1e-5)
