@@ -46,6 +46,8 @@ LOSSES = {
 # losses over the last dim (their sum / mean reference flattens all other dims)
 LAST_DIM = {"bce_logits_pos_weight", "cosine_embedding", "triplet_margin", "triplet_margin_swap", "triplet_distance",
             "multilabel_soft_margin", "multi_margin", "multi_margin_p2_weight", "multilabel_margin"}
+# dense torch leaves these losses' reduced output uninitialized when the input has no element
+EMPTY_UNINITIALIZED = {"multi_margin", "multi_margin_p2_weight", "multilabel_margin"}
 RED = "mean"
 PW = None
 
@@ -88,6 +90,10 @@ def test_loss_matches_per_sample(layout, loss, reduction):
             ref = LOSSES[loss](torch.cat([_flat(a) for a in rx]), torch.cat([_flat(b) for b in ry])) if loss not in LAST_DIM else \
                 LOSSES[loss](torch.cat([a.reshape(-1, a.shape[-1]) for a in rx]), torch.cat([b.reshape(-1, b.shape[-1]) for b in ry]))
             assert not isinstance(out, mj.MultiJaggedTensor) and out.dim() == 0
+            if loss in EMPTY_UNINITIALIZED and not sum(a.numel() for a in rx):
+                # dense multi_margin / multilabel_margin return uninitialized memory for an empty input;
+                # ours follows the other losses: 0 for a sum, nan for a mean over no element
+                ref = torch.where(torch.tensor(True), torch.tensor(0.0 if reduction == "sum" else float("nan"), dtype=ref.dtype), ref)
             torch.testing.assert_close(out, ref, equal_nan=True)
             got = torch.autograd.grad(out, [*xl, *yl], allow_unused=True)
             want = torch.autograd.grad(ref, [*rx, *ry], allow_unused=True)
@@ -109,6 +115,24 @@ def test_losses_golden():
     assert [c.tolist() for c in F.mse_loss(x, y, reduction="none").unbind()] == [[[1.0, 4.0]], [], [[0.0, 1.0], [4.0, 9.0]]]
     # huber, delta 1: |d| = 1, 2 | 0, 1, 2, 3 → 0.5·d² below 1, d - 0.5 above: 0.5, 1.5 | 0, 0.5, 1.5, 2.5
     assert F.huber_loss(x, y, reduction="sum").item() == pytest.approx(6.5)
+
+
+@pytest.mark.parametrize("loss", sorted(EMPTY_UNINITIALIZED))
+def test_last_dim_loss_of_only_empty_samples(loss):
+    """A batch whose samples have no position: a sum of no element is 0 and a mean is nan (as for
+    ``mse_loss``), where dense torch returns uninitialized memory for these losses."""
+    global RED, PW
+    x = mj.nested_tensor([torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, 3, dtype=torch.float64)], requires_grad=True)
+    y = mj.nested_tensor([torch.zeros(0, 3, dtype=torch.float64), torch.zeros(0, 3, dtype=torch.float64)])
+    PW = torch.ones(3, dtype=torch.float64)
+    try:
+        for RED, want in (("sum", 0.0), ("mean", float("nan"))):
+            out = LOSSES[loss](x, y)
+            torch.testing.assert_close(out, torch.tensor(want, dtype=torch.float64), equal_nan=True)
+            (g,) = torch.autograd.grad(out, x)
+            assert g.values().numel() == 0
+    finally:
+        RED, PW = "mean", None
 
 
 def test_loss_double_backward_and_compile():
