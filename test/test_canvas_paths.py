@@ -1,5 +1,6 @@
-"""Both ways of moving images on and off the canvas, and both group-norm kernels, against the
-per-sample dense op: the threshold rules (``kernels.canvas.BLOCK_ROWS``,
+"""Both ways of moving images on and off the canvas, convolutions image by image, and both
+group-norm kernels, against the per-sample dense op: the threshold rules
+(``kernels.canvas.BLOCK_ROWS``, ``kernels.per_image.PIXELS_PER_IMAGE``,
 ``kernels.norms.ROWS_PER_SAMPLE_NATIVE``) pick one by the images' mean size, so each test forces
 each choice on the same small images (a zero-size image among them) — the suite's other images
 are small enough to take the index path and the segment norm only."""
@@ -10,15 +11,17 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from torch_multijagged.kernels import canvas, norms
+from torch_multijagged.kernels import canvas, norms, per_image
 from test_spatial import SIZES1, SIZES2, _batch, _check, _images
 
 F64 = torch.float64
 
 
-@pytest.fixture(params=["blocks", "index"])
+@pytest.fixture(params=["blocks", "index", "per-image"])
 def placement(request, monkeypatch):
     monkeypatch.setattr(canvas, "BLOCK_ROWS", 0 if request.param == "blocks" else 10**9)
+    monkeypatch.setattr(per_image, "PIXELS_PER_IMAGE", 0 if request.param == "per-image" else 10**9)
+    monkeypatch.setattr(per_image, "MIN_CHANNELS", 0)
     return request.param
 
 
@@ -33,9 +36,10 @@ def _params(*shapes, seed=3):
     return [torch.randn(*s, generator=g, dtype=F64, requires_grad=True) for s in shapes]
 
 
-@pytest.mark.parametrize("kw", [dict(padding=1), dict(stride=2, padding=1), dict(padding=(0, 2), dilation=2)], ids=str)
+@pytest.mark.parametrize("kw", [dict(padding=1), dict(stride=2, padding=1), dict(padding=(0, 2), dilation=2),
+                                dict(padding="same", dilation=(1, 2)), dict(groups=2, padding=1)], ids=str)
 def test_conv2d(placement, kw):
-    w, b = _params((3, 4, 3, 3), (3,))
+    w, b = _params((4 if kw.get("groups") else 3, 4 // kw.get("groups", 1), 3, 3), (4 if kw.get("groups") else 3,))
     _check(lambda x: F.conv2d(x, w, b, **kw), lambda x: F.conv2d(x, w, b, **kw), _images(SIZES2), [w, b])
 
 

@@ -5,7 +5,9 @@ them; any spatial dim may also be static, e.g. ``(B, C, 32, j0)`` for text lines
 ``conv1d``/``conv2d`` (any kernel, stride, padding including ``"same"``, dilation, groups, bias),
 ``conv_transpose1d``/``conv_transpose2d``, ``max_pool2d`` (``return_indices`` too) and
 ``avg_pool2d``, per sample equal to the dense op on each image. They run as one dense op over a
-canvas that holds every image (NOTE [ Canvas ] in ``kernels/canvas.py``), never a per-sample loop.
+canvas that holds every image (NOTE [ Canvas ] in ``kernels/canvas.py``), except 2-d convolutions
+of large images with enough input channels, which run image by image on views of the packed rows
+(NOTE [ Convolutions image by image ] in ``kernels/per_image.py``), where that measured faster.
 
 Extents. An op whose window keeps a size (stride-1 ``"same"`` convs) keeps that dim's nested int;
 one that changes sizes gives the dim a new extent, ``structure.mapped_extent`` keyed by the size
@@ -32,6 +34,7 @@ from .. import bridged
 from ...compile import spatial as csp
 from ...errors import StructureError
 from ...kernels import canvas as cv
+from ...kernels import per_image as pim
 from ...structure import RaggedExtent, flat_extent, mapped_extent, partition_for
 from .._table import register_multi_jagged_func
 from .._common import MJT, describe, eager_route, wrap
@@ -265,12 +268,27 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
         return mj.spatial_conv(input, weight, bias, [a for pr in pads for a in pr], list(d), groups)
     fn = _CONV[nspatial]
     pad_canvas = tuple(pl for pl, _ in pads)
+    if nspatial == 2 and _canonical(input, 2) and all(pl == pr for pl, pr in pads):
+        sizes = _sizes(input, 2)
+        if pim.per_image_applies(sizes, c):
+            # large images: the dense op per image on views of the rows (NOTE [ Convolutions
+            # image by image ] in kernels/per_image.py)
+            return _conv_per_image(op, input, sizes, windows, weight, bias, s, pad_canvas, d, groups)
     # oneDNN's forward, a backward of per-tap GEMMs (NOTE [ Conv backward on the canvas ])
     rows_op = None if not cv.canvas_conv_applies(input._values, weight, groups) else (
         lambda rows, plan: cv.rows_conv(rows, plan, weight, bias, s, pad_canvas, d))
     out, *_ = _run(op, input, windows, nspatial, 0.0,
                    lambda canvas, plan: fn(canvas, weight, bias, s, pad_canvas, d, groups), rows_op)
     return out
+
+
+def _conv_per_image(op: str, x: MJT, sizes, windows, weight, bias, stride, padding, dilation, groups) -> MJT:
+    out_sizes = cv.output_sizes(op, sizes, windows)
+    grad = _needs_grad(x)
+    v = values_of(x) if grad else x._values
+    res = pim.rows_per_image(v, sizes.tolist(), out_sizes.tolist(), weight.shape[0],
+                             lambda img: F.conv2d(img, weight, bias, stride, padding, dilation, groups))
+    return _wrap_pixels(x, res, out_sizes, windows, 2, grad or res.requires_grad)
 
 
 @eager_route(_WHY)
