@@ -66,6 +66,14 @@ def enabled() -> bool:
     return not (_is_compiling() or _dispatch_stack() or _functorch())
 
 
+# The values path runs only where ``enabled()``: no functorch transform is active, so
+# ``Function.apply``'s Python layer (default-argument binding for ``setup_context``-style
+# functions, functorch's unwrapping) has nothing to do; its C++ ``apply`` is called directly
+# (≈ 1.5 µs of the ≈ 6 µs an autograd node costs, per op).
+_apply_values_of = torch._C._FunctionBase.__dict__["apply"].__get__(None, _ValuesOf)
+_apply_adopt = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Adopt)
+
+
 # --------------------------------------------------------------------------- values in and out
 def _requires_grad(x: MJT) -> bool:
     with _DisableTF():
@@ -94,7 +102,7 @@ def values(x: MJT) -> torch.Tensor:
         # a wrapper that does not require grad never lends its values' graph (an alias made
         # under no_grad of a fast result shares that result's graph-carrying values)
         return v.detach() if v.requires_grad else v
-    v = _ValuesOf.apply(x)
+    v = _apply_values_of(x)
     x.__dict__["_vgraph"] = (v, v._version, False, _version(x))
     return v
 
@@ -116,7 +124,7 @@ def _finish(out):
     if isinstance(out, MJT):
         v = out._values
         if v.requires_grad and _grad_enabled():
-            y = _Adopt.apply(v, [out])
+            y = _apply_adopt(v, [out])
             y.__dict__["_vgraph"] = (v, v._version, True, _version(y))
             return y
     return out
