@@ -97,7 +97,7 @@ class Mismatch(Exception):
 # --- regimes and batches ------------------------------------------------------------------------
 
 
-def regime_sizes(seed: int = 0, scale: float = 1.0, min_side: int = 1) -> dict[str, list[tuple[int, int]]]:
+def regime_sizes(seed: int = 0, scale: float = 1.0, min_side: int = 1, b: int = B) -> dict[str, list[tuple[int, int]]]:
     """(H, W) per image and regime, heights and widths drawn independently; endpoints forced so that
     each regime spans its range and H_max = W_max is the same for every seed. ``scale`` multiplies
     every side (rounded, at least ``min_side``)."""
@@ -107,9 +107,9 @@ def regime_sizes(seed: int = 0, scale: float = 1.0, min_side: int = 1) -> dict[s
         return [tuple(s) for s in torch.randint(lo, hi + 1, (k, 2), generator=g).tolist()]
 
     sizes = {
-        "near-uniform": [(128, 112), (112, 128)] + draw(112, 128, B - 2),
-        "moderate": [(128, 32), (32, 128)] + draw(32, 128, B - 2),
-        "skewed": [(128, 128)] + draw(32, 56, B - 1),
+        "near-uniform": [(128, 112), (112, 128)] + draw(112, 128, b - 2),
+        "moderate": [(128, 32), (32, 128)] + draw(32, 128, b - 2),
+        "skewed": [(128, 128)] + draw(32, 56, b - 1),
     }
     return {k: [(max(min_side, round(a * scale)), max(min_side, round(b * scale))) for a, b in v]
             for k, v in sizes.items()}
@@ -368,6 +368,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     p.add_argument("--regime", "--regimes", dest="regimes", default=",".join(regime_sizes()),
                    help="comma-separated subset of " + ", ".join(regime_sizes()))
     p.add_argument("--methods", help="comma-separated subset and order of " + ",".join(METHODS))
+    p.add_argument("--batch", type=int, default=B, help=f"images per batch, at least 2 (default {B})")
     p.add_argument("--scale", type=float, default=1.0,
                    help="multiply every image side and the patch size by this (rounded; 0.25: a quick run)")
     p.add_argument("--threads", type=int, default=1,
@@ -389,6 +390,8 @@ def main(argv: Optional[list[str]] = None) -> dict:
         p.error("--clock cpu measures the main thread only: use it with one thread")
     args.clock_fn = {"cpu": time.thread_time_ns, "process": time.process_time_ns, "wall": time.perf_counter_ns}[args.clock]
     args.steps = args.steps or (3 if args.quick else 8)
+    if args.batch < 2:
+        p.error(f"--batch must be at least 2, got {args.batch}")
     if not args.scale > 0:
         p.error(f"--scale must be positive, got {args.scale}")
     patch = max(1, round(PATCH * args.scale))
@@ -403,7 +406,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     for m in models:
         if m not in MODELS:
             p.error(f"unknown model {m!r}; choose from {', '.join(MODELS)}")
-    all_sizes = regime_sizes(scale=args.scale, min_side=patch)
+    all_sizes = regime_sizes(scale=args.scale, min_side=patch, b=args.batch)
     wanted = [r.strip() for r in args.regimes.split(",") if r.strip()]
     for r in wanted:
         if r not in all_sizes:
@@ -429,7 +432,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     env = h.environment()
     clock_name = {"cpu": "CPU time of the main thread", "process": "CPU time of the process (all threads)",
                   "wall": "wall time"}[args.clock]
-    print(f"Variable-size images (B={B}), eager forward + cross-entropy + backward, float32 CPU; median {clock_name} "
+    print(f"Variable-size images (B={args.batch}), eager forward + cross-entropy + backward, float32 CPU; median {clock_name} "
           f"of {args.steps} interleaved steps ({args.warmup} warmup rounds); scale {args.scale:g}")
     print(f"cnn: 3×(3×3 conv + {'BatchNorm2d' if args.norm == 'batch' else 'GroupNorm(8)'} + ReLU) 3→32→32→32, 3×3 "
           f"stride-2 conv →64, global mean, linear; navit: patch {patch} → D=64, 2 pre-norm layers × 4 heads, "
@@ -448,7 +451,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     h.print_footer(lines, env, malloc_note, load0, wall, mode=", eager")
     payload = {
         "benchmark": "images",
-        "config": {"B": B, "norm": args.norm, "patch": patch, "scale": args.scale, "steps": args.steps,
+        "config": {"B": args.batch, "norm": args.norm, "patch": patch, "scale": args.scale, "steps": args.steps,
                    "warmup": args.warmup, "threads": torch.get_num_threads(), "clock": args.clock,
                    "malloc": malloc_note, "wall_s": wall, "loss": "cross_entropy(logits, labels), mean over B"},
         "results": results,
@@ -457,7 +460,7 @@ def main(argv: Optional[list[str]] = None) -> dict:
     h.write_json(args.json, payload)
     if args.plot:
         flat = {f"{mn}\n{r}": res for mn, regs in results.items() for r, res in regs.items()}
-        why = h.plot_regimes(args.plot, flat, names, f"images B={B}, torch {env['torch']}, "
+        why = h.plot_regimes(args.plot, flat, names, f"images B={args.batch}, torch {env['torch']}, "
                              f"{torch.get_num_threads()} threads, scale {args.scale:g}", rho_key="rho", rho_label="ρ")
         print(why or f"plot written to {args.plot}")
     return payload
