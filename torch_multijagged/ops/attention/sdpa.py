@@ -299,7 +299,8 @@ def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, d
     vv = kv if v is k else _flat(v)
     args = (qv, kv, vv, cu_q, cu_k, q._partition.extents[-1].max, k._partition.extents[-1].max, bias, start, seed,
             causal, scale, dropout_p)
-    if differentiable or _traced(qv):
+    if _traced(qv) or (differentiable and torch.is_grad_enabled()
+                       and any(t is not None and t.requires_grad for t in (qv, kv, vv, bias))):
         out, lse = mj.varlen_attention(*args)
     else:
         # Below autograd already (this is the handler of multijagged::sdpa, whose formula calls
