@@ -158,7 +158,7 @@ BUGS = [
         "if a._partition is not b._partition and not torch.equal(a.sizes(), b.sizes()):", "if False:", ("test_njt_gaps.py",)),
     # ------------------------------------------------------------------ the Pairformer
     Bug("pair_matmul backward: dX forgets Y's transpose", "compile/pair_mm.py",
-        "dx = mj.pair_matmul(grad, y, False, not ty) if not tx", "dx = mj.pair_matmul(grad, y, False, ty) if not tx",
+        "dx = mm(grad, y, False, not ty) if not tx", "dx = mm(grad, y, False, ty) if not tx",
         ("test_pair_matmul.py",)),
     Bug("bucketed pair_matmul leaves padded cells unzeroed", "kernels/pair_mm.py",
         "    if pad is not None:\n        out.masked_fill_", "    if False:\n        out.masked_fill_", ("test_pair_matmul.py",)),

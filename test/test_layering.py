@@ -1,5 +1,5 @@
 """The package's layering (CONTRIBUTING.md, Layering): no import cycle anywhere in the package,
-function-local imports included; the core modules — structure, serialization, tensor, bridge,
+function-local imports included; the core modules — structure, serialization, writes, tensor, bridge,
 constructors — import without the op table (ops/) or the op library (compile/), and the op table
 reaches the subclass only through ``tensor.install_op_table`` (NOTE [ Handler lookup ]); routes
 only route (NOTE [ Routes ], NOTE [ Bridged computations ])."""
@@ -14,7 +14,7 @@ import torch_multijagged as mj
 from torch_multijagged import ops, tensor
 
 PKG = pathlib.Path(mj.__file__).parent
-CORE = ["structure.py", "serialization.py", "tensor.py", "bridge.py", "constructors.py", "layout.py", "errors.py", "packing.py"]
+CORE = ["structure.py", "serialization.py", "writes.py", "tensor.py", "bridge.py", "constructors.py", "layout.py", "errors.py", "packing.py"]
 
 
 def _imported_modules(path: pathlib.Path):

@@ -127,7 +127,7 @@ def test_in_place_through_views_with_autograd_recording(layout, view, scenario):
     """An in-place write through a view reaches the base and a write into the base reaches the
     view, values and gradients as in dense torch, per sample — or, where autograd does not
     connect the two (a view made on the eager values path, NOTE [ Writes into shared values ] in
-    tensor.py), using the other one afterwards raises instead of returning a gradient that misses
+    writes.py), using the other one afterwards raises instead of returning a gradient that misses
     the write. Writing through such a view and using only the view is differentiated."""
     shapes = [(4, 6), (1, 6), (3, 6)] if layout == "(B, j0, C)" else [(4, 4, 6), (1, 1, 6), (3, 3, 6)]
     f = _write_and_use(view, scenario)

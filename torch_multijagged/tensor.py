@@ -44,6 +44,10 @@ from . import _frames
 from .layout import multi_jagged
 from .serialization import INTERNAL_ATTRS, copy_partition, partition_from_file, user_state
 from .structure import Partition, RaggedExtent, _is_traced
+from .writes import (
+    _differentiable, _eager, _refuse_traced_alias_write, _targets, _written_through_alias,
+    check_not_written_through_alias, written_args,
+)
 
 __all__ = ["MultiJaggedTensor"]
 
@@ -600,8 +604,8 @@ class MultiJaggedTensor(torch.Tensor):
             result = fast(*args, **(kwargs or {}))
             if result is not NotImplemented:
                 return result
-        # NOTE [ Writes into shared values ] (the values path checks in its own reads)
-        stale = _written_through_alias(args) if torch.is_grad_enabled() else None
+        # NOTE [ Writes into shared values ] in writes.py (the values path checks in its own reads)
+        stale = _written_through_alias(args, MultiJaggedTensor) if torch.is_grad_enabled() else None
         route = _ROUTES.get(func)
         result = NotImplemented
         if route is not None:
@@ -622,13 +626,13 @@ class MultiJaggedTensor(torch.Tensor):
         pos, names = written_args(func)
         if not (pos or names):
             return _dispatch(func, args, kwargs)
-        # NOTE [ Writes into shared values ]
+        # NOTE [ Writes into shared values ] in writes.py
         eager = _eager()
         if not eager:
-            _refuse_traced_alias_write(func, _targets(args, kwargs, pos, names))
+            _refuse_traced_alias_write(func, _targets(args, kwargs, pos, names, MultiJaggedTensor))
         out = _dispatch(func, args, kwargs)
         if eager:
-            for x in _targets(args, kwargs, pos, names):
+            for x in _targets(args, kwargs, pos, names, MultiJaggedTensor):
                 if not x._values.is_inference():
                     torch.autograd.graph.increment_version(x._values)
         return out
@@ -711,131 +715,8 @@ def values_of(x: MultiJaggedTensor) -> torch.Tensor:
     """Packed ``(T, *static)`` values of ``x``; differentiable."""
     # _eager() first: dynamo fails reading x.__dict__ (NOTE [ Own frames under torch.compile ])
     if torch.is_grad_enabled() and _eager() and "_vgraph" in x.__dict__:
-        check_not_written_through_alias(x, "values")  # NOTE [ Writes into shared values ]
+        check_not_written_through_alias(x, "values")  # NOTE [ Writes into shared values ] in writes.py
     return _ValuesOf.apply(x)
-
-
-# NOTE [ Writes into shared values ]
-#
-# An in-place op on a wrapper runs below autograd: its handler writes the packed values, and
-# autograd bumps the wrapper's version counter, not the values'. The eager values path (NOTE
-# [ Eager values path ] in ops/fastpath.py) keeps dense values in autograd graphs, which made two
-# silent wrong gradients:
-#
-# * values a fast op saved for its backward (``y = q.sin()`` saves ``q``'s values) could be
-#   overwritten (``q.mul_(2)``) unnoticed, where dense torch raises "modified by an inplace
-#   operation" in backward. So after a dispatched write the written wrappers' values get their
-#   counter bumped, as a dense write bumps its tensor's: the same backward now raises.
-# * a view made on the values path (``transpose``, ``permute``, ``unsqueeze``, ``view``: a wrapper
-#   whose values are a dense view of another wrapper's values) is not an autograd view of that
-#   wrapper. A write through one of the two changes the other's values while the other's autograd
-#   history stays as it was (dense torch rebases a view's base, and a base's views, on such a
-#   write), so the other's gradient would miss the write. The other is recognised by its
-#   remembered values (``_vgraph``: the values tensor, its version, the wrapper's version) — the
-#   values changed, its own counter did not — and its next use with autograd recording raises
-#   (``check_not_written_through_alias``) instead. Writing through the view and using only the view
-#   afterwards (OpenFold's ``q = lin(x).view(...).transpose(-2, -3); q /= c``) is unaffected: the
-#   view's own history holds the write. A view made by the general mechanism (a slice; under
-#   ``torch.compile`` every view but one) is an autograd view of its base, and writes through it
-#   are differentiated as in dense torch (``test/test_structure_copies_splits.py``).
-#
-# Both are eager only (``_eager``): compiled code and dispatch modes never see the values path.
-# The exception under ``torch.compile`` is a view / reshape of static dims of a tensor that needs
-# gradients, which the trace takes on the values (``traced_static_view`` in ops/shape/flatten.py):
-# it marks both tensors (``_traced_alias``) and a write into either is refused in the trace.
-
-_METADATA_WRITES = {"detach_", "requires_grad_"}
-_WRITTEN: dict = {}  # func -> (positions, keyword names) of the tensor arguments it writes
-
-
-def written_args(func):
-    """``(positions, keyword names)`` of the tensor arguments that ``func`` writes (cached)."""
-    hit = _WRITTEN.get(func)
-    if hit is None:
-        schema = getattr(func, "_schema", None)
-        if schema is None or not schema.is_mutable or schema.name.split("::")[-1] in _METADATA_WRITES:
-            hit = ((), ())
-        else:
-            args = schema.arguments
-            w = [i for i, a in enumerate(args) if a.alias_info is not None and a.alias_info.is_write]
-            hit = (tuple(i for i in w if not args[i].kwarg_only), tuple(args[i].name for i in w if args[i].kwarg_only))
-        _WRITTEN[func] = hit
-    return hit
-
-
-def _eager() -> bool:
-    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
-                or torch._C._are_functorch_transforms_active())
-
-
-def _targets(args, kwargs, pos, names) -> list:
-    """The multi_jagged tensors an op writes."""
-    out: list[MultiJaggedTensor] = []
-    for t in [args[i] for i in pos if i < len(args)] + [kwargs[n] for n in names if n in kwargs]:
-        out.extend(x for x in (t if isinstance(t, (list, tuple)) else (t,)) if isinstance(x, MultiJaggedTensor))
-    return out
-
-
-def _refuse_traced_alias_write(func, targets) -> None:
-    for x in targets:
-        with torch._C.DisableTorchFunctionSubclass():
-            base, marked = x, False
-            while base is not None and not marked:  # x, or the base x is an autograd view of
-                marked, base = "_traced_alias" in base.__dict__, base._base
-            if not marked:
-                continue
-            needs_grad, shape = x.requires_grad, tuple(x.shape)
-        if needs_grad:
-            name = getattr(func, "__name__", str(func)).split(".")[0]
-            raise NotImplementedError(
-                f"{name}(): under torch.compile, writing in place into a multi_jagged tensor of shape "
-                f"{shape} that shares its values with a view / reshape of static dims (or is one) "
-                "is not supported with autograd recording: the write would not reach the other's gradient. "
-                "Clone before writing, or write outside the compiled region"
-            )
-
-
-def _stale(x) -> bool:
-    hit = x.__dict__.get("_vgraph")
-    if hit is None:
-        return False
-    with torch._C.DisableTorchFunctionSubclass():
-        return hit[0]._version != hit[1] and x._version == hit[3] and x.requires_grad
-
-
-def _written_through_alias(args) -> Optional[MultiJaggedTensor]:
-    """An argument (or a tensor in a list argument) whose values were written through an alias."""
-    for a in args:
-        for x in (a if isinstance(a, (list, tuple)) else (a,)):
-            if isinstance(x, MultiJaggedTensor) and "_vgraph" in x.__dict__ and _stale(x):
-                return x
-    return None
-
-
-def _differentiable(result) -> bool:
-    """Whether an op's result carries a gradient (metadata reads, ``detach``… do not)."""
-    for r in (result if isinstance(result, (list, tuple)) else (result,)):
-        if isinstance(r, torch.Tensor):
-            with torch._C.DisableTorchFunctionSubclass():
-                if r.requires_grad:
-                    return True
-    return False
-
-
-def check_not_written_through_alias(x: MultiJaggedTensor, op) -> None:
-    """Raise if ``x``'s values were written through another wrapper sharing them since ``x``
-    last remembered them (NOTE [ Writes into shared values ]); only with autograd recording."""
-    if not _stale(x):
-        return
-    with torch._C.DisableTorchFunctionSubclass():
-        shape = tuple(x.shape)
-    name = op if isinstance(op, str) else getattr(op, "__name__", str(op)).split(".")[0]
-    raise NotImplementedError(
-        f"{name}(): the values of a multi_jagged tensor of shape {shape} were written in place through "
-        "another tensor that shares them (a view made by transpose / permute / unsqueeze / view, or its "
-        "base), which autograd does not connect to it: its gradient would miss the write. Write to the "
-        "tensor itself, or clone the view before writing to it (v = v.clone())"
-    )
 
 
 def wrap_values(values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...]) -> MultiJaggedTensor:

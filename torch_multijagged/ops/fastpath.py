@@ -42,7 +42,8 @@ import torch.nn.functional as F
 
 from ..bridge import _Adopt
 from ..errors import StructureError
-from ..tensor import MultiJaggedTensor, _ValuesOf, check_not_written_through_alias
+from ..tensor import MultiJaggedTensor, _ValuesOf
+from ..writes import check_not_written_through_alias
 from .attention import sdpa as _att
 from .elementwise import pointwise as _pw
 from .reductions import reduce as _red
@@ -97,7 +98,7 @@ def values(x: MJT) -> torch.Tensor:
     if not _grad_enabled():
         return v
     if hit is not None:
-        check_not_written_through_alias(x, "values")  # NOTE [ Writes into shared values ] in tensor.py
+        check_not_written_through_alias(x, "values")  # NOTE [ Writes into shared values ] in writes.py
     if not _requires_grad(x):
         # a wrapper that does not require grad never lends its values' graph (an alias made
         # under no_grad of a fast result shares that result's graph-carrying values)

@@ -232,6 +232,6 @@ def traced_static_view(op: str, x: MJT, shape):
     new = v.view(v.shape[0], *static) if op == "view" else v.reshape(v.shape[0], *static)
     out = wrap_values(new, x._partition, ragged)
     # not an autograd view of x: an in-place write into either would not reach the other's
-    # gradient, so such writes are refused in the trace (NOTE [ Writes into shared values ] in tensor.py)
+    # gradient, so such writes are refused in the trace (NOTE [ Writes into shared values ] in writes.py)
     x.__dict__["_traced_alias"] = out.__dict__["_traced_alias"] = True
     return out

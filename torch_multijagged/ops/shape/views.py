@@ -12,7 +12,7 @@ from ...kernels import reference as ref
 from .._table import register_multi_jagged_func
 from ...structure import partition_for, same_extent
 from .._common import MJT, canonical_dim, describe, same_partition, static_dims, wrap
-from ...tensor import written_args
+from ...writes import written_args
 
 aten = torch.ops.aten
 
