@@ -28,14 +28,13 @@ from .constructors import (
     from_packed,
     from_padded,
     is_nested,
-    narrow,
     nested_tensor,
-    nested_tensor_from_jagged,
     occupancy,
     to_jagged,
     to_padded_tensor,
 )
-from .constructors import _install
+from .jagged_views import narrow, nested_tensor_from_jagged
+from .torch_nested import _install
 from . import _testing
 from . import distributed  # noqa: F401  (collectives of multi_jagged batches; loads nothing torch has not)
 from .packing import (
