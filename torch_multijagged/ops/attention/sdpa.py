@@ -304,8 +304,9 @@ def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, d
         out, lse = mj.varlen_attention(*args)
     else:
         # Below autograd already (this is the handler of multijagged::sdpa, whose formula calls
-        # the backward op): call the kernel without a second trip through the dispatcher, and
-        # skip the row log-sum-exp when no backward will read it.
+        # the backward op), or above it with no gradient to record (the values path under
+        # no_grad or on tensors that need none): call the kernel without a trip through the
+        # dispatcher, and skip the row log-sum-exp when no backward will read it.
         out, lse = cattn.varlen_attention_impl(*args, need_lse=need_lse)
     out = out.reshape(out.shape[0], *q._values.shape[1:-1], out.shape[-1])
     return wrap(out, q._partition, q._ragged_dims), lse
