@@ -295,7 +295,10 @@ def _complement(index: Tensor, total: int) -> Tensor:
 # a third of its time (1 thread). Where images are large enough (``BLOCK_ROWS`` pixels on
 # average), a placement instead zero-fills the canvas (a memset) and copies each image as one
 # strided block — ``B`` copies, each at copy speed — and gathers back the same way. Small images
-# (many tiny blocks, where the per-call cost would dominate) keep the index path.
+# (many tiny blocks, where the per-call cost would dominate) keep the index path. Around the
+# threshold the two are level (a 32-channel 3×3 conv, forward and backward, 1 thread; index time /
+# blocks time): B = 256 images of 63 px on average 0.98, of 98 px 0.99, of 260 px 1.03; B = 64 of
+# 101 px 1.02.
 BLOCK_ROWS = 64
 
 
