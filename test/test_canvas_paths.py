@@ -8,6 +8,7 @@ are small enough to take the index path and the segment norm only."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import assume, given, strategies as st
 import torch
 import torch.nn.functional as F
 
@@ -90,3 +91,43 @@ def test_float32_within_dense_tolerance(placement, norm_kernel):
         if c.numel():
             torch.testing.assert_close(o, F.group_norm(F.conv2d(c[None], torch.ones(4, 4, 3, 3) / 36, padding=1), 2)[0],
                                        rtol=1e-5, atol=1e-5)
+
+
+@st.composite
+def _conv_geometry(draw):
+    b = draw(st.integers(1, 4))
+    sizes = [(draw(st.integers(0, 9)), draw(st.integers(0, 9))) for _ in range(b)]
+    groups = draw(st.sampled_from([1, 2]))
+    k = (draw(st.integers(1, 4)), draw(st.integers(1, 4)))
+    s = draw(st.integers(1, 3))
+    p = (draw(st.integers(0, k[0] // 2)), draw(st.integers(0, k[1] // 2)))
+    d = draw(st.integers(1, 2))
+    return sizes, groups, k, s, p, d, draw(st.booleans())
+
+
+@given(_conv_geometry())
+def test_per_image_conv_random_geometries(monkeypatch_module, geo):
+    """Random sizes (zero sides too), kernels, strides, paddings, dilations and groups through the
+    per-image conv: per sample with the input's and the parameters' gradients, or the dense
+    error for an image smaller than the window."""
+    sizes, groups, k, s, p, d, bias = geo
+    assume(any(h * w for h, w in sizes))  # the path takes batches with a pixel (test_conv2d has the empty ones)
+    comps = _images(sizes, c=4, seed=len(sizes))
+    w, b = _params((2 * groups, 4 // groups, *k), (2 * groups,), seed=sum(k) + s)
+    b = b if bias else None
+    fn = lambda t: F.conv2d(t, w, b, s, p, d, groups)  # noqa: E731
+    if any(c.numel() and any((n + 2 * pp - dd * (kk - 1) - 1) < 0 for n, pp, dd, kk in zip(c.shape[1:], p, (d, d), k))
+           for c in comps):
+        with pytest.raises(ValueError, match="smaller than the window"):
+            fn(_batch(comps))
+        return
+    _check(fn, fn, comps, [t for t in (w, b) if t is not None])
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    mp = pytest.MonkeyPatch()
+    mp.setattr(per_image, "PIXELS_PER_IMAGE", 0)
+    mp.setattr(per_image, "MIN_CHANNELS", 0)
+    yield
+    mp.undo()
