@@ -61,6 +61,7 @@ def check(model, imgs) -> float:
     b = ours_step(m64, mj.nested_tensor(imgs64))
     gb = [p.grad.clone() for p in m64.parameters()]
     model.float()
+    a, b = a.detach(), b.detach()
     worst = float((a - b).abs().max() / a.abs().max())
     for x, y in zip(ga, gb):
         worst = max(worst, float((x - y).abs().max() / x.abs().max().clamp_min(1e-30)))
@@ -93,12 +94,19 @@ def main(argv=None) -> dict:
     t = h.time_rounds(fns, rounds=rounds, warmup=1, desc="backbone")
     ms = {k: h.median(v) / 1e6 for k, v in t.items()}
     speed = h.median(h.paired_ratios(t["loop"], t["ours"]))
+    peak = {}
+    for k, f in fns.items():
+        model.zero_grad(set_to_none=True)  # gradients count in full (``peak_live_bytes``)
+        peak[k] = h.peak_live_bytes(f)[0] / 2**20
     print(f"ResNet-18 (transformers ResNetModel, eval-mode batch norm), B={args.batch}, sides {lo}–{hi}, "
-          f"forward + backward, {args.threads} thread(s); float64 check: max relative difference {err:.1e}")
-    print(h.format_table(["method", "ms/step", "×loop"],
-                         [["loop", f"{ms['loop']:.1f}", "1.00"], ["ours", f"{ms['ours']:.1f}", f"{speed:.2f}"]]))
-    result = {"ms": ms, "ours_vs_loop": speed, "check": err, "threads": args.threads, "batch": args.batch,
-              "sides": [lo, hi]}
+          f"forward + backward, {args.threads} thread(s); float64 check: max relative difference {err:.1e}; "
+          "peak MiB: live CPU tensor bytes within one step (weights and inputs excluded)")
+    print(h.format_table(["method", "ms/step", "×loop", "peak MiB", "peak/loop"],
+                         [["loop", f"{ms['loop']:.1f}", "1.00", f"{peak['loop']:.1f}", "1.00"],
+                          ["ours", f"{ms['ours']:.1f}", f"{speed:.2f}", f"{peak['ours']:.1f}",
+                           f"{peak['ours'] / peak['loop']:.2f}"]]))
+    result = {"ms": ms, "ours_vs_loop": speed, "peak_mib": peak, "check": err, "threads": args.threads,
+              "batch": args.batch, "sides": [lo, hi]}
     h.write_json(args.json, result)
     return result
 

@@ -31,4 +31,5 @@ def test_backbone_benchmark_runs_and_agrees(tmp_path):
         torch.set_num_threads(threads)
     assert r["check"] < 1e-9
     assert r["ms"]["ours"] > 0 and r["ms"]["loop"] > 0
+    assert r["peak_mib"]["ours"] > 0 and r["peak_mib"]["loop"] > 0
     assert json.loads(out.read_text())["batch"] == 2
