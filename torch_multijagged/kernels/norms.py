@@ -147,6 +147,7 @@ class _SegmentNorm(torch.autograd.Function):
             o4.add_(_per_channel(bias, g))
         ctx.save_for_backward(x, sample, cnt, weight)
         ctx.batch, ctx.channels, ctx.eps, ctx.has_bias = batch, channels, eps, bias is not None
+        ctx.stats = (mean, invstd)  # (B, G) each: the first-order backward reuses them (as _BatchNorm)
         ctx.mark_non_differentiable(mean, var)
         return out, mean, var
 
@@ -155,10 +156,13 @@ class _SegmentNorm(torch.autograd.Function):
         x, sample, cnt, weight = ctx.saved_tensors
         p, g, k = x.shape
         per_channel = (p, g, ctx.channels // g, k * g // ctx.channels)
+        if not torch.is_grad_enabled():
+            mean, invstd = ctx.stats
+            r = invstd.index_select(0, sample).unsqueeze(2)
+            xhat = (x - mean.index_select(0, sample).unsqueeze(2)).mul_(r)
+            return _segment_backward_fast(ctx, grad, xhat, r, sample, cnt, weight, per_channel)
         _, _, invstd, d = _segment_stats(x, sample, ctx.batch, cnt, ctx.eps)
         r = invstd.index_select(0, sample).unsqueeze(2)
-        if not torch.is_grad_enabled():
-            return _segment_backward_fast(ctx, grad, d.mul_(r), r, sample, cnt, weight, per_channel)
         xhat = d * r
         gx = gw = gb = None
         if weight is not None and ctx.needs_input_grad[5]:
