@@ -43,22 +43,21 @@ class _BatchNorm(torch.autograd.Function):
         mean, var, invstd, d, shape = _stats(x, dims, n, eps)
         scale = invstd if weight is None else invstd * weight.view(shape)
         out = d.mul_(scale) if bias is None else torch.addcmul(bias.view(shape), d, scale, out=d)
-        ctx.save_for_backward(x, weight)
+        # the first-order backward reuses the statistics (two (C,) tensors) rather than two more
+        # passes over x; saved, so that an in-place write into any of them is caught
+        ctx.save_for_backward(x, weight, mean, invstd.view(-1))
         ctx.eps = eps
         ctx.has_bias = bias is not None
-        # the first-order backward reuses the statistics (two (C,) tensors) rather than two more
-        # passes over x; they are x's, whose saved version the engine checks
-        ctx.stats = (mean, invstd.view(-1))
         ctx.mark_non_differentiable(mean, var)
         return out, mean, var
 
     @staticmethod
     def backward(ctx, grad, _gm, _gv):  # type: ignore[override]
-        x, weight = ctx.saved_tensors
+        x, weight, mean, invstd = ctx.saved_tensors
         dims = [0] + list(range(2, x.dim()))
         n = x.numel() // x.shape[1]
         if not torch.is_grad_enabled():
-            return _backward_fast(ctx, grad, x, weight, dims, n)
+            return _backward_fast(ctx, grad, x, weight, mean, invstd, dims, n)
         _, _, invstd, d, shape = _stats(x, dims, n, ctx.eps)
         xhat = d * invstd
         gb = grad.sum(dims)
@@ -74,12 +73,11 @@ class _BatchNorm(torch.autograd.Function):
         return gx, gw_, gb_, None
 
 
-def _backward_fast(ctx, grad, x, weight, dims, n):
+def _backward_fast(ctx, grad, x, weight, mean, invstd, dims, n):
     """The same formula, fused into few passes, with the forward's statistics (first-order
     backward: no graph to record)."""
     shape = [1] * x.dim()
     shape[1] = x.shape[1]
-    mean, invstd = ctx.stats
     d = x - mean.view(shape)
     gb = grad.sum(dims)
     gd = (grad * d).sum(dims)  # Σ g·(x − μ) = ∂w / σ⁻¹
@@ -145,30 +143,26 @@ class _SegmentNorm(torch.autograd.Function):
             o4.mul_(_per_channel(weight, g))
         if bias is not None:
             o4.add_(_per_channel(bias, g))
-        ctx.save_for_backward(x, sample, cnt, weight)
+        # (B, G) statistics saved: the first-order backward reuses them (as _BatchNorm)
+        ctx.save_for_backward(x, sample, cnt, weight, mean, invstd)
         ctx.batch, ctx.channels, ctx.eps, ctx.has_bias = batch, channels, eps, bias is not None
-        ctx.stats = (mean, invstd)  # (B, G) each: the first-order backward reuses them (as _BatchNorm)
         ctx.mark_non_differentiable(mean, var)
         return out, mean, var
 
     @staticmethod
     def backward(ctx, grad, _gm, _gv):  # type: ignore[override]
-        x, sample, cnt, weight = ctx.saved_tensors
+        x, sample, cnt, weight, mean, invstd = ctx.saved_tensors
         p, g, k = x.shape
         per_channel = (p, g, ctx.channels // g, k * g // ctx.channels)
         if not torch.is_grad_enabled():
-            mean, invstd = ctx.stats
             r = invstd.index_select(0, sample).unsqueeze(2)
             xhat = (x - mean.index_select(0, sample).unsqueeze(2)).mul_(r)
             return _segment_backward_fast(ctx, grad, xhat, r, sample, cnt, weight, per_channel)
         _, _, invstd, d = _segment_stats(x, sample, ctx.batch, cnt, ctx.eps)
         r = invstd.index_select(0, sample).unsqueeze(2)
         xhat = d * r
-        gx = gw = gb = None
-        if weight is not None and ctx.needs_input_grad[5]:
-            gw = (grad.view(per_channel) * xhat.view(per_channel)).sum((0, 3)).reshape(-1)
-        if ctx.has_bias and ctx.needs_input_grad[6]:
-            gb = grad.view(per_channel).sum((0, 3)).reshape(-1)
+        gx = None
+        gw, gb = _affine_grads(ctx, grad, xhat, weight, per_channel)
         if ctx.needs_input_grad[0]:
             gp = grad if weight is None else (grad.view(per_channel) * _per_channel(weight, g)).view(p, g, k)
             a = x.new_zeros(ctx.batch, g).index_add(0, sample, gp.sum(2)) / cnt
@@ -177,15 +171,22 @@ class _SegmentNorm(torch.autograd.Function):
         return gx, None, None, None, None, gw, gb, None
 
 
-def _segment_backward_fast(ctx, grad, xhat, r, sample, cnt, weight, per_channel):
-    """The same formula with few row-sized buffers (first-order backward: no graph to record):
-    the peak memory of a CNN's step is reached here."""
-    p, g, k = xhat.shape
-    gw = gb = gx = None
+def _affine_grads(ctx, grad, xhat, weight, per_channel):
+    """The per-channel weight and bias gradients (None where not needed): Σ g·x̂ and Σ g."""
+    gw = gb = None
     if weight is not None and ctx.needs_input_grad[5]:
         gw = (grad.view(per_channel) * xhat.view(per_channel)).sum((0, 3)).reshape(-1)
     if ctx.has_bias and ctx.needs_input_grad[6]:
         gb = grad.view(per_channel).sum((0, 3)).reshape(-1)
+    return gw, gb
+
+
+def _segment_backward_fast(ctx, grad, xhat, r, sample, cnt, weight, per_channel):
+    """The same formula with few row-sized buffers (first-order backward: no graph to record):
+    the peak memory of a CNN's step is reached here."""
+    p, g, k = xhat.shape
+    gx = None
+    gw, gb = _affine_grads(ctx, grad, xhat, weight, per_channel)
     if ctx.needs_input_grad[0]:
         gp = grad.mul(1.0) if weight is None else (grad.view(per_channel) * _per_channel(weight, g)).view(p, g, k)
         a = xhat.new_zeros(ctx.batch, g).index_add_(0, sample, gp.sum(2)).div_(cnt)

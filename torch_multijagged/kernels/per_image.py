@@ -46,6 +46,7 @@ def per_image_applies(sizes: Tensor, channels: int) -> bool:
     """``sizes (B, 2)``: host image sizes; ``channels``: input channels. Whether the per-image
     path is the faster one (at least one pixel in all)."""
     b = sizes.shape[0]
+    # SYNC: none — host sizes
     return (b > 0 and sizes.shape[1] == 2 and channels >= MIN_CHANNELS
             and int(sizes.prod(1).sum()) >= max(1, PIXELS_PER_IMAGE * b))
 

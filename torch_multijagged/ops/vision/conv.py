@@ -286,6 +286,7 @@ def _conv_per_image(op: str, x: MJT, sizes, windows, weight, bias, stride, paddi
     out_sizes = cv.output_sizes(op, sizes, windows)
     grad = _needs_grad(x)
     v = values_of(x) if grad else x._values
+    # SYNC: none — host sizes (the extents' host lengths)
     res = pim.rows_per_image(v, sizes.tolist(), out_sizes.tolist(), weight.shape[0],
                              lambda img: F.conv2d(img, weight, bias, stride, padding, dilation, groups))
     return _wrap_pixels(x, res, out_sizes, windows, 2, grad or res.requires_grad)
