@@ -2,8 +2,11 @@
 once per partition and shared by every tensor and op that has the partition; maps checked
 against the per-sample definition, with a zero-length sample."""
 
+import itertools
+
 import pytest
 import torch
+from hypothesis import given, settings, strategies as st
 
 import torch_multijagged as mj
 from torch_multijagged import structure
@@ -49,13 +52,14 @@ def test_two_broadcasts_on_one_structure_build_the_row_map_once(monkeypatch):
     """x.unsqueeze(-2) ∘ x.unsqueeze(-3) twice: one pair partition, one row map per side (the
     formula runs once each), and the same map object for the second op."""
     comps, x = _singles()
-    real, calls = structure.ref.row_map, []
+    real, calls = structure._row_map_by_segments, []
 
-    def counting(*args, **kwargs):
-        calls.append(args[3])  # keep
-        return real(*args, **kwargs)
+    def counting(p, keep, sub):
+        calls.append(keep)
+        return real(p, keep, sub)
 
-    monkeypatch.setattr(structure.ref, "row_map", counting)
+    monkeypatch.setattr(structure, "_row_map_by_segments", counting)
+    monkeypatch.setattr(structure.ref, "row_map", None)  # the traced form: not the eager one's
     a = x.unsqueeze(-2) + x.unsqueeze(-3)
     maps = {keep: a._partition.map_to_sub(keep)[0] for keep in [(0,), (1,)]}
     b = x.unsqueeze(-2) * x.unsqueeze(-3)
@@ -78,8 +82,10 @@ def test_two_broadcasts_on_one_structure_build_the_row_map_once(monkeypatch):
 def test_reduction_reuses_the_map_of_an_earlier_reduction(monkeypatch):
     comps, x = _singles(requires_grad=True)
     pair = x.unsqueeze(-2) * x.unsqueeze(-3)
-    real, calls = structure.ref.row_map, []
-    monkeypatch.setattr(structure.ref, "row_map", lambda *a, **k: calls.append(a[3]) or real(*a, **k))
+    calls = []
+    for name, mod in (("row_map", structure.ref), ("_row_map_by_segments", structure)):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, real=real, **k: calls.append(a) or real(*a, **k))
     s1 = pair.sum(-2)
     s2 = pair.mean(-2)
     (s1.sum() + s2.sum()).backward()  # backward gathers with the same map
@@ -159,3 +165,26 @@ def test_padded_positions_computed_once_per_envelope(monkeypatch, output_size):
         for i, c in enumerate(comps):
             want[i, : c.shape[0], : c.shape[1]] = c
         torch.testing.assert_close(out, want)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.integers(2, 3).flatmap(
+        lambda r: st.lists(st.lists(st.integers(0, 3), min_size=r, max_size=r), min_size=0, max_size=5)
+    ),
+    share=st.booleans(),
+)
+def test_eager_row_maps_equal_the_reference_formula(sizes, share):
+    """``map_to_sub``'s eager form (spread over the segments of the last ragged dim) against
+    ``ref.row_map`` (the traced form, itself checked against enumeration in test_index_maps.py),
+    for every increasing ``keep``; zero-size extents and shared extents (a square pair) included."""
+    r = 3 if not sizes else len(sizes[0])
+    if share:  # the last two dims with one extent, as a pair built from singles
+        sizes = [s[:-1] + [s[-2]] for s in sizes]
+    host = torch.tensor(sizes, dtype=torch.int64).reshape(len(sizes), r)
+    p = structure.partition_from_sizes(host, torch.device("cpu"))
+    for k in range(1, r):
+        for keep in itertools.combinations(range(r), k):
+            index, sub = p.map_to_sub(keep)
+            want = structure.ref.row_map(p.offsets, p.device_sizes(), p.rows, keep, sub.offsets)
+            assert torch.equal(index, want), (sizes, keep)

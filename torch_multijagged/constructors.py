@@ -95,17 +95,20 @@ def _infer(op: str, tensors: Sequence[torch.Tensor], ragged_dims) -> tuple[tuple
             raise ValueError(f"{op}(): expected components of one dtype and device, got {t.dtype}/{t.device} and {first.dtype}/{first.device}")
     if first.dim() == 0:
         raise ValueError(f"{op}(): cannot build a multi_jagged tensor from 0-dim components")
-    shapes = torch.tensor([list(t.shape) for t in tensors], dtype=torch.int64)
+    # plain Python on the shapes: a handful of tensor ops on a (B, rank) table cost more for the
+    # batch sizes a model sees than comparing B tuples
+    shapes = [tuple(t.shape) for t in tensors]
+    s0 = shapes[0]
+    varying = [d + 1 for d in range(len(s0)) if any(s[d] != s0[d] for s in shapes)]
     if ragged_dims is None:
-        varying = (shapes != shapes[0]).any(0).nonzero().flatten().tolist()
-        ragged_dims = tuple(d + 1 for d in varying) or (1,)
+        ragged_dims = tuple(varying) or (1,)
     else:
         ragged_dims = _check_ragged_dims(op, ragged_dims, first.dim() + 1)
-    static = [d for d in range(first.dim()) if d + 1 not in ragged_dims]
-    if static and (shapes[:, static] != shapes[0, static]).any():
-        bad = [d + 1 for d in static if (shapes[:, d] != shapes[0, d]).any()]
+    bad = [d for d in varying if d not in ragged_dims]
+    if bad:
         raise ValueError(f"{op}(): dims {bad} differ across components but are not in ragged_dims={ragged_dims}")
-    return ragged_dims, shapes[:, [d - 1 for d in ragged_dims]].contiguous()
+    sizes = torch.tensor([[s[d - 1] for d in ragged_dims] for s in shapes], dtype=torch.int64)
+    return ragged_dims, sizes.reshape(len(shapes), len(ragged_dims))
 
 
 class _FromComponents(torch.autograd.Function):

@@ -51,6 +51,11 @@ key                                   value (method that builds it)
 ``("diagonal_rows", pair)``           each row's diagonal cell in the square ``pair`` (ops/shape/views.py)
 ``("row_counts", b, red, dtype, dev)`` rows reduced into each output row of a reduction (``mean``'s
                                       divisor; ops/reductions/reduce.py ``_Plan.count``)
+``("reduce_plan", ndim, rd, dims)``   a reduction's plan over ``dims`` (reduce.py ``plan_cached``,
+                                      eager values path)
+``("broadcast", rd, rd_q, …)``        ``(q, structure)``: the output structure of a binary op with
+                                      an operand of partition ``q``, the last one met
+                                      (ops/elementwise/pointwise.py)
 ====================================  ===========================================================
 
 ``derived(key, compute)`` is the one get-or-compute: ``compute(partition)`` runs on the first
@@ -59,7 +64,9 @@ the dict lookup to save a call. Op-specific maps use ``derived`` with a key list
 are never None (None reads as "not computed"). A key holding symbolic sizes (while tracing) cannot
 be hashed: ``derived`` then computes without caching — traced partitions are rebuilt per trace
 anyway. The canonical partition of given extents is cached the same way on its first extent
-(``RaggedExtent.cache``, key ``("partition", *ids of the extents)``): ``partition_for``.
+(``RaggedExtent.cache``, key ``("partition", *ids of the extents)``): ``partition_for``; the
+extent also keeps its nested int and, per packed-row size, the batch stride ``nested_int · row``
+of a wrapper (key ``("batch_stride", row)``), so a new wrapper does no nested-int arithmetic.
 
 This module builds maps with the pure-torch formulas of ``kernels/reference.py`` and knows
 nothing of the subclass or the op table.
@@ -97,7 +104,8 @@ def _exclusive_cumsum(lengths: torch.Tensor) -> torch.Tensor:
 class RaggedExtent:
     """Per-sample sizes of one ragged dim; see NOTE [ Ragged extents and nested ints ]."""
 
-    __slots__ = ("offsets", "sum_carrier", "max_carrier", "sq_carrier", "_host_lengths", "cache", "__weakref__")
+    __slots__ = ("offsets", "sum_carrier", "max_carrier", "sq_carrier", "_host_lengths", "_nested_int", "cache",
+                 "__weakref__")
 
     def __init__(
         self,
@@ -112,6 +120,7 @@ class RaggedExtent:
         self.max_carrier = max_carrier
         self.sq_carrier = sq_carrier
         self._host_lengths = host_lengths
+        self._nested_int = None
         # Partitions whose first ragged dim has this extent, keyed by ("partition", *ids of the
         # extents) (``partition_for``; NOTE [ Derived maps ]).
         self.cache: dict[Any, Any] = {}
@@ -141,8 +150,28 @@ class RaggedExtent:
 
     @property
     def nested_int(self):
-        # coeff must always be 1: the registry keeps the first coeff it sees for a tensor.
-        return get_tensor_symint(self.offsets, coeff=1)
+        ni = self._nested_int
+        if ni is None:
+            # coeff must always be 1: the registry keeps the first coeff it sees for a tensor.
+            ni = get_tensor_symint(self.offsets, coeff=1)
+            # Eager offsets keep their nested int for life (the registry's entry), so it is kept
+            # here too: the registry's weak-dict lookup was ≈ 7 µs of every new wrapper shape.
+            # Fake and functional offsets (subclasses) ask their own memo while tracing.
+            if type(self.offsets) is torch.Tensor and not torch.compiler.is_compiling():
+                self._nested_int = ni
+        return ni
+
+    def batch_stride(self, row: int):
+        """``nested_int · row``: the batch stride of a wrapper with this one ragged dim and packed
+        rows of ``row`` elements, kept per ``row`` with the nested int (a product of nested ints
+        is a new node each time)."""
+        if self._nested_int is None:
+            return self.nested_int * row
+        key = ("batch_stride", row)
+        hit = self.cache.get(key)
+        if hit is None:
+            hit = self.cache[key] = self._nested_int * row
+        return hit
 
     @property
     def batch(self) -> int:
@@ -315,6 +344,8 @@ class Partition:
             index = torch.arange(self.rows, device=self.offsets.device)
         elif not keep:
             index = self.row_sample()
+        elif list(keep) == sorted(set(keep)) and not _is_traced(self.offsets):
+            index = _row_map_by_segments(self, keep, sub)
         else:
             index = ref.row_map(self.offsets, self.device_sizes(), self.rows, keep, sub.offsets)
         hit = self.cache[("map", keep)] = (index, sub)
@@ -423,6 +454,31 @@ def _row_coords(p: Partition):
     return ref.row_coords(p.offsets, p.device_sizes(), p.rows)
 
 
+def _row_map_by_segments(p: Partition, keep: tuple[int, ...], sub: Partition) -> torch.Tensor:
+    """``ref.row_map`` (every row's row in the sub-partition keeping ragged dims ``keep``,
+    increasing), built eagerly from the segments along the last ragged dim (``segments``): rows
+    of one segment differ only in the last coordinate, so the map is a per-segment value spread
+    over the segment's rows (``repeat_interleave``), plus the last coordinate where ``keep``
+    holds the last dim. The per-segment values are the map of the partition without the last
+    dim (a recursion on Σ rows/n, cached there). The traced form stays ``ref.row_map`` (NOTE
+    [ Index maps under Inductor ]); this one costs two passes over the rows instead of about ten
+    ops of them, which is most of what a new pair structure costs on the host."""
+    r = p.nragged
+    cu, seg_sample = p.segments()
+    seg_len = cu.diff()
+    prefix = partition_for(p.extents[:-1])
+    last = keep[-1] == r - 1
+    pidx, psub = prefix.map_to_sub(keep[:-1] if last else keep)
+    if not last:
+        return torch.repeat_interleave(pidx, seg_len, output_size=p.rows)
+    # the segment's first row maps to sub row  o'_i + rank · n_last  (rank: its row in the
+    # kept prefix dims, within the sample), and row j of the segment to that plus j
+    n_last = p.extents[-1].lengths().index_select(0, seg_sample)
+    rank = pidx - psub.offsets.index_select(0, seg_sample)
+    shift = cu[:-1] - (sub.offsets.index_select(0, seg_sample) + rank * n_last)
+    return torch.arange(p.rows, device=cu.device) - torch.repeat_interleave(shift, seg_len, output_size=p.rows)
+
+
 def _segments(p: Partition):
     if p.nragged == 1:
         return p.offsets, torch.arange(p.batch, device=p.offsets.device)
@@ -450,7 +506,7 @@ def _size_stride(p: Partition, values: torch.Tensor, ragged_dims: tuple[int, ...
         # As torch.jagged reports it: the batch stride is the ragged size times the packed-row
         # stride (``4*j0`` for a contiguous (B, j0, 4)). With several ragged dims it would be a
         # product of nested ints, which they do not support; it stays the packed-row stride.
-        stride[0] = p.extents[0].nested_int * row
+        stride[0] = p.extents[0].batch_stride(row)
     return tuple(size), tuple(stride)
 
 

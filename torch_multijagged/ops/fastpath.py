@@ -182,9 +182,9 @@ def _binary(func, aten_op=None, reverse: bool = False):
                 if b._partition is not a._partition or b._ragged_dims != a._ragged_dims or b._values.dim() != a._values.dim():
                     if aten_op is None or kwargs:
                         return NotImplemented
-                    # broadcasting into new ragged dims (a pair from singles): the handler
-                    # gathers with the cached row maps, under autograd here
-                    return _finish(_pw.pointwise(aten_op, _standin(a), _standin(b)))
+                    # broadcasting into new ragged dims (a pair from singles): gathered with
+                    # the cached row maps, under autograd here
+                    return _finish(_pw.broadcast_values(aten_op, a, b, values(a), values(b)))
                 return result(func(values(a), values(b), **kwargs), a._partition, a._ragged_dims)
             if _scalar(b) or (isinstance(b, torch.Tensor) and _dense_ok(b, a)):
                 return result(func(values(a), b, **kwargs), like._partition, like._ragged_dims)
@@ -318,7 +318,8 @@ FAST[F.log_softmax] = FAST[torch.log_softmax] = FAST[torch.Tensor.log_softmax] =
 def _unsqueeze(input, dim):
     if not isinstance(input, MJT) or not isinstance(dim, int):
         return NotImplemented
-    return _finish(_views.unsqueeze_default(aten.unsqueeze.default, _standin(input), dim))
+    vd, ragged = _views.unsqueeze_plan(input, dim)
+    return result(values(input).unsqueeze(vd), input._partition, ragged)
 
 
 FAST[torch.unsqueeze] = FAST[torch.Tensor.unsqueeze] = _unsqueeze
@@ -384,8 +385,8 @@ def _reduction(kind: str, aten_op):
         dims = (dim,) if isinstance(dim, int) else tuple(dim)
         if not dims or not all(isinstance(d, int) for d in dims):
             return NotImplemented
-        x = input if v is input._values else MJT(v, input._partition, input._ragged_dims)
-        return _finish(_red._reduce(aten_op, x, list(dims), keepdim, kind, dtype))
+        plan = _red.plan_cached(aten_op, input, dims)
+        return _finish(_red._reduce(aten_op, input, dims, keepdim, kind, dtype, values=v, plan=plan))
 
     return impl
 

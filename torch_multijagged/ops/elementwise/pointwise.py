@@ -32,7 +32,7 @@ from .._table import op_name, register_multi_jagged_func, register_pointwise_fal
 
 aten = torch.ops.aten
 
-__all__ = ["pointwise"]
+__all__ = ["pointwise", "broadcast_values"]
 
 
 def _error(func, args, why: str) -> StructureError:
@@ -107,6 +107,41 @@ def pointwise(func, *args, **kwargs):
             raise _error(func, args, "an in-place op cannot change the structure of self")
         return _inplace(func, args, new_args, kwargs)
     return _wrap_out(func(*new_args, **kwargs), partition, ragged_dims)
+
+
+def broadcast_values(func, a: MJT, b: MJT, va: torch.Tensor, vb: torch.Tensor) -> MJT:
+    """``func(a, b)`` for a functional binary op of two multi_jagged operands, computed on values
+    ``va``/``vb`` standing for a's and b's (the eager values path's, which carry their gradients):
+    the checks, structure and values of ``pointwise`` without building wrappers around them. The
+    output structure is cached per pair of structures (``_out_structure_cached``)."""
+    if _same_layout(a, b):
+        return wrap(func(va, vb), a._partition, a._ragged_dims)
+    partition, ragged_dims, out_static = _out_structure_cached(func, a, b)
+    if func in _PAIR_OPS and use_triton(va):
+        out = _pair_kernel(func, (a, b), partition, ragged_dims, out_static, (va, vb))
+        if out is not None:
+            return out
+    aligned = (_align_mjt(m, partition, ragged_dims, out_static, vals=v) for m, v in ((a, va), (b, vb)))
+    return wrap(func(*aligned), partition, ragged_dims)
+
+
+def _static_sizes(m: MJT) -> tuple:
+    return tuple(s for d, s in enumerate(m._size) if d and d not in m._ragged_dims)
+
+
+def _out_structure_cached(func, a: MJT, b: MJT):
+    """``_out_structure(func, (a, b))``, cached on a's partition: the result is a function of the
+    two partitions (their extents), ragged dims and static sizes alone. The entry holds b's
+    partition and is checked against it, one entry per key: a long-lived ``a`` met by a new ``b``
+    each step replaces its entry rather than collecting them."""
+    key = ("broadcast", a._ragged_dims, b._ragged_dims, _static_sizes(a), _static_sizes(b))
+    cache = a._partition.cache
+    hit = cache.get(key)
+    if hit is not None and hit[0] is b._partition:
+        return hit[1]
+    out = _out_structure(func, (a, b))
+    cache[key] = (b._partition, out)
+    return out
 
 
 def _wrap_out(out, partition, ragged_dims):
@@ -187,12 +222,15 @@ def _align(func, args, partition, out_dims, out_static):
 _PAIR_OPS = {aten.add.Tensor: "add", aten.sub.Tensor: "sub", aten.mul.Tensor: "mul"}
 
 
-def _pair_kernel(func, args, partition, out_dims, out_static):
+def _pair_kernel(func, args, partition, out_dims, out_static, vals=(None, None)):
     """``x ∘ y`` through the pair kernel, or None where it does not apply (an operand not
-    gathered, or the operands' dtypes or static shapes differ: those broadcast as usual)."""
+    gathered, or the operands' dtypes or static shapes differ: those broadcast as usual).
+    ``vals``: values standing for the operands' own (``broadcast_values``)."""
     if len(args) != 2 or not all(isinstance(a, MJT) and a._ragged_dims != out_dims for a in args):
         return None
-    (left, li), (right, ri) = (_align_mjt(a, partition, out_dims, out_static, gather=False) for a in args)
+    (left, li), (right, ri) = (
+        _align_mjt(a, partition, out_dims, out_static, gather=False, vals=v) for a, v in zip(args, vals)
+    )
     if left.dtype != right.dtype or left.shape[1:] != right.shape[1:]:
         return None
     from ...compile.triton_pair import pair_combine  # imports triton: only on this path
@@ -213,10 +251,11 @@ def _output_partition(mjts, out_dims, extents):
     return p
 
 
-def _align_mjt(m: MJT, partition, out_dims, out_static, gather: bool = True):
-    """m's values aligned to the output rows; with ``gather=False``, ``(values, index)``: the
-    rows not yet gathered and the row map (None where m already has the output's rows)."""
-    vals = m._values
+def _align_mjt(m: MJT, partition, out_dims, out_static, gather: bool = True, vals: torch.Tensor | None = None):
+    """m's values (or ``vals``, standing for them) aligned to the output rows; with
+    ``gather=False``, ``(values, index)``: the rows not yet gathered and the row map (None where
+    m already has the output's rows)."""
+    vals = m._values if vals is None else vals
     index = None
     if m._ragged_dims != out_dims:
         keep = tuple(out_dims.index(d) for d in m._ragged_dims)

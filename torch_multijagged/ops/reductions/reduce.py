@@ -71,23 +71,37 @@ class _Plan:
         else:
             self.index, self.sub, self.rows = None, p, p.rows
 
-    def count(self, x: MJT, dtype: torch.dtype) -> torch.Tensor:
+    def count(self, x: MJT, dtype: torch.dtype, v: torch.Tensor | None = None) -> torch.Tensor:
         """Number of elements reduced into each K row (K layout, in ``dtype``: the dtype the mean
-        divides in, not x's own — a bool or integer count would saturate or truncate)."""
+        divides in, not x's own — a bool or integer count would saturate or truncate). ``v``:
+        x's values, where the caller holds them (the eager values path)."""
+        v = x._values if v is None else v
         n = 1
         for vd in self.vdims:
-            n *= x._values.shape[vd]
+            n *= v.shape[vd]
         if self.index is None:
-            c = torch.full((1,), float(n), dtype=dtype, device=x._values.device)
+            c = torch.full((1,), float(n), dtype=dtype, device=v.device)
         else:
-            v = x._values
             # rows per output row: a function of the structure alone, so cached on the partition
             # (NOTE [ Derived maps ] in structure.py); every mean over these dims reads it
             key = ("row_counts", self.batch, self.red_r, dtype, v.device)
             c = x._partition.derived(
                 key, lambda p: seg.segment_reduce(v.new_ones(v.shape[0], dtype=dtype), self.index, self.rows, "sum")
             ) * n
-        return c.reshape(-1, *([1] * (x._values.dim() - 1)))
+        return c.reshape(-1, *([1] * (v.dim() - 1)))
+
+
+def plan_cached(func, x: MJT, dims, name: str | None = None) -> _Plan:
+    """``_Plan(func, x, dims)``, cached on x's partition: a plan is a function of the structure
+    (``ndim``, ragged dims, reduced dims) and the partition's cached row maps, so the eager values
+    path, which reduces the same structures step after step, plans each once. Eager only: a
+    traced partition's cache is the trace's."""
+    key = ("reduce_plan", len(x._size), x._ragged_dims, dims if isinstance(dims, int) or dims is None else tuple(dims))
+    cache = x._partition.cache
+    hit = cache.get(key)
+    if hit is None:
+        hit = cache[key] = _Plan(func, x, dims, name)
+    return hit
 
 
 def _static_reduce(v: torch.Tensor, vdims, kind: str) -> torch.Tensor:
@@ -144,21 +158,21 @@ def _promote(kind: str, v: torch.Tensor) -> torch.Tensor:
 def _to_output(plan: _Plan, x: MJT, k: torch.Tensor, keepdim: bool):
     ndim = len(x._size)
     kept_r = [d for i, d in enumerate(x._ragged_dims) if i not in plan.red_r]
+    if not keepdim:
+        # K holds the reduced static dims as size 1 (``vdims``) and the reduced ragged dims not at
+        # all: dropping the former is the whole move (no view ops for the autograd graph to keep)
+        k = k.squeeze(tuple(plan.vdims)) if plan.vdims else k
+        if kept_r:
+            return wrap(k, plan.sub, tuple(d - sum(1 for e in plan.dims if e < d) for d in kept_r))
+        return k.squeeze(0) if plan.batch else k
     non_kept = [d for d in range(1, ndim) if d not in kept_r]
     reduced_ragged = {x._ragged_dims[i] for i in plan.red_r}
     for i, d in enumerate(non_kept):
         if d in reduced_ragged:
             k = k.unsqueeze(i + 1)
-    out_ragged = tuple(kept_r)
-    if not keepdim:
-        drop = [i + 1 for i, d in enumerate(non_kept) if d in plan.dims]
-        k = k.squeeze(drop) if drop else k
-        out_ragged = tuple(d - sum(1 for e in plan.dims if e < d) for d in kept_r)
     if kept_r:
-        return wrap(k, plan.sub, out_ragged)
-    if plan.batch and not keepdim:
-        return k.squeeze(0)
-    return k  # dense (B, …) — or (1, …) with keepdim over the batch dim
+        return wrap(k, plan.sub, tuple(kept_r))
+    return k  # dense (B, …) — or (1, …) over the batch dim
 
 
 def _from_output(plan: _Plan, x: MJT, r, keepdim: bool) -> torch.Tensor:
@@ -182,9 +196,13 @@ def _to_rows(plan: _Plan, k: torch.Tensor) -> torch.Tensor:
     return k if plan.index is None else k.index_select(0, plan.index)
 
 
-def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str | None = None):
-    plan = _Plan(func, x, dims, name)
-    v = _promote(kind, x._values) if dtype is None else x._values.to(dtype)
+def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str | None = None,
+            values: torch.Tensor | None = None, plan: _Plan | None = None):
+    """``values``: x's values where the caller holds them (the eager values path reads them with
+    their graph; x's own are then not read); ``plan``: a plan the caller has (``plan_cached``)."""
+    plan = _Plan(func, x, dims, name) if plan is None else plan
+    v = x._values if values is None else values
+    v = _promote(kind, v) if dtype is None else v.to(dtype)
     # float16 / bfloat16 accumulate in float32 and round once, as dense torch does: a segment
     # sum rounded at every step drifts by several ulps
     low = v.dtype if v.dtype in (torch.float16, torch.bfloat16) and kind in ("sum", "mean", "prod", "logsumexp") else None
@@ -196,7 +214,7 @@ def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str 
             f"or complex dtype. Got: {str(v.dtype).replace('torch.', '').capitalize()}"
         )
     if kind == "mean":
-        k = _forward_k(plan, x, v, "sum") / plan.count(x, v.dtype)
+        k = _forward_k(plan, x, v, "sum") / plan.count(x, v.dtype, v)
     elif kind == "logsumexp":
         m = _forward_k(plan, x, v.detach(), "amax")
         m = torch.where(torch.isinf(m) | (m == torch.finfo(m.dtype).min), torch.zeros_like(m), m)

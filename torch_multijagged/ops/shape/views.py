@@ -17,13 +17,20 @@ from ...writes import written_args
 aten = torch.ops.aten
 
 
-@register_multi_jagged_func(aten.unsqueeze.default, "self: mjt, dim: any")
-def unsqueeze_default(func, inp, dim):
+def unsqueeze_plan(inp, dim) -> tuple[int, tuple[int, ...]]:
+    """``(values dim, ragged dims)`` of ``inp.unsqueeze(dim)``: the values gain a dim where the
+    new logical dim falls among the static ones."""
     d = canonical_dim("unsqueeze", len(inp._size) + 1, dim)
     if d == 0:
         raise StructureError(f"unsqueeze(): cannot insert a dim before the batch dim of {describe(inp)}")
     ragged = tuple(r + 1 if r >= d else r for r in inp._ragged_dims)
     vd = sum(1 for s in static_dims(len(inp._size), inp._ragged_dims) if s < d) + 1
+    return vd, ragged
+
+
+@register_multi_jagged_func(aten.unsqueeze.default, "self: mjt, dim: any")
+def unsqueeze_default(func, inp, dim):
+    vd, ragged = unsqueeze_plan(inp, dim)
     return wrap(inp._values.unsqueeze(vd), inp._partition, ragged)
 
 
