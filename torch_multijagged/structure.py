@@ -211,10 +211,7 @@ class RaggedExtent:
         )
 
 
-def _is_traced(t: torch.Tensor) -> bool:
-    from torch._subclasses.fake_tensor import is_fake
-
-    return is_fake(t) or isinstance(t, torch._subclasses.functional_tensor.FunctionalTensor)
+_is_traced = ref._is_traced
 
 
 def same_extent(a: RaggedExtent, b: RaggedExtent) -> bool:
@@ -466,16 +463,22 @@ def _row_map_by_segments(p: Partition, keep: tuple[int, ...], sub: Partition) ->
     r = p.nragged
     cu, seg_sample = p.segments()
     seg_len = cu.diff()
-    prefix = partition_for(p.extents[:-1])
     last = keep[-1] == r - 1
+    if not last and keep == tuple(range(r - 1)):
+        # the sub-partition is the prefix itself: segment k maps to row k
+        return torch.repeat_interleave(seg_len, output_size=p.rows)
+    prefix = partition_for(p.extents[:-1])
     pidx, psub = prefix.map_to_sub(keep[:-1] if last else keep)
     if not last:
         return torch.repeat_interleave(pidx, seg_len, output_size=p.rows)
     # the segment's first row maps to sub row  o'_i + rank · n_last  (rank: its row in the
-    # kept prefix dims, within the sample), and row j of the segment to that plus j
-    n_last = p.extents[-1].lengths().index_select(0, seg_sample)
-    rank = pidx - psub.offsets.index_select(0, seg_sample)
-    shift = cu[:-1] - (sub.offsets.index_select(0, seg_sample) + rank * n_last)
+    # kept prefix dims, within the sample; 0 where only the last dim is kept), and row j of the
+    # segment to that plus j
+    start = sub.offsets.index_select(0, seg_sample)
+    if len(keep) > 1:
+        n_last = p.extents[-1].lengths().index_select(0, seg_sample)
+        start = start + (pidx - psub.offsets.index_select(0, seg_sample)) * n_last
+    shift = cu[:-1] - start
     return torch.arange(p.rows, device=cu.device) - torch.repeat_interleave(shift, seg_len, output_size=p.rows)
 
 

@@ -54,9 +54,14 @@ _SUM_MAX_B = 32
 
 def _is_traced(t: torch.Tensor) -> bool:
     """True while dynamo / AOTAutograd trace (fake or functional tensors), not for real data."""
+    if type(t) is torch.Tensor and not torch._is_functional_tensor(t) and not _functorch_wrapped(t):
+        return False  # real data, the eager case: answered without ``is_fake``'s walk
     from torch._subclasses.fake_tensor import is_fake
 
     return is_fake(t) or isinstance(t, torch._subclasses.functional_tensor.FunctionalTensor)
+
+
+_functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 
 
 def _search_rounds(b) -> int:
@@ -219,9 +224,12 @@ def pack_components(components, ragged_dims: tuple[int, ...]) -> torch.Tensor:
     ndim = components[0].dim() + 1
     to_storage, _ = storage_perm(ndim, ragged_dims)
     r = len(ragged_dims)
+    if r == 1 and ragged_dims[0] == 1:
+        return torch.cat(list(components), 0)  # each component already is its packed rows
+    identity = to_storage == sorted(to_storage)
     rows = []
     for c in components:
-        s = c.permute(to_storage)
+        s = c if identity else c.permute(to_storage)
         n = 1
         for k in range(r):
             n *= s.shape[k]
