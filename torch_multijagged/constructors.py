@@ -246,7 +246,7 @@ def nested_tensor(
     tensors = [_as_component("nested_tensor", t) for t in tensors]
     ragged_dims, sizes = _infer("nested_tensor", tensors, ragged_dims)
     with torch.no_grad():
-        values = ref.pack_components([t.detach() for t in tensors], ragged_dims)
+        values = ref.pack_components(tensors, ragged_dims)  # under no_grad: no history to detach
         values = values.to(dtype=dtype, device=device)
     if pin_memory:
         values = values.pin_memory()

@@ -136,9 +136,11 @@ class RaggedExtent:
             offsets = _exclusive_cumsum(lengths).to(device)
         b = lengths.shape[0]
         # SYNC: none — ``lengths`` is a host tensor; these three ints size the shape carriers.
-        total = int(lengths.sum()) if b else 0
-        mx = int(lengths.max()) if b else 0
-        sq = int((lengths * lengths).sum()) if b else 0
+        if b <= 64:  # a few Python ints cost less than four reductions and three ``item``s
+            ns = lengths.tolist()
+            total, mx, sq = sum(ns), max(ns, default=0), sum(n * n for n in ns)
+        else:
+            total, mx, sq = int(lengths.sum()), int(lengths.max()), int((lengths * lengths).sum())
         return RaggedExtent(offsets, _carrier(total), _carrier(mx), _carrier(sq), lengths)
 
     @staticmethod
