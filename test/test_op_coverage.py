@@ -15,10 +15,15 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PASS_FLOOR = 322
 
 
+BENCH = os.path.join(ROOT, "benchmarks")
+
+
 def _load():
-    spec = importlib.util.spec_from_file_location("bench_op_coverage", os.path.join(ROOT, "benchmarks", "op_coverage.py"))
+    if BENCH not in sys.path:
+        sys.path.insert(0, BENCH)  # the script imports _op_cases and the _op_specs_* modules as siblings
+    spec = importlib.util.spec_from_file_location("bench_op_coverage", os.path.join(BENCH, "op_coverage.py"))
     mod = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = mod  # dataclasses look their module up there
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
 

@@ -188,3 +188,15 @@ def test_eager_row_maps_equal_the_reference_formula(sizes, share):
             index, sub = p.map_to_sub(keep)
             want = structure.ref.row_map(p.offsets, p.device_sizes(), p.rows, keep, sub.offsets)
             assert torch.equal(index, want), (sizes, keep)
+
+
+@pytest.mark.parametrize("b", [0, 1, 64, 65, 300])
+def test_extent_carriers_size_sum_max_and_square_sum(b):
+    # small batches size the carriers from Python ints, large ones with reductions: both agree
+    lengths = torch.randint(0, 9, (b,), generator=torch.Generator().manual_seed(b))
+    e = structure.RaggedExtent.from_lengths(lengths, torch.device("cpu"))
+    ns = lengths.tolist()
+    assert e.sum_carrier.shape[0] == sum(ns)
+    assert e.max_carrier.shape[0] == max(ns, default=0)
+    assert e.sq_carrier.shape[0] == sum(n * n for n in ns)
+    assert torch.equal(e.offsets, torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]))
