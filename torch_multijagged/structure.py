@@ -59,7 +59,9 @@ key                                   value (method that builds it)
 ====================================  ===========================================================
 
 ``derived(key, compute)`` is the one get-or-compute: ``compute(partition)`` runs on the first
-request of ``key``. The named methods are its common entries; the hot ones (called per op) inline
+request of ``key``, outside ``torch.inference_mode`` (``building()``; every builder of a cached
+map runs in it): a map first built as an inference tensor could not be saved for backward by the
+next op that records autograd on the same structure. The named methods are its common entries; the hot ones (called per op) inline
 the dict lookup to save a call. Op-specific maps use ``derived`` with a key listed above. Values
 are never None (None reads as "not computed"). A key holding symbolic sizes (while tracing) cannot
 be hashed: ``derived`` then computes without caching — traced partitions are rebuilt per trace
@@ -200,7 +202,8 @@ class RaggedExtent:
         if self._host_lengths is None:
             # SYNC: only reached for extents rebuilt from device tensors (e.g. the outputs of a
             # compiled graph); the result is cached on the extent.
-            self._host_lengths = self.offsets.diff().cpu()
+            with building():
+                self._host_lengths = self.offsets.diff().cpu()
         return self._host_lengths
 
     def to(self, device: torch.device) -> "RaggedExtent":
@@ -214,6 +217,7 @@ class RaggedExtent:
 
 
 _is_traced = ref._is_traced
+building = ref.building
 
 
 def same_extent(a: RaggedExtent, b: RaggedExtent) -> bool:
@@ -307,21 +311,24 @@ class Partition:
         except TypeError:  # a key holding symbolic sizes (tracing, not hot): do not cache
             return compute(self)
         if hit is None:
-            hit = self.cache[key] = compute(self)
+            with building():
+                hit = self.cache[key] = compute(self)
         return hit
 
     def device_sizes(self) -> torch.Tensor:
         """``sizes()`` (the (B, R) per-sample extents on the device), cached."""
         s = self.cache.get("sizes")
         if s is None:
-            s = self.cache["sizes"] = self.sizes()
+            with building():
+                s = self.cache["sizes"] = self.sizes()
         return s
 
     def row_sample(self) -> torch.Tensor:
         """(T,) sample of every packed row (cached)."""
         s = self.cache.get("row_sample")
         if s is None:
-            s = self.cache["row_sample"] = ref.row_sample(self.offsets, self.rows)
+            with building():
+                s = self.cache["row_sample"] = ref.row_sample(self.offsets, self.rows)
         return s
 
     def row_coords(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -335,6 +342,10 @@ class Partition:
         hit = self.cache.get(("map", keep))
         if hit is not None:
             return hit
+        with building():
+            return self._build_map(keep)
+
+    def _build_map(self, keep: tuple[int, ...]) -> tuple[torch.Tensor, "Partition"]:
         sub = self.cache.get(("sub", keep))
         if sub is None:
             sub = partition_for([self.extents[k] for k in keep]) if keep else _batch_partition(self)
@@ -362,9 +373,10 @@ class Partition:
         key = ("reorder", order)
         hit = self.cache.get(key)
         if hit is None:
-            out = partition_for([self.extents[k] for k in order])
-            index = ref.row_reorder(out.offsets, out.device_sizes(), out.rows, order, self.offsets)
-            hit = self.cache[key] = (index, out)
+            with building():
+                out = partition_for([self.extents[k] for k in order])
+                index = ref.row_reorder(out.offsets, out.device_sizes(), out.rows, order, self.offsets)
+                hit = self.cache[key] = (index, out)
         return hit
 
     def segments(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -398,7 +410,8 @@ def partition_for(extents: Sequence[RaggedExtent]) -> Partition:
     # The cached partition holds its extents, so their ids cannot have been reused.
     if hit is not None and all(a is b for a, b in zip(hit.extents, extents)):
         return hit
-    p = cache[key] = Partition.from_extents(extents)
+    with building():
+        p = cache[key] = Partition.from_extents(extents)
     return p
 
 
@@ -411,9 +424,10 @@ def mapped_extent(e: RaggedExtent, key, lengths_of) -> RaggedExtent:
     k = ("mapped", key)
     hit = e.cache.get(k)
     if hit is None:
-        host = e.host_lengths()
-        out = lengths_of(host).to(torch.int64)
-        hit = e if torch.equal(out, host) else RaggedExtent.from_lengths(out, e.offsets.device)
+        with building():
+            host = e.host_lengths()
+            out = lengths_of(host).to(torch.int64)
+            hit = e if torch.equal(out, host) else RaggedExtent.from_lengths(out, e.offsets.device)
         e.cache[k] = hit
     return hit
 

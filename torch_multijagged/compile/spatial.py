@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from ..kernels import canvas as cv
+from ..kernels.reference import built_outside_inference_mode
 from .library import LIB, _no_zero_fill
 
 __all__ = ["keeps_sizes"]
@@ -92,6 +93,7 @@ torch.library.register_fake("multijagged::spatial_conv_param_grads", _param_grad
 
 # --------------------------------------------------------------------------- packed impls
 @functools.lru_cache(maxsize=16)
+@built_outside_inference_mode
 def _plan(sizes: tuple, windows: tuple, device: str) -> cv.CanvasPlan:
     host = torch.tensor(sizes, dtype=torch.int64).view(-1, len(windows))
     return cv.plan_canvas(host, windows, torch.device(device))

@@ -12,6 +12,7 @@ from .attention_common import (
     NEG_INF, _compute_dtype, _dense_backward, _dense_forward, _expand_heads, _grad_buffers, _host_lengths,
     _reduce_heads, _scale, score_offsets,
 )
+from .reference import building
 
 __all__ = ["attention_bucketed", "attention_bucketed_backward", "bucket_plan"]
 
@@ -208,6 +209,14 @@ def _buckets(cu_q, cu_k, buckets, slack, floor) -> tuple[list["_Bucket"], bool]:
         hit = per.get(key)
         if hit is not None and hit[0] is cu_k:
             return hit[1]
+    with building():
+        result = _build_buckets(cu_q, cu_k, buckets, slack, floor)
+    if per is not None:
+        per[key] = (cu_k, result)
+    return result
+
+
+def _build_buckets(cu_q, cu_k, buckets, slack, floor) -> tuple[list["_Bucket"], bool]:
     lq_h, lk_h = _host_lengths(cu_q), _host_lengths(cu_k)
     lq_d, lk_d = cu_q.diff(), cu_k.diff()
     out = []
@@ -229,10 +238,7 @@ def _buckets(cu_q, cu_k, buckets, slack, floor) -> tuple[list["_Bucket"], bool]:
             single = (int(cu_q[segs[0]]), int(cu_k[segs[0]])) if segs.shape[0] == 1 else None
             out.append(_Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], int(lq_h[host].max()), int(lk_h[host].max()),
                                single))
-    result = (out, covered == int(lq_h.sum()))
-    if per is not None:
-        per[key] = (cu_k, result)
-    return result
+    return out, covered == int(lq_h.sum())
 
 
 def _is_traced(t) -> bool:

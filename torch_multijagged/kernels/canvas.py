@@ -44,6 +44,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .reference import building
+
 __all__ = ["rows_conv", "canvas_conv_applies", "Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "to_out_canvas", "from_canvas", "avg_divisor", "local_index"]
 
 
@@ -328,6 +330,11 @@ def _where(plan: CanvasPlan, side: str, margin: int = 0) -> _Where:
     hit = plan.cache.get(key)
     if hit is not None:
         return hit
+    with building():
+        return _build_where(plan, side, margin, key)
+
+
+def _build_where(plan: CanvasPlan, side: str, margin: int, key) -> _Where:
     index, shape, sizes, origins = ((plan.in_index, plan.shape, plan.in_sizes, plan.origins) if side == "in" else
                                     (plan.out_index, plan.out_shape, plan.out_sizes, plan.out_origins))
     page = math.prod(shape)

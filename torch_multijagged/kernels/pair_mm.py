@@ -33,6 +33,8 @@ import functools
 
 import torch
 
+from .reference import built_outside_inference_mode
+
 __all__ = ["pair_matmul_reference", "pair_matmul_naive"]
 
 # Per-group overhead, in multiply-adds: the gathers, the bmm call and the scatter cost about as
@@ -74,6 +76,7 @@ def _buckets(lengths: tuple[int, ...], channels: int) -> tuple[tuple[int, tuple[
 
 
 @functools.lru_cache(maxsize=8)
+@built_outside_inference_mode
 def _plan(lengths: tuple[int, ...], channels: int):
     """One entry per group of ``_buckets``' split:
 
@@ -92,7 +95,7 @@ def _plan(lengths: tuple[int, ...], channels: int):
         offsets.append(offsets[-1] + n * n)
     c = channels
     plan = []
-    ch = torch.arange(c)[None, :, None, None]
+    ch = torch.arange(c, device="cpu")[None, :, None, None]  # CPU whatever the default device
     for size, samples in _buckets(lengths, channels):
         if all(lengths[b] == size for b in samples):
             runs = []  # (first row, samples) of each run of consecutive samples
@@ -104,9 +107,9 @@ def _plan(lengths: tuple[int, ...], channels: int):
             if len(runs) <= _MAX_RUNS:
                 plan.append(("runs", size, tuple((r, m) for r, m, _ in runs)))
                 continue
-        ns = torch.tensor([lengths[b] for b in samples], dtype=torch.int64)[:, None, None]
-        os_ = torch.tensor([offsets[b] for b in samples], dtype=torch.int64)[:, None, None]
-        i = torch.arange(size)
+        ns = torch.tensor([lengths[b] for b in samples], dtype=torch.int64, device="cpu")[:, None, None]
+        os_ = torch.tensor([offsets[b] for b in samples], dtype=torch.int64, device="cpu")[:, None, None]
+        i = torch.arange(size, device="cpu")
         valid = (i[None, :, None] < ns) & (i[None, None, :] < ns)  # (g, s, s)
         rows = torch.where(valid, os_ + i[None, :, None] * ns + i[None, None, :], 0)
         idx = (rows[:, None] * c + ch).reshape(-1)
@@ -117,7 +120,7 @@ def _plan(lengths: tuple[int, ...], channels: int):
         keep = valid[:, None].expand(-1, c, -1, -1)
         pad = ~keep.reshape(-1)
         pad_t = ~keep.transpose(2, 3).reshape(-1)
-        pos = torch.arange(keep.numel())[keep.reshape(-1)]
+        pos = torch.arange(keep.numel(), device="cpu")[keep.reshape(-1)]
         plan.append(("gather", size, idx, idx_t, pad, pad_t, idx[keep.reshape(-1)], pos))
     return tuple(plan)
 

@@ -8,6 +8,9 @@ depend on the data arrive as arguments (``rows``) that the caller reads off a sh
 
 from __future__ import annotations
 
+import contextlib
+import functools
+
 import torch
 
 __all__ = ["row_sample", "row_coords", "row_map", "segment_reduce", "segment_softmax", "segment_softmax_backward"]
@@ -62,6 +65,27 @@ def _is_traced(t: torch.Tensor) -> bool:
 
 
 _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
+_NULL = contextlib.nullcontext()
+
+
+def building():
+    """The context a cached map is built in: outside ``torch.inference_mode``. Maps are shared by
+    every later op on the structure, and a map first built as an inference tensor could not be
+    saved for backward by a later op that records autograd (dense torch carries no such state
+    from one call to the next, so it must not fail there either)."""
+    if torch.is_inference_mode_enabled() and not torch.compiler.is_compiling():
+        return torch.inference_mode(False)
+    return _NULL
+
+
+def built_outside_inference_mode(fn):
+    """``fn`` run in ``building()``: for a memoised builder of maps (under ``lru_cache``)."""
+    @functools.wraps(fn)
+    def inner(*args, **kwargs):
+        with building():
+            return fn(*args, **kwargs)
+
+    return inner
 
 
 def _search_rounds(b) -> int:

@@ -35,6 +35,7 @@ from ...compile import library  # noqa: F401  (defines multijagged::reduce*)
 from ...compile import segment as seg
 from ...errors import StructureError
 from ...kernels import reference as ref
+from ...structure import building
 from .._table import op_name, register_multi_jagged_func
 from .._common import MJT, canonical_dim, describe, static_dims, wrap
 
@@ -100,7 +101,8 @@ def plan_cached(func, x: MJT, dims, name: str | None = None) -> _Plan:
     cache = x._partition.cache
     hit = cache.get(key)
     if hit is None:
-        hit = cache[key] = _Plan(func, x, dims, name)
+        with building():
+            hit = cache[key] = _Plan(func, x, dims, name)
     return hit
 
 
