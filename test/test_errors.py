@@ -218,6 +218,33 @@ def test_dim_out_of_range():
         x[-3]
 
 
+DUPLICATE_DIMS = {
+    # name: f(tensor, a dim list naming one dim twice, as (d, -k) or (d, d))
+    "sum": lambda t, d: t.sum(d),
+    "mean": lambda t, d: t.mean(d),
+    "amax": lambda t, d: torch.amax(t, d),
+    "var": lambda t, d: t.var(d),
+    "std": lambda t, d: t.std(d),
+    "logsumexp": lambda t, d: torch.logsumexp(t, d),
+    "norm": lambda t, d: t.norm(dim=d),
+    "normalize": lambda t, d: F.normalize(t, dim=d),
+    "squeeze": lambda t, d: t.squeeze(d),
+    "sum over the moved batch": lambda t, d: t.transpose(0, 1).sum(d),
+}
+
+
+@pytest.mark.parametrize("name", list(DUPLICATE_DIMS))
+@pytest.mark.parametrize("dims", [(1, 1), (1, -3), (3, 3), (2, -2)])
+def test_a_dim_named_twice_raises_as_dense(name, dims):
+    # (B, j0, 1, C): a ragged dim, a static size-1 dim, a static dim; dense raises for each
+    x = mj.nested_tensor([torch.randn(n, 1, 3) for n in (2, 3)])
+    dense = torch.randn(2, 3, 1, 3)
+    with pytest.raises(RuntimeError) as want:
+        DUPLICATE_DIMS[name](dense, dims)
+    with pytest.raises(RuntimeError, match=re.escape(str(want.value))):
+        DUPLICATE_DIMS[name](x, dims)
+
+
 def test_group_norm_and_linear_errors_name_the_op():
     with pytest.raises(ValueError, match="group_norm"):
         F.group_norm(_pairs((2, 3, 4), (1, 0, 4)), 2)

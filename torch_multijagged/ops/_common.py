@@ -11,6 +11,7 @@ from ..structure import Partition
 from ..tensor import MultiJaggedTensor
 
 __all__ = [
+    "canonical_dims",
     "eager_route",
     "MJT",
     "static_dims",
@@ -37,6 +38,17 @@ def canonical_dim(op: str, ndim: int, d: int) -> int:
     if not -ndim <= d < ndim:
         raise IndexError(f"{op}(): dimension out of range (expected to be in range of [{-ndim}, {ndim - 1}], but got {d})")
     return d + ndim if d < 0 else d
+
+
+def canonical_dims(op: str, ndim: int, dims) -> list[int]:
+    """Canonical, increasing dims of a dim list; a dim named twice raises, in dense torch's words."""
+    seen: set[int] = set()
+    for d in dims:
+        c = canonical_dim(op, ndim, d)
+        if c in seen:
+            raise RuntimeError(f"dim {c} appears multiple times in the list of dims")
+        seen.add(c)
+    return sorted(seen)
 
 
 def wrap(values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...]) -> MJT:

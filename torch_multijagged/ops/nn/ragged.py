@@ -34,7 +34,7 @@ from ...compile import shift as _shift  # noqa: F401  (defines multijagged::shif
 from ...kernels import canvas as cv
 from ...structure import RaggedExtent, mapped_extent, partition_for
 from .._table import register_multi_jagged_func
-from .._common import MJT, canonical_dim, describe, eager_route, static_dims, wrap
+from .._common import MJT, canonical_dim, canonical_dims, describe, eager_route, static_dims, wrap
 from .._routing import _call, _needs_grad, route
 
 __all__ = ["covers_ragged", "layer_norm_ragged"]
@@ -176,7 +176,7 @@ def _normalize(input, p=2.0, dim=1, eps=1e-12, out=None):
     if not isinstance(input, MJT) or out is not None:
         return NotImplemented
     dims = [dim] if isinstance(dim, int) else list(dim)
-    dims = sorted({canonical_dim("normalize", input.dim(), d) for d in dims})
+    dims = canonical_dims("normalize", input.dim(), dims)
     if 0 in dims:
         raise NotImplementedError(
             f"normalize(): over the batch dim of {describe(input)} for layout torch.multi_jagged "

@@ -37,7 +37,7 @@ from ...errors import StructureError
 from ...kernels import reference as ref
 from ...structure import building
 from .._table import op_name, register_multi_jagged_func
-from .._common import MJT, canonical_dim, describe, static_dims, wrap
+from .._common import MJT, canonical_dim, canonical_dims, describe, static_dims, wrap
 
 aten = torch.ops.aten
 mj = torch.ops.multijagged
@@ -53,7 +53,7 @@ class _Plan:
             dims = range(ndim)
         elif isinstance(dims, int):
             dims = [dims]
-        self.dims = sorted({canonical_dim(name, ndim, d) for d in dims})
+        self.dims = canonical_dims(name, ndim, dims)
         stat = static_dims(ndim, x._ragged_dims)
         self.batch = 0 in self.dims
         self.red_r = tuple(k for k, d in enumerate(x._ragged_dims) if d in self.dims)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import MJT, canonical_dim
+from .._common import MJT, canonical_dims
 from .._routing import _call, _needs_grad, route
 
 mj = torch.ops.multijagged
@@ -22,7 +22,7 @@ def _reduced_dims(input, dim) -> list[int]:
     dims = [dim] if isinstance(dim, int) else list(dim)
     if not dims:
         return list(range(input.dim()))
-    return sorted({canonical_dim("reduce", input.dim(), d) for d in dims})
+    return canonical_dims("reduce", input.dim(), dims)
 
 
 def _touches_ragged(input, dim) -> list[int] | None:

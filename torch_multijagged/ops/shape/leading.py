@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import MJT, canonical_dim
+from .._common import MJT, canonical_dim, canonical_dims
 from .._routing import route
 
 __all__ = ["BatchMoved", "token_op", "batch_transpose"]
@@ -287,7 +287,7 @@ def _reduce(func, t: "BatchMoved", dim=None, keepdim=False, *rest, **kwargs):
     if dim is None:
         return func(t._mjt, *rest, **kwargs)
     dims = [dim] if isinstance(dim, int) else list(dim)
-    dims = sorted({canonical_dim(name, n, d) for d in dims})
+    dims = canonical_dims(name, n, dims)
     out = func(t._mjt, [t._perm[d] for d in dims], keepdim, *rest, **kwargs)
     if keepdim:
         return _rewrap(out, t._perm)

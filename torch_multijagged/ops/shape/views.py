@@ -11,7 +11,7 @@ from ...errors import StructureError
 from ...kernels import reference as ref
 from .._table import register_multi_jagged_func
 from ...structure import partition_for, same_extent
-from .._common import MJT, canonical_dim, describe, same_partition, static_dims, wrap
+from .._common import MJT, canonical_dim, canonical_dims, describe, same_partition, static_dims, wrap
 from ...writes import written_args
 
 aten = torch.ops.aten
@@ -38,7 +38,7 @@ def _squeeze(inp, dims):
     ndim = len(inp._size)
     stat = static_dims(ndim, inp._ragged_dims)
     drop = []
-    for d in sorted({canonical_dim("squeeze", ndim, d) for d in dims}):
+    for d in canonical_dims("squeeze", ndim, dims):
         if d == 0:
             raise StructureError(f"squeeze(): cannot squeeze the batch dim of {describe(inp)}")
         if d in inp._ragged_dims:
