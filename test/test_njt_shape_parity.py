@@ -404,3 +404,37 @@ def test_multi_ragged_contiguity_is_defined_and_contiguous_holds():
     assert y.is_contiguous() and not re.search(r"j\d+\*j", str(y.stride()))
     for a, b in zip(y.unbind(), comps):
         assert_close(a, b)
+
+
+STATIC_SPLITS = {
+    **{f"chunk({k})": (lambda t, d, k=k: t.chunk(k, d)) for k in (1, 2, 3, 4, 8)},
+    **{f"split({s})": (lambda t, d, s=s: t.split(s, d)) for s in (1, 2, 3, 7, 10)},
+    "split_with_sizes": lambda t, d: t.split_with_sizes([2, 0, 5], d),
+    "tensor_split(3)": lambda t, d: t.tensor_split(3, d),
+    "unflatten(-1)": lambda t, d: (t.unflatten(d, (-1, 7)),),
+    "unflatten(7, -1)": lambda t, d: (t.unflatten(d, (7, -1)),),
+    "unflatten(1, 7)": lambda t, d: (t.unflatten(d, (1, 7)),),
+}
+
+
+@pytest.mark.parametrize("name", list(STATIC_SPLITS))
+@pytest.mark.parametrize("where", ["last", "middle"])
+def test_static_dim_split_family_per_sample(name, where):
+    # pieces of an uneven static dim (7 elements) equal dense torch's per sample, gradients too
+    f = STATIC_SPLITS[name]
+    g = torch.Generator().manual_seed(3)
+    shapes = [(n, 7, 2) if where == "middle" else (n, 2, 7) for n in (3, 0, 2)]
+    comps = [torch.randn(*s, generator=g, dtype=torch.float64, requires_grad=True) for s in shapes]
+    x = mj.as_nested_tensor(comps)
+    d = 2 if where == "middle" else 3
+    pieces = f(x, d)
+    dense = [f(c, d - 1) for c in comps]
+    assert len(pieces) == len(dense[0])
+    for k, p in enumerate(pieces):
+        for i, q in enumerate(p.unbind()):
+            assert_close(q, dense[i][k], f"{name} piece {k} sample {i}")
+    w = [torch.randn(q.shape, generator=g, dtype=torch.float64) for q in pieces[-1].unbind()]
+    loss = sum((q * wi).sum() for q, wi in zip(pieces[-1].unbind(), w))
+    ref = sum((dense[i][-1] * wi).sum() for i, wi in enumerate(w))
+    for got, want in zip(torch.autograd.grad(loss, comps), torch.autograd.grad(ref, comps)):
+        assert_close(got, want, f"{name} gradient")

@@ -32,20 +32,24 @@ def reshape_as(op: str, input: MJT, shape) -> MJT:
     """``reshape`` = ``view``, after a copy when the static dims cannot be viewed with their
     strides; aten's composite would multiply nested ints to check the element count. The shape
     is checked first, so that a bad one is reported under ``op``'s name."""
-    check_view_shape(op, input, shape)
-    traced = ragged_flatten.traced_static_view(op, input, shape)
-    if traced is not NotImplemented:
-        return traced
     if torch.compiler.is_compiling():
+        check_view_shape(op, input, shape)
+        traced = ragged_flatten.traced_static_view(op, input, shape)
+        if traced is not NotImplemented:
+            return traced
         # A failed view cannot be caught while tracing: copy unless the tensor is contiguous,
         # where every regrouping of static dims is a view (NOTE [ Contiguity as torch.jagged
         # reports it ] in ops/shape/views.py).
         return (input if input.is_contiguous() else input.contiguous()).view(shape)
+    # Eagerly the view checks the shape itself (``view_default``); a shape it refuses is checked
+    # again under ``op``'s name, so the error names the op the user called.
     try:
         return input.view(shape)
     except StructureError:
+        check_view_shape(op, input, shape)
         raise
     except RuntimeError:  # not viewable with these strides: copy, as reshape does
+        check_view_shape(op, input, shape)
         return input.contiguous().view(shape)
 
 
@@ -90,9 +94,29 @@ def _unflatten(input, dim, sizes):
     if isinstance(dim, int) and canonical_dim("unflatten", input.dim(), dim) in input._ragged_dims:
         return ragged_flatten.unflatten_ragged("unflatten", input, canonical_dim("unflatten", input.dim(), dim), sizes)
     d = _static_dim("unflatten", input, dim)
-    # dense torch's own checks and -1 inference (its errors name the dim the user gave)
-    new = _probe(input, d).unflatten(dim, sizes).shape[d : d + len(sizes)]
+    new = _unflat_sizes(int(input.shape[d]), sizes)
+    if new is None:  # dense torch's own checks and -1 inference (its errors name the dim the user gave)
+        new = _probe(input, d).unflatten(dim, sizes).shape[d : d + len(sizes)]
     return reshape_as("unflatten", input, (*input.shape[:d], *new, *input.shape[d + 1:]))
+
+
+def _unflat_sizes(n: int, sizes) -> tuple[int, ...] | None:
+    """The sizes ``unflatten`` splits a dim of ``n`` elements into, for plain sizes that hold
+    them (at most one ``-1``, inferred); None for anything else, which the dense op on a meta
+    probe then checks in its own words."""
+    if not isinstance(sizes, (tuple, list, torch.Size)) or not sizes or not all(type(s) is int for s in sizes):
+        return None
+    holes = [k for k, s in enumerate(sizes) if s == -1]
+    if len(holes) > 1 or any(s < -1 for s in sizes):
+        return None
+    known = 1
+    for s in sizes:
+        known *= s if s != -1 else 1
+    if holes:
+        if known == 0 or n % known:
+            return None
+        return tuple(n // known if s == -1 else s for s in sizes)
+    return tuple(sizes) if known == n else None
 
 
 # ----------------------------------------------------------------------------- split family
@@ -145,7 +169,8 @@ def _split_pieces(op: str, input: MJT, dim: int, dense_split) -> tuple:
     if canonical_dim(op, input.dim(), dim) == 0:
         return _batch_pieces(input, dense_split)
     d = _static_dim(op, input, dim)
-    bounds = tuple((p.storage_offset(), p.shape[d]) for p in dense_split(_probe(input, d)))
+    pieces = dense_split(_probe(input, d))
+    bounds = pieces.bounds if isinstance(pieces, _Bounds) else tuple((p.storage_offset(), p.shape[d]) for p in pieces)
     consecutive = all(s == sum(n for _, n in bounds[:i]) for i, (s, _) in enumerate(bounds))
     if (consecutive and sum(n for _, n in bounds) == input.shape[d] and _needs_grad(input)
             and not torch.compiler.is_compiling()):
@@ -159,13 +184,39 @@ def _dim_arg(args, kwargs, index: int):
     return args[index] if len(args) > index else 0
 
 
+class _Bounds:
+    """Stands for the meta probe of ``_split_pieces`` where the pieces of ``chunk(k)`` or
+    ``split(s)`` (plain positive ints) are known without running the dense op: their
+    ``(offset, size)`` along the dim, as dense torch makes them."""
+
+    def __init__(self, bounds):
+        self.bounds = bounds
+
+
+def _simple_bounds(method: str, n: int, arg) -> _Bounds | None:
+    if type(arg) is not int or arg <= 0 or n <= 0:
+        return None
+    if method == "chunk":
+        size = -(-n // arg)  # dense chunk: pieces of ceil(n / k), the last one shorter, none empty
+    elif method == "split":
+        size = arg
+    else:
+        return None
+    return _Bounds(tuple((s, min(size, n - s)) for s in range(0, n, size)))
+
+
 def _split_route(op: str, method: str):
     def routed(input, *args, **kwargs):
         if not isinstance(input, MJT):
             return NotImplemented
         dim = _dim_arg(args, kwargs, 1)
         rest = {k: v for k, v in kwargs.items() if k != "dim"}
-        return _split_pieces(op, input, dim, lambda t: getattr(t, method)(*args[:1], **rest, dim=dim))
+        dense = lambda t: getattr(t, method)(*args[:1], **rest, dim=dim)  # noqa: E731
+        if args and not rest and isinstance(dim, int) and canonical_dim(op, input.dim(), dim) not in (0, *input._ragged_dims):
+            known = _simple_bounds(method, int(input.shape[dim]), args[0])
+            if known is not None:
+                return _split_pieces(op, input, dim, lambda t: known)
+        return _split_pieces(op, input, dim, dense)
 
     return routed
 

@@ -330,14 +330,22 @@ def _ragged_positions(inp, size) -> list[tuple[int, ...]]:
     import itertools
 
     nested = [inp._size[d] for d in inp._ragged_dims]
-    fixed = {d for d in range(1, len(size)) if is_nested_int(size[d])}
+    is_nested = [is_nested_int(s) for s in size]
+    fixed = {d for d in range(1, len(size)) if is_nested[d]}
     out = []
     for pos in itertools.combinations(range(1, len(size)), len(nested)):
         if fixed <= set(pos) and all(
-            size[p] == -1 if not is_nested_int(size[p]) else size[p] == n for p, n in zip(pos, nested)
+            _same_size(size[p], n) if is_nested[p] else size[p] == -1 for p, n in zip(pos, nested)
         ):
             out.append(pos)
     return out
+
+
+def _same_size(a, b) -> bool:
+    """``a == b`` for sizes that may be nested ints, asking the nested-int node (a Python
+    callback, several µs) only when ``a`` is not the very object ``b``: a shape built from
+    ``x.shape`` holds x's own nested ints."""
+    return a is b or a == b
 
 
 def check_view_shape(op: str, inp, size) -> tuple[list, tuple[int, ...]]:
@@ -349,23 +357,26 @@ def check_view_shape(op: str, inp, size) -> tuple[list, tuple[int, ...]]:
     inferred static size, the ragged dims' own positions win (``(B, j0, 1, C).view(-1, -1, -1, C)``
     keeps ``j0`` at dim 1), and a choice that is still ambiguous raises."""
     size = list(size)
-    what = f"cannot view {describe(inp)} as" if op == "view" else f"cannot {op} {describe(inp)} to"
-    head = f"{op}(): {what} {tuple(size)}"
+
+    def head() -> str:  # the message's start, built only when raising (formatting nested ints is slow)
+        what = f"cannot view {describe(inp)} as" if op == "view" else f"cannot {op} {describe(inp)} to"
+        return f"{op}(): {what} {tuple(size)}"
+
     b = inp._partition.batch
     if not size or is_nested_int(size[0]) or size[0] not in (b, -1):
         got = size[0] if size else "no dims"
-        raise StructureError(f"{head}: dim 0 must be the batch size {b} or -1, got {got} (the batch and ragged dims must stay)")
+        raise StructureError(f"{head()}: dim 0 must be the batch size {b} or -1, got {got} (the batch and ragged dims must stay)")
     nested = [inp._size[d] for d in inp._ragged_dims]
     for d in range(1, len(size)):
-        if is_nested_int(size[d]) and not any(size[d] == n for n in nested):
-            raise StructureError(f"{head}: size {size[d]} at dim {d} is not a ragged size of {describe(inp)}")
+        if is_nested_int(size[d]) and not any(_same_size(size[d], n) for n in nested):
+            raise StructureError(f"{head()}: size {size[d]} at dim {d} is not a ragged size of {describe(inp)}")
     candidates = _ragged_positions(inp, size)
     if not candidates:
         if len(size) == len(inp._size):
             d = next(d for d in inp._ragged_dims if not (size[d] == -1 or size[d] == inp._size[d]))
-            raise StructureError(f"{head}: dim {d} must be the ragged size {inp._size[d]} or -1, got {size[d]}")
+            raise StructureError(f"{head()}: dim {d} must be the ragged size {inp._size[d]} or -1, got {size[d]}")
         raise StructureError(
-            f"{head}: the batch and ragged dims must stay: expected the ragged sizes "
+            f"{head()}: the batch and ragged dims must stay: expected the ragged sizes "
             f"({', '.join(str(n) for n in nested)}) in this order, each given as itself or -1"
         )
     old_segs = _segments(inp._size, inp._ragged_dims)
@@ -383,11 +394,11 @@ def check_view_shape(op: str, inp, size) -> tuple[list, tuple[int, ...]]:
         else:
             solved[pos] = statics
     if not solved:
-        raise StructureError(f"{head}: {problem}")
+        raise StructureError(f"{head()}: {problem}")
     if len(solved) > 1:
         if inp._ragged_dims not in solved:
             raise StructureError(
-                f"{head}: ambiguous: -1 could stand for a ragged dim at dims {list(solved)}; give the ragged "
+                f"{head()}: ambiguous: -1 could stand for a ragged dim at dims {list(solved)}; give the ragged "
                 "sizes themselves (x.shape[d])"
             )
         return solved[inp._ragged_dims], inp._ragged_dims
