@@ -42,6 +42,13 @@ def _attention(x, w):
     return F.scaled_dot_product_attention(q, q, q).transpose(1, 2).flatten(-2).sum((1, 2))
 
 
+def _attention_pair_bias(x, w):
+    h = x @ w
+    q = h.unflatten(-1, (2, 2)).transpose(1, 2)  # (B, H, j0, D)
+    bias = _pair(x, w)[..., :2].permute(0, 3, 1, 2)  # (B, H, j0, j0)
+    return F.scaled_dot_product_attention(q, q, q, attn_mask=bias).transpose(1, 2).flatten(-2).sum((1, 2))
+
+
 def _pair_matmul(x, w):
     p = _pair(x, w)
     return torch.einsum("bijc,bjkc->bikc", p, p).sum((1, 2, 3))
@@ -59,6 +66,7 @@ CHAINS = {
         lambda x, w: F.group_norm(F.conv2d(x, w, padding=1), 1).relu().mean((-2, -1)).sum(1),
     ),
     "attention": (_singles, _attention),
+    "attention with a pair bias": (_singles, _attention_pair_bias),
     "pair matmul": (_singles, _pair_matmul),
 }
 

@@ -45,6 +45,10 @@ class _Bucket:
     def _maps(self):
         if self.qvalid is not None:
             return
+        with building():  # kept for the batch's later calls (NOTE [ Derived maps ] in structure.py)
+            self._build_maps()
+
+    def _build_maps(self):
         cu_q, cu_k = self.cu
         dev = cu_q.device
         a = torch.arange(self.lm, device=dev)
@@ -94,7 +98,8 @@ class _Bucket:
             out[self.single[0]: self.single[0] + self.lm] = g[0].transpose(0, 1)
             return
         if self.qscratch is None:
-            self.qscratch = torch.where(self.qvalid.reshape(-1), self.qflat, out.shape[0] - 1)
+            with building():
+                self.qscratch = torch.where(self.qvalid.reshape(-1), self.qflat, out.shape[0] - 1)
         g = g.transpose(1, 2)
         rows = g.reshape(g.shape[0] * g.shape[1], *g.shape[2:])
         out.index_copy_(0, self.qscratch, rows if rows.dtype == out.dtype else rows.to(out.dtype))
@@ -129,8 +134,9 @@ class _Bucket:
             if self.padmask is None:
                 if not self.kpad.numel():
                     return None
-                m = torch.zeros(self.kvalid.shape, dtype=dtype, device=self.kvalid.device)
-                self.padmask = m.masked_fill(~self.kvalid, NEG_INF)[:, None, None, :]
+                with building():
+                    m = torch.zeros(self.kvalid.shape, dtype=dtype, device=self.kvalid.device)
+                    self.padmask = m.masked_fill(~self.kvalid, NEG_INF)[:, None, None, :]
             return self.padmask.to(dtype)
         first, inverse = self.bias_blocks(bias_start)
         idx, pair = self.bias_index(bias_start)
@@ -150,11 +156,12 @@ class _Bucket:
         if self.blocks is None or self.blocks[0] is not bias_start:
             # SYNC: CPU path (this backend's device); one unique per bucket
             # a block is its start and the segment's (Lq, Lk): the rows it covers
-            starts = torch.stack([bias_start.index_select(0, self.segs), self.lq, self.lk], 1)
-            uniq, inverse = torch.unique(starts, dim=0, return_inverse=True)
-            first = torch.zeros(uniq.shape[0], dtype=torch.int64, device=starts.device).scatter_(
-                0, inverse, torch.arange(starts.shape[0], device=starts.device)
-            )
+            with building():
+                starts = torch.stack([bias_start.index_select(0, self.segs), self.lq, self.lk], 1)
+                uniq, inverse = torch.unique(starts, dim=0, return_inverse=True)
+                first = torch.zeros(uniq.shape[0], dtype=torch.int64, device=starts.device).scatter_(
+                    0, inverse, torch.arange(starts.shape[0], device=starts.device)
+                )
             self.blocks = (bias_start, first, inverse)
         return self.blocks[1], self.blocks[2]
 
