@@ -389,3 +389,33 @@ def test_from_mask_keeps_each_samples_masked_positions_in_order():
         mj.from_mask(dense, keep.long())
     with pytest.raises(ValueError, match=r"\(B, N\)"):
         mj.from_mask(dense, keep[:, :2])
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 4])
+@pytest.mark.parametrize("layout", [SEQ, SQUARE, RECT3_MID], ids=lambda l: l.name)
+@given(data=st.data(), seed=seeds)
+@few(8)
+def test_diff_along_each_ragged_dim(layout, n, data, seed):
+    # per sample x[1:] - x[:-1] along the dim, n times; an empty or short sample gives an empty one
+    s = data.draw(structures(layout, min_batch=0))
+    comps = s.components(seed)
+    for d in s.ragged_dims:
+        check(lambda x: torch.diff(x, n=n, dim=d), lambda c: torch.diff(c, n=n, dim=d - 1), comps, s.ragged_dims)
+        check(lambda x: x.diff(n, d), lambda c: c.diff(n, d - 1), comps, s.ragged_dims)
+
+
+def test_diff_along_a_ragged_dim_leaves_other_samples_alone():
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(k, 3, generator=g, dtype=F64) for k in (4, 0, 3)]
+    base = torch.diff(mj.nested_tensor(comps), dim=1).unbind()
+    comps[2] = comps[2] * 10
+    changed = torch.diff(mj.nested_tensor(comps), dim=1).unbind()
+    assert torch.equal(base[0], changed[0]) and torch.equal(base[1], changed[1])
+
+
+def test_diff_along_a_ragged_dim_errors():
+    x = mj.nested_tensor([torch.randn(3, 2), torch.randn(1, 2)])
+    with pytest.raises(RuntimeError, match="order must be non-negative but got -1"):
+        torch.diff(x, n=-1, dim=1)
+    with pytest.raises(NotImplementedError, match="prepend / append"):
+        torch.diff(x, dim=1, prepend=x)

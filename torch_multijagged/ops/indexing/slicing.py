@@ -312,6 +312,27 @@ def _roll(input, shifts, dims=None):
     return out
 
 
+@route(torch.diff, torch.Tensor.diff)
+def _diff(input, n=1, dim=-1, prepend=None, append=None):
+    """``diff`` along a ragged dim: per sample ``x[1:] - x[:-1]`` along it (each sample one row
+    shorter, an empty one stays empty), ``n`` times; along a static dim it acts on the values."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    d = canonical_dim("diff", input.dim(), dim)
+    if d not in input._ragged_dims:
+        return NotImplemented
+    if prepend is not None or append is not None:
+        raise NotImplementedError(
+            f"diff(): prepend / append along ragged dim {d} of {describe(input)} for layout torch.multi_jagged; "
+            "torch.cat them along the dim first"
+        )
+    if n < 0:
+        raise RuntimeError(f"order must be non-negative but got {n}")  # dense's words
+    head = (slice(None),) * d
+    for _ in range(n):
+        input = input[head + (slice(1, None),)] - input[head + (slice(None, -1),)]
+    return input
+
 
 @route(torch.rot90, torch.Tensor.rot90)
 def _rot90(input, k=1, dims=(0, 1)):
