@@ -435,7 +435,11 @@ def test_split_backward_writes_once_and_matches_per_sample(split):
     comps = [torch.randn(n, 6, dtype=torch.float64, generator=g) for n in (2, 0, 3)]
     x = tmj.nested_tensor(comps, requires_grad=True)
     pieces = split(x)
-    assert type(pieces[0].grad_fn).__name__ == "_SplitStaticBackward"
+    node = pieces[0].grad_fn  # one node for all pieces: ours, or dense split's on the values path
+    if type(node).__name__ == "_AdoptBackward":
+        node = node.next_functions[0][0]
+    assert type(node).__name__ in ("_SplitStaticBackward", "SplitBackward0", "SplitWithSizesBackward0")
+    assert all(p.grad_fn.next_functions[0][0] is node for p in pieces[1:]) or all(p.grad_fn is node for p in pieces)
     loss = (pieces[0] ** 3).values().sum() + (pieces[2] * 2).values().sum()  # piece 1 unused
     gx, = torch.autograd.grad(loss, x, create_graph=True)
     ggx, = torch.autograd.grad(gx.values().sum(), x)
@@ -449,3 +453,80 @@ def test_split_backward_writes_once_and_matches_per_sample(split):
     y = x * 1
     with pytest.raises(RuntimeError, match="view"):
         split(y)[0].add_(1)
+
+
+SPLIT_CALLS = {
+    "chunk(2, -1)": lambda t: t.chunk(2, -1),
+    "chunk(4, dim=-1)": lambda t: t.chunk(4, dim=-1),
+    "torch.chunk(t, 3, -1)": lambda t: torch.chunk(t, 3, -1),
+    "split(2, -1)": lambda t: t.split(2, -1),
+    "split([1, 0, 4], dim=-1)": lambda t: t.split([1, 0, 4], dim=-1),
+    "torch.split(t, [3, 2], -1)": lambda t: torch.split(t, [3, 2], -1),
+    "torch.split(t, 5, dim=t.dim() - 1)": lambda t: torch.split(t, 5, dim=t.dim() - 1),
+    "a static dim before another": lambda t: t.unflatten(-1, (5, 1)).chunk(2, -2),
+    "static dim before the ragged one": lambda t: t.unflatten(-1, (5, 1)).transpose(1, 2).chunk(2, 1),
+}
+
+
+@pytest.mark.parametrize("layout", [(1,), (1, 2)], ids=["(B, j0, C)", "(B, j0, j0, C)"])
+@pytest.mark.parametrize("call", SPLIT_CALLS, ids=str)
+def test_split_pieces_of_a_result_with_gradients(call, layout):
+    """chunk / split of an intermediate (the eager values path's pieces: views of its values): the
+    pieces and the gradients reaching every leaf per sample, a zero-length sample, second order,
+    and a piece saved and loaded."""
+    import io
+
+    f = SPLIT_CALLS[call]
+    shapes = [(2, 5), (0, 5), (3, 5)] if layout == (1,) else [(2, 2, 5), (0, 0, 5), (3, 3, 5)]
+    if call == "static dim before the ragged one" and layout == (1, 2):
+        pytest.skip("a transpose of the pair's ragged dims")
+    comps = comps_for(shapes, 3, dtype=torch.float64)
+    x = mj.nested_tensor(comps, ragged_dims=layout, requires_grad=True)
+    w = torch.randn(5, 5, dtype=torch.float64, requires_grad=True)
+    pieces = f(torch.nn.functional.linear(x, w))
+    loss = sum(((k + 1) * p.sin()).sum() for k, p in enumerate(pieces))
+    gx, gw = torch.autograd.grad(loss, (x, w), create_graph=True)
+    ggx, ggw = torch.autograd.grad((gx * gx).sum() + gw.sum(), (x, w))
+    cs = [c.clone().requires_grad_() for c in comps]
+    wr = w.detach().clone().requires_grad_()
+    ref_pieces = [f(torch.nn.functional.linear(c, wr).unsqueeze(0)) for c in cs]
+    for k, p in enumerate(pieces):
+        for a, ref in zip(p.unbind(), ref_pieces):
+            torch.testing.assert_close(a, ref[k].squeeze(0))
+    ref_loss = sum(((k + 1) * p.sin()).sum() for r in ref_pieces for k, p in enumerate(r))
+    rgx = torch.autograd.grad(ref_loss, cs + [wr], create_graph=True)
+    rgg = torch.autograd.grad(sum((g * g).sum() for g in rgx[:-1]) + rgx[-1].sum(), cs + [wr])
+    for a, b in zip(gx.unbind(), rgx[:-1]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(gw, rgx[-1])
+    for a, b in zip(ggx.unbind(), rgg[:-1]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ggw, rgg[-1])
+    buf = io.BytesIO()
+    pieces[0].shape, pieces[0].offsets()  # metadata read before saving
+    torch.save(pieces[0].detach(), buf)
+    buf.seek(0)
+    back = torch.load(buf, weights_only=False)
+    for a, b in zip(back.unbind(), pieces[0].unbind()):
+        torch.testing.assert_close(a, b.detach())
+
+
+def test_split_piece_writes_as_dense():
+    """An in-place write into a piece raises while autograd records (dense torch refuses writes
+    into the views of a function that returns several); under no_grad it writes through to the
+    split tensor, as dense's does."""
+    x = mj.nested_tensor(comps_for([(2, 4), (0, 4), (3, 4)], 1), requires_grad=True)
+    for f in (lambda t: t.chunk(2, -1), lambda t: torch.split(t, [1, 3], -1)):
+        y = x * 2
+        with pytest.raises(RuntimeError, match=r"^add_\(\): .*view and is being modified inplace"):
+            f(y)[0].add_(1)
+        y = x * 2
+        a = f(y)[0]
+        with torch.no_grad():
+            a.mul_(0)
+        assert all((c[:, :1] == 0).all() for c in y.detach().unbind())
+    d = x.detach()
+    a, b = d.chunk(2, -1)
+    a.add_(1)  # nothing records: a plain write into d
+    for c, ref in zip(d.unbind(), comps_for([(2, 4), (0, 4), (3, 4)], 1)):
+        torch.testing.assert_close(c[:, :2], ref[:, :2] + 1)

@@ -46,7 +46,7 @@ from .serialization import INTERNAL_ATTRS, copy_partition, partition_from_file, 
 from .structure import Partition, RaggedExtent, _is_traced
 from .writes import (
     _differentiable, _eager, _refuse_traced_alias_write, _targets, _written_through_alias,
-    check_not_written_through_alias, written_args,
+    check_not_written_through_alias, refuse_split_piece_write, written_args,
 )
 
 __all__ = ["MultiJaggedTensor"]
@@ -630,6 +630,8 @@ class MultiJaggedTensor(torch.Tensor):
         eager = _eager()
         if not eager:
             _refuse_traced_alias_write(func, _targets(args, kwargs, pos, names, MultiJaggedTensor))
+        else:
+            refuse_split_piece_write(func, _targets(args, kwargs, pos, names, MultiJaggedTensor))
         out = _dispatch(func, args, kwargs)
         if eager:
             for x in _targets(args, kwargs, pos, names, MultiJaggedTensor):

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["written_args", "check_not_written_through_alias"]
+__all__ = ["written_args", "check_not_written_through_alias", "refuse_split_piece_write"]
 
 
 # NOTE [ Writes into shared values ]
@@ -93,6 +93,25 @@ def _refuse_traced_alias_write(func, targets) -> None:
                 "is not supported with autograd recording: the write would not reach the other's gradient. "
                 "Clone before writing, or write outside the compiled region"
             )
+
+
+def refuse_split_piece_write(func, targets) -> None:
+    """Dense ``split``/``chunk`` pieces are views made by one function that returns several, and
+    autograd refuses an in-place write into one while it records (it could not rebase the others'
+    history). The values path's pieces (``_split_fast`` in ops/fastpath.py) are marked and refused
+    the same way, in dense's words."""
+    for x in targets:
+        if x.__dict__.get("_split_piece") and torch.is_grad_enabled():
+            with torch._C.DisableTorchFunctionSubclass():
+                needs_grad = x.requires_grad
+            if needs_grad:
+                name = getattr(func, "__name__", str(func)).split(".")[0]
+                raise RuntimeError(
+                    f"{name}(): a piece of split / chunk is a view and is being modified inplace. This view is "
+                    "the output of a function that returns multiple views. Such functions do not allow the "
+                    "output views to be modified inplace. You should replace the inplace operation by an "
+                    "out-of-place one."
+                )
 
 
 def _stale(x) -> bool:

@@ -6,10 +6,10 @@ The general mechanism (NOTE [ Subclass mechanism ] in ``tensor.py``) runs every 
 derivative on wrappers, so each op costs a trip through the C++ autograd layer and
 ``__torch_dispatch__`` in the forward, and its derivative formula costs several more in the
 backward — all Python. For the ops that dominate models (elementwise arithmetic, ``linear``,
-``layer_norm``, ``softmax``, broadcasting into a pair, ``sum``/``mean``, ``unsqueeze``), eager
-``__torch_function__`` computes the result here instead, directly on the packed values, so that
-torch's C++ autograd records *dense* ops (``index_select`` for a broadcast, ``index_add`` for a
-segment sum): their backward runs with no Python at all.
+``layer_norm``, ``softmax``, broadcasting into a pair, ``sum``/``mean``, ``unsqueeze``,
+``chunk``/``split``), eager ``__torch_function__`` computes the result here instead, directly on
+the packed values, so that torch's C++ autograd records *dense* ops (``index_select`` for a
+broadcast, ``index_add`` for a segment sum): their backward runs with no Python at all.
 
 Each result still is an ordinary differentiable wrapper, so that everything else — the slow path,
 ``torch.compile``'d functions, user ``autograd.Function``s, ``y.backward()`` — sees a wrapper with
@@ -144,6 +144,11 @@ def own_values(x) -> torch.Tensor | None:
 def _trailing(x: MJT) -> int:
     """Static dims after the last ragged dim: where a dense operand or a row-wise op may reach."""
     return len(x._size) - 1 - x._ragged_dims[-1] if x._ragged_dims else len(x._size) - 1
+
+
+def _values_dim(x: MJT, d: int) -> int:
+    """The dim of ``x``'s values that its static dim ``d`` is: values are (rows, static dims…)."""
+    return static_dims(len(x._size), x._ragged_dims).index(d) + 1
 
 
 def _scalar(a) -> bool:
@@ -304,7 +309,7 @@ def _softmax_fn(log: bool):
                 return NotImplemented
             x = input if v is input._values else MJT(v, input._partition, input._ragged_dims)
             return _finish(_red._softmax_default(aten_op, x, d, False))
-        vd = static_dims(n, input._ragged_dims).index(d) + 1
+        vd = _values_dim(input, d)
         return result(dense(v, vd), input._partition, input._ragged_dims)
 
     return impl
@@ -362,6 +367,51 @@ def _view(input, *size):
     except StructureError:
         return NotImplemented  # maybe a merge / split of ragged dims: its route (ops/shape/flatten.py)
     return _finish(out)
+
+
+def _split_fast(method: str):
+    """``chunk`` / ``split`` along a static dim: the dense op on the values, each piece a result.
+    Its backward is dense ``split``'s (one ``cat``, zeros for unused pieces), with no Python. The
+    pieces are multi-output views as dense's: an in-place write into one raises while it needs
+    gradients (``_split_piece`` below). Arguments dense torch would refuse take the general route,
+    which raises in dense's words with the user's dim."""
+
+    def impl(input, *args, **kwargs):
+        # Tensor.chunk(chunks, dim) / Tensor.split(split_size, dim) / torch.split(tensor,
+        # split_size_or_sections, dim): positional, or ``dim`` by keyword
+        if not isinstance(input, MJT) or len(args) not in (1, 2) or (kwargs and set(kwargs) != {"dim"}):
+            return NotImplemented
+        arg = args[0]
+        dim = args[1] if len(args) == 2 else kwargs.get("dim", 0)
+        if len(args) == 2 and kwargs or type(dim) is not int:
+            return NotImplemented
+        n = len(input._size)
+        if not -n <= dim < n:
+            return NotImplemented
+        d = dim % n
+        if d == 0 or d in input._ragged_dims:
+            return NotImplemented
+        size = input._size[d]
+        if type(arg) is int:
+            if arg <= 0 or (method == "split" and size == 0):
+                return NotImplemented
+        elif method == "split" and isinstance(arg, (list, tuple)) and all(type(a) is int and a >= 0 for a in arg):
+            if sum(arg) != size:
+                return NotImplemented
+        else:
+            return NotImplemented
+        pieces = getattr(values(input), method)(arg, _values_dim(input, d))
+        out = tuple(result(p, input._partition, input._ragged_dims) for p in pieces)
+        if pieces and pieces[0].requires_grad:
+            for y in out:
+                y.__dict__["_split_piece"] = True
+        return out
+
+    return impl
+
+
+FAST[torch.chunk] = FAST[torch.Tensor.chunk] = _split_fast("chunk")
+FAST[torch.split] = FAST[torch.Tensor.split] = _split_fast("split")
 
 
 FAST[torch.transpose] = FAST[torch.Tensor.transpose] = _transpose
