@@ -62,6 +62,36 @@ def test_bucketed_kernel_equals_per_sample_loop(ns, tx, ty):
     torch.testing.assert_close(kpm.pair_matmul_reference(x, y, off, n, tx, ty), kpm.pair_matmul_naive(x, y, off, n, tx, ty))
 
 
+@pytest.mark.parametrize("form", ["runs", "gather"])
+@pytest.mark.parametrize("tx", [False, True])
+@pytest.mark.parametrize("ty", [False, True])
+@pytest.mark.parametrize("ns", [(3, 0, 5, 5, 2), (4, 4, 4), (5, 0, 5, 7, 7, 7), (2, 3, 2, 3), (6, 5, 6, 6, 5)], ids=str)
+def test_bucketed_kernel_each_block_form(ns, tx, ty, form, monkeypatch):
+    """Both ways of reading a group — strided copies of runs of equal consecutive lengths (padded
+    to the group's largest, or not) and one gather — against the per-sample loop, whichever the
+    cost rule would pick for these sizes; a non-finite value in a neighbour must not leak."""
+    monkeypatch.setattr(kpm, "_RUN_NS", 0 if form == "runs" else 10**12)
+    monkeypatch.setattr(kpm, "_GROUP_COST", 10**9)  # one group: padding wherever lengths differ
+    kpm._plan.cache_clear()
+    kpm._buckets.cache_clear()
+    try:
+        plan = kpm._plan(tuple(ns), 2)
+        assert {e[0] for e in plan} == {form}
+        n, off = _offsets(ns)
+        g = torch.Generator().manual_seed(len(ns))
+        x = torch.randn(int(off[-1]), 2, generator=g, dtype=torch.float64)
+        y = torch.randn(int(off[-1]), 2, generator=g, dtype=torch.float64)
+        got = kpm.pair_matmul_reference(x, y, off, n, tx, ty)
+        torch.testing.assert_close(got, kpm.pair_matmul_naive(x, y, off, n, tx, ty))
+        last = int(off[-2])  # the last sample's rows: inf there must stay there
+        x[last:], y[last:] = float("inf"), float("inf")
+        got = kpm.pair_matmul_reference(x, y, off, n, tx, ty)
+        torch.testing.assert_close(got[:last], kpm.pair_matmul_naive(x, y, off, n, tx, ty)[:last])
+    finally:
+        kpm._plan.cache_clear()
+        kpm._buckets.cache_clear()
+
+
 def test_buckets_pad_only_within_a_group():
     """The skewed batch (one long sample, short ones) must not pad the short samples to the long
     one: that is the B·N_max² buffer the layout exists to avoid."""

@@ -40,9 +40,21 @@ __all__ = ["pair_matmul_reference", "pair_matmul_naive"]
 # Per-group overhead, in multiply-adds: the gathers, the bmm call and the scatter cost about as
 # much as ~0.3 M multiply-adds on the CPUs we measured (see the module NOTE).
 _GROUP_COST = 300_000
-# A group whose members all have its length and form at most this many runs of consecutive
-# samples is read and written through strided views of those runs (no index); else gathered.
-_MAX_RUNS = 4
+# A group whose members form at most this many runs of consecutive samples of one length is
+# read and written through strided views of those runs (no index) when ``_runs_cheaper``; else
+# gathered. Costs in ns, measured on the CPUs we use (one thread): a strided copy moves an
+# element in ~0.56 ns and each run costs three of them (two operands, the write-back) plus ~12 µs
+# of calls; a gather reads the padded blocks with two ``index_select``s and two masks and writes
+# back with ``index_copy_`` (~2× a plain copy per element): ~3 ns per padded element.
+_MAX_RUNS = 8
+_RUN_NS = 12_000
+_RUN_ELEMENT_NS = 1.7
+_GATHER_ELEMENT_NS = 3.0
+
+
+def _runs_cheaper(runs, members: int, size: int, channels: int) -> bool:
+    real = sum(m * n * n for _, m, _, n in runs) * channels
+    return len(runs) * _RUN_NS + real * _RUN_ELEMENT_NS <= members * size * size * channels * _GATHER_ELEMENT_NS
 
 
 @functools.lru_cache(maxsize=256)
@@ -80,9 +92,11 @@ def _buckets(lengths: tuple[int, ...], channels: int) -> tuple[tuple[int, tuple[
 def _plan(lengths: tuple[int, ...], channels: int):
     """One entry per group of ``_buckets``' split:
 
-    * ``("runs", n, ((first row, samples), …))`` — every member has length ``n`` and the members
-      form at most ``_MAX_RUNS`` runs of consecutive samples: each run's rows are one contiguous
-      slice, read and written through strided views (no index);
+    * ``("runs", size, ((first row, samples, n), …), padded)`` — the members form at most
+      ``_MAX_RUNS`` runs of consecutive samples of one length ``n`` each: each run's rows are one
+      contiguous slice, read into the ``(m, C, n, n)`` corner of its zero-padded blocks and
+      written back through strided views (no index); ``padded``: some run is shorter than
+      ``size``, so the blocks start as zeros;
     * ``("gather", size, idx, idx_t, pad, pad_t, dst, pos)`` — ``idx``/``idx_t`` (flat indices into
       the ``(T, C)`` values, transposed blocks for ``idx_t``) gather the group's channel-major
       zero-padded ``(g·C, size, size)`` blocks, ``pad``/``pad_t`` mark their padded cells (None
@@ -97,16 +111,18 @@ def _plan(lengths: tuple[int, ...], channels: int):
     plan = []
     ch = torch.arange(c, device="cpu")[None, :, None, None]  # CPU whatever the default device
     for size, samples in _buckets(lengths, channels):
-        if all(lengths[b] == size for b in samples):
-            runs = []  # (first row, samples) of each run of consecutive samples
-            for b in samples:
-                if runs and runs[-1][2] == b - 1:
-                    runs[-1] = (runs[-1][0], runs[-1][1] + 1, b)
-                else:
-                    runs.append((offsets[b], 1, b))
-            if len(runs) <= _MAX_RUNS:
-                plan.append(("runs", size, tuple((r, m) for r, m, _ in runs)))
-                continue
+        runs = []  # [first row, samples, last sample, n] of each run of consecutive samples of one length
+        for b in samples:
+            if runs and runs[-1][2] == b - 1 and runs[-1][3] == lengths[b]:
+                runs[-1][1] += 1
+                runs[-1][2] = b
+            else:
+                runs.append([offsets[b], 1, b, lengths[b]])
+            if len(runs) > _MAX_RUNS:
+                break
+        if len(runs) <= _MAX_RUNS and _runs_cheaper(runs, len(samples), size, c):
+            plan.append(("runs", size, tuple((r, m, n) for r, m, _, n in runs), any(n < size for *_, n in runs)))
+            continue
         ns = torch.tensor([lengths[b] for b in samples], dtype=torch.int64, device="cpu")[:, None, None]
         os_ = torch.tensor([offsets[b] for b in samples], dtype=torch.int64, device="cpu")[:, None, None]
         i = torch.arange(size, device="cpu")
@@ -129,14 +145,14 @@ def _block(x: torch.Tensor, entry, transpose: bool) -> torch.Tensor:
     """The ``(g·C, s, s)`` channel-major zero-padded blocks of ``x`` for one group."""
     c = x.shape[1]
     if entry[0] == "runs":
-        _, n, runs = entry
-        out = x.new_empty(sum(m for _, m in runs), c, n, n)  # (cat keeps its inputs' strides)
+        _, size, runs, padded = entry
+        out = (x.new_zeros if padded else x.new_empty)(sum(m for _, m, _ in runs), c, size, size)
         k = 0
-        for r, m in runs:
+        for r, m, n in runs:
             p = x[r:r + m * n * n].view(m, n, n, c)
-            out[k:k + m].copy_(p.permute(0, 3, 2, 1) if transpose else p.permute(0, 3, 1, 2))
+            out[k:k + m, :, :n, :n].copy_(p.permute(0, 3, 2, 1) if transpose else p.permute(0, 3, 1, 2))
             k += m
-        return out.view(-1, n, n)
+        return out.view(-1, size, size)
     _, size, idx, idx_t, pad, pad_t, _, _ = entry
     out = x.reshape(-1).index_select(0, (idx_t if transpose else idx).to(x.device))
     if pad is not None:
@@ -147,8 +163,8 @@ def _block(x: torch.Tensor, entry, transpose: bool) -> torch.Tensor:
 def pair_matmul_reference(x: torch.Tensor, y: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
                           tx: bool, ty: bool) -> torch.Tensor:
     """NOTE [ Pair matmul contract ], computed as NOTE [ Bucketed pair matmul ]: per group one
-    copy per operand into channel-major padded blocks (a gather, or a strided copy for a group
-    of one), one ``bmm``, one write-back."""
+    copy per operand into channel-major padded blocks (a gather, or strided copies of a few runs),
+    one ``bmm``, one write-back."""
     if x.shape != y.shape or x.dim() != 2:
         raise ValueError(f"pair_matmul(): expected x and y of one shape (T, C), got {tuple(x.shape)} and {tuple(y.shape)}")
     x, y = x.contiguous(), y.contiguous()
@@ -160,11 +176,11 @@ def pair_matmul_reference(x: torch.Tensor, y: torch.Tensor, offsets: torch.Tenso
     for entry in plan:
         r = torch.bmm(_block(x, entry, tx), _block(y, entry, ty))
         if entry[0] == "runs":
-            _, n, runs = entry
-            r = r.view(-1, c, n, n)
+            _, size, runs, _ = entry
+            r = r.view(-1, c, size, size)
             k = 0
-            for row, m in runs:
-                out[row:row + m * n * n].view(m, n, n, c).copy_(r[k:k + m].permute(0, 2, 3, 1))
+            for row, m, n in runs:
+                out[row:row + m * n * n].view(m, n, n, c).copy_(r[k:k + m, :, :n, :n].permute(0, 2, 3, 1))
                 k += m
             continue
         dst, pos = entry[6].to(x.device), entry[7]
