@@ -56,6 +56,9 @@ key                                   value (method that builds it)
 ``("broadcast", rd, rd_q, …)``        ``(q, structure)``: the output structure of a binary op with
                                       an operand of partition ``q``, the last one met
                                       (ops/elementwise/pointwise.py)
+``("block_starts", rd_q, rd)``        ``(cu_q, cu_k, start)``: the first row of each attention
+                                      segment's score block in a mask of this partition, for the
+                                      latest segments (ops/attention/sdpa.py)
 ====================================  ===========================================================
 
 ``derived(key, compute)`` is the one get-or-compute: ``compute(partition)`` runs on the first

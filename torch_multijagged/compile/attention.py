@@ -409,6 +409,30 @@ def _varlen_backward(ctx, grad, _grad_lse):
 
 torch.library.register_autograd("multijagged::varlen_attention", _varlen_backward, setup_context=_varlen_setup,
                                 lib=LIB)
+
+
+class _VarlenAttention(torch.autograd.Function):
+    """``varlen_attention`` with its formula, for the eager values path (NOTE [ Eager values
+    path ] in ops/fastpath.py: no dispatch mode, functorch transform or trace is active there),
+    without the op's trip through the dispatcher and ``torch.library``'s autograd layer, whose
+    argument binding alone costs ≈ 20 µs a call. Traced code and everything else call the op."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale, dropout_p):  # type: ignore[override]
+        out, lse = varlen_attention_impl(q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale,
+                                         dropout_p)
+        _varlen_setup(ctx, (q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale, dropout_p),
+                      (out, lse))
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, grad, grad_lse):  # type: ignore[override]
+        return _varlen_backward(ctx, grad, grad_lse)
+
+
+def varlen_attention_eager(*args):
+    """``mj.varlen_attention(*args)`` for the eager values path (``_VarlenAttention``)."""
+    return _VarlenAttention.apply(*args)
 torch.library.register_autograd(
     "multijagged::varlen_attention_backward", _sdpa_double_backward, setup_context=_sdpa_backward_setup, lib=LIB
 )

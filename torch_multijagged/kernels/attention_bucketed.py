@@ -27,13 +27,14 @@ class _Bucket:
     query rows are computed and dropped."""
 
     __slots__ = ("segs", "qvalid", "kvalid", "lm", "sm", "lq", "lk", "qflat", "kflat", "qsel", "qdst",
-                 "ksel", "kdst", "kpad", "qpad", "single", "padmask", "qscratch", "cu", "blocks")
+                 "ksel", "kdst", "kpad", "qpad", "single", "padmask", "qscratch", "cu", "blocks", "gathers")
 
     def __init__(self, segs, cu_q, cu_k, lq, lk, lm, sm, single=None):
         self.segs, self.lm, self.sm, self.lq, self.lk = segs, lm, sm, lq, lk
         self.padmask = None  # the key-padding mask, made on first use
         self.qscratch = None  # query rows with padded positions sent to a scratch row
         self.blocks = None  # (bias_start, first, inverse): the distinct bias blocks (``bias_blocks``)
+        self.gathers = None  # (bias_start, …): the bias gather's index maps (``bias_gather``)
         # one segment (``single`` = its first q and k rows): its rows are slices of the packed
         # buffers (views, no gather); the index maps are built only if a bias needs them
         self.single = single
@@ -138,14 +139,31 @@ class _Bucket:
                     m = torch.zeros(self.kvalid.shape, dtype=dtype, device=self.kvalid.device)
                     self.padmask = m.masked_fill(~self.kvalid, NEG_INF)[:, None, None, :]
             return self.padmask.to(dtype)
-        first, inverse = self.bias_blocks(bias_start)
-        idx, pair = self.bias_index(bias_start)
-        shared = first.shape[0] != inverse.shape[0]
-        idx = idx.index_select(0, first) if shared else idx
-        kvalid = self.kvalid.index_select(0, first) if shared else self.kvalid
-        g = bias.index_select(0, idx.reshape(-1)).view(*idx.shape, bias.shape[1]).permute(0, 3, 1, 2)
-        g = g.masked_fill(~kvalid[:, None, None, :], NEG_INF).to(dtype)
+        _, inverse = self.bias_blocks(bias_start)
+        flat, kpad, shape, shared = self.bias_gather(bias_start)
+        # gathered as (blocks, Lm, Sm, H) and masked there, contiguously; the kernels read the
+        # (blocks, H, Lm, Sm) view with its strides
+        g = bias.index_select(0, flat).view(*shape, bias.shape[1])
+        if kpad is not None:
+            g.masked_fill_(kpad, NEG_INF)
+        g = g.to(dtype).permute(0, 3, 1, 2)
         return g.index_select(0, inverse) if shared else g
+
+    def bias_gather(self, bias_start):
+        """``(flat, kpad, shape, shared)``: the flat bias rows of each distinct block's ``(Lm, Sm)``
+        scores, the ``(blocks, 1, Sm, 1)`` mask of padded keys (None without padding), the blocks'
+        ``(n, Lm, Sm)`` and whether segments share blocks; cached per ``bias_start`` (a batch's
+        layers share it)."""
+        if self.gathers is None or self.gathers[0] is not bias_start:
+            first, inverse = self.bias_blocks(bias_start)
+            with building():
+                idx, _ = self.bias_index(bias_start)
+                shared = first.shape[0] != inverse.shape[0]
+                idx = idx.index_select(0, first) if shared else idx
+                kvalid = self.kvalid.index_select(0, first) if shared else self.kvalid
+                kpad = None if bool(kvalid.all()) else ~kvalid[:, None, :, None]
+            self.gathers = (bias_start, idx.reshape(-1), kpad, tuple(idx.shape), shared)
+        return self.gathers[1:]
 
     def bias_blocks(self, bias_start):
         """``(first, inverse)``: a bias shared by several segments (the rows of a pair attending

@@ -36,7 +36,7 @@ from ...compile import attention as cattn
 from ...compile.attention import BACKENDS, backend  # noqa: F401  (public: re-exported)
 from ...errors import StructureError
 from ...kernels import attention as kattn
-from ...structure import _is_traced, partition_for, same_extent
+from ...structure import _is_traced, building, partition_for, same_extent
 from .._table import register_multi_jagged_func
 from .._common import MJT, describe, static_dims, wrap
 from .._routing import _call, _needs_grad, route
@@ -260,7 +260,23 @@ def _score_rows(q: MJT, k: MJT, rows) -> int:
 
 
 def _block_starts(mask: MJT, q: MJT, cu_q, cu_k, seg_sample):
-    """For every segment of q, the first row of its score block in ``mask``'s values."""
+    """For every segment of q, the first row of its score block in ``mask``'s values; cached on
+    the mask's partition for these segments, so that a batch's layers (and each call's backward)
+    pass the very same tensor and the kernels' per-bias maps keyed by it are built once."""
+    if _traced(cu_q):
+        return _compute_block_starts(mask, q, cu_q, cu_k, seg_sample)
+    key = ("block_starts", q._ragged_dims, mask._ragged_dims)
+    cache = mask._partition.cache
+    hit = cache.get(key)
+    if hit is not None and hit[0] is cu_q and hit[1] is cu_k:
+        return hit[2]
+    with building():
+        start = _compute_block_starts(mask, q, cu_q, cu_k, seg_sample)
+    cache[key] = (cu_q, cu_k, start)  # one entry per key: the latest segments
+    return start
+
+
+def _compute_block_starts(mask: MJT, q: MJT, cu_q, cu_k, seg_sample):
     lq, lk = cu_q.diff(), cu_k.diff()
     qb = q._ragged_dims[:-1]
     kept = tuple(i for i, d in enumerate(qb) if d in mask._ragged_dims)
@@ -282,8 +298,8 @@ def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, d
                  differentiable=False):
     """``need_lse=False``: the route's direct call when no backward will run (the row
     log-sum-exp is then left unwritten). ``differentiable``: called above autograd by the eager
-    values path, so the packed kernel goes through ``multijagged::varlen_attention`` and its
-    autograd formula."""
+    values path, so the packed kernel runs under ``multijagged::varlen_attention``'s autograd
+    formula (``varlen_attention_eager``: the op's formula without the dispatcher)."""
     n = len(q._size)
     if n - 2 not in q._ragged_dims:
         mv = None if mask is None else (mask._values if isinstance(mask, MJT) else mask)
@@ -299,9 +315,10 @@ def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, d
     vv = kv if v is k else _flat(v)
     args = (qv, kv, vv, cu_q, cu_k, q._partition.extents[-1].max, k._partition.extents[-1].max, bias, start, seed,
             causal, scale, dropout_p)
-    if _traced(qv) or (differentiable and torch.is_grad_enabled()
-                       and any(t is not None and t.requires_grad for t in (qv, kv, vv, bias))):
+    if _traced(qv):
         out, lse = mj.varlen_attention(*args)
+    elif differentiable and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (qv, kv, vv, bias)):
+        out, lse = cattn.varlen_attention_eager(*args)  # the op's formula, without the dispatcher
     else:
         # Below autograd already (this is the handler of multijagged::sdpa, whose formula calls
         # the backward op), or above it with no gradient to record (the values path under
