@@ -530,3 +530,47 @@ def test_split_piece_writes_as_dense():
     a.add_(1)  # nothing records: a plain write into d
     for c, ref in zip(d.unbind(), comps_for([(2, 4), (0, 4), (3, 4)], 1)):
         torch.testing.assert_close(c[:, :2], ref[:, :2] + 1)
+
+
+FLATTEN_CALLS = {
+    "unflatten(-1, (2, 3))": lambda t: t.unflatten(-1, (2, 3)),
+    "unflatten(-1, (-1, 2, 1))": lambda t: t.unflatten(-1, (-1, 2, 1)),
+    "torch.unflatten(t, dim=-1, sizes=(3, 2))": lambda t: torch.unflatten(t, dim=-1, sizes=(3, 2)),
+    "unflatten then flatten(-2)": lambda t: t.unflatten(-1, (2, 3)).flatten(-2),
+    "flatten(start_dim=-3, end_dim=-1)": lambda t: t.unflatten(-1, (3, 2, 1)).flatten(start_dim=-3, end_dim=-1),
+    "heads before the ragged dim": lambda t: t.unflatten(-1, (2, 3)).transpose(-2, -3).unflatten(-3, (1, 2)),
+    "flatten heads before the ragged dim": lambda t: t.unflatten(-1, (2, 3)).transpose(-2, -3).unflatten(-3, (1, 2)).flatten(-4, -3),
+    "torch.flatten of a transpose (a copy)": lambda t: torch.flatten(t.unflatten(-1, (2, 3)).transpose(-1, -2), -2),
+}
+
+
+@pytest.mark.parametrize("layout", [(1,), (1, 2)], ids=["(B, j0, C)", "(B, j0, j0, C)"])
+@pytest.mark.parametrize("call", FLATTEN_CALLS, ids=str)
+def test_flatten_unflatten_of_a_result_with_gradients(call, layout):
+    """flatten / unflatten of static dims of an intermediate (the eager values path): shapes and
+    values per sample, gradients reaching every leaf, second order, a zero-length sample."""
+    f = FLATTEN_CALLS[call]
+    shapes = [(2, 6), (0, 6), (3, 6)] if layout == (1,) else [(2, 2, 6), (0, 0, 6), (3, 3, 6)]
+    comps = comps_for(shapes, 5, dtype=torch.float64)
+    x = mj.nested_tensor(comps, ragged_dims=layout, requires_grad=True)
+    w = torch.randn(6, 6, dtype=torch.float64, requires_grad=True)
+    out = f(torch.nn.functional.linear(x, w))
+    cs = [c.clone().requires_grad_() for c in comps]
+    wr = w.detach().clone().requires_grad_()
+    refs = [f(torch.nn.functional.linear(c, wr).unsqueeze(0)).squeeze(0) for c in cs]
+    assert out.dim() == refs[0].dim() + 1
+    for a, r in zip(out.unbind(), refs):
+        assert a.shape == r.shape
+        torch.testing.assert_close(a, r)
+    loss = (out.sin() * out).sum()
+    gx, gw = torch.autograd.grad(loss, (x, w), create_graph=True)
+    ggx, ggw = torch.autograd.grad((gx * gx).sum() + gw.sum(), (x, w))
+    rl = sum((r.sin() * r).sum() for r in refs)
+    rg = torch.autograd.grad(rl, cs + [wr], create_graph=True)
+    rgg = torch.autograd.grad(sum((g * g).sum() for g in rg[:-1]) + rg[-1].sum(), cs + [wr])
+    for a, b in zip(gx.unbind(), rg[:-1]):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(ggx.unbind(), rgg[:-1]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(gw, rg[-1])
+    torch.testing.assert_close(ggw, rgg[-1])

@@ -7,7 +7,7 @@ derivative on wrappers, so each op costs a trip through the C++ autograd layer a
 ``__torch_dispatch__`` in the forward, and its derivative formula costs several more in the
 backward — all Python. For the ops that dominate models (elementwise arithmetic, ``linear``,
 ``layer_norm``, ``softmax``, broadcasting into a pair, ``sum``/``mean``, ``unsqueeze``,
-``chunk``/``split``), eager ``__torch_function__`` computes the result here instead, directly on
+``chunk``/``split``, ``flatten``/``unflatten`` of static dims), eager ``__torch_function__`` computes the result here instead, directly on
 the packed values, so that torch's C++ autograd records *dense* ops (``index_select`` for a
 broadcast, ``index_add`` for a segment sum): their backward runs with no Python at all.
 
@@ -48,6 +48,7 @@ from .attention import sdpa as _att
 from .elementwise import pointwise as _pw
 from .reductions import reduce as _red
 from .shape import views as _views
+from .shape.reshape import _unflat_sizes
 from ._common import static_dims
 
 __all__ = ["FAST", "enabled"]
@@ -411,6 +412,46 @@ def _split_fast(method: str):
 
 
 FAST[torch.chunk] = FAST[torch.Tensor.chunk] = _split_fast("chunk")
+
+
+def _static_span(input, first, last):
+    """``(first, last)`` as dims of ``input`` when both are ints, in range, ``0 < first < last`` and
+    every dim between is static; else None (the general route: its checks and errors)."""
+    if not isinstance(input, MJT) or type(first) is not int or type(last) is not int:
+        return None
+    n = len(input._size)
+    if not (-n <= first < n and -n <= last < n):
+        return None
+    s, e = first % n, last % n
+    if s == 0 or s > e or any(s <= r <= e for r in input._ragged_dims):
+        return None
+    return s, e
+
+
+def _unflatten(input, dim=None, sizes=None):
+    span = _static_span(input, dim, dim)
+    if span is None:
+        return NotImplemented
+    d = span[0]
+    new = _unflat_sizes(input._size[d], sizes)
+    if new is None:
+        return NotImplemented  # sizes that do not hold the dim, two -1s…: the route (dense torch's checks)
+    v = values(input).unflatten(_values_dim(input, d), new)
+    k = len(new) - 1
+    return result(v, input._partition, tuple(r + k if r > d else r for r in input._ragged_dims))
+
+
+def _flatten(input, start_dim=0, end_dim=-1):
+    span = _static_span(input, start_dim, end_dim)
+    if span is None or span[0] == span[1]:
+        return NotImplemented  # a no-op flatten returns its input (a result must own its values)
+    s, e = span
+    v = values(input).flatten(_values_dim(input, s), _values_dim(input, e))
+    return result(v, input._partition, tuple(r - (e - s) if r > e else r for r in input._ragged_dims))
+
+
+FAST[torch.unflatten] = FAST[torch.Tensor.unflatten] = _unflatten
+FAST[torch.flatten] = FAST[torch.Tensor.flatten] = _flatten
 FAST[torch.split] = FAST[torch.Tensor.split] = _split_fast("split")
 
 
