@@ -140,7 +140,7 @@ class _Bucket:
                     self.padmask = m.masked_fill(~self.kvalid, NEG_INF)[:, None, None, :]
             return self.padmask.to(dtype)
         _, inverse = self.bias_blocks(bias_start)
-        flat, kpad, shape, shared = self.bias_gather(bias_start)
+        flat, kpad, shape, shared, _, _ = self.bias_gather(bias_start)
         # gathered as (blocks, Lm, Sm, H) and masked there, contiguously; the kernels read the
         # (blocks, H, Lm, Sm) view with its strides
         g = bias.index_select(0, flat).view(*shape, bias.shape[1])
@@ -150,19 +150,25 @@ class _Bucket:
         return g.index_select(0, inverse) if shared else g
 
     def bias_gather(self, bias_start):
-        """``(flat, kpad, shape, shared)``: the flat bias rows of each distinct block's ``(Lm, Sm)``
-        scores, the ``(blocks, 1, Sm, 1)`` mask of padded keys (None without padding), the blocks'
-        ``(n, Lm, Sm)`` and whether segments share blocks; cached per ``bias_start`` (a batch's
-        layers share it)."""
+        """``(flat, kpad, shape, shared, dst, pos)``: the flat bias rows of each distinct block's
+        ``(Lm, Sm)`` scores, the ``(blocks, 1, Sm, 1)`` mask of padded keys (None without padding),
+        the blocks' ``(n, Lm, Sm)``, whether segments share blocks, and for the gradient's scatter
+        the bias rows of the real (query, key) pairs and their flat positions in the blocks
+        (``pos`` None: every position is real); cached per ``bias_start`` (a batch's layers and
+        each call's backward share it)."""
         if self.gathers is None or self.gathers[0] is not bias_start:
             first, inverse = self.bias_blocks(bias_start)
             with building():
-                idx, _ = self.bias_index(bias_start)
+                idx, pair = self.bias_index(bias_start)
                 shared = first.shape[0] != inverse.shape[0]
                 idx = idx.index_select(0, first) if shared else idx
+                pair = pair.index_select(0, first) if shared else pair
                 kvalid = self.kvalid.index_select(0, first) if shared else self.kvalid
                 kpad = None if bool(kvalid.all()) else ~kvalid[:, None, :, None]
-            self.gathers = (bias_start, idx.reshape(-1), kpad, tuple(idx.shape), shared)
+                flat_pair = pair.reshape(-1)
+                pos = None if bool(flat_pair.all()) else flat_pair.nonzero().flatten()
+                dst = idx.reshape(-1) if pos is None else idx.reshape(-1).index_select(0, pos)
+            self.gathers = (bias_start, idx.reshape(-1), kpad, tuple(idx.shape), shared, dst, pos)
         return self.gathers[1:]
 
     def bias_blocks(self, bias_start):
@@ -332,14 +338,14 @@ def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, 
         bk.add_k(dv, _reduce_heads(gv, hk))
         if need_dbias:
             first, inverse = bk.bias_blocks(bias_start)
-            idx, pair = bk.bias_index(bias_start)
-            if first.shape[0] != inverse.shape[0]:  # segments sharing a block: sum per block first
+            *_, shared, dst, pos = bk.bias_gather(bias_start)
+            if shared:  # segments sharing a block: sum per block first
                 # as a product with the (blocks × segments) one-hot: a GEMM, not a scatter
                 onehot = torch.nn.functional.one_hot(inverse, first.shape[0]).t().to(ds.dtype)
                 ds = (onehot @ ds.reshape(ds.shape[0], -1)).view(first.shape[0], *ds.shape[1:])
-                idx, pair = idx.index_select(0, first), pair.index_select(0, first)
             ds = ds.permute(0, 2, 3, 1)  # (blocks, Lm, Sm, Hq)
             if bias.shape[1] == 1:
                 ds = ds.sum(-1, keepdim=True)
-            dbias.index_add_(0, idx[pair], ds[pair])
+            ds = ds.reshape(-1, ds.shape[-1])
+            dbias.index_add_(0, dst, ds if pos is None else ds.index_select(0, pos))
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype), None if dbias is None else dbias.to(bias.dtype)
