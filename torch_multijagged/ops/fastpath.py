@@ -7,9 +7,10 @@ derivative on wrappers, so each op costs a trip through the C++ autograd layer a
 ``__torch_dispatch__`` in the forward, and its derivative formula costs several more in the
 backward — all Python. For the ops that dominate models (elementwise arithmetic, ``linear``,
 ``layer_norm``, ``softmax``, broadcasting into a pair, ``sum``/``mean``, ``unsqueeze``,
-``chunk``/``split``, ``flatten``/``unflatten`` of static dims), eager ``__torch_function__`` computes the result here instead, directly on
-the packed values, so that torch's C++ autograd records *dense* ops (``index_select`` for a
-broadcast, ``index_add`` for a segment sum): their backward runs with no Python at all.
+``chunk``/``split``, ``flatten``/``unflatten`` of static dims, ``einsum``'s pair product),
+eager ``__torch_function__`` computes the result here instead, directly on the packed values, so
+that torch's C++ autograd records *dense* ops (``index_select`` for a broadcast, ``index_add``
+for a segment sum): their backward runs with no Python at all.
 
 Each result still is an ordinary differentiable wrapper, so that everything else — the slow path,
 ``torch.compile``'d functions, user ``autograd.Function``s, ``y.backward()`` — sees a wrapper with
@@ -45,6 +46,7 @@ from ..errors import StructureError
 from ..tensor import MultiJaggedTensor, _ValuesOf
 from ..writes import check_not_written_through_alias
 from .attention import sdpa as _att
+from .contractions import einsum as _ein, pair_mm as _pm
 from .elementwise import pointwise as _pw
 from .reductions import reduce as _red
 from .shape import views as _views
@@ -506,6 +508,27 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
 
 
 FAST[F.scaled_dot_product_attention] = _sdpa
+
+
+def _pair_mm(a, b, tx, ty):
+    return result(_pm.pair_matmul_on_values(a._partition, values(a), values(b), tx, ty), a._partition, a._ragged_dims)
+
+
+def _einsum(equation, *operands):
+    """The contraction of a ragged dim of two square pairs (NOTE [ Contracting a ragged dim ]) on
+    the values; every other ``einsum`` takes its route."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not isinstance(equation, str) or len(operands) != 2 or not all(isinstance(o, MJT) for o in operands):
+        return NotImplemented
+    terms, out = _ein._explicit(equation, operands)
+    if len(set(out)) != len(out):
+        return NotImplemented  # the route raises
+    product = _pm.pair_product(list(terms), list(operands), out, mm=_pair_mm)
+    return NotImplemented if product is None else product
+
+
+FAST[torch.einsum] = _einsum
 
 
 # --------------------------------------------------------------------------- metadata

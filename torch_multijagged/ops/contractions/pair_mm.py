@@ -36,15 +36,19 @@ def pair_matmul_default(func, x, y, tx, ty):
         raise ValueError(f"pair_matmul(): expected two square pairs of one structure, got {describe(x)} and {describe(y)}")
     if x._ragged_dims != y._ragged_dims or x._values.shape[1:] != y._values.shape[1:]:
         raise ValueError(f"pair_matmul(): expected operands of one layout and static shape, got {describe(x)} and {describe(y)}")
-    p = x._partition
-    v, w = x._values, y._values
+    return wrap(pair_matmul_on_values(x._partition, x._values, y._values, tx, ty), x._partition, x._ragged_dims)
+
+
+def pair_matmul_on_values(p, v: torch.Tensor, w: torch.Tensor, tx, ty) -> torch.Tensor:
+    """``pair_matmul``'s values from the values ``v``, ``w`` of two square pairs of partition
+    ``p`` with one layout and static shape (the eager values path calls it under autograd)."""
     c = 1
     for k in v.shape[1:]:
         c *= k
     flat = v.shape[0], c  # not -1: T may be 0
     e = p.extents[0]
     out = cpm.pair_matmul_values(v.reshape(flat), w.reshape(flat), p.offsets, e.lengths(), e.max, bool(tx), bool(ty))
-    return wrap(out.view(v.shape), p, x._ragged_dims)
+    return out.view(v.shape)
 
 
 def is_square_pair(x) -> bool:
@@ -55,10 +59,11 @@ def is_square_pair(x) -> bool:
     return same_extent(a, b)
 
 
-def pair_product(terms: list[str], operands: list, out: str):
+def pair_product(terms: list[str], operands: list, out: str, mm=None):
     """``einsum(",".join(terms) + "->" + out, *operands)`` as ``pair_matmul`` when it has the
     shape of NOTE [ Contracting a ragged dim ]; else None. ``terms``/``out`` have one subscript
-    per dim (no ellipsis)."""
+    per dim (no ellipsis). ``mm(a, b, tx, ty)`` computes the product (default: the op; the eager
+    values path passes its own)."""
     if len(operands) != 2 or not all(is_square_pair(o) for o in operands):
         return None
     a, b = operands
@@ -77,8 +82,8 @@ def pair_product(terms: list[str], operands: list, out: str):
     ro = "".join(c for c in out[1:] if c in (u, v))
     if sorted(ro) != sorted(u + v) or u == v:
         return None
-    sa = [ta[d] for d in static_dims(a.dim(), a._ragged_dims)]
-    sb = [tb[d] for d in static_dims(b.dim(), b._ragged_dims)]
+    sa = [ta[d] for d in static_dims(len(a._size), a._ragged_dims)]
+    sb = [tb[d] for d in static_dims(len(b._size), b._ragged_dims)]
     so = [c for c in out[1:] if c not in (u, v)]
     if sorted(sa) != sorted(sb) or len(set(sa)) != len(sa) or not set(so) <= set(sa):
         return None
@@ -91,14 +96,16 @@ def pair_product(terms: list[str], operands: list, out: str):
     def canonical(x, term):
         """x with dims (batch, its two ragged dims in storage order, static dims in out order)."""
         order = [0] + list(x._ragged_dims) + [term.index(c) for c in so]
-        return x.permute(order) if order != list(range(x.dim())) else x
+        return x.permute(order) if order != list(range(len(x._size))) else x
 
     a, b = canonical(a, ta), canonical(b, tb)
-    if a.shape[3:] != b.shape[3:]:
+    if a._size[3:] != b._size[3:]:
         return None  # broadcasting static sizes: the general path
-    res = mj.pair_matmul(a, b, ra[0] == k, rb[1] == k)  # rows u, columns v
+    res = (mm or mj.pair_matmul)(a, b, ra[0] == k, rb[1] == k)  # rows u, columns v
     if summed:
-        res = res.sum(list(range(res.dim() - len(summed), res.dim())))
+        n = len(res._size)
+        res = res.sum(list(range(n - len(summed), n)))
         so = so[: len(so) - len(summed)]
     term = ta[0] + u + v + "".join(so)
-    return res.permute([term.index(c) for c in out])
+    order = [term.index(c) for c in out]
+    return res if order == list(range(len(order))) else res.permute(order)
