@@ -123,10 +123,10 @@ def _float_mask(mask, dtype):
 
 def _check_mask(mask, query, key, ragged_l):
     """Sizes of an attention mask against the scores ``(B, *batch, L, S)`` (NOTE above)."""
-    n = query.dim()
-    scores = (*query.shape[:-1], key.shape[-2])
+    n = len(query._size)
+    scores = (*query._size[:-1], key._size[-2])
     if isinstance(mask, MJT):
-        if mask.dim() != n:
+        if len(mask._size) != n:
             raise _err(f"expected a multi_jagged attn_mask of rank {n} (the scores {tuple(scores)}), got {describe(mask)}")
         qext = dict(zip(query._ragged_dims, query._partition.extents))
         if ragged_l:
@@ -147,7 +147,7 @@ def _check_mask(mask, query, key, ragged_l):
         for d in range(1, n):
             if d in mask._ragged_dims:
                 continue
-            if mask.shape[d] != 1 and (d in qext or mask.shape[d] != scores[d]):
+            if mask._size[d] != 1 and (d in qext or mask._size[d] != scores[d]):
                 raise _err(f"expected attn_mask {describe(mask)} to broadcast to the scores {tuple(scores)} (dim {d})")
         return
     # a dense mask broadcasts over the ragged dims (size 1 there) and the batch
