@@ -12,7 +12,7 @@ from .attention_common import (
     NEG_INF, _compute_dtype, _dense_backward, _dense_forward, _expand_heads, _grad_buffers, _host_lengths,
     _reduce_heads, _scale, score_offsets,
 )
-from .reference import building
+from .reference import _is_traced, building
 
 __all__ = ["attention_bucketed", "attention_bucketed_backward", "bucket_plan"]
 
@@ -270,12 +270,6 @@ def _build_buckets(cu_q, cu_k, buckets, slack, floor) -> tuple[list["_Bucket"], 
             out.append(_Bucket(segs, cu_q, cu_k, lq_d[segs], lk_d[segs], int(lq_h[host].max()), int(lk_h[host].max()),
                                single))
     return out, covered == int(lq_h.sum())
-
-
-def _is_traced(t) -> bool:
-    from torch._subclasses.fake_tensor import is_fake
-
-    return is_fake(t)
 
 
 # ----------------------------------------------------------------------------- entry points
