@@ -161,7 +161,7 @@ def default_scale(d: int) -> float:
 #
 # * CPU: ``bucketed`` (segments sorted by length, padded within buckets of similar length, one
 #   fused CPU kernel call per bucket), or ``loop`` (one fused call per segment, on views) for a
-#   single segment or for ≤ 4096 segments whose mean work Lq·Lk·H·D is ≥ 4·10⁶ (``LOOP_*``).
+#   single segment or for ≤ 4096 segments whose mean work Lq·Lk·H·D is ≥ 1.5·10⁶ (``LOOP_*``).
 #   docs/design.md §8 has the measurements behind this rule. ``blocks`` (one dense call per run
 #   of equal consecutive segments, on views, bias broadcast over the run) when such runs are at
 #   least ``BLOCKS_MIN_RUN`` segments long on average and there is no dropout: the rows of a
@@ -219,7 +219,7 @@ def _has_triton() -> bool:
 # large enough that the per-call cost is amortised and bucketing's gathers and padding cost more
 # than they save; buckets otherwise, and always for many segments (their lengths then group
 # tightly). Measured in docs/design.md §8.
-LOOP_MIN_WORK = 4_000_000
+LOOP_MIN_WORK = 1_500_000
 LOOP_MAX_SEGMENTS = 4096
 
 
