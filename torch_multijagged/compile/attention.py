@@ -410,6 +410,10 @@ def _varlen_backward(ctx, grad, _grad_lse):
 torch.library.register_autograd("multijagged::varlen_attention", _varlen_backward, setup_context=_varlen_setup,
                                 lib=LIB)
 
+torch.library.register_autograd(
+    "multijagged::varlen_attention_backward", _sdpa_double_backward, setup_context=_sdpa_backward_setup, lib=LIB
+)
+
 
 class _VarlenAttention(torch.autograd.Function):
     """``varlen_attention`` with its formula, for the eager values path (NOTE [ Eager values
@@ -433,6 +437,3 @@ class _VarlenAttention(torch.autograd.Function):
 def varlen_attention_eager(*args):
     """``mj.varlen_attention(*args)`` for the eager values path (``_VarlenAttention``)."""
     return _VarlenAttention.apply(*args)
-torch.library.register_autograd(
-    "multijagged::varlen_attention_backward", _sdpa_double_backward, setup_context=_sdpa_backward_setup, lib=LIB
-)

@@ -386,7 +386,7 @@ def _split_fast(method: str):
             return NotImplemented
         arg = args[0]
         dim = args[1] if len(args) == 2 else kwargs.get("dim", 0)
-        if len(args) == 2 and kwargs or type(dim) is not int:
+        if (len(args) == 2 and kwargs) or type(dim) is not int:
             return NotImplemented
         n = len(input._size)
         if not -n <= dim < n:
@@ -414,11 +414,12 @@ def _split_fast(method: str):
 
 
 FAST[torch.chunk] = FAST[torch.Tensor.chunk] = _split_fast("chunk")
+FAST[torch.split] = FAST[torch.Tensor.split] = _split_fast("split")
 
 
 def _static_span(input, first, last):
-    """``(first, last)`` as dims of ``input`` when both are ints, in range, ``0 < first < last`` and
-    every dim between is static; else None (the general route: its checks and errors)."""
+    """``(first, last)`` as dims of ``input`` when both are ints, in range, ``0 < first ≤ last`` and
+    every dim from one to the other is static; else None (the general route: its checks and errors)."""
     if not isinstance(input, MJT) or type(first) is not int or type(last) is not int:
         return None
     n = len(input._size)
@@ -454,7 +455,6 @@ def _flatten(input, start_dim=0, end_dim=-1):
 
 FAST[torch.unflatten] = FAST[torch.Tensor.unflatten] = _unflatten
 FAST[torch.flatten] = FAST[torch.Tensor.flatten] = _flatten
-FAST[torch.split] = FAST[torch.Tensor.split] = _split_fast("split")
 
 
 FAST[torch.transpose] = FAST[torch.Tensor.transpose] = _transpose
