@@ -109,7 +109,14 @@ def expand_default(func, inp, size, implicit=False):
         in_static = static_dims(ndim, inp._ragged_dims)
         keep_v = [i + 1 for i, d in enumerate(in_static) if d not in out_dims]
         values = values.reshape(values.shape[0], *[values.shape[i] for i in keep_v])
-    return wrap(values.expand(values.shape[0], *static_size), partition, out_dims)
+    values = values.expand(values.shape[0], *static_size)
+    if torch._C._current_autograd_node() is not None and not ref._is_traced(values):
+        # In backward (``sum``'s and ``mean``'s formulas expand the gradient): an expanded gradient
+        # would reach a view's backward, whose C++ ``reshape`` computes strides by multiplying the
+        # sizes — nested ints, which cannot multiply each other — and fail. A gradient is a new
+        # tensor: materialising it changes no aliasing.
+        values = values.contiguous()
+    return wrap(values, partition, out_dims)
 
 
 def _permute(inp, perm):
