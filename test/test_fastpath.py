@@ -357,8 +357,9 @@ def test_structure_entries_match_general_path():
 
 REDUCE_AFTER_VIEW = {
     "flatten, sum keepdim": lambda t: t.unflatten(-1, (2, 3)).flatten(-2).sum(-1, keepdim=True) * t,
-    "view, mean keepdim": lambda t: t.view(t.shape[0], t.shape[1], t.shape[2], 2, 3).mean(-1, keepdim=True).flatten(-2),
-    "reshape, sum": lambda t: t.reshape(t.shape[0], t.shape[1], t.shape[2], 6, 1).sum(-1),
+    "view, sum keepdim": lambda t: t.view(t.shape[0], t.shape[1], t.shape[2], 2, 3).sum(-1, keepdim=True).flatten(-2),
+    "reshape, sum": lambda t: t.reshape(t.shape[0], t.shape[1], t.shape[2], 6, 1).sum(-2),
+    "unflatten, mean": lambda t: t.unflatten(-1, (3, 2)).mean(-1),
     "unflatten, sum over the pair": lambda t: t.unflatten(-1, (3, 2)).sum(dim=(1, 2)),
 }
 
