@@ -64,8 +64,8 @@ key                                   value (method that builds it)
 ``derived(key, compute)`` is the one get-or-compute: ``compute(partition)`` runs on the first
 request of ``key``, outside ``torch.inference_mode`` (``building()``; every builder of a cached
 map runs in it): a map first built as an inference tensor could not be saved for backward by the
-next op that records autograd on the same structure. The named methods are its common entries; the hot ones (called per op) inline
-the dict lookup to save a call. Op-specific maps use ``derived`` with a key listed above. Values
+next op that records autograd on the same structure. The named methods are its common entries;
+the hot ones (called per op) inline the dict lookup to save a call. Op-specific maps use ``derived`` with a key listed above. Values
 are never None (None reads as "not computed"). A key holding symbolic sizes (while tracing) cannot
 be hashed: ``derived`` then computes without caching — traced partitions are rebuilt per trace
 anyway. The canonical partition of given extents is cached the same way on its first extent

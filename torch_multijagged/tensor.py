@@ -627,16 +627,15 @@ class MultiJaggedTensor(torch.Tensor):
         if not (pos or names):
             return _dispatch(func, args, kwargs)
         # NOTE [ Writes into shared values ] in writes.py
-        eager = _eager()
-        if not eager:
-            _refuse_traced_alias_write(func, _targets(args, kwargs, pos, names, MultiJaggedTensor))
-        else:
-            refuse_split_piece_write(func, _targets(args, kwargs, pos, names, MultiJaggedTensor))
+        targets = _targets(args, kwargs, pos, names, MultiJaggedTensor)
+        if not _eager():
+            _refuse_traced_alias_write(func, targets)
+            return _dispatch(func, args, kwargs)
+        refuse_split_piece_write(func, targets)
         out = _dispatch(func, args, kwargs)
-        if eager:
-            for x in _targets(args, kwargs, pos, names, MultiJaggedTensor):
-                if not x._values.is_inference():
-                    torch.autograd.graph.increment_version(x._values)
+        for x in targets:
+            if not x._values.is_inference():
+                torch.autograd.graph.increment_version(x._values)
         return out
 
 

@@ -394,12 +394,11 @@ def _split_fast(method: str):
         d = dim % n
         if d == 0 or d in input._ragged_dims:
             return NotImplemented
-        size = input._size[d]
         if type(arg) is int:
-            if arg <= 0 or (method == "split" and size == 0):
+            if arg <= 0:
                 return NotImplemented
         elif method == "split" and isinstance(arg, (list, tuple)) and all(type(a) is int and a >= 0 for a in arg):
-            if sum(arg) != size:
+            if sum(arg) != input._size[d]:
                 return NotImplemented
         else:
             return NotImplemented
