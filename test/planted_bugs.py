@@ -322,6 +322,16 @@ BUGS = [
     Bug("values-path split pieces not marked as multi-output views", "ops/fastpath.py",
         'y.__dict__["_split_piece"] = True', "pass",
         ("test_structure_copies_splits.py",)),
+    Bug("batch flatten lets a row straddle two samples", "ops/shape/tokens.py",
+        "if inner == 0 or tail % inner:", "if inner == 0:", ("test_flatten_batch.py",)),
+    Bug("batch flatten reads a static-lead batch in storage order", "ops/shape/tokens.py",
+        "if x._ragged_dims == tuple(range(1, k + 1)) or x._partition.batch == 0:", "if True:", ("test_flatten_batch.py",)),
+    Bug("FlatBatch restores with another batch's nested ints", "ops/shape/tokens.py",
+        "s is n or (is_nested_int(s) and s == n)", "is_nested_int(s)", ("test_flatten_batch.py",)),
+    Bug("FlatBatch results lose the batch they came from", "ops/shape/tokens.py",
+        "return _mark_all(out, batch)", "return out", ("test_flatten_batch.py",)),
+    Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
+        'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]
 
 

@@ -68,7 +68,10 @@ def test_view_reshape_minus_one_for_batch_and_ragged_dims(case, mode):
 
 # the same sizes on torch.jagged and on ours: both give the same shape, or both raise RuntimeError
 NJT_SIZES = [(-1, -1, 4), (3, -1, 4), (-1, -1, 2, 2), (-1, -1, -1), (3, -1, 2, -1), (2, -1, 4), (3, 3, 4),
-             (-1, 4), (3, -1, 5), (-1, -1, 8)]
+             (3, -1, 5), (-1, -1, 8)]
+# beyond torch.jagged (which raises): flattening the batch dim into the rows gives the samples'
+# elements concatenated (NOTE [ Flattening the batch dim ], test_flatten_batch.py)
+FLAT_SIZES = {(-1, 4): (8, 4), (-1,): (32,), (-1, 2, 2): (8, 2, 2)}
 
 
 @pytest.mark.parametrize("op", ["view", "reshape"])
@@ -84,6 +87,17 @@ def test_view_sizes_match_torch_jagged(op, size):
         except RuntimeError:
             results.append("RuntimeError")
     assert normalize_nested_ints(results[0]) == normalize_nested_ints(results[1])
+
+
+@pytest.mark.parametrize("op", ["view", "reshape"])
+@pytest.mark.parametrize("size", list(FLAT_SIZES), ids=str)
+def test_view_sizes_that_flatten_the_batch_dim_where_torch_jagged_raises(op, size):
+    comps = _seq([3, 0, 5])
+    with pytest.raises(RuntimeError):
+        getattr(torch.nested.nested_tensor(comps, layout=torch.jagged), op)(size)
+    out = getattr(torch.nested.nested_tensor(comps, layout=mj.multi_jagged), op)(size)
+    assert not isinstance(out, mj.MultiJaggedTensor) and tuple(out.shape) == FLAT_SIZES[size]
+    assert torch.equal(out, torch.cat(comps).view(size))
 
 
 def test_view_errors_name_the_size():

@@ -398,11 +398,13 @@ def test_reshape_family_errors_name_the_op():
     with pytest.raises(ValueError, match=r"^reshape\(\).*regroup"):
         x.reshape(x.shape[0], x.shape[1], 4)
     with pytest.raises(ValueError, match=r"^reshape\(\).*batch and ragged"):
-        torch.reshape(x, (-1, 6))
+        torch.reshape(x, (2, 6))
+    with pytest.raises(ValueError, match=r"^reshape\(\).*two samples"):
+        torch.reshape(x, (-1, 4))  # flattening the batch dim (test_flatten_batch.py), rows across samples
     with pytest.raises(ValueError, match=r"^view\(\)"):
         x.view(x.shape[0], x.shape[1], 4)
     with pytest.raises(ValueError, match=r"^flatten\(\).*static dims"):
-        x.flatten(0, 1)
+        x.flatten(1, 2)
     with pytest.raises(ValueError, match=r"^unflatten\(\).*static dim"):
         x.unflatten(1, (1, -1))  # the ragged dim (was an internal AttributeError)
     with pytest.raises(ValueError, match=r"^unflatten\(\).*static dim"):

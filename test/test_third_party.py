@@ -4,7 +4,7 @@ sample (a batch of one): outputs, and the gradients of every input and every par
 float64 (``module.double()``):
 
 * ``einops`` — ``rearrange`` / ``reduce`` / ``repeat`` / ``einsum`` and its layers;
-* ``transformers`` (Hugging Face) — ViT and DINOv2 blocks on tokens ``(B, j0, C)``, a ConvNeXt
+* ``transformers`` (Hugging Face) — ViT, DINOv2, GPT-2 and OPT blocks on tokens ``(B, j0, C)``, a ConvNeXt
   stage and a ResNet backbone on images ``(B, C, j0, j1)`` of different sizes;
 * ``x-transformers`` — its ``Attention``, ``FeedForward`` and ``Encoder``;
 * ``openfold3`` (OpenFold's AlphaFold 3 reproduction) — the pair stack on square pairs
@@ -216,6 +216,36 @@ def test_transformers_dinov2_layer_layer_scale_swiglu():
     cfg = Dinov2Config(hidden_size=8, num_attention_heads=2, mlp_ratio=2, layerscale_value=0.5, use_swiglu_ffn=True,
                        attn_implementation="sdpa")
     _run_module(Dinov2Layer(cfg).double().eval(), _call, [_tokens((3, 0, 4))], dense_refuses_empty=True)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_transformers_gpt2_block_conv1d(attn):
+    """GPT-2's block: its ``Conv1D`` projections flatten the batch into rows and view them back
+    (``addmm(b, x.view(-1, C), W).view(size_out)``), q / k / v ``split`` and head views, causal
+    attention, the MLP. The dense block refuses an empty sample (``view(..., -1, d)``)."""
+    _hf()
+    from transformers import GPT2Config
+    from transformers.models.gpt2.modeling_gpt2 import GPT2Block
+
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_embd=8, n_head=2, resid_pdrop=0.0, attn_pdrop=0.0, embd_pdrop=0.0, attn_implementation=attn)
+    _run_module(GPT2Block(cfg, layer_idx=0).double().eval(), _call, [_tokens((3, 0, 4))], dense_refuses_empty=True,
+                tol=SOFTMAX_F32 if attn == "eager" else None)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_transformers_opt_decoder_layer(attn):
+    """OPT's decoder layer: its feed-forward runs on ``reshape(-1, C)`` rows and views the sum
+    with the residual back to the batch's shape."""
+    _hf()
+    from transformers import OPTConfig
+    from transformers.models.opt.modeling_opt import OPTDecoderLayer
+
+    torch.manual_seed(0)
+    cfg = OPTConfig(hidden_size=8, num_attention_heads=2, ffn_dim=16, dropout=0.0, attention_dropout=0.0,
+                    attn_implementation=attn)
+    _run_module(OPTDecoderLayer(cfg, layer_idx=0).double().eval(), lambda m, x: m(x, attention_mask=None),
+                [_tokens((3, 0, 4))], dense_refuses_empty=True, tol=SOFTMAX_F32 if attn == "eager" else None)
 
 
 def test_transformers_convnext_stage_on_images_of_different_sizes():

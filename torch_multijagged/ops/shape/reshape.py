@@ -19,6 +19,7 @@ from .._routing import _needs_grad, _static_dim, route
 from ..indexing.slicing import narrow_ragged
 from .views import check_view_shape
 from . import flatten as ragged_flatten
+from . import tokens
 
 
 # ----------------------------------------------------------------------------- reshape family
@@ -57,6 +58,8 @@ def reshape_as(op: str, input: MJT, shape) -> MJT:
 def _reshape(input, *shape):
     if not isinstance(input, MJT):
         return NotImplemented
+    if tokens.flat_request(input, _normalize_shape(shape)):  # NOTE [ Flattening the batch dim ]
+        return tokens.flatten_batch("reshape", input, _normalize_shape(shape))
     plan = ragged_flatten.view_plan("reshape", input, _normalize_shape(shape))  # merging / splitting ragged dims
     return plan() if plan is not None else reshape_as("reshape", input, _normalize_shape(shape))
 
@@ -71,6 +74,8 @@ def _flatten(input, start_dim=0, end_dim=-1):
         raise ValueError(f"flatten(): expected start_dim <= end_dim, got {start_dim} and {end_dim}")
     if start == end:
         return input
+    if start == 0 and end >= max(input._ragged_dims):  # NOTE [ Flattening the batch dim ]
+        return tokens.flatten_batch("flatten", input, (-1, *input._size[end + 1:]))
     if start > 0 and all(d in input._ragged_dims for d in range(start, end + 1)):
         return ragged_flatten.flatten_ragged("flatten", input, start, end)  # NOTE [ Flattening ragged dims ]
     if start == 0 or any(start <= d <= end for d in input._ragged_dims):
@@ -82,6 +87,13 @@ def _flatten(input, start_dim=0, end_dim=-1):
     for d in range(start, end + 1):
         size *= input.shape[d]
     return reshape_as("flatten", input, (*input.shape[:start], size, *input.shape[end + 1:]))
+
+
+@route(torch.ravel, torch.Tensor.ravel)
+def _ravel(input):
+    if not isinstance(input, MJT):
+        return NotImplemented
+    return tokens.flatten_batch("ravel", input, (-1,))  # NOTE [ Flattening the batch dim ]
 
 
 @route(torch.unflatten, torch.Tensor.unflatten)

@@ -1,0 +1,269 @@
+"""Flattening the batch dim into the rows and back (NOTE [ Flattening the batch dim ] in
+``ops/shape/tokens.py``): ``x.view(-1, C)`` / ``reshape`` / ``flatten(0, k)`` / ``ravel`` against
+the samples' elements concatenated in order, and ``y.view(x.shape)`` (GPT-2's ``Conv1D``, OPT's
+feed-forward, a language model's loss) against the per-sample computation, with gradients to
+every leaf, second order, a zero-length sample and an empty batch."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+from torch_multijagged import StructureError
+from torch_multijagged.ops.shape.tokens import FlatBatch
+from _reference import DTYPES, RECT3_MID, SEQ, SQUARE, STATIC_LEAD, build, few, seeds, structures
+from _structures import bit_equal
+
+F64 = torch.float64
+
+
+def _concat(comps, shape):
+    """The reference: the samples' elements concatenated in order, viewed as ``shape``."""
+    flat = torch.cat([c.reshape(-1) for c in comps]) if comps else torch.zeros(0, dtype=F64)
+    return flat.view(shape)
+
+
+def _flat_forms(x):
+    """``(name, call, the dense shape it asks for)`` for every way to flatten the batch dim of ``x``."""
+    last = max(x._ragged_dims)
+    tail = tuple(int(s) for s in x.shape[last + 1:])
+    forms = [
+        ("reshape(-1)", lambda t: t.reshape(-1), (-1,)),
+        ("flatten()", lambda t: t.flatten(), (-1,)),
+        ("ravel()", lambda t: t.ravel(), (-1,)),
+        (f"flatten(0, {last})", lambda t: t.flatten(0, last), (-1, *tail)),
+        ("reshape(-1, *tail)", lambda t: t.reshape(-1, *tail), (-1, *tail)),
+        ("torch.reshape(-1, *tail)", lambda t: torch.reshape(t, (-1, *tail)), (-1, *tail)),
+    ]
+    if x._ragged_dims == tuple(range(1, len(x._ragged_dims) + 1)):  # values in the samples' order: views
+        forms += [("view(-1)", lambda t: t.view(-1), (-1,)), ("view(-1, *tail)", lambda t: t.view(-1, *tail), (-1, *tail))]
+    if tail and tail[-1] % 2 == 0:
+        forms.append(("reshape(-1, C/2)", lambda t: t.reshape(-1, tail[-1] // 2), (-1, tail[-1] // 2)))
+    return forms
+
+
+@few(25)
+@given(structures(SEQ, min_batch=0) | structures(SQUARE) | structures(STATIC_LEAD) | structures(RECT3_MID), seeds)
+def test_flatten_is_the_samples_concatenated_with_gradients(s, seed):
+    comps = s.components(seed)
+    x, leaves = build(comps, s.ragged_dims, requires_grad=True)
+    for name, fn, shape in _flat_forms(x):
+        out = fn(x)
+        assert type(out) is FlatBatch, name
+        ref = _concat(leaves, shape) if leaves else _concat([], shape)
+        assert out.shape == ref.shape and torch.equal(out.detach(), ref.detach()), name
+        if leaves:
+            w = torch.randn(out.shape, dtype=F64, generator=torch.Generator().manual_seed(seed % 1000))
+            got = torch.autograd.grad((out * w).sum(), leaves)
+            want = torch.autograd.grad((ref * w).sum(), leaves)
+            for g, h in zip(got, want):
+                torch.testing.assert_close(g, h, rtol=0, atol=0, msg=name)
+
+
+def test_view_shares_the_values_and_reshape_of_a_static_lead_copies():
+    x = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(0, 3), torch.randn(4, 3)], layout=mj.multi_jagged)
+    assert x.view(-1, 3).data_ptr() == x._values.data_ptr()
+    lead = mj.as_nested_tensor([torch.randn(2, n, 3) for n in (1, 3)], ragged_dims=(2,))  # (B, S, j0, C)
+    with pytest.raises(RuntimeError, match="not stored in the samples' order.*reshape"):
+        lead.view(-1, 3)
+    torch.testing.assert_close(lead.reshape(-1, 3), torch.cat([c.reshape(-1, 3) for c in lead.unbind()]))
+
+
+@pytest.mark.parametrize(
+    "call, match",
+    [
+        (lambda x: x.view(-1, 8), "divide the 4 elements"),  # a row would straddle two samples
+        (lambda x: x.reshape(-1, 3), "divide the 4 elements"),
+        (lambda x: x.view(3, -1), "static dims may only regroup"),  # a row per sample would be ragged
+        (lambda x: x.reshape(-1, 0), "divide"),
+    ],
+)
+def test_flatten_requests_that_mix_samples_raise(call, match):
+    x = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(1, 4), torch.randn(3, 4)], layout=mj.multi_jagged)
+    with pytest.raises(StructureError, match=match):
+        call(x)
+
+
+def test_flattening_the_batch_dim_with_some_ragged_dims_only_raises():
+    x = torch.nested.nested_tensor([torch.randn(2, 2, 3), torch.randn(3, 3, 3)], layout=mj.multi_jagged)
+    with pytest.raises(StructureError, match="flatten"):
+        x.flatten(0, 1)
+
+
+def test_shapes_that_keep_the_batch_dim_are_unchanged():
+    x = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)], layout=mj.multi_jagged)
+    for y in (x.view(-1, x.shape[1], 4), x.view(2, -1, 4), x.reshape(-1, -1, 2, 2)):
+        assert isinstance(y, mj.MultiJaggedTensor)
+
+
+# ----------------------------------------------------------------------------- and back
+class Conv1D(torch.nn.Module):
+    """GPT-2's ``Conv1D`` (``transformers.pytorch_utils``), as written there."""
+
+    def __init__(self, nf, nx):
+        super().__init__()
+        self.nf = nf
+        self.weight = torch.nn.Parameter(torch.randn(nx, nf, dtype=F64))
+        self.bias = torch.nn.Parameter(torch.randn(nf, dtype=F64))
+
+    def forward(self, x):
+        size_out = x.size()[:-1] + (self.nf,)
+        x = torch.addmm(self.bias, x.view(-1, x.size(-1)), self.weight)
+        x = x.view(size_out)
+        return x
+
+
+def _opt_ffn(ln, fc1, fc2):
+    def forward(h):  # OPT's decoder feed-forward, as written in transformers' OPTDecoderLayer
+        shape = h.shape
+        h = h.reshape(-1, h.size(-1))
+        residual = h
+        h = fc2(F.relu(fc1(ln(h))))
+        return (residual + h).view(shape)
+
+    return forward
+
+
+def _round_trip_modules(c):
+    torch.manual_seed(0)
+    conv = Conv1D(5, c)
+    ln, fc1, fc2 = torch.nn.LayerNorm(c).double(), torch.nn.Linear(c, 7).double(), torch.nn.Linear(7, c).double()
+    return {
+        "conv1d": (conv, list(conv.parameters())),
+        "opt_ffn": (_opt_ffn(ln, fc1, fc2), [*ln.parameters(), *fc1.parameters(), *fc2.parameters()]),
+        "unflatten": (lambda h: (h.flatten(0, h.dim() - 2) * 2).unflatten(0, h.shape[:-1]), []),
+        "view_as": (lambda h: torch.tanh(h.reshape(-1)).view_as(h), []),
+        "reshape_as": (lambda h: torch.tanh(h.reshape(-1)).reshape_as(h), []),
+        "torch.reshape": (lambda h: torch.reshape(torch.tanh(h.reshape(-1, h.shape[-1])), h.shape), []),
+    }
+
+
+@few(15)
+@given(structures(SEQ, min_c=2, max_c=4) | structures(SQUARE, min_c=2, max_c=4), seeds, st.sampled_from(sorted(_round_trip_modules(2))))
+def test_round_trip_matches_per_sample_with_gradients_to_every_leaf(s, seed, name):
+    comps = s.components(seed)
+    x, leaves = build(comps, s.ragged_dims, requires_grad=True)
+    mod, params = _round_trip_modules(s.c)[name]
+    out = mod(x)
+    assert isinstance(out, mj.MultiJaggedTensor) and out.shape[: len(s.ragged_dims) + 1] == x.shape[: len(s.ragged_dims) + 1]
+    refs = [mod(c.unsqueeze(0)).squeeze(0) for c in leaves]
+    for a, b in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, b)
+    inputs = [*leaves, *params]
+    got = torch.autograd.grad((out * out).sum(), inputs, create_graph=True)
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs), inputs, create_graph=True)
+    for g, h in zip(got, want):
+        torch.testing.assert_close(g, h)
+    # second order: the gradient's own gradient, to every leaf
+    g2 = torch.autograd.grad(sum((g * g).sum() for g in got), inputs, allow_unused=True)
+    h2 = torch.autograd.grad(sum((h * h).sum() for h in want), inputs, allow_unused=True)
+    for g, h in zip(g2, h2):
+        torch.testing.assert_close(g if g is not None else torch.zeros_like(h), h if h is not None else torch.zeros_like(g))
+
+
+def test_round_trip_does_not_leak_between_samples():
+    conv = Conv1D(3, 4)
+    comps = [torch.randn(n, 4, dtype=F64) for n in (2, 0, 3)]
+    a = conv(torch.nested.nested_tensor(comps, layout=mj.multi_jagged))
+    comps[2] = comps[2] * 100 + 1
+    b = conv(torch.nested.nested_tensor(comps, layout=mj.multi_jagged))
+    assert bit_equal(a.unbind()[0], b.unbind()[0]) and not torch.equal(a.unbind()[2], b.unbind()[2])
+
+
+def test_language_model_loss_over_flattened_tokens():
+    g = torch.Generator().manual_seed(0)
+    lens = (3, 0, 5)
+    logits = [torch.randn(n, 6, dtype=F64, generator=g, requires_grad=True) for n in lens]
+    labels = [torch.randint(0, 6, (n,), generator=g) for n in lens]
+    x = mj.as_nested_tensor(logits)
+    y = torch.nested.nested_tensor(labels, layout=mj.multi_jagged)
+    flat_labels = y.view(-1)
+    assert flat_labels.dtype == torch.int64 and type(flat_labels) is FlatBatch
+    loss = F.cross_entropy(x.view(-1, x.size(-1)), flat_labels)
+    ref = F.cross_entropy(torch.cat(logits), torch.cat(labels))
+    torch.testing.assert_close(loss, ref)
+    for a, b in zip(torch.autograd.grad(loss, logits), torch.autograd.grad(ref, logits)):
+        torch.testing.assert_close(a, b)
+    # the causal LM's shift, as Hugging Face writes it: predict token t + 1 from position t
+    shifted = F.cross_entropy(x[..., :-1, :].contiguous().view(-1, x.size(-1)), y[..., 1:].contiguous().view(-1))
+    ref = F.cross_entropy(torch.cat([t[:-1] for t in logits]), torch.cat([t[1:] for t in labels]))
+    torch.testing.assert_close(shifted, ref)
+    for a, b in zip(torch.autograd.grad(shifted, logits), torch.autograd.grad(ref, logits)):
+        torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_every_dtype_flattens_and_comes_back(dtype):
+    comps = [torch.arange(n * 3).view(n, 3).to(dtype) for n in (2, 0, 1)]
+    x = torch.nested.nested_tensor(comps, layout=mj.multi_jagged)
+    flat = x.view(-1, 3)
+    assert flat.dtype == dtype and torch.equal(flat, torch.cat(comps))
+    back = flat.view(x.shape)
+    assert back.dtype == dtype and all(torch.equal(a, b) for a, b in zip(back.unbind(), comps))
+
+
+def test_restoring_to_another_batch_or_a_wrong_size_raises():
+    x = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)], layout=mj.multi_jagged)
+    other = torch.nested.nested_tensor([torch.randn(1, 4), torch.randn(1, 4)], layout=mj.multi_jagged)
+    flat = x.view(-1, 4)
+    with pytest.raises(StructureError, match="expected"):
+        flat.view(other.shape)
+    with pytest.raises(StructureError, match="expected"):
+        flat.view(3, x.shape[1], 4)  # not the batch size
+    with pytest.raises(RuntimeError, match="cannot view a tensor of 20 elements"):
+        flat.view(2, x.shape[1], 3)
+    assert flat.view(-1, 2).shape == (10, 2)  # a dense view stays dense
+    with pytest.raises(RuntimeError):  # dense torch's own error for a plain tensor
+        flat.detach().as_subclass(torch.Tensor).view(x.shape)
+
+
+def test_flat_batch_is_dense_to_every_op():
+    x = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)], layout=mj.multi_jagged)
+    flat = x.view(-1, 4)
+    assert type(flat.sum(0)) is FlatBatch and type(torch.cat([flat, flat])) is FlatBatch
+    assert type(flat.topk(2, dim=-1).values) is FlatBatch
+    assert repr(flat).startswith("tensor(") and f"{flat.sum():.3f}" == f"{flat.sum().item():.3f}"
+    assert copy.deepcopy(flat).view(x.shape).shape == x.shape
+    buf = io.BytesIO()
+    torch.save(flat, buf)
+    buf.seek(0)
+    loaded = torch.load(buf)
+    assert type(loaded) is torch.Tensor and torch.equal(loaded, flat)
+    w = torch.randn(4, 4, requires_grad=True)
+    y = flat @ w
+    assert type(y._base) is not FlatBatch or y._base is not y  # attributes are not re-wrapped
+
+
+def test_a_flat_batch_meets_a_multi_jagged_operand_as_a_dense_tensor():
+    x = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)], layout=mj.multi_jagged)
+    flat = x.view(-1, 4)
+    for call in (lambda: x + flat, lambda: flat + x):  # dense (5, 4) against (2, j0, 4): no broadcast
+        with pytest.raises(StructureError, match="cannot broadcast"):
+            call()
+    assert torch.equal((x + flat.view_as(x)).values(), 2 * x.values())
+    gram = flat.T @ flat  # statistics over every token, applied to each: the multi_jagged operand's matmul
+    for a, b in zip((x @ gram).unbind(), x.unbind()):
+        torch.testing.assert_close(a, b @ gram.as_subclass(torch.Tensor))
+
+
+def test_flatten_under_compile_breaks_the_graph_and_matches_eager():
+    conv = Conv1D(3, 4).float()
+    x = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(1, 4), torch.randn(3, 4)], layout=mj.multi_jagged).requires_grad_()
+    torch._dynamo.reset()
+    out = torch.compile(conv, backend="aot_eager")(x)
+    ref = conv(x)
+    for a, b in zip(out.unbind(), ref.unbind()):
+        torch.testing.assert_close(a, b)
+    gx = torch.autograd.grad(out.sum(), x)[0]
+    rx = torch.autograd.grad(ref.sum(), x)[0]
+    for a, b in zip(gx.unbind(), rx.unbind()):
+        torch.testing.assert_close(a, b)
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match="FlatBatch"):
+        torch.compile(conv, backend="aot_eager", fullgraph=True)(x)

@@ -1,0 +1,259 @@
+"""Flattening the batch dim into the rows, and back: ``x.view(-1, C)`` … ``y.view(x.shape)``.
+
+NOTE [ Flattening the batch dim ]
+
+Model code flattens a ``(B, L, C)`` batch into ``(B·L, C)`` rows around ops that take a matrix
+and views the result back: GPT-2's ``Conv1D`` (``addmm(b, x.view(-1, C), W).view(size_out)``),
+OPT's feed-forward (``reshape(-1, C)`` … ``.view(shape)``), a language model's loss
+(``cross_entropy(logits.view(-1, V), labels.view(-1))``). For a multi_jagged ``x`` the natural
+meaning, and dense torch's on a batch without padding, is the samples' elements concatenated in
+order: ``torch.cat([xi.reshape(-1) for xi in x.unbind()]).view(shape)``. When the ragged dims
+follow the batch dim (``(B, j0, C)``, ``(B, j0, j1, C)``), the packed values are already in that
+order and the result is a view of them (``view`` / ``reshape`` / ``flatten(0, k)`` / ``ravel``);
+otherwise ``view`` refuses as dense torch's does for a tensor its strides cannot view, and
+``reshape`` copies sample by sample.
+
+A request flattens the batch dim exactly when it cannot keep it: no nested int in the shape,
+``-1`` first and every later size given (a shape that keeps the batch dim names each ragged dim
+by its nested int or ``-1``, so the two never overlap). The later sizes must divide the elements
+after the last ragged dim, so that no row of the result straddles two samples; otherwise the
+request raises, as one that names the batch dim differently does (``x.view(B, -1)``: a row per
+sample would be ragged).
+
+The result is dense: every op takes it as a dense tensor. To let ``y.view(x.shape)`` turn it back
+into a batch, it is a ``FlatBatch``, a dense subclass that remembers the partition it came from;
+any op on it returns a ``FlatBatch`` again (an alias, no copy), and ``view`` / ``reshape`` /
+``view_as`` / ``reshape_as`` / ``unflatten(0, …)`` to a shape that holds the batch's nested ints
+(``(B, j0, …, *static)``, ``B`` or ``-1`` first, the ragged sizes as the batch had them) give a
+multi_jagged tensor over its elements, with gradients both ways. A shape with nested ints of
+another batch raises. ``torch.save`` stores a ``FlatBatch`` as a plain tensor. A compiled region
+cannot make one (fake tensors do not become subclasses): the flatten and each op on the
+``FlatBatch`` are graph breaks, run eagerly (NOTE [ Eager-only routes ] in ``_common.py``).
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch.fx.experimental.symbolic_shapes import is_nested_int
+
+from ...bridge import values_of, wrap_values
+from ...errors import StructureError
+from ...structure import Partition
+from .._common import MJT, describe, eager_route
+
+__all__ = ["FlatBatch", "flat_request", "flatten_batch"]
+
+_DisableTF = torch._C.DisableTorchFunctionSubclass
+
+
+def _shape_arg(shape) -> tuple:
+    if len(shape) == 1 and isinstance(shape[0], (list, tuple, torch.Size)):
+        return tuple(shape[0])
+    return tuple(shape)
+
+
+def _tail(x: MJT) -> int:
+    """Elements per row after the last ragged dim."""
+    n = 1
+    for s in x._size[max(x._ragged_dims) + 1:]:
+        n *= s
+    return n
+
+
+def flat_request(x: MJT, shape) -> bool:
+    """Whether ``shape`` flattens the batch dim of ``x`` (the NOTE's rule): no nested int, ``-1``
+    first, every later size given."""
+    if not shape or shape[0] != -1 or is_nested_int(shape[0]):
+        return False
+    return all((isinstance(s, int) and s >= 0) or (isinstance(s, torch.SymInt) and not is_nested_int(s)) for s in shape[1:])
+
+
+def _check_rows(op: str, x: MJT, shape) -> None:
+    inner = 1
+    for s in shape[1:]:
+        inner *= s
+    tail = _tail(x)
+    if inner == 0 or tail % inner:
+        what = f"view {describe(x)} as" if op == "view" else f"{op} {describe(x)} to"
+        raise StructureError(
+            f"{op}(): cannot {what} {tuple(shape)}: flattening the batch dim, the sizes after the "
+            f"first must divide the {tail} elements after the last ragged dim (a row would hold elements of "
+            "two samples)"
+        )
+
+
+_WHY = (
+    "{op}(): flattening the batch dim of a multi_jagged tensor makes a FlatBatch (NOTE [ Flattening the batch "
+    "dim ] in ops/shape/tokens.py), a tensor subclass that a compiled region cannot create"
+)
+
+
+@eager_route(_WHY)
+def flatten_batch(op: str, x: MJT, shape) -> "FlatBatch":
+    """``x`` with its batch and ragged dims flattened into the first dim of ``shape`` (``-1``); see
+    the NOTE. ``op`` is ``view`` (no copy, or dense torch's error) or a copying op's name."""
+    shape = tuple(shape)
+    _check_rows(op, x, shape)
+    k = len(x._ragged_dims)
+    if x._ragged_dims == tuple(range(1, k + 1)) or x._partition.batch == 0:  # values in the samples' order
+        v = values_of(x)
+        flat = v.view(shape) if op == "view" else v.reshape(shape)
+    elif op == "view":
+        raise RuntimeError(
+            f"view(): cannot view {describe(x)} as {shape}: its elements are not stored in the samples' order "
+            "(a dim precedes a ragged dim); use .reshape(...) instead"
+        )
+    else:
+        flat = torch.cat([t.reshape(-1) for t in x.unbind()]).view(shape)
+    return FlatBatch._mark(flat, x._partition, tuple(x._size[d] for d in x._ragged_dims))
+
+
+class FlatBatch(torch.Tensor):
+    r"""A dense tensor holding a multi_jagged batch with its batch dim flattened into its rows
+    (``x.view(-1, C)``, ``x.reshape(-1)``, ``x.flatten(0, 1)``): every op takes it as the dense
+    tensor it is, and ``view`` / ``reshape`` / ``view_as`` / ``reshape_as`` / ``unflatten(0, …)`` to
+    a shape holding the batch's nested ints turn it (or any tensor computed from it) back into a
+    multi_jagged tensor. See NOTE [ Flattening the batch dim ] in ``ops/shape/tokens.py``."""
+
+    _batch: tuple  # (partition, the ragged sizes as nested ints, in the batch's order)
+
+    @classmethod
+    def _mark(cls, t: torch.Tensor, partition: Partition, nested: tuple) -> "FlatBatch":
+        with _DisableTF():
+            out = t.as_subclass(cls)
+        out._batch = (partition, nested)
+        return out
+
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if torch.compiler.is_compiling():
+            # dynamo inlines this: a graph break, and the op runs eagerly (FakeTensors cannot be
+            # made FlatBatches); made on first use, as eager routes' (NOTE [ Eager-only routes ])
+            if not _EAGER:
+                _EAGER.append(torch.compiler.disable(_torch_function, reason=_WHY_OPS))
+            return _EAGER[0](func, types, args, kwargs or {})
+        return _torch_function(func, types, args, kwargs or {})
+
+    def __deepcopy__(self, memo):
+        with _DisableTF():
+            plain = copy.deepcopy(self.as_subclass(torch.Tensor), memo)
+        return FlatBatch._mark(plain, *self._batch)
+
+
+_WHY_OPS = (
+    "ops on a FlatBatch (a multi_jagged batch with its batch dim flattened, NOTE [ Flattening the batch dim ] in "
+    "ops/shape/tokens.py) run eagerly: a compiled region cannot make FlatBatch results"
+)
+_AS_PLAIN = {torch.Tensor.__reduce_ex__, torch.Tensor.__repr__, torch.Tensor.__format__}
+_EAGER: list = []
+
+
+def _torch_function(func, types, args, kwargs):
+    batch = _batch_of(args, kwargs)
+    restore = _RESTORE.get(func)
+    if restore is not None:
+        out = restore(batch, *args, **kwargs)
+        if out is not NotImplemented:
+            return out
+    if any(t is not torch.Tensor and not issubclass(t, FlatBatch) for t in types):
+        return NotImplemented  # another subclass (a multi_jagged operand) decides
+    if func in _AS_PLAIN:  # saved and printed as the plain tensor it is
+        with _DisableTF():
+            return func(args[0].as_subclass(torch.Tensor), *args[1:], **kwargs)
+    with _DisableTF():
+        out = func(*args, **kwargs)
+    if getattr(func, "__name__", None) == "__get__":  # attributes (``_base``, ``grad``) as they are
+        return out
+    return _mark_all(out, batch)
+
+
+def _batch_of(args, kwargs) -> tuple:
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, FlatBatch):
+            return a._batch
+        if isinstance(a, (list, tuple)):  # torch.cat([y, z]), torch.stack(…)
+            for b in a:
+                if isinstance(b, FlatBatch):
+                    return b._batch
+    raise AssertionError("FlatBatch.__torch_function__ without a FlatBatch argument")
+
+
+def _mark_all(out, batch):
+    if isinstance(out, torch.Tensor) and not isinstance(out, (FlatBatch, MJT)):
+        return FlatBatch._mark(out, *batch)
+    if isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out):
+        return type(out)(_mark_all(o, batch) for o in out)
+    return out
+
+
+def _restore(op: str, batch, y: torch.Tensor, shape) -> MJT | object:
+    """``y`` viewed as the multi_jagged ``shape`` (the NOTE), or ``NotImplemented`` when ``shape``
+    holds no nested int (a dense view)."""
+    shape = tuple(shape)
+    if not any(is_nested_int(s) for s in shape):
+        return NotImplemented
+    partition, nested = batch
+    k = len(nested)
+    want = f"({partition.batch} or -1, {', '.join(str(n) for n in nested)}, *static sizes)"
+    if (
+        len(shape) < k + 1
+        or is_nested_int(shape[0])
+        or shape[0] not in (partition.batch, -1)
+        or not all(s is n or (is_nested_int(s) and s == n) for s, n in zip(shape[1:k + 1], nested))
+        or any(is_nested_int(s) for s in shape[k + 1:])
+    ):
+        raise StructureError(
+            f"{op}(): cannot {op} a tensor flattened from a multi_jagged batch to {shape}: expected {want}"
+        )
+    with _DisableTF():
+        plain = y.as_subclass(torch.Tensor)
+        rows = int(partition.rows)
+        try:
+            values = plain.view(rows, *shape[k + 1:]) if op == "view" else plain.reshape(rows, *shape[k + 1:])
+        except RuntimeError as e:
+            raise RuntimeError(
+                f"{op}(): cannot {op} a tensor of {plain.numel()} elements ({tuple(plain.shape)}) to {shape}, a "
+                f"batch of {rows} rows: {e}"
+            ) from None
+    return wrap_values(values, partition, tuple(range(1, k + 1)))
+
+
+def _restore_shape(op: str):
+    def restore(batch, y, *shape):
+        return _restore(op, batch, y, _shape_arg(shape))
+
+    return restore
+
+
+def _restore_as(op: str):
+    def restore(batch, y, other):
+        if not isinstance(y, FlatBatch) or not isinstance(other, torch.Tensor):
+            return NotImplemented
+        return _restore(op, batch, y, other.shape)
+
+    return restore
+
+
+def _restore_unflatten(batch, y, dim, sizes):
+    if not isinstance(y, FlatBatch) or dim not in (0, -y.dim()) or y.dim() == 0:
+        return NotImplemented
+    return _restore("unflatten", batch, y, (*sizes, *y.shape[1:]))
+
+
+def _restore_reshape_fn(batch, y, shape):
+    if not isinstance(y, FlatBatch):
+        return NotImplemented
+    return _restore("reshape", batch, y, _shape_arg((shape,)))
+
+
+_RESTORE = {
+    torch.Tensor.view: _restore_shape("view"),
+    torch.Tensor.reshape: _restore_shape("reshape"),
+    torch.reshape: _restore_reshape_fn,
+    torch.Tensor.view_as: _restore_as("view"),
+    torch.Tensor.reshape_as: _restore_as("reshape"),
+    torch.Tensor.unflatten: _restore_unflatten,
+    torch.unflatten: _restore_unflatten,
+}
