@@ -330,6 +330,12 @@ BUGS = [
         "s is n or (is_nested_int(s) and s == n)", "is_nested_int(s)", ("test_flatten_batch.py",)),
     Bug("FlatBatch results lose the batch they came from", "ops/shape/tokens.py",
         "return _mark_all(out, batch)", "return out", ("test_flatten_batch.py",)),
+    Bug("recurrent layer's final states left in length order", "ops/nn/rnn.py",
+        "finals = [h.index_copy(1, order, f) for h, f in zip(states, finals)]",
+        "finals = [h.index_copy(1, order.sort().values, f) for h, f in zip(states, finals)]", ("test_rnn.py",)),
+    Bug("recurrent layer's time-major rows shifted by one step", "ops/nn/rnn.py",
+        "rows = (starts[k] + t).to(p.offsets.device)", "rows = (starts[k] + t.clamp(max=0)).to(p.offsets.device)",
+        ("test_rnn.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]
