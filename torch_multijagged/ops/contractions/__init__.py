@@ -1,5 +1,6 @@
 """Contractions: ``linear`` / ``matmul`` (``matmul.py``), ``einsum`` (``einsum.py``), and
 contractions over a ragged dim of square pairs, ``multijagged::pair_matmul`` (``pair_mm.py``,
-NOTE [ Contracting a ragged dim ])."""
+NOTE [ Contracting a ragged dim ]), and linear algebra of the matrices a batch holds
+(``linalg.py``, NOTE [ Matrices in a batch ])."""
 
-from . import pair_mm, matmul, einsum  # noqa: F401  (register)
+from . import pair_mm, matmul, einsum, linalg  # noqa: F401  (register)

@@ -402,6 +402,54 @@ def _pairwise_distance(x1, x2, p=2.0, eps=1e-6, keepdim=False):
     return torch.linalg.vector_norm(x1 - x2 + eps, p, -1, keepdim)
 
 
+@route(torch.cdist)
+def _cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
+    """``‖x1[i] - x2[j]‖_p`` for every pair of rows of each sample: ``(B, j0, C)`` with ``(B, j1, C)``
+    (or a dense ``(B, M, C)``) is ``(B, j0, j1)``, as the dense op on each sample. Computed as the
+    norm of the pair of differences (dense torch's matmul form for large inputs rounds otherwise;
+    ``compute_mode`` does not change the values beyond rounding)."""
+    if not _involved(x1, x2):
+        return NotImplemented
+    for t in (x1, x2):
+        if t.dim() != 3 or (isinstance(t, MJT) and t._ragged_dims[-1] == 2):
+            raise StructureError(
+                f"cdist(): expected batches of row vectors (B, j0, C) (a static last dim), got {describe(t)}"
+            )
+    if p < 0:
+        raise RuntimeError(f"cdist only supports non-negative p values, got {p}")
+    return torch.linalg.vector_norm(x1.unsqueeze(2) - x2.unsqueeze(1), p, -1)
+
+
+@route(F.cosine_similarity, torch.cosine_similarity)
+def _cosine_similarity(x1, x2, dim=1, eps=1e-8):
+    """Dense torch's formula: each input divided by its 2-norm over ``dim``, the norm clamped below
+    at ``eps`` without a gradient through the clamp, then the product summed over ``dim``."""
+    if not _involved(x1, x2):
+        return NotImplemented
+
+    def unit(t):
+        n = torch.linalg.vector_norm(t, 2, dim, keepdim=True)
+        return t / (n + (n.clamp_min(eps) - n).detach())
+
+    return (unit(x1) * unit(x2)).sum(dim)
+
+
+@route(F.prelu, torch.prelu)
+def _prelu(input, weight):
+    """``x`` where ``x > 0``, else ``weight · x``, with ``weight`` of one element or one per channel
+    (dim 1, a static dim: images ``(B, C, j0, j1)``), as dense torch."""
+    if not isinstance(input, MJT) or isinstance(weight, MJT):
+        return NotImplemented
+    if weight.numel() != 1:
+        if 1 in input._ragged_dims or weight.dim() != 1 or weight.shape[0] != input.shape[1]:
+            raise StructureError(
+                f"prelu(): expected a weight of 1 element or one per channel (dim 1, static) of {describe(input)}, "
+                f"got {tuple(weight.shape)}"
+            )
+        weight = weight.view(-1, *([1] * (input.dim() - 2)))
+    return torch.where(input > 0, input, weight * input)
+
+
 @route(F.cosine_embedding_loss)
 def _cosine_embedding_loss(input1, input2, target, margin=0.0, size_average=None, reduce=None, reduction="mean"):
     if not _involved(input1, input2, target):

@@ -435,6 +435,21 @@ def slice_backward_default(func, grad, input_sizes, dim, start, end, step):
     return wrap(func(grad._values, [grad._values.shape[0], *static], vd, start, end, step), grad._partition, grad._ragged_dims)
 
 
+@register_multi_jagged_func(aten.unfold.default, "self: mjt, dimension: any, size: any, step: any")
+def unfold_default(func, inp, dimension, size, step):
+    """``x.unfold(d, size, step)`` of a static dim: windows of each row's elements, a new last dim."""
+    _, vd = _static_vdim("unfold", inp, dimension)
+    return wrap(func(inp._values, vd, size, step), inp._partition, inp._ragged_dims)
+
+
+@register_multi_jagged_func(aten.unfold_backward.default, "grad_in: mjt, input_sizes: any, dim: any, size: any, step: any")
+def unfold_backward_default(func, grad, input_sizes, dim, size, step):
+    d = canonical_dim("unfold_backward", len(input_sizes), dim)
+    static = [s for e, s in enumerate(input_sizes) if e and e not in grad._ragged_dims]
+    vd = static_dims(len(input_sizes), grad._ragged_dims).index(d) + 1
+    return wrap(func(grad._values, [grad._values.shape[0], *static], vd, size, step), grad._partition, grad._ragged_dims)
+
+
 @register_multi_jagged_func(aten.select_backward.default, "grad: mjt, input_sizes: any, dim: any, index: any")
 def select_backward_default(func, grad, input_sizes, dim, index):
     d = canonical_dim("select_backward", len(input_sizes), dim)

@@ -1,0 +1,111 @@
+"""``torch.cdist``, ``F.cosine_similarity``, ``F.prelu`` and ``Tensor.unfold`` of a static dim on
+multi_jagged tensors, against the dense op on each sample: values, gradients to every input
+(second order where the op has one), a zero-length sample, the no-leakage property."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+from torch_multijagged import StructureError
+from _reference import LAYOUTS, R, SEQ, few, per_sample_check, seeds, structures
+from _structures import bit_equal
+
+F64 = torch.float64
+
+
+@few(15)
+@given(structures(SEQ, min_c=1, max_c=3), structures(SEQ, min_c=1, max_c=3), seeds, st.sampled_from([0.0, 1.0, 2.0, 3.0, float("inf")]))
+def test_cdist_between_two_batches_per_sample(s, t, seed, p):
+    b = min(s.batch, t.batch)
+    a_comps = s.components(seed)[:b]
+    b_comps = [c[:, : s.c] if c.shape[1] >= s.c else torch.cat([c, c.new_zeros(c.shape[0], s.c - c.shape[1])], 1)
+               for c in t.components(seed + 1)[:b]]
+    # p < 1 and p = inf have no gradient at zero distance in dense torch either: values only there
+    per_sample_check(lambda x, y: torch.cdist(x, y, p=p), R(a_comps, (1,)), R(b_comps, (1,)), grad=p >= 1.0, seed=seed)
+
+
+@few(10)
+@given(structures(SEQ, min_c=1, max_c=3), seeds)
+def test_cdist_of_a_batch_with_itself_has_zero_diagonal_gradients(s, seed):
+    # the diagonal is a zero distance: dense torch's gradient there is 0, not nan
+    per_sample_check(lambda x: torch.cdist(x, x), R(s.components(seed), (1,)), seed=seed)
+
+
+def test_cdist_with_a_dense_batch_and_its_errors():
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, dtype=F64, generator=g) for n in (2, 0, 4)]
+    y = torch.randn(3, 5, 3, dtype=F64, generator=g, requires_grad=True)
+    out = torch.cdist(mj.as_nested_tensor(comps), y)
+    for i, (o, c) in enumerate(zip(out.unbind(), comps)):
+        torch.testing.assert_close(o, torch.cdist(c, y[i]))
+    signals = mj.as_nested_tensor([torch.randn(2, n) for n in (3, 1)], ragged_dims=(2,))
+    with pytest.raises(StructureError, match="static last dim"):
+        torch.cdist(signals, signals)
+
+
+@few(15)
+@given(structures(SEQ, min_c=2, max_c=4) | structures(LAYOUTS[1], min_c=2, max_c=4), seeds, st.sampled_from([-1, 1]))
+def test_cosine_similarity_over_static_and_ragged_dims(s, seed, dim):
+    comps = s.components(seed)
+    other = [torch.flip(c, (-1,)) * 0.5 + 0.1 for c in comps]
+    per_sample_check(lambda x, y: F.cosine_similarity(x, y, dim=dim), R(comps, s.ragged_dims), R(other, s.ragged_dims),
+                     ref=lambda x, y: F.cosine_similarity(x, y, dim=dim - 1 if dim > 0 else dim), seed=seed,
+                     dense_out=dim == 1 and s.ragged_dims == (1,))  # the only ragged dim reduced
+
+
+def test_cosine_similarity_clamps_small_norms_as_dense():
+    comps = [torch.zeros(2, 3, dtype=F64), torch.full((1, 3), 1e-10, dtype=F64)]
+    x = mj.as_nested_tensor([c.clone().requires_grad_() for c in comps])
+    out = F.cosine_similarity(x, x + 1, dim=-1)
+    for o, c in zip(out.unbind(), comps):
+        torch.testing.assert_close(o, F.cosine_similarity(c, c + 1, dim=-1))
+
+
+@few(10)
+@given(structures(SEQ, min_c=1, max_c=3), seeds)
+def test_prelu_one_weight(s, seed):
+    w = torch.tensor([0.25], dtype=F64)
+    per_sample_check(lambda x, w: F.prelu(x, w), R(s.components(seed), (1,)), w, seed=seed)
+
+
+def test_prelu_per_channel_of_images():
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(3, h, w, dtype=F64, generator=g, requires_grad=True) for h, w in ((2, 3), (0, 1), (4, 2))]
+    w = torch.rand(3, dtype=F64, generator=g, requires_grad=True)
+    out = F.prelu(mj.as_nested_tensor(comps, ragged_dims=(2, 3)), w)
+    refs = [F.prelu(c.unsqueeze(0), w)[0] for c in comps]
+    for o, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(o, r)
+    ga = torch.autograd.grad(sum((o * o).sum() for o in out.unbind()), [*comps, w])
+    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), [*comps, w])
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b)
+    tokens = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(1, 3)], layout=mj.multi_jagged)
+    with pytest.raises(StructureError, match="one per channel"):
+        F.prelu(tokens, torch.rand(3))  # dim 1 is ragged: no channel dim there
+
+
+@few(15)
+@given(structures(SEQ, min_c=3, max_c=5) | structures(LAYOUTS[3], min_c=3, max_c=5), seeds, st.integers(1, 3), st.integers(1, 2))
+def test_unfold_of_the_last_static_dim(s, seed, size, step):
+    per_sample_check(lambda x: x.unfold(-1, size, step), R(s.components(seed), s.ragged_dims), seed=seed)
+
+
+def test_unfold_refuses_the_batch_and_ragged_dims():
+    x = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(1, 3)], layout=mj.multi_jagged)
+    for d in (0, 1):
+        with pytest.raises(StructureError, match="static dim"):
+            x.unfold(d, 1, 1)
+
+
+def test_distances_do_not_leak_between_samples():
+    comps = [torch.randn(n, 3) for n in (3, 2, 4)]
+    a = torch.cdist(mj.as_nested_tensor(comps), mj.as_nested_tensor(comps))
+    comps[1] = comps[1] * 7 + 2
+    b = torch.cdist(mj.as_nested_tensor(comps), mj.as_nested_tensor(comps))
+    assert bit_equal(a.unbind()[0], b.unbind()[0]) and bit_equal(a.unbind()[2], b.unbind()[2])
+    assert not torch.equal(a.unbind()[1], b.unbind()[1])

@@ -1,0 +1,153 @@
+"""Linear algebra of the matrices a batch holds (NOTE [ Matrices in a batch ] in
+``ops/contractions/linalg.py``): ``torch.linalg`` on static matrix dims ``(B, j0, n, n)`` and on
+square pairs ``(B, j0, j0)``, against the function on each sample: every output, gradients to
+every input, second order, a zero-length sample, an empty batch and the structure errors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+from torch_multijagged import StructureError
+from _reference import R, few, per_sample_check, seeds
+
+F64 = torch.float64
+
+
+def _matrix(n: int, kind: str, g: torch.Generator, lead=()) -> torch.Tensor:
+    a = torch.randn(*lead, n, n, dtype=F64, generator=g)
+    eye = torch.eye(n, dtype=F64)
+    if kind == "spd":
+        return a @ a.transpose(-1, -2) + n * eye
+    if kind == "sym":
+        return (a + a.transpose(-1, -2)) / 2 + torch.diag(torch.arange(n, dtype=F64) * 3)  # distinct eigenvalues
+    if kind == "tri":
+        return torch.tril(a) + 2 * n * eye
+    return a + 2 * n * eye
+
+
+def _ragged_rows(lengths, n, kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [_matrix(n, kind, g, (m,)) for m in lengths]
+
+
+def _tuple(out):
+    return tuple(out) if isinstance(out, tuple) else out
+
+
+FUNCTIONS = {  # name: (function on one matrix or a batch of them, kind, has a gradient)
+    "inv": (torch.linalg.inv, "gen", True),
+    "inverse method": (lambda a: a.inverse(), "gen", True),
+    "det": (torch.linalg.det, "gen", True),
+    "logdet": (torch.logdet, "spd", True),
+    "slogdet": (lambda a: _tuple(torch.linalg.slogdet(a)), "gen", True),
+    "cholesky": (torch.linalg.cholesky, "spd", True),
+    "eigh": (lambda a: _tuple(torch.linalg.eigh(a)), "sym", True),
+    "eigvalsh": (torch.linalg.eigvalsh, "sym", True),
+    "qr": (lambda a: _tuple(torch.linalg.qr(a)), "gen", True),
+    "svd": (lambda a: _tuple(torch.linalg.svd(a)), "sym", True),
+    "svdvals": (torch.linalg.svdvals, "gen", True),
+    "matrix_exp": (torch.linalg.matrix_exp, "gen", True),
+    "matrix_power 3": (lambda a: torch.linalg.matrix_power(a, 3), "gen", True),
+    "matrix_power -1": (lambda a: torch.matrix_power(a, -1), "gen", True),
+    "pinv": (torch.linalg.pinv, "gen", True),
+    "matrix_norm nuc": (lambda a: torch.linalg.matrix_norm(a, "nuc"), "gen", True),
+    "matrix_rank": (torch.linalg.matrix_rank, "gen", False),
+    "cond": (torch.linalg.cond, "gen", True),
+    "lu_factor": (lambda a: _tuple(torch.linalg.lu_factor(a)), "gen", False),
+    "inv_ex": (lambda a: _tuple(torch.linalg.inv_ex(a)), "gen", False),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+@few(4)
+@given(lengths=st.lists(st.integers(0, 3), min_size=1, max_size=3), n=st.integers(1, 3), seed=seeds)
+def test_static_matrices_per_sample(name, lengths, n, seed):
+    fn, kind, grad = FUNCTIONS[name]
+    comps = _ragged_rows(lengths, n, kind, seed)
+    probe = fn(comps[0])
+    for k in range(len(probe)) if isinstance(probe, tuple) else [None]:  # each output on its own
+        one = fn if k is None else (lambda a, k=k: fn(a)[k])
+        per_sample_check(one, R(comps, (1,)), grad=grad and (k is None or probe[k].is_floating_point()), seed=seed,
+                         rtol=1e-6, atol=1e-8)
+
+
+def _square_pairs(lengths, kind, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [_matrix(m, kind, g) for m in lengths]
+
+
+@pytest.mark.parametrize("name", sorted(FUNCTIONS))
+@few(4)
+@given(lengths=st.lists(st.integers(0, 4), min_size=1, max_size=3), seed=seeds)
+def test_square_pairs_per_sample(name, lengths, seed):
+    fn, kind, grad = FUNCTIONS[name]
+    comps = _square_pairs(lengths, kind, seed)
+    x = mj.as_nested_tensor([c.clone().requires_grad_(grad) for c in comps], ragged_dims=(1, 2))
+    out = fn(x)
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = [fn(c) for c in comps]
+    refs = [r if isinstance(r, tuple) else (r,) for r in refs]
+    for k, o in enumerate(outs):
+        got = o.unbind() if isinstance(o, mj.MultiJaggedTensor) else list(o)
+        for a, r in zip(got, refs):
+            torch.testing.assert_close(a, r[k], rtol=1e-6, atol=1e-8)
+    if isinstance(outs[0], mj.MultiJaggedTensor) and outs[0].dim() == 3:
+        assert outs[0].shape[1] is x.shape[1] and outs[0].shape[2] is x.shape[2]  # the input's nested ints
+
+
+def test_square_pairs_gradients_and_second_order():
+    g = torch.Generator().manual_seed(0)
+    comps = [_matrix(n, "gen", g).requires_grad_() for n in (3, 0, 2)]
+    x = mj.as_nested_tensor(comps, ragged_dims=(1, 2))
+    y, d = torch.linalg.inv(x), torch.linalg.det(x)
+    loss = (y * y).sum() + (d * d).sum()
+    ref = sum((torch.linalg.inv(c) ** 2).sum() + torch.linalg.det(c) ** 2 for c in comps)
+    got = torch.autograd.grad(loss, comps, create_graph=True)
+    want = torch.autograd.grad(ref, comps, create_graph=True)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    g2 = torch.autograd.grad(sum((t * t).sum() for t in got), comps)
+    h2 = torch.autograd.grad(sum((t * t).sum() for t in want), comps)
+    for a, b in zip(g2, h2):
+        torch.testing.assert_close(a, b)
+    assert type(d) is torch.Tensor and d.shape == (3,)  # a scalar per sample: dense (B,)
+    ev = torch.linalg.eigvalsh(x @ x.transpose(1, 2))
+    assert ev.shape[1] is x.shape[1]  # a vector per sample rides on the pair's extent
+
+
+@few(8)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=3), st.integers(1, 3), seeds, st.booleans())
+def test_solve_two_operands(lengths, n, seed, vector):
+    a = _ragged_rows(lengths, n, "gen", seed)
+    g = torch.Generator().manual_seed(seed + 1)
+    b = [torch.randn(m, n, *(() if vector else (2,)), dtype=F64, generator=g) for m in lengths]
+    per_sample_check(torch.linalg.solve, R(a, (1,)), R(b, (1,)), seed=seed, rtol=1e-6, atol=1e-8)
+    tri = _ragged_rows(lengths, n, "tri", seed)
+    if not vector:
+        per_sample_check(lambda p, q: torch.linalg.solve_triangular(p, q, upper=False), R(tri, (1,)), R(b, (1,)), seed=seed,
+                         rtol=1e-6, atol=1e-8)
+    rhs = torch.randn(n, 2, dtype=F64, generator=g)  # a dense right-hand side shared by every matrix
+    per_sample_check(torch.linalg.solve, R(a, (1,)), rhs, seed=seed, rtol=1e-6, atol=1e-8)
+
+
+def test_empty_batch_of_square_pairs():
+    x = mj.from_packed(torch.zeros(0, dtype=F64), torch.zeros(1, dtype=torch.int64), torch.zeros(0, 2, dtype=torch.int64),
+                       ragged_dims=(1, 2))
+    assert torch.linalg.det(x).shape == (0,)
+    assert torch.linalg.inv(x).shape[0] == 0
+
+
+def test_structure_errors():
+    rect = mj.as_nested_tensor([torch.randn(2, 3), torch.randn(1, 2)], ragged_dims=(1, 2))
+    with pytest.raises(StructureError, match="square pair"):
+        torch.linalg.inv(rect)
+    seq = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(1, 3)], layout=mj.multi_jagged)
+    with pytest.raises(StructureError, match="matrix dims"):
+        torch.linalg.det(seq)
+    a = mj.as_nested_tensor([torch.eye(2).expand(n, 2, 2) for n in (1, 2)])
+    b = mj.as_nested_tensor([torch.ones(n, 2) for n in (2, 1)])
+    with pytest.raises(StructureError, match="differ in structure"):
+        torch.linalg.solve(a, b)

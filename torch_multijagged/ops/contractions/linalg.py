@@ -1,0 +1,164 @@
+"""Linear algebra of the matrices a multi_jagged tensor holds: ``torch.linalg`` on ``(B, j0, n, n)``
+(a matrix per row) and on square pairs ``(B, j0, j0)`` (a matrix per sample).
+
+NOTE [ Matrices in a batch ]
+
+``torch.linalg`` functions act on the last two dims (the *matrix* dims; ``svdvals`` and the rest
+likewise) and treat every dim before them as a batch dim. So:
+
+* **Static matrix dims** (``(B, j0, n, n)``, ``(B, j0, j1, n, k)``): every packed row holds whole
+  matrices, and the function on the packed values ``(T, n, n)`` is the function on each sample —
+  one call, its own derivative (every order), outputs with the input's partition and ragged
+  dims (``det`` ``(B, j0)``, ``eigh`` ``((B, j0, n), (B, j0, n, n))``). A second operand
+  (``solve``'s ``B``, ``cholesky_solve``'s factor) is multi_jagged of the same structure, or a
+  dense tensor of at most the matrix dims (broadcast to every matrix).
+* **Ragged matrix dims** (a square pair ``(B, j0, j0)``: one ``nᵢ × nᵢ`` matrix per sample): the
+  function runs on each sample's matrix (a view) and the results are packed back — a pair's
+  output ``(nᵢ, nᵢ)`` into the input's partition, a vector's ``(nᵢ,)`` onto the pair's extent
+  (``(B, j0)``), a scalar into a dense ``(B,)``. A Python loop over samples: correct for any
+  sizes (a ``0 × 0`` matrix too, as dense), not fast for many small samples.
+
+Anything else (a ragged dim among the matrix dims of a rectangular pair, a ragged dim after
+them) raises, naming the function. Eager only: the values bridge and the loop are not traced
+(under ``torch.compile`` a graph break, NOTE [ Eager-only routes ] in ``_common.py``).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...bridge import values_of, wrap_values
+from ...errors import StructureError
+from ...structure import partition_for
+from .._common import MJT, describe, eager_route
+from .._routing import route
+
+__all__: list[str] = []
+
+_WHY = "{op}(): linear algebra of a multi_jagged tensor runs eagerly (on the packed values, or per sample)"
+
+# function → how many of its leading positional arguments are matrices (the rest pass through)
+_MATRIX_ARGS = {
+    torch.linalg.inv: 1, torch.inverse: 1, torch.linalg.inv_ex: 1,
+    torch.linalg.det: 1, torch.det: 1, torch.logdet: 1, torch.linalg.slogdet: 1, torch.slogdet: 1,
+    torch.linalg.cholesky: 1, torch.linalg.cholesky_ex: 1,
+    torch.linalg.eigh: 1, torch.linalg.eigvalsh: 1, torch.linalg.eig: 1, torch.linalg.eigvals: 1,
+    torch.linalg.qr: 1, torch.linalg.svd: 1, torch.linalg.svdvals: 1, torch.svd: 1,
+    torch.linalg.matrix_exp: 1, torch.matrix_exp: 1, torch.linalg.matrix_power: 1, torch.matrix_power: 1,
+    torch.linalg.pinv: 1, torch.pinverse: 1, torch.linalg.matrix_norm: 1, torch.linalg.matrix_rank: 1,
+    torch.linalg.cond: 1, torch.linalg.lu_factor: 1, torch.linalg.lu: 1,
+    torch.linalg.solve: 2, torch.linalg.solve_ex: 2, torch.cholesky_solve: 2, torch.linalg.solve_triangular: 2,
+}
+# Tensor methods that are the same functions
+_METHODS = {
+    torch.Tensor.inverse: torch.inverse, torch.Tensor.det: torch.det, torch.Tensor.logdet: torch.logdet,
+    torch.Tensor.slogdet: torch.slogdet, torch.Tensor.svd: torch.svd, torch.Tensor.matrix_exp: torch.matrix_exp,
+    torch.Tensor.matrix_power: torch.matrix_power, torch.Tensor.pinverse: torch.pinverse,
+    torch.Tensor.cholesky_solve: torch.cholesky_solve,
+}
+
+
+def _kind(op: str, x: MJT) -> str:
+    """``"rows"`` (the matrix dims are static), ``"samples"`` (they are a square pair's two ragged
+    dims) or a StructureError."""
+    n = x.dim()
+    if n < 3:
+        raise StructureError(f"{op}(): expected matrices in the last two dims, got {describe(x)}")
+    matrix = {n - 2, n - 1}
+    ragged = set(x._ragged_dims)
+    if not ragged & matrix:
+        return "rows"
+    if x._ragged_dims == (1, 2) and n == 3 and x._partition.extents[0] is x._partition.extents[1]:
+        return "samples"
+    raise StructureError(
+        f"{op}(): the matrix dims (the last two) of {describe(x)} must be static, or be a square pair's two ragged "
+        "dims (B, j0, j0)"
+    )
+
+
+def _structures_match(a: MJT, b: MJT) -> bool:
+    return a._partition.same_as(b._partition) and a._ragged_dims == b._ragged_dims
+
+
+def _on_rows(func, x: MJT, matrices, rest, kwargs):
+    args = []
+    for m in matrices:
+        if isinstance(m, MJT):
+            if not _structures_match(m, x):
+                raise StructureError(f"{func.__name__}(): operands {describe(x)} and {describe(m)} differ in structure")
+            args.append(values_of(m))
+        elif isinstance(m, torch.Tensor) and m.dim() > 2:
+            raise StructureError(
+                f"{func.__name__}(): a dense operand {tuple(m.shape)} with {describe(x)}: only the matrix dims (at most 2 dims)"
+            )
+        else:
+            args.append(m)
+    out = func(*args, *rest, **kwargs)
+    return _pack(out, lambda t: wrap_values(t, x._partition, x._ragged_dims))
+
+
+def _on_samples(func, x: MJT, matrices, rest, kwargs):
+    for m in matrices:
+        if isinstance(m, MJT) and m is not x and m._partition.extents[0] is not x._partition.extents[0]:
+            raise StructureError(f"{func.__name__}(): operands {describe(x)} and {describe(m)} differ in structure")
+    unbound = [m.unbind() if isinstance(m, MJT) else None for m in matrices]
+    per_sample = [
+        func(*[u[i] if u is not None else m for u, m in zip(unbound, matrices)], *rest, **kwargs)
+        for i in range(x._partition.batch)
+    ]
+    lengths = x._partition.extents[0].host_lengths().tolist()
+    if not per_sample:  # B = 0: what the function makes of a 0 × 0 matrix tells each output's form
+        empty = [torch.zeros(0, 0, dtype=m.dtype, device=m.device) if isinstance(m, MJT) else m for m in matrices]
+        probe = func(*empty, *rest, **kwargs)
+        return _pack(probe, lambda t: _assemble(x, [], [], t))
+    if isinstance(per_sample[0], torch.Tensor):
+        return _assemble(x, per_sample, lengths, per_sample[0])
+    fields = list(zip(*per_sample))
+    return type(per_sample[0])([_assemble(x, list(f), lengths, f[0]) if isinstance(f[0], torch.Tensor) else f[0] for f in fields])
+
+
+def _assemble(x: MJT, parts, lengths, like: torch.Tensor):
+    """Per-sample outputs packed back: ``(nᵢ, nᵢ, …)`` into the pair's partition, ``(nᵢ, …)`` onto
+    its extent, anything else stacked into a dense ``(B, …)``; ``like`` shows the form when ``parts``
+    is empty."""
+    if not parts:  # B = 0; ``like`` is the output for a 0 × 0 matrix
+        if like.dim() >= 2:
+            return wrap_values(like.new_zeros((0, *like.shape[2:])), x._partition, (1, 2))
+        if like.dim() == 1:
+            return wrap_values(like.new_zeros((0,)), partition_for((x._partition.extents[0],)), (1,))
+        return like.new_zeros((0,))
+    if all(p.dim() >= 2 and tuple(p.shape[:2]) == (n, n) for p, n in zip(parts, lengths)):
+        return wrap_values(torch.cat([p.reshape(n * n, *p.shape[2:]) for p, n in zip(parts, lengths)]), x._partition, (1, 2))
+    if all(p.dim() >= 1 and p.shape[0] == n for p, n in zip(parts, lengths)):
+        return wrap_values(torch.cat(parts), partition_for((x._partition.extents[0],)), (1,))
+    return torch.stack(parts)
+
+
+def _pack(out, wrap):
+    if isinstance(out, torch.Tensor):
+        return wrap(out)
+    return type(out)([wrap(o) if isinstance(o, torch.Tensor) else o for o in out])
+
+
+def _linalg(func):
+    k = _MATRIX_ARGS[func]
+
+    @eager_route(_WHY)
+    def routed(*args, **kwargs):
+        matrices, rest = list(args[:k]), args[k:]
+        x = next((m for m in matrices if isinstance(m, MJT)), None)
+        if x is None or "out" in kwargs or (func is torch.linalg.matrix_norm and ("dim" in kwargs or len(rest) > 1)):
+            return NotImplemented  # (a matrix norm over other dims: the norm routes)
+        kind = _kind(func.__name__, x)
+        if kind == "rows":
+            return _on_rows(func, x, matrices, rest, kwargs)
+        return _on_samples(func, x, matrices, rest, kwargs)
+
+    routed.__name__ = func.__name__
+    return routed
+
+
+for _f in _MATRIX_ARGS:
+    route(_f)(_linalg(_f))
+for _m, _f in _METHODS.items():
+    route(_m)(_linalg(_f))
