@@ -345,7 +345,7 @@ def _ctc(name):
     def f(a, t):
         return F.ctc_loss(a, t, il, tl, reduction="sum")
 
-    return [Case(f, (lp, tg), whole=lambda a, t: sum(F.ctc_loss(p, q, int(n), int(m), reduction="sum") for p, q, n, m in zip(a, t, il, tl)))]
+    return [Case(f, (lp, tg), whole=lambda a, t: sum(F.ctc_loss(p, q, n, m, reduction="sum") for p, q, n, m in zip(a, t, il, tl)))]
 
 
 # --- linear algebra ------------------------------------------------------------------------------

@@ -344,6 +344,10 @@ BUGS = [
         "if x._ragged_dims == (1, 2) and n == 3:", ("test_linalg.py",)),
     Bug("linalg rows path pairs operands of different structures", "ops/contractions/linalg.py",
         "if not _structures_match(m, x):", "if False:", ("test_linalg.py",)),
+    Bug("channel dropout draws one mask for the whole batch", "ops/nn/norms.py",
+        "shape = (input.shape[0], input.shape[1], *([1] * (ndim - 2)))", "shape = (1,)", ("test_channel_dropout.py",)),
+    Bug("ctc loss drops the last target label", "ops/nn/losses.py",
+        "        targets = targets.values()\n", "        targets = targets.values()[:-1]\n", ("test_losses.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

@@ -498,3 +498,29 @@ def test_losses_under_autocast_are_float32():
         (gr,) = torch.autograd.grad(ref, lin.weight)
         assert g.dtype == torch.float32
         torch.testing.assert_close(g, gr, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("form", ["sequence-first token", "batch-first"])
+def test_ctc_loss_per_sample_log_probs_and_ragged_targets(reduction, form):
+    """Log-probabilities ``(B, j0, C)`` — or their token ``x.transpose(0, 1)``, as speech models
+    call it — and targets ``(B, j1)``, against the padded dense call and against each sample's own
+    (unbatched) loss; gradients of every log-probability."""
+    g = torch.Generator().manual_seed(0)
+    steps, labels = (6, 4, 7, 3), (2, 1, 3, 0)
+    leaves = [torch.randn(t, 5, dtype=torch.float64, generator=g).log_softmax(-1).requires_grad_() for t in steps]
+    targets = [torch.randint(1, 5, (s,), generator=g) for s in labels]
+    x = mj.as_nested_tensor(leaves)
+    y = torch.nested.nested_tensor(targets, layout=mj.multi_jagged)
+    il, tl = torch.tensor(steps), torch.tensor(labels)
+    got = F.ctc_loss(x.transpose(0, 1) if form.startswith("sequence") else x, y, il, tl, reduction=reduction, zero_infinity=True)
+    padded = torch.nn.utils.rnn.pad_sequence(leaves)  # (T, N, C)
+    want = F.ctc_loss(padded, torch.cat(targets), il, tl, reduction=reduction, zero_infinity=True)
+    torch.testing.assert_close(got, want)
+    each = torch.stack([F.ctc_loss(lp, t, n, m, reduction="sum", zero_infinity=True) for lp, t, n, m in zip(leaves, targets, il, tl)])
+    if reduction != "mean":  # each sample's own loss (the mean divides by target lengths, one of them 0)
+        torch.testing.assert_close(got, each if reduction == "none" else each.sum())
+    for a, b in zip(torch.autograd.grad(got.sum(), leaves), torch.autograd.grad(want.sum(), leaves)):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(mj.StructureError, match=r"\(B, j0, C\)"):
+        F.ctc_loss(mj.as_nested_tensor([torch.randn(2, n) for n in (3, 1)], ragged_dims=(2,)), y, il[:2], tl[:2])

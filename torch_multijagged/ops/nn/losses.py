@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from ...errors import StructureError
 from .._common import MJT, describe
 from .._routing import route
+from ..shape.leading import BatchMoved, token_op
 
 __all__: list[str] = []
 
@@ -561,3 +562,32 @@ def _multilabel_margin_loss(input, target, size_average=None, reduce=None, reduc
     z = (1 - (input.gather(-1, safe).unsqueeze(-1) - input.unsqueeze(-2))).clamp_min(0)  # (…, target j, class i)
     z = z * (valid.unsqueeze(-1) & ~is_target.unsqueeze(-2))
     return _reduce(op, z.sum((-2, -1)) / c, reduction)
+
+
+# ----------------------------------------------------------------------------- CTC
+def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduction="mean", zero_infinity=False):
+    """``F.ctc_loss`` with per-sample log-probabilities ``(B, j0, C)`` (each sample an unbatched
+    ``(T_i, C)`` input), or their sequence-first token ``x.transpose(0, 1)`` — the dense call's
+    ``(T, N, C)`` — and targets dense or multi_jagged ``(B, j1)`` (each sample's labels; their
+    concatenation is the dense call's 1-d form). The log-probabilities are padded to the longest
+    sample: CTC reads no step past a sample's input length, so the padding never enters the loss
+    or its gradient."""
+    if isinstance(log_probs, BatchMoved):
+        if log_probs._perm != (1, 0, 2):
+            return NotImplemented
+        log_probs = log_probs._mjt
+    if not isinstance(log_probs, MJT) and not isinstance(targets, MJT):
+        return NotImplemented
+    if isinstance(log_probs, MJT):
+        if log_probs.dim() != 3 or log_probs._ragged_dims != (1,):
+            raise StructureError(f"ctc_loss(): expected log-probabilities (B, j0, C), got {describe(log_probs)}")
+        log_probs = log_probs.to_padded_tensor(0.0).transpose(0, 1)
+    if isinstance(targets, MJT):
+        if targets.dim() != 2:
+            raise StructureError(f"ctc_loss(): expected targets (B, j1) (each sample's labels), got {describe(targets)}")
+        targets = targets.values()
+    return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
+
+
+route(F.ctc_loss)(_ctc_loss)
+token_op(F.ctc_loss)(_ctc_loss)

@@ -127,3 +127,34 @@ def _rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False, g
         return F.leaky_relu(input, (lower + upper) / 2)
     slope = torch.empty_like(input).detach().uniform_(lower, upper, generator=generator)
     return torch.where(input >= 0, input, input * slope)
+
+
+# ----------------------------------------------------------------------------- channel dropout
+def _channel_dropout(name: str, ndim: int):
+    """``F.dropout1d`` / ``dropout2d`` / ``dropout3d`` of ``(B, C, *spatial)`` with a static channel
+    dim: every channel of every sample zeroed with probability ``p``, the rest scaled by
+    ``1 / (1 - p)`` — dense torch's ``feature_dropout``, its noise ``(B, C, 1, …)`` broadcast over
+    the sample's own spatial sizes (aten's composite multiplies two ragged sizes)."""
+
+    def routed(input, p=0.5, training=True, inplace=False):
+        if not isinstance(input, MJT) or input.dim() != ndim:
+            return NotImplemented
+        if p < 0.0 or p > 1.0:
+            raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
+        if 1 in input._ragged_dims:
+            raise ValueError(f"{name}(): the channel dim (dim 1) of {describe(input)} must be static")
+        if not training or p == 0.0:
+            return input
+        if p == 1.0:
+            noise = input.new_zeros(())
+        else:
+            shape = (input.shape[0], input.shape[1], *([1] * (ndim - 2)))
+            noise = torch.empty(shape, dtype=input.dtype, device=input.device).bernoulli_(1 - p).div_(1 - p)
+        return input.mul_(noise) if inplace else input * noise
+
+    return routed
+
+
+route(F.dropout1d)(_channel_dropout("dropout1d", 3))
+route(F.dropout2d)(_channel_dropout("dropout2d", 4))
+route(F.dropout3d)(_channel_dropout("dropout3d", 5))
