@@ -348,6 +348,13 @@ BUGS = [
         "shape = (input.shape[0], input.shape[1], *([1] * (ndim - 2)))", "shape = (1,)", ("test_channel_dropout.py",)),
     Bug("ctc loss drops the last target label", "ops/nn/losses.py",
         "        targets = targets.values()\n", "        targets = targets.values()[:-1]\n", ("test_losses.py",)),
+    Bug("nanquantile ranks over the NaNs too", "ops/reductions/order.py",
+        "ranks = (qt * (length - nans - 1)).clamp_min(0)", "ranks = (qt * (length - 1)).clamp_min(0)", ("test_quantile.py",)),
+    Bug("quantile's midpoint weighs as linear", "ops/reductions/order.py",
+        'weights = torch.full_like(ranks, 0.5) if interpolation == "midpoint" else ranks - below',
+        "weights = ranks - below", ("test_quantile.py",)),
+    Bug("quantile's lower rounds up", "ops/reductions/order.py",
+        "        ranks = ranks.floor()\n", "        ranks = ranks.ceil()\n", ("test_quantile.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

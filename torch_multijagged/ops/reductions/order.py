@@ -1,5 +1,5 @@
 """Order statistics per sample: ``sort`` / ``argsort`` / ``topk`` / ``kthvalue`` / ``median`` /
-``nanmedian`` / ``cummax`` / ``cummin`` along ragged dims (along static dims, the dense op on the
+``nanmedian`` / ``quantile`` / ``nanquantile`` / ``cummax`` / ``cummin`` along ragged dims (along static dims, the dense op on the
 values).
 
 NOTE [ Order statistics along ragged dims ]
@@ -11,7 +11,8 @@ every segment at once (``kernels/along.py``: ``segment_order``, a stable sort by
 by segment) and writes the order into the segment's own rows; ``kthvalue`` / ``median`` /
 ``nanmedian`` pick one position of that order per segment and column (the lower median;
 ``median`` gives the first NaN of a column that has one, ``nanmedian`` the median of the rest,
-as dense torch); ``topk`` takes the first k. ``cummax`` / ``cummin`` are a scan by doubling
+as dense torch); ``quantile`` / ``nanquantile`` pick the two places around ``q · (n − 1)`` and
+interpolate them as aten's ``quantile_impl`` does; ``topk`` takes the first k. ``cummax`` / ``cummin`` are a scan by doubling
 (``log₂ max n`` steps) whose combine keeps dense torch's rules: the later index on ties, and every
 NaN takes over (the latest NaN so far; no number displaces a NaN). Only indices are computed this
 way (without autograd); values are gathered from the input with them, so the gradient is dense
@@ -80,10 +81,10 @@ def sort_ragged(op: str, x: MJT, k: int, descending: bool):
     return values, indices
 
 
-def _pick(op: str, x: MJT, k: int, src: torch.Tensor, position: torch.Tensor):
-    """The element at ``position`` ((segments, S) places in the sorted order, per segment and
-    column) of every segment — each non-empty, so it has a cell at coordinate 0 —: ``(values,
-    indices)`` without dim k."""
+def _pick_rows(x: MJT, k: int, src: torch.Tensor, position: torch.Tensor):
+    """``(rows, coordinate along k, sub partition)``: the input row of the element at ``position``
+    ((segments, S) places in the sorted order, per segment and column) of every segment — each
+    non-empty, so it has a cell at coordinate 0."""
     _, coord, sub, _ = _segments(x, k)
     p = x._partition
     if sub.nragged:
@@ -95,14 +96,26 @@ def _pick(op: str, x: MJT, k: int, src: torch.Tensor, position: torch.Tensor):
     first = packed_rows(p.offsets, p.device_sizes(), sample, torch.cat([coords[:, :k], zero, coords[:, k:]], 1))
     n = p.device_sizes()[sample]
     step = n[:, k + 1:].prod(1) if k + 1 < p.nragged else torch.ones_like(sample)
-    rows = src.gather(0, first.unsqueeze(1) + position * step.unsqueeze(1))
-    values = _gather_values(x, rows)
-    indices = coord[rows].reshape(values.shape)
+    return src.gather(0, first.unsqueeze(1) + position * step.unsqueeze(1)), coord, sub
+
+
+def _without(x: MJT, k: int, sub, t: torch.Tensor, differentiable: bool = True):
+    """Per-segment rows ``t`` as the result without ragged dim k: dense ``(B, …)`` when no
+    ragged dim is left."""
+    if not sub.nragged:
+        return t
     d = x._ragged_dims[k]
     ragged = tuple(r - (r > d) for r in x._ragged_dims if r != d)
-    if sub.nragged == 0:
-        return values, indices
-    return wrap_values(values, sub, ragged), wrap(indices, sub, ragged)
+    return wrap_values(t, sub, ragged) if differentiable else wrap(t, sub, ragged)
+
+
+def _pick(op: str, x: MJT, k: int, src: torch.Tensor, position: torch.Tensor):
+    """The element at ``position`` of every segment (``_pick_rows``): ``(values, indices)``
+    without dim k."""
+    rows, coord, sub = _pick_rows(x, k, src, position)
+    values = _gather_values(x, rows)
+    indices = coord[rows].reshape(values.shape)
+    return _without(x, k, sub, values), _without(x, k, sub, indices, False)
 
 
 def _seg_lengths(x: MJT, k: int) -> torch.Tensor:
@@ -150,6 +163,49 @@ def median_ragged(op: str, x: MJT, k: int, keepdim: bool, ignore_nan: bool):
     else:
         position = torch.where(nans > 0, length - nans, torch.div(length - 1, 2, rounding_mode="floor"))
     return _keepdim(_pick(op, x, k, src, position), x._ragged_dims[k], keepdim)
+
+
+_QUANTILE_MODES = ("linear", "lower", "higher", "midpoint", "nearest")
+
+
+@eager_or_traced
+def quantile_ragged(op: str, x: MJT, k: int, q: float, keepdim: bool, interpolation: str, ignore_nan: bool):
+    """aten's ``quantile_impl`` per segment: ranks ``q · (n − 1)`` in the input's dtype (``n`` the
+    non-NaN count for ``nanquantile``; for ``quantile`` a NaN makes the rank the last place, where
+    the sort put the NaN), rounded by ``interpolation``, and the two neighbouring order statistics
+    interpolated with ``lerp`` — so values and gradients are dense torch's."""
+    def empty(s, n):
+        raise RuntimeError(f"{op}(): input tensor must be non-empty (sample {s} of {describe(x)} is empty along dim {x._ragged_dims[k]})")
+
+    if not x.dtype.is_floating_point or x.dtype in (torch.float16, torch.bfloat16):
+        raise RuntimeError(f"{op}() input tensor must be either float or double dtype")
+    check_samples(x, k, lambda n: n == 0, empty, f"{op}(): input tensor must be non-empty in every sample")
+    seg, _, _, _ = _segments(x, k)
+    src = _sorted_rows(x, k, False)
+    keys = _columns(x._values.detach())
+    length = _seg_lengths(x, k).unsqueeze(1)
+    nans = torch.zeros(length.shape[0], keys.shape[1], dtype=torch.int64, device=keys.device).index_add_(0, seg, keys.isnan().to(torch.int64))
+    qt = torch.tensor(q, dtype=keys.dtype, device=keys.device)
+    if ignore_nan:
+        ranks = (qt * (length - nans - 1)).clamp_min(0)
+    else:
+        last = (length - 1).to(keys.dtype).expand_as(nans)
+        ranks = torch.where(nans > 0, last, qt * last)
+    if interpolation == "lower":
+        ranks = ranks.floor()
+    elif interpolation == "higher":
+        ranks = ranks.ceil()
+    elif interpolation == "nearest":
+        ranks = ranks.round()
+    below = ranks.to(torch.int64)
+    rows, _, sub = _pick_rows(x, k, src, below)
+    out = _gather_values(x, rows)
+    if interpolation in ("linear", "midpoint"):
+        weights = torch.full_like(ranks, 0.5) if interpolation == "midpoint" else ranks - below
+        above = _gather_values(x, _pick_rows(x, k, src, ranks.ceil().to(torch.int64))[0])
+        out = out.lerp(above, weights.reshape(out.shape))
+    out = _without(x, k, sub, out)
+    return out.unsqueeze(x._ragged_dims[k]) if keepdim else out
 
 
 @eager_or_traced
@@ -282,6 +338,35 @@ def _median_route(name: str, ignore_nan: bool, result):
     return routed
 
 
+def _quantile_route(name: str, ignore_nan: bool):
+    dense = getattr(torch, name)
+
+    def routed(input, q, dim=None, keepdim=False, *, interpolation="linear", out=None):
+        if not isinstance(input, MJT) or out is not None:
+            return NotImplemented
+        if interpolation not in _QUANTILE_MODES:
+            raise ValueError(f"{name}() interpolation must be one of {', '.join(_QUANTILE_MODES)}. Got {interpolation}")
+        if dim is None:
+            if keepdim:
+                raise NotImplementedError(f"{name}(dim=None, keepdim=True) of {describe(input)}: every dim would be kept as 1, the batch's too")
+            return dense(values_of(input), q, interpolation=interpolation)  # every element, as sum() is
+        if isinstance(q, torch.Tensor) and q.dim() > 0:
+            raise NotImplementedError(
+                f"{name}() along a dim of {describe(input)} with several q: the output would lead with a q dim, before the batch"
+            )
+        d, hit = _dim(name, input, dim)
+        if hit is None:
+            vd = static_dims(input.dim(), input._ragged_dims).index(d) + 1
+            v = dense(values_of(input), q, vd, keepdim, interpolation=interpolation)
+            ragged = input._ragged_dims if keepdim else tuple(r - (r > d) for r in input._ragged_dims)
+            return wrap_values(v, input._partition, ragged)
+        return quantile_ragged(name, input, hit[1], float(q), bool(keepdim), interpolation, ignore_nan)
+
+    return routed
+
+
+route(torch.quantile, torch.Tensor.quantile)(_quantile_route("quantile", False))
+route(torch.nanquantile, torch.Tensor.nanquantile)(_quantile_route("nanquantile", True))
 route(torch.median, torch.Tensor.median)(_median_route("median", False, rt.median))
 route(torch.nanmedian, torch.Tensor.nanmedian)(_median_route("nanmedian", True, rt.nanmedian))
 

@@ -1,0 +1,99 @@
+"""``quantile`` / ``nanquantile`` along ragged and static dims (NOTE [ Order statistics along ragged
+dims ] in ``ops/reductions/order.py``) against the dense op on each sample: every interpolation
+mode, ties, NaNs, ``keepdim``, gradients to every element, the no-leakage property, and the
+errors dense torch raises (an empty sample, an integer dtype)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+from _reference import LAYOUTS, SEQ, SQUARE, few, seeds, structures
+from _structures import bit_equal
+
+F64 = torch.float64
+MODES = ["linear", "lower", "higher", "midpoint", "nearest"]
+
+
+def _nonempty(s):
+    return all(min(e) > 0 for e in s.sizes)
+
+
+def _with_nans(comps, seed):
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for c in comps:
+        c = c.clone()
+        if c.numel() and torch.rand((), generator=g) < 0.5:
+            c.view(-1)[torch.randint(0, c.numel(), (1,), generator=g)] = math.nan
+        out.append(c)
+    return out
+
+
+@few(25)
+@given(structures(SEQ, min_batch=1) | structures(SQUARE) | structures(LAYOUTS[3]), seeds, st.floats(0, 1),
+       st.sampled_from(MODES), st.booleans(), st.booleans(), st.booleans())
+def test_quantile_along_each_dim_per_sample(s, seed, q, mode, ignore_nan, keepdim, nans):
+    if not _nonempty(s):
+        return  # dense quantile refuses an empty tensor whatever the dim (test_empty_sample_raises)
+    f = torch.nanquantile if ignore_nan else torch.quantile
+    comps = s.components(seed, ties=True)
+    if nans:
+        comps = _with_nans(comps, seed)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    x = mj.as_nested_tensor(leaves, ragged_dims=s.ragged_dims)
+    for dim in range(1, x.dim()):
+        out = f(x, q, dim=dim, keepdim=keepdim, interpolation=mode)
+        refs = [f(c, q, dim=dim - 1, keepdim=keepdim, interpolation=mode) for c in leaves]
+        got = list(out.unbind()) if isinstance(out, mj.MultiJaggedTensor) else list(out.unbind(0))
+        for a, b in zip(got, refs):
+            torch.testing.assert_close(a, b, equal_nan=True)
+        w = [torch.randn(r.shape, dtype=F64, generator=torch.Generator().manual_seed(seed % 97)) for r in refs]
+        ga = torch.autograd.grad(sum((torch.nan_to_num(a) * c).sum() for a, c in zip(got, w)), leaves, allow_unused=True)
+        gb = torch.autograd.grad(sum((torch.nan_to_num(b) * c).sum() for b, c in zip(refs, w)), leaves, allow_unused=True)
+        for a, b, c in zip(ga, gb, leaves):
+            torch.testing.assert_close(a if a is not None else torch.zeros_like(c), b if b is not None else torch.zeros_like(c))
+
+
+def test_quantile_over_every_element_and_several_q():
+    comps = [torch.tensor([3.0, 1.0, 2.0], dtype=F64), torch.tensor([5.0], dtype=F64)]
+    x = torch.nested.nested_tensor(comps, layout=mj.multi_jagged)
+    qs = torch.tensor([0.0, 0.25, 1.0], dtype=F64)
+    torch.testing.assert_close(torch.quantile(x, qs), torch.quantile(torch.cat(comps), qs))
+    with pytest.raises(NotImplementedError, match="several q"):
+        torch.quantile(x, qs, dim=1)
+
+
+def test_empty_sample_and_integer_dtype_raise_as_dense():
+    x = torch.nested.nested_tensor([torch.rand(3), torch.rand(0)], layout=mj.multi_jagged)
+    with pytest.raises(RuntimeError, match="non-empty"):
+        torch.quantile(x, 0.5, dim=1)
+    with pytest.raises(RuntimeError, match="float or double"):
+        torch.quantile(torch.nested.nested_tensor([torch.arange(3)], layout=mj.multi_jagged), 0.5, dim=1)
+    with pytest.raises(ValueError, match="interpolation"):
+        torch.quantile(x, 0.5, dim=1, interpolation="cubic")
+
+
+def test_quantile_golden():
+    # sample 0 = [4, 1, 3, 2] (sorted 1 2 3 4), sample 1 = [7, nan, 5]
+    x = torch.nested.nested_tensor([torch.tensor([4.0, 1.0, 3.0, 2.0]), torch.tensor([7.0, math.nan, 5.0])],
+                                   layout=mj.multi_jagged)
+    assert torch.quantile(x, 0.5, dim=1)[0].item() == 2.5  # = rank 1.5 between 2 and 3
+    assert math.isnan(torch.quantile(x, 0.5, dim=1)[1].item())  # = a nan makes it nan
+    assert torch.nanquantile(x, 0.5, dim=1).tolist() == [2.5, 6.0]  # = [5, 7] at rank 0.5
+    # q = 0.4 on sample 0: rank 0.4 · 3 = 1.2 between 2 (rank 1) and 3 (rank 2)
+    got = {m: torch.quantile(x, 0.4, dim=1, interpolation=m)[0].item() for m in MODES}
+    assert got["lower"] == 2.0 and got["higher"] == 3.0 and got["nearest"] == 2.0 and got["midpoint"] == 2.5
+    assert abs(got["linear"] - 2.2) < 1e-6
+
+
+def test_quantile_does_not_leak_between_samples():
+    comps = [torch.rand(4, 2), torch.rand(3, 2), torch.rand(5, 2)]
+    a = torch.quantile(torch.nested.nested_tensor(comps, layout=mj.multi_jagged), 0.3, dim=1)
+    comps[1] = comps[1] * 10 - 3
+    b = torch.quantile(torch.nested.nested_tensor(comps, layout=mj.multi_jagged), 0.3, dim=1)
+    assert bit_equal(a[0], b[0]) and bit_equal(a[2], b[2]) and not torch.equal(a[1], b[1])
