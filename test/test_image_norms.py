@@ -556,3 +556,30 @@ def test_norm_gradients_recorded_for_double_backward_match_per_sample(op):
     want = torch.autograd.grad(sum((r * c).sum() for r, c in zip(refs, cot)), [*comps, w, b])
     for a, e in zip(got, want):
         torch.testing.assert_close(a, e)
+
+
+# ----------------------------------------------------------------------------- LRN and Lp pooling
+@FEW
+@given(batches(min_c=1, max_c=5), seeds, st.integers(1, 4))
+def test_local_response_norm_per_sample(case, seed, size):
+    kind, c, rows = case
+    comps = comps_of(kind, c, rows, seed)
+    check(lambda x: F.local_response_norm(x, size, 0.2, 0.75, 1.5),
+          lambda cs: [F.local_response_norm(t.unsqueeze(0), size, 0.2, 0.75, 1.5)[0] if t.numel() else t for t in cs],
+          comps, KINDS[kind][1], seed=seed)
+
+
+def test_local_response_norm_refuses_a_ragged_channel_dim():
+    tokens = torch.nested.nested_tensor([torch.rand(2, 3), torch.rand(4, 3)], layout=mj.multi_jagged)
+    with pytest.raises(ValueError, match="static channel dim"):
+        F.local_response_norm(tokens, 2)
+
+
+@pytest.mark.parametrize("kind", ["rect", "signal"])
+@pytest.mark.parametrize("norm_type", [1.0, 2.0, 3.0])
+def test_lp_pool_per_sample(kind, norm_type):
+    sizes = {"rect": [(4, 5), (2, 3), (6, 2)], "signal": [(5, 0), (2, 0), (7, 0)]}[kind]
+    comps = comps_of(kind, 2, sizes, 0)
+    comps = [c.abs() + 0.1 for c in comps]  # positive: the Lp norm's gradient is defined
+    fn = (lambda x: F.lp_pool2d(x, norm_type, 2)) if kind == "rect" else (lambda x: F.lp_pool1d(x, norm_type, 2))
+    check(fn, lambda cs: [fn(t.unsqueeze(0))[0] for t in cs], comps, KINDS[kind][1])

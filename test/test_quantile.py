@@ -97,3 +97,16 @@ def test_quantile_does_not_leak_between_samples():
     comps[1] = comps[1] * 10 - 3
     b = torch.quantile(torch.nested.nested_tensor(comps, layout=mj.multi_jagged), 0.3, dim=1)
     assert bit_equal(a[0], b[0]) and bit_equal(a[2], b[2]) and not torch.equal(a[1], b[1])
+
+
+def test_mode_along_static_dims_and_ragged_dim_refused():
+    comps = [torch.tensor([[1, 2, 2], [3, 3, 1]]), torch.tensor([[5, 5, 4]])]
+    x = torch.nested.nested_tensor(comps, layout=mj.multi_jagged)
+    v, i = torch.mode(x, -1)
+    for a, b, c in zip(v.unbind(), i.unbind(), comps):
+        r = torch.mode(c, -1)
+        assert torch.equal(a, r.values) and torch.equal(b, r.indices)
+    v, _ = x.mode(2, keepdim=True)
+    assert v.shape[:2] == x.shape[:2] and v.shape[2] == 1
+    with pytest.raises(NotImplementedError, match="ragged dim"):
+        torch.mode(x, 1)

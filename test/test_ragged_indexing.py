@@ -419,3 +419,27 @@ def test_diff_along_a_ragged_dim_errors():
         torch.diff(x, n=-1, dim=1)
     with pytest.raises(NotImplementedError, match="prepend / append"):
         torch.diff(x, dim=1, prepend=x)
+
+
+def test_take_with_per_sample_indices():
+    """``torch.take`` per sample: each sample's indices into its own elements (row-major, negative
+    from the end), the result shaped as the index; gradients scatter back per sample."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 2, dtype=torch.float64, generator=g, requires_grad=True) for n in (3, 0, 4)]
+    idx = [torch.tensor([5, 0, -1]), torch.zeros(0, dtype=torch.int64), torch.tensor([7, -8, 2, 2, 1])]
+    x = mj.as_nested_tensor(comps)
+    index = torch.nested.nested_tensor(idx, layout=mj.multi_jagged)
+    out = torch.take(x, index)
+    refs = [torch.take(c, i) for c, i in zip(comps, idx)]
+    for a, b in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, b)
+    ga = torch.autograd.grad((out * out).sum(), comps)
+    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), comps)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b)
+    bad = torch.nested.nested_tensor([torch.tensor([6]), torch.zeros(0, dtype=torch.int64), torch.tensor([0])],
+                                     layout=mj.multi_jagged)
+    with pytest.raises(IndexError, match="sample 0 of 6 elements"):
+        torch.take(x, bad)
+    with pytest.raises(NotImplementedError, match="multi_jagged index"):
+        torch.take(x, torch.tensor([0]))

@@ -365,6 +365,18 @@ def _quantile_route(name: str, ignore_nan: bool):
     return routed
 
 
+@route(torch.mode, torch.Tensor.mode)
+def _mode(input, dim=-1, keepdim=False, *, out=None):
+    """Along a static dim, the dense op on the values; along a ragged dim dense torch leaves the
+    index of a tied mode unspecified, so it raises."""
+    if not isinstance(input, MJT) or out is not None:
+        return NotImplemented
+    d, hit = _dim("mode", input, dim)
+    if hit is not None:
+        raise NotImplementedError(f"mode(): along ragged dim {d} of {describe(input)} for layout torch.multi_jagged (along static dims it is)")
+    return rt.mode(_static("mode", input, d, lambda v, vd: torch.mode(v, vd, keepdim), not keepdim))
+
+
 route(torch.quantile, torch.Tensor.quantile)(_quantile_route("quantile", False))
 route(torch.nanquantile, torch.Tensor.nanquantile)(_quantile_route("nanquantile", True))
 route(torch.median, torch.Tensor.median)(_median_route("median", False, rt.median))

@@ -49,7 +49,8 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ...bridge import values_of, wrap_values_like
+from ...bridge import values_of, wrap_values, wrap_values_like
+from ...errors import StructureError
 from .. import bridged
 from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _dense, _needs_grad, route
@@ -478,3 +479,35 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
             f"{input._ragged_dims} for layout torch.multi_jagged"
         )
     return bridged.group_norm(input, num_groups, weight, bias, eps)
+
+
+# ----------------------------------------------------------------------------- composites over routed ops
+# Python composites of ``torch.nn.functional`` that a multi_jagged input would run with its
+# routes switched off (the composite is itself a torch function): written again here, dense
+# torch's formula over the routed ops.
+@route(F.lp_pool1d, F.lp_pool2d)
+def _lp_pool(input, norm_type, kernel_size, stride=None, ceil_mode=False):
+    if not isinstance(input, MJT) or input.dim() not in (3, 4):
+        return NotImplemented
+    if input.dim() == 3:
+        window = kernel_size if isinstance(kernel_size, int) else kernel_size[0]
+        out = F.avg_pool1d(input.pow(norm_type), kernel_size, stride, 0, ceil_mode)
+    else:
+        kw, kh = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
+        window = kw * kh
+        out = F.avg_pool2d(input.pow(norm_type), kernel_size, stride, 0, ceil_mode)
+    return (torch.sign(out) * F.relu(torch.abs(out))).mul(window).pow(1.0 / norm_type)
+
+
+@route(F.local_response_norm)
+def _local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
+    """A window over the channels (dim 1, static) of each pixel: on the packed pixel rows
+    ``(T, C, …)`` it is the dense op with the rows as its batch."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if input.dim() < 3 or 1 in input._ragged_dims:
+        raise StructureError(f"local_response_norm(): expected (B, C, *spatial) with a static channel dim 1, got {describe(input)}")
+    v = values_of(input)
+    flat = v.dim() == 2  # (T, C): the dense op wants a spatial dim
+    out = F.local_response_norm(v.unsqueeze(-1) if flat else v, size, alpha, beta, k)
+    return wrap_values(out.squeeze(-1) if flat else out, input._partition, input._ragged_dims)
