@@ -1,15 +1,11 @@
 """``x[i]``, ``x[:, ..., k]``, ``select`` and ``unbind``: routes that express Python indexing with
 the ops that have handlers (``select``, ``slice``, ``unsqueeze`` of static dims; ``slicing.py``
-along ragged dims, per sample) and give the per-sample components; ``take`` with per-sample
-indices."""
+along ragged dims, per sample) and give the per-sample components."""
 
 from __future__ import annotations
 
-import math
-
 import torch
 
-from ...bridge import wrap_values
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, route
@@ -105,37 +101,3 @@ def _select(input, dim, index):
         return NotImplemented  # a static dim: the op table's handler
     return select_ragged("select", input, *hit, index)
 
-
-@route(torch.take, torch.Tensor.take)
-def _take(input, index, *, out=None):
-    """``torch.take`` per sample: a multi_jagged ``index`` (of any structure with the same batch)
-    holds, for each sample, indices into that sample's elements in row-major order (negative ones
-    from its end), as the dense op on each sample; the result has the index's structure. The
-    elements are read from the batch flattened into rows (NOTE [ Flattening the batch dim ])."""
-    if not isinstance(input, MJT) or out is not None:
-        return NotImplemented
-    if not isinstance(index, MJT):
-        raise NotImplementedError(
-            f"take(): with a dense index on {describe(input)}: index each sample with a multi_jagged index (per-sample "
-            "positions), or flatten the batch first (x.reshape(-1)) for positions into every element"
-        )
-    if index._partition.batch != input._partition.batch:
-        raise StructureError(f"take(): index {describe(index)} and input {describe(input)} have different batch sizes")
-    if index.dtype != torch.int64:
-        raise RuntimeError(f"take(): Expected a long tensor for index, but got {index.dtype}")
-    p = input._partition
-    per_row = math.prod(input._values.shape[1:])
-    counts = (p.offsets.diff() * per_row)  # elements per sample
-    starts = p.offsets[:-1] * per_row
-    iv = index._values
-    sample = index._partition.row_sample().reshape(-1, *([1] * (iv.dim() - 1))).expand_as(iv)
-    n = counts[sample]
-    bad = (iv >= n) | (iv < -n)
-    if bool(bad.any()):
-        i = int(bad.reshape(-1).nonzero()[0])
-        s = int(sample.reshape(-1)[i])
-        raise IndexError(f"take(): out of range: tried to access index {int(iv.reshape(-1)[i])} on sample {s} of "
-                         f"{int(counts[s])} elements of {describe(input)}")
-    flat = input.reshape(-1).as_subclass(torch.Tensor)
-    picked = flat[torch.where(iv < 0, iv + n, iv) + starts[sample]]
-    return wrap_values(picked, index._partition, index._ragged_dims)

@@ -348,11 +348,15 @@ def _quantile_route(name: str, ignore_nan: bool):
             raise ValueError(f"{name}() interpolation must be one of {', '.join(_QUANTILE_MODES)}. Got {interpolation}")
         if dim is None:
             if keepdim:
-                raise NotImplementedError(f"{name}(dim=None, keepdim=True) of {describe(input)}: every dim would be kept as 1, the batch's too")
+                raise NotImplementedError(
+                    f"{name}(dim=None, keepdim=True) of {describe(input)}: every dim would be kept as 1, the batch's too "
+                    "(layout torch.multi_jagged)"
+                )
             return dense(values_of(input), q, interpolation=interpolation)  # every element, as sum() is
         if isinstance(q, torch.Tensor) and q.dim() > 0:
             raise NotImplementedError(
-                f"{name}() along a dim of {describe(input)} with several q: the output would lead with a q dim, before the batch"
+                f"{name}() along a dim of {describe(input)} with several q: the output would lead with a q dim, before the "
+                "batch (layout torch.multi_jagged); call it once per q"
             )
         d, hit = _dim(name, input, dim)
         if hit is None:
