@@ -365,6 +365,12 @@ BUGS = [
         "out = F.local_response_norm(v.unsqueeze(-1) if flat else v, size, alpha, beta, k)",
         "out = F.local_response_norm(v.unsqueeze(1) if flat else v.transpose(1, -1), size, alpha, beta, k)",
         ("test_image_norms.py",)),
+    Bug("FFT along a static dim takes the values dim one off", "ops/elementwise/trailing.py",
+        "return static_dims(x.dim(), x._ragged_dims).index(d) + 1", "return static_dims(x.dim(), x._ragged_dims).index(d)",
+        ("test_trailing_ops.py",)),
+    Bug("unique's inverse keeps the values' flat shape", "ops/elementwise/trailing.py",
+        "return (values, MJT(inverse.reshape(v.shape), input._partition, input._ragged_dims), *counts)",
+        "return (values, inverse, *counts)", ("test_trailing_ops.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

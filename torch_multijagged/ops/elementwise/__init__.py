@@ -1,5 +1,7 @@
 """Elementwise ops: the pointwise fallback and its broadcasting over ragged dims
 (``pointwise.py``, NOTE [ Broadcasting over ragged dims ]), copies / fills / ``*_like`` / dtype
-conversions (``factory.py``), and the ``abs`` / ``sgn`` / ``softsign`` routes (``signs.py``)."""
+conversions (``factory.py``), the ``abs`` / ``sgn`` / ``softsign`` routes (``signs.py``), and ops on
+the static trailing dims or every element — FFTs, complex views, ``unique``, ``histc``
+(``trailing.py``, NOTE [ Ops on the trailing dims ])."""
 
-from . import pointwise, factory, signs  # noqa: F401  (register)
+from . import pointwise, factory, signs, trailing  # noqa: F401  (register)

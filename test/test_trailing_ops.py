@@ -1,0 +1,121 @@
+"""Ops on the static trailing dims of each packed row and over every element of the batch (NOTE
+[ Ops on the trailing dims ] in ``ops/elementwise/trailing.py``): the FFT family, complex views,
+``diag_embed``, ``unique``, ``histc`` — against the dense op on each sample (or on the
+concatenated samples), with gradients to every element and a zero-length sample."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+from torch_multijagged import StructureError
+from _reference import R, SEQ, SQUARE, STATIC_LEAD, few, per_sample_check, seeds, structures
+
+F64 = torch.float64
+FFT_1D = {
+    "fft": lambda x, d: torch.fft.fft(x, dim=d).abs(),
+    "ifft": lambda x, d: torch.fft.ifft(x, dim=d).abs(),
+    "rfft": lambda x, d: torch.view_as_real(torch.fft.rfft(x, dim=d, norm="ortho")),
+    "irfft": lambda x, d: torch.fft.irfft(torch.fft.rfft(x, dim=d), n=x.shape[d], dim=d),
+    "hfft": lambda x, d: torch.fft.hfft(x, n=4, dim=d),
+    "ihfft": lambda x, d: torch.fft.ihfft(x, dim=d).abs(),
+}
+
+
+def _empty_safe(fn):
+    """``fn`` on a component; for an empty one (dense FFTs raise inside MKL on zero rows) the
+    output of a one-long component cut back to zero along the empty dims."""
+    def ref(c):
+        if c.numel():
+            return fn(c)
+        empty = [d for d, n in enumerate(c.shape) if n == 0]
+        out = fn(torch.ones([1 if n == 0 else n for n in c.shape], dtype=c.dtype))
+        for d in empty:
+            out = out.narrow(d, 0, 0)
+        return out
+    return ref
+
+
+@pytest.mark.parametrize("name", sorted(FFT_1D))
+@few(6)
+@given(s=structures(SEQ, min_c=2, max_c=5) | structures(SQUARE, min_c=2, max_c=5) | structures(STATIC_LEAD, min_c=2, max_c=4),
+       seed=seeds)
+def test_fft_along_a_static_dim_per_sample(name, s, seed):
+    fn = FFT_1D[name]
+    per_sample_check(lambda x: fn(x, -1), R(s.components(seed), s.ragged_dims), ref=_empty_safe(lambda c: fn(c, -1)), seed=seed)
+
+
+@few(6)
+@given(structures(STATIC_LEAD, min_c=2, max_c=4, min_s=2), seeds)
+def test_fftn_over_static_dims_around_a_ragged_one(s, seed):
+    # (B, S, j0, C): the static dims 1 and 3, on each side of the ragged dim
+    per_sample_check(lambda x: torch.fft.fftn(x, dim=(1, 3)).abs(), R(s.components(seed), s.ragged_dims),
+                     ref=_empty_safe(lambda c: torch.fft.fftn(c, dim=(0, 2)).abs()), seed=seed)
+
+
+def test_fft_along_a_ragged_dim_raises():
+    x = torch.nested.nested_tensor([torch.rand(3, 2), torch.rand(1, 2)], layout=mj.multi_jagged)
+    with pytest.raises(StructureError, match=r"fft.fft\(\).*ragged dim"):
+        torch.fft.fft(x, dim=1)
+    with pytest.raises(StructureError, match="give dim"):
+        torch.fft.fftn(x)
+
+
+@few(8)
+@given(structures(SEQ, min_c=1, max_c=3), seeds)
+def test_rotary_embedding_through_complex_views(s, seed):
+    """LLaMA's reference rotary embedding: pairs of features as complex numbers times per-position
+    rotations (one per sample and position, a multi_jagged complex tensor)."""
+    g = torch.Generator().manual_seed(seed)
+    comps = s.components(seed)
+    comps = [torch.cat([c, c], -1) for c in comps]  # an even feature count
+    angles = [torch.rand(c.shape[0], c.shape[1] // 2, dtype=F64, generator=g) for c in comps]
+    rot = mj.as_nested_tensor([torch.polar(torch.ones_like(a), a) for a in angles])
+
+    def ours(x):
+        return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (-1, 2))) * rot).flatten(-2)
+
+    refs = [torch.view_as_real(torch.view_as_complex(c.unflatten(-1, (-1, 2))) * torch.polar(torch.ones_like(a), a)).flatten(-2)
+            for c, a in zip(comps, angles)]
+    leaves = [c.clone().requires_grad_() for c in comps]
+    out = ours(mj.as_nested_tensor(leaves))
+    for o, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(o, r)
+    got = torch.autograd.grad((out * out).sum(), leaves)
+    want = torch.autograd.grad(sum((r * r).sum() for r in
+                                   [torch.view_as_real(torch.view_as_complex(c.unflatten(-1, (-1, 2))) *
+                                                       torch.polar(torch.ones_like(a), a)).flatten(-2)
+                                    for c, a in zip(leaves, angles)]), leaves)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+@few(8)
+@given(structures(SEQ, min_c=1, max_c=3) | structures(SQUARE, min_c=1, max_c=3), seeds, st.integers(-1, 1))
+def test_diag_embed_of_the_last_dim(s, seed, offset):
+    per_sample_check(lambda x: torch.diag_embed(x, offset), R(s.components(seed), s.ragged_dims),
+                     ref=lambda c: torch.diag_embed(c, offset), seed=seed)
+
+
+def test_diag_embed_elsewhere_raises():
+    x = torch.nested.nested_tensor([torch.rand(3, 2), torch.rand(1, 2)], layout=mj.multi_jagged)
+    with pytest.raises(StructureError, match="static last dim"):
+        torch.diag_embed(x, 0, 1, 2)
+
+
+def test_unique_and_histc_over_every_element():
+    comps = [torch.tensor([[3, 1], [1, 2]]), torch.zeros(0, 2, dtype=torch.int64), torch.tensor([[2, 5]])]
+    x = torch.nested.nested_tensor(comps, layout=mj.multi_jagged)
+    flat = torch.cat([c.reshape(-1) for c in comps])
+    values, inverse, counts = torch.unique(x, return_inverse=True, return_counts=True)
+    want = torch.unique(flat, return_inverse=True, return_counts=True)
+    assert torch.equal(values, want[0]) and torch.equal(counts, want[2])
+    assert isinstance(inverse, mj.MultiJaggedTensor)
+    for i, c in zip(inverse.unbind(), comps):
+        assert torch.equal(values[i], c)  # each element's place among the unique values
+    assert torch.equal(x.unique(), torch.unique(flat))
+    assert torch.equal(torch.histc(x.double(), 4, 0, 6), torch.histc(flat.double(), 4, 0, 6))
+    with pytest.raises(NotImplementedError, match="unique"):
+        torch.unique(x, dim=1)
