@@ -155,3 +155,18 @@ def test_recurrent_layer_under_compile_breaks_the_graph_and_matches_eager():
     with pytest.raises(Exception, match="RNN, GRU, or LSTM"):  # as for a dense input: dynamo refuses the module
         torch.compile(lambda t: layer(t)[0], backend="aot_eager", fullgraph=True)(x)
 
+
+
+def test_recurrent_layer_after_inference_mode_on_the_same_batch():
+    """The time-major map is cached on the batch's partition: built first under inference mode it
+    must still serve a training step (NOTE [ Derived maps ])."""
+    torch.manual_seed(0)
+    layer = nn.GRU(2, 3, batch_first=True)
+    x = torch.nested.nested_tensor([torch.randn(3, 2), torch.randn(1, 2)], layout=mj.multi_jagged)
+    with torch.inference_mode():
+        first, _ = layer(x)
+    out, h = layer(x)
+    (out.sum() + h.sum()).backward()
+    assert all(p.grad is not None for p in layer.parameters())
+    for a, b in zip(first.unbind(), out.unbind()):
+        torch.testing.assert_close(a, b)

@@ -59,6 +59,9 @@ key                                   value (method that builds it)
 ``("block_starts", rd_q, rd)``        ``(cu_q, cu_k, start)``: the first row of each attention
                                       segment's score block in a mask of this partition, for the
                                       latest segments (ops/attention/sdpa.py)
+``"rnn_time_major"``                  ``(rows, batch_sizes, order)``: a ``PackedSequence``'s
+                                      time-major rows, host batch sizes and sample order
+                                      (ops/nn/rnn.py)
 ====================================  ===========================================================
 
 ``derived(key, compute)`` is the one get-or-compute: ``compute(partition)`` runs on the first

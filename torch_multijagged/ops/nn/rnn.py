@@ -28,7 +28,7 @@ import torch
 
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...structure import Partition, building
+from ...structure import Partition
 from .._common import MJT, describe, eager_route
 from .._routing import route
 from ..shape.leading import BatchMoved, token_op
@@ -55,8 +55,7 @@ def _time_major(p: Partition) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         rows = (starts[k] + t).to(p.offsets.device)
         return rows, batch_sizes, order.to(p.offsets.device)
 
-    with building():
-        return p.derived("rnn_time_major", compute)
+    return p.derived("rnn_time_major", compute)  # built outside inference mode (NOTE [ Derived maps ])
 
 
 def _as_batch_first(op: str, input, batch_first: bool):
