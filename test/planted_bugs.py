@@ -371,6 +371,9 @@ BUGS = [
     Bug("unique's inverse keeps the values' flat shape", "ops/elementwise/trailing.py",
         "return (values, MJT(inverse.reshape(v.shape), input._partition, input._ragged_dims), *counts)",
         "return (values, inverse, *counts)", ("test_trailing_ops.py",)),
+    Bug("scatter_reduce along a ragged dim ignores include_self", "ops/indexing/slicing.py",
+        "out = v.scatter_reduce(0, rows, s.to(v.dtype), add, include_self=include_self)",
+        "out = v.scatter_reduce(0, rows, s.to(v.dtype), add)", ("test_ragged_indexing.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

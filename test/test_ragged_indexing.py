@@ -443,3 +443,28 @@ def test_take_with_per_sample_indices():
         torch.take(x, bad)
     with pytest.raises(NotImplementedError, match="multi_jagged index"):
         torch.take(x, torch.tensor([0]))
+
+
+@pytest.mark.parametrize("reduce", ["sum", "prod", "mean", "amax", "amin"])
+@pytest.mark.parametrize("include_self", [True, False])
+def test_scatter_reduce_along_the_ragged_dim_message_passing(reduce, include_self):
+    """Message passing over a batch of graphs: node states ``(B, j_nodes, C)``, one message per edge
+    ``(B, j_edges, C)`` and each edge's target node; every sample's messages reduce into its own
+    nodes, as ``scatter_reduce`` on that sample alone (gradients of nodes and messages)."""
+    g = torch.Generator().manual_seed(0)
+    nodes_n, edges_n, c = (4, 0, 3, 2), (6, 0, 0, 5), 3
+    nodes = [torch.rand(n, c, dtype=torch.float64, generator=g).requires_grad_() for n in nodes_n]
+    msgs = [torch.rand(e, c, dtype=torch.float64, generator=g).requires_grad_() for e in edges_n]
+    targets = [torch.randint(0, max(n, 1), (e,), generator=g) for n, e in zip(nodes_n, edges_n)]
+    x = mj.as_nested_tensor(nodes)
+    m = mj.as_nested_tensor(msgs)
+    idx = torch.nested.nested_tensor(targets, layout=mj.multi_jagged).unsqueeze(-1).expand(-1, -1, c)
+    out = x.scatter_reduce(1, idx, m, reduce, include_self=include_self)
+    refs = [n.scatter_reduce(0, t.unsqueeze(-1).expand(-1, c), e, reduce, include_self=include_self)
+            for n, t, e in zip(nodes, targets, msgs)]
+    for a, b in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, b)
+    ga = torch.autograd.grad((out * out).sum(), nodes + msgs, allow_unused=True)
+    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), nodes + msgs, allow_unused=True)
+    for a, b, t in zip(ga, gb, nodes + msgs):
+        torch.testing.assert_close(a if a is not None else torch.zeros_like(t), b if b is not None else torch.zeros_like(t))

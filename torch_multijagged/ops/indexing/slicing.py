@@ -1,6 +1,6 @@
 """Indexing along ragged dims, per sample: ``select`` / ``x[:, i]``, slices ``x[:, a:b:s]``,
-``narrow``, ``index_select``, ``gather`` / ``take_along_dim`` / ``scatter`` / ``scatter_add``,
-``flip``, ``roll``, ``rot90``
+``narrow``, ``index_select``, ``gather`` / ``take_along_dim`` / ``scatter`` / ``scatter_add`` /
+``scatter_reduce`` (message passing over a batch of graphs), ``flip``, ``roll``, ``rot90``
 (NOTE [ Indexing along ragged dims ] in ``along.py``: which results are ragged, static or dense).
 Along static dims these ops act on the values."""
 
@@ -166,10 +166,11 @@ def gather_ragged(op: str, x: MJT, d: int, k: int, index):
 
 
 @eager_or_traced
-def scatter_ragged(op: str, x: MJT, d: int, k: int, index, src, add: bool):
-    """``x.scatter(d, index, src)`` (``scatter_add`` with ``add``) per sample:
-    ``out[s][…, index[s][…, j, …], …] = src[s][…, j, …]``; ``src`` has ``index``'s shape (a
-    multi_jagged tensor of its structure, or a dense one for a dense index) or is a number."""
+def scatter_ragged(op: str, x: MJT, d: int, k: int, index, src, add, include_self: bool = True):
+    """``x.scatter(d, index, src)`` (``scatter_add`` with ``add`` True, ``scatter_reduce`` with
+    ``add`` a reduction's name) per sample: ``out[s][…, index[s][…, j, …], …] = src[s][…, j, …]``;
+    ``src`` has ``index``'s shape (a multi_jagged tensor of its structure, or a dense one for a
+    dense index) or is a number."""
     rows, _ = _index_rows(op, x, d, k, index)
     if isinstance(src, torch.Tensor):
         s = values_of(src) if isinstance(src, MJT) else src.movedim(d, 1).reshape(rows.shape[0], *rows.shape[1:])
@@ -178,7 +179,10 @@ def scatter_ragged(op: str, x: MJT, d: int, k: int, index, src, add: bool):
     else:
         s = torch.full(rows.shape, src, dtype=x.dtype, device=rows.device)
     v = values_of(x)
-    out = v.scatter_add(0, rows, s.to(v.dtype)) if add else v.scatter(0, rows, s.to(v.dtype))
+    if isinstance(add, str):
+        out = v.scatter_reduce(0, rows, s.to(v.dtype), add, include_self=include_self)
+    else:
+        out = v.scatter_add(0, rows, s.to(v.dtype)) if add else v.scatter(0, rows, s.to(v.dtype))
     return wrap_values(out, x._partition, x._ragged_dims)
 
 
@@ -263,6 +267,18 @@ def _scatter_route(name: str, add: bool):
         return scatter_ragged(name, input, *hit, index, value if src is None else src, add)
 
     return routed
+
+
+@route(torch.scatter_reduce, torch.Tensor.scatter_reduce)
+def _scatter_reduce(input, dim, index, src, reduce, *, include_self=True, out=None):
+    if not isinstance(input, MJT) or out is not None or not isinstance(dim, int):
+        return NotImplemented
+    hit = ragged_dim("scatter_reduce", input, dim)
+    if hit is None or hit[0] == 0:
+        return NotImplemented  # static dims: the op table's handler
+    if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+        raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    return scatter_ragged("scatter_reduce", input, *hit, index, src, reduce, bool(include_self))
 
 
 route(torch.scatter, torch.Tensor.scatter)(_scatter_route("scatter", False))
