@@ -374,6 +374,9 @@ BUGS = [
     Bug("scatter_reduce along a ragged dim ignores include_self", "ops/indexing/slicing.py",
         "out = v.scatter_reduce(0, rows, s.to(v.dtype), add, include_self=include_self)",
         "out = v.scatter_reduce(0, rows, s.to(v.dtype), add)", ("test_ragged_indexing.py",)),
+    Bug("repeat_interleave's new lengths count every sample's repeats into the first", "ops/indexing/joins.py",
+        "0, x._partition.row_sample().cpu(), counts.cpu())", "0, torch.zeros_like(x._partition.row_sample()).cpu(), counts.cpu())",
+        ("test_ragged_indexing.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

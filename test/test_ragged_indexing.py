@@ -468,3 +468,48 @@ def test_scatter_reduce_along_the_ragged_dim_message_passing(reduce, include_sel
     gb = torch.autograd.grad(sum((r * r).sum() for r in refs), nodes + msgs, allow_unused=True)
     for a, b, t in zip(ga, gb, nodes + msgs):
         torch.testing.assert_close(a if a is not None else torch.zeros_like(t), b if b is not None else torch.zeros_like(t))
+
+
+@pytest.mark.parametrize("layout", ["seq", "static_lead"])
+def test_repeat_interleave_along_the_ragged_dim(layout):
+    """A length regulator (each phoneme held for its duration: per-position counts, zeros
+    included) and a scalar repeat, against each sample's own ``repeat_interleave``; gradients."""
+    g = torch.Generator().manual_seed(0)
+    ns = (3, 0, 4)
+    if layout == "seq":
+        comps = [torch.randn(n, 2, dtype=torch.float64, generator=g).requires_grad_() for n in ns]
+        rd, d = (1,), 1
+    else:
+        comps = [torch.randn(2, n, 3, dtype=torch.float64, generator=g).requires_grad_() for n in ns]
+        rd, d = (2,), 2
+    durations = [torch.randint(0, 3, (n,), generator=g) for n in ns]
+    x = mj.as_nested_tensor(comps, ragged_dims=rd)
+    # the durations on the batch's own extent (its offsets): one count per position of each sample
+    dur = mj.nested_tensor_from_jagged(torch.cat(durations), x.offsets(d))
+    for reps, per in ((2, [2] * len(ns)), (None, durations)):
+        if reps is None:
+            out = x.repeat_interleave(dur, dim=d)
+        else:
+            out = torch.repeat_interleave(x, reps, dim=d)
+        refs = [c.repeat_interleave(r, dim=d - 1) for c, r in zip(comps, per)]
+        for a, b in zip(out.unbind(), refs):
+            torch.testing.assert_close(a, b)
+        ga = torch.autograd.grad((out * out).sum(), comps)
+        gb = torch.autograd.grad(sum((r * r).sum() for r in refs), comps)
+        for a, b in zip(ga, gb):
+            torch.testing.assert_close(a, b)
+
+
+def test_repeat_interleave_other_forms_and_errors():
+    x = torch.nested.nested_tensor([torch.rand(2, 3), torch.rand(1, 3)], layout=mj.multi_jagged)
+    torch.testing.assert_close(x.repeat_interleave(2, dim=2).values(), x.values().repeat_interleave(2, dim=1))
+    torch.testing.assert_close(x.repeat_interleave(2), x.values().reshape(-1).repeat_interleave(2))  # flattened, as dense
+    a, b = torch.repeat_interleave(x, 3, dim=1), torch.repeat_interleave(x, 3, dim=1)
+    assert a.shape[1] is b.shape[1]  # one size rule, one nested int: the results combine
+    with pytest.raises(ValueError, match="one count per position"):
+        x.repeat_interleave(torch.tensor([1, 2]), dim=1)
+    with pytest.raises(RuntimeError, match="negative"):
+        x.repeat_interleave(-1, dim=1)
+    pair = mj.as_nested_tensor([torch.rand(2, 2), torch.rand(1, 1)], ragged_dims=(1, 2))
+    with pytest.raises(NotImplementedError, match="several"):
+        pair.repeat_interleave(2, dim=1)

@@ -1,7 +1,7 @@
 """Joins along ragged dims, per sample: ``torch.cat`` (sizes add; a dense ``(B, k, …)`` or
 ``(1, k, …)`` operand joins every sample — the class token), ``F.pad`` (constant, reflect,
-replicate, circular, as dense pads each sample; ``torch.constant_pad_nd`` too) and ``repeat`` /
-``tile``. The result's dim stays ragged (NOTE [ Indexing along ragged dims ] in ``along.py``)."""
+replicate, circular, as dense pads each sample; ``torch.constant_pad_nd`` too), ``repeat`` /
+``tile`` and ``repeat_interleave`` (by a number, or a count per position). The result's dim stays ragged (NOTE [ Indexing along ragged dims ] in ``along.py``)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import packed_rows
-from ...structure import mapped_extent, partition_for, same_extent
+from ...structure import RaggedExtent, mapped_extent, partition_for, same_extent
 from .._common import MJT, canonical_dim, describe, static_dims
 from .._routing import route
 from .along import eager, keep_along
@@ -258,3 +258,53 @@ def _tile(input, *dims):
 def _constant_pad_nd(input, pad, value=0):
     """``torch.constant_pad_nd``: ``F.pad`` in constant mode (along ragged dims too)."""
     return _pad(input, pad, "constant", value) if isinstance(input, MJT) else NotImplemented
+
+
+# ----------------------------------------------------------------------------- repeat_interleave
+@eager
+def repeat_interleave_ragged(op: str, x: MJT, repeats) -> MJT:
+    """Each position along the only ragged dim repeated ``repeats`` times in place: a number (every
+    sample grows ``repeats``-fold) or a multi_jagged ``(B, j0)`` integer tensor of the dim's own
+    extent, one count per position (a TTS length regulator: each phoneme held for its duration);
+    the new sizes are the per-sample sums, a new extent."""
+    e = x._partition.extents[0]
+    v = values_of(x)
+    if isinstance(repeats, MJT):
+        if repeats.dim() != 2 or not same_extent(repeats._partition.extents[0], e) or repeats.dtype.is_floating_point:
+            raise StructureError(f"{op}(): expected integer repeats (B, j) with the extent of {describe(x)}'s ragged dim, got {describe(repeats)}")
+        counts = repeats._values.to(torch.int64)
+        if bool((counts < 0).any()):
+            raise RuntimeError("repeats can not be negative")
+        lengths = torch.zeros(x._partition.batch, dtype=torch.int64).index_add_(
+            0, x._partition.row_sample().cpu(), counts.cpu())
+        out_extent = RaggedExtent.from_lengths(lengths, v.device)
+        values = v.repeat_interleave(counts, dim=0, output_size=int(lengths.sum()))
+    else:
+        r = int(repeats)
+        if r < 0:
+            raise RuntimeError("repeats can not be negative")
+        out_extent = mapped_extent(e, ("repeat", r), lambda n: n * r)
+        values = v.repeat_interleave(r, dim=0)
+    return wrap_values(values, partition_for((out_extent,)), x._ragged_dims)
+
+
+@route(torch.repeat_interleave, torch.Tensor.repeat_interleave)
+def _repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
+    if not isinstance(input, MJT):
+        return NotImplemented  # repeat_interleave(repeats) of a multi_jagged repeats: dense torch's error
+    if dim is None:  # dense torch repeats the flattened input's elements: the batch flattened into rows
+        return torch.repeat_interleave(input.reshape(-1), repeats, output_size=output_size)
+    d = canonical_dim("repeat_interleave", input.dim(), dim)
+    if d not in input._ragged_dims:
+        return NotImplemented  # a static dim: the op table
+    if len(input._ragged_dims) != 1:
+        raise NotImplementedError(
+            f"repeat_interleave(): along a ragged dim of {describe(input)}, which has several; only a batch with one "
+            "ragged dim (layout torch.multi_jagged)"
+        )
+    if isinstance(repeats, torch.Tensor) and not isinstance(repeats, MJT) and repeats.numel() != 1:
+        raise StructureError(
+            f"repeat_interleave(): along ragged dim {d} of {describe(input)}, repeats must be a number or a multi_jagged "
+            f"(B, j) tensor (one count per position of each sample), got a dense {tuple(repeats.shape)}"
+        )
+    return repeat_interleave_ragged("repeat_interleave", input, repeats)
