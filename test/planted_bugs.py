@@ -377,6 +377,9 @@ BUGS = [
     Bug("repeat_interleave's new lengths count every sample's repeats into the first", "ops/indexing/joins.py",
         "0, x._partition.row_sample().cpu(), counts.cpu())", "0, torch.zeros_like(x._partition.row_sample()).cpu(), counts.cpu())",
         ("test_ragged_indexing.py",)),
+    Bug("searchsorted with per-sample boundaries lets a value land in the padding", "ops/elementwise/pointwise.py",
+        "        found = torch.minimum(found, n.unsqueeze(1).to(found.dtype)).reshape(padded.shape)\n",
+        "        found = found.reshape(padded.shape)\n", ("test_ragged_indexing.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

@@ -513,3 +513,29 @@ def test_repeat_interleave_other_forms_and_errors():
     pair = mj.as_nested_tensor([torch.rand(2, 2), torch.rand(1, 1)], ragged_dims=(1, 2))
     with pytest.raises(NotImplementedError, match="several"):
         pair.repeat_interleave(2, dim=1)
+
+
+@pytest.mark.parametrize("right", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_searchsorted_with_per_sample_boundaries(right, dtype):
+    """Each sample's values searched among its own sorted boundaries (a multi_jagged ``(B, j0)``),
+    values multi_jagged of another extent or dense ``(B, M)``; ties, values past the end, an empty
+    boundary list, and for floats ``inf``."""
+    g = torch.Generator().manual_seed(0)
+    bounds = [torch.tensor([1, 3, 3, 7]), torch.zeros(0, dtype=torch.int64), torch.tensor([2, 5])]
+    values = [torch.tensor([0, 3, 7, 8, 3]), torch.tensor([4, 9]), torch.tensor([5, 1, 9])]  # 9: past every boundary
+    bounds = [b.to(dtype) for b in bounds]
+    values = [v.to(dtype) for v in values]
+    if dtype.is_floating_point:
+        values[0][-1] = float("inf")
+    s = torch.nested.nested_tensor(bounds, layout=mj.multi_jagged)
+    v = torch.nested.nested_tensor(values, layout=mj.multi_jagged)
+    out = torch.searchsorted(s, v, right=right)
+    for o, b, x in zip(out.unbind(), bounds, values):
+        assert torch.equal(o, torch.searchsorted(b, x, right=right))
+    dense = torch.randint(0, 9, (3, 4), generator=g).to(dtype)
+    got = torch.searchsorted(s, dense, right=right)
+    for i, b in enumerate(bounds):
+        assert torch.equal(got[i], torch.searchsorted(b, dense[i], right=right))
+    with pytest.raises(ValueError, match="same batch"):
+        torch.searchsorted(s, torch.zeros(2, 3, dtype=dtype))

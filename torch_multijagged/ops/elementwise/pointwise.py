@@ -362,6 +362,41 @@ def searchsorted_Tensor(func, sorted_sequence, x, *args, **kwargs):
     return wrap(func(sorted_sequence, x._values, *args, **kwargs), x._partition, x._ragged_dims)
 
 
+@route(torch.searchsorted)
+def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=None, out=None, sorter=None):
+    """Per-sample boundaries: a multi_jagged ``(B, j0)`` ``sorted_sequence`` (each sample's sorted
+    1-d boundaries) with values of the same batch — multi_jagged ``(B, j1, …)`` or dense
+    ``(B, …)`` —, each value searched among its own sample's boundaries, as the dense op with
+    batched boundaries. The boundaries are padded at the end with their largest value (each row
+    stays sorted) and the result capped at the sample's length: a value that lands in the padding
+    is past every boundary of its sample."""
+    if not isinstance(sorted_sequence, MJT):
+        return NotImplemented  # dense boundaries: the op table's elementwise handler
+    if out is not None or sorter is not None:
+        raise NotImplementedError("searchsorted(): out= and sorter= with per-sample boundaries for layout torch.multi_jagged")
+    if sorted_sequence.dim() != 2 or not isinstance(input, torch.Tensor) or input.shape[0] != sorted_sequence.shape[0]:
+        raise StructureError(
+            f"searchsorted(): expected per-sample boundaries (B, j0) and values with the same batch, got "
+            f"{describe(sorted_sequence)} and {describe(input)}"
+        )
+    v = sorted_sequence._values
+    fill = v.max().item() if v.numel() else 0  # ≥ every boundary: each padded row stays sorted
+    bounds = sorted_sequence.to_padded_tensor(fill)  # (B, N)
+    n = sorted_sequence._partition.extents[0].lengths()
+    b = bounds.shape[0]
+    if isinstance(input, MJT):
+        k = len(input._ragged_dims)
+        if input._ragged_dims != tuple(range(1, k + 1)):
+            raise StructureError(f"searchsorted(): expected values whose ragged dims follow the batch dim, got {describe(input)}")
+        padded = input.to_padded_tensor(0)
+        found = torch.searchsorted(bounds, padded.reshape(b, -1), out_int32=out_int32, right=right, side=side)
+        found = torch.minimum(found, n.unsqueeze(1).to(found.dtype)).reshape(padded.shape)
+        sample, coords = input._partition.row_coords()
+        return wrap(found[(sample, *coords.unbind(1))], input._partition, input._ragged_dims)
+    found = torch.searchsorted(bounds, input.reshape(b, -1), out_int32=out_int32, right=right, side=side)
+    return torch.minimum(found, n.unsqueeze(1).to(found.dtype)).reshape(input.shape)
+
+
 @route(torch.broadcast_tensors)
 def _broadcast_tensors(*tensors):
     """Each operand broadcast to the common shape (NOTE [ Broadcasting over ragged dims ]): a
