@@ -380,6 +380,9 @@ BUGS = [
     Bug("searchsorted with per-sample boundaries lets a value land in the padding", "ops/elementwise/pointwise.py",
         "        found = torch.minimum(found, n.unsqueeze(1).to(found.dtype)).reshape(padded.shape)\n",
         "        found = found.reshape(padded.shape)\n", ("test_ragged_indexing.py",)),
+    Bug("pdist keeps the diagonal pairs", "ops/nn/losses.py",
+        "upper = (coords[:, 0] < coords[:, 1]).nonzero().squeeze(1)", "upper = (coords[:, 0] <= coords[:, 1]).nonzero().squeeze(1)",
+        ("test_distances_windows.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

@@ -27,8 +27,10 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from .._common import MJT, describe
+from ...structure import mapped_extent, partition_for
+from .._common import MJT, describe, eager_route
 from .._routing import route
 from ..shape.leading import BatchMoved, token_op
 
@@ -419,6 +421,28 @@ def _cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     if p < 0:
         raise RuntimeError(f"cdist only supports non-negative p values, got {p}")
     return torch.linalg.vector_norm(x1.unsqueeze(2) - x2.unsqueeze(1), p, -1)
+
+
+@route(F.pdist, torch.pdist)
+def _pdist(input, p=2.0):
+    """Each sample's ``pdist``: the distances of its rows' pairs ``i < j`` in row-major order, a
+    ``(B, j)`` batch of ``nᵢ(nᵢ − 1)/2`` each (a new extent, eager only) — the upper triangle of the
+    sample's ``cdist``, whose gradient dense torch's ``pdist`` also has."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if input.dim() != 3 or input._ragged_dims != (1,):
+        raise StructureError(f"pdist(): expected a batch of row vectors (B, j0, C), got {describe(input)}")
+    return _pdist_rows(input, float(p))
+
+
+@eager_route("{op}(): each sample's number of pairs is a new ragged size, built from host lengths")
+def _pdist_rows(x: MJT, p: float):
+    e = x._partition.extents[0]
+    pairs = mapped_extent(e, ("pdist",), lambda n: n * (n - 1) // 2)
+    full = torch.cdist(x, x, p=p)  # (B, j0, j0): row-major (i, j) per sample
+    _, coords = full._partition.row_coords()
+    upper = (coords[:, 0] < coords[:, 1]).nonzero().squeeze(1)
+    return wrap_values(values_of(full).index_select(0, upper), partition_for((pairs,)), (1,))
 
 
 @route(F.cosine_similarity, torch.cosine_similarity)
