@@ -614,5 +614,7 @@ def test_static_dim_index_ops_and_nonzero(layout):
     assert [c.tolist() for c in x.nonzero().unbind()] == [[[0, 1], [1, 0]], []]
     rows, cols = torch.nonzero(x, as_tuple=True)
     assert rows.unbind()[0].tolist() == [0, 1] and cols.unbind()[0].tolist() == [1, 0]
-    with pytest.raises(NotImplementedError, match="scatter_reduce.*ragged dim 1"):
-        torch.scatter_reduce(x.double(), 1, torch.zeros_like(x), x.double(), "sum")
+    # along the ragged dim with per-sample indices (test_ragged_indexing.py): every row into row 0
+    out = torch.scatter_reduce(x.double(), 1, torch.zeros_like(x), x.double(), "sum")
+    for o, c in zip(out.unbind(), x.unbind()):
+        assert torch.equal(o, c.double().scatter_reduce(0, torch.zeros_like(c), c.double(), "sum"))
