@@ -65,7 +65,7 @@ def _tail(x: MJT) -> int:
 def flat_request(x: MJT, shape) -> bool:
     """Whether ``shape`` flattens the batch dim of ``x`` (the NOTE's rule): no nested int, ``-1``
     first, every later size given."""
-    if not shape or shape[0] != -1 or is_nested_int(shape[0]):
+    if not shape or is_nested_int(shape[0]) or shape[0] != -1:
         return False
     return all((isinstance(s, int) and s >= 0) or (isinstance(s, torch.SymInt) and not is_nested_int(s)) for s in shape[1:])
 
