@@ -539,3 +539,11 @@ def test_searchsorted_with_per_sample_boundaries(right, dtype):
         assert torch.equal(got[i], torch.searchsorted(b, dense[i], right=right))
     with pytest.raises(ValueError, match="same batch"):
         torch.searchsorted(s, torch.zeros(2, 3, dtype=dtype))
+
+
+def test_searchsorted_with_per_sample_boundaries_compiles_into_one_graph():
+    s = torch.nested.nested_tensor([torch.tensor([1.0, 3.0, 7.0]), torch.tensor([2.0])], layout=mj.multi_jagged)
+    v = torch.nested.nested_tensor([torch.tensor([0.0, 4.0, 9.0]), torch.tensor([5.0, 1.0])], layout=mj.multi_jagged)
+    torch._dynamo.reset()
+    out = torch.compile(lambda a, b: torch.searchsorted(a, b), backend="aot_eager", fullgraph=True)(s, v)
+    assert [t.tolist() for t in out.unbind()] == [[0, 2, 3], [1, 0]]

@@ -380,9 +380,11 @@ def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=
             f"{describe(sorted_sequence)} and {describe(input)}"
         )
     v = sorted_sequence._values
-    fill = v.max().item() if v.numel() else 0  # ≥ every boundary: each padded row stays sorted
-    bounds = sorted_sequence.to_padded_tensor(fill)  # (B, N)
     n = sorted_sequence._partition.extents[0].lengths()
+    bounds = sorted_sequence.to_padded_tensor(0)  # (B, N)
+    if v.numel():  # the padding raised to the largest boundary: each row stays sorted (no host read)
+        pad = torch.arange(bounds.shape[1], device=n.device).unsqueeze(0) >= n.unsqueeze(1)
+        bounds = bounds.masked_fill(pad, v.max())
     b = bounds.shape[0]
     if isinstance(input, MJT):
         k = len(input._ragged_dims)

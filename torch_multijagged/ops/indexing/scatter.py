@@ -26,7 +26,7 @@ import torch
 from ...bridge import wrap_values
 from ...compile import segment as seg
 from ...errors import StructureError
-from .._common import MJT, canonical_dim, describe, static_dims, wrap
+from .._common import MJT, canonical_dim, describe, eager_route, static_dims, wrap
 from .._routing import route
 from .._table import op_name, register_multi_jagged_func
 
@@ -179,6 +179,7 @@ def index_add__default(func, x, dim, index, source, *args, **kwargs):
 
 
 @route(torch.take, torch.Tensor.take)
+@eager_route("{op}(): the per-sample bounds check reads the indices on the host")
 def _take(input, index, *, out=None):
     """``torch.take`` per sample: a multi_jagged ``index`` (of any structure with the same batch)
     holds, for each sample, indices into that sample's elements in row-major order (negative ones
