@@ -383,6 +383,8 @@ BUGS = [
     Bug("pdist keeps the diagonal pairs", "ops/nn/losses.py",
         "upper = (coords[:, 0] < coords[:, 1]).nonzero().squeeze(1)", "upper = (coords[:, 0] <= coords[:, 1]).nonzero().squeeze(1)",
         ("test_distances_windows.py",)),
+    Bug("FlatBatch splits its rows evenly on view(B, -1)", "ops/shape/tokens.py",
+        "if len(nested) == 1 and len(shape) >= 2 and shape[1] == -1:", "if False:", ("test_flatten_batch.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

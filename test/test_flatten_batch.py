@@ -267,3 +267,28 @@ def test_flatten_under_compile_breaks_the_graph_and_matches_eager():
     torch._dynamo.reset()
     with pytest.raises(Exception, match="FlatBatch"):
         torch.compile(conv, backend="aot_eager", fullgraph=True)(x)
+
+
+def test_per_sample_view_of_flattened_rows_is_the_batch_not_an_even_split():
+    """``loss.view(B, -1).sum(1)`` after a loss over flattened tokens: dense code's per-sample sum.
+    On the samples concatenated an even split would silently mix samples: ``(B, -1)`` names the
+    ragged dim instead, and any other ``(B, …)`` raises."""
+    g = torch.Generator().manual_seed(0)
+    lens = (3, 1, 4)
+    logits = [torch.randn(n, 5, dtype=F64, generator=g) for n in lens]
+    labels = [torch.randint(0, 5, (n,), generator=g) for n in lens]
+    x = mj.as_nested_tensor(logits)
+    y = torch.nested.nested_tensor(labels, layout=mj.multi_jagged)
+    loss = F.cross_entropy(x.view(-1, 5), y.view(-1), reduction="none")
+    per = loss.view(3, -1)
+    assert isinstance(per, mj.MultiJaggedTensor) and per.shape[1] is x.shape[1]
+    want = torch.stack([F.cross_entropy(a, b, reduction="sum") for a, b in zip(logits, labels)])
+    torch.testing.assert_close(per.sum(1), want)
+    with pytest.raises(StructureError, match="split evenly"):
+        loss.view(3, 2, -1)  # 8 rows would split as 3 × 2 × … across samples
+    assert loss.view(4, 2).shape == (4, 2)  # a first size that is not the batch's: a dense view
+    pair = torch.nested.nested_tensor([torch.randn(2, 2, 3), torch.randn(1, 1, 3)], layout=mj.multi_jagged)
+    with pytest.raises(StructureError, match="split evenly"):
+        pair.reshape(-1, 3).view(2, -1)  # -1 cannot stand for two ragged dims
+    one = torch.nested.nested_tensor([torch.randn(3, 2)], layout=mj.multi_jagged)
+    assert not isinstance(one.view(-1, 2).view(1, 6), mj.MultiJaggedTensor)  # one sample: the even split is it

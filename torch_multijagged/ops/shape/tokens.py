@@ -26,7 +26,10 @@ any op on it returns a ``FlatBatch`` again (an alias, no copy), and ``view`` / `
 ``view_as`` / ``reshape_as`` / ``unflatten(0, …)`` to a shape that holds the batch's nested ints
 (``(B, j0, …, *static)``, ``B`` or ``-1`` first, the ragged sizes as the batch had them) give a
 multi_jagged tensor over its elements, with gradients both ways. A shape with nested ints of
-another batch raises. ``torch.save`` stores a ``FlatBatch`` as a plain tensor. A compiled region
+another batch raises. So does a shape that starts with the batch size B while the rows are still
+the batch's (``loss.view(B, -1).sum(1)`` after a loss over flattened tokens): dense torch would
+split the concatenated samples evenly, a silent mix of samples; ``(B, -1, …)`` instead names the
+one ragged dim by ``-1``, as the batch's own ``view`` does, and gives the batch back. ``torch.save`` stores a ``FlatBatch`` as a plain tensor. A compiled region
 cannot make one (fake tensors do not become subclasses): the flatten and each op on the
 ``FlatBatch`` are graph breaks, run eagerly (NOTE [ Eager-only routes ] in ``_common.py``).
 """
@@ -190,11 +193,24 @@ def _mark_all(out, batch):
 
 def _restore(op: str, batch, y: torch.Tensor, shape) -> MJT | object:
     """``y`` viewed as the multi_jagged ``shape`` (the NOTE), or ``NotImplemented`` when ``shape``
-    holds no nested int (a dense view)."""
+    is a dense view. A shape that starts with the batch size is read as the batch's own: on a
+    ``y`` whose rows are still the batch's, ``(B, -1, …)`` names the one ragged dim by ``-1`` (as
+    the batch's ``view`` does), and any other ``(B, …)`` raises — dense torch would split the
+    concatenated samples evenly, not by sample (``loss.view(B, -1).sum(1)``)."""
     shape = tuple(shape)
-    if not any(is_nested_int(s) for s in shape):
-        return NotImplemented
     partition, nested = batch
+    if not any(is_nested_int(s) for s in shape):
+        b = partition.batch
+        if not shape or is_nested_int(shape[0]) or shape[0] != b or b < 2 or y.dim() == 0 or y.shape[0] != partition.rows:
+            return NotImplemented
+        if len(nested) == 1 and len(shape) >= 2 and shape[1] == -1:
+            shape = (b, nested[0], *shape[2:])
+        else:
+            raise StructureError(
+                f"{op}(): cannot {op} a tensor flattened from a multi_jagged batch {tuple(y.shape)} to {shape}: its "
+                f"rows are the {b} samples concatenated, which {shape} would split evenly, not by sample; give the "
+                f"ragged sizes ({', '.join(str(n) for n in nested)}), or -1 for the one ragged dim"
+            )
     k = len(nested)
     want = f"({partition.batch} or -1, {', '.join(str(n) for n in nested)}, *static sizes)"
     if (
