@@ -385,6 +385,9 @@ BUGS = [
         ("test_distances_windows.py",)),
     Bug("FlatBatch splits its rows evenly on view(B, -1)", "ops/shape/tokens.py",
         "if len(nested) == 1 and len(shape) >= 2 and shape[1] == -1:", "if False:", ("test_flatten_batch.py",)),
+    Bug("stft packs each spectrogram frequency-major", "ops/nn/ragged.py",
+        "parts.append(torch.stft(w, **kw).transpose(0, 1))  # (frames, F, …)",
+        "parts.append(torch.stft(w, **kw).reshape(-1, torch.stft(w, **kw).shape[0]))", ("test_ragged_nn.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

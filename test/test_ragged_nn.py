@@ -394,3 +394,31 @@ def test_pool1d_of_one_geometry_shares_the_nested_int():
     for t, o in zip(x.unbind(), (a + b + c).unbind()):
         want = F.avg_pool1d(t, 2) + F.max_pool1d(t, 2) + F.conv1d(t, w, stride=2) if t.numel() else o
         assert_close(o, want, "sum")
+
+
+@pytest.mark.parametrize("center", [True, False])
+def test_stft_of_waveforms_per_sample(center):
+    """Each waveform's own spectrogram (complex ``(B, F, j_frames)``), gradients to every sample,
+    an empty waveform with no frame; one frame-count rule gives one nested int."""
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(n, dtype=DT, generator=g, requires_grad=True) for n in (300, 0, 129, 64)]
+    win = torch.hann_window(64, dtype=DT)
+    kw = dict(n_fft=64, hop_length=16, window=win, return_complex=True, center=center)
+    x = mj.as_nested_tensor(ws)
+    out = torch.stft(x, **kw)
+    assert out.dtype == torch.complex128 and out.shape[1] == 33
+    refs = [torch.stft(w, **kw) if w.shape[0] else None for w in ws]
+    for o, r in zip(out.unbind(), refs):
+        if r is None:
+            assert o.shape == (33, 0)
+        else:
+            torch.testing.assert_close(o, r)
+    ga = torch.autograd.grad(out.abs().sum(), ws, allow_unused=True)
+    gb = torch.autograd.grad(sum(r.abs().sum() for r in refs if r is not None), ws, allow_unused=True)
+    for a, b, w in zip(ga, gb, ws):
+        torch.testing.assert_close(a if a is not None else torch.zeros_like(w), b if b is not None else torch.zeros_like(w))
+    assert torch.stft(x, **kw).shape[2] is out.shape[2]
+    short = mj.as_nested_tensor([torch.randn(100, dtype=DT), torch.randn(10, dtype=DT)])
+    if not center:  # dense torch refuses a waveform shorter than n_fft: so does its sample here
+        with pytest.raises(RuntimeError, match="sample 1"):
+            torch.stft(short, **kw)

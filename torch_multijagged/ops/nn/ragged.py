@@ -22,6 +22,8 @@ NOTE [ Ops over ragged dims in nn ]
   only (under ``torch.compile`` a graph break, NOTE [ Eager-only routes ] in ``_common.py``);
   ``adaptive_*_pool1d(x, 1)`` is a reduction and compiles. Windows are gathered from the
   packed rows (no padded envelope) and reduced under torch's autograd on the values.
+* ``torch.stft`` of waveforms ``(B, j0)``: each sample's spectrogram ``(B, F, j_frames)``, its frame
+  count (dense torch's) a new extent of the same kind; one dense call per sample, eager only.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ import torch.nn.functional as F
 from ...bridge import values_of, wrap_values
 from ...compile import shift as _shift  # noqa: F401  (defines multijagged::shift)
 from ...kernels import canvas as cv
+from ...errors import StructureError
 from ...structure import RaggedExtent, mapped_extent, partition_for
 from .._table import register_multi_jagged_func
 from .._common import MJT, canonical_dim, canonical_dims, describe, eager_route, static_dims, wrap
@@ -430,3 +433,47 @@ def _adaptive_max_route(always_indices: bool):
 
 route(F.adaptive_max_pool1d, F._adaptive_max_pool1d)(_adaptive_max_route(False))
 route(F.adaptive_max_pool1d_with_indices, torch.adaptive_max_pool1d)(_adaptive_max_route(True))
+
+
+# ----------------------------------------------------------------------------- STFT of waveforms
+def _stft_frames(n: torch.Tensor, n_fft: int, hop: int, center: bool) -> torch.Tensor:
+    """Frames of waveforms of lengths ``n`` (dense torch's count; 0 for an empty waveform)."""
+    frames = 1 + n // hop if center else 1 + torch.div(n - n_fft, hop, rounding_mode="floor")
+    return torch.where(n > 0, frames.clamp_min(0), torch.zeros_like(n))
+
+
+@route(torch.stft, torch.Tensor.stft)
+def _stft(input, n_fft, hop_length=None, win_length=None, window=None, center=True, pad_mode="reflect",
+          normalized=False, onesided=None, return_complex=None, align_to_window=None):
+    """``torch.stft`` of waveforms ``(B, j0)``: each sample's own spectrogram, ``(B, F, j_frames)``
+    with its frame count a new ragged size (an empty waveform has no frame, where dense torch
+    refuses it). One dense call per sample."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if input.dim() != 2 or input._ragged_dims != (1,):
+        raise StructureError(f"stft(): expected waveforms (B, j0), got {describe(input)}")
+    kw = dict(n_fft=n_fft, hop_length=hop_length, win_length=win_length, window=window, center=center, pad_mode=pad_mode,
+              normalized=normalized, onesided=onesided, return_complex=return_complex, align_to_window=align_to_window)
+    return _stft_samples(input, kw)
+
+
+@eager_route("{op}(): each waveform's frame count is a new ragged size, built from host lengths")
+def _stft_samples(x: MJT, kw: dict) -> MJT:
+    hop = kw["hop_length"] or kw["n_fft"] // 4
+    e = x._partition.extents[0]
+    frames = mapped_extent(e, ("stft", kw["n_fft"], hop, bool(kw["center"])),
+                           lambda n: _stft_frames(n, kw["n_fft"], hop, bool(kw["center"])))
+    parts = []
+    for i, w in enumerate(x.unbind()):
+        if w.shape[0] == 0:
+            continue
+        try:
+            parts.append(torch.stft(w, **kw).transpose(0, 1))  # (frames, F, …)
+        except RuntimeError as err:
+            raise RuntimeError(f"stft(): sample {i} of {describe(x)} (length {w.shape[0]}): {err}") from None
+    if not parts:  # no frame at all: the width from a waveform of n_fft ones
+        probe = torch.stft(torch.ones(kw["n_fft"], dtype=x.dtype, device=x.device), **kw).transpose(0, 1)
+        values = probe[:0] + values_of(x).sum() * 0
+    else:
+        values = torch.cat(parts)
+    return wrap_values(values, partition_for((frames,)), (2,))
