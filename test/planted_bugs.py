@@ -388,6 +388,9 @@ BUGS = [
     Bug("stft packs each spectrogram frequency-major", "ops/nn/ragged.py",
         "parts.append(torch.stft(w, **kw).transpose(0, 1))  # (frames, F, …)",
         "parts.append(torch.stft(w, **kw).reshape(-1, torch.stft(w, **kw).shape[0]))", ("test_ragged_nn.py",)),
+    Bug("max_unpool writes every image from the batch's first row", "ops/vision/conv.py",
+        "target = indices._values + out_p.offsets[sample].unsqueeze(1)", "target = indices._values + 0 * out_p.offsets[sample].unsqueeze(1)",
+        ("test_spatial.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

@@ -536,3 +536,38 @@ def test_compiled_path_op_differentiates_to_second_order():
 
     assert torch.autograd.gradcheck(f, (v, w, b))
     assert torch.autograd.gradgradcheck(f, (v, w, b))
+
+
+@pytest.mark.parametrize("nd", [1, 2])
+@pytest.mark.parametrize("kernel,stride", [(2, None), (3, 2)])
+def test_max_unpool_after_max_pool_with_indices(nd, kernel, stride):
+    """SegNet's decoder step: ``max_pool(…, return_indices=True)`` then ``max_unpool`` on each
+    image's default plane ``(n − 1)·s + k`` per side (odd sides come back smaller, as dense), with
+    gradients through both."""
+    # sides the unpool plane reproduces (even for 2/2, odd for 3/2): otherwise a max sits outside
+    # the plane and dense torch raises, as we do (below)
+    sides = (6, 8, 4, 10) if kernel == 2 else (7, 5, 9, 3)
+    sizes = list(sides) if nd == 1 else list(zip(sides, reversed(sides)))
+    comps = _images(sizes, c=3)
+    pool, unpool = (F.max_pool1d, F.max_unpool1d) if nd == 1 else (F.max_pool2d, F.max_unpool2d)
+    leaves = _leaves(comps)
+    x = mj.as_nested_tensor(leaves, ragged_dims=tuple(range(2, nd + 2)))
+    y, idx = pool(x, kernel, stride, return_indices=True)
+    out = unpool(y, idx, kernel, stride)
+    refs = []
+    for c in leaves:
+        yi, ii = pool(c.unsqueeze(0), kernel, stride, return_indices=True)
+        refs.append(unpool(yi, ii, kernel, stride)[0])
+    for a, b in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, b)
+    ga = torch.autograd.grad((out * out).sum(), leaves)
+    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(NotImplementedError, match="output_size"):
+        unpool(y, idx, kernel, stride, output_size=[4] * nd)
+    if nd == 2 and kernel == 2:  # a 7 × 9 image: its maxima in the last row lie outside the 6 × 8 plane
+        odd = mj.as_nested_tensor(_images([(7, 9), (4, 4)], c=3), ragged_dims=(2, 3))
+        yo, io = pool(odd, 2, return_indices=True)
+        with pytest.raises(RuntimeError, match="invalid max index"):
+            unpool(yo, io, 2)

@@ -479,3 +479,52 @@ def _conv_route(fn, nspatial: int):
 
 for _fn, _n in ((F.conv1d, 1), (F.conv2d, 2), (F.conv3d, 3)):
     route(_fn)(_conv_route(_fn, _n))
+
+
+# ----------------------------------------------------------------------------- unpooling
+def _unpool(op: str, nspatial: int, input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    """``max_unpool1d/2d``: each image's pooled values written back at the flat positions its
+    ``max_pool(…, return_indices=True)`` found, on a plane of dense torch's default size
+    ``(n − 1)·s − 2p + k`` per side (a new extent per side, shared by every unpool of the same
+    rule); zeros elsewhere. A scatter of the pixel rows, differentiable."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if not isinstance(indices, MJT) or indices._ragged_dims != input._ragged_dims or not indices._partition.same_as(input._partition):
+        raise StructureError(f"{op}(): expected indices with the structure of {describe(input)}, got {describe(indices)}")
+    if output_size is not None:
+        raise NotImplementedError(
+            f"{op}(): output_size= with a multi_jagged input (each image has its own size); the default size, "
+            "(n - 1)·stride - 2·padding + kernel per side, is supported (layout torch.multi_jagged)"
+        )
+    if input.dim() != nspatial + 2 or input._ragged_dims != tuple(range(2, nspatial + 2)):
+        raise StructureError(f"{op}(): expected (B, C, {', '.join(['j'] * nspatial)}) with every spatial dim ragged, got {describe(input)}")
+    return _unpool_rows(op, input, indices, _tuple(op, kernel_size, nspatial, "kernel_size"),
+                        _tuple(op, kernel_size if stride is None else stride, nspatial, "stride"),
+                        _tuple(op, padding, nspatial, "padding"))
+
+
+@eager_route(_WHY)
+def _unpool_rows(op: str, input: MJT, indices: MJT, k, s, p) -> MJT:
+    extents = tuple(
+        mapped_extent(e, ("unpool", k[a], s[a], p[a]), lambda n, a=a: torch.where(n > 0, (n - 1) * s[a] - 2 * p[a] + k[a], 0))
+        for a, e in enumerate(input._partition.extents)
+    )
+    out_p = partition_for(extents)
+    v = values_of(input)  # (rows, C): one row per pooled pixel
+    sample = input._partition.row_sample()
+    target = indices._values + out_p.offsets[sample].unsqueeze(1)
+    plane = out_p.offsets.diff()[sample].unsqueeze(1)
+    if bool(((indices._values < 0) | (indices._values >= plane)).any()):
+        raise RuntimeError(f"{op}(): Found an invalid max index (outside its image's output plane) in {describe(indices)}")
+    out = v.new_zeros((int(out_p.rows), v.shape[1])).scatter(0, target, v)
+    return wrap_values(out, out_p, input._ragged_dims)
+
+
+@route(F.max_unpool2d)
+def _max_unpool2d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _unpool("max_unpool2d", 2, input, indices, kernel_size, stride, padding, output_size)
+
+
+@route(F.max_unpool1d)
+def _max_unpool1d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _unpool("max_unpool1d", 1, input, indices, kernel_size, stride, padding, output_size)
