@@ -380,7 +380,7 @@ BUGS = [
     Bug("searchsorted with per-sample boundaries lets a value land in the padding", "ops/elementwise/pointwise.py",
         "        found = torch.minimum(found, n.unsqueeze(1).to(found.dtype)).reshape(padded.shape)\n",
         "        found = found.reshape(padded.shape)\n", ("test_ragged_indexing.py",)),
-    Bug("pdist keeps the diagonal pairs", "ops/nn/losses.py",
+    Bug("pdist keeps the diagonal pairs", "ops/nn/distances.py",
         "upper = (coords[:, 0] < coords[:, 1]).nonzero().squeeze(1)", "upper = (coords[:, 0] <= coords[:, 1]).nonzero().squeeze(1)",
         ("test_distances_windows.py",)),
     Bug("FlatBatch splits its rows evenly on view(B, -1)", "ops/shape/tokens.py",

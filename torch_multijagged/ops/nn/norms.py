@@ -1,5 +1,5 @@
-"""Feature transforms over static trailing dims: norms, dropout and ``rrelu``. They keep the
-structure and run on the packed values; statistics tensors (mean / rstd) share the input's
+"""Feature transforms over static trailing dims: norms, dropout, ``rrelu`` and ``prelu``. They
+keep the structure and run on the packed values; statistics tensors (mean / rstd) share the input's
 partition.
 
 NOTE [ Norms under double backward ]
@@ -18,6 +18,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ...errors import StructureError
 from .._table import register_multi_jagged_func
 from .. import bridged
 from . import ragged as ragged_nn
@@ -158,3 +159,20 @@ def _channel_dropout(name: str, ndim: int):
 route(F.dropout1d)(_channel_dropout("dropout1d", 3))
 route(F.dropout2d)(_channel_dropout("dropout2d", 4))
 route(F.dropout3d)(_channel_dropout("dropout3d", 5))
+
+
+# ----------------------------------------------------------------------------- prelu
+@route(F.prelu, torch.prelu)
+def _prelu(input, weight):
+    """``x`` where ``x > 0``, else ``weight · x``, with ``weight`` of one element or one per channel
+    (dim 1, a static dim: images ``(B, C, j0, j1)``), as dense torch."""
+    if not isinstance(input, MJT) or isinstance(weight, MJT):
+        return NotImplemented
+    if weight.numel() != 1:
+        if 1 in input._ragged_dims or weight.dim() != 1 or weight.shape[0] != input.shape[1]:
+            raise StructureError(
+                f"prelu(): expected a weight of 1 element or one per channel (dim 1, static) of {describe(input)}, "
+                f"got {tuple(weight.shape)}"
+            )
+        weight = weight.view(-1, *([1] * (input.dim() - 2)))
+    return torch.where(input > 0, input, weight * input)
