@@ -571,8 +571,9 @@ def _rnn(name):
 # --- the rest --------------------------------------------------------------------------------------
 @spec("affine_grid")
 def _affine_grid(name):
-    # one affine matrix per token of a ragged batch of tokens, each on a 3 x 3 grid
-    th = R(comps([(n, 2, 3) for n in LENS], 1), (1,))
+    # one affine matrix per token of a ragged batch of tokens, each on a 3 x 3 grid (dense
+    # affine_grid refuses N = 0: no empty sample)
+    th = R(comps([(n, 2, 3) for n in LENS_NZ], 1), (1,))
     return [Case(lambda t: F.affine_grid(t, [t.shape[1], 1, 3, 3], align_corners=False), (th,), ref=lambda t: F.affine_grid(t, [t.shape[0], 1, 3, 3], align_corners=False))]
 
 

@@ -391,6 +391,10 @@ BUGS = [
     Bug("max_unpool writes every image from the batch's first row", "ops/vision/conv.py",
         "target = indices._values + out_p.offsets[sample].unsqueeze(1)", "target = indices._values + 0 * out_p.offsets[sample].unsqueeze(1)",
         ("test_spatial.py",)),
+    Bug("grid_sample packs each output channel-major", "ops/vision/resample.py",
+        "    perm = front + [d for d in range(3) if d not in front]\n", "    perm = [0, 1, 2]\n", ("test_resample.py",)),
+    Bug("max_unpool to given sizes skips the default ± stride check", "ops/vision/conv.py",
+        "bad = (base > 0) & ((want < base - s[a]) | (want > base + s[a]))", "bad = want < 0", ("test_spatial.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

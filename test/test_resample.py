@@ -384,3 +384,59 @@ def test_resampling_between_compiled_convs_is_a_graph_break():
         torch.testing.assert_close(got[0].values(), want[0].values())
         for a, b in zip(got[1:], want[1:]):
             torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("mode", ["bilinear", "nearest"])
+@pytest.mark.parametrize("padding_mode", ["zeros", "border", "reflection"])
+def test_grid_sample_per_image(mode, padding_mode):
+    """A warp of each image at its own grid (optical flow, spatial transformers): values and the
+    gradients of images and grids, per image; a grid of another size gives that size."""
+    g = torch.Generator().manual_seed(0)
+    sizes, out_sizes = ((5, 7), (4, 4), (6, 3)), ((3, 2), (4, 5), (2, 2))
+    imgs = [torch.randn(3, h, w, dtype=torch.float64, generator=g, requires_grad=True) for h, w in sizes]
+    grids = [(torch.rand(h, w, 2, dtype=torch.float64, generator=g) * 2.4 - 1.2).requires_grad_() for h, w in out_sizes]
+    x = mj.as_nested_tensor(imgs, ragged_dims=(2, 3))
+    grid = mj.as_nested_tensor(grids, ragged_dims=(1, 2))
+    out = F.grid_sample(x, grid, mode, padding_mode, align_corners=False)
+    assert out.shape[2] is grid.shape[1] and out.shape[3] is grid.shape[2]
+    refs = [F.grid_sample(i[None], q[None], mode, padding_mode, align_corners=False)[0] for i, q in zip(imgs, grids)]
+    for a, b in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, b)
+    wrt = imgs + grids
+    ga = torch.autograd.grad((out * out).sum(), wrt, allow_unused=True)
+    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), wrt, allow_unused=True)
+    for a, b, t in zip(ga, gb, wrt):
+        torch.testing.assert_close(a if a is not None else torch.zeros_like(t), b if b is not None else torch.zeros_like(t))
+    dense_grid = torch.rand(3, 2, 2, 2, dtype=torch.float64, generator=g) * 2 - 1  # one size for every image
+    got = F.grid_sample(x, dense_grid, mode, padding_mode, align_corners=False)
+    torch.testing.assert_close(got, torch.stack([F.grid_sample(i[None], q[None], mode, padding_mode, align_corners=False)[0]
+                                                 for i, q in zip(imgs, dense_grid)]))
+
+
+def test_grid_sample_with_a_grid_ragged_in_one_side_and_an_empty_grid():
+    g = torch.Generator().manual_seed(1)
+    imgs = [torch.randn(2, h, w, dtype=torch.float64, generator=g) for h, w in ((5, 7), (4, 4), (6, 3))]
+    grids = [torch.rand(n, 3, 2, dtype=torch.float64, generator=g) * 2 - 1 for n in (2, 0, 3)]  # (B, j, 3, 2)
+    x = mj.as_nested_tensor(imgs, ragged_dims=(2, 3))
+    out = F.grid_sample(x, mj.as_nested_tensor(grids), align_corners=True)
+    for o, i, q in zip(out.unbind(), imgs, grids):
+        want = F.grid_sample(i[None], q[None], align_corners=True)[0] if q.shape[0] else i.new_zeros(2, 0, 3)
+        torch.testing.assert_close(o, want)
+
+
+def test_affine_grid_one_matrix_per_position():
+    """``theta`` ``(B, j, 2, 3)`` with ``size=[j, C, H, W]``: each position's grid, as dense
+    ``affine_grid`` on that sample's matrices; gradients to theta."""
+    g = torch.Generator().manual_seed(2)
+    thetas = [torch.randn(n, 2, 3, dtype=torch.float64, generator=g, requires_grad=True) for n in (2, 1, 3)]
+    t = mj.as_nested_tensor(thetas)
+    out = F.affine_grid(t, [t.shape[1], 1, 3, 4], align_corners=False)
+    refs = [F.affine_grid(c, [c.shape[0], 1, 3, 4], align_corners=False) for c in thetas]
+    for a, b in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, b)
+    ga = torch.autograd.grad((out * out).sum(), thetas)
+    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), thetas)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match=r"size \[j, C, H, W\]"):
+        F.affine_grid(t, [3, 1, 3, 4], align_corners=False)

@@ -571,3 +571,27 @@ def test_max_unpool_after_max_pool_with_indices(nd, kernel, stride):
         yo, io = pool(odd, 2, return_indices=True)
         with pytest.raises(RuntimeError, match="invalid max index"):
             unpool(yo, io, 2)
+
+
+def test_max_unpool_to_the_pooled_tensors_own_sizes():
+    """``output_size=x.shape`` (SegNet, U-Net decoders): odd sides come back whole, the result has
+    ``x``'s nested ints (so it joins ``x`` in a ``cat``), each image as dense with its own size."""
+    comps = _images([(7, 9), (4, 6), (5, 5)], c=3)
+    leaves = _leaves(comps)
+    x = mj.as_nested_tensor(leaves, ragged_dims=(2, 3))
+    y, idx = F.max_pool2d(x, 2, return_indices=True)
+    out = F.max_unpool2d(y, idx, 2, output_size=x.shape)
+    assert out.shape[2] is x.shape[2] and out.shape[3] is x.shape[3]
+    refs = []
+    for c in leaves:
+        yi, ii = F.max_pool2d(c[None], 2, return_indices=True)
+        refs.append(F.max_unpool2d(yi, ii, 2, output_size=c.shape[-2:])[0])
+    for a, b in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, b)
+    ga = torch.autograd.grad((torch.cat([out, x], 1) ** 2).sum(), leaves)
+    gb = torch.autograd.grad(sum((torch.cat([r, c], 0) ** 2).sum() for r, c in zip(refs, leaves)), leaves)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b)
+    other = mj.as_nested_tensor(_images([(2, 2), (2, 2), (2, 2)], c=3), ragged_dims=(2, 3))
+    with pytest.raises(ValueError, match="default ± stride"):
+        F.max_unpool2d(y, idx, 2, output_size=other.shape)

@@ -82,6 +82,7 @@ nothing of the subclass or the op table.
 
 from __future__ import annotations
 
+import weakref
 from typing import Any, Optional, Sequence
 
 import torch
@@ -107,6 +108,24 @@ def _exclusive_cumsum(lengths: torch.Tensor) -> torch.Tensor:
     out = lengths.new_zeros(lengths.shape[0] + 1)
     torch.cumsum(lengths, 0, out=out[1:])
     return out
+
+
+# The eager extent of each nested int it has handed out (keyed by the nested-int node's id, the
+# extent held weakly: the extent keeps its node alive, so the id cannot be reused while the entry
+# lives). ``extent_of`` reads it: a size given as a batch's nested int (``output_size=x.shape``)
+# names that batch's extent.
+_EXTENT_OF_NODE: "weakref.WeakValueDictionary[int, RaggedExtent]" = weakref.WeakValueDictionary()
+
+
+def extent_of(size) -> "Optional[RaggedExtent]":
+    """The eager extent whose nested int ``size`` is, or None (a plain int, a traced nested int,
+    or one this package did not make)."""
+    if not isinstance(size, torch.SymInt):
+        return None
+    e = _EXTENT_OF_NODE.get(id(size.node))
+    if e is None or e._nested_int is None or e._nested_int.node is not size.node:
+        return None
+    return e
 
 
 class RaggedExtent:
@@ -169,6 +188,7 @@ class RaggedExtent:
             # Fake and functional offsets (subclasses) ask their own memo while tracing.
             if type(self.offsets) is torch.Tensor and not torch.compiler.is_compiling():
                 self._nested_int = ni
+                _EXTENT_OF_NODE[id(ni.node)] = self
         return ni
 
     def batch_stride(self, row: int):

@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 
 from ...bridge import values_of, wrap_values
+from ...errors import StructureError
 from ...structure import mapped_extent, partition_for
 from .._common import MJT, describe, eager_route, wrap
 from .._routing import _needs_grad, route
@@ -364,3 +365,58 @@ def _pixel_unshuffle(input, downscale_factor):
     row = base.view(-1, 1, 1) + ar.view(1, r, 1) * w_in.view(-1, 1, 1) + ar.view(1, 1, r)  # (T_out, i, j)
     index = row.unsqueeze(1) * c + torch.arange(c, device=base.device).view(1, c, 1, 1)  # (T_out, c, i, j)
     return _finish(_flat_rows(_values(input), index.reshape(index.shape[0], c * r * r), c * r * r), out_p, input._ragged_dims)
+
+
+# ----------------------------------------------------------------------------- grid_sample
+@route(F.grid_sample)
+def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corners=None):
+    """``F.grid_sample`` per image: images ``(B, C, *)`` sampled at each image's own grid
+    ``(B, k_h, k_w, 2)`` (multi_jagged with either or both of ``k_h``, ``k_w`` ragged, or a dense
+    ``(B, H', W', 2)``) — the warps of optical flow and spatial transformers on images of
+    different sizes. The output has the grid's sizes. One dense call per image, eager only."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if input.dim() != 4 or 1 in input._ragged_dims:
+        raise StructureError(f"grid_sample(): expected images (B, C, H, W) with a static channel dim, got {describe(input)}")
+    if isinstance(grid, MJT) and (grid.dim() != 4 or 3 in grid._ragged_dims):
+        raise StructureError(f"grid_sample(): expected a grid (B, k_h, k_w, 2), got {describe(grid)}")
+    if grid.shape[0] != input.shape[0]:
+        raise StructureError(f"grid_sample(): the grid's batch {grid.shape[0]} is not the images' {input.shape[0]}")
+    return _grid_sample_images(input, grid, mode, padding_mode, align_corners)
+
+
+@eager_route("{op}(): one dense call per image, from host sizes")
+def _grid_sample_images(input: MJT, grid, mode, padding_mode, align_corners):
+    grids = grid.unbind() if isinstance(grid, MJT) else list(grid.unbind(0))
+    outs = []
+    for img, g in zip(input.unbind(), grids):
+        if g.shape[0] * g.shape[1] == 0:  # no sampling point: an empty output of the grid's size
+            outs.append(img.new_zeros((img.shape[0], *g.shape[:2])) + img.sum() * 0)
+            continue
+        outs.append(F.grid_sample(img[None], g[None], mode, padding_mode, align_corners)[0])
+    if not isinstance(grid, MJT):
+        return torch.stack(outs)  # a dense grid: every output has its size
+    ragged = tuple(d + 1 for d in grid._ragged_dims)  # the output (B, C, k_h, k_w): the grid's ragged dims, moved by C
+    front = [d - 1 for d in ragged]
+    perm = front + [d for d in range(3) if d not in front]
+    rows = [o.permute(perm).reshape(-1, *[o.shape[d] for d in perm[len(front):]]) for o in outs]
+    return wrap_values(torch.cat(rows), grid._partition, ragged)
+
+
+@route(F.affine_grid)
+def _affine_grid(theta, size, align_corners=None):
+    """``F.affine_grid`` with one affine matrix per position of a batch, ``theta`` ``(B, j, 2, 3)``
+    and ``size`` ``[j, C, H, W]`` (the ragged size as dense torch's N, a static grid): the dense op
+    on the packed matrices, ``(B, j, H, W, 2)``."""
+    if not isinstance(theta, MJT):
+        return NotImplemented
+    size = list(size)
+    if theta._ragged_dims != (1,) or theta.dim() not in (4,) or not size or size[0] is not theta.shape[1] or any(
+            isinstance(z, torch.SymInt) for z in size[1:]):
+        raise StructureError(
+            f"affine_grid(): expected theta (B, j, 2, 3) with size [j, C, H, W] (its ragged size first, the rest fixed), "
+            f"got {describe(theta)} and {size}"
+        )
+    v = values_of(theta)
+    out = F.affine_grid(v, [v.shape[0], *size[1:]], align_corners)
+    return wrap_values(out, theta._partition, (1,))
