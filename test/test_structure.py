@@ -200,3 +200,22 @@ def test_extent_carriers_size_sum_max_and_square_sum(b):
     assert e.max_carrier.shape[0] == max(ns, default=0)
     assert e.sq_carrier.shape[0] == sum(n * n for n in ns)
     assert torch.equal(e.offsets, torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]))
+
+
+def test_extent_of_names_the_extent_of_an_eager_nested_int():
+    import gc
+
+    from torch_multijagged.structure import _EXTENT_OF_NODE, extent_of
+
+    x = torch.nested.nested_tensor([torch.rand(2, 3), torch.rand(4, 3)], layout=mj.multi_jagged)
+    assert extent_of(x.shape[1]) is x._partition.extents[0]
+    assert extent_of(3) is None and extent_of(x.shape[0]) is None
+    njt = torch.nested.nested_tensor([torch.rand(2, 3), torch.rand(4, 3)], layout=torch.jagged)
+    assert extent_of(njt.shape[1]) is None  # a nested int this package did not make
+    before = len(_EXTENT_OF_NODE)
+    y = torch.nested.nested_tensor([torch.rand(5, 3)], layout=mj.multi_jagged)
+    y.shape  # noqa: B018 - makes the nested int
+    assert len(_EXTENT_OF_NODE) == before + 1
+    del y
+    gc.collect()
+    assert len(_EXTENT_OF_NODE) == before  # the entry goes with its extent
