@@ -395,6 +395,10 @@ BUGS = [
         "    perm = front + [d for d in range(3) if d not in front]\n", "    perm = [0, 1, 2]\n", ("test_resample.py",)),
     Bug("max_unpool to given sizes skips the default ± stride check", "ops/vision/conv.py",
         "bad = (base > 0) & ((want < base - s[a]) | (want > base + s[a]))", "bad = want < 0", ("test_spatial.py",)),
+    Bug("fold gives every image the first one's size", "ops/vision/resample.py",
+        "hs = extents[0].host_lengths().tolist() if extents else [int(sizes[0])] * x.shape[0]",
+        "hs = [int(extents[0].host_lengths()[0])] * x.shape[0] if extents else [int(sizes[0])] * x.shape[0]",
+        ("test_resample.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
 ]

@@ -440,3 +440,29 @@ def test_affine_grid_one_matrix_per_position():
         torch.testing.assert_close(a, b)
     with pytest.raises(ValueError, match=r"size \[j, C, H, W\]"):
         F.affine_grid(t, [3, 1, 3, 4], align_corners=False)
+
+
+@pytest.mark.parametrize("kernel,padding,stride", [(3, 1, 1), (2, 0, 2)])
+def test_fold_back_into_each_image(kernel, padding, stride):
+    """``F.unfold`` → ``F.fold`` to the images' own nested ints: each image's blocks summed back
+    into its own plane (the result has ``x``'s nested ints), gradients; two ints give every image
+    one size (a dense batch)."""
+    g = torch.Generator().manual_seed(0)
+    sides = ((5, 7), (4, 4), (6, 3)) if stride == 1 else ((4, 6), (2, 2), (6, 4))
+    imgs = [torch.randn(2, h, w, dtype=torch.float64, generator=g, requires_grad=True) for h, w in sides]
+    x = mj.as_nested_tensor(imgs, ragged_dims=(2, 3))
+    y = F.fold(F.unfold(x, kernel, padding=padding, stride=stride), x.shape[-2:], kernel, padding=padding, stride=stride)
+    assert y.shape[2] is x.shape[2] and y.shape[3] is x.shape[3]
+    refs = [F.fold(F.unfold(i[None], kernel, padding=padding, stride=stride), i.shape[-2:], kernel, padding=padding,
+                   stride=stride)[0] for i in imgs]
+    for a, b in zip(y.unbind(), refs):
+        torch.testing.assert_close(a, b)
+    ga = torch.autograd.grad((y * y).sum(), imgs)
+    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), imgs)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b)
+    blocks = mj.as_nested_tensor([torch.randn(8, 4, dtype=torch.float64, generator=g) for _ in range(3)], ragged_dims=(2,))
+    dense = F.fold(blocks, (3, 3), 2)
+    torch.testing.assert_close(dense, torch.stack([F.fold(b[None], (3, 3), 2)[0] for b in blocks.unbind()]))
+    with pytest.raises(RuntimeError, match="sample 0"):
+        F.fold(blocks, (4, 4), 2)  # 4 blocks do not tile a 4 × 4 plane with a 2 × 2 kernel

@@ -212,10 +212,12 @@ def test_extent_of_names_the_extent_of_an_eager_nested_int():
     assert extent_of(3) is None and extent_of(x.shape[0]) is None
     njt = torch.nested.nested_tensor([torch.rand(2, 3), torch.rand(4, 3)], layout=torch.jagged)
     assert extent_of(njt.shape[1]) is None  # a nested int this package did not make
-    before = len(_EXTENT_OF_NODE)
+    import weakref
+
     y = torch.nested.nested_tensor([torch.rand(5, 3)], layout=mj.multi_jagged)
-    y.shape  # noqa: B018 - makes the nested int
-    assert len(_EXTENT_OF_NODE) == before + 1
+    key = id(y.shape[1].node)
+    extent = weakref.ref(y._partition.extents[0])
+    assert _EXTENT_OF_NODE.get(key) is extent()
     del y
     gc.collect()
-    assert len(_EXTENT_OF_NODE) == before  # the entry goes with its extent
+    assert extent() is None and _EXTENT_OF_NODE.get(key) is None  # the entry goes with its extent

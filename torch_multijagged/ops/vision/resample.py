@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...structure import mapped_extent, partition_for
+from ...structure import extent_of, mapped_extent, partition_for
 from .._common import MJT, describe, eager_route, wrap
 from .._routing import _needs_grad, route
 
@@ -420,3 +420,40 @@ def _affine_grid(theta, size, align_corners=None):
     v = values_of(theta)
     out = F.affine_grid(v, [v.shape[0], *size[1:]], align_corners)
     return wrap_values(out, theta._partition, (1,))
+
+
+@route(F.fold)
+def _fold(input, output_size, kernel_size, dilation=1, padding=0, stride=1):
+    """``F.fold`` (col2im) per sample: blocks ``(B, C·∏k, j)`` summed back into each sample's
+    image. ``output_size`` as two ints gives every image that size (a dense ``(B, C, H, W)``); as
+    a batch's nested ints (``x.shape[-2:]`` of the images ``F.unfold`` cut), each image its own
+    size and the result those nested ints. One dense call per sample, eager only."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if input.dim() != 3 or input._ragged_dims != (2,):
+        raise StructureError(f"fold(): expected blocks (B, C·∏kernel, j), got {describe(input)}")
+    sizes = list(output_size) if isinstance(output_size, (list, tuple, torch.Size)) else [output_size] * 2
+    nested = [isinstance(z, torch.SymInt) for z in sizes]
+    extents = [extent_of(z) for z in sizes] if all(nested) else None
+    if len(sizes) != 2 or (any(nested) and (extents is None or any(e is None for e in extents))):
+        raise NotImplementedError(
+            f"fold(): output_size {tuple(sizes)}: give two ints (one size for every image) or a batch's two nested ints "
+            "(each image its own size) (layout torch.multi_jagged)"
+        )
+    return _fold_images(input, sizes, extents, kernel_size, dilation, padding, stride)
+
+
+@eager_route("{op}(): one dense call per image, from host sizes")
+def _fold_images(x: MJT, sizes, extents, kernel_size, dilation, padding, stride):
+    hs = extents[0].host_lengths().tolist() if extents else [int(sizes[0])] * x.shape[0]
+    ws = extents[1].host_lengths().tolist() if extents else [int(sizes[1])] * x.shape[0]
+    outs = []
+    for i, (blocks, h, w) in enumerate(zip(x.unbind(), hs, ws)):
+        try:
+            outs.append(F.fold(blocks[None], (h, w), kernel_size, dilation, padding, stride)[0])
+        except RuntimeError as err:
+            raise RuntimeError(f"fold(): sample {i} of {describe(x)} (output size {h} × {w}): {err}") from None
+    if extents is None:
+        return torch.stack(outs)
+    rows = [o.permute(1, 2, 0).reshape(-1, o.shape[0]) for o in outs]
+    return wrap_values(torch.cat(rows), partition_for(tuple(extents)), (2, 3))
