@@ -466,3 +466,20 @@ def test_fold_back_into_each_image(kernel, padding, stride):
     torch.testing.assert_close(dense, torch.stack([F.fold(b[None], (3, 3), 2)[0] for b in blocks.unbind()]))
     with pytest.raises(RuntimeError, match="sample 0"):
         F.fold(blocks, (4, 4), 2)  # 4 blocks do not tile a 4 × 4 plane with a 2 × 2 kernel
+
+
+def test_affine_grid_and_grid_sample_under_compile_break_the_graph_and_match_eager():
+    g = torch.Generator().manual_seed(3)
+    th = mj.as_nested_tensor([torch.randn(n, 2, 3, generator=g) for n in (2, 1, 3)])
+    x = mj.as_nested_tensor([torch.randn(2, h, w, generator=g) for h, w in ((5, 7), (4, 4), (6, 3))], ragged_dims=(2, 3))
+    grid = mj.as_nested_tensor([torch.rand(h, w, 2, generator=g) * 2 - 1 for h, w in ((2, 3), (4, 1), (3, 3))],
+                               ragged_dims=(1, 2))
+
+    def f(t, img, q):
+        return F.affine_grid(t, [t.shape[1], 1, 3, 3], align_corners=False) * 2, F.grid_sample(img, q, align_corners=False) + 1
+
+    torch._dynamo.reset()
+    got = torch.compile(f, backend="aot_eager")(th, x, grid)
+    want = f(th, x, grid)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a.values(), b.values())

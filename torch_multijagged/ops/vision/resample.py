@@ -404,6 +404,7 @@ def _grid_sample_images(input: MJT, grid, mode, padding_mode, align_corners):
 
 
 @route(F.affine_grid)
+@eager_route("{op}(): the size names the batch's ragged size by its nested int, read eagerly")
 def _affine_grid(theta, size, align_corners=None):
     """``F.affine_grid`` with one affine matrix per position of a batch, ``theta`` ``(B, j, 2, 3)``
     and ``size`` ``[j, C, H, W]`` (the ragged size as dense torch's N, a static grid): the dense op
@@ -411,7 +412,7 @@ def _affine_grid(theta, size, align_corners=None):
     if not isinstance(theta, MJT):
         return NotImplemented
     size = list(size)
-    if theta._ragged_dims != (1,) or theta.dim() not in (4,) or not size or size[0] is not theta.shape[1] or any(
+    if theta._ragged_dims != (1,) or theta.dim() != 4 or not size or extent_of(size[0]) is not theta._partition.extents[0] or any(
             isinstance(z, torch.SymInt) for z in size[1:]):
         raise StructureError(
             f"affine_grid(): expected theta (B, j, 2, 3) with size [j, C, H, W] (its ragged size first, the rest fixed), "
