@@ -145,18 +145,23 @@ def kthvalue_ragged(op: str, x: MJT, k: int, kth: int, keepdim: bool):
     return _keepdim(_pick(op, x, k, src, position), x._ragged_dims[k], keepdim)
 
 
+def _nan_counts(x: MJT, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(length (S, 1), NaN count (S, columns))`` of every segment along ragged dim k."""
+    seg, _, _, _ = _segments(x, k)
+    keys = _columns(x._values.detach())
+    length = _seg_lengths(x, k).unsqueeze(1)
+    nan = keys.isnan().to(torch.int64) if keys.is_floating_point() else torch.zeros_like(keys, dtype=torch.int64)
+    return length, torch.zeros(length.shape[0], keys.shape[1], dtype=torch.int64, device=keys.device).index_add_(0, seg, nan)
+
+
 @eager_or_traced
 def median_ragged(op: str, x: MJT, k: int, keepdim: bool, ignore_nan: bool):
     def empty(s, n):
         raise IndexError(f"{op}(): Expected reduction dim {x._ragged_dims[k]} to have non-zero size in sample {s} of {describe(x)}")
 
     check_samples(x, k, lambda n: n == 0, empty, f"{op}(): Expected reduction dim to have non-zero size in every sample")
-    seg, _, sub, _ = _segments(x, k)
     src = _sorted_rows(x, k, False)
-    keys = _columns(x._values.detach())
-    length = _seg_lengths(x, k).unsqueeze(1)
-    nan = keys.isnan().to(torch.int64) if keys.is_floating_point() else torch.zeros_like(keys, dtype=torch.int64)
-    nans = torch.zeros(length.shape[0], keys.shape[1], dtype=torch.int64, device=keys.device).index_add_(0, seg, nan)
+    length, nans = _nan_counts(x, k)
     if ignore_nan:
         m = length - nans
         position = torch.where(m > 0, torch.div(m - 1, 2, rounding_mode="floor"), torch.zeros_like(m))
@@ -180,16 +185,13 @@ def quantile_ragged(op: str, x: MJT, k: int, q: float, keepdim: bool, interpolat
     if not x.dtype.is_floating_point or x.dtype in (torch.float16, torch.bfloat16):
         raise RuntimeError(f"{op}() input tensor must be either float or double dtype")
     check_samples(x, k, lambda n: n == 0, empty, f"{op}(): input tensor must be non-empty in every sample")
-    seg, _, _, _ = _segments(x, k)
     src = _sorted_rows(x, k, False)
-    keys = _columns(x._values.detach())
-    length = _seg_lengths(x, k).unsqueeze(1)
-    nans = torch.zeros(length.shape[0], keys.shape[1], dtype=torch.int64, device=keys.device).index_add_(0, seg, keys.isnan().to(torch.int64))
-    qt = torch.tensor(q, dtype=keys.dtype, device=keys.device)
+    length, nans = _nan_counts(x, k)
+    qt = torch.tensor(q, dtype=x.dtype, device=nans.device)
     if ignore_nan:
         ranks = (qt * (length - nans - 1)).clamp_min(0)
     else:
-        last = (length - 1).to(keys.dtype).expand_as(nans)
+        last = (length - 1).to(x.dtype).expand_as(nans)
         ranks = torch.where(nans > 0, last, qt * last)
     if interpolation == "lower":
         ranks = ranks.floor()
