@@ -101,6 +101,20 @@ def per_sample_outputs(out) -> list[torch.Tensor]:
     return list(out.unbind(0))
 
 
+def assert_samples_and_grads(out, refs: Sequence[torch.Tensor], leaves: Sequence[torch.Tensor], **tol) -> None:
+    """``out`` (multi_jagged, or dense ``(B, …)``) equals ``refs`` sample by sample, and the
+    gradients of ``Σ out²`` and ``Σ refs²`` with respect to every leaf agree (a leaf neither side
+    reaches: zeros on both)."""
+    got = per_sample_outputs(out)
+    assert len(got) == len(refs)
+    for a, b in zip(got, refs):
+        torch.testing.assert_close(a, b, **tol)
+    ga = torch.autograd.grad((out * out).sum(), leaves, allow_unused=True)
+    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), leaves, allow_unused=True)
+    for a, b, t in zip(ga, gb, leaves):
+        torch.testing.assert_close(a if a is not None else torch.zeros_like(t), b if b is not None else torch.zeros_like(t), **tol)
+
+
 def bit_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Shape, dtype and every bit equal (NaN == NaN of the same payload)."""
     if a.shape != b.shape or a.dtype != b.dtype:

@@ -15,6 +15,7 @@ from hypothesis import given, strategies as st
 import torch_multijagged as mj
 
 from _reference import ALL_LAYOUTS, DTYPES, SEQ, SQUARE, RECT3_MID, build, few, grid, seeds, structures
+from _structures import assert_samples_and_grads
 
 F64 = torch.float64
 
@@ -429,14 +430,7 @@ def test_take_with_per_sample_indices():
     idx = [torch.tensor([5, 0, -1]), torch.zeros(0, dtype=torch.int64), torch.tensor([7, -8, 2, 2, 1])]
     x = mj.as_nested_tensor(comps)
     index = torch.nested.nested_tensor(idx, layout=mj.multi_jagged)
-    out = torch.take(x, index)
-    refs = [torch.take(c, i) for c, i in zip(comps, idx)]
-    for a, b in zip(out.unbind(), refs):
-        torch.testing.assert_close(a, b)
-    ga = torch.autograd.grad((out * out).sum(), comps)
-    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), comps)
-    for a, b in zip(ga, gb):
-        torch.testing.assert_close(a, b)
+    assert_samples_and_grads(torch.take(x, index), [torch.take(c, i) for c, i in zip(comps, idx)], comps)
     bad = torch.nested.nested_tensor([torch.tensor([6]), torch.zeros(0, dtype=torch.int64), torch.tensor([0])],
                                      layout=mj.multi_jagged)
     with pytest.raises(IndexError, match="sample 0 of 6 elements"):
@@ -462,12 +456,7 @@ def test_scatter_reduce_along_the_ragged_dim_message_passing(reduce, include_sel
     out = x.scatter_reduce(1, idx, m, reduce, include_self=include_self)
     refs = [n.scatter_reduce(0, t.unsqueeze(-1).expand(-1, c), e, reduce, include_self=include_self)
             for n, t, e in zip(nodes, targets, msgs)]
-    for a, b in zip(out.unbind(), refs):
-        torch.testing.assert_close(a, b)
-    ga = torch.autograd.grad((out * out).sum(), nodes + msgs, allow_unused=True)
-    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), nodes + msgs, allow_unused=True)
-    for a, b, t in zip(ga, gb, nodes + msgs):
-        torch.testing.assert_close(a if a is not None else torch.zeros_like(t), b if b is not None else torch.zeros_like(t))
+    assert_samples_and_grads(out, refs, nodes + msgs)
 
 
 @pytest.mark.parametrize("layout", ["seq", "static_lead"])
@@ -491,13 +480,7 @@ def test_repeat_interleave_along_the_ragged_dim(layout):
             out = x.repeat_interleave(dur, dim=d)
         else:
             out = torch.repeat_interleave(x, reps, dim=d)
-        refs = [c.repeat_interleave(r, dim=d - 1) for c, r in zip(comps, per)]
-        for a, b in zip(out.unbind(), refs):
-            torch.testing.assert_close(a, b)
-        ga = torch.autograd.grad((out * out).sum(), comps)
-        gb = torch.autograd.grad(sum((r * r).sum() for r in refs), comps)
-        for a, b in zip(ga, gb):
-            torch.testing.assert_close(a, b)
+        assert_samples_and_grads(out, [c.repeat_interleave(r, dim=d - 1) for c, r in zip(comps, per)], comps)
 
 
 def test_repeat_interleave_other_forms_and_errors():

@@ -20,7 +20,7 @@ from hypothesis import example, given, strategies as st
 
 import torch_multijagged as mj
 from _reference import empty_batch, few, grid, seeds
-from _structures import bit_equal, comps_for, packed_args
+from _structures import assert_samples_and_grads, bit_equal, comps_for, packed_args
 
 D = torch.float64
 
@@ -400,13 +400,7 @@ def test_grid_sample_per_image(mode, padding_mode):
     out = F.grid_sample(x, grid, mode, padding_mode, align_corners=False)
     assert out.shape[2] is grid.shape[1] and out.shape[3] is grid.shape[2]
     refs = [F.grid_sample(i[None], q[None], mode, padding_mode, align_corners=False)[0] for i, q in zip(imgs, grids)]
-    for a, b in zip(out.unbind(), refs):
-        torch.testing.assert_close(a, b)
-    wrt = imgs + grids
-    ga = torch.autograd.grad((out * out).sum(), wrt, allow_unused=True)
-    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), wrt, allow_unused=True)
-    for a, b, t in zip(ga, gb, wrt):
-        torch.testing.assert_close(a if a is not None else torch.zeros_like(t), b if b is not None else torch.zeros_like(t))
+    assert_samples_and_grads(out, refs, imgs + grids)
     dense_grid = torch.rand(3, 2, 2, 2, dtype=torch.float64, generator=g) * 2 - 1  # one size for every image
     got = F.grid_sample(x, dense_grid, mode, padding_mode, align_corners=False)
     torch.testing.assert_close(got, torch.stack([F.grid_sample(i[None], q[None], mode, padding_mode, align_corners=False)[0]
@@ -431,13 +425,7 @@ def test_affine_grid_one_matrix_per_position():
     thetas = [torch.randn(n, 2, 3, dtype=torch.float64, generator=g, requires_grad=True) for n in (2, 1, 3)]
     t = mj.as_nested_tensor(thetas)
     out = F.affine_grid(t, [t.shape[1], 1, 3, 4], align_corners=False)
-    refs = [F.affine_grid(c, [c.shape[0], 1, 3, 4], align_corners=False) for c in thetas]
-    for a, b in zip(out.unbind(), refs):
-        torch.testing.assert_close(a, b)
-    ga = torch.autograd.grad((out * out).sum(), thetas)
-    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), thetas)
-    for a, b in zip(ga, gb):
-        torch.testing.assert_close(a, b)
+    assert_samples_and_grads(out, [F.affine_grid(c, [c.shape[0], 1, 3, 4], align_corners=False) for c in thetas], thetas)
     with pytest.raises(ValueError, match=r"size \[j, C, H, W\]"):
         F.affine_grid(t, [3, 1, 3, 4], align_corners=False)
 
@@ -455,12 +443,7 @@ def test_fold_back_into_each_image(kernel, padding, stride):
     assert y.shape[2] is x.shape[2] and y.shape[3] is x.shape[3]
     refs = [F.fold(F.unfold(i[None], kernel, padding=padding, stride=stride), i.shape[-2:], kernel, padding=padding,
                    stride=stride)[0] for i in imgs]
-    for a, b in zip(y.unbind(), refs):
-        torch.testing.assert_close(a, b)
-    ga = torch.autograd.grad((y * y).sum(), imgs)
-    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), imgs)
-    for a, b in zip(ga, gb):
-        torch.testing.assert_close(a, b)
+    assert_samples_and_grads(y, refs, imgs)
     blocks = mj.as_nested_tensor([torch.randn(8, 4, dtype=torch.float64, generator=g) for _ in range(3)], ragged_dims=(2,))
     dense = F.fold(blocks, (3, 3), 2)
     torch.testing.assert_close(dense, torch.stack([F.fold(b[None], (3, 3), 2)[0] for b in blocks.unbind()]))

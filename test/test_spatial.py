@@ -13,6 +13,8 @@ import torch_multijagged as mj
 from torch_multijagged import multi_jagged
 from torch_multijagged.errors import StructureError
 
+from _structures import assert_samples_and_grads
+
 F64 = torch.float64
 # one empty image; sides ≥ 5 otherwise, so every geometry below is defined on every image
 SIZES2 = [(7, 9), (5, 6), (0, 3), (9, 5), (6, 6)]
@@ -558,12 +560,7 @@ def test_max_unpool_after_max_pool_with_indices(nd, kernel, stride):
     for c in leaves:
         yi, ii = pool(c.unsqueeze(0), kernel, stride, return_indices=True)
         refs.append(unpool(yi, ii, kernel, stride)[0])
-    for a, b in zip(out.unbind(), refs):
-        torch.testing.assert_close(a, b)
-    ga = torch.autograd.grad((out * out).sum(), leaves)
-    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)
-    for a, b in zip(ga, gb):
-        torch.testing.assert_close(a, b)
+    assert_samples_and_grads(out, refs, leaves)
     with pytest.raises(NotImplementedError, match="output_size"):
         unpool(y, idx, kernel, stride, output_size=[4] * nd)
     if nd == 2 and kernel == 2:  # a 7 × 9 image: its maxima in the last row lie outside the 6 × 8 plane
