@@ -49,7 +49,7 @@ def _time_major(p: Partition) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
         n = lengths[order]
         longest = int(n[0]) if len(n) else 0
         batch_sizes = (n.unsqueeze(0) > torch.arange(longest).unsqueeze(1)).sum(1)
-        starts = p.offsets.cpu()[order]
+        starts = (lengths.cumsum(0) - lengths)[order]  # from the host lengths: no device read
         t = torch.arange(longest).repeat_interleave(batch_sizes)
         k = torch.arange(len(t)) - torch.repeat_interleave(batch_sizes.cumsum(0) - batch_sizes, batch_sizes)
         rows = (starts[k] + t).to(p.offsets.device)
