@@ -55,6 +55,19 @@ def test_fftn_over_static_dims_around_a_ragged_one(s, seed):
                      ref=_empty_safe(lambda c: torch.fft.fftn(c, dim=(0, 2)).abs()), seed=seed)
 
 
+@pytest.mark.parametrize("name", sorted(FFT_1D))
+@pytest.mark.parametrize("comps", [
+    [torch.rand(0, 0, 5, dtype=F64)],  # every sample empty: no packed row
+    [torch.rand(3, 0, 4, dtype=F64), torch.rand(2, 0, 4, dtype=F64)],  # rows, but an empty static dim
+], ids=["no_row", "empty_static_dim"])
+def test_fft_of_a_batch_without_elements_keeps_shape_and_dtype(name, comps):
+    # MKL refuses to transform no element; the result still has each sample's shape and dense's
+    # dtype (a real irfft of complex rows stays real), and a zero gradient reaches the input
+    fn = FFT_1D[name]
+    per_sample_check(lambda x: fn(x, -1), R(comps, (1, 2) if comps[0].shape[0] == 0 else (1,)),
+                     ref=_empty_safe(lambda c: fn(c, -1)), seed=0)
+
+
 def test_fft_along_a_ragged_dim_raises():
     x = torch.nested.nested_tensor([torch.rand(3, 2), torch.rand(1, 2)], layout=mj.multi_jagged)
     with pytest.raises(StructureError, match=r"fft.fft\(\).*ragged dim"):

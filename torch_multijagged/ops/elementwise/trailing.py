@@ -38,13 +38,19 @@ def _static_value_dim(op: str, x: MJT, dim: int) -> int:
     return static_dims(x.dim(), x._ragged_dims).index(d) + 1
 
 
-def _rows(fn, v: torch.Tensor) -> torch.Tensor:
-    """``fn(v)`` on the packed rows; with no element (every sample empty: MKL's FFT refuses zero
-    rows) the output of one row of ones, cut back to no row, still on ``v``'s graph."""
+def _rows(fn, v: torch.Tensor, dims) -> torch.Tensor:
+    """``fn(v)`` on the packed rows, transforming the value dims ``dims``. With no element (MKL's
+    FFT refuses a zero-size batch, which dense torch meets only when a sample is empty), ``fn`` runs
+    on ones of one element along each empty dim that is not transformed, cut back to zero there,
+    still on ``v``'s graph; an empty transformed dim raises as dense does."""
     if v.numel():
         return fn(v)
-    probe = fn(torch.ones((1, *[n or 1 for n in v.shape[1:]]), dtype=v.dtype, device=v.device))[:0]
-    return probe + v.sum() * 0
+    cut = [d for d, n in enumerate(v.shape) if n == 0 and d not in dims]
+    probe = fn(torch.ones([1 if d in cut else n for d, n in enumerate(v.shape)], dtype=v.dtype, device=v.device))
+    for d in cut:
+        probe = probe.narrow(d, 0, 0)
+    anchor = v.real if v.is_complex() else v  # a real result of a complex input stays real
+    return probe + anchor.sum() * 0
 
 
 def _fft_1d(fn):
@@ -54,7 +60,7 @@ def _fft_1d(fn):
         if not isinstance(input, MJT) or out is not None:
             return NotImplemented
         vd = _static_value_dim(name, input, dim)
-        return wrap_values(_rows(lambda v: fn(v, n, vd, norm), values_of(input)), input._partition, input._ragged_dims)
+        return wrap_values(_rows(lambda v: fn(v, n, vd, norm), values_of(input), (vd,)), input._partition, input._ragged_dims)
 
     return routed
 
@@ -71,7 +77,7 @@ def _fft_nd(fn, default_dim=None):
             dim = list(range(-len(s), 0))
         dims = [dim] if isinstance(dim, int) else list(dim)
         vds = [_static_value_dim(name, input, d) for d in dims]
-        return wrap_values(_rows(lambda v: fn(v, s, vds, norm), values_of(input)), input._partition, input._ragged_dims)
+        return wrap_values(_rows(lambda v: fn(v, s, vds, norm), values_of(input), vds), input._partition, input._ragged_dims)
 
     return routed
 
