@@ -94,6 +94,37 @@ def _known_extent(offsets: torch.Tensor, carriers) -> Optional[RaggedExtent]:
     return e
 
 
+class _PackOnRead:
+    """``_values`` of a wrapper that holds per-image pieces instead (NOTE [ Per-image pieces ] in
+    ``pieces.py``): packed on first read, stored, and the pieces forgotten. A non-data
+    descriptor, so a wrapper with values reads them from its ``__dict__`` at no extra cost."""
+
+    def __get__(self, obj, cls=None):
+        if obj is None:
+            return self
+        rec = obj.__dict__.pop("_pieces", None)
+        if rec is None:
+            raise AttributeError("'MultiJaggedTensor' object has no attribute '_values'")
+        v = pack_pieces(rec[0], obj._partition.rows, obj._size[1], obj.dtype, obj.device)
+        obj.__dict__["_values"] = v
+        return v
+
+
+def pack_pieces(pieces, rows: int, channels: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Pixel rows ``(P, C)`` of per-image pieces ``(1, C, hᵢ, wᵢ)`` (``None``: no pixel), one copy
+    per image, recording no graph."""
+    out = torch.empty((rows, channels), dtype=dtype, device=device)
+    o = 0
+    with torch.no_grad():
+        for p in pieces:
+            if p is None:
+                continue
+            h, w = p.shape[2], p.shape[3]
+            out[o:o + h * w].view(h, w, channels).copy_(p[0].permute(1, 2, 0))
+            o += h * w
+    return out
+
+
 class MultiJaggedTensor(torch.Tensor):
     r"""A batch of ``B`` dense tensors of common rank whose extents may differ in several dims.
 
@@ -129,7 +160,9 @@ class MultiJaggedTensor(torch.Tensor):
         [torch.Size([2, 3]), torch.Size([1, 3])]
     """
 
-    _values: torch.Tensor  # type: ignore[assignment]  # shadows Tensor._values() (sparse), a method in torch's stubs
+    # ``_values`` shadows Tensor._values() (sparse), a method in torch's stubs; the class attribute is
+    # read only when an instance holds no values (per-image pieces instead)
+    _values: torch.Tensor = _PackOnRead()  # type: ignore[assignment]
     _partition: Partition
     _ragged_dims: tuple[int, ...]
     _size: tuple
@@ -166,6 +199,28 @@ class MultiJaggedTensor(torch.Tensor):
             storage_size=0,
         )
         r._values = values
+        r._partition = partition
+        r._ragged_dims = ragged_dims
+        r._size = size
+        r._strides = stride
+        return r
+
+    @classmethod
+    def _of_pieces(cls, partition: Partition, ragged_dims: tuple[int, ...], channels: int, dtype: torch.dtype,
+                   device: torch.device) -> "MultiJaggedTensor":
+        """A wrapper of pixel rows ``(P, channels)`` without its values: the caller stores its
+        per-image pieces, which the first read of ``_values`` packs (NOTE [ Per-image pieces ] in
+        ``pieces.py``)."""
+        key = ("pieces_size_stride", ragged_dims, channels)
+        hit = partition.cache.get(key)
+        if hit is None:
+            standin = torch.empty((partition.rows, channels), device="meta")
+            hit = partition.cache[key] = partition.logical_size_stride(standin, ragged_dims)
+        size, stride = hit
+        r = torch.Tensor._make_wrapper_subclass(
+            cls, size, stride, 0, torch.contiguous_format, dtype, torch.strided, device, False, False, "strides",
+            False, False, storage_size=0,
+        )
         r._partition = partition
         r._ragged_dims = ragged_dims
         r._size = size

@@ -11,14 +11,17 @@ fp32, 16 images, 32 → 32 channels, 3×3 conv, forward and backward): sides 32�
 the canvas against 118 ms per image; sides 112–128, 431 ms against 275 ms (the per-sample loop
 over NCHW images: 118 and 250 ms).
 
-Here each image's pixel rows ``(hᵢ·wᵢ, C)`` (a ``split`` of the packed rows, no copy) are viewed
-as a channels-last ``(1, C, hᵢ, wᵢ)`` image, the dense op runs on it as the user's loop would,
-and the outputs, channels last, are viewed back as rows and concatenated (one copy). Everything
-is dense autograd — ``split``'s backward is one ``cat`` of the per-image input gradients — so
-every order of gradients works, and the peak memory is the loop's plus the concatenated output.
+Here the dense op runs on each image as the user's loop would: on the image's pixel rows
+``(hᵢ·wᵢ, C)`` viewed as a channels-last ``(1, C, hᵢ, wᵢ)`` image (a ``split`` of the packed rows,
+no copy; a contiguous copy when the input has few channels, which oneDNN's planar kernel takes as
+the loop does), or on the images the previous op left as pieces. The result holds its images as
+pieces too, packed into rows only when something reads them (NOTE [ Per-image pieces ] in
+``pieces.py``). Everything is dense autograd on the pieces, so every order of gradients works.
 
 The rule (``per_image_applies``): an average of at least ``PIXELS_PER_IMAGE`` pixels per image
-and at least ``MIN_CHANNELS`` input channels. Measured (fp32, forward and backward, canvas time
+and at least ``MIN_CHANNELS`` input channels; since the outputs stay pieces, thin inputs (the
+first layer's three colour channels) go image by image too where the images are that large, and so
+does any input that already holds pieces. Measured (fp32, forward and backward, canvas time
 over per-image time, 1 thread): 32 input channels, B = 16: 0.91 at 150 px per image, 0.88–1.00
 at 300–600 px, 1.05 at 1,150 px, 1.15 at 2,300 px, 1.21 at 5,800 px, 1.38 at 8,900 px (2 threads:
 0.81 at 580 px, 1.04 at 1,270 px, 1.51 at 4,700 px); B = 64: 0.42 at 34 px, 0.82 at 560 px,
@@ -31,12 +34,9 @@ This module is pure torch on host sizes; it knows nothing of the subclass.
 
 from __future__ import annotations
 
-from typing import Callable, Sequence
-
-import torch
 from torch import Tensor
 
-__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "per_image_applies", "rows_per_image"]
+__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "per_image_applies"]
 
 PIXELS_PER_IMAGE = 1024
 MIN_CHANNELS = 16
@@ -49,22 +49,3 @@ def per_image_applies(sizes: Tensor, channels: int) -> bool:
     # SYNC: none — host sizes
     return (b > 0 and sizes.shape[1] == 2 and channels >= MIN_CHANNELS
             and int(sizes.prod(1).sum()) >= max(1, PIXELS_PER_IMAGE * b))
-
-
-def rows_per_image(rows: Tensor, sizes: Sequence[Sequence[int]], out_sizes: Sequence[Sequence[int]], out_channels: int,
-                   op: Callable[[Tensor], Tensor]) -> Tensor:
-    """``op`` (``(1, C, h, w) → (1, C', h', w')``) on every image of the pixel rows ``rows (P, C)``
-    (image ``i`` the next ``hᵢ·wᵢ`` rows, row-major), as pixel rows ``(P', C')``. An image with
-    no output pixel contributes none, without calling ``op``; at least one must have some (the
-    result's dtype is ``op``'s, e.g. under autocast)."""
-    c = rows.shape[1]
-    counts = [h * w for h, w in sizes]
-    outs = []
-    for xi, (h, w), (ho, wo) in zip(rows.split(counts), sizes, out_sizes):
-        if ho * wo == 0 or h * w == 0:
-            continue
-        y = op(xi.view(1, h, w, c).permute(0, 3, 1, 2))
-        outs.append(y.permute(0, 2, 3, 1).reshape(ho * wo, out_channels))
-    if not outs:
-        raise ValueError("rows_per_image(): expected an image with output pixels")
-    return torch.cat(outs)

@@ -41,6 +41,7 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+from .. import pieces as _pieces
 from ..bridge import _Adopt
 from ..errors import StructureError
 from ..tensor import MultiJaggedTensor, _ValuesOf
@@ -169,6 +170,8 @@ def _unary(func):
         for a in kwargs.values():
             if isinstance(a, torch.Tensor):
                 return NotImplemented
+        if "_pieces" in x.__dict__ and _pieces.holds_pieces(x):
+            return _pieces.map_pieces(lambda p: func(p, *args, **kwargs), x)
         return result(func(values(x), *args, **kwargs), x._partition, x._ragged_dims)
 
     return impl
@@ -187,17 +190,23 @@ def _binary(func, aten_op=None, reverse: bool = False):
         if isinstance(a, MJT):
             like = a
             if isinstance(b, MJT):
-                if b._partition is not a._partition or b._ragged_dims != a._ragged_dims or b._values.dim() != a._values.dim():
+                if b._partition is not a._partition or b._ragged_dims != a._ragged_dims or len(b._size) != len(a._size):
                     if aten_op is None or kwargs:
                         return NotImplemented
                     # broadcasting into new ragged dims (a pair from singles): gathered with
                     # the cached row maps, under autograd here
                     return _finish(_pw.broadcast_values(aten_op, a, b, values(a), values(b)))
+                if "_pieces" in a.__dict__ and "_pieces" in b.__dict__ and _pieces.holds_pieces(a) and _pieces.holds_pieces(b):
+                    return _pieces.zip_pieces(lambda p, q: func(p, q, **kwargs), a, b)
                 return result(func(values(a), values(b), **kwargs), a._partition, a._ragged_dims)
             if _scalar(b) or (isinstance(b, torch.Tensor) and _dense_ok(b, a)):
+                if "_pieces" in a.__dict__ and _scalar(b) and _pieces.holds_pieces(a):
+                    return _pieces.map_pieces(lambda p: func(p, b, **kwargs), a)
                 return result(func(values(a), b, **kwargs), like._partition, like._ragged_dims)
             return NotImplemented
         if isinstance(b, MJT) and (_scalar(a) or (isinstance(a, torch.Tensor) and _dense_ok(a, b))):
+            if "_pieces" in b.__dict__ and _scalar(a) and _pieces.holds_pieces(b):
+                return _pieces.map_pieces(lambda q: func(a, q, **kwargs), b)
             return result(func(a, values(b), **kwargs), b._partition, b._ragged_dims)
         return NotImplemented
 
@@ -461,10 +470,20 @@ FAST[torch.permute] = FAST[torch.Tensor.permute] = _permute
 FAST[torch.Tensor.view] = _view
 
 
+def _spatial_of_pieces(x: MJT, dims) -> bool:
+    """``dims`` are exactly the two spatial dims of a ``(B, C, j0, j1)`` image batch."""
+    return (len(dims) == 2 and len(x._size) == 4 and all(type(d) is int and -4 <= d < 4 for d in dims)
+            and {d % 4 for d in dims} == {2, 3})
+
+
 def _reduction(kind: str, aten_op):
     def impl(input, dim=None, keepdim=False, *, dtype=None, out=None):
         if not isinstance(input, MJT) or out is not None or not isinstance(keepdim, bool):
             return NotImplemented
+        if ("_pieces" in input.__dict__ and dim is not None and not isinstance(dim, int) and _spatial_of_pieces(input, dim)
+                and input.dtype.is_floating_point and _pieces.holds_pieces(input)):
+            # global pooling of images held one by one: each image's own reduction, as the loop
+            return _pieces.reduce_images(kind, input, keepdim, dtype)
         v = values(input)
         if v.is_floating_point() or v.is_complex():
             pass

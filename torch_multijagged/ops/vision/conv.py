@@ -29,6 +29,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ... import pieces
 from ...bridge import values_of, wrap_values
 from .. import bridged
 from ...compile import spatial as csp
@@ -165,16 +166,22 @@ def _pixel_rows(x: MJT, v: torch.Tensor, nspatial: int, sizes: torch.Tensor) -> 
     return v.movedim(1, -1).reshape(-1, v.shape[1]).index_select(0, inv)
 
 
-def _wrap_pixels(x: MJT, rows: torch.Tensor, out_sizes: torch.Tensor, windows, nspatial: int, grad: bool) -> MJT:
-    """The output tensor of pixel rows ``rows (P', C')``: each ragged spatial dim gets the
-    extent its window's rule maps it to (``mapped_extent``), each static one its new size."""
+def _mapped_partition(x: MJT, windows):
+    """The partition of a windowed op's output: each ragged spatial dim gets the extent its
+    window's rule maps it to (``mapped_extent``)."""
     p = x._partition
     extents = []
     for k, d in enumerate(x._ragged_dims):
         w = windows[d - 2]
         ext = p.extents[k]
         extents.append(mapped_extent(ext, w.rule(), lambda n, w=w: torch.where(n == 0, n, w.out_len(n).clamp(min=0))))
-    part = p if all(a is b for a, b in zip(extents, p.extents)) else partition_for(extents)
+    return p if all(a is b for a, b in zip(extents, p.extents)) else partition_for(extents)
+
+
+def _wrap_pixels(x: MJT, rows: torch.Tensor, out_sizes: torch.Tensor, windows, nspatial: int, grad: bool) -> MJT:
+    """The output tensor of pixel rows ``rows (P', C')``: each ragged spatial dim gets the
+    extent its window's rule maps it to (``mapped_extent``), each static one its new size."""
+    part = _mapped_partition(x, windows)
     if _canonical(x, nspatial):
         return wrap_values(rows, part, x._ragged_dims) if grad else wrap(rows, part, x._ragged_dims)
     static = {d: int(out_sizes[0, d - 2]) if out_sizes.shape[0] else 0 for d in range(2, 2 + nspatial) if d not in x._ragged_dims}
@@ -270,7 +277,7 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
     pad_canvas = tuple(pl for pl, _ in pads)
     if nspatial == 2 and _canonical(input, 2) and all(pl == pr for pl, pr in pads):
         sizes = _sizes(input, 2)
-        if pim.per_image_applies(sizes, c):
+        if pim.per_image_applies(sizes, max(c, pim.MIN_CHANNELS)) or pieces.holds_pieces(input):
             # large images: the dense op per image on views of the rows (NOTE [ Convolutions
             # image by image ] in kernels/per_image.py)
             return _conv_per_image(op, input, sizes, windows, weight, bias, s, pad_canvas, d, groups)
@@ -283,13 +290,19 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
 
 
 def _conv_per_image(op: str, x: MJT, sizes, windows, weight, bias, stride, padding, dilation, groups) -> MJT:
+    """The conv image by image; the result holds its images as pieces (NOTE [ Per-image pieces ]
+    in ``pieces.py``), read by the next image-by-image op without packing."""
     out_sizes = cv.output_sizes(op, sizes, windows)
-    grad = _needs_grad(x)
-    v = values_of(x) if grad else x._values
     # SYNC: none — host sizes (the extents' host lengths)
-    res = pim.rows_per_image(v, sizes.tolist(), out_sizes.tolist(), weight.shape[0],
-                             lambda img: F.conv2d(img, weight, bias, stride, padding, dilation, groups))
-    return _wrap_pixels(x, res, out_sizes, windows, 2, grad or res.requires_grad)
+    thin = not pieces.holds_pieces(x) and x._size[1] < pim.MIN_CHANNELS
+    outs = [None if p is None or ho * wo == 0 else
+            F.conv2d(p.contiguous() if thin else p, weight, bias, stride, padding, dilation, groups)
+            for p, (ho, wo) in zip(pieces.split(x), out_sizes.tolist())]
+    live = [o for o in outs if o is not None]
+    if not live:
+        raise ValueError(f"{op}(): expected an image with output pixels")
+    part = _mapped_partition(x, windows)
+    return pieces.from_pieces(outs, part, x._ragged_dims, weight.shape[0], live[0].dtype, live[0].device)
 
 
 @eager_route(_WHY)

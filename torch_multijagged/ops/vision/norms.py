@@ -49,6 +49,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ... import pieces
 from ...bridge import values_of, wrap_values, wrap_values_like
 from ...errors import StructureError
 from .. import bridged
@@ -56,6 +57,7 @@ from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _dense, _needs_grad, route
 
 from ...kernels import norms as _kernels  # noqa: E402
+from ...kernels import per_image as pim  # noqa: E402
 from ...kernels.norms import batch_norm_train, group_norm_rows, segment_norm  # noqa: E402
 from .conv import as_spatial  # noqa: E402
 
@@ -226,6 +228,11 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
         raise ValueError(f"{op}(): expected the number of channels ({c}) to be divisible by num_groups, got {num_groups}")
     _check_param(op, "weight", weight, c)
     _check_param(op, "bias", bias, c)
+    if pieces.holds_pieces(input) or (input._ragged_dims == (2, 3) and len(input._size) == 4
+                                      and pim.per_image_applies(_image_sizes(input), c)):
+        # images held one by one, or large enough for the convolutions to go image by image
+        # (NOTE [ Per-image pieces ]): aten's kernel on each image, as the loop, pieces out
+        return pieces.map_pieces(lambda p: _group_norm_image(p, num_groups, weight, bias, eps), input)
     v = _values(input)
     # dense F.group_norm's own check, over the whole batch (rows × group channels × static spatial)
     if input._partition.rows * (c // num_groups) * math.prod(v.shape[2:]) == 1:
@@ -238,6 +245,20 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     out, _, _ = _normalise(input, w.reshape(w.shape[0], num_groups, c // num_groups * math.prod(w.shape[2:])), c, weight,
                            bias, eps)
     return _finish(input, out.view(w.shape).to(v.dtype))
+
+
+def _image_sizes(x: MJT) -> torch.Tensor:
+    """``(B, 2)`` host sizes of images with both spatial dims ragged."""
+    return torch.stack([e.host_lengths() for e in x._partition.extents], 1)
+
+
+def _group_norm_image(p: torch.Tensor, groups: int, weight, bias, eps: float) -> torch.Tensor:
+    """``group_norm`` of one ``(1, C, h, w)`` image, on a contiguous copy where it is not (aten's
+    channels-last kernel is 1.3–2× slower than its NCHW one), in float32 for 16-bit inputs as
+    the packed path computes it."""
+    w = _float(p).contiguous()
+    cast = (lambda t: t if t is None or t.dtype == w.dtype else t.to(w.dtype))
+    return F.group_norm(w, groups, cast(weight), cast(bias), eps).to(p.dtype)
 
 
 # ----------------------------------------------------------------------------- adaptive pooling

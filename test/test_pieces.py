@@ -1,0 +1,253 @@
+"""Images held as per-image pieces between image-by-image ops (NOTE [ Per-image pieces ] in
+``torch_multijagged/pieces.py``): a CNN chain — conv, group norm, activations, a residual add, a
+strided conv, global pooling — against the dense ops on each image alone, with gradients to every
+input and parameter, an image without pixels, second order, the autograd API on a tensor that
+holds pieces, in-place writes, serialization, no leakage, dtypes and ``torch.compile``."""
+
+from __future__ import annotations
+
+import copy
+import io
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+
+import torch_multijagged as mj
+from torch_multijagged import pieces
+from torch_multijagged.kernels import per_image
+
+from _reference import few, seeds
+
+F64 = torch.float64
+C = 4
+
+
+def _every_image_by_image(mp: pytest.MonkeyPatch) -> None:
+    # the rule's thresholds are for speed; here every image goes image by image, so that small,
+    # fast examples exercise the pieces
+    mp.setattr(per_image, "PIXELS_PER_IMAGE", 0)
+    mp.setattr(per_image, "MIN_CHANNELS", 0)
+
+
+@pytest.fixture
+def small_images_go_image_by_image(monkeypatch):
+    _every_image_by_image(monkeypatch)
+
+
+def _params(seed=3, c=C, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+
+    def p(*shape):
+        return torch.randn(*shape, generator=g, dtype=F64).to(dtype).requires_grad_()
+
+    return {"w1": p(c, c, 3, 3), "b1": p(c), "gw": p(c), "gb": p(c), "w2": p(2 * c, c, 3, 3), "b2": p(2 * c)}
+
+
+def cnn(x, P, seen=None):
+    """conv → group norm → ReLU → residual add → strided conv → tanh → global mean: works on a
+    batch and on one ``(1, C, h, w)`` image alike. ``seen`` records which results held pieces."""
+    y = F.conv2d(x, P["w1"], P["b1"], padding=1)
+    z = F.relu(F.group_norm(y, 2, P["gw"], P["gb"], eps=0.1))
+    r = z + y * 0.5
+    d = torch.tanh(F.conv2d(r, P["w2"], P["b2"], stride=2, padding=1))
+    if seen is not None:
+        seen.extend(pieces.holds_pieces(t) for t in (y, z, r, d))
+    return d.mean((-2, -1))
+
+
+def _images(sizes, seed, c=C, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(c, h, w, generator=g, dtype=F64).to(dtype) for h, w in sizes]
+
+
+def _batch(comps, grad=True):
+    return torch.nested.nested_tensor([c.detach() for c in comps], layout=mj.multi_jagged, requires_grad=grad)
+
+
+# both sides vary across the batch (an extra image unlike the first), so both spatial dims are
+# ragged; often an image without pixels
+image_sizes = st.lists(st.tuples(st.integers(1, 7), st.integers(1, 7)), min_size=1, max_size=3).map(
+    lambda s: s + [(s[0][0] + 1, s[0][1] + 2)]).flatmap(lambda s: st.sampled_from([s, s + [(0, 3)], [(5, 0)] + s]))
+
+
+def _check_cnn(comps, P, rtol=1e-7, atol=1e-7):
+    x = _batch(comps)
+    seen: list[bool] = []
+    out = cnn(x, P, seen)
+    assert all(seen), f"every intermediate holds pieces: {seen}"
+    assert not isinstance(out, mj.MultiJaggedTensor) and out.shape == (len(comps), P["w2"].shape[0])
+    leaves = [c.detach().clone().requires_grad_() for c in comps]
+    params = list(P.values())
+    for i, c in enumerate(leaves):
+        if c.numel():
+            torch.testing.assert_close(out[i], cnn(c.unsqueeze(0), P)[0], rtol=rtol, atol=atol)
+        else:
+            assert torch.isnan(out[i]).all(), "an image without pixels: the mean of nothing, as dense"
+    live = [i for i, c in enumerate(comps) if c.numel()]
+    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64).to(out.dtype)
+    loss = (out[live] * cot[live]).sum()
+    ref = sum((cnn(leaves[i].unsqueeze(0), P)[0] * cot[i]).sum() for i in live)
+    got = torch.autograd.grad(loss, [x, *params])
+    want = torch.autograd.grad(ref, [*leaves, *params], allow_unused=True, materialize_grads=True)
+    for i, (a, b) in enumerate(zip(got[0].unbind(), want[: len(leaves)])):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"grad of image {i}: {m}")
+    for name, a, b in zip(P, got[1:], want[len(leaves):]):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"grad of {name}: {m}")
+
+
+@few(8)
+@given(sizes=image_sizes, seed=seeds)
+def test_cnn_chain_per_image_with_gradients(sizes, seed):
+    with pytest.MonkeyPatch.context() as mp:
+        _every_image_by_image(mp)
+        _check_cnn(_images(sizes, seed), _params(seed % 7))
+
+
+def test_cnn_chain_at_the_rule_s_default_thresholds():
+    # large enough for the default rule (≥ 1,024 pixels per image on average, ≥ 16 channels)
+    sizes = [(40, 40), (0, 7), (36, 45), (38, 34)]
+    assert per_image.per_image_applies(torch.tensor(sizes), 16)
+    _check_cnn(_images(sizes, 0, c=16), _params(0, c=16), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_dtypes_as_the_dense_ops(small_images_go_image_by_image, dtype):
+    comps = _images([(5, 6), (0, 2), (7, 3)], 0, dtype=dtype)
+    P = _params(1, dtype=dtype)
+    out = cnn(_batch(comps), P)
+    assert out.dtype == dtype
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=3e-2, atol=3e-2)
+    for i in (0, 2):
+        torch.testing.assert_close(out[i], cnn(comps[i].unsqueeze(0), P)[0], **tol)
+
+
+def test_second_order_gradients(small_images_go_image_by_image):
+    comps = _images([(4, 5), (0, 2), (3, 3)], 2)
+    P = _params(2)
+    x = _batch(comps)
+    leaves = [c.detach().clone().requires_grad_() for c in comps]
+
+    def first(t):
+        y = torch.tanh(F.group_norm(F.conv2d(t, P["w1"], padding=1), 2, P["gw"], P["gb"], eps=0.1))
+        return (y * y).sum() if not isinstance(y, mj.MultiJaggedTensor) else (y * y).sum()
+
+    gx, = torch.autograd.grad(first(x), [x], create_graph=True)
+    g2 = torch.autograd.grad((gx * gx).sum(), [x, P["w1"], P["gw"]])
+    refs = [torch.autograd.grad(first(c.unsqueeze(0)), [c], create_graph=True)[0] for c in leaves if c.numel()]
+    live = [c for c in leaves if c.numel()]
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs), [*live, P["w1"], P["gw"]])
+    for a, r in zip([t for t in gx.unbind() if t.numel()], refs):
+        torch.testing.assert_close(a, r)
+    for a, b in zip([t for t in g2[0].unbind() if t.numel()], want[: len(live)]):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(g2[1:], want[len(live):]):
+        torch.testing.assert_close(a, b)
+
+
+def test_autograd_api_on_a_tensor_holding_pieces(small_images_go_image_by_image):
+    comps = _images([(4, 5), (0, 2), (3, 3)], 3)
+    P = _params(3)
+    x = _batch(comps)
+
+    def loss_of(t):
+        # consumers reading the pieces (relu, a product, the global mean) and the values
+        if isinstance(t, mj.MultiJaggedTensor):
+            return F.relu(t).mean((2, 3)).sum() + (t * t).sum() + t.values().sum()
+        return F.relu(t).mean((2, 3)).sum() + (t * t).sum() + t.sum()
+
+    refs = []
+    for c in comps:
+        if not c.numel():
+            refs.append(torch.zeros(C, *c.shape[1:], dtype=F64))
+            continue
+        yi = F.conv2d(c.unsqueeze(0), P["w1"], P["b1"], padding=1).detach().requires_grad_()
+        refs.append(torch.autograd.grad(loss_of(yi), [yi])[0][0])
+
+    y = F.conv2d(x, P["w1"], P["b1"], padding=1)
+    assert pieces.holds_pieces(y)
+    gy, = torch.autograd.grad(loss_of(y), [y])
+    y = F.conv2d(x, P["w1"], P["b1"], padding=1)
+    y.retain_grad()
+    hooked = []
+    y.register_hook(lambda g: hooked.append(g))
+    loss_of(y).backward()
+    assert len(hooked) == 1, "the hook ran once"
+    for got in (gy, y.grad, hooked[0]):
+        assert isinstance(got, mj.MultiJaggedTensor)
+        for a, b in zip(got.unbind(), refs):
+            torch.testing.assert_close(a, b)
+
+
+def test_in_place_write_is_seen_by_later_ops(small_images_go_image_by_image):
+    comps = _images([(4, 5), (3, 3)], 4)
+    P = _params(4)
+    with torch.no_grad():
+        y = F.conv2d(_batch(comps, grad=False), P["w1"], padding=1)
+        assert pieces.holds_pieces(y)
+        y.mul_(-2.0)
+        assert not pieces.holds_pieces(y)
+        out = F.relu(y)
+    for o, c in zip(out.unbind(), comps):
+        torch.testing.assert_close(o[None], F.relu(-2.0 * F.conv2d(c[None], P["w1"], padding=1)))
+    # with autograd: the written tensor's gradient still reaches the input
+    x = _batch(comps)
+    y = F.conv2d(x, P["w1"], padding=1)
+    y.add_(1.0)
+    gx, = torch.autograd.grad(F.relu(y).sum(), [x])
+    for g, c in zip(gx.unbind(), comps):
+        ci = c.clone().requires_grad_()
+        ref, = torch.autograd.grad(F.relu(F.conv2d(ci[None], P["w1"], padding=1) + 1.0).sum(), [ci])
+        torch.testing.assert_close(g, ref)
+
+
+def test_read_values_serialise_and_copy(small_images_go_image_by_image):
+    comps = _images([(4, 5), (0, 2), (3, 3)], 5)
+    P = _params(5)
+    with torch.no_grad():
+        y = F.relu(F.conv2d(_batch(comps, grad=False), P["w1"], P["b1"], padding=1))
+    refs = [F.relu(F.conv2d(c[None], P["w1"], P["b1"], padding=1))[0] if c.numel() else None for c in comps]
+    assert pieces.holds_pieces(y)
+    _ = (y.shape, y.offsets(), y.ragged_dims)  # metadata reads do not pack
+    assert pieces.holds_pieces(y)
+    buf = io.BytesIO()
+    torch.save(y, buf)
+    buf.seek(0)
+    for t in (torch.load(buf), copy.deepcopy(y), y):
+        for o, r in zip(t.unbind(), refs):
+            if r is not None:
+                torch.testing.assert_close(o, r)
+            else:
+                assert o.numel() == 0
+    v = y.values()
+    assert v.shape == (sum(c.shape[1] * c.shape[2] for c in comps), C) and not pieces.holds_pieces(y)
+    torch.testing.assert_close(v, torch.cat([r.permute(1, 2, 0).reshape(-1, C) for r in refs if r is not None]))
+
+
+def test_no_leakage_between_images(small_images_go_image_by_image):
+    comps = _images([(4, 5), (3, 6), (5, 3)], 6)
+    P = _params(6)
+    other = [c.clone() for c in comps]
+    other[1] = other[1] * 3 + 1
+    with torch.no_grad():
+        a, b = cnn(_batch(comps, grad=False), P), cnn(_batch(other, grad=False), P)
+    torch.testing.assert_close(a[[0, 2]], b[[0, 2]], rtol=0, atol=0)
+    assert not torch.allclose(a[1], b[1])
+
+
+def test_batch_norm_and_compiled_code_read_the_packed_values(small_images_go_image_by_image):
+    comps = _images([(4, 5), (3, 3)], 7)
+    P = _params(7)
+    x = _batch(comps)
+    y = F.conv2d(x, P["w1"], padding=1)
+    assert pieces.holds_pieces(y)
+    bn = F.batch_norm(y, None, None, training=True)
+    cat = torch.cat([F.conv2d(c[None], P["w1"], padding=1).permute(0, 2, 3, 1).reshape(-1, C) for c in comps])
+    ref = F.batch_norm(cat.t()[None], None, None, training=True)[0].t()
+    torch.testing.assert_close(bn.values(), ref)
+    assert not pieces.holds_pieces(y), "batch norm read the packed values"
+    z = torch.sin(F.conv2d(x, P["w1"], padding=1))
+    assert pieces.holds_pieces(z)
+    compiled = torch.compile(lambda t: (t * 2).sum((2, 3)), backend="aot_eager")
+    torch.testing.assert_close(compiled(z), (z.detach() * 2).sum((2, 3)))

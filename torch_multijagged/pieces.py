@@ -1,0 +1,191 @@
+"""Images held as per-image dense tensors between image-by-image ops.
+
+NOTE [ Per-image pieces ]
+
+Where images are large, convolutions and group norms run image by image, as a user's loop would
+(NOTE [ Convolutions image by image ] in ``kernels/per_image.py``). Concatenating each op's
+per-image outputs into packed pixel rows, only for the next op to split them again, cost a
+whole-batch copy per op and per direction, and kept every image channels last, where aten's
+group norm is 1.3–4× slower than on the contiguous ``(1, C, h, w)`` images a loop holds. So the
+result of such an op *holds its pieces* — one dense ``(1, C, hᵢ, wᵢ)`` tensor per image (``None``
+for an image without pixels) — and packs them into its values only when something reads them.
+A chain conv → norm → activation → conv runs the loop's own dense calls on the loop's own
+tensors, one layer at a time (measured against the loop's image-at-a-time order on the
+benchmarks' CNN, fwd + bwd, one thread: 1.00–1.04× its time).
+
+* **Storage.** A wrapper holding pieces has no ``_values`` entry; ``MultiJaggedTensor._values``
+  is then a non-data descriptor (``_PackOnRead`` in ``tensor.py``) that packs the pieces (one
+  copy, under ``no_grad``: the wrapper's own autograd node carries the gradient), stores the
+  values and forgets the pieces. Every other op, and every other path (dispatch, compile,
+  pickling, deep copy), sees an ordinary tensor.
+* **Autograd.** A result is the differentiable output of its pieces (``_Adopt``: one node whose
+  backward splits the gradient into pieces). A consumer does not read another tensor's pieces
+  directly but through ``_PiecesOf``, a node on that tensor's wrapper whose backward hands the
+  per-piece gradients back as a wrapper *holding them as pieces*: every gradient of a tensor
+  reaches its wrapper, so hooks, ``retain_grad``, ``torch.autograd.grad(…, inputs=x)`` and every
+  order of gradients behave as on any tensor, and no gradient is packed unless something reads it.
+* **Staleness.** Pieces are read only while the wrapper's version counter is unchanged (an
+  in-place op through the wrapper packs and writes the values) and while the values were never
+  packed; otherwise the consumer takes the values as any other op.
+* **Scope.** Eager only, 2-d images with both spatial dims ragged (values ``(P, C)``); pieces are
+  made by the ops that go image by image (conv, group norm, elementwise ops of tensors that hold
+  pieces) and read only by those.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+import torch
+from torch import Tensor
+
+from .structure import Partition
+from .tensor import MultiJaggedTensor, pack_pieces as pack, values_of
+from .writes import _eager
+
+__all__ = ["holds_pieces", "split", "pack", "from_pieces", "map_pieces", "zip_pieces", "reduce_images", "image_sizes"]
+
+MJT = MultiJaggedTensor
+_DisableTF = torch._C.DisableTorchFunctionSubclass
+
+
+def _version(x: MJT) -> int:
+    with _DisableTF():
+        return x._version
+
+
+def _requires_grad(x: MJT) -> bool:
+    with _DisableTF():
+        return x.requires_grad
+
+
+def image_sizes(partition: Partition) -> list[tuple[int, int]]:
+    """``(hᵢ, wᵢ)`` per image of a partition of two ragged dims (host lengths)."""
+    return partition.derived("image_sizes", _image_sizes)
+
+
+def _image_sizes(partition: Partition) -> list[tuple[int, int]]:
+    hs, ws = (e.host_lengths().tolist() for e in partition.extents)  # SYNC: none — host lengths
+    return list(zip(hs, ws))
+
+
+def holds_pieces(x) -> bool:
+    """Whether ``x`` holds per-image pieces that are still current (cheap; no autograd)."""
+    if not isinstance(x, MJT) or not _eager():
+        # eager only: dynamo cannot read a tensor's ``__dict__`` (in its eager fallback frames),
+        # and under a dispatch mode or a transform the values are what every op reads
+        return False
+    rec = x.__dict__.get("_pieces")
+    if rec is None:
+        return False
+    if rec[1] != _version(x):
+        del x.__dict__["_pieces"]  # written in place: the values (packed then) are the truth
+        return False
+    return True
+
+
+class _PiecesOf(torch.autograd.Function):
+    """``x``'s pieces (those with pixels) as outputs of a node on ``x``: gradients reach ``x``."""
+
+    @staticmethod
+    def forward(ctx, x: MJT, live: list):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.x = (x._partition, x._ragged_dims, [tuple(p.shape) for p in live], x.dtype, x.device)
+        return tuple(p.detach() for p in live)
+
+    @staticmethod
+    def backward(ctx, *grads):  # type: ignore[override]
+        partition, ragged_dims, shapes, dtype, device = ctx.x
+        if all(g is None for g in grads):
+            return None, None
+        grads = [torch.zeros(s, dtype=dtype, device=device) if g is None else g for g, s in zip(grads, shapes)]
+        it = iter(grads)
+        full = [None if n == 0 else next(it) for n in (h * w for h, w in image_sizes(partition))]
+        return from_pieces(full, partition, ragged_dims, shapes[0][1], dtype, device), None
+
+
+class _Adopt(torch.autograd.Function):
+    """``box[0]``, a wrapper built around pieces, made the differentiable output of the pieces."""
+
+    @staticmethod
+    def forward(ctx, box: list, *live):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.n_live = len(live)
+        return box[0]
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return (None,) * (1 + ctx.n_live)
+        return (None, *[p for p in split(grad) if p is not None])
+
+
+def split(x: MJT) -> list[Optional[Tensor]]:
+    """``x``'s images as ``(1, C, hᵢ, wᵢ)`` tensors (``None`` without pixels), carrying ``x``'s
+    gradient: its pieces when it holds them, else views of its pixel rows."""
+    if holds_pieces(x):
+        rec = x.__dict__["_pieces"]
+        pieces = rec[0]
+        if not torch.is_grad_enabled() or not _requires_grad(x):
+            return [None if p is None else p.detach() for p in pieces]
+        if len(rec) == 3:
+            return rec[2]  # every consumer shares one node: the engine sums their gradients per piece
+        it = iter(_PiecesOf.apply(x, [p for p in pieces if p is not None]))
+        out = [None if p is None else next(it) for p in pieces]
+        x.__dict__["_pieces"] = (pieces, rec[1], out)
+        return out
+    v = values_of(x) if (torch.is_grad_enabled() and _requires_grad(x)) else x._values
+    sizes = image_sizes(x._partition)
+    c = v.shape[1]
+    out: list[Optional[Tensor]] = []
+    for r, (h, w) in zip(v.split([h * w for h, w in sizes]), sizes):
+        out.append(None if h * w == 0 else r.view(1, h, w, c).permute(0, 3, 1, 2))
+    return out
+
+
+def from_pieces(pieces: list[Optional[Tensor]], partition: Partition, ragged_dims: tuple[int, ...], channels: int,
+                dtype: torch.dtype, device: torch.device) -> MJT:
+    """The wrapper of per-image pieces ``(1, C, hᵢ, wᵢ)`` (``None`` for an image without pixels)
+    with ``partition``; differentiable with respect to every piece."""
+    y = MJT._of_pieces(partition, ragged_dims, channels, dtype, device)
+    live = [p for p in pieces if p is not None]
+    y.__dict__["_pieces"] = (pieces, None)
+    if torch.is_grad_enabled() and any(p.requires_grad for p in live):
+        y = _Adopt.apply([y], *live)
+    y.__dict__["_pieces"] = (pieces, _version(y))
+    return y
+
+
+def map_pieces(fn: Callable[[Tensor], Tensor], x: MJT, channels: Optional[int] = None) -> MJT:
+    """``fn`` on each image of ``x`` (pieces in, pieces out; the structure kept)."""
+    out = [None if p is None else fn(p) for p in split(x)]
+    live = [p for p in out if p is not None]
+    c = live[0].shape[1] if live else (channels if channels is not None else x.shape[1])
+    dtype = live[0].dtype if live else x.dtype
+    return from_pieces(out, x._partition, x._ragged_dims, c, dtype, x.device)
+
+
+def zip_pieces(fn: Callable[[Tensor, Tensor], Tensor], a: MJT, b: MJT) -> MJT:
+    """``fn`` on each pair of images of ``a`` and ``b`` (one partition)."""
+    out = [None if p is None else fn(p, q) for p, q in zip(split(a), split(b))]
+    live = [p for p in out if p is not None]
+    dtype = live[0].dtype if live else torch.promote_types(a.dtype, b.dtype)
+    return from_pieces(out, a._partition, a._ragged_dims, live[0].shape[1] if live else a.shape[1], dtype, a.device)
+
+
+def reduce_images(kind: str, x: MJT, keepdim: bool, dtype: Optional[torch.dtype]) -> Tensor:
+    """``x.sum`` / ``x.mean`` over both spatial dims: dense ``(B, C)`` (``(B, C, 1, 1)`` with
+    ``keepdim``), each image's own reduction (an image without pixels: 0 / NaN, as dense)."""
+    fn = torch.sum if kind == "sum" else torch.mean
+    c = x._size[1]
+    parts = split(x)
+    live = [p for p in parts if p is not None]
+    out_dtype = dtype if dtype is not None else live[0].dtype if live else x.dtype
+    rows = []
+    for p in parts:
+        if p is None:
+            rows.append(torch.full((1, c, 1, 1), 0.0 if kind == "sum" else float("nan"), dtype=out_dtype, device=x.device))
+        else:
+            rows.append(fn(p, (2, 3), keepdim=True, dtype=dtype))
+    out = torch.cat(rows) if rows else torch.empty((0, c, 1, 1), dtype=out_dtype, device=x.device)
+    return out if keepdim else out.flatten(1)
