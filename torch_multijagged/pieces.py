@@ -5,13 +5,13 @@ NOTE [ Per-image pieces ]
 Where images are large, convolutions and group norms run image by image, as a user's loop would
 (NOTE [ Convolutions image by image ] in ``kernels/per_image.py``). Concatenating each op's
 per-image outputs into packed pixel rows, only for the next op to split them again, cost a
-whole-batch copy per op and per direction, and kept every image channels last, where aten's
-group norm is 1.3–4× slower than on the contiguous ``(1, C, h, w)`` images a loop holds. So the
-result of such an op *holds its pieces* — one dense ``(1, C, hᵢ, wᵢ)`` tensor per image (``None``
-for an image without pixels) — and packs them into its values only when something reads them.
-A chain conv → norm → activation → conv runs the loop's own dense calls on the loop's own
-tensors, one layer at a time (measured against the loop's image-at-a-time order on the
-benchmarks' CNN, fwd + bwd, one thread: 1.00–1.04× its time).
+whole-batch copy per op and per direction. So the result of such an op *holds its pieces* — one
+dense ``(1, C, hᵢ, wᵢ)`` tensor per image (``None`` for an image without pixels), in whatever memory
+format the dense op gave (channels last when it read views of pixel rows) — and packs them into its
+values only when something reads them. A chain conv → norm → activation → conv then runs the
+loop's own dense calls, one layer at a time instead of one image at a time (on the benchmarks'
+GroupNorm CNN, B = 16, fwd + bwd, one thread, that order alone costs 2–6 % over the loop's, out of
+cache between layers; the nodes below add ≈ 60 µs per op).
 
 * **Storage.** A wrapper holding pieces has no ``_values`` entry; ``MultiJaggedTensor._values``
   is then a non-data descriptor (``_PackOnRead`` in ``tensor.py``) that packs the pieces (one
@@ -27,9 +27,13 @@ benchmarks' CNN, fwd + bwd, one thread: 1.00–1.04× its time).
 * **Staleness.** Pieces are read only while the wrapper's version counter is unchanged (an
   in-place op through the wrapper packs and writes the values) and while the values were never
   packed; otherwise the consumer takes the values as any other op.
-* **Scope.** Eager only, 2-d images with both spatial dims ragged (values ``(P, C)``); pieces are
-  made by the ops that go image by image (conv, group norm, elementwise ops of tensors that hold
-  pieces) and read only by those.
+  All consumers of one tensor share one ``_PiecesOf`` node, so the engine sums their gradients
+  per piece.
+* **Scope.** Eager only (no compile, dispatch mode or transform: there the values are read), 2-d
+  images with both spatial dims ragged (values ``(P, C)``). Pieces are made by the ops that go
+  image by image — conv and group norm over large images, elementwise ops and arithmetic between
+  tensors that hold pieces (of one partition, or with a Python scalar) — and read by those and
+  by ``sum`` / ``mean`` over both spatial dims (global pooling: each image's own reduction).
 """
 
 from __future__ import annotations

@@ -13,8 +13,7 @@ over NCHW images: 118 and 250 ms).
 
 Here the dense op runs on each image as the user's loop would: on the image's pixel rows
 ``(hᵢ·wᵢ, C)`` viewed as a channels-last ``(1, C, hᵢ, wᵢ)`` image (a ``split`` of the packed rows,
-no copy; a contiguous copy when the input has few channels, which oneDNN's planar kernel takes as
-the loop does), or on the images the previous op left as pieces. The result holds its images as
+no copy), or on the images the previous op left as pieces. The result holds its images as
 pieces too, packed into rows only when something reads them (NOTE [ Per-image pieces ] in
 ``pieces.py``). Everything is dense autograd on the pieces, so every order of gradients works.
 
@@ -26,8 +25,8 @@ over per-image time, 1 thread): 32 input channels, B = 16: 0.91 at 150 px per im
 at 300–600 px, 1.05 at 1,150 px, 1.15 at 2,300 px, 1.21 at 5,800 px, 1.38 at 8,900 px (2 threads:
 0.81 at 580 px, 1.04 at 1,270 px, 1.51 at 4,700 px); B = 64: 0.42 at 34 px, 0.82 at 560 px,
 1.06 at 1,250 px. With 3 input channels the canvas's backward is oneDNN's own, and the two paths
-are within ±13 % of each other from 1,300 to 9,000 px (either way), so thin inputs stay on the
-canvas.
+alone are within ±13 % of each other from 1,300 to 9,000 px (either way); the per-image path wins
+there by what follows it, the pieces (the channel rule is a floor the callers lift for them).
 
 This module is pure torch on host sizes; it knows nothing of the subclass.
 """

@@ -294,9 +294,7 @@ def _conv_per_image(op: str, x: MJT, sizes, windows, weight, bias, stride, paddi
     in ``pieces.py``), read by the next image-by-image op without packing."""
     out_sizes = cv.output_sizes(op, sizes, windows)
     # SYNC: none — host sizes (the extents' host lengths)
-    thin = not pieces.holds_pieces(x) and x._size[1] < pim.MIN_CHANNELS
-    outs = [None if p is None or ho * wo == 0 else
-            F.conv2d(p.contiguous() if thin else p, weight, bias, stride, padding, dilation, groups)
+    outs = [None if p is None or ho * wo == 0 else F.conv2d(p, weight, bias, stride, padding, dilation, groups)
             for p, (ho, wo) in zip(pieces.split(x), out_sizes.tolist())]
     live = [o for o in outs if o is not None]
     if not live:

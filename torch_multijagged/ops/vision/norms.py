@@ -229,7 +229,7 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     _check_param(op, "weight", weight, c)
     _check_param(op, "bias", bias, c)
     if pieces.holds_pieces(input) or (input._ragged_dims == (2, 3) and len(input._size) == 4
-                                      and pim.per_image_applies(_image_sizes(input), c)):
+                                      and pim.per_image_applies(_image_sizes(input), max(c, pim.MIN_CHANNELS))):
         # images held one by one, or large enough for the convolutions to go image by image
         # (NOTE [ Per-image pieces ]): aten's kernel on each image, as the loop, pieces out
         return pieces.map_pieces(lambda p: _group_norm_image(p, num_groups, weight, bias, eps), input)
@@ -253,10 +253,9 @@ def _image_sizes(x: MJT) -> torch.Tensor:
 
 
 def _group_norm_image(p: torch.Tensor, groups: int, weight, bias, eps: float) -> torch.Tensor:
-    """``group_norm`` of one ``(1, C, h, w)`` image, on a contiguous copy where it is not (aten's
-    channels-last kernel is 1.3–2× slower than its NCHW one), in float32 for 16-bit inputs as
-    the packed path computes it."""
-    w = _float(p).contiguous()
+    """``group_norm`` of one ``(1, C, h, w)`` image in its own memory format, in float32 for
+    16-bit inputs as the packed path computes it."""
+    w = _float(p)
     cast = (lambda t: t if t is None or t.dtype == w.dtype else t.to(w.dtype))
     return F.group_norm(w, groups, cast(weight), cast(bias), eps).to(p.dtype)
 
