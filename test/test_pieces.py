@@ -251,3 +251,41 @@ def test_batch_norm_and_compiled_code_read_the_packed_values(small_images_go_ima
     assert pieces.holds_pieces(z)
     compiled = torch.compile(lambda t: (t * 2).sum((2, 3)), backend="aot_eager")
     torch.testing.assert_close(compiled(z), (z.detach() * 2).sum((2, 3)))
+
+
+@pytest.mark.parametrize("pool", [
+    lambda t: F.max_pool2d(t, 3, 2, 1, ceil_mode=True),
+    lambda t: F.max_pool2d(t, 2),
+    lambda t: F.avg_pool2d(t, 3, 2, 1, count_include_pad=False),
+    lambda t: F.avg_pool2d(t, 2, ceil_mode=True, divisor_override=3),
+], ids=["max_3_2_1_ceil", "max_2", "avg_exclude_pad", "avg_divisor"])
+def test_pooling_between_image_by_image_ops(small_images_go_image_by_image, pool):
+    comps = _images([(6, 7), (0, 3), (5, 4), (8, 5)], 8)
+    P = _params(8)
+
+    def f(t, seen=None):
+        y = F.relu(F.conv2d(t, P["w1"], P["b1"], padding=1))
+        z = pool(y)
+        if seen is not None:
+            seen.extend(pieces.holds_pieces(a) for a in (y, z))
+        return F.conv2d(z, P["w2"], padding=1)
+
+    x = _batch(comps)
+    seen: list[bool] = []
+    out = f(x, seen)
+    assert all(seen)
+    leaves = [c.detach().clone().requires_grad_() for c in comps]
+    refs = [f(c[None])[0] if c.numel() else None for c in leaves]
+    cots = [torch.randn(o.shape, dtype=F64, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(out.unbind())]
+    for o, r in zip(out.unbind(), refs):
+        if r is None:
+            assert o.numel() == 0
+        else:
+            torch.testing.assert_close(o, r)
+    got = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cots)), [x, P["w1"], P["w2"]])
+    want = torch.autograd.grad(sum((r * c).sum() for r, c in zip(refs, cots) if r is not None),
+                               [*leaves, P["w1"], P["w2"]], allow_unused=True, materialize_grads=True)
+    for a, b in zip(got[0].unbind(), want[: len(leaves)]):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(got[1:], want[len(leaves):]):
+        torch.testing.assert_close(a, b)

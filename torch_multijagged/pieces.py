@@ -31,9 +31,10 @@ cache between layers; the nodes below add ≈ 60 µs per op).
   per piece.
 * **Scope.** Eager only (no compile, dispatch mode or transform: there the values are read), 2-d
   images with both spatial dims ragged (values ``(P, C)``). Pieces are made by the ops that go
-  image by image — conv and group norm over large images, elementwise ops and arithmetic between
-  tensors that hold pieces (of one partition, or with a Python scalar) — and read by those and
-  by ``sum`` / ``mean`` over both spatial dims (global pooling: each image's own reduction).
+  image by image — conv and group norm over large images; max and average pooling, elementwise
+  ops and arithmetic between tensors that hold pieces (of one partition, or with a Python scalar)
+  — and read by those and by ``sum`` / ``mean`` over both spatial dims (global pooling: each
+  image's own reduction).
 """
 
 from __future__ import annotations

@@ -349,6 +349,12 @@ def pool(op: str, nspatial: int, input: MJT, kernel_size, stride=None, padding=0
             raise ValueError(f"{op}(): kernel_size, stride and dilation must be positive, got {k}, {s}, {d}")
     windows = tuple(cv.Window(k[a], s[a], p[a], p[a], d[a], ceil_mode=bool(ceil_mode)) for a in range(nspatial))
     is_max = op.startswith("max")
+    if nspatial == 2 and not return_indices and pieces.holds_pieces(input):
+        # images held one by one (NOTE [ Per-image pieces ]): the dense pool on each, as the loop
+        if is_max:
+            return _pool_pieces(op, input, windows, lambda t: F.max_pool2d(t, k, s, p, d, bool(ceil_mode)))
+        return _pool_pieces(op, input, windows,
+                            lambda t: F.avg_pool2d(t, k, s, p, bool(ceil_mode), count_include_pad, divisor_override))
     if is_max:
         fn = F.max_pool2d if nspatial == 2 else F.max_pool1d
 
@@ -369,6 +375,12 @@ def pool(op: str, nspatial: int, input: MJT, kernel_size, stride=None, padding=0
     out, plan, out_sizes, _ = _run(op, input, windows, nspatial, 0.0, dense)
     div = cv.avg_divisor(plan, windows, count_include_pad, divisor_override, out.dtype, out.device)
     return _divide(out, div, input, windows, nspatial, out_sizes)
+
+
+def _pool_pieces(op: str, x: MJT, windows, fn) -> MJT:
+    out_sizes = cv.output_sizes(op, _sizes(x, 2), windows)  # raises for an image whose output would be empty
+    outs = [None if t is None or ho * wo == 0 else fn(t) for t, (ho, wo) in zip(pieces.split(x), out_sizes.tolist())]
+    return pieces.from_pieces(outs, _mapped_partition(x, windows), x._ragged_dims, x._size[1], x.dtype, x.device)
 
 
 def _divide(out: MJT, div: torch.Tensor, input: MJT, windows, nspatial: int, out_sizes) -> MJT:
