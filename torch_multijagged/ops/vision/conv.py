@@ -277,7 +277,7 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
     pad_canvas = tuple(pl for pl, _ in pads)
     if nspatial == 2 and _canonical(input, 2) and all(pl == pr for pl, pr in pads):
         sizes = _sizes(input, 2)
-        if pim.per_image_applies(sizes, max(c, pim.MIN_CHANNELS)) or pieces.holds_pieces(input):
+        if pim.per_image_applies(sizes, c) or pieces.holds_pieces(input):
             # large images: the dense op per image on views of the rows (NOTE [ Convolutions
             # image by image ] in kernels/per_image.py)
             return _conv_per_image(op, input, sizes, windows, weight, bias, s, pad_canvas, d, groups)
