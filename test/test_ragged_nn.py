@@ -422,3 +422,40 @@ def test_stft_of_waveforms_per_sample(center):
     if not center:  # dense torch refuses a waveform shorter than n_fft: so does its sample here
         with pytest.raises(RuntimeError, match="sample 1"):
             torch.stft(short, **kw)
+
+
+@pytest.mark.parametrize("center", [True, False])
+def test_istft_round_trip_to_the_waveforms_own_nested_int(center):
+    """``istft(stft(x), length=x.shape[1])`` gives back each waveform, with ``x``'s nested int;
+    without ``length`` each sample has dense torch's length (a new ragged size). Gradients to
+    every waveform; with ``center`` a waveform without a frame rebuilds as empty."""
+    g = torch.Generator().manual_seed(1)
+    ws = [torch.randn(n, dtype=DT, generator=g, requires_grad=True) for n in (300, 0, 129, 64)]
+    if not center:
+        ws = [w for w in ws if w.shape[0]]  # dense torch refuses a waveform shorter than n_fft
+    # without centring, a Hann window's zero first sample leaves nothing to rebuild it from: dense refuses
+    win = torch.hann_window(64, dtype=DT) if center else torch.ones(64, dtype=DT)
+    kw = dict(n_fft=64, hop_length=16, window=win, center=center)
+    x = mj.as_nested_tensor(ws)
+    spec = torch.stft(x, return_complex=True, **kw)
+    back = torch.istft(spec, length=x.shape[1], **kw)
+    assert back.shape[1] is x.shape[1]
+    refs = [torch.istft(torch.stft(w, return_complex=True, **kw), length=w.shape[0], **kw) if w.shape[0] else w * 1
+            for w in ws]
+    for o, r in zip(back.unbind(), refs):
+        torch.testing.assert_close(o, r)
+    cot = [torch.randn(r.shape, dtype=DT, generator=g) for r in refs]
+    ga = torch.autograd.grad(sum((o * c).sum() for o, c in zip(back.unbind(), cot)), ws, materialize_grads=True,
+                             allow_unused=True)
+    gb = torch.autograd.grad(sum((r * c).sum() for r, c in zip(refs, cot)), ws, materialize_grads=True,
+                             allow_unused=True)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b)
+    free = torch.istft(spec, **kw)
+    for o, w in zip(free.unbind(), ws):
+        if w.shape[0]:
+            torch.testing.assert_close(o, torch.istft(torch.stft(w, return_complex=True, **kw), **kw))
+        else:
+            assert o.shape == (0,)
+    with pytest.raises(mj.StructureError, match="length"):
+        torch.istft(spec, length=mj.as_nested_tensor([torch.ones(3)]).shape[1], **kw)

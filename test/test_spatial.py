@@ -512,6 +512,21 @@ def test_unfold_patches_per_sample_with_gradients(kw):
     _check(lambda x: F.unfold(x, **kw), lambda x: F.unfold(x, **kw), _images(SIZES2))
 
 
+@pytest.mark.parametrize("kw", [dict(kernel_size=(3, 1), padding=(1, 0)), dict(kernel_size=(2, 2), stride=(2, 1)),
+                                dict(kernel_size=(2, 1), dilation=(2, 1))], ids=str)
+@pytest.mark.parametrize("width", [1, 3])
+def test_unfold_of_a_ragged_height_and_a_static_width(kw, width):
+    # (B, C, j0, w): ConvBERT's per-position windows over (B, C, j0, 1); each sample's patches
+    # row-major, a zero-length sample among them
+    if width == 1 and kw["kernel_size"][1] > 1:
+        pytest.skip("a 2-wide window over a 1-wide image: dense refuses it too")
+    out = _check(lambda x: F.unfold(x, **kw), lambda x: F.unfold(x, **kw), _images([(7, width), (5, width), (0, width)]))
+    if width == 1 and kw.get("padding") == (1, 0):
+        x = _batch(_images([(7, 1), (5, 1)]))
+        assert F.unfold(x, **kw).shape[2] is x.shape[2], "a size-keeping window keeps the input's nested int"
+    assert out.dim() == 3
+
+
 def test_unfold_tokens_share_the_patch_conv_nested_int():
     """NaViT patchify two ways: ``unfold`` and ``conv2d(stride=p).flatten(2)`` give one token extent."""
     x = _batch(_images([(8, 12), (4, 8), (0, 4)], c=3))

@@ -252,6 +252,20 @@ def test_transformers_opt_decoder_layer(attn):
                 [_tokens((3, 0, 4))], dense_refuses_empty=True, tol=SOFTMAX_F32 if attn == "eager" else None)
 
 
+def test_transformers_convbert_layer_span_convolution():
+    """ConvBERT's mixed attention: a separable conv over the sequence (``transpose`` to channels
+    first), a dynamic kernel per position from ``nn.Unfold`` of ``(B, C, j0, 1)`` (each position's
+    window, zero outside the sample), its softmax, and the attention heads beside it."""
+    _hf()
+    from transformers import ConvBertConfig
+    from transformers.models.convbert.modeling_convbert import ConvBertLayer
+
+    torch.manual_seed(0)
+    cfg = ConvBertConfig(hidden_size=8, num_attention_heads=2, intermediate_size=16, head_ratio=2, conv_kernel_size=3,
+                         hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, embedding_size=8)
+    _run_module(ConvBertLayer(cfg).double().eval(), _call, [_tokens((5, 0, 3))], dense_refuses_empty=True)
+
+
 def test_transformers_convnext_stage_on_images_of_different_sizes():
     """Downsampling (channels-first ``LayerNorm``, stride-2 conv) then two ConvNeXt layers
     (7×7 depthwise conv, permutes, ``LayerNorm``, MLP, layer scale): ``(B, 3, j0, j1)`` in."""

@@ -18,7 +18,7 @@ cache between layers; the nodes below add ≈ 60 µs per op).
   copy, under ``no_grad``: the wrapper's own autograd node carries the gradient), stores the
   values and forgets the pieces. Every other op, and every other path (dispatch, compile,
   pickling, deep copy), sees an ordinary tensor.
-* **Autograd.** A result is the differentiable output of its pieces (``_Adopt``: one node whose
+* **Autograd.** A result is the differentiable output of its pieces (``_AdoptPieces``: one node whose
   backward splits the gradient into pieces). A consumer does not read another tensor's pieces
   directly but through ``_PiecesOf``, a node on that tensor's wrapper whose backward hands the
   per-piece gradients back as a wrapper *holding them as pieces*: every gradient of a tensor
@@ -109,7 +109,7 @@ class _PiecesOf(torch.autograd.Function):
         return from_pieces(full, partition, ragged_dims, shapes[0][1], dtype, device), None
 
 
-class _Adopt(torch.autograd.Function):
+class _AdoptPieces(torch.autograd.Function):
     """``box[0]``, a wrapper built around pieces, made the differentiable output of the pieces."""
 
     @staticmethod
@@ -156,7 +156,7 @@ def from_pieces(pieces: list[Optional[Tensor]], partition: Partition, ragged_dim
     live = [p for p in pieces if p is not None]
     y.__dict__["_pieces"] = (pieces, None)
     if torch.is_grad_enabled() and any(p.requires_grad for p in live):
-        y = _Adopt.apply([y], *live)
+        y = _AdoptPieces.apply([y], *live)
     y.__dict__["_pieces"] = (pieces, _version(y))
     return y
 

@@ -35,7 +35,7 @@ from ...bridge import values_of, wrap_values
 from ...compile import shift as _shift  # noqa: F401  (defines multijagged::shift)
 from ...kernels import canvas as cv
 from ...errors import StructureError
-from ...structure import RaggedExtent, mapped_extent, partition_for
+from ...structure import RaggedExtent, extent_of, mapped_extent, partition_for
 from .._table import register_multi_jagged_func
 from .._common import MJT, canonical_dim, canonical_dims, describe, eager_route, static_dims, wrap
 from .._routing import _call, _needs_grad, route
@@ -477,3 +477,61 @@ def _stft_samples(x: MJT, kw: dict) -> MJT:
     else:
         values = torch.cat(parts)
     return wrap_values(values, partition_for((frames,)), (2,))
+
+
+def _istft_lengths(frames: torch.Tensor, n_fft: int, hop: int, center: bool) -> torch.Tensor:
+    """Samples of the signals ``torch.istft`` rebuilds from ``frames`` frames without ``length``
+    (dense torch's count; 0 for no frame)."""
+    n = n_fft + hop * (frames - 1) - (2 * (n_fft // 2) if center else 0)
+    return torch.where(frames > 0, n.clamp_min(0), torch.zeros_like(frames))
+
+
+@route(torch.istft, torch.Tensor.istft)
+def _istft(input, n_fft, hop_length=None, win_length=None, window=None, center=True, normalized=False, onesided=None,
+           length=None, return_complex=False):
+    """``torch.istft`` of spectrograms ``(B, F, j_frames)``: each sample's own signal, ``(B, j)``.
+    ``length`` may be the nested int of the waveforms (``x.shape[1]``): each signal then has its
+    waveform's length and the result that nested int (``stft`` → ``istft`` round trips); without
+    it, dense torch's length per sample (a new ragged size). One dense call per sample."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if input.dim() != 3 or input._ragged_dims != (2,):
+        raise StructureError(f"istft(): expected spectrograms (B, F, j_frames), got {describe(input)}")
+    kw = dict(n_fft=n_fft, hop_length=hop_length, win_length=win_length, window=window, center=center,
+              normalized=normalized, onesided=onesided, return_complex=return_complex)
+    return _istft_samples(input, kw, length)
+
+
+@eager_route("{op}(): each signal's length is a new ragged size, built from host lengths")
+def _istft_samples(x: MJT, kw: dict, length) -> MJT:
+    hop = kw["hop_length"] or kw["n_fft"] // 4
+    if isinstance(length, torch.SymInt):
+        out = extent_of(length)
+        if out is None or out.batch != x._partition.batch:
+            raise StructureError(
+                f"istft(): expected length to be the nested int of a ragged dim of this batch's waveforms, got {length}"
+            )
+        lengths = out.host_lengths().tolist()  # SYNC: none — host lengths
+    elif length is None:
+        out = mapped_extent(x._partition.extents[0], ("istft", kw["n_fft"], hop, bool(kw["center"])),
+                            lambda n: _istft_lengths(n, kw["n_fft"], hop, bool(kw["center"])))
+        lengths = [None] * x._partition.batch
+    else:
+        parts = [torch.istft(s, length=int(length), **kw) for s in x.unbind()]
+        return torch.stack(parts)  # one length for every sample: a dense (B, length), as dense torch's
+    parts = []
+    for i, (s, n) in enumerate(zip(x.unbind(), lengths)):
+        if s.shape[-1] == 0:
+            if n:
+                raise RuntimeError(f"istft(): sample {i} of {describe(x)} has no frame to rebuild {n} samples from")
+            continue
+        try:
+            parts.append(torch.istft(s, length=n, **kw))
+        except RuntimeError as err:
+            raise RuntimeError(f"istft(): sample {i} of {describe(x)} ({s.shape[-1]} frames): {err}") from None
+    if not parts:
+        dtype = torch.empty(0, dtype=x.dtype).real.dtype if not kw["return_complex"] else x.dtype
+        values = values_of(x).real.sum().to(dtype) * 0 + torch.zeros(0, dtype=dtype, device=x.device)
+    else:
+        values = torch.cat(parts)
+    return wrap_values(values, partition_for((out,)), (1,))

@@ -426,8 +426,23 @@ def unfold(op: str, input: MJT, kernel_size, dilation=1, padding=0, stride=1):
         return cols.view(cols.shape[0], cols.shape[1], *plan.out_shape)
 
     grid, *_ = _run(op, input, windows, 2, 0.0, dense)
+    if grid._ragged_dims == (2,):
+        # a static width (ConvBERT's (B, C, j0, 1)): each row of windows is w' consecutive
+        # patches, so the patches row-major are the grid's values with the width moved inside
+        # the row; one patch per row keeps the grid's extent (the input's, for a size-keeping window)
+        w = grid._size[3]
+        ext = grid._partition.extents[0]
+        if w != 1:
+            ext = mapped_extent(ext, ("patches_per_row", w), lambda n, w=w: n * w)
+        grad = _needs_grad(grid)
+        v = values_of(grid) if grad else grid._values
+        v = v.movedim(2, 1).reshape(-1, v.shape[1])
+        tokens = partition_for([ext])
+        return wrap_values(v, tokens, (2,)) if grad else wrap(v, tokens, (2,))
     if grid._ragged_dims != (2, 3):
-        raise StructureError(f"{op}(): expected both spatial dims ragged, got {describe(input)}")
+        raise StructureError(
+            f"{op}(): expected both spatial dims ragged, or a ragged height and a static width, got {describe(input)}"
+        )
     tokens = partition_for([flat_extent(grid._partition)])
     if _needs_grad(grid):
         return wrap_values(values_of(grid), tokens, (2,))
