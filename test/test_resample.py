@@ -134,6 +134,53 @@ def test_interpolate_1d_matches_dense_per_signal(case, seed, dtype):
            exact=kw["mode"].startswith("nearest"), rtol=tol, atol=tol, seed=seed)
 
 
+@st.composite
+def to_own_size_cases(draw, nsp: int):
+    """Source and target sides per image (an empty image only to an empty one, as dense torch
+    refuses either alone), a mode and its align_corners."""
+    b = draw(st.integers(1, 4))
+    nonzero = st.sampled_from([1, 2, 3, 4, 5, 7, 9])
+    pairs = [(tuple(draw(nonzero) for _ in range(nsp)), tuple(draw(nonzero) for _ in range(nsp))) for _ in range(b)]
+    if draw(st.booleans()):
+        empty = tuple(0 if k == 0 else 3 for k in range(nsp))
+        pairs[draw(st.integers(0, b - 1))] = (empty, empty)
+    mode = draw(st.sampled_from(["nearest", "nearest-exact", "bilinear" if nsp == 2 else "linear"]))
+    kw = dict(mode=mode)
+    if mode in ("linear", "bilinear"):
+        kw["align_corners"] = draw(st.booleans())
+    return pairs, draw(st.integers(1, 3)), kw
+
+
+@grid
+@given(st.sampled_from([1, 2]).flatmap(to_own_size_cases), seeds, st.sampled_from([torch.float32, torch.float64]))
+def test_interpolate_each_image_to_another_batch_s_sizes(case, seed, dtype):
+    """``F.interpolate(x, size=skip.shape[-2:])`` (an FPN or U-Net skip connection): each image to
+    its own target size, the result sharing ``skip``'s nested ints so that it adds to it."""
+    pairs, c, kw = case
+    nsp = len(pairs[0][0])
+    leaves, x = _images([src for src, _ in pairs], c, seed, dtype)
+    _, skip = _images([dst for _, dst in pairs], 1, seed + 1, dtype, requires_grad=False)
+    targets = iter([dst for _, dst in pairs])
+    tol = 1e-5 if dtype == torch.float32 else 1e-7
+    out = _check(lambda t: F.interpolate(t, size=skip.shape[-nsp:], **kw),
+                 lambda t: _dense_interp(t, size=next(targets), **kw), leaves, x,
+                 exact=kw["mode"].startswith("nearest"), rtol=tol, atol=tol, seed=seed)
+    assert all(out.shape[d] is skip.shape[d] for d in range(2, 2 + nsp))
+    assert (out + skip).shape[2] is skip.shape[2]
+
+
+def test_interpolate_to_nested_ints_refuses_what_dense_refuses():
+    _, x = _images([(4, 5), (0, 3)], 2, 0)
+    _, skip = _images([(8, 10), (2, 3)], 1, 1)
+    with pytest.raises(ValueError, match="sample 1 .* cannot be resized"):
+        F.interpolate(x, size=skip.shape[-2:])
+    _, other = _images([(2, 3), (4, 5), (6, 7)], 1, 2)
+    with pytest.raises(ValueError, match="nested ints of another batch of 2 images"):
+        F.interpolate(x, size=other.shape[-2:])
+    with pytest.raises(ValueError, match="all of them nested ints"):
+        F.interpolate(x, size=(skip.shape[2], 5))
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
 @pytest.mark.parametrize("mode", ["nearest", "nearest-exact"])
 def test_interpolate_nearest_picks_dense_pixels_on_many_sizes(mode, dtype):

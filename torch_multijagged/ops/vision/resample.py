@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...structure import extent_of, mapped_extent, partition_for
+from ...structure import RaggedExtent, extent_of, mapped_extent, partition_for
 from .._common import MJT, describe, eager_route, wrap
 from .._routing import _needs_grad, route
 
@@ -219,13 +219,26 @@ def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_cor
     if len(vals) != nsp:
         what = "size" if size is not None else "scale_factor"
         raise ValueError(f"{op}(): expected {what} with {nsp} entries for input {describe(input)}, got {spec}")
-    if size is not None:
+    if size is not None and all(isinstance(s, torch.SymInt) for s in vals):
+        extents = [extent_of(s) for s in vals]
+        if any(e is None or e.batch != input._partition.batch for e in extents):
+            raise ValueError(
+                f"{op}(): expected size to be positive ints or the nested ints of another batch of {input._partition.batch} "
+                f"images (e.g. skip.shape[-{nsp}:]), got {size}"
+            )
+        sizes = extents
+    elif size is not None:
         if not all(isinstance(s, int) and not isinstance(s, bool) for s in vals) or any(s <= 0 for s in vals):
-            raise ValueError(f"{op}(): expected size to be positive ints, got {size}")
+            raise ValueError(
+                f"{op}(): expected size to be positive ints, or all of them nested ints of another batch's ragged dims, "
+                f"got {size}"
+            )
     elif not all(isinstance(s, (int, float)) and math.isfinite(s) and s > 0 for s in vals):
         raise ValueError(f"{op}(): expected scale_factor to be positive finite numbers, got {scale_factor}")
     c = input._values.shape[1]
     F.interpolate(input._values.new_zeros((1, c) + (1,) * nsp), size=(1,) * nsp, mode=mode, align_corners=align_corners)
+    if size is not None and all(isinstance(s, torch.SymInt) for s in vals):
+        return sizes, None
     return (vals, None) if size is not None else (None, [float(s) for s in vals])
 
 
@@ -242,7 +255,19 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     p = input._partition
     dev = p.offsets.device
     b = p.batch
-    if sizes is not None:
+    if sizes is not None and isinstance(sizes[0], RaggedExtent):
+        # each image to its own size: the extents of another batch's nested ints (an FPN or
+        # U-Net skip connection, ``size=skip.shape[-2:]``), which the result shares
+        _check_own_sizes(op, input, sizes)
+        ext = sizes
+        offs = [e.offsets for e in ext]
+        totals = [e.total for e in ext]
+        out_len = [e.lengths() for e in ext]
+        kernel_scales = [None] * nsp
+        out_p = partition_for(ext)
+        sample, coords = out_p.row_coords()
+        sizes = None
+    elif sizes is not None:
         # SYNC: none — host lengths, to name a sample that dense torch would refuse.
         host = p.host_sizes()
         empty = (host == 0).any(1).nonzero()
@@ -280,6 +305,19 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     if sizes is None:
         return _finish(out, out_p, input._ragged_dims)
     return out.view(b, *sizes, out.shape[1]).movedim(-1, 1).contiguous()
+
+
+def _check_own_sizes(op: str, x: MJT, extents) -> None:
+    """Dense torch refuses to resize an empty image or to an empty size: each sample's pair."""
+    host_in = x._partition.host_sizes()
+    host_out = torch.stack([e.host_lengths() for e in extents], 1)  # SYNC: none — host lengths
+    bad = ((host_in == 0).any(1) != (host_out == 0).any(1)).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise ValueError(
+            f"{op}(): sample {i} of {describe(x)} has spatial size {tuple(host_in[i].tolist())} and cannot be resized "
+            f"to {tuple(host_out[i].tolist())} (dense torch raises for an empty input or output)"
+        )
 
 
 # ----------------------------------------------------------------------------- pixel shuffle
