@@ -289,3 +289,44 @@ def test_pooling_between_image_by_image_ops(small_images_go_image_by_image, pool
         torch.testing.assert_close(a, b)
     for a, b in zip(got[1:], want[len(leaves):]):
         torch.testing.assert_close(a, b)
+
+
+def test_unet_with_a_skip_connection_at_default_thresholds():
+    """A small U-Net as written for dense images: GroupNorm blocks, max pooling, bilinear
+    upsampling to the skip's own sizes (``size=a.shape[-2:]``), a channel ``cat`` with the skip, a
+    1×1 head — per image, with gradients to the input and the first conv."""
+    torch.manual_seed(0)
+    c = 16
+
+    class UNet(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            nn = torch.nn
+            self.e1 = nn.Sequential(nn.Conv2d(3, c, 3, padding=1), nn.GroupNorm(4, c), nn.ReLU())
+            self.e2 = nn.Sequential(nn.Conv2d(c, 2 * c, 3, padding=1), nn.GroupNorm(4, 2 * c), nn.ReLU())
+            self.d1 = nn.Sequential(nn.Conv2d(3 * c, c, 3, padding=1), nn.GroupNorm(4, c), nn.ReLU())
+            self.out = nn.Conv2d(c, 2, 1)
+
+        def forward(self, x):
+            a = self.e1(x)
+            b = self.e2(F.max_pool2d(a, 2))
+            u = F.interpolate(b, size=a.shape[-2:], mode="bilinear", align_corners=False)
+            return self.out(self.d1(torch.cat([a, u], 1)))
+
+    net = UNet().double()
+    imgs = _images([(40, 36), (33, 45), (0, 4), (38, 29)], 9, c=3)
+    x = _batch(imgs)
+    y = net(x)
+    leaves = [i.clone().requires_grad_() for i in imgs]
+    refs = [net(t[None])[0] if t.numel() else None for t in leaves]
+    for a, r in zip(y.unbind(), refs):
+        if r is None:
+            assert a.numel() == 0
+        else:
+            torch.testing.assert_close(a, r)
+    got = torch.autograd.grad((y * y).sum(), [x, net.e1[0].weight])
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs if r is not None), leaves + [net.e1[0].weight],
+                               allow_unused=True, materialize_grads=True)
+    for a, b in zip(got[0].unbind(), want[:-1]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(got[1], want[-1])
