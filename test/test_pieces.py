@@ -330,3 +330,54 @@ def test_unet_with_a_skip_connection_at_default_thresholds():
     for a, b in zip(got[0].unbind(), want[:-1]):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(got[1], want[-1])
+
+
+@pytest.mark.parametrize("form", ["F.relu(inplace=True)", "Tensor.relu_", "torch.relu_", "F.silu(inplace=True)"])
+def test_in_place_activation_keeps_the_pieces(small_images_go_image_by_image, form):
+    """``nn.ReLU(inplace=True)`` as torchvision-style code writes it: the tensor keeps holding
+    pieces (new ones), returns itself, bumps its version, and its history is rebased as an
+    in-place op's; a conv that saved the tensor before the write still differentiates against
+    the old values."""
+    act = {"F.relu(inplace=True)": lambda t: F.relu(t, inplace=True), "Tensor.relu_": lambda t: t.relu_(),
+           "torch.relu_": torch.relu_, "F.silu(inplace=True)": lambda t: F.silu(t, inplace=True)}[form]
+    dense_act = F.silu if "silu" in form else F.relu
+    comps = _images([(5, 6), (0, 3), (4, 7)], 10)
+    P = _params(10)
+
+    def f(t, inplace):
+        y = F.conv2d(t, P["w1"], padding=1)
+        z = F.conv2d(y, P["w2"], padding=1)  # saves y before the write
+        if inplace:
+            v0 = y._version
+            y2 = act(y)
+            assert y2 is y and y._version > v0 and pieces.holds_pieces(y)
+        else:
+            y2 = dense_act(y)
+        return torch.cat([y2, z[:, :C]], 1).mean((2, 3)) if isinstance(y2, mj.MultiJaggedTensor) else \
+            torch.cat([y2, z[:, :C]], 1).mean((2, 3))
+
+    x = _batch(comps)
+    out = f(x, True)
+    leaves = [c.detach().clone().requires_grad_() for c in comps]
+    live = [i for i, c in enumerate(comps) if c.numel()]
+    refs = {i: f(leaves[i][None], False)[0] for i in live}
+    for i in live:
+        torch.testing.assert_close(out[i], refs[i])
+    got = torch.autograd.grad(out[live].sum(), [x, P["w1"], P["w2"]])
+    want = torch.autograd.grad(sum(r.sum() for r in refs.values()), [*leaves, P["w1"], P["w2"]], allow_unused=True,
+                               materialize_grads=True)
+    for a, b in zip(got[0].unbind(), want[: len(leaves)]):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(got[1:], want[len(leaves):]):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        y = F.conv2d(_batch(comps, grad=False), P["w1"], padding=1)
+        ref = dense_act(F.conv2d(_batch(comps, grad=False), P["w1"], padding=1).values())  # (reading y's values would pack it)
+        act(y)
+        assert pieces.holds_pieces(y)
+        torch.testing.assert_close(y.values(), ref)
+    with torch.no_grad():
+        leaf = F.conv2d(_batch(comps, grad=False), P["w1"], padding=1)
+    leaf.requires_grad_()
+    with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
+        act(leaf)

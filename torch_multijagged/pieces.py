@@ -32,7 +32,9 @@ cache between layers; the nodes below add ≈ 60 µs per op).
 * **Scope.** Eager only (no compile, dispatch mode or transform: there the values are read), 2-d
   images with both spatial dims ragged (values ``(P, C)``). Pieces are made by the ops that go
   image by image — conv and group norm over large images; max and average pooling, elementwise
-  ops and arithmetic between tensors that hold pieces (of one partition, or with a Python scalar)
+  ops (in-place activations too: new pieces, the tensor's history rebased onto them as an
+  in-place op's) and arithmetic between tensors that hold pieces (of one partition, or with a
+  Python scalar)
   — and read by those and by ``sum`` / ``mean`` over both spatial dims (global pooling: each
   image's own reduction).
 """
@@ -48,7 +50,8 @@ from .structure import Partition
 from .tensor import MultiJaggedTensor, pack_pieces as pack, values_of
 from .writes import _eager
 
-__all__ = ["holds_pieces", "split", "pack", "from_pieces", "map_pieces", "zip_pieces", "reduce_images", "image_sizes"]
+__all__ = ["holds_pieces", "split", "pack", "from_pieces", "map_pieces", "zip_pieces", "rewrite", "reduce_images",
+           "image_sizes"]
 
 MJT = MultiJaggedTensor
 _DisableTF = torch._C.DisableTorchFunctionSubclass
@@ -176,6 +179,38 @@ def zip_pieces(fn: Callable[[Tensor, Tensor], Tensor], a: MJT, b: MJT) -> MJT:
     live = [p for p in out if p is not None]
     dtype = live[0].dtype if live else torch.promote_types(a.dtype, b.dtype)
     return from_pieces(out, a._partition, a._ragged_dims, live[0].shape[1] if live else a.shape[1], dtype, a.device)
+
+
+class _Rewrite(torch.autograd.Function):
+    """``x`` rewritten in place with new pieces: its history rebased onto them (``mark_dirty``)."""
+
+    @staticmethod
+    def forward(ctx, x: MJT, *live):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.mark_dirty(x)
+        ctx.n_live = len(live)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return (None,) * (1 + ctx.n_live)
+        return (None, *[p for p in split(grad) if p is not None])
+
+
+def rewrite(fn: Callable[[Tensor], Tensor], x: MJT) -> MJT:
+    """``x`` after an in-place elementwise op (``relu_``, ``F.relu(…, inplace=True)``): ``fn`` on
+    each image, out of place — the old pieces may be saved for a backward, and stay as they were —
+    then ``x`` holds the new ones, with its history rebased onto them as an in-place op's (a leaf
+    that requires grad refuses, as dense). The same object is returned."""
+    out = [None if p is None else fn(p) for p in split(x)]
+    live = [p for p in out if p is not None]
+    if torch.is_grad_enabled() and (_requires_grad(x) or any(p.requires_grad for p in live)):
+        x = _Rewrite.apply(x, *live)
+    elif not x.is_inference():
+        torch.autograd.graph.increment_version(x)
+    x.__dict__["_pieces"] = (out, _version(x))
+    return x
 
 
 def reduce_images(kind: str, x: MJT, keepdim: bool, dtype: Optional[torch.dtype]) -> Tensor:

@@ -162,7 +162,12 @@ def _scalar(a) -> bool:
 # --------------------------------------------------------------------------- elementwise
 def _unary(func):
     def impl(x, *args, **kwargs):
-        if not isinstance(x, MJT) or kwargs.get("inplace") or "out" in kwargs:
+        if not isinstance(x, MJT) or "out" in kwargs:
+            return NotImplemented
+        if kwargs.get("inplace"):
+            if "_pieces" in x.__dict__ and _pieces.holds_pieces(x) and not any(isinstance(a, torch.Tensor) for a in args):
+                rest = dict(kwargs, inplace=False)
+                return _pieces.rewrite(lambda p: func(p, *args, **rest), x)
             return NotImplemented
         for a in args:
             if isinstance(a, torch.Tensor):
@@ -228,6 +233,27 @@ for _name in _UNARY:
 for _name in _F_UNARY:
     _f = getattr(F, _name)
     FAST[_f] = _unary(_f)
+
+
+def _unary_(func):
+    """An in-place method (``relu_``) of a tensor holding per-image pieces: new pieces (NOTE [ Per-image
+    pieces ] in ``pieces.py``); everything else takes the general path's in-place write."""
+
+    def impl(x, *args, **kwargs):
+        if (not isinstance(x, MJT) or kwargs or "_pieces" not in x.__dict__ or not _pieces.holds_pieces(x)
+                or any(isinstance(a, torch.Tensor) for a in args)):
+            return NotImplemented
+        return _pieces.rewrite(lambda p: func(p, *args), x)
+
+    return impl
+
+
+for _name in ("relu", "sigmoid", "tanh", "clamp", "clamp_min", "clamp_max", "neg", "abs", "exp"):
+    for _owner in (torch, torch.Tensor):
+        _f = getattr(_owner, _name, None)
+        _g = getattr(_owner, _name + "_", None)
+        if _f is not None and _g is not None:
+            FAST[_g] = _unary_(_f)
 
 _BINARY = {
     "add": aten.add.Tensor,
