@@ -186,20 +186,24 @@ def test_in_place_write_is_seen_by_later_ops(small_images_go_image_by_image):
     with torch.no_grad():
         y = F.conv2d(_batch(comps, grad=False), P["w1"], padding=1)
         assert pieces.holds_pieces(y)
-        y.mul_(-2.0)
+        y.mul_(-2.0)  # new pieces
+        assert pieces.holds_pieces(y)
+        y.values().add_(0.5)  # a write through the values: packed first, the pieces gone
         assert not pieces.holds_pieces(y)
         out = F.relu(y)
     for o, c in zip(out.unbind(), comps):
-        torch.testing.assert_close(o[None], F.relu(-2.0 * F.conv2d(c[None], P["w1"], padding=1)))
-    # with autograd: the written tensor's gradient still reaches the input
-    x = _batch(comps)
-    y = F.conv2d(x, P["w1"], padding=1)
-    y.add_(1.0)
-    gx, = torch.autograd.grad(F.relu(y).sum(), [x])
-    for g, c in zip(gx.unbind(), comps):
-        ci = c.clone().requires_grad_()
-        ref, = torch.autograd.grad(F.relu(F.conv2d(ci[None], P["w1"], padding=1) + 1.0).sum(), [ci])
-        torch.testing.assert_close(g, ref)
+        torch.testing.assert_close(o[None], F.relu(-2.0 * F.conv2d(c[None], P["w1"], padding=1) + 0.5))
+    # with autograd: the written tensor's gradient still reaches the input, through either write
+    for write in (lambda t: t.add_(1.0), lambda t: t.clamp_(min=-0.5).add_(1.5)):
+        x = _batch(comps)
+        y = F.conv2d(x, P["w1"], padding=1)
+        write(y)
+        gx, = torch.autograd.grad(F.relu(y).sum(), [x])
+        for g, c in zip(gx.unbind(), comps):
+            ci = c.clone().requires_grad_()
+            yi = F.conv2d(ci[None], P["w1"], padding=1)
+            ref, = torch.autograd.grad(F.relu(write(yi.clone())).sum(), [ci])
+            torch.testing.assert_close(g, ref)
 
 
 def test_read_values_serialise_and_copy(small_images_go_image_by_image):
@@ -381,3 +385,46 @@ def test_in_place_activation_keeps_the_pieces(small_images_go_image_by_image, fo
     leaf.requires_grad_()
     with pytest.raises(RuntimeError, match="leaf Variable that requires grad"):
         act(leaf)
+
+
+def test_in_place_residual_add_keeps_the_pieces(small_images_go_image_by_image):
+    """torchvision's ``out += identity`` then ``relu(inplace=True)``, and ``mul_`` by a scalar, on
+    tensors holding pieces: new pieces, the values and gradients of the out-of-place block; a
+    tensor added to itself; another dtype takes the general in-place path (dense's cast)."""
+    comps = _images([(5, 6), (0, 3), (4, 7)], 11)
+    P = _params(11)
+
+    def block(t, inplace):
+        idn = F.conv2d(t, P["w1"], padding=1)
+        out = F.group_norm(F.conv2d(idn, P["w1"], padding=1), 2, P["gw"], P["gb"])
+        if inplace:
+            out += idn
+            out.mul_(0.5)
+            out.add_(out)
+            assert pieces.holds_pieces(out)
+            out = F.relu(out, inplace=True)
+        else:
+            out = F.relu(((out + idn) * 0.5) * 2)
+        return out.mean((2, 3))
+
+    x = _batch(comps)
+    out = block(x, True)
+    leaves = [c.detach().clone().requires_grad_() for c in comps]
+    live = [i for i, c in enumerate(comps) if c.numel()]
+    refs = {i: block(leaves[i][None], False)[0] for i in live}
+    for i in live:
+        torch.testing.assert_close(out[i], refs[i])
+    got = torch.autograd.grad(out[live].sum(), [x, P["w1"], P["gw"]])
+    want = torch.autograd.grad(sum(r.sum() for r in refs.values()), [*leaves, P["w1"], P["gw"]], allow_unused=True,
+                               materialize_grads=True)
+    for a, b in zip(got[0].unbind(), want[: len(leaves)]):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(got[1:], want[len(leaves):]):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        y = F.conv2d(_batch(comps, grad=False), P["w1"], padding=1).float()
+        y64 = F.conv2d(_batch(comps, grad=False), P["w1"], padding=1)
+        ref = (y.values().double() + y64.values()).float()
+        y += y64
+        assert y.dtype == torch.float32
+        torch.testing.assert_close(y.values(), ref)

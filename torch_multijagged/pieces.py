@@ -32,9 +32,9 @@ cache between layers; the nodes below add ≈ 60 µs per op).
 * **Scope.** Eager only (no compile, dispatch mode or transform: there the values are read), 2-d
   images with both spatial dims ragged (values ``(P, C)``). Pieces are made by the ops that go
   image by image — conv and group norm over large images; max and average pooling, elementwise
-  ops (in-place activations too: new pieces, the tensor's history rebased onto them as an
-  in-place op's) and arithmetic between tensors that hold pieces (of one partition, or with a
-  Python scalar)
+  ops and arithmetic between tensors that hold pieces (of one partition, or with a Python
+  scalar), in place too (``relu_``, ``out += identity``: new pieces, the tensor's history
+  rebased onto them as an in-place op's)
   — and read by those and by ``sum`` / ``mean`` over both spatial dims (global pooling: each
   image's own reduction).
 """
@@ -50,7 +50,7 @@ from .structure import Partition
 from .tensor import MultiJaggedTensor, pack_pieces as pack, values_of
 from .writes import _eager
 
-__all__ = ["holds_pieces", "split", "pack", "from_pieces", "map_pieces", "zip_pieces", "rewrite", "reduce_images",
+__all__ = ["holds_pieces", "split", "pack", "from_pieces", "map_pieces", "zip_pieces", "rewrite", "rewrite_with", "reduce_images",
            "image_sizes"]
 
 MJT = MultiJaggedTensor
@@ -203,7 +203,16 @@ def rewrite(fn: Callable[[Tensor], Tensor], x: MJT) -> MJT:
     each image, out of place — the old pieces may be saved for a backward, and stay as they were —
     then ``x`` holds the new ones, with its history rebased onto them as an in-place op's (a leaf
     that requires grad refuses, as dense). The same object is returned."""
-    out = [None if p is None else fn(p) for p in split(x)]
+    return _rewritten(x, [None if p is None else fn(p) for p in split(x)])
+
+
+def rewrite_with(fn: Callable[[Tensor, Tensor], Tensor], x: MJT, other: MJT) -> MJT:
+    """``x`` after an in-place op with ``other`` (``out += identity``; one partition, both holding
+    pieces): ``fn`` on each pair of images, as ``rewrite``."""
+    return _rewritten(x, [None if p is None else fn(p, q) for p, q in zip(split(x), split(other))])
+
+
+def _rewritten(x: MJT, out: list[Optional[Tensor]]) -> MJT:
     live = [p for p in out if p is not None]
     if torch.is_grad_enabled() and (_requires_grad(x) or any(p.requires_grad for p in live)):
         x = _Rewrite.apply(x, *live)

@@ -248,6 +248,29 @@ def _unary_(func):
     return impl
 
 
+def _binary_(func):
+    """An in-place arithmetic op (``out += identity``) of a tensor holding per-image pieces, with
+    another of the same partition holding pieces or a Python scalar: new pieces (NOTE [ Per-image
+    pieces ]); everything else takes the general path's in-place write."""
+
+    def impl(a, b, *args, **kwargs):
+        if args or "out" in kwargs or not isinstance(a, MJT) or "_pieces" not in a.__dict__ or not _pieces.holds_pieces(a):
+            return NotImplemented
+        if _scalar(b) and a.dtype.is_floating_point and not isinstance(b, complex):
+            return _pieces.rewrite(lambda p: func(p, b, **kwargs), a)
+        if (isinstance(b, MJT) and b._partition is a._partition and b._ragged_dims == a._ragged_dims
+                and len(b._size) == len(a._size) and b.dtype == a.dtype and _pieces.holds_pieces(b)):
+            return _pieces.rewrite_with(lambda p, q: func(p, q, **kwargs), a, b)
+        return NotImplemented
+
+    return impl
+
+
+for _name, _f in (("add", torch.add), ("sub", torch.sub), ("mul", torch.mul), ("div", torch.div)):
+    FAST[getattr(torch.Tensor, _name + "_")] = _binary_(_f)
+    FAST[getattr(torch.Tensor, f"__i{'truediv' if _name == 'div' else _name}__")] = _binary_(_f)
+
+
 for _name in ("relu", "sigmoid", "tanh", "clamp", "clamp_min", "clamp_max", "neg", "abs", "exp"):
     for _owner in (torch, torch.Tensor):
         _f = getattr(_owner, _name, None)
