@@ -165,7 +165,8 @@ def _unary(func):
         if not isinstance(x, MJT) or "out" in kwargs:
             return NotImplemented
         if kwargs.get("inplace"):
-            if "_pieces" in x.__dict__ and _pieces.holds_pieces(x) and not any(isinstance(a, torch.Tensor) for a in args):
+            if ("_pieces" in x.__dict__ and x.dtype.is_floating_point and _pieces.holds_pieces(x)
+                    and not any(isinstance(a, torch.Tensor) for a in args)):
                 rest = dict(kwargs, inplace=False)
                 return _pieces.rewrite(lambda p: func(p, *args, **rest), x)
             return NotImplemented
@@ -236,12 +237,13 @@ for _name in _F_UNARY:
 
 
 def _unary_(func):
-    """An in-place method (``relu_``) of a tensor holding per-image pieces: new pieces (NOTE [ Per-image
-    pieces ] in ``pieces.py``); everything else takes the general path's in-place write."""
+    """An in-place method (``relu_``) of a floating tensor holding per-image pieces: new pieces (NOTE
+    [ Per-image pieces ] in ``pieces.py``); everything else takes the general path's in-place write
+    (which keeps the dtype, or refuses, as dense)."""
 
     def impl(x, *args, **kwargs):
-        if (not isinstance(x, MJT) or kwargs or "_pieces" not in x.__dict__ or not _pieces.holds_pieces(x)
-                or any(isinstance(a, torch.Tensor) for a in args)):
+        if (not isinstance(x, MJT) or kwargs or "_pieces" not in x.__dict__ or not x.dtype.is_floating_point
+                or not _pieces.holds_pieces(x) or any(isinstance(a, torch.Tensor) for a in args)):
             return NotImplemented
         return _pieces.rewrite(lambda p: func(p, *args), x)
 
