@@ -268,6 +268,8 @@ BUGS = [
     Bug("pieces: an in-place add reads the tensor itself for the other operand", "pieces.py",
         "fn(p, q) for p, q in zip(split(x), split(other))", "fn(p, q) for p, q in zip(split(x), split(x))",
         ("test_pieces.py",)),
+    Bug("pieces: a channel cat counts the first operand's channels only", "ops/indexing/joins.py",
+        "c = sum(t._size[1] for t in tensors)", "c = first._size[1]", ("test_pieces.py",)),
     Bug("pieces: group norm per image ignores eps", "ops/vision/norms.py",
         "return F.group_norm(w, groups, cast(weight), cast(bias), eps).to(p.dtype)",
         "return F.group_norm(w, groups, cast(weight), cast(bias)).to(p.dtype)", ("test_pieces.py",)),

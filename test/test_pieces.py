@@ -428,3 +428,36 @@ def test_in_place_residual_add_keeps_the_pieces(small_images_go_image_by_image):
         y += y64
         assert y.dtype == torch.float32
         torch.testing.assert_close(y.values(), ref)
+
+
+def test_channel_cat_of_images_holding_pieces(small_images_go_image_by_image):
+    """``torch.cat([a, u, x], 1)`` (a U-Net skip, a DenseNet block) where some operands hold
+    pieces and others pixel rows: each image's own cat, pieces out; values and gradients to every
+    operand's source, an image without pixels."""
+    comps = _images([(6, 5), (0, 3), (3, 7)], 12)
+    P = _params(12)
+
+    def f(t):
+        a = F.relu(F.conv2d(t, P["w1"], P["b1"], padding=1))
+        u = F.interpolate(F.max_pool2d(a, 2, ceil_mode=True), size=a.shape[-2:])
+        c = torch.cat([a, u, t], 1)
+        if isinstance(c, mj.MultiJaggedTensor):
+            assert pieces.holds_pieces(a) and not pieces.holds_pieces(u) and pieces.holds_pieces(c)
+        return F.conv2d(c, torch.cat([P["w2"], P["w2"], P["w2"]], 1), padding=1)
+
+    x = _batch(comps)
+    out = f(x)
+    leaves = [c.detach().clone().requires_grad_() for c in comps]
+    refs = [f(t[None])[0] if t.numel() else None for t in leaves]
+    for o, r in zip(out.unbind(), refs):
+        if r is None:
+            assert o.numel() == 0
+        else:
+            torch.testing.assert_close(o, r)
+    got = torch.autograd.grad((out * out).sum(), [x, P["w1"], P["w2"]])
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs if r is not None), [*leaves, P["w1"], P["w2"]],
+                               allow_unused=True, materialize_grads=True)
+    for a, b in zip(got[0].unbind(), want[: len(leaves)]):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(got[1:], want[len(leaves):]):
+        torch.testing.assert_close(a, b)

@@ -34,7 +34,7 @@ cache between layers; the nodes below add ≈ 60 µs per op).
   image by image — conv and group norm over large images; max and average pooling, elementwise
   ops and arithmetic between tensors that hold pieces (of one partition, or with a Python
   scalar), in place too (``relu_``, ``out += identity``: new pieces, the tensor's history
-  rebased onto them as an in-place op's)
+  rebased onto them as an in-place op's), and a channel ``cat`` of image batches of one partition
   — and read by those and by ``sum`` / ``mean`` over both spatial dims (global pooling: each
   image's own reduction).
 """

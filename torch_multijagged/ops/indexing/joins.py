@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ... import pieces
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import packed_rows
@@ -96,9 +97,27 @@ def _cat(tensors, dim=0, *, out=None):
     if first is None:
         return NotImplemented
     d = canonical_dim("cat", first.dim(), dim)
+    if d == 1 and _images_with_pieces(tensors):
+        # channels of images held one by one (a U-Net skip, a DenseNet block): each image's own
+        # cat, pieces out (NOTE [ Per-image pieces ] in pieces.py)
+        parts = zip(*[pieces.split(t) for t in tensors])
+        out = [None if ps[0] is None else torch.cat(ps, 1) for ps in parts]
+        c = sum(t._size[1] for t in tensors)
+        return pieces.from_pieces(out, first._partition, first._ragged_dims, c, first.dtype, first.device)
     if d == 0 or d not in first._ragged_dims:
         return NotImplemented  # static dims (or the batch dim): the op table's handler
     return cat_ragged("cat", list(tensors), d)
+
+
+def _images_with_pieces(tensors) -> bool:
+    """Image batches ``(B, C, j0, j1)`` of one partition and dtype, some holding per-image pieces."""
+    first = tensors[0]
+    return (
+        all(isinstance(t, MJT) for t in tensors)
+        and all(t._partition is first._partition and t._ragged_dims == (2, 3) and len(t._size) == 4
+                and t.dtype == first.dtype for t in tensors)
+        and any(pieces.holds_pieces(t) for t in tensors)
+    )
 
 
 # ----------------------------------------------------------------------------- pad
