@@ -248,7 +248,7 @@ BUGS = [
     Bug("per-image conv path ignores the dilation", "ops/vision/conv.py",
         "F.conv2d(p, weight, bias, stride, padding, dilation, groups)",
         "F.conv2d(p, weight, bias, stride, padding, 1, groups)", ("test_canvas_paths.py",)),
-    Bug("pieces: packing puts every image at the first rows", "tensor.py",
+    Bug("pieces: packing puts every image at the first rows", "kernels/per_image.py",
         "            o += h * w\n    return out", "            o += 0\n    return out", ("test_pieces.py",)),
     Bug("pieces: consumers read the pieces past the wrapper (hooks and grads of it miss them)", "pieces.py",
         "        it = iter(_PiecesOf.apply(x, [p for p in pieces if p is not None]))",

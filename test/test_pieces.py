@@ -72,29 +72,39 @@ image_sizes = st.lists(st.tuples(st.integers(1, 7), st.integers(1, 7)), min_size
     lambda s: s + [(s[0][0] + 1, s[0][1] + 2)]).flatmap(lambda s: st.sampled_from([s, s + [(0, 3)], [(5, 0)] + s]))
 
 
-def _check_cnn(comps, P, rtol=1e-7, atol=1e-7):
+def _per_image_check(fn, ref, comps, params, rtol=1e-7, atol=1e-7):
+    """``fn`` on the batch of ``comps`` against ``ref`` on each image alone, ``(1, C, h, w)`` in.
+    An image without pixels, which the dense ops refuse, gives an empty output (or NaN: a global
+    mean of nothing, as dense). Then the gradients of a random cotangent per image reach the
+    batch and every parameter as the reference's reach each image and the parameters."""
     x = _batch(comps)
-    seen: list[bool] = []
-    out = cnn(x, P, seen)
-    assert all(seen), f"every intermediate holds pieces: {seen}"
-    assert not isinstance(out, mj.MultiJaggedTensor) and out.shape == (len(comps), P["w2"].shape[0])
+    out = fn(x)
+    outs = list(out.unbind())
     leaves = [c.detach().clone().requires_grad_() for c in comps]
-    params = list(P.values())
-    for i, c in enumerate(leaves):
-        if c.numel():
-            torch.testing.assert_close(out[i], cnn(c.unsqueeze(0), P)[0], rtol=rtol, atol=atol)
+    refs = [ref(t[None])[0] if t.numel() else None for t in leaves]
+    assert len(outs) == len(refs)
+    for i, (o, r) in enumerate(zip(outs, refs)):
+        if r is None:
+            assert o.numel() == 0 or bool(torch.isnan(o).all()), f"image {i} has no pixel: {o}"
         else:
-            assert torch.isnan(out[i]).all(), "an image without pixels: the mean of nothing, as dense"
-    live = [i for i, c in enumerate(comps) if c.numel()]
-    cot = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=F64).to(out.dtype)
-    loss = (out[live] * cot[live]).sum()
-    ref = sum((cnn(leaves[i].unsqueeze(0), P)[0] * cot[i]).sum() for i in live)
-    got = torch.autograd.grad(loss, [x, *params])
-    want = torch.autograd.grad(ref, [*leaves, *params], allow_unused=True, materialize_grads=True)
+            torch.testing.assert_close(o, r, rtol=rtol, atol=atol, msg=lambda m: f"image {i}: {m}")
+    g = torch.Generator().manual_seed(1)
+    cots = [None if r is None else torch.randn(r.shape, generator=g, dtype=F64).to(r.dtype) for r in refs]
+    got = torch.autograd.grad(sum((o * c).sum() for o, c in zip(outs, cots) if c is not None), [x, *params])
+    want = torch.autograd.grad(sum((r * c).sum() for r, c in zip(refs, cots) if c is not None), [*leaves, *params],
+                               allow_unused=True, materialize_grads=True)
     for i, (a, b) in enumerate(zip(got[0].unbind(), want[: len(leaves)])):
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"grad of image {i}: {m}")
-    for name, a, b in zip(P, got[1:], want[len(leaves):]):
-        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"grad of {name}: {m}")
+    for k, (a, b) in enumerate(zip(got[1:], want[len(leaves):])):
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m: f"grad of parameter {k}: {m}")
+    return out
+
+
+def _check_cnn(comps, P, rtol=1e-7, atol=1e-7):
+    seen: list[bool] = []
+    out = _per_image_check(lambda t: cnn(t, P, seen), lambda t: cnn(t, P), comps, list(P.values()), rtol, atol)
+    assert all(seen), f"every intermediate holds pieces: {seen}"
+    assert not isinstance(out, mj.MultiJaggedTensor) and out.shape == (len(comps), P["w2"].shape[0])
 
 
 @few(8)
@@ -274,25 +284,9 @@ def test_pooling_between_image_by_image_ops(small_images_go_image_by_image, pool
             seen.extend(pieces.holds_pieces(a) for a in (y, z))
         return F.conv2d(z, P["w2"], padding=1)
 
-    x = _batch(comps)
     seen: list[bool] = []
-    out = f(x, seen)
-    assert all(seen)
-    leaves = [c.detach().clone().requires_grad_() for c in comps]
-    refs = [f(c[None])[0] if c.numel() else None for c in leaves]
-    cots = [torch.randn(o.shape, dtype=F64, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(out.unbind())]
-    for o, r in zip(out.unbind(), refs):
-        if r is None:
-            assert o.numel() == 0
-        else:
-            torch.testing.assert_close(o, r)
-    got = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cots)), [x, P["w1"], P["w2"]])
-    want = torch.autograd.grad(sum((r * c).sum() for r, c in zip(refs, cots) if r is not None),
-                               [*leaves, P["w1"], P["w2"]], allow_unused=True, materialize_grads=True)
-    for a, b in zip(got[0].unbind(), want[: len(leaves)]):
-        torch.testing.assert_close(a, b)
-    for a, b in zip(got[1:], want[len(leaves):]):
-        torch.testing.assert_close(a, b)
+    _per_image_check(lambda t: f(t, seen), f, comps, [P["w1"], P["w2"]])
+    assert seen and all(seen)
 
 
 def test_unet_with_a_skip_connection_at_default_thresholds():
@@ -318,22 +312,7 @@ def test_unet_with_a_skip_connection_at_default_thresholds():
             return self.out(self.d1(torch.cat([a, u], 1)))
 
     net = UNet().double()
-    imgs = _images([(40, 36), (33, 45), (0, 4), (38, 29)], 9, c=3)
-    x = _batch(imgs)
-    y = net(x)
-    leaves = [i.clone().requires_grad_() for i in imgs]
-    refs = [net(t[None])[0] if t.numel() else None for t in leaves]
-    for a, r in zip(y.unbind(), refs):
-        if r is None:
-            assert a.numel() == 0
-        else:
-            torch.testing.assert_close(a, r)
-    got = torch.autograd.grad((y * y).sum(), [x, net.e1[0].weight])
-    want = torch.autograd.grad(sum((r * r).sum() for r in refs if r is not None), leaves + [net.e1[0].weight],
-                               allow_unused=True, materialize_grads=True)
-    for a, b in zip(got[0].unbind(), want[:-1]):
-        torch.testing.assert_close(a, b)
-    torch.testing.assert_close(got[1], want[-1])
+    _per_image_check(net, net, _images([(40, 36), (33, 45), (0, 4), (38, 29)], 9, c=3), [net.e1[0].weight, net.d1[0].weight])
 
 
 @pytest.mark.parametrize("form", ["F.relu(inplace=True)", "Tensor.relu_", "torch.relu_", "F.silu(inplace=True)"])
@@ -360,20 +339,7 @@ def test_in_place_activation_keeps_the_pieces(small_images_go_image_by_image, fo
         return torch.cat([y2, z[:, :C]], 1).mean((2, 3)) if isinstance(y2, mj.MultiJaggedTensor) else \
             torch.cat([y2, z[:, :C]], 1).mean((2, 3))
 
-    x = _batch(comps)
-    out = f(x, True)
-    leaves = [c.detach().clone().requires_grad_() for c in comps]
-    live = [i for i, c in enumerate(comps) if c.numel()]
-    refs = {i: f(leaves[i][None], False)[0] for i in live}
-    for i in live:
-        torch.testing.assert_close(out[i], refs[i])
-    got = torch.autograd.grad(out[live].sum(), [x, P["w1"], P["w2"]])
-    want = torch.autograd.grad(sum(r.sum() for r in refs.values()), [*leaves, P["w1"], P["w2"]], allow_unused=True,
-                               materialize_grads=True)
-    for a, b in zip(got[0].unbind(), want[: len(leaves)]):
-        torch.testing.assert_close(a, b)
-    for a, b in zip(got[1:], want[len(leaves):]):
-        torch.testing.assert_close(a, b)
+    _per_image_check(lambda t: f(t, True), lambda t: f(t, False), comps, [P["w1"], P["w2"]])
     with torch.no_grad():
         y = F.conv2d(_batch(comps, grad=False), P["w1"], padding=1)
         ref = dense_act(F.conv2d(_batch(comps, grad=False), P["w1"], padding=1).values())  # (reading y's values would pack it)
@@ -407,20 +373,7 @@ def test_in_place_residual_add_keeps_the_pieces(small_images_go_image_by_image):
             out = F.relu(((out + idn) * 0.5) * 2)
         return out.mean((2, 3))
 
-    x = _batch(comps)
-    out = block(x, True)
-    leaves = [c.detach().clone().requires_grad_() for c in comps]
-    live = [i for i, c in enumerate(comps) if c.numel()]
-    refs = {i: block(leaves[i][None], False)[0] for i in live}
-    for i in live:
-        torch.testing.assert_close(out[i], refs[i])
-    got = torch.autograd.grad(out[live].sum(), [x, P["w1"], P["gw"]])
-    want = torch.autograd.grad(sum(r.sum() for r in refs.values()), [*leaves, P["w1"], P["gw"]], allow_unused=True,
-                               materialize_grads=True)
-    for a, b in zip(got[0].unbind(), want[: len(leaves)]):
-        torch.testing.assert_close(a, b)
-    for a, b in zip(got[1:], want[len(leaves):]):
-        torch.testing.assert_close(a, b)
+    _per_image_check(lambda t: block(t, True), lambda t: block(t, False), comps, [P["w1"], P["gw"]])
     with torch.no_grad():
         y = F.conv2d(_batch(comps, grad=False), P["w1"], padding=1).float()
         y64 = F.conv2d(_batch(comps, grad=False), P["w1"], padding=1)
@@ -445,19 +398,4 @@ def test_channel_cat_of_images_holding_pieces(small_images_go_image_by_image):
             assert pieces.holds_pieces(a) and not pieces.holds_pieces(u) and pieces.holds_pieces(c)
         return F.conv2d(c, torch.cat([P["w2"], P["w2"], P["w2"]], 1), padding=1)
 
-    x = _batch(comps)
-    out = f(x)
-    leaves = [c.detach().clone().requires_grad_() for c in comps]
-    refs = [f(t[None])[0] if t.numel() else None for t in leaves]
-    for o, r in zip(out.unbind(), refs):
-        if r is None:
-            assert o.numel() == 0
-        else:
-            torch.testing.assert_close(o, r)
-    got = torch.autograd.grad((out * out).sum(), [x, P["w1"], P["w2"]])
-    want = torch.autograd.grad(sum((r * r).sum() for r in refs if r is not None), [*leaves, P["w1"], P["w2"]],
-                               allow_unused=True, materialize_grads=True)
-    for a, b in zip(got[0].unbind(), want[: len(leaves)]):
-        torch.testing.assert_close(a, b)
-    for a, b in zip(got[1:], want[len(leaves):]):
-        torch.testing.assert_close(a, b)
+    _per_image_check(f, f, comps, [P["w1"], P["w2"]])

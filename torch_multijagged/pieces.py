@@ -47,22 +47,25 @@ import torch
 from torch import Tensor
 
 from .structure import Partition
-from .tensor import MultiJaggedTensor, pack_pieces as pack, values_of
+from .kernels.per_image import pack_images as pack
+from .tensor import MultiJaggedTensor, values_of
 from .writes import _eager
 
-__all__ = ["holds_pieces", "split", "pack", "from_pieces", "map_pieces", "zip_pieces", "rewrite", "rewrite_with", "reduce_images",
-           "image_sizes"]
+__all__ = ["wrapper_version", "wrapper_requires_grad", "holds_pieces", "split", "pack", "from_pieces", "map_pieces",
+           "zip_pieces", "rewrite", "rewrite_with", "reduce_images", "image_sizes"]
 
 MJT = MultiJaggedTensor
 _DisableTF = torch._C.DisableTorchFunctionSubclass
 
 
-def _version(x: MJT) -> int:
+def wrapper_version(x: MJT) -> int:
+    """The wrapper's own version counter (not its values'), read below ``__torch_function__``."""
     with _DisableTF():
         return x._version
 
 
-def _requires_grad(x: MJT) -> bool:
+def wrapper_requires_grad(x: MJT) -> bool:
+    """The wrapper's own ``requires_grad``, read below ``__torch_function__``."""
     with _DisableTF():
         return x.requires_grad
 
@@ -73,8 +76,7 @@ def image_sizes(partition: Partition) -> list[tuple[int, int]]:
 
 
 def _image_sizes(partition: Partition) -> list[tuple[int, int]]:
-    hs, ws = (e.host_lengths().tolist() for e in partition.extents)  # SYNC: none — host lengths
-    return list(zip(hs, ws))
+    return [tuple(hw) for hw in partition.host_sizes().tolist()]  # SYNC: none — host lengths
 
 
 def holds_pieces(x) -> bool:
@@ -86,7 +88,7 @@ def holds_pieces(x) -> bool:
     rec = x.__dict__.get("_pieces")
     if rec is None:
         return False
-    if rec[1] != _version(x):
+    if rec[1] != wrapper_version(x):
         del x.__dict__["_pieces"]  # written in place: the values (packed then) are the truth
         return False
     return True
@@ -134,7 +136,7 @@ def split(x: MJT) -> list[Optional[Tensor]]:
     if holds_pieces(x):
         rec = x.__dict__["_pieces"]
         pieces = rec[0]
-        if not torch.is_grad_enabled() or not _requires_grad(x):
+        if not torch.is_grad_enabled() or not wrapper_requires_grad(x):
             return [None if p is None else p.detach() for p in pieces]
         if len(rec) == 3:
             return rec[2]  # every consumer shares one node: the engine sums their gradients per piece
@@ -142,7 +144,7 @@ def split(x: MJT) -> list[Optional[Tensor]]:
         out = [None if p is None else next(it) for p in pieces]
         x.__dict__["_pieces"] = (pieces, rec[1], out)
         return out
-    v = values_of(x) if (torch.is_grad_enabled() and _requires_grad(x)) else x._values
+    v = values_of(x) if (torch.is_grad_enabled() and wrapper_requires_grad(x)) else x._values
     sizes = image_sizes(x._partition)
     c = v.shape[1]
     out: list[Optional[Tensor]] = []
@@ -151,16 +153,34 @@ def split(x: MJT) -> list[Optional[Tensor]]:
     return out
 
 
+def _wrapper(partition: Partition, ragged_dims: tuple[int, ...], channels: int, dtype: torch.dtype,
+             device: torch.device) -> MJT:
+    """A wrapper of pixel rows ``(P, channels)`` built as ``MultiJaggedTensor.__new__`` builds one,
+    but without values: the caller stores its pieces, which the first read of ``_values`` packs."""
+    key = ("pieces_size_stride", ragged_dims, channels)
+    hit = partition.cache.get(key)
+    if hit is None:
+        standin = torch.empty((partition.rows, channels), device="meta")
+        hit = partition.cache[key] = partition.logical_size_stride(standin, ragged_dims)
+    size, stride = hit
+    r = torch.Tensor._make_wrapper_subclass(
+        MJT, size, stride, 0, torch.contiguous_format, dtype, torch.strided, device, False, False, "strides", False,
+        False, storage_size=0,
+    )
+    r._partition, r._ragged_dims, r._size, r._strides = partition, ragged_dims, size, stride
+    return r
+
+
 def from_pieces(pieces: list[Optional[Tensor]], partition: Partition, ragged_dims: tuple[int, ...], channels: int,
                 dtype: torch.dtype, device: torch.device) -> MJT:
     """The wrapper of per-image pieces ``(1, C, hᵢ, wᵢ)`` (``None`` for an image without pixels)
     with ``partition``; differentiable with respect to every piece."""
-    y = MJT._of_pieces(partition, ragged_dims, channels, dtype, device)
+    y = _wrapper(partition, ragged_dims, channels, dtype, device)
     live = [p for p in pieces if p is not None]
     y.__dict__["_pieces"] = (pieces, None)
     if torch.is_grad_enabled() and any(p.requires_grad for p in live):
         y = _AdoptPieces.apply([y], *live)
-    y.__dict__["_pieces"] = (pieces, _version(y))
+    y.__dict__["_pieces"] = (pieces, wrapper_version(y))
     return y
 
 
@@ -214,11 +234,11 @@ def rewrite_with(fn: Callable[[Tensor, Tensor], Tensor], x: MJT, other: MJT) -> 
 
 def _rewritten(x: MJT, out: list[Optional[Tensor]]) -> MJT:
     live = [p for p in out if p is not None]
-    if torch.is_grad_enabled() and (_requires_grad(x) or any(p.requires_grad for p in live)):
+    if torch.is_grad_enabled() and (wrapper_requires_grad(x) or any(p.requires_grad for p in live)):
         x = _Rewrite.apply(x, *live)
     elif not x.is_inference():
         torch.autograd.graph.increment_version(x)
-    x.__dict__["_pieces"] = (out, _version(x))
+    x.__dict__["_pieces"] = (out, wrapper_version(x))
     return x
 
 

@@ -42,6 +42,7 @@ from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _frames
 from .layout import multi_jagged
+from .kernels.per_image import pack_images
 from .serialization import INTERNAL_ATTRS, copy_partition, partition_from_file, user_state
 from .structure import Partition, RaggedExtent, _is_traced
 from .writes import (
@@ -105,24 +106,8 @@ class _PackOnRead:
         rec = obj.__dict__.pop("_pieces", None)
         if rec is None:
             raise AttributeError("'MultiJaggedTensor' object has no attribute '_values'")
-        v = pack_pieces(rec[0], obj._partition.rows, obj._size[1], obj.dtype, obj.device)
-        obj.__dict__["_values"] = v
+        v = obj.__dict__["_values"] = pack_images(rec[0], obj._partition.rows, obj._size[1], obj.dtype, obj.device)
         return v
-
-
-def pack_pieces(pieces, rows: int, channels: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """Pixel rows ``(P, C)`` of per-image pieces ``(1, C, hᵢ, wᵢ)`` (``None``: no pixel), one copy
-    per image, recording no graph."""
-    out = torch.empty((rows, channels), dtype=dtype, device=device)
-    o = 0
-    with torch.no_grad():
-        for p in pieces:
-            if p is None:
-                continue
-            h, w = p.shape[2], p.shape[3]
-            out[o:o + h * w].view(h, w, channels).copy_(p[0].permute(1, 2, 0))
-            o += h * w
-    return out
 
 
 class MultiJaggedTensor(torch.Tensor):
@@ -169,14 +154,8 @@ class MultiJaggedTensor(torch.Tensor):
     _strides: tuple
 
     @staticmethod
-    def __new__(
-        cls,
-        values: torch.Tensor,
-        partition: Partition,
-        ragged_dims: tuple[int, ...],
-        *,
-        requires_grad: bool = False,
-    ):
+    def __new__(cls, values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...], *,
+                requires_grad: bool = False):
         size, stride = partition.logical_size_stride(values, ragged_dims)
         r = torch.Tensor._make_wrapper_subclass(
             cls,
@@ -199,28 +178,6 @@ class MultiJaggedTensor(torch.Tensor):
             storage_size=0,
         )
         r._values = values
-        r._partition = partition
-        r._ragged_dims = ragged_dims
-        r._size = size
-        r._strides = stride
-        return r
-
-    @classmethod
-    def _of_pieces(cls, partition: Partition, ragged_dims: tuple[int, ...], channels: int, dtype: torch.dtype,
-                   device: torch.device) -> "MultiJaggedTensor":
-        """A wrapper of pixel rows ``(P, channels)`` without its values: the caller stores its
-        per-image pieces, which the first read of ``_values`` packs (NOTE [ Per-image pieces ] in
-        ``pieces.py``)."""
-        key = ("pieces_size_stride", ragged_dims, channels)
-        hit = partition.cache.get(key)
-        if hit is None:
-            standin = torch.empty((partition.rows, channels), device="meta")
-            hit = partition.cache[key] = partition.logical_size_stride(standin, ragged_dims)
-        size, stride = hit
-        r = torch.Tensor._make_wrapper_subclass(
-            cls, size, stride, 0, torch.contiguous_format, dtype, torch.strided, device, False, False, "strides",
-            False, False, storage_size=0,
-        )
         r._partition = partition
         r._ragged_dims = ragged_dims
         r._size = size

@@ -34,9 +34,10 @@ This module is pure torch on host sizes; it knows nothing of the subclass.
 
 from __future__ import annotations
 
+import torch
 from torch import Tensor
 
-__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "per_image_applies"]
+__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "per_image_applies", "pack_images"]
 
 PIXELS_PER_IMAGE = 1024
 MIN_CHANNELS = 16
@@ -49,3 +50,18 @@ def per_image_applies(sizes: Tensor, channels: int) -> bool:
     # SYNC: none — host sizes
     return (b > 0 and sizes.shape[1] == 2 and channels >= MIN_CHANNELS
             and int(sizes.prod(1).sum()) >= max(1, PIXELS_PER_IMAGE * b))
+
+
+def pack_images(images, rows: int, channels: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+    """Pixel rows ``(P, C)`` of images ``(1, C, hᵢ, wᵢ)`` (``None``: no pixel), image after image,
+    row-major: one copy per image, recording no graph."""
+    out = torch.empty((rows, channels), dtype=dtype, device=device)
+    o = 0
+    with torch.no_grad():
+        for p in images:
+            if p is None:
+                continue
+            h, w = p.shape[2], p.shape[3]
+            out[o:o + h * w].view(h, w, channels).copy_(p[0].permute(1, 2, 0))
+            o += h * w
+    return out

@@ -80,17 +80,10 @@ _apply_adopt = torch._C._FunctionBase.__dict__["apply"].__get__(None, _Adopt)
 
 
 # --------------------------------------------------------------------------- values in and out
-def _requires_grad(x: MJT) -> bool:
-    with _DisableTF():
-        return x.requires_grad
-
-
-def _version(x: MJT) -> int:
-    # An in-place op on the wrapper bumps the wrapper's counter (the handler's write into the
-    # values runs below autograd, where the values' counter is not bumped); a write into the
-    # values (``x.values().add_()``) bumps the values' counter.
-    with _DisableTF():
-        return x._version
+# ``_version``: an in-place op on the wrapper bumps the wrapper's counter (the handler's write into
+# the values runs below autograd, where the values' counter is not bumped); a write into the
+# values (``x.values().add_()``) bumps the values' counter.
+_requires_grad, _version = _pieces.wrapper_requires_grad, _pieces.wrapper_version
 
 
 def values(x: MJT) -> torch.Tensor:
@@ -165,8 +158,7 @@ def _unary(func):
         if not isinstance(x, MJT) or "out" in kwargs:
             return NotImplemented
         if kwargs.get("inplace"):
-            if ("_pieces" in x.__dict__ and x.dtype.is_floating_point and _pieces.holds_pieces(x)
-                    and not any(isinstance(a, torch.Tensor) for a in args)):
+            if _rewritable(x, args):
                 rest = dict(kwargs, inplace=False)
                 return _pieces.rewrite(lambda p: func(p, *args, **rest), x)
             return NotImplemented
@@ -236,14 +228,19 @@ for _name in _F_UNARY:
     FAST[_f] = _unary(_f)
 
 
+def _rewritable(x: MJT, args) -> bool:
+    """Whether an in-place elementwise op with ``args`` rewrites ``x``'s per-image pieces."""
+    return ("_pieces" in x.__dict__ and x.dtype.is_floating_point and _pieces.holds_pieces(x)
+            and not any(isinstance(a, torch.Tensor) for a in args))
+
+
 def _unary_(func):
     """An in-place method (``relu_``) of a floating tensor holding per-image pieces: new pieces (NOTE
     [ Per-image pieces ] in ``pieces.py``); everything else takes the general path's in-place write
     (which keeps the dtype, or refuses, as dense)."""
 
     def impl(x, *args, **kwargs):
-        if (not isinstance(x, MJT) or kwargs or "_pieces" not in x.__dict__ or not x.dtype.is_floating_point
-                or not _pieces.holds_pieces(x) or any(isinstance(a, torch.Tensor) for a in args)):
+        if not isinstance(x, MJT) or kwargs or not _rewritable(x, args):
             return NotImplemented
         return _pieces.rewrite(lambda p: func(p, *args), x)
 

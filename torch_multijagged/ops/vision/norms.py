@@ -229,7 +229,7 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     _check_param(op, "weight", weight, c)
     _check_param(op, "bias", bias, c)
     if pieces.holds_pieces(input) or (input._ragged_dims == (2, 3) and len(input._size) == 4
-                                      and pim.per_image_applies(_image_sizes(input), max(c, pim.MIN_CHANNELS))):
+                                      and pim.per_image_applies(input._partition.host_sizes(), max(c, pim.MIN_CHANNELS))):
         # images held one by one, or large enough for the convolutions to go image by image
         # (NOTE [ Per-image pieces ]): aten's kernel on each image, as the loop, pieces out
         return pieces.map_pieces(lambda p: _group_norm_image(p, num_groups, weight, bias, eps), input)
@@ -245,11 +245,6 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     out, _, _ = _normalise(input, w.reshape(w.shape[0], num_groups, c // num_groups * math.prod(w.shape[2:])), c, weight,
                            bias, eps)
     return _finish(input, out.view(w.shape).to(v.dtype))
-
-
-def _image_sizes(x: MJT) -> torch.Tensor:
-    """``(B, 2)`` host sizes of images with both spatial dims ragged."""
-    return torch.stack([e.host_lengths() for e in x._partition.extents], 1)
 
 
 def _group_norm_image(p: torch.Tensor, groups: int, weight, bias, eps: float) -> torch.Tensor:

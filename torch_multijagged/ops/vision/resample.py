@@ -48,7 +48,7 @@ import torch.nn.functional as F
 
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...structure import RaggedExtent, extent_of, mapped_extent, partition_for
+from ...structure import extent_of, mapped_extent, partition_for
 from .._common import MJT, describe, eager_route, wrap
 from .._routing import _needs_grad, route
 
@@ -199,7 +199,8 @@ def _gather(v, in_p, offs, taps, sample, coords, opm):
 # ----------------------------------------------------------------------------- interpolate
 def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias):
     """Dense torch's argument checks (its messages), then its mode/dtype checks on a one-pixel
-    probe; returns ``(sizes or None, scales or None)`` with one entry per spatial dim."""
+    probe; returns ``(sizes, scales, extents)``, one of them set, with one entry per spatial dim
+    (``extents``: the extents of another batch's nested ints given as ``size``)."""
     op = "interpolate"
     if mode not in _MODES:
         raise NotImplementedError(
@@ -219,6 +220,7 @@ def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_cor
     if len(vals) != nsp:
         what = "size" if size is not None else "scale_factor"
         raise ValueError(f"{op}(): expected {what} with {nsp} entries for input {describe(input)}, got {spec}")
+    extents = None
     if size is not None and all(isinstance(s, torch.SymInt) for s in vals):
         extents = [extent_of(s) for s in vals]
         if any(e is None or e.batch != input._partition.batch for e in extents):
@@ -226,7 +228,6 @@ def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_cor
                 f"{op}(): expected size to be positive ints or the nested ints of another batch of {input._partition.batch} "
                 f"images (e.g. skip.shape[-{nsp}:]), got {size}"
             )
-        sizes = extents
     elif size is not None:
         if not all(isinstance(s, int) and not isinstance(s, bool) for s in vals) or any(s <= 0 for s in vals):
             raise ValueError(
@@ -237,9 +238,9 @@ def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_cor
         raise ValueError(f"{op}(): expected scale_factor to be positive finite numbers, got {scale_factor}")
     c = input._values.shape[1]
     F.interpolate(input._values.new_zeros((1, c) + (1,) * nsp), size=(1,) * nsp, mode=mode, align_corners=align_corners)
-    if size is not None and all(isinstance(s, torch.SymInt) for s in vals):
-        return sizes, None
-    return (vals, None) if size is not None else (None, [float(s) for s in vals])
+    if extents is not None:
+        return None, None, extents
+    return (vals, None, None) if size is not None else (None, [float(s) for s in vals], None)
 
 
 @route(F.interpolate)
@@ -251,23 +252,12 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         return NotImplemented
     op = "interpolate"
     nsp = _spatial(op, input, (1, 2))
-    sizes, scales = _check_interp_args(input, nsp, size, scale_factor, mode, align_corners, recompute_scale_factor, antialias)
+    sizes, scales, own = _check_interp_args(input, nsp, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                                            antialias)
     p = input._partition
     dev = p.offsets.device
     b = p.batch
-    if sizes is not None and isinstance(sizes[0], RaggedExtent):
-        # each image to its own size: the extents of another batch's nested ints (an FPN or
-        # U-Net skip connection, ``size=skip.shape[-2:]``), which the result shares
-        _check_own_sizes(op, input, sizes)
-        ext = sizes
-        offs = [e.offsets for e in ext]
-        totals = [e.total for e in ext]
-        out_len = [e.lengths() for e in ext]
-        kernel_scales = [None] * nsp
-        out_p = partition_for(ext)
-        sample, coords = out_p.row_coords()
-        sizes = None
-    elif sizes is not None:
+    if sizes is not None:
         # SYNC: none — host lengths, to name a sample that dense torch would refuse.
         host = p.host_sizes()
         empty = (host == 0).any(1).nonzero()
@@ -287,13 +277,17 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         local = flat - sample * n
         coords = torch.stack([torch.div(local, sizes[1], rounding_mode="floor"), local % sizes[1]], 1) if nsp == 2 else local.unsqueeze(1)
     else:
-        # dense torch's output size floor(n·s) (double), per sample, from the host lengths
-        ext = [mapped_extent(e, ("scale", s), lambda n, s=s: (n.to(torch.float64) * s).floor())
-               for e, s in zip(p.extents, scales)]
+        # each image to its own size: the extents of another batch's nested ints (an FPN or U-Net
+        # skip connection, ``size=skip.shape[-2:]``), which the result shares, with dense torch's
+        # scales from the sizes; or dense torch's output size floor(n·s) (double) from the host lengths
+        if own is not None:
+            _check_own_sizes(op, input, own)
+        ext = own if own is not None else [mapped_extent(e, ("scale", s), lambda n, s=s: (n.to(torch.float64) * s).floor())
+                                           for e, s in zip(p.extents, scales)]
         offs = [e.offsets for e in ext]
         totals = [e.total for e in ext]
         out_len = [e.lengths() for e in ext]
-        kernel_scales = [None] * nsp if recompute_scale_factor else scales
+        kernel_scales = [None] * nsp if own is not None or recompute_scale_factor else scales
         out_p = partition_for(ext)
         sample, coords = out_p.row_coords()
     v = _values(input)
