@@ -252,6 +252,61 @@ def test_transformers_opt_decoder_layer(attn):
                 [_tokens((3, 0, 4))], dense_refuses_empty=True, tol=SOFTMAX_F32 if attn == "eager" else None)
 
 
+def _deberta_call(m, x):
+    # the encoder's mask: (B, N) ones → (B, 1, N, N), as DebertaV2Encoder.get_attention_mask builds it
+    mask = torch.ones_like(x[..., 0])
+    ext = mask.unsqueeze(1).unsqueeze(2)
+    return m(x, attention_mask=ext * ext.squeeze(-2).unsqueeze(-1))
+
+
+def test_transformers_deberta_v2_layer_heads_folded_into_the_batch():
+    """DeBERTa-v2's attention folds the heads into the batch (``view(-1, N, D)`` of ``(B, H, N,
+    D)``), runs ``bmm`` on ``(B·H, N, D)`` and views the scores back to ``(B, H, N, N)`` for its
+    boolean mask; the dense layer refuses an empty sample (``view(-1, 0, D)``)."""
+    _hf()
+    from transformers import DebertaV2Config
+    from transformers.models.deberta_v2.modeling_deberta_v2 import DebertaV2Layer
+
+    torch.manual_seed(0)
+    cfg = DebertaV2Config(hidden_size=8, num_attention_heads=2, intermediate_size=16, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0)
+    _run_module(DebertaV2Layer(cfg).double().eval(), _deberta_call, [_tokens((3, 0, 4))], dense_refuses_empty=True)
+
+
+def _bloom_call(m, x):
+    from transformers.models.bloom.modeling_bloom import build_alibi_tensor
+
+    alibi = build_alibi_tensor(torch.ones_like(x[..., 0]), m.num_heads, x.dtype)  # (B·H, 1, N)
+    return m(x, alibi=alibi, attention_mask=None)
+
+
+def test_transformers_bloom_block_alibi_baddbmm():
+    """Bloom's block: ALiBi from the mask's ``cumsum`` reshaped to ``(B·H, 1, N)``, ``baddbmm`` of
+    the folded heads, the scores viewed back to ``(B, H, N, N)`` for a float32 softmax."""
+    _hf()
+    from transformers import BloomConfig
+    from transformers.models.bloom.modeling_bloom import BloomBlock
+
+    torch.manual_seed(0)
+    cfg = BloomConfig(hidden_size=8, n_head=2, attn_implementation="eager")
+    _run_module(BloomBlock(cfg, layer_idx=0).double().eval(), _bloom_call, [_tokens((3, 0, 4))],
+                dense_refuses_empty=True, tol=SOFTMAX_F32)
+
+
+def test_transformers_xglm_decoder_layer_bart_style_attention():
+    """The BART-family attention (XGLM here; MVP, TrOCR, SpeechT5 are the same code):
+    ``reshape(B * H, -1, D)``, ``bmm``, a size check against ``(B * H, N, N)``, ``bmm`` again."""
+    _hf()
+    from transformers import XGLMConfig
+    from transformers.models.xglm.modeling_xglm import XGLMDecoderLayer
+
+    torch.manual_seed(0)
+    cfg = XGLMConfig(d_model=8, attention_heads=2, ffn_dim=16, dropout=0.0, attention_dropout=0.0,
+                     activation_dropout=0.0)
+    _run_module(XGLMDecoderLayer(cfg, layer_idx=0).double().eval(), lambda m, x: m(x, attention_mask=None),
+                [_tokens((3, 0, 4))], dense_refuses_empty=True)
+
+
 def test_transformers_convbert_layer_span_convolution():
     """ConvBERT's mixed attention: a separable conv over the sequence (``transpose`` to channels
     first), a dynamic kernel per position from ``nn.Unfold`` of ``(B, C, j0, 1)`` (each position's

@@ -2,8 +2,9 @@
 ``select``/``slice``/``cat``/``stack``/``diagonal``, ``views.py``), metadata queries
 (``metadata.py``), ``reshape``/``flatten``/``unflatten``/the ``split`` family/``narrow``
 (``reshape.py``), merging and splitting ragged dims (``flatten.py``, NOTE [ Flattening ragged
-dims ]), the batch as components or a padded envelope (``padded.py``), and static dims moved
-before the batch dim (``leading.py``, NOTE [ Batch-moved tokens ]), and per-sample matrix
+dims ]), the batch as components or a padded envelope (``padded.py``), static dims moved
+before the batch dim (``leading.py``, NOTE [ Batch-moved tokens ]), the batch merged with the
+static dims after it (``merged.py``, NOTE [ Batch-merged tokens ]), and per-sample matrix
 structure: ``tril``/``triu``/``trace``/``diag``/``diagflat`` (``matrices.py``)."""
 
-from . import views, metadata, padded, flatten, reshape, leading, matrices  # noqa: F401  (register)
+from . import views, metadata, padded, flatten, reshape, leading, merged, matrices  # noqa: F401  (register)

@@ -34,7 +34,7 @@ from ...errors import StructureError
 from ...structure import Partition, flat_extent, partition_for
 from .._common import MJT, describe, eager_route, wrap
 from .._routing import _needs_grad, route
-from . import tokens
+from . import merged, tokens
 from .views import check_view_shape
 
 __all__ = ["flatten_ragged", "unflatten_ragged", "view_plan"]
@@ -216,6 +216,8 @@ def _view(input, *shape):
         return NotImplemented
     if tokens.flat_request(input, _normalize(shape)):  # NOTE [ Flattening the batch dim ] in tokens.py
         return tokens.flatten_batch("view", input, _normalize(shape))
+    if merged.merge_request(input, _normalize(shape)):  # NOTE [ Batch-merged tokens ] in merged.py
+        return merged.merge_batch("view", input, _normalize(shape))
     plan = view_plan("view", input, _normalize(shape))
     if plan is not None:
         return plan()

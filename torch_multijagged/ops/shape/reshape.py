@@ -19,7 +19,7 @@ from .._routing import _needs_grad, _static_dim, route
 from ..indexing.slicing import narrow_ragged
 from .views import check_view_shape
 from . import flatten as ragged_flatten
-from . import tokens
+from . import merged, tokens
 
 
 # ----------------------------------------------------------------------------- reshape family
@@ -60,6 +60,8 @@ def _reshape(input, *shape):
         return NotImplemented
     if tokens.flat_request(input, _normalize_shape(shape)):  # NOTE [ Flattening the batch dim ]
         return tokens.flatten_batch("reshape", input, _normalize_shape(shape))
+    if merged.merge_request(input, _normalize_shape(shape)):  # NOTE [ Batch-merged tokens ] in merged.py
+        return merged.merge_batch("reshape", input, _normalize_shape(shape))
     plan = ragged_flatten.view_plan("reshape", input, _normalize_shape(shape))  # merging / splitting ragged dims
     return plan() if plan is not None else reshape_as("reshape", input, _normalize_shape(shape))
 
@@ -76,6 +78,8 @@ def _flatten(input, start_dim=0, end_dim=-1):
         return input
     if start == 0 and end >= max(input._ragged_dims):  # NOTE [ Flattening the batch dim ]
         return tokens.flatten_batch("flatten", input, (-1, *input._size[end + 1:]))
+    if start == 0 and input._ragged_dims and end < min(input._ragged_dims):  # NOTE [ Batch-merged tokens ]
+        return merged.flatten_merge(input, end)
     if start > 0 and all(d in input._ragged_dims for d in range(start, end + 1)):
         return ragged_flatten.flatten_ragged("flatten", input, start, end)  # NOTE [ Flattening ragged dims ]
     if start == 0 or any(start <= d <= end for d in input._ragged_dims):

@@ -1,0 +1,228 @@
+"""The batch dim merged with the static dims after it (NOTE [ Batch-merged tokens ]): attention
+written with ``bmm`` over ``(B·H, N, D)`` — ``view(-1, N, D)`` / ``reshape(B * H, -1, D)``,
+``bmm``, ``baddbmm``, the scores viewed back to ``(B, H, N, N)`` — per sample, with gradients of
+every leaf, a zero-length sample, no leakage between samples, second order and compile."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from hypothesis import given, strategies as st
+from torch._dynamo.testing import CompileCounterWithBackend
+
+import torch_multijagged as mj
+from torch_multijagged.ops.shape.merged import BatchMerged
+
+from _reference import few, seeds
+
+F64 = torch.float64
+
+
+def _comps(ns, width, seed=0, dtype=F64):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, width, generator=g, dtype=F64).to(dtype).requires_grad_() for n in ns]
+
+
+def classic_attention(x, heads, bias, mode):
+    """Multi-head self-attention the way pre-SDPA model code writes it, for a dense ``(B, N, C)``
+    batch or a multi_jagged ``(B, j0, C)`` one: heads folded into the batch around ``bmm``."""
+    b, n, c = x.shape
+    d = c // heads
+    q = x.view(b, n, heads, d).transpose(1, 2)  # (B, H, N, D)
+    if mode == "view":  # DeBERTa-v2: contiguous, then view(-1, N, D)
+        q = q.contiguous().view(-1, n, d)
+    elif mode == "reshape":  # BART / XGLM: reshape(B * H, -1, D)
+        q = q.reshape(b * heads, -1, d)
+    else:  # flatten(0, 1)
+        q = q.flatten(0, 1)
+    k = q * 0.5
+    if mode == "reshape":
+        alibi = (bias[:, None] * torch.ones_like(x[..., 0])[:, None, :]).reshape(b * heads, 1, n)  # Bloom's ALiBi
+        scores = alibi.baddbmm(q, k.transpose(-1, -2), beta=1.0, alpha=d ** -0.5)
+    else:
+        scores = torch.bmm(q, k.transpose(1, 2)) / d ** 0.5
+    assert scores.size() == (b * heads, n, n)
+    scores = scores.view(b, heads, n, n) + bias[:, None, None]  # back to (B, H, N, N)
+    probs = F.softmax(scores, dim=-1).view(b * heads, n, n)
+    out = torch.bmm(probs, q)  # (B·H, N, D)
+    return out.view(b, heads, n, d).transpose(1, 2).reshape(b, n, c)
+
+
+def _per_sample(fn, comps, extra):
+    """``fn`` on each non-empty sample as a batch of one (dense ``view(-1, 0, D)`` refuses an empty one)."""
+    return [fn(c.unsqueeze(0), *extra)[0] if c.shape[0] else None for c in comps]
+
+
+def _check(fn, comps, extra, **tol):
+    x = mj.as_nested_tensor(comps)
+    out = fn(x, *extra)
+    assert isinstance(out, mj.MultiJaggedTensor) and out.shape[1] is x.shape[1]
+    got = out.unbind()
+    refs = _per_sample(fn, comps, extra)
+    for a, r, c in zip(got, refs, comps):
+        if r is None:
+            assert a.shape == c.shape
+        else:
+            torch.testing.assert_close(a, r, **tol)
+    leaves = list(comps) + [t for t in extra if isinstance(t, torch.Tensor) and t.requires_grad]
+    cot = [torch.randn_like(a) for a in got]
+    g1 = torch.autograd.grad(sum((a * w).sum() for a, w in zip(got, cot)), leaves, allow_unused=True)
+    live = [(r * w).sum() for r, w in zip(refs, cot) if r is not None]
+    g2 = torch.autograd.grad(sum(live), leaves, allow_unused=True) if live else [None] * len(leaves)
+    for t, a, b in zip(leaves, g1, g2):
+        a = torch.zeros_like(t) if a is None else a
+        b = torch.zeros_like(t) if b is None else b
+        torch.testing.assert_close(a, b, **tol)
+
+
+@few(12)
+@given(ns=st.lists(st.integers(0, 5), min_size=1, max_size=4), heads=st.sampled_from([2, 3]),
+       mode=st.sampled_from(["view", "reshape", "flatten"]), seed=seeds)
+def test_classic_attention_per_sample(ns, heads, mode, seed):
+    comps = _comps(ns, heads * 2, seed)
+    bias = torch.randn(heads, dtype=F64, generator=torch.Generator().manual_seed(seed)).requires_grad_()
+    _check(lambda x, b: classic_attention(x, heads, b, mode), comps, (bias,))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_classic_attention_dtypes(dtype):
+    comps = _comps((3, 0, 4), 4, dtype=dtype)
+    bias = torch.zeros(2, dtype=dtype, requires_grad=True)
+    tol = dict(rtol=5e-2, atol=1e-1) if dtype == torch.bfloat16 else {}  # sums in another order
+    _check(lambda x, b: classic_attention(x, 2, b, "reshape"), comps, (bias,), **tol)
+    out = classic_attention(mj.as_nested_tensor(comps), 2, bias, "view")
+    assert out.dtype == dtype
+
+
+def test_no_leakage_between_samples():
+    comps = _comps((3, 2, 4), 4)
+    bias = torch.randn(2, dtype=F64)
+    before = classic_attention(mj.as_nested_tensor(comps), 2, bias, "view").unbind()
+    comps[1] = comps[1].detach() * 7 + 1
+    after = classic_attention(mj.as_nested_tensor(comps), 2, bias, "view").unbind()
+    torch.testing.assert_close(before[0], after[0], rtol=0, atol=0)
+    torch.testing.assert_close(before[2], after[2], rtol=0, atol=0)
+    assert not torch.allclose(before[1], after[1])
+
+
+def test_second_order():
+    comps = _comps((3, 0, 2), 4)
+    bias = torch.randn(2, dtype=F64)
+
+    def loss(cs):
+        return sum((a ** 2).sum() for a in cs)
+
+    out = classic_attention(mj.as_nested_tensor(comps), 2, bias, "reshape").unbind()
+    g = torch.autograd.grad(loss(out), comps, create_graph=True)
+    gg = torch.autograd.grad(sum(t.sum() for t in g), comps)
+    for i, c in enumerate(comps):
+        if not c.shape[0]:
+            continue
+        ref = classic_attention(c.unsqueeze(0), 2, bias, "reshape")[0]
+        (rg,) = torch.autograd.grad((ref ** 2).sum(), c, create_graph=True)
+        (rgg,) = torch.autograd.grad(rg.sum(), c)
+        torch.testing.assert_close(g[i], rg)
+        torch.testing.assert_close(gg[i], rgg)
+
+
+def test_token_shape_and_views_back():
+    x = mj.as_nested_tensor(_comps((3, 1, 4), 6))
+    y = x.unflatten(-1, (3, 2)).transpose(1, 2)  # (3, 3, j0, 2)
+    t = y.reshape(9, -1, 2)
+    assert isinstance(t, BatchMerged) and t.shape == (9, x.shape[1], 2) and t.dim() == 3 and t.size(0) == 9
+    assert t.dtype == F64 and t.shape[1] is x.shape[1]
+    for back in (t.view(3, 3, x.shape[1], 2), t.view(-1, 3, x.shape[1], 2), t.reshape(3, -1, x.shape[1], 2),
+                 t.unflatten(0, (3, 3))):
+        assert isinstance(back, mj.MultiJaggedTensor)
+        for a, b in zip(back.unbind(), y.unbind()):
+            torch.testing.assert_close(a, b)
+    assert isinstance(t.view(9, x.shape[1], 1, 2), BatchMerged)  # another (B·H, …) view stays merged
+    for same in (y.view(-1, 3, x.shape[1], 2), y.reshape(-1, 3, x.shape[1], 2), y.view(-1, 3, x.shape[1], 1, 2)):
+        assert isinstance(same, mj.MultiJaggedTensor) and same.shape[0] == 3  # a -1 that is the batch: no merge
+    with pytest.raises(RuntimeError, match=r"^view\(\): cannot view \(3, 3, j\d+, 2\) as \(9, j\d+, 3\): merging"):
+        y.view(9, x.shape[1], 3)
+    assert isinstance(y.flatten(0, 1), BatchMerged) and isinstance(y.view(-1, x.shape[1], 2), BatchMerged)
+    t2 = t.transpose(1, 2)  # (9, 2, j0)
+    assert isinstance(t2, BatchMerged) and t2.shape[1] == 2
+    u = t.unsqueeze(1).squeeze(1)
+    assert isinstance(u, BatchMerged) and u.shape == t.shape
+
+
+def test_dense_operands_reductions_and_in_place():
+    comps = _comps((3, 0, 2), 4)
+    x = mj.as_nested_tensor(comps)
+    q = x.view(3, x.shape[1], 2, 2).transpose(1, 2).reshape(6, -1, 2)  # (6, j0, 2)
+    dense = torch.arange(6, dtype=F64).view(6, 1, 1)
+    s = (q + dense).view(3, 2, x.shape[1], 2)
+    r = q.sum((1, 2))  # every ragged dim: dense (B·H,)
+    assert not isinstance(r, (mj.MultiJaggedTensor, BatchMerged)) and r.shape == (6,)
+    m = q.mean(-1)  # (6, j0): still merged
+    assert isinstance(m, BatchMerged)
+    for i, c in enumerate(comps):
+        qi = c.view(-1, 2, 2).transpose(0, 1)  # (2, n, 2)
+        torch.testing.assert_close(s.unbind()[i], qi + torch.arange(2 * i, 2 * i + 2, dtype=F64).view(2, 1, 1))
+        torch.testing.assert_close(r[2 * i:2 * i + 2], qi.sum((1, 2)))
+        torch.testing.assert_close(m.view(3, 2, x.shape[1]).unbind()[i], qi.mean(-1))
+    w = torch.randn(2, 5, dtype=F64)
+    p = q @ w  # a dense matrix on the right
+    assert isinstance(p, BatchMerged) and p.shape[-1] == 5
+    with torch.no_grad():
+        z = x.detach().clone().view(3, x.shape[1], 2, 2).transpose(1, 2)
+        tz = z.reshape(6, -1, 2)
+        assert tz.masked_fill_(tz > 0, 0.0) is tz
+        assert (z.values() <= 0).all()  # the write reached the batch-first tensor
+
+
+def test_errors_name_the_op():
+    x = mj.as_nested_tensor(_comps((3, 1, 4), 4))
+    t = x.view(3, x.shape[1], 2, 2).transpose(1, 2).reshape(6, -1, 2)
+    with pytest.raises(NotImplementedError, match=r"^cumsum\(\): along dim 0"):
+        t.cumsum(0)
+    with pytest.raises(NotImplementedError, match=r"^softmax\(\): along dim 0"):
+        t.softmax(0)
+    with pytest.raises(NotImplementedError, match=r"^sum\(\): along dim 0"):
+        t.sum(0)
+    with pytest.raises(NotImplementedError, match=r"^transpose\(\): along dim 0"):
+        t.transpose(0, 1)
+    with pytest.raises(RuntimeError, match=r"view\(\): cannot view"):
+        t.view(2, 3, x.shape[1], 2)
+    with pytest.raises(NotImplementedError, match="view the merged tensor back"):
+        t + x
+    with pytest.raises(RuntimeError, match="does not broadcast"):
+        t + torch.ones(5, 1, 1, dtype=F64)
+    other = x.view(3, x.shape[1], 4, 1).transpose(1, 2).reshape(12, -1, 1)
+    with pytest.raises(RuntimeError, match="different merges"):
+        torch.bmm(t, other.transpose(1, 2))
+    with pytest.raises(RuntimeError, match="3-D"):
+        torch.bmm(t, t.unsqueeze(1).transpose(-1, -2))
+    with pytest.raises(IndexError):
+        t.transpose(1, 5)
+
+
+def test_baddbmm_beta_zero_ignores_input():
+    comps = _comps((3, 2), 4)
+    x = mj.as_nested_tensor(comps)
+    q = x.view(2, x.shape[1], 2, 2).transpose(1, 2).reshape(4, -1, 2)
+    nan = torch.full((4, 1, 1), float("nan"), dtype=F64)
+    s = torch.baddbmm(nan, q, q.transpose(1, 2), beta=0, alpha=2.0)
+    ref = torch.bmm(q, q.transpose(1, 2)) * 2.0
+    for a, b in zip(s.view(2, 2, x.shape[1], x.shape[1]).unbind(), ref.view(2, 2, x.shape[1], x.shape[1]).unbind()):
+        torch.testing.assert_close(a, b)
+
+
+def test_compiled_one_graph_over_lengths():
+    cc = CompileCounterWithBackend("aot_eager")
+    bias = torch.randn(2, dtype=F64)
+    fn = torch.compile(lambda x: classic_attention(x, 2, bias, "view"), backend=cc, fullgraph=True)
+    for ns in [(3, 0, 5), (2, 4, 1)]:
+        comps = _comps(ns, 4, seed=sum(ns))
+        out = fn(mj.as_nested_tensor(comps))
+        g = torch.autograd.grad(out.values().pow(2).sum(), comps)
+        for a, gc, c in zip(out.unbind(), g, comps):
+            if c.shape[0]:
+                ref = classic_attention(c.unsqueeze(0), 2, bias, "view")[0]
+                torch.testing.assert_close(a, ref)
+                (rg,) = torch.autograd.grad(ref.pow(2).sum(), c)
+                torch.testing.assert_close(gc, rg)
+    assert cc.frame_count == 1
