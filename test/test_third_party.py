@@ -307,6 +307,18 @@ def test_transformers_xglm_decoder_layer_bart_style_attention():
                 [_tokens((3, 0, 4))], dense_refuses_empty=True)
 
 
+def test_transformers_fnet_layer_fourier_mixing():
+    """FNet mixes tokens with ``torch.fft.fftn(x, dim=(1, 2)).real``: a 2-d DFT over each
+    sample's own length and the features."""
+    _hf()
+    from transformers import FNetConfig
+    from transformers.models.fnet.modeling_fnet import FNetLayer
+
+    torch.manual_seed(0)
+    cfg = FNetConfig(hidden_size=8, intermediate_size=16, hidden_dropout_prob=0.0)
+    _run_module(FNetLayer(cfg).double().eval(), _call, [_tokens((3, 1, 4))])
+
+
 def test_transformers_convbert_layer_span_convolution():
     """ConvBERT's mixed attention: a separable conv over the sequence (``transpose`` to channels
     first), a dynamic kernel per position from ``nn.Unfold`` of ``(B, C, j0, 1)`` (each position's

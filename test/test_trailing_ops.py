@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
 from torch_multijagged import StructureError
-from _reference import R, SEQ, SQUARE, STATIC_LEAD, few, per_sample_check, seeds, structures
+from _reference import R, SEQ, empty_batch, SQUARE, STATIC_LEAD, few, per_sample_check, seeds, structures
 
 F64 = torch.float64
 FFT_1D = {
@@ -68,12 +68,56 @@ def test_fft_of_a_batch_without_elements_keeps_shape_and_dtype(name, comps):
                      ref=_empty_safe(lambda c: fn(c, -1)), seed=0)
 
 
-def test_fft_along_a_ragged_dim_raises():
+FFT_RAGGED = {  # (batched call, per-sample call on a component): transforms whose ragged lengths stay
+    "fft": (lambda x: torch.fft.fft(x, dim=1).abs(), lambda c: torch.fft.fft(c, dim=0).abs()),
+    "ifft": (lambda x: torch.fft.ifft(x, dim=1, norm="ortho").imag, lambda c: torch.fft.ifft(c, dim=0, norm="ortho").imag),
+    "fftn": (lambda x: torch.fft.fftn(x, dim=(1, 2)).real, lambda c: torch.fft.fftn(c, dim=(0, 1)).real),  # FNet
+    "fft2 pair": (lambda x: torch.fft.fft2(x, dim=(1, 2)).abs(), lambda c: torch.fft.fft2(c, dim=(0, 1)).abs()),
+    "fftn lead": (lambda x: torch.fft.fftn(x, dim=(2, 3)).real, lambda c: torch.fft.fftn(c, dim=(1, 2)).real),  # (B, S, j0, C)
+    "rfftn": (lambda x: torch.view_as_real(torch.fft.rfftn(x, dim=(1, -1))),
+              lambda c: torch.view_as_real(torch.fft.rfftn(c, dim=(0, -1)))),
+    "irfftn": (lambda x: torch.fft.irfftn(torch.fft.fft(x, dim=-1), s=(-1, 4), dim=(1, -1)),
+               lambda c: torch.fft.irfftn(torch.fft.fft(c, dim=-1), s=(-1, 4), dim=(0, -1))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(FFT_RAGGED))
+@few(6)
+@given(ns=st.lists(st.integers(1, 5), min_size=1, max_size=4), c=st.integers(1, 3), seed=seeds)
+def test_fft_along_a_ragged_dim_per_sample(name, ns, c, seed):
+    # each sample's own length (dense torch refuses an empty one, so the samples are not empty)
+    fn, ref = FFT_RAGGED[name]
+    g = torch.Generator().manual_seed(seed)
+    kind = name.split()[-1]
+    lead = {"pair": (), "lead": (2,)}.get(kind, ())
+    comps = [torch.randn(*lead, *((n, n) if kind == "pair" else (n,)), c, generator=g, dtype=F64) for n in ns]
+    per_sample_check(fn, R(comps, {"pair": (1, 2), "lead": (2,)}.get(kind, (1,))), ref=ref, seed=seed)
+
+
+def test_fft_along_a_ragged_dim_refusals():
     x = torch.nested.nested_tensor([torch.rand(3, 2), torch.rand(1, 2)], layout=mj.multi_jagged)
-    with pytest.raises(StructureError, match=r"fft.fft\(\).*ragged dim"):
-        torch.fft.fft(x, dim=1)
+    with pytest.raises(StructureError, match=r"fft.rfft\(\).*ragged dim 1.*new ragged size"):
+        torch.fft.rfft(x, dim=1)
+    with pytest.raises(StructureError, match=r"fft.rfftn\(\).*ragged dim 1"):
+        torch.fft.rfftn(x, dim=(2, 1))  # the halved dim would be the ragged one
+    with pytest.raises(StructureError, match="would make it static"):
+        torch.fft.fft(x, n=4, dim=1)
     with pytest.raises(StructureError, match="give dim"):
         torch.fft.fftn(x)
+    empty = torch.nested.nested_tensor([torch.rand(3, 2), torch.rand(0, 2)], layout=mj.multi_jagged)
+    with pytest.raises(RuntimeError, match=r"sample 1 of \(2, j\d+, 2\)"):
+        torch.fft.fft(empty, dim=1)  # as dense torch refuses the empty sample
+    none = empty_batch((0, 3), (1,), dtype=F64, requires_grad=True)  # B = 0: shape and dtype from a probe
+    out = torch.fft.rfftn(none, dim=(1, 2))
+    assert out.shape[0] == 0 and out.shape[2] == 2 and out.dtype == torch.complex128
+
+
+@few(8)
+@given(structures(SEQ, min_c=1, max_c=3) | structures(SQUARE, min_c=1, max_c=3), seeds)
+def test_real_and_imag_of_complex_values(s, seed):
+    comps = [torch.complex(c, c.flip(-1) if c.numel() else c) for c in s.components(seed)]
+    for f in (lambda t: t.real, lambda t: t.imag * 2, lambda t: torch.real(t).sin(), lambda t: torch.view_as_real(t)):
+        per_sample_check(f, R(comps, s.ragged_dims), seed=seed)
 
 
 @few(8)

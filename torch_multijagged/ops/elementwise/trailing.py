@@ -8,8 +8,11 @@ own, so on the packed values ``(T, *static)`` it is the dense op on each sample:
 ``fftn`` / ``ifftn`` / ``rfftn`` / ``irfftn`` / ``fft2`` / … over static dims), the complex views
 ``view_as_complex`` / ``view_as_real`` (LLaMA's rotary embedding multiplies pairs of features
 as complex numbers), and ``diag_embed`` into two new last dims. Each runs once on the values
-with the dense op's own derivative (the values bridge) and keeps the structure. An FFT along a
-ragged dim (a per-sample length) raises, naming the dim.
+with the dense op's own derivative (the values bridge) and keeps the structure. Along a ragged dim each sample has its own length: the transform runs per sample
+(one dense call each, the results packed back into the input's structure), for the transforms
+whose length along the ragged dim is the sample's own (``fft`` / ``ifft`` / ``fftn`` / ``ifftn``
+/ ``fft2`` / ``ifft2``, and ``rfftn`` / ``irfftn`` / … whose halved last dim is static: FNet's
+``fftn(x, dim=(1, 2)).real``); the others would need a new ragged size and raise, naming the dim.
 
 Ops over *every* element of the batch, as dense torch flattens its input: ``unique`` (sorted,
 with ``return_inverse`` shaped as the input and ``return_counts``) and ``histc``: the dense op on
@@ -24,8 +27,12 @@ from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe, static_dims
 from .._routing import route
+from .._table import register_multi_jagged_func
+from .._common import wrap
 
 __all__: list[str] = []
+
+aten = torch.ops.aten
 
 
 def _static_value_dim(op: str, x: MJT, dim: int) -> int:
@@ -53,12 +60,63 @@ def _rows(fn, v: torch.Tensor, dims) -> torch.Tensor:
     return probe + anchor.sum() * 0
 
 
+# The transforms that keep every transformed dim's length (a ragged dim may be among them), and,
+# for the real-input / real-output ones, the last transformed dim, whose length changes.
+_LENGTH_KEEPING = {"fft.fft", "fft.ifft", "fft.fftn", "fft.ifftn", "fft.fft2", "fft.ifft2"}
+_LAST_CHANGES = {"fft.rfftn", "fft.irfftn", "fft.rfft2", "fft.irfft2"}
+
+
+def _ragged_fft(name: str, x: MJT, dims: list[int], sizes) -> bool:
+    """Whether the transform over ``dims`` (canonical) runs per sample along a ragged dim: one of
+    them is ragged, with no size given for it, and every length that changes is a static dim's."""
+    ragged = [d for d in dims if d in x._ragged_dims]
+    if not ragged or 0 in dims:
+        return False
+    if name not in _LENGTH_KEEPING and not (name in _LAST_CHANGES and dims[-1] not in x._ragged_dims):
+        raise StructureError(
+            f"{name}(): along ragged dim {ragged[0]} of {describe(x)}: each sample's output length would be a new ragged "
+            "size; the transforms along a ragged dim are fft / ifft / fftn / ifftn / fft2 / ifft2, and rfftn / irfftn "
+            "/ rfft2 / irfft2 whose last dim is static"
+        )
+    if sizes is not None and any(sizes[dims.index(d)] not in (None, -1) for d in ragged):
+        raise StructureError(
+            f"{name}(): a length for ragged dim {ragged[0]} of {describe(x)} would make it static; leave it None (each "
+            "sample's own length)"
+        )
+    return True
+
+
+def _per_sample(name: str, x: MJT, call) -> MJT:
+    """``call`` on each sample (a dense component), the results packed back into ``x``'s ragged
+    structure: the dims ``call`` transforms may change static sizes only. Differentiable."""
+    comps = x.unbind()
+    rag = [d - 1 for d in x._ragged_dims]
+    order = rag + [d for d in range(x.dim() - 1) if d not in rag]
+    rows = []
+    for i, c in enumerate(comps):
+        try:
+            o = call(c)
+        except RuntimeError as err:
+            raise RuntimeError(f"{name}(): sample {i} of {describe(x)} (size {tuple(c.shape)}): {err}") from None
+        rows.append(o.permute(order).reshape(-1, *[o.shape[d] for d in order[len(rag):]]))
+    if not rows:  # B = 0: the static sizes from a sample of length one
+        ones = torch.ones([1 if d in rag else n for d, n in enumerate(x.shape[1:])], dtype=x.dtype, device=x.device)
+        o = call(ones)
+        v = values_of(x)
+        anchor = (v.real if v.is_complex() else v).sum() * 0
+        rows.append(o.permute(order).reshape(1, *[o.shape[d] for d in order[len(rag):]])[:0] + anchor)
+    return wrap_values(torch.cat(rows), x._partition, x._ragged_dims)
+
+
 def _fft_1d(fn):
     name = "fft." + fn.__name__.removeprefix("fft_")
 
     def routed(input, n=None, dim=-1, norm=None, *, out=None):
         if not isinstance(input, MJT) or out is not None:
             return NotImplemented
+        d = canonical_dim(name, input.dim(), dim)
+        if _ragged_fft(name, input, [d], None if n is None else [n]):
+            return _per_sample(name, input, lambda c: fn(c, None, d - 1, norm))
         vd = _static_value_dim(name, input, dim)
         return wrap_values(_rows(lambda v: fn(v, n, vd, norm), values_of(input), (vd,)), input._partition, input._ragged_dims)
 
@@ -76,6 +134,9 @@ def _fft_nd(fn, default_dim=None):
                 raise StructureError(f"{name}(): over every dim of {describe(input)}, the batch and ragged dims too; give dim")
             dim = list(range(-len(s), 0))
         dims = [dim] if isinstance(dim, int) else list(dim)
+        canon = [canonical_dim(name, input.dim(), d) for d in dims]
+        if _ragged_fft(name, input, canon, None if s is None else list(s)):
+            return _per_sample(name, input, lambda c: fn(c, s, [d - 1 for d in canon], norm))
         vds = [_static_value_dim(name, input, d) for d in dims]
         return wrap_values(_rows(lambda v: fn(v, s, vds, norm), values_of(input), vds), input._partition, input._ragged_dims)
 
@@ -104,6 +165,15 @@ def _view_as_real(input):
     if not isinstance(input, MJT):
         return NotImplemented
     return wrap_values(torch.view_as_real(values_of(input)), input._partition, input._ragged_dims)
+
+
+@register_multi_jagged_func([aten.view_as_real.default, aten.view_as_complex.default], "self: mjt")
+def _complex_views(func, input):
+    """``x.real`` / ``x.imag`` (``view_as_real`` and a select of the new last dim) and their
+    derivatives, on the wrapper: views of the values with one more or one less trailing dim."""
+    if func is aten.view_as_complex.default and (input.dim() - 1 in input._ragged_dims or input.shape[-1] != 2):
+        raise RuntimeError(f"view_as_complex(): Tensor must have a last dimension of size 2, got {describe(input)}")
+    return wrap(func(input._values), input._partition, input._ragged_dims)
 
 
 @route(torch.diag_embed, torch.Tensor.diag_embed)
