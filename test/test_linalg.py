@@ -58,6 +58,7 @@ FUNCTIONS = {  # name: (function on one matrix or a batch of them, kind, has a g
     "cond": (torch.linalg.cond, "gen", True),
     "lu_factor": (lambda a: _tuple(torch.linalg.lu_factor(a)), "gen", False),
     "inv_ex": (lambda a: _tuple(torch.linalg.inv_ex(a)), "gen", False),
+    "lstsq": (lambda a: torch.linalg.lstsq(a, a.sin()).solution, "gen", True),
 }
 
 
@@ -131,6 +132,29 @@ def test_solve_two_operands(lengths, n, seed, vector):
                          rtol=1e-6, atol=1e-8)
     rhs = torch.randn(n, 2, dtype=F64, generator=g)  # a dense right-hand side shared by every matrix
     per_sample_check(torch.linalg.solve, R(a, (1,)), rhs, seed=seed, rtol=1e-6, atol=1e-8)
+
+
+@few(6)
+@given(st.lists(st.integers(0, 3), min_size=1, max_size=3), seeds)
+def test_cross_of_static_vectors(lengths, seed):
+    g = torch.Generator().manual_seed(seed)
+    a = [torch.randn(m, 2, 3, dtype=F64, generator=g) for m in lengths]
+    b = [torch.randn(m, 2, 3, dtype=F64, generator=g) for m in lengths]
+    per_sample_check(lambda x, y: torch.linalg.cross(x, y), R(a, (1,)), R(b, (1,)), share=True, seed=seed)
+    per_sample_check(lambda x, y: torch.linalg.cross(x.transpose(-1, -2), y.transpose(-1, -2), dim=-2),
+                     R(a, (1,)), R(b, (1,)), share=True, seed=seed)
+
+
+def test_lstsq_fields_of_the_default_driver():
+    comps = _ragged_rows([2, 0, 1], 3, "gen", 0)
+    out = torch.linalg.lstsq(mj.as_nested_tensor(comps), mj.as_nested_tensor(comps))
+    for k, f in enumerate(out):
+        refs = [torch.linalg.lstsq(c, c)[k] for c in comps]
+        if isinstance(f, mj.MultiJaggedTensor):
+            for a, r in zip(f.unbind(), refs):
+                torch.testing.assert_close(a, r)
+        else:  # a field the driver leaves empty stays empty, as dense
+            assert f.numel() == 0 and all(r.numel() == 0 for r in refs)
 
 
 def test_empty_batch_of_square_pairs():

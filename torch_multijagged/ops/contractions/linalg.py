@@ -30,7 +30,7 @@ import torch
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...structure import partition_for
-from .._common import MJT, describe, eager_route
+from .._common import MJT, canonical_dim, describe, eager_route, static_dims
 from .._routing import route
 
 __all__: list[str] = []
@@ -47,7 +47,7 @@ _MATRIX_ARGS = {
     torch.linalg.matrix_exp: 1, torch.matrix_exp: 1, torch.linalg.matrix_power: 1, torch.matrix_power: 1,
     torch.linalg.pinv: 1, torch.pinverse: 1, torch.linalg.matrix_norm: 1, torch.linalg.matrix_rank: 1,
     torch.linalg.cond: 1, torch.linalg.lu_factor: 1, torch.linalg.lu: 1,
-    torch.linalg.solve: 2, torch.linalg.solve_ex: 2, torch.cholesky_solve: 2, torch.linalg.solve_triangular: 2,
+    torch.linalg.solve: 2, torch.linalg.solve_ex: 2, torch.linalg.lstsq: 2, torch.cholesky_solve: 2, torch.linalg.solve_triangular: 2,
 }
 # Tensor methods that are the same functions
 _METHODS = {
@@ -94,7 +94,9 @@ def _on_rows(func, x: MJT, matrices, rest, kwargs):
         else:
             args.append(m)
     out = func(*args, *rest, **kwargs)
-    return _pack(out, lambda t: wrap_values(t, x._partition, x._ragged_dims))
+    rows = x._values.shape[0]
+    # an output with a matrix or vector per row; ``lstsq``'s driver-dependent empty fields stay as they are
+    return _pack(out, lambda t: wrap_values(t, x._partition, x._ragged_dims) if t.dim() and t.shape[0] == rows else t)
 
 
 def _on_samples(func, x: MJT, matrices, rest, kwargs):
@@ -162,3 +164,17 @@ for _f in _MATRIX_ARGS:
     route(_f)(_linalg(_f))
 for _m, _f in _METHODS.items():
     route(_m)(_linalg(_f))
+
+
+@route(torch.linalg.cross)
+def _cross(input, other, *, dim=-1, out=None):
+    """``linalg.cross`` along a static dim of size 3: the packed rows' vectors."""
+    if out is not None or not (isinstance(input, MJT) and isinstance(other, MJT)):
+        return NotImplemented
+    if not _structures_match(input, other) or input.shape[1:] != other.shape[1:]:
+        raise StructureError(f"linalg.cross(): operands {describe(input)} and {describe(other)} differ in structure")
+    d = canonical_dim("linalg.cross", input.dim(), dim)
+    if d == 0 or d in input._ragged_dims:
+        raise StructureError(f"linalg.cross(): expected a static dim of {describe(input)}, got dim {dim}")
+    vd = static_dims(input.dim(), input._ragged_dims).index(d) + 1
+    return wrap_values(torch.linalg.cross(values_of(input), values_of(other), dim=vd), input._partition, input._ragged_dims)
