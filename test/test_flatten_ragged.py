@@ -8,6 +8,7 @@ Oracle: dense ``flatten`` / ``unflatten`` of every component.
 from __future__ import annotations
 
 import io
+import math
 import warnings
 
 import pytest
@@ -160,7 +161,7 @@ def test_flatten_errors_name_the_op():
         t.unflatten(2, (3, -1))
     _, seq = _batch([(3, 4), (2, 4)], (1,))
     with pytest.raises(StructureError, match=r"unflatten\(\): expected a static dim, or a ragged dim made by flattening.*got ragged dim 1"):
-        seq.unflatten(1, (seq.shape[1], 1))
+        seq.unflatten(1, (seq.shape[1], seq.shape[1]))
     with pytest.raises(StructureError):
         x.view(2, 4, 7)  # not a merge: the ordinary view error
 
@@ -350,3 +351,85 @@ def test_static_regrouping_beside_ragged_spatial_dims_compiles_fullgraph(grad):
             want = torch.autograd.grad(sum((f_ * c).sum() for f_, c in zip((l.sin() * l for l in leaves), cots)), leaves)
             for a, b in zip(got, want):
                 torch.testing.assert_close(a, b)
+
+
+# ----------------------------------------------------------------------------- a ragged dim with static dims
+@few(10)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=4), st.sampled_from([(2,), (3,), (2, 2)]),
+       st.sampled_from(["seq", "lead", "pair"]), seeds)
+def test_last_ragged_dim_with_static_dims_per_sample(ns, k, kind, seed):
+    """``(B, j0, k…, C).flatten(1, 1 + len(k))`` is each sample's ``flatten``: ``nᵢ·Πk`` rows; the
+    way back (``unflatten`` with ``-1`` or the nested int, a ``view``) restores the nested int.
+    Also with a static dim before the ragged one (a copy) and on a square pair's last dim."""
+    g = torch.Generator().manual_seed(seed)
+    lead = {"seq": (), "lead": (2,), "pair": ()}[kind]
+    ragged_dims = {"seq": (1,), "lead": (2,), "pair": (1, 2)}[kind]
+    comps = [torch.randn(*lead, *((n, n) if kind == "pair" else (n,)), *k, 3, dtype=D, generator=g).requires_grad_()
+             for n in ns]
+    x = mj.as_nested_tensor(comps, ragged_dims=ragged_dims)
+    d = ragged_dims[-1]
+    y = x.flatten(d, d + len(k))
+    assert y.ragged_dims == ragged_dims and (y.shape[d] is not x.shape[d] or not any(ns))  # (0·k = 0: the same sizes)
+    refs = [c.flatten(d - 1, d - 1 + len(k)) for c in comps]
+    for a, r in zip(y.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    for spelled in (x.reshape(*x.shape[:d], -1, 3), x.reshape(*x.shape[:d], x.shape[d] * math.prod(k), 3)):
+        assert spelled.shape[d] is y.shape[d]
+    back = y.unflatten(d, (-1, *k))
+    assert back.shape[d] is x.shape[d]
+    assert y.unflatten(d, (x.shape[d], *k)).shape[d] is x.shape[d]
+    if kind != "lead":
+        assert y.view(*x.shape).shape[d] is x.shape[d]
+    cot = [torch.randn_like(r) for r in refs]
+    got = torch.autograd.grad(sum((a * w).sum() for a, w in zip(back.flatten(d, d + len(k)).unbind(), cot)), comps)
+    want = torch.autograd.grad(sum((r * w).sum() for r, w in zip(refs, cot)), comps)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_split_a_ragged_dim_into_static_parts():
+    _, x = _batch([(4, 3), (2, 3), (0, 3)], (1,))
+    y = x.unflatten(1, (-1, 2))  # a new nested int, each sample's (nᵢ / 2, 2, 3)
+    assert y.ragged_dims == (1,) and y.shape[2] == 2
+    for a, c in zip(y.unbind(), x.unbind()):
+        torch.testing.assert_close(a, c.unflatten(0, (-1, 2)))
+    assert y.flatten(1, 2).shape[1] is x.shape[1]  # and back to the original nested int
+    assert x.view(3, -1, 2, 3).shape[1] is y.shape[1]
+    flat = x.view(3, -1)  # each sample's elements in a row: (B, j) with 3·nᵢ
+    for a, c in zip(flat.unbind(), x.unbind()):
+        torch.testing.assert_close(a, c.reshape(-1))
+    assert x.reshape(3, -1, 3).shape[1] is x.shape[1]  # a -1 that can be the ragged dim is the ragged dim
+    with pytest.raises(RuntimeError, match=r"unflatten\(\): sample 0 of \(2, j\d+, 3\) has 3 elements along ragged dim 1, which is not a multiple of 2"):
+        _batch([(3, 3), (2, 3)], (1,))[1].unflatten(1, (-1, 2))
+    with pytest.raises(StructureError, match=r"unflatten\(\): ragged dim 1 .* splits into"):
+        x.unflatten(1, (x.shape[1], 2))  # the part is another nested int
+
+
+def test_merge_with_a_static_dim_before_the_ragged_one_is_a_copy():
+    _, x = _batch([(2, 3, 2, 4), (2, 1, 2, 4)], (2,))
+    with pytest.raises(RuntimeError, match=r"view\(\): cannot view .* use .reshape"):
+        x.view(2, 2, -1, 4)
+    with pytest.raises(StructureError, match=r"flatten\(\): only static dims or consecutive ragged dims"):
+        x.flatten(1, 2)  # a static dim with the ragged dim after it: rows would reorder
+
+
+def test_sew_upsampling_channels_to_sequence_length():
+    """SEW's upsampling: a projection to ``k·C`` features, ``reshape(B, n, k, C)``, then
+    ``reshape(B, n * k, C)`` with the size computed from the nested int."""
+    comps = [torch.randn(n, 4, dtype=D, requires_grad=True) for n in (3, 0, 2)]
+    w = torch.randn(8, 4, dtype=D, requires_grad=True)
+
+    def up(h):
+        h = F.gelu(F.linear(h, w))
+        b, n, c = h.size()
+        return h.reshape(b, n, 2, c // 2).reshape(b, n * 2, c // 2)
+
+    x = mj.as_nested_tensor(comps)
+    y = up(x)
+    refs = [up(c.unsqueeze(0))[0] for c in comps]
+    for a, r in zip(y.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    got = torch.autograd.grad(sum(a.pow(2).sum() for a in y.unbind()), comps + [w])
+    want = torch.autograd.grad(sum(r.pow(2).sum() for r in refs), comps + [w])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)

@@ -18,12 +18,23 @@ Merging two distinct extents needs the host lengths (the new extent's carriers: 
 sum of squares of ``h_i·w_i``) and makes a new nested int, which a compiled region cannot do: under
 ``torch.compile`` a merge or split of ragged dims is a graph break (with ``fullgraph=True`` an
 error naming the op; NOTE [ Eager-only routes ] in ``_common.py``); flattens and views of static
-dims stay in the graph. Flattening a ragged dim together with a static dim stays an
-error: the rows would be reordered per sample, not relabelled.
+dims stay in the graph.
+
+The last ragged dim merges with the static dims right after it the same way: ``(B, j0, k, C)
+.flatten(1, 2)`` (or ``reshape(B, -1, C)``, or ``reshape(B, src_len * k, C)`` naming the size as
+the nested int times ``k``) is ``(B, j, C)`` with ``nᵢ·k`` per sample, the packed rows read ``k``
+at a time — a view of the values when the static dims come right after the rows, else a copy
+(``reshape``; ``view`` then raises, as dense torch's). Its extent is ``structure.mapped_extent``
+of the ragged one under ``("times", k)``, and remembers it: ``unflatten(1, (-1, k))`` (or the
+view back) restores the original nested int. Splitting any last ragged dim into ``(-1, k…)``
+checks per sample that ``k`` divides the size (dense torch's rule) and makes a new extent.
+Merging a ragged dim with static dims *before* it, or one that is not the last ragged dim, stays
+an error: the rows would be reordered per sample, not regrouped.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Callable, Optional
 
 import torch
@@ -31,8 +42,8 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int, statically_know
 
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...structure import Partition, flat_extent, partition_for
-from .._common import MJT, describe, eager_route, wrap
+from ...structure import Partition, RaggedExtent, flat_extent, mapped_extent, partition_for
+from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _needs_grad, route
 from . import merged, tokens
 from .views import check_view_shape
@@ -110,6 +121,96 @@ def unflatten_ragged(op: str, x: MJT, d: int, sizes) -> MJT:
     return _relabel(x, out, tuple(ragged))
 
 
+# ----------------------------------------------------------------------------- a ragged dim with static dims
+def _times(e: RaggedExtent, k: int) -> RaggedExtent:
+    """The extent of ``e``'s sizes times ``k``; it remembers ``e`` as its ``k``-th part."""
+    out = mapped_extent(e, ("times", k), lambda n: n * k)
+    out.cache.setdefault(("mapped", ("part", k)), e)
+    return out
+
+
+def _part(op: str, x: MJT, d: int, e: RaggedExtent, k: int) -> RaggedExtent:
+    """The extent of ``e``'s sizes divided by ``k`` (the extent that ``e`` was made from by
+    ``_times``, if it was), checking per sample that ``k`` divides the size, as dense torch does."""
+    hit = e.cache.get(("mapped", ("part", k)))
+    if hit is not None:
+        return hit
+    host = e.host_lengths()
+    bad = (host % k).nonzero()
+    if bad.numel():
+        i = int(bad[0, 0])
+        raise RuntimeError(
+            f"{op}(): sample {i} of {describe(x)} has {int(host[i])} elements along ragged dim {d}, which is not a "
+            f"multiple of {k}"
+        )
+    out = mapped_extent(e, ("part", k), lambda n: torch.div(n, k, rounding_mode="floor"))
+    out.cache.setdefault(("mapped", ("times", k)), e)
+    return out
+
+
+def _last_ragged_with_static(x: MJT, start: int, end: int) -> bool:
+    """Whether dims ``start .. end`` are the last ragged dim and static dims after it."""
+    return start == x._ragged_dims[-1] and end > start
+
+
+@eager_route(_WHY)
+def flatten_ragged_static(op: str, x: MJT, start: int, end: int) -> MJT:
+    """``x`` with its last ragged dim ``start`` and the static dims ``start+1 .. end`` after it
+    merged into one ragged dim of ``nᵢ·Π sizes`` (NOTE [ Flattening ragged dims ])."""
+    k = math.prod(x._size[start + 1:end + 1])
+    p = x._partition
+    out = partition_for([*p.extents[:-1], _times(p.extents[-1], k)])
+    v = values_of(x) if _needs_grad(x) else x._values
+    statics = static_dims(x.dim(), x._ragged_dims)
+    merged = [statics.index(d) + 1 for d in range(start + 1, end + 1)]  # their values dims
+    v = v.movedim(merged, list(range(1, len(merged) + 1)))
+    shape = (v.shape[0] * k, *v.shape[len(merged) + 1:])
+    if op == "view":
+        try:
+            new = v.view(shape)
+        except RuntimeError:
+            raise RuntimeError(
+                f"view(): cannot view {describe(x)} with dims {start}..{end} merged: the elements are not stored in "
+                "that order (a static dim before the ragged one); use .reshape(...) instead"
+            ) from None
+    else:
+        new = v.reshape(shape)
+    if not _needs_grad(x):
+        return wrap(new, out, x._ragged_dims)
+    return wrap_values(new, out, x._ragged_dims)
+
+
+@eager_route(_WHY)
+def unflatten_ragged_static(op: str, x: MJT, d: int, sizes) -> MJT:
+    """The last ragged dim ``d`` of ``x`` split into a ragged dim and static dims ``sizes[1:]``
+    (``sizes[0]``: ``-1`` or the nested int of the part); per sample ``unflatten(0, (-1, *sizes[1:]))``."""
+    k = math.prod(sizes[1:])
+    p = x._partition
+    part = _part(op, x, d, p.extents[-1], k)
+    if sizes[0] != -1 and not _same_size(sizes[0], part.nested_int):
+        raise StructureError(
+            f"{op}(): ragged dim {d} of {describe(x)} splits into ({part.nested_int}, {', '.join(map(str, sizes[1:]))}); "
+            f"got {tuple(sizes)}"
+        )
+    out = partition_for([*p.extents[:-1], part])
+    v = values_of(x) if _needs_grad(x) else x._values
+    new = v.view(v.shape[0] // k, *sizes[1:], *v.shape[1:])
+    # the new static dims sit right after the ragged dim: in the values, after the static dims
+    # before it (none when the ragged dims come first)
+    statics = static_dims(x.dim() + len(sizes) - 1, x._ragged_dims)
+    before = len([s_ for s_ in statics if s_ < d])
+    if before:
+        new = new.movedim(list(range(1, len(sizes))), list(range(1 + before, before + len(sizes))))
+    ragged = x._ragged_dims
+    return wrap_values(new, out, ragged) if _needs_grad(x) else wrap(new, out, ragged)
+
+
+def _static_split(x: MJT, d: int, sizes) -> bool:
+    """Whether ``sizes`` splits ragged dim ``d`` into a ragged part and plain static sizes."""
+    return (d == x._ragged_dims[-1] and len(sizes) >= 2 and (sizes[0] == -1 or is_nested_int(sizes[0]))
+            and all(type(s) is int and s > 0 for s in sizes[1:]))
+
+
 # ----------------------------------------------------------------------------- view / reshape
 def _runs(x: MJT) -> list[tuple[int, int]]:
     """Every ``(start, end)`` span of at least two consecutive ragged dims of ``x``."""
@@ -153,7 +254,7 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
             if rest_ok and (target == -1 or is_nested_int(target)):
                 found.append((start, end, target))
         if len(found) != 1:
-            return None
+            return _static_merge_plan(op, x, size)
         start, end, target = found[0]
         if is_nested_int(target):
             if torch.compiler.is_compiling():
@@ -162,7 +263,7 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
             k = x._ragged_dims.index(start)
             sub = x._partition if end - start + 1 == x._partition.nragged else partition_for(x._partition.extents[k:k + end - start + 1])
             if target != flat_extent(sub).nested_int:
-                return None
+                return _static_merge_plan(op, x, size)
         return lambda: flatten_ragged(op, x, start, end)
     if len(size) > n:
         m = len(size) - n + 1  # ragged dim d would split into size[d : d + m]
@@ -185,10 +286,55 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
             if all(s == -1 or (is_nested_int(s) and s == w) for s, w in zip(size[d:d + m], want)):
                 found.append((d, size[d:d + m]))
         if len(found) != 1:
-            return None
+            return _static_split_plan(op, x, size) if not found else None
         d, sizes = found[0]
         return lambda: unflatten_ragged(op, x, d, sizes)
     return None
+
+
+def _ordinary(op: str, x: MJT, size) -> bool:
+    """Whether ``size`` is an ordinary view of ``x`` (its ragged dims kept whole)."""
+    try:
+        check_view_shape(op, x, size)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _static_merge_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
+    """``size`` merges the last ragged dim with the static dims after it: the sizes before and
+    after keep ``x``'s, and the merged size is ``-1``, the merge's own nested int, or the nested int
+    times the static sizes (``src_len * k``)."""
+    d = x._ragged_dims[-1]
+    end = d + x.dim() - len(size)
+    if end <= d or not (_fits(size[:d], x.shape[:d]) and _fits(size[d + 1:], x.shape[end + 1:])):
+        return None
+    target = size[d]
+    k = math.prod(x._size[d + 1:end + 1])
+    if k == 1 or not (target == -1 or is_nested_int(target)) or (target == -1 and _ordinary(op, x, size)):
+        return None  # (dropping size-one dims is a view of the static dims, which traces)
+    if is_nested_int(target):
+        if torch.compiler.is_compiling():
+            return None
+        e = x._partition.extents[-1]
+        if not _same_size(target, e.nested_int * k) and not _same_size(target, _times(e, k).nested_int):
+            return None
+    return lambda: flatten_ragged_static(op, x, d, end)
+
+
+def _static_split_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
+    """``size`` splits the last ragged dim into a ragged part (``-1`` or its nested int) and
+    static sizes, keeping every other size."""
+    d = x._ragged_dims[-1]
+    m = len(size) - x.dim() + 1
+    sizes = size[d:d + m]
+    if not (_fits(size[:d], x.shape[:d]) and _fits(size[d + m:], x.shape[d + 1:]) and _static_split(x, d, sizes)):
+        return None
+    if sizes[0] == -1 and _ordinary(op, x, size):
+        return None  # the -1 can be the ragged dim itself, with the static dims regrouped: that reading wins
+    if torch.compiler.is_compiling():
+        return None
+    return lambda: unflatten_ragged_static(op, x, d, sizes)
 
 
 @eager_route(_WHY)

@@ -80,6 +80,8 @@ def _flatten(input, start_dim=0, end_dim=-1):
         return tokens.flatten_batch("flatten", input, (-1, *input._size[end + 1:]))
     if start == 0 and input._ragged_dims and end < min(input._ragged_dims):  # NOTE [ Batch-merged tokens ]
         return merged.flatten_merge(input, end)
+    if start > 0 and ragged_flatten._last_ragged_with_static(input, start, end):  # NOTE [ Flattening ragged dims ]
+        return ragged_flatten.flatten_ragged_static("flatten", input, start, end)
     if start > 0 and all(d in input._ragged_dims for d in range(start, end + 1)):
         return ragged_flatten.flatten_ragged("flatten", input, start, end)  # NOTE [ Flattening ragged dims ]
     if start == 0 or any(start <= d <= end for d in input._ragged_dims):
@@ -108,7 +110,10 @@ def _unflatten(input, dim, sizes):
     if not isinstance(input, MJT):
         return NotImplemented
     if isinstance(dim, int) and canonical_dim("unflatten", input.dim(), dim) in input._ragged_dims:
-        return ragged_flatten.unflatten_ragged("unflatten", input, canonical_dim("unflatten", input.dim(), dim), sizes)
+        d = canonical_dim("unflatten", input.dim(), dim)
+        if ragged_flatten._static_split(input, d, tuple(sizes)):  # a ragged part and static sizes
+            return ragged_flatten.unflatten_ragged_static("unflatten", input, d, tuple(sizes))
+        return ragged_flatten.unflatten_ragged("unflatten", input, d, sizes)
     d = _static_dim("unflatten", input, dim)
     new = _unflat_sizes(int(input.shape[d]), sizes)
     if new is None:  # dense torch's own checks and -1 inference (its errors name the dim the user gave)
