@@ -114,8 +114,7 @@ class BatchMoved(torch.Tensor):
             out = _forward(func, args, kwargs)
             if out is not NotImplemented:
                 return out
-        name = getattr(func, "__name__", "")
-        if name == "__get__" or func in _METADATA or name.startswith(("is_", "_is_")):
+        if is_metadata(func):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         perm = self._perm if isinstance(self, BatchMoved) else None
@@ -128,10 +127,21 @@ class BatchMoved(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        meta = _DISPATCH_METADATA.get(func)
-        if meta is not None:
-            return meta(args[0])
-        raise NotImplementedError(f"{func}: a batch-moved multi_jagged token has no data of its own (see BatchMoved)")
+        return token_dispatch(func, args, "batch-moved", "BatchMoved")
+
+
+def is_metadata(func) -> bool:
+    """A metadata query or attribute read a token answers itself (``dim``, ``size``, ``x.dtype``)."""
+    name = getattr(func, "__name__", "")
+    return name == "__get__" or func in _METADATA or name.startswith(("is_", "_is_"))
+
+
+def token_dispatch(func, args, kind: str, cls_name: str):
+    """A token's ``__torch_dispatch__``: metadata from its stored sizes; it has no data."""
+    meta = _DISPATCH_METADATA.get(func)
+    if meta is not None:
+        return meta(args[0])
+    raise NotImplementedError(f"{func}: a {kind} multi_jagged token has no data of its own (see {cls_name})")
 
 
 def _unbind(t: BatchMoved, dim=0):

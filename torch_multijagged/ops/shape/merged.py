@@ -40,7 +40,7 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int
 
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, canonical_dims, describe
-from .leading import _DIM, _DISPATCH_METADATA, _ELEMENTWISE, _LAST, _METADATA, _REDUCE
+from .leading import _DIM, _ELEMENTWISE, _LAST, _REDUCE, is_metadata, token_dispatch
 
 __all__ = ["BatchMerged", "merge_request", "merge_batch"]
 
@@ -171,12 +171,11 @@ class BatchMerged(torch.Tensor):
             out = _forward(func, kind, args, kwargs)
             if out is not NotImplemented:
                 return out
-        name = getattr(func, "__name__", "")
-        if name == "__get__" or func in _METADATA or name.startswith(("is_", "_is_")):
+        if is_metadata(func):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
         raise NotImplementedError(
-            f"{name or func}(): a multi_jagged tensor whose batch dim is merged with a static dim (a (B·H, …) view of "
+            f"{getattr(func, '__name__', func)}(): a multi_jagged tensor whose batch dim is merged with a static dim (a (B·H, …) view of "
             "(B, H, …)) supports bmm / matmul / baddbmm, views back to (B, H, …), transposes of the other dims, "
             "elementwise ops, softmax and reductions over the other dims; view it back to (B, H, …) first for other "
             "ops (layout torch.multi_jagged)"
@@ -184,10 +183,7 @@ class BatchMerged(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
-        meta = _DISPATCH_METADATA.get(func)
-        if meta is not None:
-            return meta(args[0])
-        raise NotImplementedError(f"{func}: a batch-merged multi_jagged token has no data of its own (see BatchMerged)")
+        return token_dispatch(func, args, "batch-merged", "BatchMerged")
 
 
 def _along_merged(op: str, t: BatchMerged) -> NotImplementedError:
