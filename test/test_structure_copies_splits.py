@@ -403,8 +403,9 @@ def test_reshape_family_errors_name_the_op():
         torch.reshape(x, (-1, 4))  # flattening the batch dim (test_flatten_batch.py), rows across samples
     with pytest.raises(ValueError, match=r"^view\(\)"):
         x.view(x.shape[0], x.shape[1], 4)
+    lead = mj.nested_tensor(comps_for([(2, 2, 6), (2, 0, 6)], 0), ragged_dims=(2,))
     with pytest.raises(ValueError, match=r"^flatten\(\).*static dims"):
-        x.flatten(1, 2)
+        lead.flatten(1, 2)  # a static dim into the ragged one after it
     with pytest.raises(ValueError, match=r"^unflatten\(\).*static dim"):
         x.unflatten(1, (1, -1))  # the ragged dim (was an internal AttributeError)
     with pytest.raises(ValueError, match=r"^unflatten\(\).*static dim"):
