@@ -166,7 +166,7 @@ def _conv2d(name):
 @spec("conv3d", "conv_transpose3d")
 def _conv3d(name):
     f = getattr(F, name)
-    w = dense(1, 2, 3, 3, 3, seed=1)
+    w = dense(2, 1, 3, 3, 3, seed=1) if name == "conv3d" else dense(1, 2, 3, 3, 3, seed=1)  # (out, in) / (in, out)
     return [Case(lambda a, w: f(a, w, padding=1), (vol(), w), ref=batched(lambda a, w: f(a, w, padding=1)))]
 
 

@@ -607,3 +607,45 @@ def test_max_unpool_to_the_pooled_tensors_own_sizes():
     other = mj.as_nested_tensor(_images([(2, 2), (2, 2), (2, 2)], c=3), ragged_dims=(2, 3))
     with pytest.raises(ValueError, match="default ± stride"):
         F.max_unpool2d(y, idx, 2, output_size=other.shape)
+
+
+# ----------------------------------------------------------------------------- volumes
+SIZES3 = [(3, 4, 5), (2, 2, 2), (0, 2, 3), (4, 3, 3)]
+VOLUME_OPS = {
+    "conv3d pad 1": lambda w: (lambda t: F.conv3d(t, w, padding=1)),
+    "conv3d same dilated": lambda w: (lambda t: F.conv3d(t, w, padding="same", dilation=(2, 1, 1))),
+    "conv3d strided groups": lambda w: (lambda t: F.conv3d(t, w[:, :2, :2, :2, :2], stride=(1, 2, 1), groups=2)),
+    "conv_transpose3d": lambda w: (lambda t: F.conv_transpose3d(t, w.transpose(0, 1)[:, :3], stride=(2, 1, 2), padding=1,
+                                                                output_padding=(1, 0, 0))),
+    "max_pool3d": lambda w: (lambda t: F.max_pool3d(t, 2, 1, ceil_mode=True)),
+    "max_pool3d indices": lambda w: (lambda t: F.max_pool3d(t, (1, 2, 2), return_indices=True)[1].to(t.dtype)),
+    "avg_pool3d": lambda w: (lambda t: F.avg_pool3d(t, 2, 1, padding=1, count_include_pad=False)),
+    "avg_pool3d divisor": lambda w: (lambda t: F.avg_pool3d(t, (1, 2, 2), divisor_override=3)),
+    "lp_pool3d": lambda w: (lambda t: F.lp_pool3d(t, 2, (1, 2, 2))),
+}
+
+
+@pytest.mark.parametrize("name", sorted(VOLUME_OPS))
+def test_volumes_per_sample_with_gradients(name):
+    """Ragged volumes ``(B, C, j0, j1, j2)``: each op volume by volume, equal to the dense op on
+    each sample, gradients of the input and the weight, an empty volume giving an empty output."""
+    w = torch.randn(4, 4, 3, 3, 3, dtype=F64, generator=torch.Generator().manual_seed(5)).requires_grad_()
+    fn = VOLUME_OPS[name](w)
+    params = (w,) if name.startswith("conv") else ()
+    _check(fn, fn, _images(SIZES3), params, grads="indices" not in name)
+
+
+def test_volumes_share_extents_by_rule_and_adaptive_pools():
+    x = _batch(_images(SIZES3))
+    w = torch.randn(4, 4, 2, 2, 2, dtype=F64)
+    a, b = F.conv3d(x, w), F.max_pool3d(x, 2, 1)  # one window rule on every axis: one nested int per axis
+    assert all(a.shape[d] is b.shape[d] for d in (2, 3, 4))
+    assert F.conv3d(x, torch.ones(4, 4, 3, 3, 3, dtype=F64), padding=1).shape[2:] == x.shape[2:]  # sizes kept: the same nested ints
+    for fn in (lambda t: F.adaptive_avg_pool3d(t, (2, 1, 2)), lambda t: F.adaptive_max_pool3d(t, 2),
+               lambda t: F.adaptive_avg_pool3d(t, 1)):
+        out = fn(x)
+        for i, c in enumerate(x.unbind()):
+            if c.numel():
+                torch.testing.assert_close(out[i], fn(c.unsqueeze(0))[0])
+    with pytest.raises(ValueError, match="sample 1"):
+        F.max_pool3d(x, 3)  # a 2×2×2 volume has no 3×3×3 window, as dense torch refuses it

@@ -8,6 +8,9 @@ them; any spatial dim may also be static, e.g. ``(B, C, 32, j0)`` for text lines
 canvas that holds every image (NOTE [ Canvas ] in ``kernels/canvas.py``), except 2-d convolutions
 of large images with enough input channels, which run image by image on views of the packed rows
 (NOTE [ Convolutions image by image ] in ``kernels/per_image.py``), where that measured faster.
+Volumes ``(B, C, j0, j1, j2)``: ``conv3d``, ``conv_transpose3d``, ``max_pool3d`` (``return_indices``
+too), ``avg_pool3d`` run volume by volume (one dense call each on a view of its voxel rows; a 3-d
+canvas would be mostly gutter), the outputs packed back as voxel rows.
 
 Extents. An op whose window keeps a size (stride-1 ``"same"`` convs) keeps that dim's nested int;
 one that changes sizes gives the dim a new extent, ``structure.mapped_extent`` keyed by the size
@@ -229,8 +232,8 @@ def _run(op: str, x: MJT, windows, nspatial: int, fill: float, dense, rows_op=No
 # ----------------------------------------------------------------------------- convolutions
 
 
-_CONV = {1: F.conv1d, 2: F.conv2d}
-_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d}
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
 
 
 def _traced_conv(op, nspatial, input, weight, bias=None, stride=1, padding=0, dilation=1, groups=1) -> bool:
@@ -273,6 +276,9 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
     windows = tuple(cv.Window(kk, ss, pl, pr, dd) for kk, ss, (pl, pr), dd in zip(k, s, pads, d))
     if torch.compiler.is_compiling() and _canonical(input, nspatial) and csp.keeps_sizes(k, s, pads, d):
         return mj.spatial_conv(input, weight, bias, [a for pr in pads for a in pr], list(d), groups)
+    if nspatial == 3:
+        return _per_volume(op, input, windows, weight.shape[0],
+                           lambda v: F.conv3d(F.pad(v, [a for pr in reversed(pads) for a in pr]), weight, bias, s, 0, d, groups))
     fn = _CONV[nspatial]
     pad_canvas = tuple(pl for pl, _ in pads)
     if nspatial == 2 and _canonical(input, 2) and all(pl == pr for pl, pr in pads):
@@ -303,6 +309,37 @@ def _conv_per_image(op: str, x: MJT, sizes, windows, weight, bias, stride, paddi
     return pieces.from_pieces(outs, part, x._ragged_dims, weight.shape[0], live[0].dtype, live[0].device)
 
 
+def _per_volume(op: str, x: MJT, windows, channels: int, fn, indices: bool = False):
+    """``fn`` on each volume ``(1, C, d, h, w)`` (a view of its voxel rows), the outputs packed
+    back as voxel rows; an empty volume (or one whose output is empty) has no output voxel. With
+    ``indices``, ``fn`` returns ``(out, flat index within the volume)``, packed alike."""
+    sizes = _sizes(x, 3)
+    out_sizes = cv.output_sizes(op, sizes, windows)  # raises where dense torch does, naming the sample
+    grad = _needs_grad(x)
+    v = values_of(x) if grad else x._values
+    rows = _pixel_rows(x, v, 3, sizes)
+    c = rows.shape[1]
+    outs, idxs = [], []
+    # SYNC: none — host sizes (the extents' host lengths)
+    for r, (dd, hh, ww), n_out in zip(rows.split(sizes.prod(1).tolist()), sizes.tolist(), out_sizes.prod(1).tolist()):
+        if r.shape[0] == 0 or n_out == 0:
+            continue
+        out = fn(r.view(1, dd, hh, ww, c).permute(0, 4, 1, 2, 3))
+        if indices:
+            out, idx = out
+            idxs.append(idx[0].permute(1, 2, 3, 0).reshape(-1, c))
+        outs.append(out[0].permute(1, 2, 3, 0).reshape(-1, out.shape[1]))
+    if outs:
+        res = torch.cat(outs)
+    else:  # no output voxel: still on the input's graph
+        res = rows.new_zeros(0, channels) + (rows.sum() * 0 if grad else 0)
+    out = _wrap_pixels(x, res, out_sizes, windows, 3, grad or res.requires_grad)
+    if not indices:
+        return out
+    idx = torch.cat(idxs) if idxs else torch.zeros(0, c, dtype=torch.int64, device=rows.device)
+    return out, _wrap_pixels(x, idx, out_sizes, windows, 3, False)
+
+
 @eager_route(_WHY)
 def conv_transpose(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, padding=0, output_padding=0,
                    groups=1, dilation=1):
@@ -323,6 +360,9 @@ def conv_transpose(op: str, nspatial: int, input: MJT, weight, bias=None, stride
         if op_[a] >= s[a] and op_[a] >= d[a]:
             raise ValueError(f"{op}(): output padding must be smaller than either stride or dilation, got {op_}")
     windows = tuple(cv.Window(k[a], s[a], p[a], p[a], d[a], transposed=True, output_padding=op_[a]) for a in range(nspatial))
+    if nspatial == 3:
+        return _per_volume(op, input, windows, weight.shape[1] * groups,
+                           lambda v: F.conv_transpose3d(v, weight, bias, s, p, op_, groups, d))
     fn = _CONV_T[nspatial]
     out, *_ = _run(op, input, windows, nspatial, 0.0, lambda canvas, plan: fn(canvas, weight, bias, s, 0, 0, groups, d))
     return out
@@ -349,6 +389,13 @@ def pool(op: str, nspatial: int, input: MJT, kernel_size, stride=None, padding=0
             raise ValueError(f"{op}(): kernel_size, stride and dilation must be positive, got {k}, {s}, {d}")
     windows = tuple(cv.Window(k[a], s[a], p[a], p[a], d[a], ceil_mode=bool(ceil_mode)) for a in range(nspatial))
     is_max = op.startswith("max")
+    if nspatial == 3:
+        c = input._size[1]
+        if is_max:
+            return _per_volume(op, input, windows, c, lambda v: F.max_pool3d(v, k, s, p, d, bool(ceil_mode), return_indices),
+                               indices=return_indices)
+        return _per_volume(op, input, windows, c,
+                           lambda v: F.avg_pool3d(v, k, s, p, bool(ceil_mode), count_include_pad, divisor_override))
     if nspatial == 2 and not return_indices and pieces.holds_pieces(input):
         # images held one by one (NOTE [ Per-image pieces ]): the dense pool on each, as the loop
         if is_max:
@@ -468,7 +515,7 @@ def _conv_t_route(n: int):
     return routed
 
 
-for _n in (1, 2):
+for _n in (1, 2, 3):
     route(_CONV_T[_n])(_conv_t_route(_n))
 
 
@@ -486,6 +533,27 @@ def _max_pool2d_with_indices(input, kernel_size, stride=None, padding=0, dilatio
     return pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode, True)
 
 
+@route(F.max_pool3d, torch.max_pool3d)
+def _max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+    if not is_ragged_spatial(input, 3):
+        return NotImplemented
+    return pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+
+
+@route(F.max_pool3d_with_indices)
+def _max_pool3d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=True):
+    if not is_ragged_spatial(input, 3):
+        return NotImplemented
+    return pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode, True)
+
+
+@route(F.avg_pool3d)
+def _avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+    if not is_ragged_spatial(input, 3):
+        return NotImplemented
+    return pool("avg_pool3d", 3, input, kernel_size, stride, padding, 1, ceil_mode, False, count_include_pad, divisor_override)
+
+
 @route(F.avg_pool2d)
 def _avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
     if not is_ragged_spatial(input, 2):
@@ -501,14 +569,14 @@ def _conv_route(fn, nspatial: int):
         1 ragged; aten's conv asks for concrete sizes, which a ragged dim has not."""
         if not isinstance(input, MJT) or isinstance(weight, MJT) or isinstance(bias, MJT):
             return NotImplemented
-        if nspatial < 3 and len(input._size) == nspatial + 2 and (input._ragged_dims == (1,) or max(input._ragged_dims) >= 2):
+        if len(input._size) == nspatial + 2 and (input._ragged_dims == (1,) or max(input._ragged_dims) >= 2):
             # ragged spatial dims: one dense conv over a canvas of the images
             return conv(name, nspatial, input, weight, bias, *args, **kwargs)
         if input._ragged_dims != (1,) or len(input._size) != nspatial + 3:
             raise StructureError(
                 f"{name}(): expected components (n, C, {', '.join('L' * nspatial)}) with only dim 1 ragged "
                 f"(the conv's batch), got {describe(input)} with ragged dims {input._ragged_dims} for "
-                "layout torch.multi_jagged; conv1d and conv2d also take ragged spatial dims (B, C, j0[, j1])"
+                "layout torch.multi_jagged; conv1d / conv2d / conv3d also take ragged spatial dims (B, C, j0[, j1[, j2]])"
             )
         return bridged.conv(fn, input, weight, bias, *args, **kwargs)
 

@@ -411,7 +411,7 @@ def _pool_kind(op: str, x: MJT, nsp: int) -> str:
     if not any(d in spatial for d in x._ragged_dims) and x._values.dim() in (nsp + 1, nsp + 2):
         return "rows"
     raise NotImplementedError(
-        f"{op}(): expected channels-first components (C, {', '.join('HW'[2 - nsp:])}) whose ragged dims are "
+        f"{op}(): expected channels-first components (C, {', '.join('DHW'[3 - nsp:])}) whose ragged dims are "
         f"spatial, or static spatial dims, got {describe(x)} with ragged dims {x._ragged_dims} for layout "
         "torch.multi_jagged"
     )
@@ -477,6 +477,9 @@ def _adaptive_max_route(fn, nsp: int, always_indices: bool):
 route(F.adaptive_avg_pool2d)(_adaptive_avg_route(torch._C._nn.adaptive_avg_pool2d, 2))
 route(F.adaptive_max_pool2d, F._adaptive_max_pool2d)(_adaptive_max_route(torch._C._nn.adaptive_max_pool2d, 2, False))
 route(F.adaptive_max_pool2d_with_indices)(_adaptive_max_route(torch._C._nn.adaptive_max_pool2d, 2, True))
+route(F.adaptive_avg_pool3d)(_adaptive_avg_route(torch._C._nn.adaptive_avg_pool3d, 3))
+route(F.adaptive_max_pool3d, F._adaptive_max_pool3d)(_adaptive_max_route(torch._C._nn.adaptive_max_pool3d, 3, False))
+route(F.adaptive_max_pool3d_with_indices)(_adaptive_max_route(torch._C._nn.adaptive_max_pool3d, 3, True))
 
 
 @route(F.group_norm)
@@ -500,17 +503,18 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
 # Python composites of ``torch.nn.functional`` that a multi_jagged input would run with its
 # routes switched off (the composite is itself a torch function): written again here, dense
 # torch's formula over the routed ops.
-@route(F.lp_pool1d, F.lp_pool2d)
+@route(F.lp_pool1d, F.lp_pool2d, F.lp_pool3d)
 def _lp_pool(input, norm_type, kernel_size, stride=None, ceil_mode=False):
-    if not isinstance(input, MJT) or input.dim() not in (3, 4):
+    if not isinstance(input, MJT) or input.dim() not in (3, 4, 5):
         return NotImplemented
     if input.dim() == 3:
         window = kernel_size if isinstance(kernel_size, int) else kernel_size[0]
         out = F.avg_pool1d(input.pow(norm_type), kernel_size, stride, 0, ceil_mode)
     else:
-        kw, kh = (kernel_size, kernel_size) if isinstance(kernel_size, int) else kernel_size
-        window = kw * kh
-        out = F.avg_pool2d(input.pow(norm_type), kernel_size, stride, 0, ceil_mode)
+        nsp = input.dim() - 2
+        window = kernel_size ** nsp if isinstance(kernel_size, int) else math.prod(kernel_size)
+        avg = F.avg_pool2d if nsp == 2 else F.avg_pool3d
+        out = avg(input.pow(norm_type), kernel_size, stride, 0, ceil_mode)
     return (torch.sign(out) * F.relu(torch.abs(out))).mul(window).pow(1.0 / norm_type)
 
 
