@@ -649,3 +649,10 @@ def test_volumes_share_extents_by_rule_and_adaptive_pools():
                 torch.testing.assert_close(out[i], fn(c.unsqueeze(0))[0])
     with pytest.raises(ValueError, match="sample 1"):
         F.max_pool3d(x, 3)  # a 2×2×2 volume has no 3×3×3 window, as dense torch refuses it
+    pooled, idx = F.max_pool3d(x, 2, return_indices=True)
+    big = F.max_unpool3d(pooled, idx, 2, output_size=x.shape)  # each volume back at its own size
+    assert all(big.shape[d] is x.shape[d] for d in (2, 3, 4))
+    for i, c in enumerate(x.unbind()):
+        if c.numel():
+            p, j = F.max_pool3d(c.unsqueeze(0), 2, return_indices=True)
+            torch.testing.assert_close(big.unbind()[i], F.max_unpool3d(p, j, 2, output_size=c.shape[1:])[0])

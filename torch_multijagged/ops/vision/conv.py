@@ -589,7 +589,7 @@ for _fn, _n in ((F.conv1d, 1), (F.conv2d, 2), (F.conv3d, 3)):
 
 # ----------------------------------------------------------------------------- unpooling
 def _unpool(op: str, nspatial: int, input, indices, kernel_size, stride=None, padding=0, output_size=None):
-    """``max_unpool1d/2d``: each image's pooled values written back at the flat positions its
+    """``max_unpool1d/2d/3d``: each image's pooled values written back at the flat positions its
     ``max_pool(…, return_indices=True)`` found, on a plane of dense torch's default size
     ``(n − 1)·s − 2p + k`` per side (a new extent per side, shared by every unpool of the same
     rule); zeros elsewhere. A scatter of the pixel rows, differentiable."""
@@ -647,6 +647,11 @@ def _unpool_rows(op: str, input: MJT, indices: MJT, k, s, p, output_size=None) -
 @route(F.max_unpool2d)
 def _max_unpool2d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
     return _unpool("max_unpool2d", 2, input, indices, kernel_size, stride, padding, output_size)
+
+
+@route(F.max_unpool3d)
+def _max_unpool3d(input, indices, kernel_size, stride=None, padding=0, output_size=None):
+    return _unpool("max_unpool3d", 3, input, indices, kernel_size, stride, padding, output_size)
 
 
 @route(F.max_unpool1d)
