@@ -99,7 +99,7 @@ def test_quantile_does_not_leak_between_samples():
     assert bit_equal(a[0], b[0]) and bit_equal(a[2], b[2]) and not torch.equal(a[1], b[1])
 
 
-def test_mode_along_static_dims_and_ragged_dim_refused():
+def test_mode_along_static_dims_and_along_a_ragged_dim_per_sample():
     comps = [torch.tensor([[1, 2, 2], [3, 3, 1]]), torch.tensor([[5, 5, 4]])]
     x = torch.nested.nested_tensor(comps, layout=mj.multi_jagged)
     v, i = torch.mode(x, -1)
@@ -108,5 +108,26 @@ def test_mode_along_static_dims_and_ragged_dim_refused():
         assert torch.equal(a, r.values) and torch.equal(b, r.indices)
     v, _ = x.mode(2, keepdim=True)
     assert v.shape[:2] == x.shape[:2] and v.shape[2] == 1
-    with pytest.raises(NotImplementedError, match="ragged dim"):
-        torch.mode(x, 1)
+
+
+@few(8)
+@given(st.lists(st.integers(1, 6), min_size=1, max_size=4), st.booleans(), st.booleans(), seeds)
+def test_mode_along_a_ragged_dim_is_the_dense_kernel_per_sample(ns, pair, keepdim, seed):
+    # ties are common (values in 0..2): the index is dense torch's kernel's, whatever it picks
+    g = torch.Generator().manual_seed(seed)
+    comps = [torch.randint(0, 3, (n, n, 2) if pair else (n, 2), generator=g).double().requires_grad_() for n in ns]
+    x = mj.as_nested_tensor(comps, ragged_dims=(1, 2) if pair else (1,))
+    d = 2 if pair else 1
+    v, i = torch.mode(x, d, keepdim=keepdim)
+    refs = [torch.mode(c, d - 1, keepdim=keepdim) for c in comps]
+    got = zip(v.unbind(), i.unbind()) if pair else zip(v, i)  # one ragged dim left, or a dense (B, …)
+    for (a, b), r in zip(got, refs):
+        assert torch.equal(a, r.values) and torch.equal(b, r.indices)
+    w = [torch.randn(r.values.shape, generator=g, dtype=torch.float64) for r in refs]
+    vals = v.unbind() if pair else list(v)
+    g1 = torch.autograd.grad(sum((a * t).sum() for a, t in zip(vals, w)), comps)
+    g2 = torch.autograd.grad(sum((r.values * t).sum() for r, t in zip(refs, w)), comps)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(IndexError, match="sample 1"):
+        torch.mode(mj.as_nested_tensor([torch.ones(2, 3), torch.ones(0, 3)]), 1)  # as dense torch refuses it

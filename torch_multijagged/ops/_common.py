@@ -55,6 +55,13 @@ def wrap(values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...
     return MultiJaggedTensor(values, partition, ragged_dims)
 
 
+def component_rows(c: torch.Tensor, ragged: list[int]) -> torch.Tensor:
+    """A sample's tensor (no batch dim) as packed rows: its ragged dims ``ragged`` (its own dims)
+    first, row-major, then its static dims in order — how the values of a batch hold it."""
+    order = list(ragged) + [d for d in range(c.dim()) if d not in ragged]
+    return c.permute(order).reshape(-1, *[c.shape[d] for d in order[len(ragged):]])
+
+
 def same_partition(a: Partition, b: Partition) -> bool:
     return a.same_as(b)
 

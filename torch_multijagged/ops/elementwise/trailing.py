@@ -25,7 +25,7 @@ import torch
 
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from .._common import MJT, canonical_dim, describe, static_dims
+from .._common import MJT, canonical_dim, component_rows, describe, static_dims
 from .._routing import route
 from .._table import register_multi_jagged_func
 from .._common import wrap
@@ -91,20 +91,18 @@ def _per_sample(name: str, x: MJT, call) -> MJT:
     structure: the dims ``call`` transforms may change static sizes only. Differentiable."""
     comps = x.unbind()
     rag = [d - 1 for d in x._ragged_dims]
-    order = rag + [d for d in range(x.dim() - 1) if d not in rag]
     rows = []
     for i, c in enumerate(comps):
         try:
             o = call(c)
         except RuntimeError as err:
             raise RuntimeError(f"{name}(): sample {i} of {describe(x)} (size {tuple(c.shape)}): {err}") from None
-        rows.append(o.permute(order).reshape(-1, *[o.shape[d] for d in order[len(rag):]]))
+        rows.append(component_rows(o, rag))
     if not rows:  # B = 0: the static sizes from a sample of length one
         ones = torch.ones([1 if d in rag else n for d, n in enumerate(x.shape[1:])], dtype=x.dtype, device=x.device)
-        o = call(ones)
         v = values_of(x)
         anchor = (v.real if v.is_complex() else v).sum() * 0
-        rows.append(o.permute(order).reshape(1, *[o.shape[d] for d in order[len(rag):]])[:0] + anchor)
+        rows.append(component_rows(call(ones), rag)[:0] + anchor)
     return wrap_values(torch.cat(rows), x._partition, x._ragged_dims)
 
 

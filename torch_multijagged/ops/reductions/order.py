@@ -31,7 +31,8 @@ import torch
 
 from ...bridge import values_of, wrap_values
 from ...kernels.along import packed_rows, segment_order
-from .._common import MJT, canonical_dim, describe, static_dims, wrap
+from .._common import MJT, canonical_dim, component_rows, describe, static_dims, wrap
+from ...structure import partition_for
 from .._routing import route
 from ..indexing.along import check_samples, eager, eager_or_traced, ragged_dim, take_static
 
@@ -373,14 +374,39 @@ def _quantile_route(name: str, ignore_nan: bool):
 
 @route(torch.mode, torch.Tensor.mode)
 def _mode(input, dim=-1, keepdim=False, *, out=None):
-    """Along a static dim, the dense op on the values; along a ragged dim dense torch leaves the
-    index of a tied mode unspecified, so it raises."""
+    """Along a static dim, the dense op on the values. Along a ragged dim dense torch leaves the
+    index of a tied mode to its kernel, so the dense op runs on each sample (its kernel's index,
+    whatever it picks); eager only."""
     if not isinstance(input, MJT) or out is not None:
         return NotImplemented
     d, hit = _dim("mode", input, dim)
     if hit is not None:
-        raise NotImplementedError(f"mode(): along ragged dim {d} of {describe(input)} for layout torch.multi_jagged (along static dims it is)")
+        return rt.mode(_mode_per_sample(input, d, bool(keepdim)))
     return rt.mode(_static("mode", input, d, lambda v, vd: torch.mode(v, vd, keepdim), not keepdim))
+
+
+@eager
+def _mode_per_sample(x: MJT, d: int, keepdim: bool):
+    outs = []
+    for i, c in enumerate(x.unbind()):
+        if c.shape[d - 1] == 0:
+            raise IndexError(f"mode(): Expected reduction dim {d} to have non-zero size in sample {i} of {describe(x)}")
+        outs.append(torch.mode(c, d - 1, keepdim))
+    rest = [r for r in x._ragged_dims if r != d]
+    if not rest:  # the dim was the only ragged one: one mode per sample, a dense (B, …)
+        if not outs:
+            shape = [0] + [1 if k == d and keepdim else n for k, n in enumerate(x.shape) if k and (k != d or keepdim)]
+            return values_of(x).new_zeros(shape), torch.zeros(shape, dtype=torch.int64, device=x.device)
+        return torch.stack([o.values for o in outs]), torch.stack([o.indices for o in outs])
+    p = x._partition
+    part = partition_for([p.extents[x._ragged_dims.index(r)] for r in rest])
+    ragged = tuple(r if keepdim or r < d else r - 1 for r in rest)
+    rag = [r - 1 for r in ragged]
+    if not outs:
+        raise NotImplementedError(f"mode(): along ragged dim {d} of an empty batch {describe(x)}")
+    v = torch.cat([component_rows(o.values, rag) for o in outs])
+    i = torch.cat([component_rows(o.indices, rag) for o in outs])
+    return wrap_values(v, part, ragged), wrap(i, part, ragged)
 
 
 route(torch.quantile, torch.Tensor.quantile)(_quantile_route("quantile", False))
