@@ -59,6 +59,9 @@ FUNCTIONS = {  # name: (function on one matrix or a batch of them, kind, has a g
     "lu_factor": (lambda a: _tuple(torch.linalg.lu_factor(a)), "gen", False),
     "inv_ex": (lambda a: _tuple(torch.linalg.inv_ex(a)), "gen", False),
     "lstsq": (lambda a: torch.linalg.lstsq(a, a.sin()).solution, "gen", True),
+    "aten _linalg_eigh": (lambda a: tuple(torch.ops.aten._linalg_eigh.default(a)), "sym", True),
+    "aten _linalg_svd": (lambda a: tuple(torch.ops.aten._linalg_svd.default(a)), "sym", True),
+    "aten _linalg_solve_ex": (lambda a: torch.ops.aten._linalg_solve_ex.default(a, a.cos())[0], "gen", True),
 }
 
 
@@ -143,6 +146,14 @@ def test_cross_of_static_vectors(lengths, seed):
     per_sample_check(lambda x, y: torch.linalg.cross(x, y), R(a, (1,)), R(b, (1,)), share=True, seed=seed)
     per_sample_check(lambda x, y: torch.linalg.cross(x.transpose(-1, -2), y.transpose(-1, -2), dim=-2),
                      R(a, (1,)), R(b, (1,)), share=True, seed=seed)
+
+
+def test_linalg_check_errors_on_the_packed_infos():
+    ok = mj.as_nested_tensor([torch.zeros(2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32)])
+    assert torch.ops.aten._linalg_check_errors.default(ok, "linalg.inv", is_matrix=False) is None
+    bad = mj.as_nested_tensor([torch.zeros(2, dtype=torch.int32), torch.tensor([0, 3], dtype=torch.int32)])
+    with pytest.raises(RuntimeError, match="linalg.inv"):
+        torch.ops.aten._linalg_check_errors.default(bad, "linalg.inv", is_matrix=False)
 
 
 def test_lstsq_fields_of_the_default_driver():

@@ -35,6 +35,8 @@ from .._routing import route
 
 __all__: list[str] = []
 
+aten = torch.ops.aten
+
 _WHY = "{op}(): linear algebra of a multi_jagged tensor runs eagerly (on the packed values, or per sample)"
 
 # function → how many of its leading positional arguments are matrices (the rest pass through)
@@ -47,7 +49,9 @@ _MATRIX_ARGS = {
     torch.linalg.matrix_exp: 1, torch.matrix_exp: 1, torch.linalg.matrix_power: 1, torch.matrix_power: 1,
     torch.linalg.pinv: 1, torch.pinverse: 1, torch.linalg.matrix_norm: 1, torch.linalg.matrix_rank: 1,
     torch.linalg.cond: 1, torch.linalg.lu_factor: 1, torch.linalg.lu: 1,
-    torch.linalg.solve: 2, torch.linalg.solve_ex: 2, torch.linalg.lstsq: 2, torch.cholesky_solve: 2, torch.linalg.solve_triangular: 2,
+    torch.linalg.solve: 2, torch.linalg.solve_ex: 2, torch.linalg.lstsq: 2,
+    # the aten ops behind them, when called directly (``torch.ops.aten._linalg_eigh(a)``)
+    aten._linalg_eigh.default: 1, aten._linalg_svd.default: 1, aten._linalg_solve_ex.default: 2, torch.cholesky_solve: 2, torch.linalg.solve_triangular: 2,
 }
 # Tensor methods that are the same functions
 _METHODS = {
@@ -99,9 +103,15 @@ def _on_rows(func, x: MJT, matrices, rest, kwargs):
     return _pack(out, lambda t: wrap_values(t, x._partition, x._ragged_dims) if t.dim() and t.shape[0] == rows else t)
 
 
+def _same_lengths(a, b) -> bool:
+    """One extent, or two of equal per-sample sizes (built separately: the unifying of equal sizes
+    that torch functions get does not run for an aten op called directly)."""
+    return a is b or (a.batch == b.batch and torch.equal(a.host_lengths(), b.host_lengths()))
+
+
 def _on_samples(func, x: MJT, matrices, rest, kwargs):
     for m in matrices:
-        if isinstance(m, MJT) and m is not x and m._partition.extents[0] is not x._partition.extents[0]:
+        if isinstance(m, MJT) and m is not x and not _same_lengths(m._partition.extents[0], x._partition.extents[0]):
             raise StructureError(f"{func.__name__}(): operands {describe(x)} and {describe(m)} differ in structure")
     unbound = [m.unbind() if isinstance(m, MJT) else None for m in matrices]
     per_sample = [
@@ -158,6 +168,15 @@ def _linalg(func):
 
     routed.__name__ = func.__name__
     return routed
+
+
+@route(aten._linalg_check_errors.default)
+def _check_errors(info, api_name, *, is_matrix):
+    """The error check ``linalg`` functions run on their ``info`` output: on the packed values (one
+    info per matrix, the batch's matrices in order)."""
+    if not isinstance(info, MJT):
+        return NotImplemented
+    return aten._linalg_check_errors.default(info._values, api_name, is_matrix=is_matrix)
 
 
 for _f in _MATRIX_ARGS:
