@@ -73,6 +73,30 @@ def test_multihead_attention_need_weights(average):
         torch.testing.assert_close(w.unbind()[i], rw[0])
 
 
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+def test_native_multi_head_attention_called_directly(need_weights, average):
+    """The fused inference kernel behind ``nn.MultiheadAttention``'s fast path, called directly."""
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT).eval()
+    args = (E, H, m.in_proj_weight, m.in_proj_bias, m.out_proj.weight, m.out_proj.bias)
+    comps = _comps((3, 0, 5))
+    x = tmj.nested_tensor(comps)
+    with torch.no_grad():
+        out, w = torch._native_multi_head_attention(x, x, x, *args, need_weights=need_weights,
+                                                    average_attn_weights=average)
+        assert (w is None) == (not need_weights)
+        for i, c in enumerate(comps):
+            if not c.shape[0]:
+                assert out.unbind()[i].shape == c.shape
+                continue
+            ro, rw = torch._native_multi_head_attention(c[None], c[None], c[None], *args, need_weights=need_weights,
+                                                        average_attn_weights=average)
+            torch.testing.assert_close(out.unbind()[i], ro[0])
+            if need_weights:
+                torch.testing.assert_close(w.unbind()[i], rw[0])
+        with pytest.raises(NotImplementedError, match="dense mask"):
+            torch._native_multi_head_attention(x, x, x, *args, mask=torch.ones(2, 2, dtype=torch.bool))
+
+
 def test_multihead_attention_cross():
     """Query on one extent, key/value on another (different lengths per sample)."""
     m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)

@@ -140,3 +140,23 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
         out = F.scaled_dot_product_attention(qh, kh, vh, dropout_p=p, is_causal=causal)
     out = F.linear(out.transpose(1, 2).flatten(-2), out_proj_weight, out_proj_bias)
     return BatchSecond(out), weights
+
+
+@route(torch._native_multi_head_attention, torch.ops.aten._native_multi_head_attention.default)
+def _native_mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask=None,
+                need_weights=True, average_attn_weights=True, mask_type=None):
+    """The fused inference kernel ``nn.MultiheadAttention``'s fast path calls (batch-first, no
+    dropout), called directly: the same computation as ``_mha`` on the batch-first tensors."""
+    if not isinstance(query, MJT):
+        return NotImplemented
+    if mask is not None:
+        raise NotImplementedError(
+            "_native_multi_head_attention(): a dense mask cannot address ragged sequences (layout "
+            "torch.multi_jagged); every sample attends over its own length"
+        )
+    q = BatchSecond(query)
+    k = q if key is query else BatchSecond(key)
+    v = k if value is key else BatchSecond(value)
+    out, weights = _mha(q, k, v, embed_dim, num_head, qkv_weight, qkv_bias, None, None, False, 0.0, proj_weight,
+                        proj_bias, training=False, need_weights=need_weights, average_attn_weights=average_attn_weights)
+    return out._mjt, weights
