@@ -54,10 +54,13 @@ class R:
 
 
 class PS:
-    """A dense per-sample operand ``(B, …)``: sample i of the reference sees ``t[i]``."""
+    """A dense per-sample operand ``(B, …)``: sample i of the reference sees ``t[i]``. ``grad``:
+    whether it is a leaf whose gradient is compared (not for inputs the op cannot differentiate,
+    such as random samples)."""
 
-    def __init__(self, t: torch.Tensor):
+    def __init__(self, t: torch.Tensor, grad: bool = True):
         self.t = t
+        self.grad = grad
 
 
 def _gen(seed: int) -> torch.Generator:
@@ -270,7 +273,7 @@ def _prepare(case: Case):
             batch = len(rl) if batch is None else batch
         elif isinstance(a, (PS, torch.Tensor)):
             t = a.t if isinstance(a, PS) else a
-            g = grad and t.is_floating_point()
+            g = grad and t.is_floating_point() and (not isinstance(a, PS) or a.grad)
             ml, rl = t.clone().requires_grad_(g), t.clone().requires_grad_(g)
             mj_args.append(ml)
             if g:

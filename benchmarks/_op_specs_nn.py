@@ -209,9 +209,10 @@ def _fractional(name):
     f = F.fractional_max_pool3d if three else F.fractional_max_pool2d
     ri = "with_indices" in name
     x = vol(dhw=((4, 4, 4), (6, 4, 4))) if three else img(hw=HW_EVEN)
-    samples = PS(torch.rand(len(x.comps), x.comps[0].shape[0], 3 if three else 2, generator=_gen(2), dtype=DT))
-    call = lambda a, s: f(a, 2, output_ratio=0.5, return_indices=ri, _random_samples=s)  # noqa: E731
-    ref = lambda a, s: batched(lambda aa: f(aa, 2, output_ratio=0.5, return_indices=ri, _random_samples=s.unsqueeze(0)))(a)  # noqa: E731
+    samples = PS(torch.rand(len(x.comps), x.comps[0].shape[0], 3 if three else 2, generator=_gen(2), dtype=DT), grad=False)
+    ratio = 0.5 if three else (0.5, 0.5)  # (dense fractional_max_pool2d takes len() of the ratio)
+    call = lambda a, s: f(a, 2, output_ratio=ratio, return_indices=ri, _random_samples=s)  # noqa: E731
+    ref = lambda a, s: batched(lambda aa: f(aa, 2, output_ratio=ratio, return_indices=ri, _random_samples=s.unsqueeze(0)))(a)  # noqa: E731
     return [Case(lambda a, s: (tuple(call(a, s)) if ri else call(a, s)), (x, samples), ref=ref, grad=True)]
 
 

@@ -656,3 +656,37 @@ def test_volumes_share_extents_by_rule_and_adaptive_pools():
         if c.numel():
             p, j = F.max_pool3d(c.unsqueeze(0), 2, return_indices=True)
             torch.testing.assert_close(big.unbind()[i], F.max_unpool3d(p, j, 2, output_size=c.shape[1:])[0])
+
+
+@pytest.mark.parametrize("three", [False, True])
+@pytest.mark.parametrize("mode", ["ratio", "size", "drawn"])
+def test_fractional_max_pool_per_sample(three, mode):
+    """Dense torch's kernel on each image with its own random samples; ``output_ratio`` gives
+    each image ``int(n · ratio)`` per side, ``output_size`` a dense batch; samples drawn when not
+    given are ``rand(B, C, n)`` (one draw for the batch, as the dense call)."""
+    sizes = [(4, 6, 4), (6, 4, 5), (5, 5, 4)] if three else [(6, 8), (9, 5), (4, 4)]
+    comps = _images(sizes, c=2)
+    nsp = 3 if three else 2
+    f = F.fractional_max_pool3d if three else F.fractional_max_pool2d
+    samples = torch.rand(len(comps), 2, nsp, dtype=F64, generator=torch.Generator().manual_seed(4))
+    kw = dict(output_ratio=(0.5,) * nsp) if mode != "size" else dict(output_size=(2,) * nsp)
+    x = _batch(comps, requires_grad=True)
+    if mode == "drawn":
+        torch.manual_seed(7)
+        out, idx = f(x, 2, return_indices=True, **kw)
+        torch.manual_seed(7)
+        samples = torch.rand(len(comps), 2, nsp, dtype=F64)
+    else:
+        out, idx = f(x, 2, return_indices=True, _random_samples=samples, **kw)
+    leaves = _leaves(comps)
+    refs = [f(c.unsqueeze(0), 2, return_indices=True, _random_samples=samples[i:i + 1], **kw) for i, c in enumerate(leaves)]
+    vals = out.unbind() if isinstance(out, mj.MultiJaggedTensor) else list(out)
+    inds = idx.unbind() if isinstance(idx, mj.MultiJaggedTensor) else list(idx)
+    assert isinstance(out, mj.MultiJaggedTensor) == (mode != "size")
+    for a, b, (rv, ri) in zip(vals, inds, refs):
+        torch.testing.assert_close(a, rv[0])
+        assert torch.equal(b, ri[0])
+    g = torch.autograd.grad(sum(v.pow(2).sum() for v in vals), x)[0]
+    want = torch.autograd.grad(sum(rv.pow(2).sum() for rv, _ in refs), leaves)
+    for a, b in zip(g.unbind(), want):
+        torch.testing.assert_close(a, b)

@@ -41,7 +41,7 @@ from ...kernels import canvas as cv
 from ...kernels import per_image as pim
 from ...structure import RaggedExtent, extent_of, flat_extent, mapped_extent, partition_for
 from .._table import register_multi_jagged_func
-from .._common import MJT, describe, eager_route, wrap
+from .._common import MJT, component_rows, describe, eager_route, wrap
 from .._routing import _needs_grad, route
 
 mj = torch.ops.multijagged
@@ -552,6 +552,75 @@ def _avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, cou
     if not is_ragged_spatial(input, 3):
         return NotImplemented
     return pool("avg_pool3d", 3, input, kernel_size, stride, padding, 1, ceil_mode, False, count_include_pad, divisor_override)
+
+
+@eager_route(_WHY)
+def _fractional(op: str, nsp: int, input: MJT, kernel_size, output_size=None, output_ratio=None, return_indices=False,
+                _random_samples=None):
+    """``fractional_max_pool2d/3d``: dense torch's kernel on each image with that image's random
+    samples (``_random_samples[i]``; drawn ``(B, C, nsp)`` at once when not given, as the dense
+    call draws them). ``output_size`` gives a dense ``(B, C, *output_size)``; ``output_ratio``
+    gives each image ``int(n · ratio)`` per side (a new extent per ragged side, by rule)."""
+    _check_layout(op, input, nsp)
+    x = as_spatial(op, input, nsp)
+    if output_size is None and output_ratio is None:
+        raise ValueError(f"{op} requires specifying either an output_size or an output_ratio")
+    b, c = x._partition.batch, int(x._size[1])
+    samples = _random_samples
+    if samples is None:
+        samples = torch.rand(b, c, nsp, dtype=x.dtype, device=x.device)
+    elif samples.dim() != 3 or samples.shape[0] != b:
+        raise ValueError(f"{op}(): expected _random_samples of shape ({b}, {c}, {nsp}), got {tuple(samples.shape)}")
+    k = _tuple(op, kernel_size, nsp, "kernel_size")
+    sizes = _sizes(x, nsp)
+    if output_size is not None:
+        out = torch.tensor(_tuple(op, output_size, nsp, "output_size"), dtype=torch.int64).expand(b, nsp)
+    else:
+        ratio = output_ratio if isinstance(output_ratio, (list, tuple)) else (output_ratio,) * nsp
+        ratio = tuple(float(r) for r in (ratio * nsp if len(ratio) == 1 else ratio))
+        out = torch.stack([(sizes[:, a].double() * r).floor().long() for a, r in enumerate(ratio)], 1)
+    kernel = torch._C._nn.fractional_max_pool2d if nsp == 2 else torch._C._nn.fractional_max_pool3d
+    vals, idxs = [], []
+    # SYNC: none — host sizes
+    for i, (img, o) in enumerate(zip(x.unbind(), out.tolist())):
+        try:
+            v, j = kernel(img.unsqueeze(0), k, o, samples[i:i + 1])
+        except RuntimeError as err:
+            raise RuntimeError(f"{op}(): sample {i} of {describe(x)}: {err}") from None
+        vals.append(v[0])
+        idxs.append(j[0])
+    if output_size is not None:
+        res = (torch.stack(vals), torch.stack(idxs)) if vals else (
+            x._values.new_zeros(0, c, *out[0].tolist() if b else ()), torch.zeros(0, dtype=torch.int64))
+        return res if return_indices else res[0]
+    p = x._partition
+    extents = [mapped_extent(p.extents[n], ("fractional", ratio[d - 2]), lambda m, r=ratio[d - 2]: (m.double() * r).floor().long())
+               for n, d in enumerate(x._ragged_dims)]
+    part = partition_for(extents)
+    rag = [d - 1 for d in x._ragged_dims]
+    if not vals:
+        raise ValueError(f"{op}(): of an empty batch {describe(x)}")
+    res = (wrap_values(torch.cat([component_rows(v, rag) for v in vals]), part, x._ragged_dims),
+           wrap(torch.cat([component_rows(j, rag) for j in idxs]), part, x._ragged_dims))
+    return res if return_indices else res[0]
+
+
+def _fractional_route(fn, nsp: int, always_indices: bool):
+    op = f"fractional_max_pool{nsp}d"
+
+    def routed(input, kernel_size, output_size=None, output_ratio=None, return_indices=False, _random_samples=None):
+        if not is_ragged_spatial(input, nsp):
+            return NotImplemented
+        return _fractional(op, nsp, input, kernel_size, output_size, output_ratio, return_indices or always_indices,
+                           _random_samples)
+
+    return routed
+
+
+route(F.fractional_max_pool2d)(_fractional_route(F.fractional_max_pool2d, 2, False))
+route(F.fractional_max_pool2d_with_indices)(_fractional_route(F.fractional_max_pool2d_with_indices, 2, True))
+route(F.fractional_max_pool3d)(_fractional_route(F.fractional_max_pool3d, 3, False))
+route(F.fractional_max_pool3d_with_indices)(_fractional_route(F.fractional_max_pool3d_with_indices, 3, True))
 
 
 @route(F.avg_pool2d)
