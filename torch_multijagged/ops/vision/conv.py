@@ -519,39 +519,34 @@ for _n in (1, 2, 3):
     route(_CONV_T[_n])(_conv_t_route(_n))
 
 
-@route(F.max_pool2d, torch.max_pool2d)
-def _max_pool2d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    if not is_ragged_spatial(input, 2):
-        return NotImplemented
-    return pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
+def _max_pool_route(nsp: int, always_indices: bool):
+    op = f"max_pool{nsp}d"
+
+    def routed(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
+        if not is_ragged_spatial(input, nsp):
+            return NotImplemented
+        return pool(op, nsp, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices or always_indices)
+
+    return routed
 
 
-@route(F.max_pool2d_with_indices)
-def _max_pool2d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=True):
-    if not is_ragged_spatial(input, 2):
-        return NotImplemented
-    return pool("max_pool2d", 2, input, kernel_size, stride, padding, dilation, ceil_mode, True)
+def _avg_pool_route(nsp: int):
+    op = f"avg_pool{nsp}d"
+
+    def routed(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
+        if not is_ragged_spatial(input, nsp):
+            return NotImplemented
+        return pool(op, nsp, input, kernel_size, stride, padding, 1, ceil_mode, False, count_include_pad, divisor_override)
+
+    return routed
 
 
-@route(F.max_pool3d, torch.max_pool3d)
-def _max_pool3d(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-    if not is_ragged_spatial(input, 3):
-        return NotImplemented
-    return pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode, return_indices)
-
-
-@route(F.max_pool3d_with_indices)
-def _max_pool3d_with_indices(input, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=True):
-    if not is_ragged_spatial(input, 3):
-        return NotImplemented
-    return pool("max_pool3d", 3, input, kernel_size, stride, padding, dilation, ceil_mode, True)
-
-
-@route(F.avg_pool3d)
-def _avg_pool3d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
-    if not is_ragged_spatial(input, 3):
-        return NotImplemented
-    return pool("avg_pool3d", 3, input, kernel_size, stride, padding, 1, ceil_mode, False, count_include_pad, divisor_override)
+route(F.max_pool2d, torch.max_pool2d)(_max_pool_route(2, False))
+route(F.max_pool2d_with_indices)(_max_pool_route(2, True))
+route(F.max_pool3d, torch.max_pool3d)(_max_pool_route(3, False))
+route(F.max_pool3d_with_indices)(_max_pool_route(3, True))
+route(F.avg_pool2d)(_avg_pool_route(2))
+route(F.avg_pool3d)(_avg_pool_route(3))
 
 
 @eager_route(_WHY)
@@ -605,7 +600,7 @@ def _fractional(op: str, nsp: int, input: MJT, kernel_size, output_size=None, ou
     return res if return_indices else res[0]
 
 
-def _fractional_route(fn, nsp: int, always_indices: bool):
+def _fractional_route(nsp: int, always_indices: bool):
     op = f"fractional_max_pool{nsp}d"
 
     def routed(input, kernel_size, output_size=None, output_ratio=None, return_indices=False, _random_samples=None):
@@ -617,17 +612,10 @@ def _fractional_route(fn, nsp: int, always_indices: bool):
     return routed
 
 
-route(F.fractional_max_pool2d)(_fractional_route(F.fractional_max_pool2d, 2, False))
-route(F.fractional_max_pool2d_with_indices)(_fractional_route(F.fractional_max_pool2d_with_indices, 2, True))
-route(F.fractional_max_pool3d)(_fractional_route(F.fractional_max_pool3d, 3, False))
-route(F.fractional_max_pool3d_with_indices)(_fractional_route(F.fractional_max_pool3d_with_indices, 3, True))
-
-
-@route(F.avg_pool2d)
-def _avg_pool2d(input, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True, divisor_override=None):
-    if not is_ragged_spatial(input, 2):
-        return NotImplemented
-    return pool("avg_pool2d", 2, input, kernel_size, stride, padding, 1, ceil_mode, False, count_include_pad, divisor_override)
+route(F.fractional_max_pool2d)(_fractional_route(2, False))
+route(F.fractional_max_pool2d_with_indices)(_fractional_route(2, True))
+route(F.fractional_max_pool3d)(_fractional_route(3, False))
+route(F.fractional_max_pool3d_with_indices)(_fractional_route(3, True))
 
 
 def _conv_route(fn, nspatial: int):
