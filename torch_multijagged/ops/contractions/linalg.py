@@ -84,6 +84,30 @@ def _structures_match(a: MJT, b: MJT) -> bool:
     return a._partition.same_as(b._partition) and a._ragged_dims == b._ragged_dims
 
 
+# ``solve``'s right-hand side ``B`` is a batch of vectors when ``B.shape == A.shape[:-1]``:
+# a rule on sizes, which a dense ``B`` shared by samples of different sizes meets for some only
+_VECTOR_RULE = {torch.linalg.solve, torch.linalg.solve_ex, aten._linalg_solve_ex.default}
+
+
+def _dense_rhs(func, x: MJT, b: torch.Tensor) -> torch.Tensor:
+    """A dense matrix ``b`` shared by every matrix of ``x`` as the values-level operand: expanded
+    over the rows, so that it is read as a matrix there too. Where dense torch would read it as a
+    batch of vectors for some sample (``x (B, j0, n, n)``, ``b (m, n)`` with a sample of ``m``
+    matrices), the samples would disagree: that raises."""
+    n = x.shape[-1]
+    if x.dim() == 4 and b.shape[-1] == n:
+        d = 1
+        sizes = (x._partition.extents[x._ragged_dims.index(d)].host_lengths().tolist() if d in x._ragged_dims
+                 else [int(x.shape[d])])
+        if b.shape[0] in sizes:
+            raise NotImplementedError(
+                f"{func.__name__}(): a dense right-hand side of shape {tuple(b.shape)} with {describe(x)}: dense torch reads "
+                f"it as a batch of vectors for a sample of {b.shape[0]} matrices and as a matrix for the others; pass it "
+                "as a multi_jagged tensor, or unsqueeze it to a batch of one (layout torch.multi_jagged)"
+            )
+    return b.expand(x._values.shape[0], *b.shape)
+
+
 def _on_rows(func, x: MJT, matrices, rest, kwargs):
     args = []
     for m in matrices:
@@ -95,6 +119,8 @@ def _on_rows(func, x: MJT, matrices, rest, kwargs):
             raise StructureError(
                 f"{func.__name__}(): a dense operand {tuple(m.shape)} with {describe(x)}: only the matrix dims (at most 2 dims)"
             )
+        elif isinstance(m, torch.Tensor) and m.dim() == 2 and func in _VECTOR_RULE and args:
+            args.append(_dense_rhs(func, x, m))
         else:
             args.append(m)
     out = func(*args, *rest, **kwargs)
