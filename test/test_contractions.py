@@ -26,6 +26,8 @@ CASES = {
     "rectangular bic,bjc->bij": ("bic,bjc->bij", [(lambda n, m, s: (n, 2), (1,)), (lambda n, m, s: (m, 2), (1,))]),
     "transposed storage bci,bjc->bij": ("bci,bjc->bij", [(lambda n, m, s: (2, n), (2,)), (lambda n, m, s: (n, 2), (1,))]),
     "ellipsis b...c,b...c->b...": ("b...c,b...c->b...", [(lambda n, m, s: (n, 3), (1,)), (lambda n, m, s: (n, 3), (1,))]),
+    # an ellipsis moved in the output (its letters must not meet the packed-row letter)
+    "ellipsis moved bn...->b...n": ("bn...->b...n", [(lambda n, m, s: (n, 2, 3), (1,))]),
     "with dense bsic,ce->bise": ("bsic,ce->bise", [(lambda n, m, s: (s, n, 2), (2,)), (2, 5)]),
     "triangle bikc,bjkc->bijc": ("bikc,bjkc->bijc", [(lambda n, m, s: (n, n, 2), (1, 2)), (lambda n, m, s: (n, n, 2), (1, 2))]),
     "sum out bi,bi->b": ("bi,bi->b", [(lambda n, m, s: (n,), (1,)), (lambda n, m, s: (n,), (1,))]),

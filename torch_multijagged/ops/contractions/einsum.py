@@ -104,7 +104,8 @@ def _einsum(equation, *operands):
     positions = [out.find(c) for c in ragged_letters]
     if any(c in t for t in dense_terms for c in ragged_letters) or -1 in positions or positions != sorted(positions) or positions[0] != 0:
         return _broadcast_einsum(equation, terms, operands, out)
-    row = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in equation)
+    used = set("".join(terms) + out)  # (an ellipsis' letters too, which the equation does not show)
+    row = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba" if c not in used)
 
     def packed(term):
         return row + "".join(c for c in term if c not in ragged_letters)
