@@ -42,10 +42,10 @@ def test_static_indexing_matches_per_sample(idx, lens):
         torch.testing.assert_close(a, b)
 
 
-def test_indexing_the_batch_dim_with_a_slice_raises():
+def test_indexing_the_batch_dim_with_a_slice_is_a_sub_batch():
     x = tmj.nested_tensor([torch.randn(n, 3) for n in (2, 3)])
-    with pytest.raises(ValueError, match="batch dim"):
-        x[0:1]
+    y = x[0:1]
+    assert y.shape[0] == 1 and torch.equal(y.unbind()[0], x.unbind()[0])
 
 
 @pytest.mark.parametrize("idx", [(S, 1), (S, slice(0, 1)), (S, -1), (S, slice(None, None, 2))])
@@ -89,3 +89,71 @@ def test_unbind_ragged_dim_raises():
     x = tmj.nested_tensor([torch.randn(n, 3) for n in (2, 3)])
     with pytest.raises(StructureError, match="expected a static dim"):
         x.unbind(1)
+
+
+# ----------------------------------------------------------------------------- samples by index, mask or slice
+def _batch_of(ns, pair=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    comps = [torch.randn(*((n, n) if pair else (n,)), 3, generator=g, dtype=torch.float64, requires_grad=True) for n in ns]
+    return comps, tmj.as_nested_tensor(comps, ragged_dims=(1, 2) if pair else (1,))
+
+
+@pytest.mark.parametrize("pair", [False, True])
+@pytest.mark.parametrize("index", [[2, 0], [-1, 1, 1], torch.tensor([3, 0]), torch.tensor([True, False, True, True]),
+                                   slice(1, None), slice(None, None, 2), slice(-2, None), slice(3, 1)],
+                         ids=str)
+def test_samples_selected_by_index_mask_or_slice(pair, index):
+    """``x[[2, 0]]``, ``x[idx]``, ``x[mask]``, ``x[1:]``, ``x[::2]``: the samples in that order,
+    a sub-batch with its own nested ints (a square pair stays square), gradients to the picked
+    samples (twice to a repeated one), and ``index_select(0, …)`` alike."""
+    comps, x = _batch_of((3, 0, 4, 2), pair)
+    y = x[index]
+    picked = list(range(4))[index] if isinstance(index, slice) else (
+        torch.arange(4)[index].tolist() if isinstance(index, torch.Tensor) else [i % 4 for i in index])
+    assert y.shape[0] == len(picked)
+    if pair and len(picked):
+        assert y.shape[1] is y.shape[2]
+    for a, i in zip(y.unbind(), picked):
+        torch.testing.assert_close(a, comps[i])
+    if not picked:
+        return
+    w = [torch.randn_like(comps[i]) for i in picked]
+    got = torch.autograd.grad(sum((a * t).sum() for a, t in zip(y.unbind(), w)), comps, allow_unused=True)
+    want = torch.autograd.grad(sum((comps[i] * t).sum() for i, t in zip(picked, w)), comps, allow_unused=True)
+    for c, a, b in zip(comps, got, want):
+        torch.testing.assert_close(torch.zeros_like(c) if a is None else a, torch.zeros_like(c) if b is None else b)
+    if isinstance(index, list):
+        for a, b in zip(x.index_select(0, torch.tensor(index)).unbind(), y.unbind()):
+            torch.testing.assert_close(a, b)
+
+
+def test_samples_then_other_dims_and_bad_indices():
+    comps, x = _batch_of((3, 1, 4))
+    y = x[[2, 0], 1:, ::2]
+    for a, i in zip(y.unbind(), (2, 0)):
+        torch.testing.assert_close(a, comps[i][1:, ::2])
+    with pytest.raises(IndexError, match="index 3 is out of bounds for dimension 0 with size 3"):
+        x[[0, 3]]
+    with pytest.raises(IndexError, match="out of bounds"):
+        x.index_select(0, torch.tensor([-4]))
+
+
+@pytest.mark.parametrize("index", [[0, 2], [2, 0, 2], torch.tensor([1, -1]), torch.tensor([True, False, True])], ids=str)
+def test_one_index_list_along_a_static_or_ragged_dim(index):
+    """``x[..., [0, 2]]`` (features) and ``x[:, [0, 1]]`` (positions in every sample: a static dim
+    of that many), as dense torch's single advanced index: the dim keeps its place."""
+    comps, x = _batch_of((3, 4, 2))
+    feats = x[..., index]
+    for a, c in zip(feats.unbind(), comps):
+        torch.testing.assert_close(a, c[..., index])
+    pos = [0, 1] if not isinstance(index, torch.Tensor) or index.dtype == torch.bool else [1, 0]
+    rows = x[:, pos]
+    assert not isinstance(rows, tmj.MultiJaggedTensor) and rows.shape == (3, 2, 3)  # every dim static: dense
+    for a, c in zip(rows.unbind(0), comps):
+        torch.testing.assert_close(a, c[pos])
+    g = torch.autograd.grad(feats.values().sum() + rows.sum(), comps)
+    want = torch.autograd.grad(sum(c[..., index].sum() + c[pos].sum() for c in comps), comps)
+    for a, b in zip(g, want):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(NotImplementedError, match="negative positions"):
+        x[:, [-1]]

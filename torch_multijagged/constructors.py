@@ -575,6 +575,40 @@ def split_batch(x: MultiJaggedTensor, bounds: Sequence[tuple[int, int]]) -> tupl
     return tuple(wrap_values(v, _sub_partition(p, s, n), x._ragged_dims) for v, (s, n) in zip(pieces, bounds))
 
 
+def select_batch(x: MultiJaggedTensor, index: torch.Tensor) -> MultiJaggedTensor:
+    """``x[index]`` / ``x.index_select(0, index)``: the samples ``index`` (a 1-D integer tensor,
+    negative entries from the end, repeats allowed), in that order — a gather of their packed
+    rows (differentiable: a scatter-add back), with new offsets and so new nested ints, extent
+    sharing kept. Eager only, as ``split_batch``."""
+    p = x._partition
+    if any(_is_traced(e.offsets) for e in p.extents):
+        raise NotImplementedError(
+            "index(): selecting samples of a multi_jagged tensor inside torch.compile is not supported (the "
+            "selection needs new nested ints); select before the compiled region"
+        )
+    b = p.batch
+    idx = index.to("cpu", torch.int64).reshape(-1)  # SYNC: the sample indices, once per selection
+    bad = (idx < -b) | (idx >= b)
+    if bool(bad.any()):
+        raise IndexError(f"index {int(idx[bad][0])} is out of bounds for dimension 0 with size {b}")
+    idx = torch.where(idx < 0, idx + b, idx)
+    moved: dict[int, RaggedExtent] = {}
+    extents = []
+    for e in p.extents:
+        if id(e) not in moved:
+            moved[id(e)] = RaggedExtent.from_lengths(e.host_lengths()[idx].clone(), p.offsets.device)
+        extents.append(moved[id(e)])
+    sub = register_partition(Partition.from_extents(extents))
+    rows = p.host_sizes().prod(1) if b else torch.zeros(0, dtype=torch.int64)
+    starts = _exclusive_cumsum_host(rows)[:-1]
+    counts = rows[idx]
+    # every selected sample's rows: its start spread over its rows, plus the rank within it
+    first = torch.repeat_interleave(starts[idx], counts)
+    rank = torch.arange(int(counts.sum())) - torch.repeat_interleave(_exclusive_cumsum_host(counts)[:-1], counts)
+    rows_index = (first + rank).to(p.offsets.device)
+    return wrap_values(values_of(x).index_select(0, rows_index), sub, x._ragged_dims)
+
+
 def _exclusive_cumsum_host(n: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(n.shape[0] + 1, dtype=torch.int64)
     torch.cumsum(n, 0, out=out[1:])

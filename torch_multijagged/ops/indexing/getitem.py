@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ... import constructors
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, route
@@ -39,9 +40,24 @@ def _getitem(input, index):
         if not -b <= index < b:
             raise IndexError(f"index {index} is out of bounds for dimension 0 with size {b}")
         return _components(input)[index]
+    if isinstance(input, MJT) and _advanced(index) is not None:
+        return constructors.select_batch(input, _advanced(index))  # samples by index or mask
     if isinstance(input, MJT) and isinstance(index, (tuple, slice, type(Ellipsis), type(None))):
         return _getitem_static(input, index if isinstance(index, tuple) else (index,))
     return NotImplemented
+
+
+def _advanced(it) -> torch.Tensor | None:
+    """A 1-D index of a dim as an integer tensor (a list of ints, an integer tensor, a boolean
+    mask: its positions), or None for anything else."""
+    if isinstance(it, list) and it and all(isinstance(i, (int, bool)) for i in it):
+        it = torch.tensor(it)
+    if isinstance(it, torch.Tensor) and not isinstance(it, MJT) and it.dim() == 1:
+        if it.dtype == torch.bool:
+            return it.nonzero().reshape(-1)
+        if not it.is_floating_point() and not it.is_complex():
+            return it.to(torch.int64)
+    return None
 
 
 def _whole(it: slice) -> bool:
@@ -58,6 +74,16 @@ def _getitem_static(input, items):
     indexing would compare slice bounds with the nested ints ("relation is indeterminate")."""
     if items and isinstance(items[0], int) and not isinstance(items[0], bool):
         return _getitem(input, items[0])[items[1:]]  # a sample, then dense indexing
+    if items and (_advanced(items[0]) is not None or (isinstance(items[0], slice) and not _whole(items[0]))):
+        # samples first (a sub-batch), then the other dims
+        first = items[0]
+        if isinstance(first, slice):
+            start, stop, step = first.indices(input._partition.batch)
+            picked = (input.narrow(0, start, max(stop - start, 0)) if step == 1
+                      else constructors.select_batch(input, torch.arange(start, stop, step)))
+        else:
+            picked = constructors.select_batch(input, _advanced(first))
+        return picked[(slice(None),) + tuple(items[1:])] if len(items) > 1 else picked
     if any(isinstance(i, type(Ellipsis)) for i in items):
         at = next(k for k, i in enumerate(items) if isinstance(i, type(Ellipsis)))
         real = sum(1 for i in items if i is not None and not isinstance(i, type(Ellipsis)))
@@ -68,6 +94,18 @@ def _getitem_static(input, items):
             out, d = out.unsqueeze(d), d + 1
         elif isinstance(it, slice) and _whole(it):
             d += 1
+        elif d > 0 and _advanced(it) is not None and sum(_advanced(i) is not None for i in items) == 1:
+            # one index list or tensor: the dim keeps its place (dense torch's rule for a single
+            # advanced index), each sample's entries at those positions
+            idx = _advanced(it)
+            if d in out._ragged_dims and bool((idx < 0).any()):
+                raise NotImplementedError(
+                    f"index(): negative positions {idx.tolist()} along ragged dim {d} of {describe(out)} count from "
+                    "each sample's own end; select them one by one (x[:, -1]) for layout torch.multi_jagged"
+                )
+            if d not in out._ragged_dims:
+                idx = torch.where(idx < 0, idx + int(out.shape[d]), idx)
+            out, d = out.index_select(d, idx.to(out.device)), d + 1
         elif isinstance(it, bool) or not isinstance(it, (int, slice)):
             return NotImplemented
         elif d == 0:

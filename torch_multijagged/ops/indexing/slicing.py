@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import torch
 
+from ... import constructors
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import packed_rows, slice_bounds
@@ -212,7 +213,9 @@ def _index_select(input, dim, index, *, out=None):
         return NotImplemented
     d = canonical_dim("index_select", input.dim(), dim)
     if d == 0:
-        raise NotImplementedError(f"index_select(): along the batch dim of {describe(input)} for layout torch.multi_jagged (select samples with x[i])")
+        if index.dim() > 1:
+            raise IndexError(f"index_select(): Index is supposed to be a vector, got {index.dim()}-D")
+        return constructors.select_batch(input, index)  # samples, in the index's order
     hit = ragged_dim("index_select", input, dim)
     if hit is None:
         vd = static_dims(input.dim(), input._ragged_dims).index(d) + 1
