@@ -170,7 +170,6 @@ def test_constructor_errors(case):
 UNSUPPORTED = {
     "quantile": lambda x: torch.quantile(x, torch.tensor([0.2, 0.5]), dim=1),  # several q: a leading q dim
     "msort": lambda x: torch.msort(x),  # sorts along the batch dim
-    "flip": lambda x: torch.flip(x, [0]),  # the batch dim
     "roll": lambda x: torch.roll(x, 1),  # the flattened tensor
 }
 

@@ -157,3 +157,36 @@ def test_one_index_list_along_a_static_or_ragged_dim(index):
         torch.testing.assert_close(a, b)
     with pytest.raises(NotImplementedError, match="negative positions"):
         x[:, [-1]]
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_batches_joined_reversed_and_repeated(pair):
+    """``torch.cat([x, y], 0)``: the samples one after another (a square pair stays square);
+    ``x.flip(0)``: in reverse; ``x.repeat(2, 1, …)``: the batch twice — with gradients."""
+    cx, x = _batch_of((3, 0, 2), pair, seed=1)
+    cy, y = _batch_of((4, 1), pair, seed=2)
+    z = torch.cat([x, y], 0)
+    assert z.shape[0] == 5 and (not pair or z.shape[1] is z.shape[2])
+    for a, c in zip(z.unbind(), cx + cy):
+        torch.testing.assert_close(a, c)
+    f = x.flip(0)
+    r = x.repeat(2, *([1] * (x.dim() - 1)))
+    for a, c in zip(f.unbind(), cx[::-1]):
+        torch.testing.assert_close(a, c)
+    for a, c in zip(r.unbind(), cx + cx):
+        torch.testing.assert_close(a, c)
+    loss = sum((a * a).sum() for a in z.unbind()) + f.values().sum() + r.values().pow(3).sum()
+    got = torch.autograd.grad(loss, cx + cy)
+    want = torch.autograd.grad(sum((c * c).sum() for c in cx + cy) + sum(c.sum() + 2 * c.pow(3).sum() for c in cx),
+                               cx + cy)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_joining_batches_of_other_layouts_raises():
+    _, x = _batch_of((3, 1))
+    _, p = _batch_of((2, 2), pair=True)
+    with pytest.raises(RuntimeError, match="one layout"):
+        torch.cat([x, p], 0)
+    with pytest.raises(RuntimeError, match="only multi_jagged"):
+        torch.cat([x, torch.randn(2, 3, 3)], 0)

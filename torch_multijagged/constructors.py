@@ -609,6 +609,44 @@ def select_batch(x: MultiJaggedTensor, index: torch.Tensor) -> MultiJaggedTensor
     return wrap_values(values_of(x).index_select(0, rows_index), sub, x._ragged_dims)
 
 
+def cat_batch(tensors: Sequence[MultiJaggedTensor]) -> MultiJaggedTensor:
+    """``torch.cat(tensors, 0)``: the batches' samples one after another — their packed values
+    concatenated, new offsets and so new nested ints. The batches must have one layout: the same
+    ragged dims, extent sharing (square pairs stay square), static sizes, dtype and device, as
+    dense ``cat`` needs equal sizes on every other dim. Differentiable; eager only."""
+    first = tensors[0]
+    p0 = first._partition
+
+    def sharing(t):
+        ids = [id(e) for e in t._partition.extents]
+        return tuple(ids.index(i) for i in ids)
+
+    for t in tensors[1:]:
+        if (not isinstance(t, MultiJaggedTensor) or t._ragged_dims != first._ragged_dims or t.dim() != first.dim()
+                or sharing(t) != sharing(first) or t._values.shape[1:] != first._values.shape[1:]):
+            raise RuntimeError(
+                f"cat(): along the batch dim, expected multi_jagged tensors of one layout (ragged dims, static sizes), "
+                f"got {tuple(first.shape)} and {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
+            )
+        if t.device != first.device:
+            raise RuntimeError(f"cat(): expected all tensors on one device, got {first.device} and {t.device}")
+    if any(_is_traced(e.offsets) for t in tensors for e in t._partition.extents):
+        raise NotImplementedError(
+            "cat(): joining batches of a multi_jagged tensor inside torch.compile is not supported (the result needs "
+            "new nested ints); join them before the compiled region"
+        )
+    moved: dict[int, RaggedExtent] = {}
+    extents = []
+    for k, e in enumerate(p0.extents):
+        if id(e) not in moved:
+            lengths = torch.cat([t._partition.extents[k].host_lengths() for t in tensors])
+            moved[id(e)] = RaggedExtent.from_lengths(lengths, p0.offsets.device)
+        extents.append(moved[id(e)])
+    part = register_partition(Partition.from_extents(extents))
+    dtype = torch.result_type(*[t._values for t in tensors]) if len(tensors) > 1 else first.dtype
+    return wrap_values(torch.cat([values_of(t).to(dtype) for t in tensors]), part, first._ragged_dims)
+
+
 def _exclusive_cumsum_host(n: torch.Tensor) -> torch.Tensor:
     out = torch.zeros(n.shape[0] + 1, dtype=torch.int64)
     torch.cumsum(n, 0, out=out[1:])

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ... import pieces
+from ... import constructors, pieces
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import packed_rows
@@ -104,8 +104,12 @@ def _cat(tensors, dim=0, *, out=None):
         out = [None if ps[0] is None else torch.cat(ps, 1) for ps in parts]
         c = sum(t._size[1] for t in tensors)
         return pieces.from_pieces(out, first._partition, first._ragged_dims, c, first.dtype, first.device)
-    if d == 0 or d not in first._ragged_dims:
-        return NotImplemented  # static dims (or the batch dim): the op table's handler
+    if d == 0:
+        if all(isinstance(t, MJT) for t in tensors):
+            return constructors.cat_batch(list(tensors))  # the batches' samples one after another
+        raise RuntimeError("cat(): along the batch dim, expected only multi_jagged tensors (a dense tensor has no samples)")
+    if d not in first._ragged_dims:
+        return NotImplemented  # static dims: the op table's handler
     return cat_ragged("cat", list(tensors), d)
 
 
@@ -256,12 +260,15 @@ def _repeat(input, *sizes):
     reps = list(sizes[0]) if len(sizes) == 1 and isinstance(sizes[0], (list, tuple, torch.Size)) else list(sizes)
     if len(reps) < input.dim():
         raise RuntimeError("Number of dimensions of repeat dims can not be smaller than number of dimensions of tensor")
-    if len(reps) > input.dim() or reps[0] != 1:
+    if len(reps) > input.dim():
         raise NotImplementedError(
-            f"repeat(): repeats {tuple(reps)} of {describe(input)} would repeat the batch dim or add leading dims; "
-            "layout torch.multi_jagged repeats each sample (the first repeat must be 1)"
+            f"repeat(): repeats {tuple(reps)} of {describe(input)} would add leading dims, before the batch dim "
+            "(layout torch.multi_jagged)"
         )
-    return repeat_ragged("repeat", input, [int(r) for r in reps])
+    if reps[0] != 1:  # the batch repeated: every sample again, in order, then each sample's own repeats
+        b = input._partition.batch
+        input = constructors.select_batch(input, torch.arange(b).repeat(int(reps[0])))
+    return repeat_ragged("repeat", input, [1] + [int(r) for r in reps[1:]])
 
 
 @route(torch.tile, torch.Tensor.tile)

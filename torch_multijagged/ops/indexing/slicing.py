@@ -294,8 +294,10 @@ def _flip(input, *dims):
         return NotImplemented
     dims = dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims
     canon = [canonical_dim("flip", input.dim(), d) for d in dims]
-    if 0 in canon:
-        raise NotImplementedError(f"flip(): along the batch dim of {describe(input)} for layout torch.multi_jagged (reorder samples explicitly)")
+    if 0 in canon:  # the samples in reverse order, then the other dims
+        rest = [d for d in canon if d != 0]
+        out = constructors.select_batch(input, torch.arange(input._partition.batch - 1, -1, -1))
+        return out.flip(rest) if rest else out
     ragged = [input._ragged_dims.index(d) for d in canon if d in input._ragged_dims]
     statics = [static_dims(input.dim(), input._ragged_dims).index(d) + 1 for d in canon if d not in input._ragged_dims]
     out = flip_ragged("flip", input, ragged) if ragged else input
