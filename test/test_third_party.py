@@ -273,6 +273,18 @@ def test_transformers_deberta_v2_layer_heads_folded_into_the_batch():
     _run_module(DebertaV2Layer(cfg).double().eval(), _deberta_call, [_tokens((3, 0, 4))], dense_refuses_empty=True)
 
 
+def test_transformers_deberta_v2_layer_compiled_one_graph():
+    """The heads folded into the batch trace: one graph over new lengths, forward and backward."""
+    _hf()
+    from transformers import DebertaV2Config
+    from transformers.models.deberta_v2.modeling_deberta_v2 import DebertaV2Layer
+
+    torch.manual_seed(0)
+    cfg = DebertaV2Config(hidden_size=8, num_attention_heads=2, intermediate_size=16, hidden_dropout_prob=0.0,
+                          attention_probs_dropout_prob=0.0)
+    _compiled_one_graph(DebertaV2Layer(cfg).double().eval(), _deberta_call, lambda ns: [_tokens(ns)], LENGTHS)
+
+
 def _bloom_call(m, x):
     from transformers.models.bloom.modeling_bloom import build_alibi_tensor
 
