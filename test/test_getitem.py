@@ -134,6 +134,7 @@ def test_samples_then_other_dims_and_bad_indices():
         torch.testing.assert_close(a, comps[i][1:, ::2])
     with pytest.raises(IndexError, match="index 3 is out of bounds for dimension 0 with size 3"):
         x[[0, 3]]
+    torch.testing.assert_close(x[torch.tensor(2)], comps[2])  # a 0-d index tensor: one sample, as an int
     with pytest.raises(IndexError, match="out of bounds"):
         x.index_select(0, torch.tensor([-4]))
 

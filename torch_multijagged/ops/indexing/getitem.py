@@ -35,6 +35,9 @@ def _unbind(input, dim=0):
 
 @route(torch.Tensor.__getitem__)
 def _getitem(input, index):
+    if (isinstance(input, MJT) and isinstance(index, torch.Tensor) and not isinstance(index, MJT) and index.dim() == 0
+            and not index.is_floating_point() and index.dtype != torch.bool):
+        index = int(index)  # a 0-d integer tensor selects a sample, as an int
     if isinstance(input, MJT) and isinstance(index, int):
         b = input._partition.batch
         if not -b <= index < b:
