@@ -143,6 +143,12 @@ def test_token_shape_and_views_back():
     with pytest.raises(RuntimeError, match=r"^view\(\): cannot view \(3, 3, j\d+, 2\) as \(9, j\d+, 3\): merging"):
         y.view(9, x.shape[1], 3)
     assert isinstance(y.flatten(0, 1), BatchMerged) and isinstance(y.view(-1, x.shape[1], 2), BatchMerged)
+    y6 = x.unflatten(-1, (3, 2)).unsqueeze(1).expand(3, 2, x.shape[1], 3, 2).permute(0, 1, 3, 2, 4)  # (3, 2, 3, j0, 2)
+    t6 = y6.flatten(0, 2)
+    assert isinstance(t6, BatchMerged) and t6.shape[0] == 18
+    back6 = t6.view(3, 2, 3, x.shape[1], 2)
+    for a, b in zip(back6.unbind(), y6.unbind()):
+        torch.testing.assert_close(a, b)
     t2 = t.transpose(1, 2)  # (9, 2, j0)
     assert isinstance(t2, BatchMerged) and t2.shape[1] == 2
     u = t.unsqueeze(1).squeeze(1)

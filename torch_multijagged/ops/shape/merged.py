@@ -20,7 +20,8 @@ right), ``transpose`` / ``permute`` / ``unsqueeze`` / ``squeeze`` that leave dim
 elementwise ops (with numbers, tokens of one merge, and dense operands that broadcast over the
 merged dim: a leading size of 1 or of ``B·K``), last-dim ops, ``softmax``-like ops and reductions
 over dims other than 0 — and views: to another ``(B·K, …)`` shape (a token again) or back to
-``(B, K, …)`` / ``(-1, K, …)`` / ``unflatten(0, (B, K))`` (the batch-first tensor). Ops along the
+``(B, K, …)`` / ``(-1, K, …)`` / ``(B, …)`` with ``K`` regrouped / ``unflatten(0, (B, K))`` (the
+batch-first tensor). Ops along the
 merged dim raise, naming the op. A dense result of the batch-first tensor (a reduction over every
 ragged dim) comes back with its first two dims flattened, as dense torch's.
 
@@ -198,7 +199,7 @@ def _along_merged(op: str, t: BatchMerged) -> NotImplementedError:
 def _inner(a, t: BatchMerged, op: str):
     """An operand of an op on token ``t`` as an operand of the batch-first op."""
     if isinstance(a, BatchMerged):
-        if a._mjt._size[:2] != t._mjt._size[:2] and not (a._size[0] == t._size[0] and a._k == t._k):
+        if a._mjt._size[:2] != t._mjt._size[:2]:
             raise RuntimeError(f"{op}(): batch-merged multi_jagged tensors of different merges "
                                f"({describe(a._mjt)} and {describe(t._mjt)})")
         return a._mjt
@@ -305,6 +306,9 @@ def _view_like(op: str):
         b, k = t._mjt._size[0], t._k
         if _split_request(t, shape):
             return getattr(t._mjt, method)((b, k, *shape[2:]))
+        if len(shape) > 2 and shape[0] == b and b * k != b:
+            # the batch, then K regrouped (``(B, 2, 3, …)`` after ``flatten(0, 2)``): the batch-first view
+            return getattr(t._mjt, method)((b, *shape[1:]))
         if shape and shape[0] in (t._size[0], -1) and not is_nested_int(shape[0]):
             if shape[0] == -1 and (any(isinstance(s, int) and s == -1 for s in shape[1:]) or t._size[0] == 0):
                 raise RuntimeError(f"{op}(): cannot infer the merged dim of {tuple(t._size)} from {shape}")
