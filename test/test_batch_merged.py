@@ -232,3 +232,17 @@ def test_compiled_one_graph_over_lengths():
                 (rg,) = torch.autograd.grad(ref.pow(2).sum(), c)
                 torch.testing.assert_close(gc, rg)
     assert cc.frame_count == 1
+
+
+def test_sdpa_of_folded_heads():
+    """``F.scaled_dot_product_attention`` on ``(B·H, N, D)``: each slice's attention, as dense."""
+    comps = _comps((3, 0, 4), 4)
+
+    def fn(x, causal):
+        b, n, c = x.shape
+        q = x.view(b, n, 2, 2).transpose(1, 2).reshape(b * 2, -1, 2)
+        o = F.scaled_dot_product_attention(q, q * 0.5, q.sin(), is_causal=causal)
+        return o.view(b, 2, n, 2).transpose(1, 2).reshape(b, n, c)
+
+    for causal in (False, True):
+        _check(lambda x, causal=causal: fn(x, causal), comps, ())

@@ -441,6 +441,19 @@ def _tensor_baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
     return _baddbmm(input, batch1, batch2, beta=beta, alpha=alpha, out=out)
 
 
+def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+    """``F.scaled_dot_product_attention`` of ``(B·H, N, D)`` tokens: the attention of the
+    batch-first ``(B, H, N, D)`` tensors (each ``(b, h)`` slice on its own, as dense)."""
+    if not all(isinstance(t, BatchMerged) for t in (query, key, value)):
+        return NotImplemented
+    q = query
+    mask = None if attn_mask is None else _inner(attn_mask, q, "scaled_dot_product_attention")
+    out = F.scaled_dot_product_attention(q._mjt, _inner(key, q, "scaled_dot_product_attention"),
+                                         _inner(value, q, "scaled_dot_product_attention"), attn_mask=mask,
+                                         dropout_p=dropout_p, is_causal=is_causal, scale=scale, enable_gqa=enable_gqa)
+    return _outer(out)
+
+
 def _type_as(t, other):
     if not isinstance(t, BatchMerged):
         return NotImplemented
@@ -463,6 +476,7 @@ _OPS = {
     torch.Tensor.__rmatmul__: lambda a, b: _matmul("matmul")(b, a),
     torch.baddbmm: _baddbmm, torch.Tensor.baddbmm: _tensor_baddbmm,
     torch.Tensor.type_as: _type_as,
+    F.scaled_dot_product_attention: _sdpa,
     torch.Tensor.numel: lambda t: t._mjt.numel(), torch.numel: lambda t: t._mjt.numel(),
 }
 _SIZE = {
@@ -476,6 +490,12 @@ _MORE_ELEMENTWISE = [
     T.logical_not, torch.abs, T.abs, torch.log, T.log, torch.clamp, T.clamp, torch.maximum, torch.minimum,
     T.bool, T.long, T.int, T.type, torch.masked_fill, torch.nan_to_num, T.nan_to_num, torch.erf, F.softplus,
 ]
+# elementwise math without a dim, as torch functions and tensor methods
+_UNARY = ["sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "log1p", "log2", "log10", "exp2", "expm1",
+          "reciprocal", "square", "neg", "floor", "ceil", "round", "trunc", "frac", "sign", "erfc", "clamp_min",
+          "clamp_max", "atan2", "hypot", "fmod", "remainder", "lerp", "addcmul", "addcdiv", "isnan", "isinf",
+          "isfinite", "logical_and", "logical_or"]
+_MORE_ELEMENTWISE += [f for n in _UNARY for f in (getattr(torch, n, None), getattr(T, n, None)) if f is not None]
 _FORWARDED = {**dict.fromkeys(_ELEMENTWISE + _MORE_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAST, "last"),
               **dict.fromkeys(_DIM + [torch.cumsum, T.cumsum, torch.cumprod, T.cumprod, torch.logcumsumexp, T.logcumsumexp],
                                 "dim"), **dict.fromkeys(_REDUCE, "reduce"),
