@@ -15,8 +15,8 @@ shape ``(B·K, …)``, with no data of its own (as NOTE [ Batch-moved tokens ] i
 for a batch moved behind a static dim).
 
 The token runs, on the batch-first tensor with token dim ``d ≥ 1`` read as dim ``d + 1``:
-``bmm`` / ``matmul`` / ``baddbmm`` between tokens of one merge (and with dense matrices on the
-right), ``transpose`` / ``permute`` / ``unsqueeze`` / ``squeeze`` that leave dim 0 alone,
+``bmm`` / ``matmul`` / ``baddbmm`` / ``scaled_dot_product_attention`` between tokens of one merge
+(and with dense matrices on the right of ``matmul``), ``transpose`` / ``permute`` / ``unsqueeze`` / ``squeeze`` that leave dim 0 alone,
 elementwise ops (with numbers, tokens of one merge, and dense operands that broadcast over the
 merged dim: a leading size of 1 or of ``B·K``), last-dim ops, ``softmax``-like ops and reductions
 over dims other than 0 — and views: to another ``(B·K, …)`` shape (a token again) or back to
@@ -177,7 +177,7 @@ class BatchMerged(torch.Tensor):
                 return func(*args, **kwargs)
         raise NotImplementedError(
             f"{getattr(func, '__name__', func)}(): a multi_jagged tensor whose batch dim is merged with a static dim (a (B·H, …) view of "
-            "(B, H, …)) supports bmm / matmul / baddbmm, views back to (B, H, …), transposes of the other dims, "
+            "(B, H, …)) supports bmm / matmul / baddbmm / sdpa, views back to (B, H, …), transposes of the other dims, "
             "elementwise ops, softmax and reductions over the other dims; view it back to (B, H, …) first for other "
             "ops (layout torch.multi_jagged)"
         )
