@@ -191,3 +191,26 @@ def test_joining_batches_of_other_layouts_raises():
         torch.cat([x, p], 0)
     with pytest.raises(RuntimeError, match="only multi_jagged"):
         torch.cat([x, torch.randn(2, 3, 3)], 0)
+
+
+@pytest.mark.parametrize("op", ["index_add", "index_copy", "index_fill"])
+def test_index_updates_along_a_ragged_dim_per_sample(op):
+    """``index_add`` / ``index_copy`` / ``index_fill`` along a ragged dim: positions within each
+    sample, a source per sample (a dense ``(B, k, C)`` or a batch), gradients to the input and
+    the source; a position past a sample's end raises naming the sample, as dense torch raises."""
+    comps, x = _batch_of((4, 2, 3), seed=3)
+    idx = torch.tensor([1, 0])
+    src = [torch.randn(2, 3, dtype=torch.float64, requires_grad=True) for _ in comps]
+    kw = {"index_add": dict(alpha=2.0)}.get(op, {})
+    arg = torch.stack(src) if op != "index_fill" else -1.5
+    y = getattr(x, op)(1, idx, arg, **kw)
+    refs = [getattr(c, op)(0, idx, s if op != "index_fill" else -1.5, **kw) for c, s in zip(comps, src)]
+    for a, r in zip(y.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    leaves = comps + (src if op != "index_fill" else [])
+    got = torch.autograd.grad(sum((a * a).sum() for a in y.unbind()), leaves)
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    with pytest.raises((RuntimeError, IndexError), match="sample 1"):
+        getattr(x, op)(1, torch.tensor([3]), arg[:, :1] if op != "index_fill" else arg)

@@ -13,7 +13,7 @@ from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import packed_rows, slice_bounds
 from ...structure import _is_traced, mapped_extent, same_extent
-from .._common import MJT, canonical_dim, describe, static_dims
+from .._common import MJT, canonical_dim, component_rows, describe, static_dims
 from .._routing import route
 from .along import check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
 
@@ -221,6 +221,51 @@ def _index_select(input, dim, index, *, out=None):
         vd = static_dims(input.dim(), input._ragged_dims).index(d) + 1
         return _static_values(input, lambda v: v.index_select(vd, index))
     return index_select_ragged("index_select", input, *hit, index)
+
+
+def _index_update_route(name: str):
+    """``index_add`` / ``index_copy`` / ``index_fill`` along a ragged dim: the dense op on each
+    sample, at positions within the sample (``source`` per sample: a multi_jagged tensor's
+    samples, or a dense ``(B, …)`` one's rows); along a static dim the op table's handler."""
+    dense = getattr(torch, name)
+
+    def routed(input, dim, index, source, **kwargs):
+        if not isinstance(input, MJT) or kwargs.get("out") is not None or not isinstance(dim, int):
+            return NotImplemented
+        hit = ragged_dim(name, input, dim)
+        if hit is None:
+            return NotImplemented
+        return _index_update_per_sample(name, dense, input, hit[0], index, source, kwargs)
+
+    return routed
+
+
+@eager
+def _index_update_per_sample(name: str, dense, x: MJT, d: int, index, source, kwargs):
+    comps = x.unbind()
+    if isinstance(source, MJT):
+        sources = source.unbind()
+    elif isinstance(source, torch.Tensor) and source.dim() == x.dim():
+        sources = list(source.unbind(0)) if source.shape[0] == len(comps) else None
+        if sources is None:
+            raise RuntimeError(f"{name}(): a dense source of size {tuple(source.shape)} for {describe(x)}: expected "
+                               f"{len(comps)} samples along dim 0")
+    else:
+        sources = [source] * len(comps)  # a fill value
+    rag = [r - 1 for r in x._ragged_dims]
+    rows = []
+    for i, (c, src) in enumerate(zip(comps, sources)):
+        try:
+            rows.append(component_rows(dense(c, d - 1, index, src, **kwargs), rag))
+        except (RuntimeError, IndexError) as err:
+            raise type(err)(f"{name}(): sample {i} of {describe(x)}: {err}") from None
+    if not rows:
+        return x.clone()
+    return wrap_values(torch.cat(rows), x._partition, x._ragged_dims)
+
+
+for _name in ("index_add", "index_copy", "index_fill"):
+    route(getattr(torch, _name), getattr(torch.Tensor, _name))(_index_update_route(_name))
 
 
 def _static_values(x: MJT, fn):
