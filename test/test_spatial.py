@@ -690,3 +690,12 @@ def test_fractional_max_pool_per_sample(three, mode):
     want = torch.autograd.grad(sum(rv.pow(2).sum() for rv, _ in refs), leaves)
     for a, b in zip(g.unbind(), want):
         torch.testing.assert_close(a, b)
+
+
+def test_fractional_max_pool_of_an_empty_batch_keeps_dense_shape():
+    from _reference import empty_batch
+
+    x = empty_batch((2, 0, 0), (2, 3))  # B = 0 images of 2 channels
+    out, idx = F.fractional_max_pool2d(x, 2, output_size=(2, 3), return_indices=True,
+                                       _random_samples=torch.rand(0, 2, 2, dtype=x.dtype))
+    assert out.shape == (0, 2, 2, 3) and idx.shape == (0, 2, 2, 3) and idx.dtype == torch.int64

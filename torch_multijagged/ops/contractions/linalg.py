@@ -96,9 +96,7 @@ def _dense_rhs(func, x: MJT, b: torch.Tensor) -> torch.Tensor:
     matrices), the samples would disagree: that raises."""
     n = x.shape[-1]
     if x.dim() == 4 and b.shape[-1] == n:
-        d = 1
-        sizes = (x._partition.extents[x._ragged_dims.index(d)].host_lengths().tolist() if d in x._ragged_dims
-                 else [int(x.shape[d])])
+        sizes = (x._partition.extents[0].host_lengths().tolist() if 1 in x._ragged_dims else [int(x.shape[1])])
         if b.shape[0] in sizes:
             raise NotImplementedError(
                 f"{func.__name__}(): a dense right-hand side of shape {tuple(b.shape)} with {describe(x)}: dense torch reads "

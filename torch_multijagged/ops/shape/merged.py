@@ -41,9 +41,10 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int
 
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, canonical_dims, describe
+from .tokens import _shape_arg
 from .leading import _DIM, _ELEMENTWISE, _LAST, _REDUCE, is_metadata, token_dispatch
 
-__all__ = ["BatchMerged", "merge_request", "merge_batch"]
+__all__ = ["BatchMerged", "merge_request", "merge_batch", "flatten_merge"]
 
 aten = torch.ops.aten
 
@@ -101,13 +102,12 @@ def merge_batch(op: str, x: MJT, shape: tuple) -> "BatchMerged":
     return BatchMerged(inner)
 
 
-def _merge_range(x: MJT, end: int):
-    """``x.flatten(0, end)`` with dims ``1..end`` static: the token over ``(B, Π sizes[1..end], …)``."""
+def flatten_merge(x: MJT, end: int):
+    """``x.flatten(0, end)`` with dims ``1..end`` static (before the first ragged dim): the token
+    over ``(B, Π sizes[1..end], …)``."""
     k = math.prod(x._size[1:end + 1])
     inner = x if end == 1 else x.flatten(1, end)
-    if k == 1:
-        return inner.squeeze(1)
-    return BatchMerged(inner)
+    return inner.squeeze(1) if k == 1 else BatchMerged(inner)
 
 
 class BatchMerged(torch.Tensor):
@@ -281,12 +281,6 @@ def _reduce(func, op, t, dim=None, keepdim=False, *rest, **kwargs):
 
 
 # ----------------------------------------------------------------------------- the token's own ops
-def _shape_arg(shape) -> tuple:
-    if len(shape) == 1 and isinstance(shape[0], (list, tuple, torch.Size)):
-        return tuple(shape[0])
-    return tuple(shape)
-
-
 def _split_request(t: BatchMerged, shape: tuple) -> bool:
     """Whether ``shape`` splits the merged dim back into ``(B, K)`` (either may be ``-1``)."""
     if len(shape) < 2 or any(is_nested_int(s) for s in shape[:2]):
@@ -437,10 +431,6 @@ def _baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
     return _outer(out_)
 
 
-def _tensor_baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
-    return _baddbmm(input, batch1, batch2, beta=beta, alpha=alpha, out=out)
-
-
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
     """``F.scaled_dot_product_attention`` of ``(B·H, N, D)`` tokens: the attention of the
     batch-first ``(B, H, N, D)`` tensors (each ``(b, h)`` slice on its own, as dense)."""
@@ -474,7 +464,7 @@ _OPS = {
     torch.matmul: _matmul("matmul"), torch.Tensor.matmul: _matmul("matmul"),
     torch.Tensor.__matmul__: _matmul("matmul"),
     torch.Tensor.__rmatmul__: lambda a, b: _matmul("matmul")(b, a),
-    torch.baddbmm: _baddbmm, torch.Tensor.baddbmm: _tensor_baddbmm,
+    torch.baddbmm: _baddbmm, torch.Tensor.baddbmm: _baddbmm,
     torch.Tensor.type_as: _type_as,
     F.scaled_dot_product_attention: _sdpa,
     torch.Tensor.numel: lambda t: t._mjt.numel(), torch.numel: lambda t: t._mjt.numel(),
@@ -501,9 +491,3 @@ _FORWARDED = {**dict.fromkeys(_ELEMENTWISE + _MORE_ELEMENTWISE, "elementwise"), 
                                 "dim"), **dict.fromkeys(_REDUCE, "reduce"),
               **dict.fromkeys([torch.Tensor.masked_fill_, torch.Tensor.div_, torch.Tensor.mul_, torch.Tensor.add_,
                                torch.Tensor.sub_, torch.Tensor.clamp_], "inplace")}
-
-
-# ----------------------------------------------------------------------------- making tokens
-def flatten_merge(input: MJT, end: int):
-    """``flatten(0, end)`` of ``(B, static…, ragged…)`` with ``end`` before the first ragged dim."""
-    return _merge_range(input, end)

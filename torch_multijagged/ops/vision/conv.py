@@ -569,7 +569,8 @@ def _fractional(op: str, nsp: int, input: MJT, kernel_size, output_size=None, ou
     k = _tuple(op, kernel_size, nsp, "kernel_size")
     sizes = _sizes(x, nsp)
     if output_size is not None:
-        out = torch.tensor(_tuple(op, output_size, nsp, "output_size"), dtype=torch.int64).expand(b, nsp)
+        fixed = _tuple(op, output_size, nsp, "output_size")
+        out = torch.tensor(fixed, dtype=torch.int64).expand(b, nsp)
     else:
         ratio = output_ratio if isinstance(output_ratio, (list, tuple)) else (output_ratio,) * nsp
         ratio = tuple(float(r) for r in (ratio * nsp if len(ratio) == 1 else ratio))
@@ -586,7 +587,7 @@ def _fractional(op: str, nsp: int, input: MJT, kernel_size, output_size=None, ou
         idxs.append(j[0])
     if output_size is not None:
         res = (torch.stack(vals), torch.stack(idxs)) if vals else (
-            x._values.new_zeros(0, c, *out[0].tolist() if b else ()), torch.zeros(0, dtype=torch.int64))
+            x._values.new_zeros(0, c, *fixed), torch.zeros(0, c, *fixed, dtype=torch.int64, device=x.device))
         return res if return_indices else res[0]
     p = x._partition
     extents = [mapped_extent(p.extents[n], ("fractional", ratio[d - 2]), lambda m, r=ratio[d - 2]: (m.double() * r).floor().long())
