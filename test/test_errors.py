@@ -256,3 +256,44 @@ def test_errors_mention_both_shapes():
         a + b
     shapes = re.findall(r"\(1, j\d+, j\d+, 3\)", str(info.value))
     assert len(shapes) == 2, str(info.value)
+
+
+_ONE_VALUE_USES = {
+    "int": lambda n: int(n),
+    "range": lambda n: range(n),
+    "index": lambda n: [0, 1, 2][n],
+    "float": lambda n: float(n),
+    "arange": lambda n: torch.arange(n),
+    "arange_start": lambda n: torch.arange(1, n),
+    "power": lambda n: n**0.5,
+    "floordiv": lambda n: n // 2,
+    "truediv": lambda n: n / 2,
+    "add": lambda n: n + 1,
+    "sub": lambda n: n - 1,
+    "neg": lambda n: -n,
+    "sym_max": lambda n: torch.sym_max(n, 3),
+}
+
+
+@pytest.mark.parametrize("use", sorted(_ONE_VALUE_USES))
+@pytest.mark.parametrize("which", ["sequence", "joined", "scaled"])
+def test_a_ragged_size_used_as_one_number_says_what_to_write(use, which):
+    # int(x.shape[1]), torch.arange(n), n // 2: a ragged dim's size has no single value. torch's
+    # own node raises an AttributeError about a missing method; ours names the ways to write it.
+    x = mj.nested_tensor([torch.randn(n, 4) for n in (2, 0, 3)])
+    n = {"sequence": x.shape[1], "joined": torch.cat([x, x], 1).shape[1], "scaled": 3 * x.shape[1]}[which]
+    assert isinstance(n, torch.SymInt) and n != x.shape[1] or which == "sequence"
+    with pytest.raises(TypeError, match=r"no single value.*mj\.position_ids\(x\)"):
+        _ONE_VALUE_USES[use](n)
+
+
+def test_a_ragged_size_keeps_its_comparisons_products_and_njt_identity():
+    x = mj.nested_tensor([torch.randn(n, 4) for n in (2, 0, 3)])
+    n = x.shape[1]
+    assert 2 * n == n * 2 and n * 2 != n and n == x.shape[1] and n >= 2 and not (n == 3)
+    assert str(n * 4) == f"4*{n}" and hash(n) == hash(x.shape[1])
+    assert x.new_zeros(x.shape).shape == x.shape  # sizes still build tensors from the batch
+    # a torch.jagged tensor on the same offsets has the same nested int, both ways
+    njt = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(5, 4)], layout=torch.jagged)
+    assert mj.from_jagged(njt).shape[1] == njt.shape[1]
+    assert mj.to_jagged(x).shape[1] == n

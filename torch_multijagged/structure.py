@@ -5,8 +5,9 @@ NOTE [ Ragged extents and nested ints ]
 A *ragged extent* is the vector ``n = (n_0, …, n_{B-1})`` of per-sample sizes of one ragged dim.
 It is stored as its exclusive prefix sum ``offsets = [0, n_0, n_0+n_1, …]`` ((B+1,) int64, on
 the values' device), and that tensor *is* the extent's identity: the nested int that appears in
-the logical shape (``j0``) is ``get_tensor_symint(offsets)``, keyed on the tensor object, exactly as
-``torch.jagged`` keys its nested int on its offsets. A sequence ``(B, j0, C)`` therefore has the
+the logical shape (``j0``) is keyed on the tensor object in ``torch.jagged``'s registry, exactly as
+``torch.jagged`` keys its nested int on its offsets (``_RaggedSizeNode``: its node, with a clear
+error where code asks a ragged size for one value). A sequence ``(B, j0, C)`` therefore has the
 same ``j0`` as the NJT with the same offsets, and a square pair built from it carries that same
 extent on both pair dims, so reducing one pair dim gives back singles that add to the originals.
 
@@ -87,11 +88,70 @@ from typing import Any, Optional, Sequence
 
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
-from torch.nested._internal.nested_tensor import get_tensor_symint
+from torch.nested._internal import nested_tensor as _njt
+from torch.nested._internal.nested_int import NestedIntNode
 
 from .kernels import reference as ref
 
 __all__ = ["RaggedExtent", "Partition", "same_extent", "partition_for", "register_partition", "mapped_extent", "flat_extent"]
+
+
+_NO_VALUE = (
+    "a ragged dim's size differs per sample and has no single value. Build tensors of the batch's "
+    "shape from the batch itself (x.new_zeros(x.shape), torch.ones_like(x), x.new_full(x.shape, v)); "
+    "each sample's positions are mj.position_ids(x); the sizes are x.sizes() or x.offsets()"
+)
+
+
+class _RaggedSizeNode(NestedIntNode):
+    """``torch.jagged``'s nested-int node, with a clear error where code asks for its one value.
+
+    ``int(x.shape[1])``, ``range(n)``, ``torch.arange(n)``, ``float(n)`` and arithmetic such as
+    ``n // 2`` treat a size as one number; torch's node answers with an ``AttributeError`` about a
+    missing method. A ragged dim has no one size, so ours raises a ``TypeError`` that says so and
+    names what to write instead. Everything else (comparisons, products with ints, hashing,
+    tracing) is the base class's."""
+
+    def _no_value(self, use: str):
+        raise TypeError(f"{use} with the nested int {self}: {_NO_VALUE}")
+
+    def int_(self):
+        self._no_value("int(), range() or an index")
+
+    def guard_int(self, file, line):
+        self._no_value("an int argument (torch.arange(n), a dense tensor's size or slice)")
+
+    def guard_float(self, file, line):
+        self._no_value("float()")
+
+    def sym_float(self):
+        self._no_value("float()")
+
+    def _arith(self, other):
+        self._no_value("arithmetic other than a product with an int")
+
+    add = sub = truediv = int_truediv = floordiv = int_floordiv = mod = pow = pow_by_natural = _arith
+    sym_min = sym_max = _arith
+
+    def neg(self):
+        self._no_value("negation")
+
+    def mul(self, other):
+        if other.is_constant():
+            return _RaggedSizeNode(self.t_id, self.coeff * other.constant_int())
+        return super().mul(other)
+
+
+def _eager_nested_int(offsets: torch.Tensor) -> torch.SymInt:
+    """The nested int of eager ``offsets``: ``torch.jagged``'s own when it has one (an NJT built on
+    them), else a new one, drawn from its counter and entered in its registry so that an NJT on
+    the same offsets has the same ``j``."""
+    ni = _njt._tensor_symint_registry.get(offsets)
+    if ni is None:
+        ni = torch.SymInt(_RaggedSizeNode(_njt._tensor_id_counter, 1))
+        _njt._tensor_id_counter += 1
+        _njt._tensor_symint_registry[offsets] = ni
+    return ni
 
 
 def _mark_dynamic0(t: torch.Tensor) -> torch.Tensor:
@@ -181,14 +241,15 @@ class RaggedExtent:
     def nested_int(self):
         ni = self._nested_int
         if ni is None:
-            # coeff must always be 1: the registry keeps the first coeff it sees for a tensor.
-            ni = get_tensor_symint(self.offsets, coeff=1)
             # Eager offsets keep their nested int for life (the registry's entry), so it is kept
             # here too: the registry's weak-dict lookup was ≈ 7 µs of every new wrapper shape.
-            # Fake and functional offsets (subclasses) ask their own memo while tracing.
+            # Fake and functional offsets (subclasses) ask their own memo while tracing (coeff
+            # must always be 1: the memo keeps the first coeff it sees for a tensor).
             if type(self.offsets) is torch.Tensor and not torch.compiler.is_compiling():
-                self._nested_int = ni
+                ni = self._nested_int = _eager_nested_int(self.offsets)
                 _EXTENT_OF_NODE[id(ni.node)] = self
+            else:
+                ni = _njt.get_tensor_symint(self.offsets, coeff=1)
         return ni
 
     def batch_stride(self, row: int):
