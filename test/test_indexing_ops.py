@@ -438,6 +438,59 @@ def test_setitem_boolean_mask(layout):
     check()
 
 
+@pytest.mark.parametrize("layout", [SEQ, SQUARE, STATIC_LEAD, RECT3_MID], ids=str)
+@pytest.mark.parametrize("over", ["elements", "rows"])
+def test_getitem_boolean_mask_reads_elements_or_whole_rows(layout, over):
+    """``x[mask]`` with a multi_jagged boolean mask is dense torch's: the selected elements of
+    the whole batch in row-major order, a dense tensor; with a mask of x's leading dims through
+    every ragged dim (``keep`` of ``(B, j0)`` for ``(B, j0, C)``: token dropping), the selected
+    rows ``(K, *rest)``. Gradients reach x, to second order."""
+
+    @FEW
+    @given(structures(layout), seeds)
+    def check(s, seed):
+        comps = s.components(seed)
+        trailing = comps[0].dim() - len(layout.ragged_dims)
+        rows = over == "rows"
+        if rows and (trailing == 0 or layout.ragged_dims != tuple(range(1, len(layout.ragged_dims) + 1))):
+            x = mj.nested_tensor(comps, ragged_dims=layout.ragged_dims)
+            with pytest.raises(RuntimeError, match=r"index\(\): expected a boolean mask"):
+                x[x[..., 0] > 0]  # a dim of the mask's is a ragged dim, or ragged dims do not lead
+            return
+        pick = (lambda c: c[..., 0] > 0) if rows else (lambda c: c > 0)
+        refs = [c.clone().requires_grad_() for c in comps]
+        x = mj.nested_tensor(comps, ragged_dims=layout.ragged_dims).requires_grad_()
+        out = x[pick(x)]
+        ref = torch.cat([r[pick(r)] for r in refs])
+        assert type(out) is torch.Tensor
+        torch.testing.assert_close(out, ref)
+        cot = torch.randn(ref.shape, dtype=ref.dtype, generator=torch.Generator().manual_seed(seed))
+        g = torch.autograd.grad((out * out * cot).sum(), x, create_graph=True)[0]
+        g_ref = torch.autograd.grad((ref * ref * cot).sum(), refs, create_graph=True)
+        _components_equal(g, [t.detach() for t in g_ref])
+        if ref.numel() == 0:
+            return  # nothing selected: the gradient is zeros, with no graph (dense alike)
+        gg = torch.autograd.grad((g * g).sum(), x)[0]
+        gg_ref = torch.autograd.grad(sum((t * t).sum() for t in g_ref), refs)
+        _components_equal(gg, list(gg_ref))
+
+    check()
+
+
+def test_getitem_boolean_mask_of_rows_sets_and_errors():
+    """``x[keep] = v`` writes whole rows; a mask whose structure differs raises."""
+    comps = [torch.randn(n, 3, generator=torch.Generator().manual_seed(n)) for n in (3, 0, 4)]
+    x = mj.nested_tensor(comps)
+    keep = x[..., 0] > 0
+    y = x.clone()
+    y[keep] = torch.arange(3.0)
+    _components_equal(y, [c.masked_scatter((c[:, :1] > 0).expand_as(c), torch.arange(3.0).repeat(int((c[:, 0] > 0).sum())))
+                          for c in comps])
+    other = mj.nested_tensor([torch.ones(n, dtype=torch.bool) for n in (3, 1, 4)])
+    with pytest.raises(RuntimeError, match=r"index\(\): expected a boolean mask"):
+        x[other]
+
+
 def test_index_put_compiles_fullgraph():
     x = torch.nested.nested_tensor([torch.randn(n, 2) for n in (3, 1, 2)], layout=multi_jagged).requires_grad_()
     v = torch.randn(2, 2, requires_grad=True)

@@ -252,3 +252,17 @@ def test_inf_norm_over_empty_extent_never_negative():
                 assert bool((o == 0).all())
 
     check()
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.float64])
+def test_sum_dtype_into_one_output_row_keeps_the_asked_dtype(dtype):
+    """A reduction whose output has one packed row (a pair with lengths (1, 0) reduced over a
+    pair dim) sums the rows with a plain ``sum``, which alone would promote integers to int64."""
+    comps = [torch.randn(n, n, 3, generator=torch.Generator().manual_seed(n)) * 3 for n in (1, 0)]
+    x = mj.nested_tensor(comps)
+    for d in (1, 2):
+        out = x.sum(d, dtype=dtype)
+        assert out.dtype == dtype
+        for o, c in zip(out.unbind(), comps):
+            torch.testing.assert_close(o, c.sum(d - 1, dtype=dtype))
+        assert x.to(dtype).sum(d).dtype == (torch.int64 if not dtype.is_floating_point else dtype)

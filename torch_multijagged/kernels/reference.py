@@ -191,7 +191,7 @@ def segment_reduce(
     if reduce == "sum" and isinstance(out_rows, int) and out_rows == 1:
         # one segment (a reduction over the batch): a plain sum. Inductor's CPU code generation
         # (torch 2.13, 2 threads, dynamic rows) fails on an index_add into a (1, …) buffer.
-        out = values.sum(0, keepdim=True)
+        out = values.sum(0, keepdim=True, dtype=values.dtype)  # integers stay in their dtype, as index_add
         return out + empty if empty else out
     if reduce == "sum":
         out = values.new_full(out_shape, empty) if empty else values.new_zeros(out_shape)

@@ -36,11 +36,12 @@ import torch
 import torch.nn.functional as F
 
 from ...bridge import relabel
+from ...tensor import values_of
 from ...structure import Partition, RaggedExtent, partition_for
 from .._table import register_multi_jagged_func
 from .._common import MJT, describe, wrap
 from ..shape.padded import _padded_positions
-from .._routing import route
+from .._routing import _needs_grad, route
 
 aten = torch.ops.aten
 
@@ -436,12 +437,18 @@ def _check_in_range(op: str, idx: torch.Tensor, size: torch.Tensor, what: str) -
 
 
 def _mask_index(op: str, x: MJT, indices):
-    """A boolean multi_jagged index of ``x``'s structure (``x[x > 0] = v``), else None."""
+    """A boolean multi_jagged index of ``x``'s structure (``x[x > 0] = v``), or of its leading
+    dims through every ragged dim when those lead (``x[keep]`` of ``(B, j0, C)`` with ``keep``
+    ``(B, j0)``: whole rows, as dense torch's mask over leading dims), else None."""
     if len(indices) == 1 and isinstance(indices[0], MJT):
         mask = indices[0]
         if mask.dtype != torch.bool:
             raise NotImplementedError(f"{op}(): a multi_jagged index must be a boolean mask of the input's structure for {_LAYOUT}")
-        _same_structure(op, x, mask, "a boolean mask")
+        m = mask._values.dim()
+        if (len(mask._size) < len(x._size) and mask._ragged_dims == x._ragged_dims and _ragged_lead(x)
+                and mask._values.shape[1:] == x._values.shape[1:m] and x._partition.same_as(mask._partition)):
+            return mask  # storage order is row-major over the masked dims: no reordering
+        _same_structure(op, x, mask, "a boolean mask (or one of its leading dims through every ragged dim)")
         return mask
     return None
 
@@ -558,6 +565,17 @@ def index_put_default(func, x, indices, values, accumulate=False):
         x._values.index_put_(vidx, vals, accumulate)
         return x
     return wrap(x._values.index_put(vidx, vals, accumulate), x._partition, x._ragged_dims)
+
+
+def mask_index(x: MJT, mask: MJT) -> torch.Tensor:
+    """``x[mask]`` with a boolean multi_jagged mask of ``x``'s structure or of its leading dims
+    through every ragged dim: dense, the selected elements (rows) in row-major order, as dense
+    torch's; differentiable, computed on the values (aten's derivative would build zeros of the
+    input's nested-int sizes)."""
+    _mask_index("index", x, [mask])
+    v = values_of(x) if _needs_grad(x) else x._values
+    out = v[mask._values]
+    return out if _ragged_lead(x) else out[_logical_order(x, mask._values)]
 
 
 @register_multi_jagged_func(aten.index.Tensor, "self: mjt, indices: any")

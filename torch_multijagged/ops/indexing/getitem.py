@@ -12,6 +12,7 @@ from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, route
 from .._table import dispatch as _dispatch
 from .along import ragged_dim
+from .gather import mask_index
 from .slicing import select_ragged, slice_ragged
 
 mj = torch.ops.multijagged
@@ -43,6 +44,8 @@ def _getitem(input, index):
         if not -b <= index < b:
             raise IndexError(f"index {index} is out of bounds for dimension 0 with size {b}")
         return _components(input)[index]
+    if isinstance(input, MJT) and isinstance(index, MJT) and index.dtype == torch.bool:
+        return mask_index(input, index)  # x[x > 0], x[keep] of whole rows: dense, as dense torch's
     if isinstance(input, MJT) and _advanced(index) is not None:
         return constructors.select_batch(input, _advanced(index))  # samples by index or mask
     if isinstance(input, MJT) and isinstance(index, (tuple, slice, type(Ellipsis), type(None))):

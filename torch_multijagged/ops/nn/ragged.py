@@ -261,7 +261,7 @@ def _gather(v, rows, ok):
     if v.shape[0] == 0 and rows.numel():
         # no element in the batch: every window is empty (``ok`` all False), its rows point at a
         # row that does not exist; read a zero row instead (still a function of ``v``)
-        v = v.sum(0, keepdim=True)
+        v = v.sum(0, keepdim=True, dtype=v.dtype)
     w = v.index_select(0, rows.reshape(-1)).view(*rows.shape, *v.shape[1:])
     return w, ok.view(*ok.shape, *([1] * (v.dim() - 1)))
 
