@@ -458,6 +458,14 @@ BUGS = [
         ("test_resample.py",)),
     Bug("FlatBatch marks attributes (an endless chain of aliases)", "ops/shape/tokens.py",
         'if getattr(func, "__name__", None) == "__get__":', "if False:", ("test_flatten_batch.py",)),
+    Bug("unfold along a ragged dim forgets the step", "ops/indexing/slicing.py",
+        "a[:, k] = a[:, k] * step + t", "a[:, k] = a[:, k] + t", ("test_ragged_indexing.py",)),
+    Bug("a row mask indexes elements of the wrong rows (no reordering for a static lead)", "ops/indexing/gather.py",
+        "return out if _ragged_lead(x) else out[_logical_order(x, mask._values)]\n\n\n@register",
+        "return out\n\n\n@register", ("test_indexing_ops.py",)),
+    Bug("one-row segment sum promotes integers", "kernels/reference.py",
+        "out = values.sum(0, keepdim=True, dtype=values.dtype)", "out = values.sum(0, keepdim=True)",
+        ("test_reduction_dtypes.py",)),
 ]
 
 

@@ -421,6 +421,58 @@ def test_diff_along_a_ragged_dim_errors():
         torch.diff(x, dim=1, prepend=x)
 
 
+@pytest.mark.parametrize("layout", [SEQ, SQUARE, RECT3_MID], ids=lambda l: l.name)
+@given(data=st.data(), seed=seeds, size=st.integers(1, 3), step=st.integers(1, 3))
+@few(8)
+def test_unfold_along_each_ragged_dim(layout, data, seed, size, step):
+    """``x.unfold(d, size, step)`` per sample: ``(n - size) // step + 1`` windows along the dim,
+    their elements in a new last dim; a sample shorter than the window (an empty one) raises as
+    dense torch does, naming it."""
+    s = data.draw(structures(layout, min_batch=0))
+    comps = s.components(seed)
+    for d in s.ragged_dims:
+        check(lambda x: x.unfold(d, size, step), lambda c: c.unfold(d - 1, size, step), comps, s.ragged_dims)
+
+
+@given(lengths=st.lists(st.integers(0, 4), min_size=1, max_size=3), pair=st.booleans(),
+       size=st.integers(1, 3), step=st.integers(1, 3), seed=seeds)
+@few(10)
+def test_unfold_along_a_ragged_dim_long_enough_samples(lengths, pair, size, step, seed):
+    # every sample holds the window: the values path, not the error
+    g = torch.Generator().manual_seed(seed)
+    ns = [size + n for n in lengths]
+    comps = [torch.randn(*((n, n) if pair else (n,)), 2, generator=g, dtype=F64) for n in ns]
+    for d in ((1, 2) if pair else (1,)):
+        check(lambda x: x.unfold(d, size, step), lambda c: c.unfold(d - 1, size, step), comps,
+              (1, 2) if pair else (1,))
+
+
+def test_unfold_along_a_ragged_dim_second_order_no_leakage_and_errors():
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, generator=g, dtype=F64, requires_grad=True) for n in (4, 2, 5)]
+    x = mj.as_nested_tensor(comps)
+    y = x.unfold(1, 2, 1)
+    refs = [c.unfold(0, 2, 1) for c in comps]
+    g1 = torch.autograd.grad(sum((a ** 3).sum() for a in y.unbind()), comps, create_graph=True)
+    r1 = torch.autograd.grad(sum((a ** 3).sum() for a in refs), comps, create_graph=True)
+    g2 = torch.autograd.grad(sum((a * a).sum() for a in g1), comps)
+    r2 = torch.autograd.grad(sum((a * a).sum() for a in r1), comps)
+    for a, b in zip(g1 + g2, r1 + r2):
+        torch.testing.assert_close(a, b)
+    assert x.unfold(1, 2, 1).shape[1] == y.shape[1]  # one nested int per rule
+    changed = [c.detach() * (10 if i == 2 else 1) for i, c in enumerate(comps)]
+    other = mj.nested_tensor(changed).unfold(1, 2, 1).unbind()
+    assert all(torch.equal(a.detach(), b) for a, b in zip(y.unbind()[:2], other[:2]))
+    with pytest.raises(RuntimeError, match=r"step is 0 but must be > 0"):
+        x.unfold(1, 2, 0)
+    with pytest.raises(RuntimeError, match=r"size is -1 but must be >= 0"):
+        x.unfold(1, -1, 1)
+    with pytest.raises(RuntimeError, match=r"maximum size for tensor at dimension 1 is 2 but size is 3 in sample 1"):
+        x.unfold(1, 3, 1)
+    with pytest.raises(NotImplementedError, match=r"size 0"):
+        x.unfold(1, 0, 1)
+
+
 def test_take_with_per_sample_indices():
     """``torch.take`` per sample: each sample's indices into its own elements (row-major, negative
     from the end), the result shaped as the index; gradients scatter back per sample."""

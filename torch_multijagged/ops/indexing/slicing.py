@@ -1,7 +1,7 @@
 """Indexing along ragged dims, per sample: ``select`` / ``x[:, i]``, slices ``x[:, a:b:s]``,
 ``narrow``, ``index_select``, ``gather`` / ``take_along_dim`` / ``scatter`` / ``scatter_add`` /
-``scatter_reduce`` (message passing over a batch of graphs), ``flip``, ``roll``, ``rot90``
-(NOTE [ Indexing along ragged dims ] in ``along.py``: which results are ragged, static or dense).
+``scatter_reduce`` (message passing over a batch of graphs), ``flip``, ``roll``, ``rot90``,
+``unfold`` (sliding windows) (NOTE [ Indexing along ragged dims ] in ``along.py``: which results are ragged, static or dense).
 Along static dims these ops act on the values."""
 
 from __future__ import annotations
@@ -398,6 +398,49 @@ def _diff(input, n=1, dim=-1, prepend=None, append=None):
     for _ in range(n):
         input = input[head + (slice(1, None),)] - input[head + (slice(None, -1),)]
     return input
+
+
+@eager
+def unfold_ragged(op: str, x: MJT, d: int, k: int, size: int, step: int):
+    """``x.unfold(d, size, step)`` along ragged dim ``d``, per sample: its windows, ``m = (n - size)
+    // step + 1`` of them along ``d`` (a new extent), their ``size`` elements in a new last dim.
+    Every sample must hold ``size`` elements (dense torch's rule, so an empty sample raises)."""
+    if step <= 0:
+        raise RuntimeError(f"step is {step} but must be > 0")  # dense torch's words
+    if size < 0:
+        raise RuntimeError(f"size is {size} but must be >= 0")
+    if size == 0:
+        raise NotImplementedError(f"{op}(): windows of size 0 along ragged dim {d} of {describe(x)} for layout torch.multi_jagged")
+
+    def fail(s, n):
+        raise RuntimeError(f"{op}(): maximum size for tensor at dimension {d} is {n} but size is {size} in sample {s} of {describe(x)}")
+
+    check_samples(x, k, lambda n: n < size, fail, f"{op}(): a sample is shorter than the window")
+    out = mapped_extent(x._partition.extents[k], ("unfold", size, step), lambda n: (n - size) // step + 1)
+    extents = list(x._partition.extents)
+    extents[k] = out
+
+    def element(t: int):
+        def source(sample, a):
+            a = a.clone()
+            a[:, k] = a[:, k] * step + t
+            return a
+
+        return source
+
+    return torch.stack([keep_along(x, extents, element(t)) for t in range(size)], dim=-1)
+
+
+@route(torch.Tensor.unfold)
+def _unfold(input, dimension, size, step):
+    """``x.unfold(d, size, step)`` along a ragged dim (``unfold_ragged``); along a static dim it
+    acts on the values (``aten.unfold``'s handler)."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    hit = ragged_dim("unfold", input, dimension)
+    if hit is None:
+        return NotImplemented
+    return unfold_ragged("unfold", input, *hit, size, step)
 
 
 @route(torch.rot90, torch.Tensor.rot90)
