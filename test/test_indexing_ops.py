@@ -571,6 +571,38 @@ def test_matmul_dense_per_sample_broadcast_no_grad_inference_mode_and_errors():
         x4 @ torch.randn(2, 1, 4, 5)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+def test_grouped_mm_samples_are_the_groups(dtype):
+    """``F.grouped_mm(x, w)`` of ``(B, j0, K)`` and ``(B, K, N)``: sample i's rows times ``w[i]``
+    (mixture-of-experts tokens grouped per expert), gradients to both, second order; ``out_dtype``
+    accumulates in it; ``offs`` (the batch's own) and ``bias`` raise."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 4, generator=g, dtype=dtype, requires_grad=True) for n in (3, 0, 2)]
+    w = torch.randn(3, 4, 5, generator=g, dtype=dtype, requires_grad=True)
+    x = mj.as_nested_tensor(comps)
+    out = F.grouped_mm(x, w)
+    refs = [c @ wi for c, wi in zip(comps, w)]
+    _components_equal(out, [r.detach() for r in refs])
+    cot = [torch.randn(r.shape, generator=g, dtype=dtype) for r in refs]
+    got = torch.autograd.grad(sum((o * o * c).sum() for o, c in zip(out.unbind(), cot)), comps + [w], create_graph=True)
+    exp = torch.autograd.grad(sum((r * r * c).sum() for r, c in zip(refs, cot)), comps + [w], create_graph=True)
+    tol = dict(rtol=2e-2, atol=2e-2) if dtype == torch.bfloat16 else {}
+    for a, b in zip(got, exp):
+        torch.testing.assert_close(a, b, **tol)
+    if dtype == torch.float64:
+        got2 = torch.autograd.grad(sum((t * t).sum() for t in got), comps + [w])
+        exp2 = torch.autograd.grad(sum((t * t).sum() for t in exp), comps + [w])
+        for a, b in zip(got2, exp2):
+            torch.testing.assert_close(a, b)
+    wide = F.grouped_mm(x, w, out_dtype=torch.float64)
+    assert wide.dtype == torch.float64
+    _components_equal(wide, [c.detach().double() @ wi.detach().double() for c, wi in zip(comps, w)])
+    with pytest.raises(RuntimeError, match="offs must be None"):
+        F.grouped_mm(x, w, offs=torch.tensor([3, 3, 5], dtype=torch.int32))
+    with pytest.raises(NotImplementedError, match="bias"):
+        F.grouped_mm(x, w, bias=torch.zeros(3, 5, dtype=dtype))
+
+
 def test_bmm_compiles_fullgraph():
     x = torch.nested.nested_tensor([torch.randn(n, 4) for n in (2, 1, 3)], layout=multi_jagged).requires_grad_()
     o = torch.randn(3, 4, 5, requires_grad=True)

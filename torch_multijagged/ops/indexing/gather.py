@@ -651,6 +651,25 @@ def bmm_default(func, x, other):
     return (x.unsqueeze(-1) * other.unsqueeze(-3)).sum(-2)
 
 
+@route(torch._grouped_mm)
+def _grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """``F.grouped_mm(x, w)`` of ``(B, j0, K)`` rows and one ``(K, N)`` matrix per sample ``(B, K,
+    N)``: the samples are the groups (mixture-of-experts tokens routed per expert), each sample's
+    rows times its own matrix, as ``torch.bmm`` (differentiable to both), on any device and dtype.
+    ``offs`` is the batch's own offsets, so it is not given."""
+    if not isinstance(mat_a, MJT):
+        return NotImplemented
+    if offs is not None:
+        raise RuntimeError(f"grouped_mm(): the groups of {describe(mat_a)} are its samples; offs must be None")
+    if isinstance(mat_b, MJT) or mat_b.dim() != 3:
+        raise RuntimeError(f"grouped_mm(): expected a dense (B, K, N) mat_b for {describe(mat_a)}, got {describe(mat_b)}")
+    if bias is not None:
+        raise NotImplementedError("grouped_mm(): bias is not supported")  # nor by torch's kernels
+    if out_dtype is not None:  # accumulate in it, as the kernels do
+        mat_a, mat_b = mat_a.to(out_dtype), mat_b.to(out_dtype)
+    return torch.bmm(mat_a, mat_b)
+
+
 def _batch_check(x: MJT, dense: torch.Tensor) -> None:
     if dense.shape[0] != x._partition.batch:
         raise _bmm_error(x, dense, f"expected the dense operand's batch size {x._partition.batch}, got {dense.shape[0]}")
