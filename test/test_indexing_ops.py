@@ -603,6 +603,60 @@ def test_grouped_mm_samples_are_the_groups(dtype):
         F.grouped_mm(x, w, bias=torch.zeros(3, 5, dtype=dtype))
 
 
+@given(lengths=st.lists(st.integers(0, 6), min_size=0, max_size=4), width=st.sampled_from([None, 1, 2]),
+       floats=st.booleans(), seed=seeds)
+@FEW
+def test_unique_consecutive_along_the_ragged_dim_per_sample(lengths, width, floats, seed):
+    """Runs of equal rows collapse within each sample (a CTC decoder's repeats), never across
+    samples; inverse and counts as dense per sample; float values (NaN: each its own run, as
+    dense) carry the gradient of a row selection; dim=None is dense torch's over every element."""
+    g = torch.Generator().manual_seed(seed)
+    shape = () if width is None else (width,)
+    comps = [torch.randint(0, 2, (n, *shape), generator=g) for n in lengths]
+    if floats:
+        comps = [c.double().masked_fill(torch.rand(c.shape, generator=g) < 0.1, float("nan")).requires_grad_() for c in comps]
+    x = mj.as_nested_tensor(comps) if comps else mj.nested_tensor([torch.zeros(0, *shape, dtype=torch.int64)])[:0]
+    for ri in (False, True):
+        for rc in (False, True):
+            out = torch.unique_consecutive(x, return_inverse=ri, return_counts=rc, dim=1)
+            outs = out if isinstance(out, tuple) else (out,)
+            for i, c in enumerate(comps):
+                ref = torch.unique_consecutive(c, return_inverse=ri, return_counts=rc, dim=0)
+                ref = ref if isinstance(ref, tuple) else (ref,)
+                for o, r in zip(outs, ref):
+                    torch.testing.assert_close(o.unbind()[i], r.detach(), equal_nan=True, rtol=0, atol=0)
+    if floats and comps:
+        out = x.unique_consecutive(dim=1)
+        refs = [c.unique_consecutive(dim=0) for c in comps]
+        gx = torch.autograd.grad(sum(torch.where(o.isnan(), 0.0, o).sum() for o in out.unbind()), comps, allow_unused=True)
+        # dense has no derivative: the reference is the selection of each run's first row
+        for c, r, gi in zip(comps, refs, gx):
+            keep = torch.ones(c.shape[0], dtype=torch.bool)
+            if c.shape[0] > 1:
+                keep[1:] = (c[1:] != c[:-1]).reshape(c.shape[0] - 1, -1).any(1)
+            expected = torch.zeros_like(c).index_put((keep.nonzero()[:, 0],), (~r.detach().isnan()).double())
+            torch.testing.assert_close(torch.zeros_like(c) if gi is None else gi, expected)
+    if comps:
+        flat = torch.unique_consecutive(x, return_inverse=True, return_counts=True)
+        dense = torch.unique_consecutive(torch.cat([c.detach().reshape(-1) for c in comps]), return_inverse=True,
+                                         return_counts=True)
+        torch.testing.assert_close(flat[0], dense[0], equal_nan=True)
+        torch.testing.assert_close(flat[1].values().reshape(-1), dense[1])
+        torch.testing.assert_close(flat[2], dense[2])
+
+
+def test_unique_consecutive_errors():
+    pair = mj.nested_tensor([torch.zeros(2, 2, dtype=torch.int64), torch.zeros(1, 1, dtype=torch.int64)])
+    with pytest.raises(NotImplementedError, match="only ragged dim 1"):
+        pair.unique_consecutive(dim=1)
+    seq = mj.nested_tensor([torch.zeros(2, 3), torch.zeros(1, 3)])
+    with pytest.raises(NotImplementedError, match="only ragged dim 1"):
+        seq.unique_consecutive(dim=2)
+    lead = mj.nested_tensor([torch.zeros(2, n) for n in (2, 3)], ragged_dims=(2,))
+    with pytest.raises(NotImplementedError, match="static dim before a ragged one"):
+        lead.unique_consecutive()
+
+
 def test_bmm_compiles_fullgraph():
     x = torch.nested.nested_tensor([torch.randn(n, 4) for n in (2, 1, 3)], layout=multi_jagged).requires_grad_()
     o = torch.randn(3, 4, 5, requires_grad=True)

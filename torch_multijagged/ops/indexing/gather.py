@@ -1,5 +1,6 @@
 """Indexing-style ops: ``embedding``, ``embedding_bag``, ``masked_select``, ``index_put`` /
-``x[idx] = v`` (with ``index`` for its gradient), and ``bmm`` with a dense per-sample operand.
+``x[idx] = v`` (with ``index`` for its gradient), ``unique_consecutive``, and ``bmm`` /
+``grouped_mm`` with a dense per-sample operand.
 
 NOTE [ Indices on packed rows ]
 
@@ -36,10 +37,10 @@ import torch
 import torch.nn.functional as F
 
 from ...bridge import relabel
-from ...tensor import values_of
+from ...tensor import values_of, wrap_values
 from ...structure import Partition, RaggedExtent, partition_for
 from .._table import register_multi_jagged_func
-from .._common import MJT, describe, wrap
+from .._common import MJT, canonical_dim, describe, wrap
 from ..shape.padded import _padded_positions
 from .._routing import _needs_grad, route
 
@@ -425,6 +426,54 @@ def _masked_scatter(input, mask, source):
         return _MaskedScatter.apply(input, mask, source)
     return NotImplemented
 
+
+
+# --------------------------------------------------------------------------- unique_consecutive
+@route(torch.unique_consecutive, torch.Tensor.unique_consecutive)
+def _unique_consecutive(input, return_inverse=False, return_counts=False, dim=None):
+    """Along the ragged dim of ``(B, j0, …)``, per sample: each run of equal rows kept once
+    (collapsing repeats, as a CTC decoder does), a new extent; the inverse ``(B, j0)`` gives each
+    row's run within its sample, the counts ``(B, j)`` each run's length. Runs never cross samples.
+    With ``dim=None`` it is dense torch's over every element in row-major order (dense results,
+    the inverse shaped as the input), as ``unique``. The values are differentiable (a selection of
+    rows), where dense torch's derivative is not implemented."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    p, v = input._partition, input._values
+    if dim is None:
+        if not _ragged_lead(input):
+            raise NotImplementedError(
+                f"unique_consecutive() over every element of {describe(input)} (a static dim before a ragged one) "
+                f"for {_LAYOUT}")
+        out = torch.unique_consecutive(v.reshape(-1), return_inverse=return_inverse, return_counts=return_counts)
+        if not return_inverse:
+            return out
+        values, inverse, *counts = out
+        return (values, MJT(inverse.reshape(v.shape), p, input._ragged_dims), *counts)
+    d = canonical_dim("unique_consecutive", len(input._size), dim)
+    if input._ragged_dims != (1,) or d != 1:
+        raise NotImplementedError(
+            f"unique_consecutive(dim={dim}) of {describe(input)} for {_LAYOUT}: supported along the only ragged "
+            "dim 1 (runs of rows within each sample), or over every element (dim=None)")
+    t = v.shape[0]
+    rows = torch.arange(t, device=v.device)
+    sample = p.row_sample()
+    flat = v.reshape(t, math.prod(v.shape[1:]))
+    keep = rows == p.offsets[sample]  # a sample's first row starts a run
+    if t > 1:
+        keep[1:] |= (flat[1:] != flat[:-1]).any(1)
+    run = torch.cumsum(keep, 0) - 1  # each row's run, over the whole batch
+    lengths = torch.zeros(p.batch, dtype=torch.int64, device=v.device).index_add(0, sample, keep.to(torch.int64))
+    # SYNC: the runs per sample size the result (dense unique_consecutive syncs to size its output too)
+    part = partition_for([RaggedExtent.from_lengths(lengths.cpu(), v.device)])
+    src = values_of(input) if _needs_grad(input) else v
+    result = [wrap_values(src[keep], part, (1,))]
+    if return_inverse:
+        result.append(MJT(run - part.offsets[sample], p, (1,)))
+    if return_counts:
+        counts = torch.zeros(part.rows, dtype=torch.int64, device=v.device).index_add(0, run, torch.ones_like(run))
+        result.append(MJT(counts, part, (1,)))
+    return result[0] if len(result) == 1 else tuple(result)
 
 
 # --------------------------------------------------------------------------- index_put / index
