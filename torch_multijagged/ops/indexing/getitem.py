@@ -1,6 +1,6 @@
-"""``x[i]``, ``x[:, ..., k]``, ``select`` and ``unbind``: routes that express Python indexing with
-the ops that have handlers (``select``, ``slice``, ``unsqueeze`` of static dims; ``slicing.py``
-along ragged dims, per sample) and give the per-sample components."""
+"""``x[i]``, ``x[:, ..., k]``, ``select``, ``unbind`` and ``tolist``: routes that express Python
+indexing with the ops that have handlers (``select``, ``slice``, ``unsqueeze`` of static dims;
+``slicing.py`` along ragged dims, per sample) and give the per-sample components."""
 
 from __future__ import annotations
 
@@ -32,6 +32,15 @@ def _unbind(input, dim=0):
     if isinstance(input, MJT) and dim == 0:
         return _components(input)
     return NotImplemented
+
+
+@route(torch.Tensor.tolist)
+def _tolist(input):
+    """Nested Python lists, one per sample (each its component's ``tolist()``): the lists dense
+    ``tolist`` gives, with each sample's own lengths."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    return [c.tolist() for c in _dispatch(torch.ops.aten.unbind.int, (input.detach(), 0), {})]
 
 
 @route(torch.Tensor.__getitem__)
