@@ -597,20 +597,27 @@ class MultiJaggedTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         try:
-            return cls._torch_function(func, types, args, kwargs)
+            # The commonest call first, inline (a call level is ≈ 0.2 µs of a ≈ 10 µs op): a
+            # values-path op without keywords whose operands need no relabelling.
+            fast = _FAST.get(func)
+            if fast is not None and not kwargs and (len(args) < 2 or _nothing_to_unify(args)) and _fast_enabled():
+                result = fast(*args)
+                if result is not NotImplemented:
+                    return result
+                fast = None  # tried
+            return cls._torch_function(func, types, args, kwargs, fast)
         except (RuntimeError, ValueError, TypeError, IndexError) as e:
             # Errors name the op the user called (NOTE [ Error names ])
             _rename(e, func)
             raise
 
     @classmethod
-    def _torch_function(cls, func, types, args, kwargs):
+    def _torch_function(cls, func, types, args, kwargs, fast=None):
         if kwargs or (len(args) > 1 and not _nothing_to_unify(args)):
             # Operands with equal sizes but other nested ints are relabelled onto the first's,
             # except where a tensor is held by identity (NOTE [ Equal sizes, different nested
             # ints ] in ops/_routing.py).
             args, kwargs = _unify(func, args, kwargs)
-        fast = _FAST.get(func)
         if fast is not None and _fast_enabled():
             # NOTE [ Eager values path ] in ops/fastpath.py
             result = fast(*args, **(kwargs or {}))
