@@ -562,7 +562,9 @@ def _bad_inputs():
     yield "heads", (q, _t(_mj([3, 0, 2], (H + 1, D))), _t(_mj([3, 0, 2], (H + 1, D)))), {}
     yield "kv extents", (q, _t(_mj([3, 0, 2], (H, D))), _t(_mj([1, 2, 2], (H, D)))), {}
     yield "D", (q, _t(_mj([3, 0, 2], (H, D + 1))), k), {}
-    yield "dense q", (q.unbind()[0].unsqueeze(0), k, k), {}
+    # a dense q attends over ragged keys (test_sdpa_dense_queries_over_ragged_keys): of the batch's size or 1
+    yield "dense q of another batch size", (torch.randn(2, H, 3, D), k, k), {}
+    yield "dense q of another rank", (torch.randn(3, 3, D), k, k), {}
     yield "dense k", (q, torch.randn(3, H, 3, D), k), {}
     yield "kv static sizes", (q, k, _t(_mj([3, 0, 2], (H + 1, D)))), {}
     static_l = _mj([3, 0, 2], (H, D))  # (B, j, H, D): dim -2 static, while q's is ragged
@@ -752,3 +754,39 @@ def test_default_scale_uses_the_query_head_size(bk):
     for i, n in enumerate(ns):
         if n:
             torch.testing.assert_close(_t(out).unbind()[i], _t(sdpa(_t(qs[i]), _t(ks[i]), _t(vs[i]))))
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+def test_sdpa_dense_queries_over_ragged_keys(causal, shared):
+    """``F.scaled_dot_product_attention(q, k, v)`` with a dense ``q (B, H, L, D)`` (or one shared
+    ``(1, H, L, D)``: pooling by learned queries) and multi_jagged ``k / v (B, H, j0, D)``: per
+    sample, a dense result; gradients to q, k and v; no leakage; a mask or other structures raise."""
+    g = torch.Generator().manual_seed(0)
+    ns, h, length, d = (4, 0, 6, 1), 2, 3, 5
+    q = torch.randn(1 if shared else len(ns), h, length, d, dtype=torch.float64, generator=g, requires_grad=True)
+    ks = [torch.randn(h, n, d, dtype=torch.float64, generator=g, requires_grad=True) for n in ns]
+    vs = [torch.randn(h, n, 2, dtype=torch.float64, generator=g, requires_grad=True) for n in ns]
+    k, v = mj.as_nested_tensor(ks, ragged_dims=(2,)), mj.as_nested_tensor(vs, ragged_dims=(2,))
+    out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    assert type(out) is torch.Tensor and out.shape == (len(ns), h, length, 2)
+    refs = [F.scaled_dot_product_attention(q[0 if shared else i][None], ks[i][None], vs[i][None], is_causal=causal)[0]
+            for i in range(len(ns))]
+    for o, r in zip(out, refs):
+        torch.testing.assert_close(o, r)
+    got = torch.autograd.grad((out ** 2).sum(), [q, *ks, *vs])
+    exp = torch.autograd.grad(sum((r ** 2).sum() for r in refs), [q, *ks, *vs])
+    for a, b in zip(got, exp):
+        torch.testing.assert_close(a, b)
+    other = [t.detach().clone() for t in ks]
+    other[2] = other[2] * 3
+    moved = F.scaled_dot_product_attention(q.detach(), mj.as_nested_tensor(other, ragged_dims=(2,)), v.detach(),
+                                           is_causal=causal)
+    torch.testing.assert_close(moved[[0, 1, 3]], out.detach()[[0, 1, 3]], rtol=0, atol=0)
+    with pytest.raises(mj.StructureError, match="attn_mask"):
+        F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(length, 1, dtype=torch.bool))
+    pair_k = mj.nested_tensor([torch.randn(n, n, d) for n in (2, 3)])
+    with pytest.raises(mj.StructureError, match="only ragged dim is dim -2"):
+        F.scaled_dot_product_attention(torch.randn(2, 2, 3, d), pair_k, pair_k)
+    with pytest.raises(mj.StructureError, match="batch size"):
+        F.scaled_dot_product_attention(torch.randn(3, h, length, d, dtype=torch.float64), k, v)

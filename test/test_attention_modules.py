@@ -104,6 +104,50 @@ def test_multihead_attention_cross():
            others=[_comps((4, 1, 2), seed=1)])
 
 
+def _dense_query_check(f, params, queries, memory, *, weights=False):
+    """``f(queries, memory)`` with dense queries ``(B, L, E)`` and multi_jagged memory against
+    ``f`` per sample (a batch of one): outputs (and the attention weights, each sample's ``(…, L,
+    nᵢ)``), and gradients of the queries, every memory component and every parameter."""
+    q = queries.clone().requires_grad_()
+    mem = [c.clone().requires_grad_() for c in memory]
+    out = f(q, tmj.as_nested_tensor(mem))
+    y, w = out if weights else (out, None)
+    assert type(y) is torch.Tensor and y.shape[:2] == q.shape[:2]
+    qr = queries.clone().requires_grad_()
+    mr = [c.clone().requires_grad_() for c in memory]
+    refs = [f(qr[i:i + 1], mr[i][None]) for i in range(len(memory))]
+    refs = [(r[0][0], r[1][0]) if weights else (r[0], None) for r in refs]
+    for i, (ry, rw) in enumerate(refs):
+        torch.testing.assert_close(y[i], ry)
+        if weights:
+            torch.testing.assert_close(w.unbind()[i], rw)
+    loss = (y ** 2).sum() + ((w ** 2).sum() if weights else 0)
+    got = torch.autograd.grad(loss, [q, *mem, *params], allow_unused=True)
+    exp = torch.autograd.grad(sum((ry ** 2).sum() + ((rw ** 2).sum() if weights else 0) for ry, rw in refs),
+                              [qr, *mr, *params], allow_unused=True)
+    for a, b in zip(got, exp):
+        torch.testing.assert_close(torch.zeros(()) if a is None else a, torch.zeros(()) if b is None else b)
+
+
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+def test_multihead_attention_dense_queries_over_ragged_memory(need_weights, average):
+    """A DETR decoder's cross attention: dense object queries ``(B, L, E)`` over each sample's
+    own memory ``(B, j0, E)`` (an empty memory gives zero attention output, as dense); the output
+    is dense, the weights ``(B, L, j0)`` (``(B, H, L, j0)`` unaveraged)."""
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)
+    queries = torch.randn(4, 5, E, dtype=DT, generator=torch.Generator().manual_seed(3))
+    _dense_query_check(lambda q, mem: m(q, mem, mem, need_weights=need_weights, average_attn_weights=average)
+                       if need_weights else m(q, mem, mem, need_weights=False)[0],
+                       list(m.parameters()), queries, _comps((3, 0, 5, 1)), weights=need_weights)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_transformer_decoder_layer_dense_targets_over_ragged_memory(train):
+    layer = nn.TransformerDecoderLayer(E, H, 32, dropout=0.0, batch_first=True, dtype=DT).train(train)
+    queries = torch.randn(3, 4, E, dtype=DT, generator=torch.Generator().manual_seed(4))
+    _dense_query_check(lambda t, mem: layer(t, mem), list(layer.parameters()), queries, _comps((2, 5, 1)))
+
+
 def test_multihead_attention_separate_projections():
     m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT, kdim=E, vdim=E)
     m._qkv_same_embed_dim = False

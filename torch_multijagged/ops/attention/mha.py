@@ -27,6 +27,8 @@ import torch.nn.functional as F
 
 from .._common import MJT, canonical_dim, describe
 from .._routing import route
+from .sdpa import dense_queries_as_rows
+from ...constructors import as_nested_tensor
 from ..shape.leading import BatchMoved, batch_transpose, token_op
 
 __all__ = ["BatchSecond"]
@@ -81,7 +83,11 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
     """``F.multi_head_attention_forward`` on batch-first multi_jagged tensors (NOTE [ Batch-second
     tokens ]); returns ``(BatchSecond output, weights or None)`` like the dense function."""
     same_qk, same_kv = query is key, key is value
-    q, k, v = _unwrap("query", query), _unwrap("key", key), _unwrap("value", value)
+    # A dense query (L, B, E) against multi_jagged keys: each sample's L queries over its own keys
+    # (a DETR decoder's object queries); the output is dense, sequence-first as the dense function's.
+    dense_q = not isinstance(query, (BatchMoved, MJT))
+    q = query.transpose(0, 1) if dense_q else _unwrap("query", query)
+    k, v = _unwrap("key", key), _unwrap("value", value)
     e = q.shape[-1]
     if e != embed_dim_to_check:
         raise ValueError(f"{_OP}(): expected query's embedding size {embed_dim_to_check}, got {e}")
@@ -128,18 +134,23 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
     weights = None
     if need_weights:
         # the probabilities themselves are asked for: an explicit softmax (dense does the same)
-        scores = torch.matmul(qh * math.sqrt(1.0 / hd), kh.transpose(-2, -1))
         if causal:
             raise NotImplementedError(f"{_OP}(): need_weights=True with is_causal=True is not supported for layout "
                                       "torch.multi_jagged (pass need_weights=False)")
+        rows, back = dense_queries_as_rows(_OP, qh, kh) if dense_q else (qh, None)
+        scores = torch.matmul(rows * math.sqrt(1.0 / hd), kh.transpose(-2, -1))
         probs = torch.softmax(scores, dim=-1)
         dropped = F.dropout(probs, p=p) if p > 0.0 else probs
         out = torch.matmul(dropped, vh)
         weights = dropped.mean(1) if average_attn_weights else dropped
+        if dense_q:
+            # each sample's weights (…, L, nᵢ): L static, the keys ragged
+            out = back(out)
+            weights = as_nested_tensor(list(weights.unbind()), ragged_dims=(weights.dim() - 1,))
     else:
         out = F.scaled_dot_product_attention(qh, kh, vh, dropout_p=p, is_causal=causal)
     out = F.linear(out.transpose(1, 2).flatten(-2), out_proj_weight, out_proj_bias)
-    return BatchSecond(out), weights
+    return (out.transpose(0, 1) if dense_q else BatchSecond(out)), weights
 
 
 @route(torch._native_multi_head_attention, torch.ops.aten._native_multi_head_attention.default)

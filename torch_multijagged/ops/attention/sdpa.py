@@ -8,7 +8,11 @@ dim before it is a batch dim. On this layout the batch dims may themselves be ra
 * ``q (B, H, j0, D)`` — the ``torch.jagged`` convention, from ``(B, j0, H, D).transpose(1, 2)``;
 * ``q (B, j0, H, j1, D)`` — the rows of a pair attending along their columns (triangle
   attention), with a bias ``(B, 1, H, j1, j1)`` shared by every row;
-* ``q (B, j0, H, L, D)`` with L static — attention inside each packed row.
+* ``q (B, j0, H, L, D)`` with L static — attention inside each packed row;
+* a dense ``q (B, H, L, D)`` against ``k / v (B, H, j0, D)`` — each sample's L queries over its
+  own keys (DETR's object queries, Perceiver's latents, pooling by a learned query): the queries
+  are viewed as a batch of L rows per sample, attend as ragged queries do, and the result is
+  dense ``(B, H, L, Dv)``.
 
 When L is ragged it is the *last* ragged dim, so in the packed values each (sample, ragged batch
 coordinates) owns consecutive rows: a *segment*. q's values ``(Tq, *heads, D)`` are then exactly
@@ -32,6 +36,7 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ... import constructors
 from ...compile import attention as cattn
 from ...compile.attention import BACKENDS, backend  # noqa: F401  (public: re-exported)
 from ...errors import StructureError
@@ -41,7 +46,7 @@ from .._table import register_multi_jagged_func
 from .._common import MJT, describe, static_dims, wrap
 from .._routing import _call, _needs_grad, route
 
-__all__ = ["backend", "BACKENDS", "segments"]
+__all__ = ["backend", "BACKENDS", "segments", "dense_queries_as_rows"]
 
 mj = torch.ops.multijagged
 _OP = "scaled_dot_product_attention"
@@ -161,6 +166,42 @@ def _check_mask(mask, query, key, ragged_l):
                    f"ragged dims, got {tuple(mask.shape)}")
 
 
+def dense_queries_as_rows(op: str, query: torch.Tensor, key: MJT):
+    """A dense ``query (B, *heads, L, E)`` (or a batch of one, shared) against multi_jagged keys
+    ``(B, *heads, j, E)``: the queries as a multi_jagged ``(B, *heads, jL, E)`` of L rows per
+    sample (a view where ``query``'s layout allows), and the function that turns a result of
+    that structure back into a dense ``(B, *heads, L, …)`` (NOTE above)."""
+    n = len(key._size)
+    if key._ragged_dims != (n - 2,):
+        raise StructureError(f"{op}(): a dense query {tuple(query.shape)} attends to keys whose only ragged dim is "
+                             f"dim -2, got {describe(key)} for layout torch.multi_jagged")
+    b = key._partition.batch
+    if query.dim() != n or query.shape[0] not in (1, b):
+        raise StructureError(f"{op}(): expected a dense query of rank {n} and batch size {b} (or 1) like the keys "
+                             f"{describe(key)}, got {tuple(query.shape)} for layout torch.multi_jagged")
+    query = query.expand(b, *query.shape[1:])
+    length = query.shape[-2]
+    rows = query.movedim(-2, 1).reshape(b * length, *query.shape[1:-2], query.shape[-1])
+    offsets = torch.arange(b + 1, device=rows.device) * length
+    q = constructors.from_packed(rows, offsets, torch.full((b,), length, dtype=torch.int64), (n - 2,))
+
+    def back(out: MJT) -> torch.Tensor:
+        v = out.values()  # (B·L, *heads, …)
+        return v.reshape(b, length, *v.shape[1:]).movedim(1, n - 2)
+
+    return q, back
+
+
+def _dense_queries(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
+    """Dense queries against multi_jagged keys and values: through the ragged-query path, a dense
+    ``(B, *heads, L, Ev)`` back."""
+    if attn_mask is not None:
+        raise _err(f"a dense query {tuple(query.shape)} with attn_mask is not supported (keys {describe(key)})")
+    q, back = dense_queries_as_rows(_OP, query, key)
+    return back(F.scaled_dot_product_attention(q, key, value, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
+                                               enable_gqa=enable_gqa))
+
+
 @route(F.scaled_dot_product_attention)
 def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
                                   enable_gqa=False, *, values_path=False):
@@ -168,6 +209,8 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     it (the eager values path calls the handler itself, NOTE [ Eager values path ])."""
     if not any(isinstance(t, MJT) for t in (query, key, value, attn_mask)):
         return NotImplemented
+    if not isinstance(query, MJT) and isinstance(key, MJT) and isinstance(value, MJT) and not values_path:
+        return _dense_queries(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
     ragged_l = _check(query, key, value, attn_mask, is_causal, enable_gqa)
     mask = None
     if attn_mask is not None:
