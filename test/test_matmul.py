@@ -198,3 +198,34 @@ def test_matrix_product_errors():
         torch.dot(x, x)
     with pytest.raises(RuntimeError, match=r"mv\(\)"):
         torch.mv(x, torch.randn(3, 1))
+
+
+_DENSE_4D = {
+    # name: (components' shapes from n, ragged dims, dense operand shape, multi_jagged on the left)
+    "heads scores q @ kᵀ": (lambda n: (2, 4, n), (3,), (2, 3, 4), False),  # dense (B, H, L, D) @ (B, H, D, j)
+    "heads rows @ w": (lambda n: (2, n, 4), (2,), (2, 4, 5), True),  # (B, H, j, D) @ (B, H, D, E)
+    "pair rows @ shared w": (lambda n: (n, n, 4), (1, 2), (1, 4, 5), True),  # (B, j, j, C) @ (B, 1, C, E)
+    "w @ pair columns": (lambda n: (n, 4, n), (1, 3), (1, 2, 4), False),  # (B, 1, F, C) @ (B, j, C, j)
+}
+
+
+@pytest.mark.parametrize("case", _DENSE_4D)
+@pytest.mark.parametrize("batch_one", [False, True])
+def test_matmul_with_a_dense_per_sample_operand_of_four_dims(case, batch_one):
+    """``(B, H, L, D) @ (B, H, D, j)`` (attention scores with dense queries, Perceiver's latents)
+    and its kin: per sample and head, dense size-1 dims broadcasting (a dense batch of 1 too);
+    gradients to both operands."""
+    shape_of, rd, dense_shape, left = _DENSE_4D[case]
+    g = torch.Generator().manual_seed(0)
+    ns = (3, 0, 2)
+    comps = [torch.randn(*shape_of(n), dtype=torch.float64, generator=g, requires_grad=True) for n in ns]
+    w = torch.randn(1 if batch_one else len(ns), *dense_shape, dtype=torch.float64, generator=g, requires_grad=True)
+    x = mj.as_nested_tensor(comps, ragged_dims=rd)
+    out = torch.matmul(x, w) if left else torch.matmul(w, x)
+    refs = [(c @ w[0 if batch_one else i]) if left else (w[0 if batch_one else i] @ c) for i, c in enumerate(comps)]
+    for a, r in zip(out.unbind(), refs):
+        assert_close(a, r)
+    got = torch.autograd.grad(sum((a ** 2).sum() for a in out.unbind()), [*comps, w])
+    exp = torch.autograd.grad(sum((r ** 2).sum() for r in refs), [*comps, w])
+    for a, b in zip(got, exp):
+        assert_close(a, b)

@@ -6,7 +6,7 @@ to ``matmul``, ``bmm`` and broadcast products.
 ``linear`` and ``x @ W`` with a dense 2-D ``W`` act on the packed rows (``multijagged::linear``;
 eagerly with gradients, the values bridge: NOTE [ Bridged computations ]). ``matmul`` with a dense
 per-sample operand goes to ``bmm``'s handler (``indexing/gather.py``, NOTE [ Batched matmul with
-a dense per-sample operand ]); between square pairs that contract a ragged dim, to
+a dense per-sample operand ]), or to ``einsum`` with more batch dims; between square pairs that contract a ragged dim, to
 ``multijagged::pair_matmul`` (``pair_mm.py``, NOTE [ Contracting a ragged dim ]); otherwise, as the
 broadcast product summed over the contracted dim.
 """
@@ -62,14 +62,23 @@ def _matmul(input, other, *, out=None):
     if isinstance(input, MJT) != isinstance(other, MJT) and input.dim() == other.dim():
         # A dense per-sample operand (B, …): bmm's handler (ops/indexing/gather.py, NOTE [ Batched matmul
         # with a dense per-sample operand ]); a dense batch of 1 broadcasts, as in dense matmul.
-        if input.dim() > 3:
-            mjt = input if isinstance(input, MJT) else other
-            raise NotImplementedError(
-                f"matmul(): {describe(input)} @ {describe(other)}: a dense per-sample operand of more than 3 dims "
-                f"is not supported for layout torch.multi_jagged (batched matmul takes (B, j, D) @ (B, D, E) and "
-                f"(B, F, E) @ (B, E, j)); got a multi_jagged operand with ragged dims {mjt._ragged_dims}"
-            )
         b = (input if isinstance(input, MJT) else other)._partition.batch
+        if input.dim() > 3:
+            # (B, H, L, D) @ (B, H, D, j): per sample and head, as einsum, which takes a dense operand
+            # with the batch subscript (a dense batch of 1 broadcasts)
+            if _dense(input) and input.shape[0] == 1 and b != 1:
+                input = input.expand(b, *input.shape[1:])
+            if _dense(other) and other.shape[0] == 1 and b != 1:
+                other = other.expand(b, *other.shape[1:])
+            lead = "abcdefgh"[: input.dim() - 2]
+            mjt, dense = (input, other) if isinstance(input, MJT) else (other, input)
+            # a dense size 1 against the multi_jagged operand's dim broadcasts: drop that letter
+            ones = [d for d in range(1, len(lead)) if dense.shape[d] == 1 and mjt._size[d] != 1]
+            dense_lead = "".join(c for d, c in enumerate(lead) if d not in ones)
+            dense = dense.squeeze(ones) if ones else dense
+            if mjt is input:
+                return torch.einsum(f"{lead}ik,{dense_lead}kj->{lead}ij", mjt, dense)
+            return torch.einsum(f"{dense_lead}ik,{lead}kj->{lead}ij", dense, mjt)
         if _dense(input) and input.shape[0] == 1 and b != 1:
             input = input.expand(b, -1, -1)
         if _dense(other) and other.shape[0] == 1 and b != 1:
