@@ -214,3 +214,30 @@ def test_index_updates_along_a_ragged_dim_per_sample(op):
         torch.testing.assert_close(a, b)
     with pytest.raises((RuntimeError, IndexError), match="sample 1"):
         getattr(x, op)(1, torch.tensor([3]), arg[:, :1] if op != "index_fill" else arg)
+
+
+def test_dense_table_indexed_by_a_multi_jagged_index():
+    """``table[index]`` with a multi_jagged integer index: each sample ``table[index_i]``, the
+    index's structure with ``table.shape[1:]`` after it (positional embeddings from
+    ``tmj.position_ids(x)``, per-class weights from labels); gradients reach the table; a
+    non-integer index and an index past the table raise."""
+    g = torch.Generator().manual_seed(0)
+    table = torch.randn(10, 3, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    x = tmj.nested_tensor([torch.randn(n, 4) for n in (3, 0, 5)])
+    for index in (tmj.position_ids(x),
+                  tmj.nested_tensor([torch.randint(0, 10, (n, n), generator=g) for n in (2, 0, 3)]),
+                  tmj.nested_tensor([torch.randint(-10, 10, (n, 2), generator=g) for n in (4, 1)])):
+        out = table[index]
+        assert tmj.is_nested(out) and out.shape[len(index.shape):] == table.shape[1:]
+        refs = [table[i] for i in index.unbind()]
+        for a, r in zip(out.unbind(), refs):
+            torch.testing.assert_close(a, r)
+        cot = [torch.randn(r.shape, dtype=r.dtype, generator=g) for r in refs]
+        (got,) = torch.autograd.grad(sum((a * c).sum() for a, c in zip(out.unbind(), cot)), table)
+        (exp,) = torch.autograd.grad(sum((r * c).sum() for r, c in zip(refs, cot)), table)
+        torch.testing.assert_close(got, exp)
+    assert (x + torch.randn(10, 4)[tmj.position_ids(x)]).shape == x.shape
+    with pytest.raises(IndexError, match="must hold integers"):
+        table[tmj.position_ids(x).double()]
+    with pytest.raises(IndexError, match="out of bounds"):
+        table[tmj.nested_tensor([torch.tensor([10])])]
