@@ -5,7 +5,8 @@ float64 (``module.double()``):
 
 * ``einops`` — ``rearrange`` / ``reduce`` / ``repeat`` / ``einsum`` and its layers;
 * ``transformers`` (Hugging Face) — ViT, DINOv2, GPT-2 and OPT blocks on tokens ``(B, j0, C)``, a ConvNeXt
-  stage and a ResNet backbone on images ``(B, C, j0, j1)`` of different sizes;
+  stage and a ResNet backbone on images ``(B, C, j0, j1)`` of different sizes, BLIP-2's Q-Former and
+  DETR's decoder layer with dense queries over each sample's own tokens;
 * ``x-transformers`` — its ``Attention``, ``FeedForward`` and ``Encoder``;
 * ``openfold3`` (OpenFold's AlphaFold 3 reproduction) — the pair stack on square pairs
   ``(B, j0, j0, C)``: triangle multiplication outgoing / incoming, triangle attention from the
@@ -329,6 +330,59 @@ def test_transformers_fnet_layer_fourier_mixing():
     torch.manual_seed(0)
     cfg = FNetConfig(hidden_size=8, intermediate_size=16, hidden_dropout_prob=0.0)
     _run_module(FNetLayer(cfg).double().eval(), _call, [_tokens((3, 1, 4))])
+
+
+def _run_dense_queries(module, call, n_queries=5, lengths=(4, 1, 6), c=8, tol=None):
+    """``call(module, queries, memory)`` with dense queries ``(B, L, C)`` over multi_jagged memory
+    ``(B, j0, C)`` (cross attention) against the same call per sample; outputs, and gradients of
+    the queries, the memory and every parameter."""
+    tol = tol or {}
+    g = torch.Generator().manual_seed(1)
+    q = torch.randn(len(lengths), n_queries, c, generator=g, dtype=F64, requires_grad=True)
+    mem = _tokens(lengths, c=c)
+    out = _outputs(call(module, q, mj.as_nested_tensor(mem)))[0]
+    assert type(out) is torch.Tensor and out.shape[:2] == q.shape[:2]
+    refs = [_outputs(call(module, q[i:i + 1], m.unsqueeze(0)))[0][0] for i, m in enumerate(mem)]
+    for a, r in zip(out, refs):
+        torch.testing.assert_close(a, r, **tol)
+    wrt = [q, *mem, *[p for p in module.parameters() if p.requires_grad]]
+    got = torch.autograd.grad((out ** 2).sum(), wrt, allow_unused=True)
+    exp = torch.autograd.grad(sum((r ** 2).sum() for r in refs), wrt, allow_unused=True)
+    for t, a, b in zip(wrt, got, exp):
+        torch.testing.assert_close(torch.zeros_like(t) if a is None else a, torch.zeros_like(t) if b is None else b, **tol)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_transformers_blip2_qformer_layer_queries_over_ragged_image_tokens(attn):
+    """BLIP-2's Q-Former: learned queries ``(B, L, C)`` self-attend, then cross-attend to each
+    sample's own encoder tokens ``(B, j0, C)`` (eager: ``matmul`` of dense queries with ragged
+    keys, a float32 softmax over each sample's keys)."""
+    _hf()
+    from transformers import Blip2QFormerConfig
+    from transformers.models.blip_2.modeling_blip_2 import Blip2QFormerLayer
+
+    torch.manual_seed(0)
+    cfg = Blip2QFormerConfig(hidden_size=8, num_attention_heads=2, intermediate_size=16, encoder_hidden_size=8,
+                             cross_attention_frequency=1, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                             attn_implementation=attn)
+    _run_dense_queries(Blip2QFormerLayer(cfg, 0).double().eval(),
+                       lambda m, q, e: m(q, encoder_hidden_states=e, query_length=q.shape[1]),
+                       tol=SOFTMAX_F32 if attn == "eager" else None)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_transformers_detr_decoder_layer_object_queries_over_ragged_features(attn):
+    """DETR's decoder layer: object queries self-attend, then cross-attend to each image's own
+    flattened feature map."""
+    _hf()
+    from transformers import DetrConfig
+    from transformers.models.detr.modeling_detr import DetrDecoderLayer
+
+    torch.manual_seed(0)
+    cfg = DetrConfig(d_model=8, decoder_attention_heads=2, decoder_ffn_dim=16, dropout=0.0, attention_dropout=0.0,
+                     activation_dropout=0.0, attn_implementation=attn)
+    _run_dense_queries(DetrDecoderLayer(cfg).double().eval(), lambda m, q, e: m(q, encoder_hidden_states=e),
+                       tol=SOFTMAX_F32 if attn == "eager" else None)
 
 
 def test_transformers_convbert_layer_span_convolution():
