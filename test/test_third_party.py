@@ -493,6 +493,15 @@ def test_x_transformers_encoder_rotary():
     _run_module(model, _call, [_tokens((3, 1, 4), c=16)], tol=SOFTMAX_F32)
 
 
+def test_x_transformers_cross_attender_dense_queries_over_ragged_context():
+    _xt()
+    from x_transformers import CrossAttender
+
+    torch.manual_seed(0)
+    _run_dense_queries(CrossAttender(dim=16, depth=1, heads=2).double(), lambda m, q, c: m(q, context=c), c=16,
+                       tol=SOFTMAX_F32)
+
+
 def test_x_transformers_encoder_compiled_one_graph():
     """Its cache slice ``k[..., mem_len:, :]`` (``mem_len = 0``) along the ragged dim traces."""
     _compiled_one_graph(_xt_encoder(), _call, lambda ns: [_tokens(ns)], LENGTHS, tol=SOFTMAX_F32)
