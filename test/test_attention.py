@@ -790,3 +790,29 @@ def test_sdpa_dense_queries_over_ragged_keys(causal, shared):
         F.scaled_dot_product_attention(torch.randn(2, 2, 3, d), pair_k, pair_k)
     with pytest.raises(mj.StructureError, match="batch size"):
         F.scaled_dot_product_attention(torch.randn(3, h, length, d, dtype=torch.float64), k, v)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("shared", [False, True])
+def test_sdpa_ragged_queries_over_dense_keys(causal, shared):
+    """Multi_jagged ``q (B, H, j0, D)`` over dense ``k / v (B, H, S, D)`` (or ``(1, H, S, D)``,
+    one memory for the batch: a Perceiver's decoder reading its latents): per sample, the
+    queries' structure back; gradients to q, k and v; a mask raises."""
+    g = torch.Generator().manual_seed(1)
+    ns, h, s, d = (4, 0, 6), 2, 3, 5
+    qs = [torch.randn(h, n, d, dtype=torch.float64, generator=g, requires_grad=True) for n in ns]
+    b = 1 if shared else len(ns)
+    k = torch.randn(b, h, s, d, dtype=torch.float64, generator=g, requires_grad=True)
+    v = torch.randn(b, h, s, 2, dtype=torch.float64, generator=g, requires_grad=True)
+    out = F.scaled_dot_product_attention(mj.as_nested_tensor(qs, ragged_dims=(2,)), k, v, is_causal=causal)
+    assert mj.is_nested(out) and out.shape[-1] == 2
+    refs = [F.scaled_dot_product_attention(qs[i][None], k[0 if shared else i][None], v[0 if shared else i][None],
+                                           is_causal=causal)[0] for i in range(len(ns))]
+    for o, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(o, r)
+    got = torch.autograd.grad(sum((o ** 2).sum() for o in out.unbind()), [*qs, k, v])
+    exp = torch.autograd.grad(sum((r ** 2).sum() for r in refs), [*qs, k, v])
+    for a, e in zip(got, exp):
+        torch.testing.assert_close(a, e)
+    with pytest.raises(mj.StructureError, match="attn_mask"):
+        F.scaled_dot_product_attention(mj.as_nested_tensor(qs, ragged_dims=(2,)), k, v, attn_mask=torch.ones(1, s, dtype=torch.bool))

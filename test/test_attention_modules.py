@@ -148,6 +148,34 @@ def test_transformer_decoder_layer_dense_targets_over_ragged_memory(train):
     _dense_query_check(lambda t, mem: layer(t, mem), list(layer.parameters()), queries, _comps((2, 5, 1)))
 
 
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+def test_multihead_attention_ragged_queries_over_dense_memory(need_weights, average):
+    """Each sample's tokens ``(B, j0, E)`` reading a dense memory ``(B, S, E)`` (a Perceiver's
+    decoder over its latents): the output keeps the queries' structure, the weights are
+    ``(B, j0, S)``; gradients to the tokens, the memory and every parameter."""
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)
+    comps = _comps((3, 0, 5, 1))
+    memory = torch.randn(len(comps), 4, E, dtype=DT, generator=torch.Generator().manual_seed(5))
+    xs = [c.clone().requires_grad_() for c in comps]
+    mem = memory.clone().requires_grad_()
+    out, w = m(tmj.as_nested_tensor(xs), mem, mem, need_weights=need_weights, average_attn_weights=average)
+    xr = [c.clone().requires_grad_() for c in comps]
+    mr = memory.clone().requires_grad_()
+    refs = [m(c[None], mr[i:i + 1], mr[i:i + 1], need_weights=need_weights, average_attn_weights=average)
+            for i, c in enumerate(xr)]
+    for i, (ro, rw) in enumerate(refs):
+        torch.testing.assert_close(out.unbind()[i], ro[0])
+        if need_weights:
+            torch.testing.assert_close(w.unbind()[i], rw[0])
+    loss = (out.values() ** 2).sum() + ((w.values() ** 2).sum() if need_weights else 0)
+    params = list(m.parameters())
+    got = torch.autograd.grad(loss, [*xs, mem, *params], allow_unused=True)
+    exp = torch.autograd.grad(sum((ro ** 2).sum() + ((rw ** 2).sum() if need_weights else 0) for ro, rw in refs),
+                              [*xr, mr, *params], allow_unused=True)
+    for a, b in zip(got, exp):
+        torch.testing.assert_close(torch.zeros(()) if a is None else a, torch.zeros(()) if b is None else b)
+
+
 def test_multihead_attention_separate_projections():
     m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT, kdim=E, vdim=E)
     m._qkv_same_embed_dim = False

@@ -85,9 +85,12 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
     same_qk, same_kv = query is key, key is value
     # A dense query (L, B, E) against multi_jagged keys: each sample's L queries over its own keys
     # (a DETR decoder's object queries); the output is dense, sequence-first as the dense function's.
+    # Dense keys and values (S, B, E) under multi_jagged queries: each sample's tokens reading a
+    # fixed memory (a Perceiver's decoder); the output keeps the queries' structure.
     dense_q = not isinstance(query, (BatchMoved, MJT))
+    dense_kv = not dense_q and not isinstance(key, (BatchMoved, MJT)) and not isinstance(value, (BatchMoved, MJT))
     q = query.transpose(0, 1) if dense_q else _unwrap("query", query)
-    k, v = _unwrap("key", key), _unwrap("value", value)
+    k, v = (key.transpose(0, 1), value.transpose(0, 1)) if dense_kv else (_unwrap("key", key), _unwrap("value", value))
     e = q.shape[-1]
     if e != embed_dim_to_check:
         raise ValueError(f"{_OP}(): expected query's embedding size {embed_dim_to_check}, got {e}")

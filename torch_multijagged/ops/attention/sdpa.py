@@ -12,7 +12,7 @@ dim before it is a batch dim. On this layout the batch dims may themselves be ra
 * a dense ``q (B, H, L, D)`` against ``k / v (B, H, j0, D)`` — each sample's L queries over its
   own keys (DETR's object queries, Perceiver's latents, pooling by a learned query): the queries
   are viewed as a batch of L rows per sample, attend as ragged queries do, and the result is
-  dense ``(B, H, L, Dv)``.
+  dense ``(B, H, L, Dv)``; dense keys and values under ragged queries are viewed alike.
 
 When L is ragged it is the *last* ragged dim, so in the packed values each (sample, ragged batch
 coordinates) owns consecutive rows: a *segment*. q's values ``(Tq, *heads, D)`` are then exactly
@@ -166,18 +166,19 @@ def _check_mask(mask, query, key, ragged_l):
                    f"ragged dims, got {tuple(mask.shape)}")
 
 
-def dense_queries_as_rows(op: str, query: torch.Tensor, key: MJT):
+def dense_queries_as_rows(op: str, query: torch.Tensor, key: MJT, what: str = "query", other: str = "keys"):
     """A dense ``query (B, *heads, L, E)`` (or a batch of one, shared) against multi_jagged keys
     ``(B, *heads, j, E)``: the queries as a multi_jagged ``(B, *heads, jL, E)`` of L rows per
     sample (a view where ``query``'s layout allows), and the function that turns a result of
-    that structure back into a dense ``(B, *heads, L, …)`` (NOTE above)."""
+    that structure back into a dense ``(B, *heads, L, …)`` (NOTE above). Dense keys against
+    multi_jagged queries are made rows alike (``what``, ``other``: the roles, for messages)."""
     n = len(key._size)
     if key._ragged_dims != (n - 2,):
-        raise StructureError(f"{op}(): a dense query {tuple(query.shape)} attends to keys whose only ragged dim is "
+        raise StructureError(f"{op}(): a dense {what} {tuple(query.shape)} goes with {other} whose only ragged dim is "
                              f"dim -2, got {describe(key)} for layout torch.multi_jagged")
     b = key._partition.batch
     if query.dim() != n or query.shape[0] not in (1, b):
-        raise StructureError(f"{op}(): expected a dense query of rank {n} and batch size {b} (or 1) like the keys "
+        raise StructureError(f"{op}(): expected a dense {what} of rank {n} and batch size {b} (or 1) like the {other} "
                              f"{describe(key)}, got {tuple(query.shape)} for layout torch.multi_jagged")
     query = query.expand(b, *query.shape[1:])
     length = query.shape[-2]
@@ -211,6 +212,13 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
         return NotImplemented
     if not isinstance(query, MJT) and isinstance(key, MJT) and isinstance(value, MJT) and not values_path:
         return _dense_queries(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+    if isinstance(query, MJT) and not isinstance(key, MJT) and not isinstance(value, MJT) and not values_path:
+        # ragged queries over dense keys and values (each sample's tokens reading a fixed memory,
+        # Perceiver's decoder): the keys as S rows per sample
+        if attn_mask is not None:
+            raise _err(f"dense keys {tuple(key.shape)} with attn_mask are not supported (queries {describe(query)})")
+        key, _ = dense_queries_as_rows(_OP, key, query, "key", "queries")
+        value, _ = dense_queries_as_rows(_OP, value, query, "value", "queries")
     ragged_l = _check(query, key, value, attn_mask, is_causal, enable_gqa)
     mask = None
     if attn_mask is not None:
