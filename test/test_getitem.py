@@ -7,6 +7,9 @@ import pytest
 import torch
 
 import torch_multijagged as tmj
+from hypothesis import assume, given, settings, strategies as st
+
+from _reference import scaled, seeds
 from torch_multijagged.errors import StructureError
 
 S = slice(None)
@@ -241,3 +244,36 @@ def test_dense_table_indexed_by_a_multi_jagged_index():
         table[tmj.position_ids(x).double()]
     with pytest.raises(IndexError, match="out of bounds"):
         table[tmj.nested_tensor([torch.tensor([10])])]
+
+
+_ITEMS = st.one_of(
+    st.just(slice(None)), st.just(None), st.just(Ellipsis), st.sampled_from([0, 1, -1, -2]),
+    st.builds(slice, st.sampled_from([None, 0, 1, -1, -2]), st.sampled_from([None, 1, 2, -1]),
+              st.sampled_from([None, 1, 2])),
+)
+_STRUCTS = {
+    "seq": (lambda n: (n, 3, 2), (1,)),
+    "pair": (lambda n: (n, n, 2), (1, 2)),
+    "static lead": (lambda n: (2, n, 3), (2,)),
+}
+
+
+@settings(max_examples=scaled(60))
+@given(st.sampled_from(sorted(_STRUCTS)), st.lists(_ITEMS, min_size=1, max_size=4), seeds)
+def test_basic_indexing_of_the_other_dims_is_per_sample(name, items, seed):
+    """Any mix of ints, slices, None and one Ellipsis after the batch dim's ':' equals dense
+    indexing of each sample, including the dense indexing that follows once no ragged dim is
+    left (``x[:, 0, 1]``)."""
+    assume(sum(i is Ellipsis for i in items) <= 1)
+    shape_of, rd = _STRUCTS[name]
+    g = torch.Generator().manual_seed(seed)
+    comps = [torch.randn(*shape_of(n), dtype=torch.float64, generator=g) for n in (3, 1, 4)]
+    try:
+        refs = [c[tuple(items)] for c in comps]
+    except IndexError:
+        assume(False)  # dense refuses some sample: tested elsewhere
+    out = tmj.nested_tensor(comps, ragged_dims=rd)[(slice(None), *items)]
+    got = out.unbind() if tmj.is_nested(out) else list(out)
+    assert len(got) == len(refs)
+    for a, r in zip(got, refs):
+        assert a.shape == r.shape and torch.equal(a, r)

@@ -121,7 +121,10 @@ def _getitem_static(input, items):
         real = sum(1 for i in items if i is not None and not isinstance(i, type(Ellipsis)))
         items = items[:at] + (slice(None),) * (input.dim() - real) + items[at + 1:]
     out, d = input, 0
-    for it in items:
+    for pos, it in enumerate(items):
+        if not isinstance(out, MJT):
+            # no ragged dim is left (x[:, 0, 1] of (B, j0, C, D)): the rest is dense indexing
+            return out[(slice(None),) * d + tuple(items[pos:])]
         if it is None:
             out, d = out.unsqueeze(d), d + 1
         elif isinstance(it, slice) and _whole(it):
