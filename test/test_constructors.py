@@ -540,3 +540,21 @@ def test_strided_and_jagged_layouts_unchanged(plain_and_ours, part):
     plain, ours = plain_and_ours
     assert isinstance(plain[part], dict), plain[part]
     assert ours[part] == plain[part]
+
+
+def test_from_packed_on_a_batchs_offsets_shares_its_structure():
+    """``from_packed(v, x.offsets(), x.sizes())`` — keys and values beside the queries — reuses
+    x's extent and partition (one nested int, no relabelling between them); other lengths on
+    the same offsets tensor (after an in-place write to it) or a copy of the offsets do not."""
+    x = mj.nested_tensor([torch.randn(n, 2) for n in (3, 0, 2)])
+    k = mj.from_packed(torch.randn(5, 4), x.offsets(), x.sizes())
+    assert k._partition is x._partition and k.shape[1] is x.shape[1]
+    assert [t.shape for t in k.unbind()] == [(3, 4), (0, 4), (2, 4)]
+    c = mj.from_packed(torch.randn(5, 4), x.offsets().clone(), x.sizes())
+    assert c._partition is not x._partition and c.shape[1] != x.shape[1]
+    assert torch.equal((x.sum(-1) + c.sum(-1)).values(), x.values().sum(-1) + c.values().sum(-1))
+    off = torch.tensor([0, 2, 5])
+    a = mj.from_packed(torch.randn(5, 1), off, torch.tensor([2, 3]))
+    off[1] = 1  # now lengths (1, 4): a new structure on the same tensor
+    b = mj.from_packed(torch.randn(5, 1), off, torch.tensor([1, 4]))
+    assert b._partition is not a._partition and [t.shape[0] for t in b.unbind()] == [1, 4]

@@ -650,10 +650,28 @@ def _extents_for(host_sizes: torch.Tensor, device, offsets_for_single: Optional[
     return extents
 
 
+def _known_extent(offsets: torch.Tensor, lengths: torch.Tensor) -> "Optional[RaggedExtent]":
+    """The eager extent already made on ``offsets`` (the same tensor object) with these host
+    ``lengths``, or None."""
+    if type(offsets) is not torch.Tensor:
+        return None
+    ni = _njt._tensor_symint_registry.get(offsets)
+    e = None if ni is None else extent_of(ni)
+    if e is None or e.offsets is not offsets or e._host_lengths is None:
+        return None
+    return e if torch.equal(e._host_lengths, lengths) else None
+
+
 def partition_from_sizes(host_sizes: torch.Tensor, device, offsets: Optional[torch.Tensor] = None) -> Partition:
     """The registered partition of per-sample ``host_sizes`` (B, R); dims with equal sizes share
     one extent (one nested int). With one ragged dim, ``offsets`` (if given) become the extent's
     offsets, so that a ``torch.jagged`` tensor's nested int carries over."""
+    if offsets is not None and host_sizes.shape[1] == 1:
+        known = _known_extent(offsets, host_sizes[:, 0])
+        if known is not None:
+            # offsets of a live batch (``from_packed(v, x.offsets(), x.sizes())``): its extent and
+            # canonical partition, so that the two combine without relabelling
+            return partition_for([known])
     extents = _extents_for(host_sizes, device, offsets)
     if len(extents) == 1:
         p = Partition(extents, extents[0].offsets, extents[0].total)
