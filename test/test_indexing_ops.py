@@ -567,8 +567,11 @@ def test_matmul_dense_per_sample_broadcast_no_grad_inference_mode_and_errors():
     with pytest.raises(RuntimeError, match="mat2.shape\\[1\\] == 4"):
         torch.bmm(x, torch.randn(3, 5, 5))
     x4 = mj.nested_tensor([torch.randn(n, 2, 4) for n in (2, 3)], ragged_dims=(1,))
+    w = torch.randn(2, 1, 4, 5)  # a dense size 1 broadcasts over the ragged dim, as per sample
+    for a, c, wi in zip((x4 @ w).unbind(), x4.unbind(), w):
+        torch.testing.assert_close(a, c @ wi)
     with pytest.raises(NotImplementedError, match="matmul.*multi_jagged"):
-        x4 @ torch.randn(2, 1, 4, 5)
+        x4 @ torch.randn(2, 3, 4, 5)  # a dense size against the ragged dim
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])

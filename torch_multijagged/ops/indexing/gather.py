@@ -616,6 +616,18 @@ def index_put_default(func, x, indices, values, accumulate=False):
     return wrap(x._values.index_put(vidx, vals, accumulate), x._partition, x._ragged_dims)
 
 
+def table_lookup(table: torch.Tensor, index: MJT) -> MJT:
+    """``table[index]``: a dense tensor indexed along its dim 0 by a multi_jagged integer index
+    (``pos_table[mj.position_ids(x)]``, ``class_weights[labels]``): each sample ``table[index_i]``,
+    the index's structure with ``table.shape[1:]`` after it; differentiable w.r.t. ``table``."""
+    if index.dtype == torch.bool or index.is_floating_point() or index.is_complex():
+        raise IndexError(f"index(): a multi_jagged index into a dense tensor {tuple(table.shape)} must hold integers, "
+                         f"got {index.dtype} {describe(index)}")
+    if table.dim() == 0:
+        raise IndexError("index(): a 0-d tensor cannot be indexed by a multi_jagged index")
+    return wrap_values(table[index._values], index._partition, index._ragged_dims)
+
+
 def mask_index(x: MJT, mask: MJT) -> torch.Tensor:
     """``x[mask]`` with a boolean multi_jagged mask of ``x``'s structure or of its leading dims
     through every ragged dim: dense, the selected elements (rows) in row-major order, as dense

@@ -7,13 +7,12 @@ from __future__ import annotations
 import torch
 
 from ... import constructors
-from ...bridge import wrap_values
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, route
 from .._table import dispatch as _dispatch
 from .along import ragged_dim
-from .gather import mask_index
+from .gather import mask_index, table_lookup
 from .slicing import select_ragged, slice_ragged
 
 mj = torch.ops.multijagged
@@ -35,18 +34,6 @@ def _unbind(input, dim=0):
     return NotImplemented
 
 
-def _lookup(table: torch.Tensor, index: MJT) -> MJT:
-    """``table[index]``: a dense tensor indexed along its dim 0 by a multi_jagged integer index
-    (``pos_table[mj.position_ids(x)]``, ``class_weights[labels]``): each sample ``table[index_i]``,
-    the index's structure with ``table.shape[1:]`` after it; differentiable w.r.t. ``table``."""
-    if index.dtype == torch.bool or index.is_floating_point() or index.is_complex():
-        raise IndexError(f"index(): a multi_jagged index into a dense tensor {tuple(table.shape)} must hold integers, "
-                         f"got {index.dtype} {describe(index)}")
-    if table.dim() == 0:
-        raise IndexError("index(): a 0-d tensor cannot be indexed by a multi_jagged index")
-    return wrap_values(table[index._values], index._partition, index._ragged_dims)
-
-
 @route(torch.Tensor.tolist)
 def _tolist(input):
     """Nested Python lists, one per sample (each its component's ``tolist()``): the lists dense
@@ -61,7 +48,7 @@ def _getitem(input, index):
     if isinstance(index, tuple) and len(index) == 1:
         index = index[0]
     if not isinstance(input, MJT) and isinstance(index, MJT):
-        return _lookup(input, index)
+        return table_lookup(input, index)
     if (isinstance(input, MJT) and isinstance(index, torch.Tensor) and not isinstance(index, MJT) and index.dim() == 0
             and not index.is_floating_point() and index.dtype != torch.bool):
         index = int(index)  # a 0-d integer tensor selects a sample, as an int
