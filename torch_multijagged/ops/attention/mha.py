@@ -25,11 +25,11 @@ import math
 import torch
 import torch.nn.functional as F
 
+from ...constructors import as_nested_tensor
 from .._common import MJT, canonical_dim, describe
 from .._routing import route
-from .sdpa import dense_queries_as_rows
-from ...constructors import as_nested_tensor
 from ..shape.leading import BatchMoved, batch_transpose, token_op
+from .sdpa import dense_queries_as_rows
 
 __all__ = ["BatchSecond"]
 
