@@ -229,3 +229,30 @@ def test_matmul_with_a_dense_per_sample_operand_of_four_dims(case, batch_one):
     exp = torch.autograd.grad(sum((r ** 2).sum() for r in refs), [*comps, w])
     for a, b in zip(got, exp):
         assert_close(a, b)
+
+
+def test_scaled_fp8_matmuls_per_sample():
+    """``F.scaled_mm`` of fp8 rows ``(B, j0, K)`` and a dense ``(K, N)``, and ``F.scaled_grouped_mm``
+    with one ``(K, N)`` per sample (the samples are the groups), tensor-wise scales: each sample's
+    dense ``scaled_mm``, bit for bit, an empty sample included; other scales and ``offs`` raise."""
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(0)
+    tw = F.ScalingType.TensorWise
+    sa, sb = torch.tensor(0.5), torch.tensor(2.0)
+    comps = [torch.randn(n, 16, generator=g).to(torch.float8_e4m3fn) for n in (16, 0, 5)]
+    x = mj.nested_tensor(comps)
+    w = torch.randn(16, 8, generator=g).to(torch.float8_e4m3fn).t().contiguous().t()
+    ws = torch.randn(3, 16, 8, generator=g).to(torch.float8_e4m3fn).transpose(-1, -2).contiguous().transpose(-1, -2)
+    out = F.scaled_mm(x, w, sa, tw, sb, tw, output_dtype=torch.float32)
+    grouped = F.scaled_grouped_mm(x, ws, sa, tw, sb, tw, output_dtype=torch.float32)
+    for i, c in enumerate(comps):
+        assert torch.equal(out.unbind()[i], F.scaled_mm(c, w, sa, tw, sb, tw, output_dtype=torch.float32))
+        assert torch.equal(grouped.unbind()[i], F.scaled_mm(c, ws[i], sa, tw, sb, tw, output_dtype=torch.float32))
+    rw = F.ScalingType.RowWise
+    with pytest.raises(NotImplementedError, match="tensor-wise scales"):
+        F.scaled_mm(x, w, torch.ones(21, 1), rw, torch.ones(1, 8), rw, output_dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="offs must be None"):
+        F.scaled_grouped_mm(x, ws, sa, tw, sb, tw, offs=torch.tensor([16, 16, 21], dtype=torch.int32),
+                            output_dtype=torch.float32)
+    with pytest.raises(RuntimeError, match="B = 3"):
+        F.scaled_grouped_mm(x, ws[:2], sa, tw, sb, tw, output_dtype=torch.float32)

@@ -12,7 +12,7 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # The pass count when the floor was last raised: raise it with the count when ops are added.
-PASS_FLOOR = 378  # raise it when coverage grows
+PASS_FLOOR = 380  # raise it when coverage grows
 
 
 BENCH = os.path.join(ROOT, "benchmarks")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ...bridge import values_of, wrap_values
 from ...compile import library
 from .. import bridged
 from .._common import MJT, describe, wrap
@@ -97,6 +98,57 @@ def _matmul(input, other, *, out=None):
         # (…, n, k, m); compiled, Inductor fuses the gather, product and sum.
         return (input.unsqueeze(-1) * other.unsqueeze(-3)).sum(-2)
     return NotImplemented
+
+
+def _tensorwise(op: str, x: MJT, scales) -> None:
+    """A multi_jagged operand of a scaled (fp8) matmul takes one scale for the whole batch: the
+    packed rows are then one matrix (row- or block-wise scales would be multi_jagged too)."""
+    if len(x._size) != 3 or x._ragged_dims != (1,):
+        raise NotImplementedError(f"{op}(): expected a multi_jagged mat_a (B, j0, K), got {describe(x)}")
+    if any(s.numel() != 1 for s in scales):
+        raise NotImplementedError(f"{op}(): only tensor-wise scales (one per operand) are supported for a multi_jagged "
+                                  f"mat_a {describe(x)} (layout torch.multi_jagged)")
+
+
+@route(torch._scaled_mm_v2)
+def _scaled_mm(mat_a, mat_b, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias=None, output_dtype=None,
+               contraction_dim=(), use_fast_accum=False):
+    """``F.scaled_mm(x, w, …)`` of fp8 rows ``(B, j0, K)`` and a dense ``(K, N)`` with tensor-wise
+    scales: the dense op on the packed rows, the batch's structure kept."""
+    if not isinstance(mat_a, MJT) or isinstance(mat_b, MJT):
+        return NotImplemented
+    _tensorwise("scaled_mm", mat_a, scale_a)
+    rows = values_of(mat_a) if _needs_grad(mat_a) else mat_a._values
+    out = torch._scaled_mm_v2(rows, mat_b, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias, output_dtype,
+                              contraction_dim, use_fast_accum)
+    return wrap_values(out, mat_a._partition, mat_a._ragged_dims)
+
+
+@route(torch._scaled_grouped_mm_v2)
+def _scaled_grouped_mm(mat_a, mat_b, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, offs=None, bias=None,
+                       output_dtype=None, contraction_dim=(), use_fast_accum=False):
+    """``F.scaled_grouped_mm(x, w, …)`` of fp8 rows ``(B, j0, K)`` and one ``(K, N)`` per sample
+    ``(B, K, N)``: the samples are the groups (as ``grouped_mm``), each sample's rows times its own
+    matrix with tensor-wise scales, one dense ``scaled_mm`` per sample."""
+    if not isinstance(mat_a, MJT) or isinstance(mat_b, MJT):
+        return NotImplemented
+    _tensorwise("scaled_grouped_mm", mat_a, scale_a)
+    if offs is not None:
+        raise RuntimeError(f"scaled_grouped_mm(): the groups of {describe(mat_a)} are its samples; offs must be None")
+    b = mat_a._partition.batch
+    if mat_b.dim() != 3 or mat_b.shape[0] != b:
+        raise RuntimeError(f"scaled_grouped_mm(): expected a dense (B, K, N) mat_b with B = {b} for {describe(mat_a)}, "
+                           f"got {tuple(mat_b.shape)}")
+    if any(s.numel() != 1 for s in scale_b):
+        raise NotImplementedError("scaled_grouped_mm(): only tensor-wise scales are supported for layout torch.multi_jagged")
+    rows = values_of(mat_a) if _needs_grad(mat_a) else mat_a._values
+    # SYNC: none — host offsets of the batch's extent
+    counts = mat_a._partition.extents[0].host_lengths().tolist()
+    outs = [torch._scaled_mm_v2(r, mat_b[i], scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, bias,
+                                output_dtype, contraction_dim, use_fast_accum)
+            for i, r in enumerate(rows.split(counts))]
+    out = torch.cat(outs) if outs else rows.new_zeros(0, mat_b.shape[-1], dtype=output_dtype or torch.bfloat16)
+    return wrap_values(out, mat_a._partition, mat_a._ragged_dims)
 
 
 @register_multi_jagged_func(mj.linear.default, "x: mjt, weight: t, bias: t?")
