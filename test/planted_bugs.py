@@ -463,7 +463,7 @@ BUGS = [
         ("test_indexing_ops.py",)),
     Bug("dense queries read back in the wrong order", "ops/attention/sdpa.py",
         "return v.reshape(b, length, *v.shape[1:]).movedim(1, n - 2)", "return v.reshape(b, *v.shape[1:-1], length, v.shape[-1])",
-        ("test_attention.py", "test_attention_modules.py")),
+        ("test_attention_dense_sides.py", "test_attention_modules.py")),
     Bug("matmul with a dense operand forgets size-1 broadcasting", "ops/contractions/matmul.py",
         "ones = [d for d in range(1, len(lead)) if dense.shape[d] == 1 and mjt._size[d] != 1]", "ones = []",
         ("test_matmul.py",)),

@@ -29,7 +29,7 @@ from ...constructors import as_nested_tensor
 from .._common import MJT, canonical_dim, describe
 from .._routing import route
 from ..shape.leading import BatchMoved, batch_transpose, token_op
-from .sdpa import dense_queries_as_rows
+from .sdpa import dense_as_rows
 
 __all__ = ["BatchSecond"]
 
@@ -140,7 +140,7 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
         if causal:
             raise NotImplementedError(f"{_OP}(): need_weights=True with is_causal=True is not supported for layout "
                                       "torch.multi_jagged (pass need_weights=False)")
-        rows, back = dense_queries_as_rows(_OP, qh, kh) if dense_q else (qh, None)
+        rows, back = dense_as_rows(_OP, qh, kh) if dense_q else (qh, None)
         scores = torch.matmul(rows * math.sqrt(1.0 / hd), kh.transpose(-2, -1))
         probs = torch.softmax(scores, dim=-1)
         dropped = F.dropout(probs, p=p) if p > 0.0 else probs

@@ -46,7 +46,7 @@ from .._table import register_multi_jagged_func
 from .._common import MJT, describe, static_dims, wrap
 from .._routing import _call, _needs_grad, route
 
-__all__ = ["backend", "BACKENDS", "segments", "dense_queries_as_rows"]
+__all__ = ["backend", "BACKENDS", "segments", "dense_as_rows"]
 
 mj = torch.ops.multijagged
 _OP = "scaled_dot_product_attention"
@@ -166,31 +166,31 @@ def _check_mask(mask, query, key, ragged_l):
                    f"ragged dims, got {tuple(mask.shape)}")
 
 
-def dense_queries_as_rows(op: str, query: torch.Tensor, key: MJT, what: str = "query", other: str = "keys"):
-    """A dense ``query (B, *heads, L, E)`` (or a batch of one, shared) against multi_jagged keys
-    ``(B, *heads, j, E)``: the queries as a multi_jagged ``(B, *heads, jL, E)`` of L rows per
-    sample (a view where ``query``'s layout allows), and the function that turns a result of
-    that structure back into a dense ``(B, *heads, L, …)`` (NOTE above). Dense keys against
-    multi_jagged queries are made rows alike (``what``, ``other``: the roles, for messages)."""
-    n = len(key._size)
-    if key._ragged_dims != (n - 2,):
-        raise StructureError(f"{op}(): a dense {what} {tuple(query.shape)} goes with {other} whose only ragged dim is "
-                             f"dim -2, got {describe(key)} for layout torch.multi_jagged")
-    b = key._partition.batch
-    if query.dim() != n or query.shape[0] not in (1, b):
+def dense_as_rows(op: str, dense: torch.Tensor, like: MJT, what: str = "query", other: str = "keys"):
+    """A dense ``(B, *heads, L, E)`` operand (or a batch of one, shared) beside a multi_jagged
+    ``like (B, *heads, j, E)``: the operand as a multi_jagged ``(B, *heads, jL, E)`` of L rows
+    per sample (a view where its layout allows), and the function that turns a result of that
+    structure back into a dense ``(B, *heads, L, …)`` (NOTE above). ``what`` / ``other`` name
+    the two roles in messages: dense queries beside keys, or dense keys beside queries."""
+    n = len(like._size)
+    if like._ragged_dims != (n - 2,):
+        raise StructureError(f"{op}(): a dense {what} {tuple(dense.shape)} goes with {other} whose only ragged dim is "
+                             f"dim -2, got {describe(like)} for layout torch.multi_jagged")
+    b = like._partition.batch
+    if dense.dim() != n or dense.shape[0] not in (1, b):
         raise StructureError(f"{op}(): expected a dense {what} of rank {n} and batch size {b} (or 1) like the {other} "
-                             f"{describe(key)}, got {tuple(query.shape)} for layout torch.multi_jagged")
-    query = query.expand(b, *query.shape[1:])
-    length = query.shape[-2]
-    rows = query.movedim(-2, 1).reshape(b * length, *query.shape[1:-2], query.shape[-1])
+                             f"{describe(like)}, got {tuple(dense.shape)} for layout torch.multi_jagged")
+    dense = dense.expand(b, *dense.shape[1:])
+    length = dense.shape[-2]
+    rows = dense.movedim(-2, 1).reshape(b * length, *dense.shape[1:-2], dense.shape[-1])
     offsets = torch.arange(b + 1, device=rows.device) * length
-    q = constructors.from_packed(rows, offsets, torch.full((b,), length, dtype=torch.int64), (n - 2,))
+    as_rows = constructors.from_packed(rows, offsets, torch.full((b,), length, dtype=torch.int64), (n - 2,))
 
     def back(out: MJT) -> torch.Tensor:
         v = out.values()  # (B·L, *heads, …)
         return v.reshape(b, length, *v.shape[1:]).movedim(1, n - 2)
 
-    return q, back
+    return as_rows, back
 
 
 def _dense_queries(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa):
@@ -198,7 +198,7 @@ def _dense_queries(query, key, value, attn_mask, dropout_p, is_causal, scale, en
     ``(B, *heads, L, Ev)`` back."""
     if attn_mask is not None:
         raise _err(f"a dense query {tuple(query.shape)} with attn_mask is not supported (keys {describe(key)})")
-    q, back = dense_queries_as_rows(_OP, query, key)
+    q, back = dense_as_rows(_OP, query, key)
     return back(F.scaled_dot_product_attention(q, key, value, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
                                                enable_gqa=enable_gqa))
 
@@ -217,8 +217,8 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
         # Perceiver's decoder): the keys as S rows per sample
         if attn_mask is not None:
             raise _err(f"dense keys {tuple(key.shape)} with attn_mask are not supported (queries {describe(query)})")
-        key, _ = dense_queries_as_rows(_OP, key, query, "key", "queries")
-        value, _ = dense_queries_as_rows(_OP, value, query, "value", "queries")
+        key, _ = dense_as_rows(_OP, key, query, "key", "queries")
+        value, _ = dense_as_rows(_OP, value, query, "value", "queries")
     ragged_l = _check(query, key, value, attn_mask, is_causal, enable_gqa)
     mask = None
     if attn_mask is not None:

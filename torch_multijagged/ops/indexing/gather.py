@@ -634,7 +634,11 @@ def mask_index(x: MJT, mask: MJT) -> torch.Tensor:
     torch's; differentiable, computed on the values (aten's derivative would build zeros of the
     input's nested-int sizes)."""
     _mask_index("index", x, [mask])
-    v = values_of(x) if _needs_grad(x) else x._values
+    return _selected(x, values_of(x) if _needs_grad(x) else x._values, mask)
+
+
+def _selected(x: MJT, v: torch.Tensor, mask: MJT) -> torch.Tensor:
+    """``x``'s values ``v`` where ``mask`` (checked by ``_mask_index``) holds, in row-major order."""
     out = v[mask._values]
     return out if _ragged_lead(x) else out[_logical_order(x, mask._values)]
 
@@ -645,8 +649,7 @@ def index_Tensor(func, x, indices):
     of ``index_put``'s values)."""
     mask = _mask_index("index", x, indices)
     if mask is not None:  # x[mask]: the selected elements in row-major order, as masked_select
-        out = x._values[mask._values]
-        return out if _ragged_lead(x) else out[_logical_order(x, mask._values)]
+        return _selected(x, x._values, mask)
     start, length, static = _packed_indices("index", x, list(indices))
     if length is not None:
         raise NotImplementedError(
