@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from hypothesis import example, given, strategies as st
+from hypothesis import assume, example, given, strategies as st
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import torch_multijagged as mj
@@ -139,6 +139,29 @@ def test_enable_gqa(bk, hk, nm, seed, cross):
 
     def fn(q, k, v):
         return sdpa(_t(q), _t(k), _t(v), enable_gqa=True)
+
+    _check(fn, fn, q, k, v, bk=bk)
+
+
+@pytest.mark.parametrize("bk", CPU_BACKENDS)
+@pytest.mark.parametrize("side", ["keys", "queries"])
+@few(4)
+@given(nm=length_pairs(max_len=4), seed=seeds, cross=st.booleans())
+def test_one_head_broadcasts_over_the_others(bk, side, nm, seed, cross):
+    """One key/value head for every query head without ``enable_gqa`` (timm's MobileNetV4
+    multi-query attention), or one query head over several key heads: the size-1 head dim
+    broadcasts as in dense SDPA."""
+    ns, ms = nm
+    ms = ms if cross else ns
+    # dense SDPA keeps one query head where a sample has no queries or no keys: a batch
+    # has one head count for all samples
+    assume(side == "keys" or (all(ns) and all(ms)))
+    hq, hk = (3, 1) if side == "keys" else (1, 3)
+    q = R(_comps([(n, hq, D) for n in ns], seed), (1,))
+    k, v = (R(_comps([(m, hk, D) for m in ms], seed + i), (1,)) for i in (1, 2))
+
+    def fn(q, k, v):
+        return sdpa(_t(q), _t(k), _t(v))
 
     _check(fn, fn, q, k, v, bk=bk)
 

@@ -490,3 +490,27 @@ def test_broadcast_tensors_per_sample():
         assert out.ragged_dims == (1, 2)
 
     check()
+
+
+def test_dense_expand_as_a_multi_jagged_tensor_per_sample():
+    """``gate.expand_as(x)`` (ECA's ``(B, C, 1, 1)`` gate over images ``(B, C, j0, j1)``), a dense
+    static operand expanded to sequences, and a multi_jagged ``expand_as`` of its own structure:
+    each sample's slice broadcast to that sample's shape, gradients summed back; a shape that
+    does not broadcast raises as dense."""
+
+    @few(8)
+    @given(lengths(max_batch=3), seeds)
+    def check(ns, seed):
+        img = R(comps_for([(3, n, n + 1) for n in ns], seed), (2, 3))
+        gate = PS(comps_for([(len(ns), 3, 1, 1)], seed + 1)[0])
+        per_sample_check(lambda g, x: g.expand_as(x), gate, img)
+        seq = R(comps_for([(n, 4) for n in ns], seed + 2), (1,))
+        per_sample_check(lambda d, x: d.expand_as(x), comps_for([(1, 4)], seed + 3)[0], seq)
+        per_sample_check(lambda x: x.sum(1, keepdim=True).expand_as(x), seq, ref=lambda c: c.sum(0, keepdim=True).expand_as(c))
+
+    check()
+    x = mj.nested_tensor([torch.ones(2, 4), torch.ones(3, 4)])
+    with pytest.raises(RuntimeError, match=r"expand_as\(\): the tensor of shape \(2, 3\) cannot be expanded"):
+        torch.ones(2, 3).expand_as(x)
+    with pytest.raises(RuntimeError, match="cannot be expanded"):
+        torch.ones(2, 1, 1, 4).expand_as(x)  # more dims than x

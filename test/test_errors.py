@@ -266,7 +266,9 @@ _ONE_VALUE_USES = {
     "arange": lambda n: torch.arange(n),
     "arange_start": lambda n: torch.arange(1, n),
     "power": lambda n: n**0.5,
-    "floordiv": lambda n: n // 2,
+    "mod": lambda n: n % 2,
+    "floordiv by a negative": lambda n: n // -2,  # (n // 2 is each sample's size halved)
+    "floordiv by a ragged size": lambda n: n // n,
     "truediv": lambda n: n / 2,
     "add": lambda n: n + 1,
     "sub": lambda n: n - 1,
@@ -278,7 +280,7 @@ _ONE_VALUE_USES = {
 @pytest.mark.parametrize("use", sorted(_ONE_VALUE_USES))
 @pytest.mark.parametrize("which", ["sequence", "joined", "scaled"])
 def test_a_ragged_size_used_as_one_number_says_what_to_write(use, which):
-    # int(x.shape[1]), torch.arange(n), n // 2: a ragged dim's size has no single value. torch's
+    # int(x.shape[1]), torch.arange(n), n % 2: a ragged dim's size has no single value. torch's
     # own node raises an AttributeError about a missing method; ours names the ways to write it.
     x = mj.nested_tensor([torch.randn(n, 4) for n in (2, 0, 3)])
     n = {"sequence": x.shape[1], "joined": torch.cat([x, x], 1).shape[1], "scaled": 3 * x.shape[1]}[which]

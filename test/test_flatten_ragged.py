@@ -18,6 +18,7 @@ from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
 from torch_multijagged.errors import StructureError
+from torch_multijagged.structure import extent_of
 from _reference import few, seeds
 from _structures import bit_equal, comps_for, packed_args
 
@@ -433,3 +434,59 @@ def test_sew_upsampling_channels_to_sequence_length():
     want = torch.autograd.grad(sum(r.pow(2).sum() for r in refs), comps + [w])
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+def test_product_of_ragged_sizes_names_the_flattened_dim():
+    """``B, C, H, W = x.shape; x.view(B, C, H * W)`` (global-context attention, ``einops``-free
+    patch tokens): the product of two ragged sizes is the nested int of those dims flattened —
+    the one ``flatten`` gives, in any grouping of three — with each sample's ``h·w`` elements;
+    multiples keep their factor, and sizes of batches of different sizes do not multiply."""
+    leaves, x = _batch([(4, 3, 2), (4, 0, 5), (4, 2, 2)], (2, 3))
+    b, c, h, w = x.shape
+    assert h * w == x.flatten(2).shape[2] and (h * w) * 2 == 2 * x.flatten(2).shape[2]
+    expected = [t.flatten(1) for t in leaves]
+    for out in (x.view(b, c, h * w), x.reshape(b, c, h * w), x.reshape(b, c, w * h).view(b, c, h, w).flatten(2)):
+        _same(out, expected)
+    _grads_agree(x.view(b, c, h * w), expected, leaves)
+    sq_leaves, sq = _batch([(3, 3, 2), (0, 0, 2), (2, 2, 2)], (1, 2))
+    _, n, m, _ = sq.shape
+    assert n is m and n * n == sq.flatten(1, 2).shape[1]
+    _same(sq.reshape(3, n * n, 2), [t.flatten(0, 1) for t in sq_leaves])
+    cube_leaves, cube = _batch([(3, 1, 2, 2), (1, 0, 2, 2), (2, 2, 1, 2)], (1, 2, 3))
+    _, d0, d1, d2, _ = cube.shape
+    assert d0 * d1 * d2 == d0 * (d1 * d2) == cube.flatten(1, 3).shape[1]
+    _same(cube.view(3, d0 * d1 * d2, 2), [t.flatten(0, 2) for t in cube_leaves])
+    _, other = _batch([(3, 2), (1, 2)], (1,))
+    with pytest.raises(ValueError, match="unsupported"):
+        h * other.shape[1]  # a batch of two against one of three: no per-sample product
+
+
+def test_flatten_or_unflatten_with_a_static_regrouping_in_one_view():
+    """One ``reshape`` that flattens the spatial dims and regroups the channels (EfficientViT's
+    ``(B, C, H, W) → (B, -1, 3·d, H·W)``; MobileNetV4's ``(B, h·k, H, W) → (B, h, k, -1)``, the
+    ``-1`` standing for ``H·W``) and one that undoes both (``(B, h, k, H·W) → (B, -1, H, W)``):
+    per sample, gradients included; the ``-1`` absorbs the one span of ragged dims that fits."""
+    leaves, x = _batch([(6, 3, 2), (6, 0, 5), (6, 2, 2)], (2, 3))
+    b, c, h, w = x.shape
+    _same(x.reshape(b, -1, 3, h * w), [t.reshape(2, 3, t.shape[1] * t.shape[2]) for t in leaves])
+    _same(x.view(b, 2, 3, -1), [t.reshape(2, 3, -1) for t in leaves])
+    grouped = x.reshape(b, 2, 3, w * h)
+    _same(grouped, [t.reshape(2, 3, -1) for t in leaves])
+    back = grouped.reshape(b, -1, h, w)
+    assert back.shape == x.shape
+    _same(back, [t.detach() for t in leaves])
+    _grads_agree(x.reshape(b, 2, 3, -1), [t.reshape(2, 3, -1) for t in leaves], leaves)
+    cube_leaves, cube = _batch([(2, 3, 1, 2, 2), (2, 1, 0, 2, 2)], (2, 3, 4))
+    _same(cube.reshape(2, 1, 2, -1, 2), [t.detach().reshape(1, 2, t.shape[1] * t.shape[2] * t.shape[3], 2) for t in cube_leaves])
+
+
+def test_floor_division_of_a_ragged_size_is_per_sample():
+    """``H // s`` (a query stride, a pooled grid): each sample's size floor-divided, one nested int
+    per divisor (``H // 1`` is ``H``'s); other arithmetic still raises the ragged-size error."""
+    _, x = _batch([(2, 5, 3), (2, 4, 4), (2, 0, 1)], (2, 3))
+    h = x.shape[2]
+    assert h // 1 == h and (h // 2) == (h // 2) and (h // 2) != h
+    assert extent_of(h // 2).host_lengths().tolist() == [5 // 2, 4 // 2, 0 // 2]
+    for bad in (lambda: h // 0, lambda: (2 * h) // 2, lambda: h % 2, lambda: h - 1):
+        with pytest.raises((TypeError, ZeroDivisionError)):
+            bad()

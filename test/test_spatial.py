@@ -699,3 +699,27 @@ def test_fractional_max_pool_of_an_empty_batch_keeps_dense_shape():
     out, idx = F.fractional_max_pool2d(x, 2, output_size=(2, 3), return_indices=True,
                                        _random_samples=torch.rand(0, 2, 2, dtype=x.dtype))
     assert out.shape == (0, 2, 2, 3) and idx.shape == (0, 2, 2, 3) and idx.dtype == torch.int64
+
+
+@pytest.mark.parametrize("then", ["is_contiguous", "contiguous", "channel slice", "residual add_"])
+def test_in_place_activation_after_a_convolution_then_any_op(then):
+    """timm's ``ConvNormAct`` (a convolution, then ``ReLU(inplace=True)``) followed by
+    ``.contiguous()``, a layout query, a channel slice or an in-place residual add: the
+    convolution's result wraps its output rows, which the in-place write then changes — reading
+    them afterwards is an ordinary read, per sample with gradients."""
+    w = torch.randn(4, 4, 3, 3, dtype=F64, generator=torch.Generator().manual_seed(2), requires_grad=True)
+
+    def f(t):
+        y = F.conv2d(t, w, padding=1)
+        if then == "residual add_":  # torchvision's order: add the identity, then the activation
+            y += t
+            return F.relu(y, inplace=True).contiguous()
+        y = F.relu(y, inplace=True)
+        if then == "is_contiguous":
+            assert y.is_contiguous() in (True, False)
+            return y * 2
+        if then == "contiguous":
+            return y.contiguous().sin()
+        return y[:, 1:3].cos()
+
+    _check(f, f, _images(SIZES2), [w])

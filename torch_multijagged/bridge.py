@@ -56,7 +56,7 @@ class _Relabel(torch.autograd.Function):
     def forward(ctx, x: MultiJaggedTensor, partition: Partition):  # type: ignore[override]
         ctx.set_materialize_grads(False)
         ctx.partition = x._partition
-        return MultiJaggedTensor(x._values.view_as(x._values), partition, x._ragged_dims)
+        return MultiJaggedTensor(x._values.detach(), partition, x._ragged_dims)  # as ``_WrapValues``
 
     @staticmethod
     def backward(ctx, grad: MultiJaggedTensor):  # type: ignore[override]

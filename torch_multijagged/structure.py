@@ -130,7 +130,18 @@ class _RaggedSizeNode(NestedIntNode):
     def _arith(self, other):
         self._no_value("arithmetic other than a product with an int")
 
-    add = sub = truediv = int_truediv = floordiv = int_floordiv = mod = pow = pow_by_natural = _arith
+    add = sub = truediv = int_truediv = mod = pow = pow_by_natural = _arith
+
+    def floordiv(self, other):
+        # ``H // s`` (a stride's output grid): each sample's size floor-divided, a mapped extent
+        # (the same nested int for ``H // 1``, one nested int per divisor)
+        e = _node_extent(self)
+        if not other.is_constant() or other.constant_int() <= 0 or self.coeff != 1 or e is None:
+            self._arith(other)
+        k = other.constant_int()
+        return mapped_extent(e, ("floordiv", k), lambda n: torch.div(n, k, rounding_mode="floor")).nested_int.node
+
+    int_floordiv = floordiv
     sym_min = sym_max = _arith
 
     def neg(self):
@@ -139,7 +150,39 @@ class _RaggedSizeNode(NestedIntNode):
     def mul(self, other):
         if other.is_constant():
             return _RaggedSizeNode(self.t_id, self.coeff * other.constant_int())
+        flat = _product_extent(self, other)
+        if flat is not None:
+            return _RaggedSizeNode(flat.nested_int.node.t_id, self.coeff * other.coeff)
         return super().mul(other)
+
+
+def _node_extent(node) -> "Optional[RaggedExtent]":
+    return _EXTENT_OF_TID.get(node.t_id) if isinstance(node, NestedIntNode) else None
+
+
+def _product_extent(a, b) -> "Optional[RaggedExtent]":
+    """The extent of two eager ragged dims flattened into one (``H * W`` of an image batch's
+    sizes): the flat extent of their canonical partition, so ``x.view(B, C, H * W)`` names the
+    nested int that ``x.flatten(2)`` has. None where either is not an eager extent of ours."""
+    ea, eb = _node_extent(a), _node_extent(b)
+    if ea is None or eb is None or ea.batch != eb.batch or torch.compiler.is_compiling():
+        return None
+
+    return flat_extent(partition_for(_factors(ea) + _factors(eb)))
+
+
+def _factors(e: RaggedExtent) -> tuple:
+    """The extents that ``e`` was flattened from (``H * W * D``), or ``(e,)``."""
+    p = partition_for([e]).cache.get(("unflat",))
+    return p.extents if p is not None else (e,)
+
+
+def same_product(size, extents: Sequence[RaggedExtent]) -> bool:
+    """Whether the eager nested int ``size`` is the product of ``extents`` in some order (``W * H``
+    where the dims are ``(H, W)``): the same per-sample sizes, though another nested int."""
+    node = size.node if isinstance(size, torch.SymInt) else None
+    e = _node_extent(node) if node is not None and getattr(node, "coeff", None) == 1 else None
+    return e is not None and sorted(map(id, _factors(e))) == sorted(map(id, extents))
 
 
 def _eager_nested_int(offsets: torch.Tensor) -> torch.SymInt:
@@ -175,6 +218,10 @@ def _exclusive_cumsum(lengths: torch.Tensor) -> torch.Tensor:
 # lives). ``extent_of`` reads it: a size given as a batch's nested int (``output_size=x.shape``)
 # names that batch's extent.
 _EXTENT_OF_NODE: "weakref.WeakValueDictionary[int, RaggedExtent]" = weakref.WeakValueDictionary()
+
+
+# The same by the nested int's id (``t_id``), which its multiples (``2 * j0``) share.
+_EXTENT_OF_TID: "weakref.WeakValueDictionary[int, RaggedExtent]" = weakref.WeakValueDictionary()
 
 
 def extent_of(size) -> "Optional[RaggedExtent]":
@@ -248,6 +295,7 @@ class RaggedExtent:
             if type(self.offsets) is torch.Tensor and not torch.compiler.is_compiling():
                 ni = self._nested_int = _eager_nested_int(self.offsets)
                 _EXTENT_OF_NODE[id(ni.node)] = self
+                _EXTENT_OF_TID[ni.node.t_id] = self
             else:
                 ni = _njt.get_tensor_symint(self.offsets, coeff=1)
         return ni

@@ -722,7 +722,11 @@ class _WrapValues(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values: torch.Tensor, partition: Partition, ragged_dims):
         ctx.set_materialize_grads(False)
-        return MultiJaggedTensor(values.view_as(values), partition, ragged_dims)
+        # ``detach``, not a view: a view made here (the forward runs in no-grad mode) of values
+        # that require grad could not be read under autograd once an in-place op on the wrapper
+        # wrote it ("a view was created in no_grad mode … modified inplace"); the wrapper's own
+        # node carries the gradient, and ``detach`` keeps the storage and version counter.
+        return MultiJaggedTensor(values.detach(), partition, ragged_dims)
 
     @staticmethod
     def backward(ctx, grad: MultiJaggedTensor):

@@ -219,6 +219,7 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
             raise _err(f"dense keys {tuple(key.shape)} with attn_mask are not supported (queries {describe(query)})")
         key, _ = dense_as_rows(_OP, key, query, "key", "queries")
         value, _ = dense_as_rows(_OP, value, query, "value", "queries")
+    query, key, value = _broadcast_batch_dims(query, key, value)
     ragged_l = _check(query, key, value, attn_mask, is_causal, enable_gqa)
     mask = None
     if attn_mask is not None:
@@ -238,6 +239,28 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
 
 
 # ----------------------------------------------------------------------------- handlers
+def _broadcast_batch_dims(query, key, value):
+    """A static dim before the last two of size 1 in some operands and ``H`` in others (one key
+    head shared by every query head, timm's MobileNetV4 multi-query attention) expanded to ``H``,
+    as dense SDPA broadcasts its batch dims."""
+    ts = (query, key, value)
+    if not all(isinstance(t, MJT) for t in ts) or not query.dim() == key.dim() == value.dim():
+        return ts
+    n = query.dim()
+    sizes = list(query._size)
+    grow = False
+    for d in range(1, n - 2):
+        if any(d in t._ragged_dims for t in ts):
+            continue
+        got = {t._size[d] for t in ts}
+        if len(got) == 2 and 1 in got:
+            sizes[d] = max(got)
+            grow = True
+    if not grow:
+        return ts
+    return tuple(t.expand([t._size[d] if d in t._ragged_dims or d >= n - 2 else sizes[d] for d in range(n)]) for t in ts)
+
+
 def _traced(t: torch.Tensor) -> bool:
     return torch.compiler.is_compiling() or _is_traced(t)
 

@@ -411,3 +411,23 @@ def _broadcast_tensors(*tensors):
         z = torch.zeros_like(t, dtype=torch.bool).detach()
         mask = z if mask is None else mask | z
     return tuple(torch.where(mask, t, t) for t in tensors)
+
+
+@route(torch.Tensor.expand_as)
+def _expand_as(input, other):
+    """A dense ``input`` expanded to a multi_jagged ``other``'s shape (``gate.expand_as(x)`` of a
+    ``(B, C, 1, 1)`` gate): each sample's slice broadcast to that sample's shape, as the pointwise
+    broadcasting rules (NOTE [ Broadcasting over ragged dims ]). A copy, where dense torch gives a
+    view; its gradient sums back over the expanded dims."""
+    if isinstance(input, MJT) or not isinstance(other, MJT):
+        return NotImplemented
+    why = f"expand_as(): the tensor of shape {describe(input)} cannot be expanded to the shape {describe(other)}"
+    mask = torch.zeros_like(other, dtype=torch.bool).detach()
+    try:
+        out = torch.where(mask, input, input)
+    except StructureError as e:
+        raise StructureError(f"{why}: {e}") from e
+    if not isinstance(out, MJT) or out._ragged_dims != other._ragged_dims or out.dim() != other.dim() or any(
+            a != b for a, b in zip(out._values.shape[1:], other._values.shape[1:])):
+        raise StructureError(why)
+    return out

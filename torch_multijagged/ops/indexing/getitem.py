@@ -13,6 +13,7 @@ from .._routing import _needs_grad, route
 from .._table import dispatch as _dispatch
 from .along import ragged_dim
 from .gather import mask_index, table_lookup
+from .scatter import setitem_basic
 from .slicing import select_ragged, slice_ragged
 
 mj = torch.ops.multijagged
@@ -64,6 +65,22 @@ def _getitem(input, index):
     if isinstance(input, MJT) and isinstance(index, (tuple, slice, type(Ellipsis), type(None))):
         return _getitem_static(input, index if isinstance(index, tuple) else (index,))
     return NotImplemented
+
+
+@route(torch.Tensor.__setitem__)
+def _setitem(input, index, value):
+    """``x[index] = value`` with a basic index over the whole batch (``x[:, 1:] = v``,
+    ``x[..., :2] = 0``); other indices (a sample, masks, index tensors) go to torch's
+    ``__setitem__`` (``select`` / ``index_put_``, which have handlers)."""
+    items = index if isinstance(index, tuple) else (index,)
+    basic = all(i is None or i is Ellipsis or isinstance(i, slice) or (type(i) is int) for i in items)
+    if not isinstance(input, MJT) or not basic or not items:
+        return NotImplemented
+    lead = next((i for i in items if i is not None), slice(None))
+    if not (lead is Ellipsis or (isinstance(lead, slice) and _whole(lead))):
+        return NotImplemented
+    setitem_basic(input, index, value, _getitem)
+    return None
 
 
 def _advanced(it) -> torch.Tensor | None:

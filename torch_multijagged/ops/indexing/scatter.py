@@ -212,3 +212,40 @@ def _take(input, index, *, out=None):
     flat = input.reshape(-1).as_subclass(torch.Tensor)
     picked = flat[torch.where(iv < 0, iv + n, iv) + starts[sample]]
     return wrap_values(picked, index._partition, index._ragged_dims)
+
+
+def setitem_basic(x: MJT, index, value, getitem) -> None:
+    """``x[index] = value`` for a basic index (ints, slices, ``None``, ``...``) with the whole batch:
+    along ragged dims per sample (``x[:, 1:] = v``, ``x[:, 0] = cls``) as along static ones
+    (``x[..., :2] = 0``). The selected elements are read off a tensor of element positions
+    indexed as ``x`` would be (``getitem``, the route of ``x[index]``), ``value`` is broadcast to
+    that selection as dense ``__setitem__`` does, and ``x`` becomes
+    ``where(selected, value at its position, x)`` through ``copy_``, so gradients reach ``x``'s
+    unselected elements and ``value``. Python's own indexing would compare the slice bounds with
+    nested ints ("relation is indeterminate")."""
+    v = x._values
+    pos = getitem(wrap(torch.arange(v.numel(), device=v.device).view(v.shape), x._partition, x._ragged_dims), index)
+    flat = (pos._values if isinstance(pos, MJT) else pos).reshape(-1)
+    if not isinstance(value, torch.Tensor):
+        value = torch.tensor(value, dtype=x.dtype, device=x.device)
+    elif value.dim() == 0 and not isinstance(value, MJT):
+        value = value.to(x.device)
+    mismatch = RuntimeError(f"shape mismatch: value tensor of shape {describe(value)} cannot be broadcast to "
+                            f"indexing result of shape {describe(pos)}")
+    try:
+        src = torch.where(torch.ones_like(pos, dtype=torch.bool), value.to(x.dtype), value.to(x.dtype))
+    except (RuntimeError, StructureError) as e:
+        raise mismatch from e
+    if not (src._ragged_dims == pos._ragged_dims and src._partition.same_as(pos._partition)
+            and src._values.shape[1:] == pos._values.shape[1:] if isinstance(pos, MJT) and isinstance(src, MJT)
+            else not isinstance(src, MJT) and not isinstance(pos, MJT) and src.shape == pos.shape):
+        raise mismatch
+    if flat.numel() == 0:
+        return
+    src_flat = (src.values() if isinstance(src, MJT) else src).reshape(-1)
+    at = torch.zeros(v.numel(), dtype=torch.int64, device=v.device)
+    at[flat] = torch.arange(flat.numel(), device=v.device)
+    selected = torch.zeros(v.numel(), dtype=torch.bool, device=v.device)
+    selected[flat] = True
+    spread = wrap_values(src_flat[at.view(v.shape)], x._partition, x._ragged_dims)
+    x.copy_(torch.where(wrap(selected.view(v.shape), x._partition, x._ragged_dims), spread, x))

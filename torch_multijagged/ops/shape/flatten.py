@@ -42,7 +42,7 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int, statically_know
 
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...structure import Partition, RaggedExtent, flat_extent, mapped_extent, partition_for
+from ...structure import Partition, RaggedExtent, flat_extent, mapped_extent, partition_for, same_product
 from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _needs_grad, route
 from . import merged, tokens
@@ -241,7 +241,70 @@ def _fits(given, expected) -> bool:
 def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
     """For ``x.view(size)`` / ``reshape``: a thunk doing the flatten or unflatten of ragged dims
     that ``size`` asks for (its static sizes unchanged, ``-1`` anywhere a size is implied), or None
-    when ``size`` asks for neither (the ordinary view path then checks it)."""
+    when ``size`` asks for neither (the ordinary view path then checks it). A size that names
+    consecutive ragged dims flattened (``H * W``) while regrouping static dims as well
+    (``(B, C, H, W) → (B, -1, 48, H * W)``) flattens them first, then views the rest."""
+    plan = _view_plan(op, x, size)
+    if plan is None and not torch.compiler.is_compiling():
+        named = _named_run(x, size)
+        if named is not None:
+            return lambda: _flatten_then_view(op, x, size, *named)
+        split = _named_split(x, size)
+        if split is not None:
+            return lambda: getattr(unflatten_ragged(op, x, *split), op)(tuple(size))
+        run = _implied_run(op, x, size)
+        if run is not None:
+            return lambda: getattr(flatten_ragged(op, x, *run), op)(tuple(size))
+    return plan
+
+
+def _implied_run(op: str, x: MJT, size) -> Optional[tuple[int, int]]:
+    """For a ``size`` with a ``-1`` that ``x`` cannot take as it stands, the one span of
+    consecutive ragged dims that, flattened, makes ``size`` an ordinary view
+    (``(B, 256, H, W) → (B, 4, 64, -1)``: the ``-1`` is ``H * W``), or None."""
+    if -1 not in size or _ordinary(op, x, size):
+        return None
+    found = [run for run in _runs(x) if _ordinary(op, flatten_ragged(op, x, *run), size)]
+    return found[0] if len(found) == 1 else None
+
+
+def _named_split(x: MJT, size) -> Optional[tuple[int, list]]:
+    """``(d, nested ints)``: a ragged dim ``d`` of ``x`` flattened from ragged dims whose nested
+    ints stand in a row in ``size`` (``(B, 8, 16, H * W) → (B, -1, H, W)``), or None."""
+    for k, d in enumerate(x._ragged_dims):
+        sub = _unflat(x, k)
+        if sub is None:
+            continue
+        want = [e.nested_int for e in sub.extents]
+        for i in range(1, len(size) - len(want) + 1):
+            if all(is_nested_int(a) and _same_size(a, w) for a, w in zip(size[i:i + len(want)], want)):
+                return d, want
+    return None
+
+
+def _named_run(x: MJT, size) -> Optional[tuple[int, int, int]]:
+    """``(start, end, i)``: the span of consecutive ragged dims of ``x`` whose flattened nested int
+    (or a product of the same sizes in another order) is ``size[i]``, or None."""
+    own = [x._size[d] for d in x._ragged_dims]
+    for i, s in enumerate(size):
+        if not is_nested_int(s) or any(s is n for n in own):
+            continue
+        for start, end in _runs(x):
+            k = x._ragged_dims.index(start)
+            sub = partition_for(x._partition.extents[k:k + end - start + 1])
+            if _same_size(s, flat_extent(sub).nested_int) or same_product(s, sub.extents):
+                return start, end, i
+    return None
+
+
+def _flatten_then_view(op: str, x: MJT, size, start: int, end: int, i: int) -> MJT:
+    y = flatten_ragged(op, x, start, end)
+    size = list(size)
+    size[i] = y._size[start]  # ``W * H`` names the same sizes as the flattened ``H * W``
+    return getattr(y, op)(tuple(size))
+
+
+def _view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
     size = list(size)
     n = x.dim()
     if len(size) < n:
@@ -262,7 +325,7 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
                 return lambda: _plan_eagerly(op, x, size)
             k = x._ragged_dims.index(start)
             sub = x._partition if end - start + 1 == x._partition.nragged else partition_for(x._partition.extents[k:k + end - start + 1])
-            if target != flat_extent(sub).nested_int:
+            if target != flat_extent(sub).nested_int and not same_product(target, sub.extents):
                 return _static_merge_plan(op, x, size)
         return lambda: flatten_ragged(op, x, start, end)
     if len(size) > n:
