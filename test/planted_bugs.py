@@ -478,6 +478,23 @@ BUGS = [
     Bug("one-row segment sum promotes integers", "kernels/reference.py",
         "out = values.sum(0, keepdim=True, dtype=values.dtype)", "out = values.sum(0, keepdim=True)",
         ("test_reduction_dtypes.py",)),
+    Bug("index assignment writes the selection's values in reverse order", "ops/indexing/scatter.py",
+        "at[flat] = torch.arange(flat.numel(), device=v.device)", "at[flat] = torch.arange(flat.numel(), device=v.device).flip(0)",
+        ("test_getitem.py",)),
+    Bug("index assignment ignores the value's gradient", "ops/indexing/scatter.py",
+        "src_flat = (src.values() if isinstance(src, MJT) else src).reshape(-1)",
+        "src_flat = (src.values() if isinstance(src, MJT) else src).reshape(-1).detach()", ("test_getitem.py",)),
+    Bug("a product of ragged sizes forgets the second factor", "structure.py",
+        "return flat_extent(partition_for(_factors(ea) + _factors(eb)))", "return flat_extent(partition_for(_factors(ea)))",
+        ("test_flatten_ragged.py",)),
+    Bug("floor division of a ragged size rounds up", "structure.py",
+        'lambda n: torch.div(n, k, rounding_mode="floor")', 'lambda n: -torch.div(-n, k, rounding_mode="floor")',
+        ("test_flatten_ragged.py",)),
+    Bug("a dense expand_as keeps the dense shape", "ops/elementwise/pointwise.py",
+        "    mask = torch.zeros_like(other, dtype=torch.bool).detach()\n    try:",
+        "    mask = torch.zeros_like(other, dtype=torch.bool).detach()[..., :1]\n    try:", ("test_broadcast.py",)),
+    Bug("SDPA broadcasts a single head to the wrong dim", "ops/attention/sdpa.py",
+        "if len(got) == 2 and 1 in got:", "if len(got) == 2 and 1 in got and d > 1:", ("test_attention.py",)),
 ]
 
 

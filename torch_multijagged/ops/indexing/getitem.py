@@ -69,18 +69,19 @@ def _getitem(input, index):
 
 @route(torch.Tensor.__setitem__)
 def _setitem(input, index, value):
-    """``x[index] = value`` with a basic index over the whole batch (``x[:, 1:] = v``,
-    ``x[..., :2] = 0``); other indices (a sample, masks, index tensors) go to torch's
-    ``__setitem__`` (``select`` / ``index_put_``, which have handlers)."""
+    """``x[index] = value`` with an index that ``x[index]`` reads, from a slice of the batch dim
+    (``x[:, 1:] = v``, ``x[..., :2] = 0``, ``x[:, [0, 1]] = v``, ``x[:2, 0] = v``); other indices (a
+    sample, masks, index tensors from the batch dim) go to torch's ``__setitem__`` (``select`` /
+    ``index_put_``, which have handlers)."""
     items = index if isinstance(index, tuple) else (index,)
-    basic = all(i is None or i is Ellipsis or isinstance(i, slice) or (type(i) is int) for i in items)
-    if not isinstance(input, MJT) or not basic or not items:
+    plain = all(i is None or i is Ellipsis or isinstance(i, slice) or type(i) is int or _advanced(i) is not None
+                for i in items)
+    if not isinstance(input, MJT) or not plain or not items:
         return NotImplemented
     lead = next((i for i in items if i is not None), slice(None))
-    if not (lead is Ellipsis or (isinstance(lead, slice) and _whole(lead))):
-        return NotImplemented
-    setitem_basic(input, index, value, _getitem)
-    return None
+    if not (lead is Ellipsis or isinstance(lead, slice)):
+        return NotImplemented  # a sample (``x[i] = v``) or index tensors from the batch dim: ``index_put_``
+    return setitem_basic(input, index, value, _getitem)
 
 
 def _advanced(it) -> torch.Tensor | None:

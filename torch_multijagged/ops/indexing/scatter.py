@@ -214,17 +214,19 @@ def _take(input, index, *, out=None):
     return wrap_values(picked, index._partition, index._ragged_dims)
 
 
-def setitem_basic(x: MJT, index, value, getitem) -> None:
-    """``x[index] = value`` for a basic index (ints, slices, ``None``, ``...``) with the whole batch:
-    along ragged dims per sample (``x[:, 1:] = v``, ``x[:, 0] = cls``) as along static ones
-    (``x[..., :2] = 0``). The selected elements are read off a tensor of element positions
-    indexed as ``x`` would be (``getitem``, the route of ``x[index]``), ``value`` is broadcast to
-    that selection as dense ``__setitem__`` does, and ``x`` becomes
-    ``where(selected, value at its position, x)`` through ``copy_``, so gradients reach ``x``'s
-    unselected elements and ``value``. Python's own indexing would compare the slice bounds with
-    nested ints ("relation is indeterminate")."""
+def setitem_basic(x: MJT, index, value, getitem):
+    """``x[index] = value`` for any index that ``x[index]`` reads (``getitem``, its route): along
+    ragged dims per sample (``x[:, 1:] = v``, ``x[:, 0] = cls``, ``x[:, [0, 1]] = v``) as along
+    static ones (``x[..., :2] = 0``). The selected elements are read off a tensor of element
+    positions indexed as ``x`` would be, ``value`` is broadcast to that selection as dense
+    ``__setitem__`` does, and ``x`` becomes ``where(selected, value at its position, x)`` through
+    ``copy_``, so gradients reach ``x``'s unselected elements and ``value``. Python's own indexing
+    would compare the slice bounds with nested ints ("relation is indeterminate"). Returns
+    None, or NotImplemented for an index that ``getitem`` does not read."""
     v = x._values
     pos = getitem(wrap(torch.arange(v.numel(), device=v.device).view(v.shape), x._partition, x._ragged_dims), index)
+    if pos is NotImplemented:
+        return NotImplemented
     flat = (pos._values if isinstance(pos, MJT) else pos).reshape(-1)
     if not isinstance(value, torch.Tensor):
         value = torch.tensor(value, dtype=x.dtype, device=x.device)
@@ -241,7 +243,7 @@ def setitem_basic(x: MJT, index, value, getitem) -> None:
             else not isinstance(src, MJT) and not isinstance(pos, MJT) and src.shape == pos.shape):
         raise mismatch
     if flat.numel() == 0:
-        return
+        return None
     src_flat = (src.values() if isinstance(src, MJT) else src).reshape(-1)
     at = torch.zeros(v.numel(), dtype=torch.int64, device=v.device)
     at[flat] = torch.arange(flat.numel(), device=v.device)
@@ -249,3 +251,4 @@ def setitem_basic(x: MJT, index, value, getitem) -> None:
     selected[flat] = True
     spread = wrap_values(src_flat[at.view(v.shape)], x._partition, x._ragged_dims)
     x.copy_(torch.where(wrap(selected.view(v.shape), x._partition, x._ragged_dims), spread, x))
+    return None
