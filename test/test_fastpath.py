@@ -292,6 +292,7 @@ def test_size_shape_dim_answered_without_dispatch(monkeypatch):
         x.size(3)
     assert seen == []
     assert x.numel() == x.values().numel() == torch.numel(x) == x.nelement() == sum(LENGTHS) * 4
+    assert x.nbytes == x.values().nbytes == sum(LENGTHS) * 4 * x.itemsize
 
 
 def test_detached_in_place_result_lends_no_graph():

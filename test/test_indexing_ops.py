@@ -756,7 +756,30 @@ def test_static_dim_index_ops_and_nonzero(layout):
     assert [c.tolist() for c in x.nonzero().unbind()] == [[[0, 1], [1, 0]], []]
     rows, cols = torch.nonzero(x, as_tuple=True)
     assert rows.unbind()[0].tolist() == [0, 1] and cols.unbind()[0].tolist() == [1, 0]
+    assert rows.shape == cols.shape  # one extent: the columns combine
+    for got, want in zip(torch.where(x > 0), (rows, cols)):  # one-argument where is nonzero
+        assert [c.tolist() for c in got.unbind()] == [c.tolist() for c in want.unbind()]
     # along the ragged dim with per-sample indices (test_ragged_indexing.py): every row into row 0
     out = torch.scatter_reduce(x.double(), 1, torch.zeros_like(x), x.double(), "sum")
     for o, c in zip(out.unbind(), x.unbind()):
         assert torch.equal(o, c.double().scatter_reduce(0, torch.zeros_like(c), c.double(), "sum"))
+
+
+def test_masked_scatter_in_place_per_sample_with_gradients():
+    """``x.masked_scatter_(mask, source)``: each sample's masked elements from its source in
+    row-major order, as dense; gradients reach x's other elements and the source."""
+    comps = [torch.randn(n, 3, dtype=torch.float64) for n in (3, 0, 2)]
+    srcs = [torch.randn(n, 3, dtype=torch.float64) for n in (3, 0, 2)]
+    leaves = [c.clone().requires_grad_() for c in comps]
+    src_leaves = [c.clone().requires_grad_() for c in srcs]
+    x, src = mj.as_nested_tensor(leaves), mj.as_nested_tensor(src_leaves)
+    mask = x.detach() > 0
+    y = x * 1.0
+    out = y.masked_scatter_(mask, src)
+    assert out is y
+    refs = [(c * 1.0).masked_scatter_(c.detach() > 0, s) for c, s in zip(leaves, src_leaves)]
+    _components_equal(y, [r.detach() for r in refs])
+    g1 = torch.autograd.grad(sum((a ** 2).sum() for a in y.unbind()), leaves + src_leaves)
+    g2 = torch.autograd.grad(sum((r ** 2).sum() for r in refs), leaves + src_leaves)
+    for a, b in zip(g1, g2):
+        torch.testing.assert_close(a, b)

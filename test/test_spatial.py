@@ -723,3 +723,24 @@ def test_in_place_activation_after_a_convolution_then_any_op(then):
         return y[:, 1:3].cos()
 
     _check(f, f, _images(SIZES2), [w])
+
+
+def test_channels_last_requests_on_images():
+    """``x.contiguous(memory_format=torch.channels_last)`` / ``to`` / ``clone`` / ``empty_like``, as
+    CNN training code asks of its inputs: the packed pixel rows are channels last already, so
+    the values are kept (or copied) contiguous and ``is_contiguous(channels_last)`` holds for
+    images whose spatial dims are all ragged; values unchanged, gradients pass; another rank
+    raises as dense."""
+    comps = _images(SIZES2)
+    x = _batch(comps, requires_grad=True)
+    assert x.is_contiguous(memory_format=torch.channels_last)
+    assert not x.is_contiguous(memory_format=torch.channels_last_3d)
+    for y in (x.contiguous(memory_format=torch.channels_last), x.to(memory_format=torch.channels_last),
+              x.clone(memory_format=torch.channels_last), x.transpose(2, 3).contiguous(memory_format=torch.channels_last)):
+        assert y.is_contiguous(memory_format=torch.channels_last)
+    _check(lambda t: t.transpose(2, 3).contiguous(memory_format=torch.channels_last).sin(),
+           lambda t: t.transpose(2, 3).contiguous(memory_format=torch.channels_last).sin(), comps)
+    assert torch.empty_like(x, memory_format=torch.channels_last).shape == x.shape
+    seq = mj.nested_tensor([torch.randn(n, 4) for n in (3, 2)])
+    with pytest.raises(RuntimeError, match="required rank 4"):
+        seq.contiguous(memory_format=torch.channels_last)

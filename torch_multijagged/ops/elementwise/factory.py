@@ -19,6 +19,33 @@ def _same_values_op(func, inp, *args, **kwargs):
     return wrap(func(inp._values, *args, **kwargs), inp._partition, inp._ragged_dims)
 
 
+_CHANNELS_LAST = {torch.channels_last: 4, torch.channels_last_3d: 5}
+
+
+def _values_format(func, inp, kwargs: dict) -> dict:
+    """``kwargs`` with a channels-last request made a request for contiguous values: the packed
+    rows ``(P, C)`` of images ``(B, C, j0, j1)`` are each image's pixels in channels-last order
+    already (NOTE [ Memory formats of images ])."""
+    fmt = kwargs.get("memory_format")
+    rank = _CHANNELS_LAST.get(fmt)
+    if rank is None:
+        return kwargs
+    if len(inp._size) != rank:
+        raise RuntimeError(f"{op_name(func)}(): required rank {rank} tensor to use {str(fmt).split('.')[-1]} format, "
+                           f"got {describe(inp)}")
+    return dict(kwargs, memory_format=torch.contiguous_format)
+
+
+# NOTE [ Memory formats of images ]
+#
+# An image batch ``(B, C, j0, j1)`` keeps its pixels as packed rows ``(P, C)``: row-major over each
+# image's pixels, channels last. So ``x.contiguous(memory_format=torch.channels_last)`` (and
+# ``clone`` / ``to`` / ``*_like`` with that format) asks for contiguous values, and
+# ``is_contiguous(memory_format=torch.channels_last)`` is true for contiguous values whose every
+# dim after the channels is ragged (``channels_last_3d`` likewise for volumes). Like any memory
+# format it never changes a value; a batch of another rank raises as dense torch does.
+
+
 @register_multi_jagged_func(
     [
         aten.clone.default,
@@ -46,12 +73,12 @@ def like_default(func, inp, *args, **kwargs):
     if func is aten.clone.default and kwargs.get("memory_format") is torch.contiguous_format:
         # contiguous in torch.jagged's order (NOTE [ Contiguity as torch.jagged reports it ] in ops/shape/views.py)
         return wrap(views.contiguous_values(inp), inp._partition, inp._ragged_dims)
-    return _same_values_op(func, inp, *args, **kwargs)
+    return _same_values_op(func, inp, *args, **_values_format(func, inp, kwargs))
 
 
 @register_multi_jagged_func(aten._to_copy.default, "self: mjt")
 def _to_copy_default(func, inp, **kwargs):
-    values = func(inp._values, **kwargs)
+    values = func(inp._values, **_values_format(func, inp, kwargs))
     if values.device == inp._values.device:
         return wrap(values, inp._partition, inp._ragged_dims)
     # A new device gets new offsets, hence new nested ints (as with torch.jagged).

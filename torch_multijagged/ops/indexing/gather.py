@@ -360,7 +360,17 @@ def _nonzero(input, *, out=None, as_tuple=False):
     mask = input != 0
     ones = torch.ones_like(input, dtype=torch.int64)
     cols = [torch.masked_select(ones.cumsum(d) - 1, mask) for d in range(1, input.dim())]
-    return tuple(cols) if as_tuple else torch.stack(cols, -1)
+    out = torch.stack(cols, -1)
+    return out.unbind(-1) if as_tuple else out  # (the columns on one extent)
+
+
+@route(torch.where)
+def _where_condition(condition, input=None, other=None, *, out=None):
+    """``torch.where(condition)`` alone: ``nonzero(condition, as_tuple=True)``, each sample's
+    coordinates ``(B, j)`` per dim, as dense torch's one-argument ``where`` is its ``nonzero``."""
+    if input is not None or other is not None or out is not None or not isinstance(condition, MJT):
+        return NotImplemented
+    return _nonzero(condition, as_tuple=True)
 
 
 class _MaskedScatter(torch.autograd.Function):
@@ -411,6 +421,15 @@ def _leading_elements(source: MJT, mask: MJT) -> MJT:
     sample = source._partition.row_sample().unsqueeze(1).expand(v.shape[0], per_row).reshape(-1)
     rank = torch.arange(sample.shape[0], device=v.device) - source._partition.offsets[sample] * per_row
     return wrap((rank < counts[sample]).view(v.shape), source._partition, source._ragged_dims)
+
+
+@route(torch.Tensor.masked_scatter_)
+def _masked_scatter_(input, mask, source):
+    """In place: the out-of-place ``masked_scatter`` copied into ``input`` (autograd records the
+    copy, so gradients reach ``input``'s unmasked elements and the source)."""
+    if not isinstance(input, MJT) or not isinstance(source, torch.Tensor):
+        return NotImplemented
+    return input.copy_(torch.masked_scatter(input, mask, source))
 
 
 @route(torch.masked_scatter, torch.Tensor.masked_scatter)

@@ -28,6 +28,11 @@ FAST.update({
     "self: mjt, memory_format: any?",
 )
 def is_contiguous_default(func, inp, memory_format=torch.contiguous_format):
+    if memory_format in (torch.channels_last, torch.channels_last_3d):
+        # packed pixel rows are channels last (NOTE [ Memory formats of images ] in elementwise/factory.py)
+        n = len(inp._size)
+        return (n == (4 if memory_format is torch.channels_last else 5) and inp._ragged_dims == tuple(range(2, n))
+                and inp._values.is_contiguous())
     if memory_format not in (torch.contiguous_format, torch.preserve_format):
         return False
     # A copy made by reordering ragged dims is not contiguous, so that .contiguous() gives a
@@ -92,3 +97,11 @@ def _numel(input):
         if d and d not in input._ragged_dims:
             n = n * s
     return n
+
+
+@route(torch.Tensor.nbytes.__get__)
+def _nbytes(input):
+    """``x.nbytes``: the packed elements' bytes (``numel() * itemsize``), as the element count above."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    return _numel(input) * input.dtype.itemsize
