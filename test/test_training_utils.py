@@ -25,6 +25,12 @@ AUTOCAST_OPS = {
     "layer_norm_bf16": lambda m, x: F.layer_norm(m["lin"](x), (4,), m["ln_w"], m["ln_b"]),
     "layer_norm_fp32": lambda m, x: F.layer_norm(x, (4,), m["ln_w"], m["ln_b"]),
     "mlp_loss": lambda m, x: F.mse_loss(F.gelu(m["lin"](x)) @ m["w"], x.detach(), reduction="sum"),
+    "sdpa": lambda m, x: F.scaled_dot_product_attention(*(x.unflatten(-1, (2, 2)).transpose(-2, -3),) * 3) * m["w"].sum(),
+    "einsum_scores": lambda m, x: torch.einsum("...id,...jd->...ij", x, m["lin"](x)),
+    "einsum_pair_contraction": lambda m, x: torch.einsum(
+        "...ikc,...jkc->...ijc", *(x.unsqueeze(-2) * m["lin"](x).unsqueeze(-3),) * 2),
+    "prod_fp32": lambda m, x: m["lin"](x).prod(-1),
+    "cdist_fp32": lambda m, x: torch.cdist(m["lin"](x), m["lin"](x)),
 }
 
 
@@ -68,6 +74,19 @@ def test_autocast_dtypes_match_dense_per_sample(op, grad):
         if e is not None:
             assert g.dtype == torch.float32
             torch.testing.assert_close(g, e, rtol=5e-2, atol=5e-2)
+
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate", "constant"])
+def test_autocast_pads_take_dense_autocast_dtypes(mode):
+    """Reflection and replication pads are on dense autocast's float32 list (a bfloat16 input
+    comes back float32); a constant pad keeps its input's dtype."""
+    xs = [c.T.bfloat16() for c in _comps(lengths=(3, 2, 5))]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = F.pad(mj.nested_tensor(xs), (1, 1), mode=mode)
+        refs = [F.pad(c, (1, 1), mode=mode) for c in xs]
+    assert out.dtype == refs[0].dtype == (torch.bfloat16 if mode == "constant" else torch.float32)
+    for o, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(o, r)
 
 
 # ----------------------------------------------------------------------------- checkpoint

@@ -129,3 +129,24 @@ def eager_route(reason: str, traceable=None):
 # The regions around the op still compile; ``fullgraph=True`` reports the reason. Frames compiled
 # in that fallback must not compare two symbolic nested ints: dynamo cannot name the guard
 # (``structure.same_extent`` compares traced extents by identity).
+
+
+def autocast_lower(*ts):
+    """Under autocast, the cast that dense autocast gives its lower-precision ops (``matmul``,
+    ``linear``, ``bmm``, ``einsum``'s products, ``scaled_dot_product_attention``): float32 / float16 /
+    bfloat16 tensors to the autocast dtype of their device, float64 and other tensors kept.
+    Autocast does not reach the computations behind these ops here: the ``multijagged::`` ops
+    are not on its list, and a contraction by broadcasting is a mul and a sum. Callers check
+    ``torch.is_autocast_enabled(device_type)`` first."""
+    dt = torch.get_autocast_dtype(next(t for t in ts if isinstance(t, torch.Tensor)).device.type)
+    return tuple(
+        t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t for t in ts
+    )
+
+
+def autocast_float32(*ts):
+    """Under autocast, the cast of dense autocast's float32 list (``prod``, ``cdist``, reflection and
+    replication pads, …): float16 / bfloat16 tensors to float32, others kept. Callers check
+    ``torch.is_autocast_enabled(device_type)`` first."""
+    return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype in (torch.float16, torch.bfloat16) else t
+                 for t in ts)

@@ -590,6 +590,8 @@ def _einsum(equation, *operands):
     terms, out = _ein._explicit(equation, operands)
     if len(set(out)) != len(out):
         return NotImplemented  # the route raises
+    if torch.is_autocast_enabled(operands[0].device.type):
+        return NotImplemented  # the route casts as dense autocast does
     product = _pm.pair_product(list(terms), list(operands), out, mm=_pair_mm)
     return NotImplemented if product is None else product
 

@@ -43,7 +43,7 @@ from ...errors import StructureError
 from ...kernels import attention as kattn
 from ...structure import _is_traced, building, partition_for, same_extent
 from .._table import register_multi_jagged_func
-from .._common import MJT, describe, static_dims, wrap
+from .._common import MJT, autocast_lower, describe, static_dims, wrap
 from .._routing import _call, _needs_grad, route
 
 __all__ = ["backend", "BACKENDS", "segments", "dense_as_rows"]
@@ -220,6 +220,8 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
         key, _ = dense_as_rows(_OP, key, query, "key", "queries")
         value, _ = dense_as_rows(_OP, value, query, "value", "queries")
     query, key, value = _broadcast_batch_dims(query, key, value)
+    if torch.is_autocast_enabled(query.device.type):
+        query, key, value, attn_mask = autocast_lower(query, key, value, attn_mask)  # as dense SDPA's autocast
     ragged_l = _check(query, key, value, attn_mask, is_causal, enable_gqa)
     mask = None
     if attn_mask is not None:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from .. import bridged
-from .._common import MJT, describe, same_partition
+from .._common import MJT, autocast_lower, describe, same_partition
 from .._routing import route
 from ..shape.views import square_extent
 from .pair_mm import pair_product
@@ -83,6 +83,8 @@ def _einsum(equation, *operands):
     terms, out = _explicit(equation, operands)
     if len(set(out)) != len(out):
         raise ValueError(f"einsum(): expected each output subscript once, got {out!r} in {equation!r}")
+    if torch.is_autocast_enabled(operands[0].device.type):
+        operands = autocast_lower(*operands)  # as dense einsum's products (bmm) under autocast
     operands, terms = list(operands), list(terms)
     product = pair_product(terms, operands, out)  # NOTE [ Contracting a ragged dim ]
     if product is not None:

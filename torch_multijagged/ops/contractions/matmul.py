@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from ...bridge import values_of, wrap_values
 from ...compile import library
 from .. import bridged
-from .._common import MJT, describe, wrap
+from .._common import MJT, autocast_lower, describe, wrap
 from .._routing import _call, _dense, _needs_grad, route
 from .._table import register_multi_jagged_func
 from .pair_mm import pair_product
@@ -27,22 +27,11 @@ from .pair_mm import pair_product
 mj = torch.ops.multijagged
 
 
-def _autocast_lower(*ts):
-    """Under autocast, the cast that dense autocast gives matmul and linear (its lower-precision
-    list: float32/float16/bfloat16 tensors to the autocast dtype, float64 kept). Autocast does not
-    reach the computations below: the ``multijagged::`` ops are not on its list and the broadcast
-    product of ``_matmul`` is a mul and a sum."""
-    dt = torch.get_autocast_dtype(next(t for t in ts if isinstance(t, torch.Tensor)).device.type)
-    return tuple(
-        t.to(dt) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64 else t for t in ts
-    )
-
-
 @route(F.linear, torch._C._nn.linear)
 def _linear(input, weight, bias=None):
     if isinstance(input, MJT) and _dense(weight) and (bias is None or _dense(bias)):
         if torch.is_autocast_enabled(input.device.type):
-            input, weight, bias = _autocast_lower(input, weight, bias)
+            input, weight, bias = autocast_lower(input, weight, bias)
         if torch.compiler.is_compiling() or not _needs_grad(input, weight, bias):
             return _call(mj.linear.default, input, weight, bias)
         # Eagerly, with gradients, the values bridge lets the dense linear run under torch's own (C++) autograd:
@@ -57,7 +46,7 @@ def _matmul(input, other, *, out=None):
     if out is not None or input.dim() < 3 or other.dim() < 2:
         return NotImplemented
     if torch.is_autocast_enabled(input.device.type):
-        input, other = _autocast_lower(input, other)
+        input, other = autocast_lower(input, other)
     if isinstance(input, MJT) and _dense(other) and other.dim() == 2:
         return _call(mj.linear.default, input, other.t(), None)
     if isinstance(input, MJT) != isinstance(other, MJT) and input.dim() == other.dim():

@@ -13,7 +13,7 @@ from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import packed_rows
 from ...structure import RaggedExtent, mapped_extent, partition_for, same_extent
-from .._common import MJT, canonical_dim, describe, static_dims
+from .._common import MJT, autocast_float32, canonical_dim, describe, static_dims
 from .._routing import route
 from .along import eager, keep_along
 
@@ -213,6 +213,8 @@ def _pad(input, pad, mode="constant", value=None):
         return NotImplemented
     if mode not in _MODES:
         raise NotImplementedError(f"pad(): mode {mode!r} for layout torch.multi_jagged (supported: {', '.join(_MODES)})")
+    if mode in ("reflect", "replicate") and torch.is_autocast_enabled(input.device.type):
+        (input,) = autocast_float32(input)  # reflection and replication pads: dense autocast's float32 list
     pad = list(pad)
     if len(pad) % 2 or len(pad) // 2 > input.dim():
         raise RuntimeError(f"Padding length should be divisible by 2 and at most twice the number of dims, got {len(pad)}")

@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...structure import mapped_extent, partition_for
-from .._common import MJT, describe, eager_route
+from .._common import MJT, autocast_float32, describe, eager_route
 from .._routing import route
 from .losses import _involved
 
@@ -26,6 +26,8 @@ def _cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
     ``compute_mode`` does not change the values beyond rounding)."""
     if not _involved(x1, x2):
         return NotImplemented
+    if torch.is_autocast_enabled(x1.device.type):
+        x1, x2 = autocast_float32(x1, x2)  # on dense autocast's float32 list
     for t in (x1, x2):
         if t.dim() != 3 or (isinstance(t, MJT) and t._ragged_dims[-1] == 2):
             raise StructureError(

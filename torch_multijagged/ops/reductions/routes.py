@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from .._common import MJT, canonical_dims
+from .._common import MJT, autocast_float32, canonical_dims
 from .._routing import _call, _needs_grad, route
 
 mj = torch.ops.multijagged
@@ -52,6 +52,8 @@ def _reduction_route(kind: str, static_too=False):
             dims = _touches_ragged(input, dim)
         if dims is None:
             return NotImplemented
+        if kind == "prod" and dtype is None and torch.is_autocast_enabled(input.device.type):
+            (input,) = autocast_float32(input)  # on dense autocast's float32 list
         if dtype is not None:
             input = input.to(dtype)
         out = _reduce(input, kind, None if dim is None else dims, keepdim)
