@@ -45,6 +45,12 @@ def _flat_forms(x):
         forms += [("view(-1)", lambda t: t.view(-1), (-1,)), ("view(-1, *tail)", lambda t: t.view(-1, *tail), (-1, *tail))]
     if tail and tail[-1] % 2 == 0:
         forms.append(("reshape(-1, C/2)", lambda t: t.reshape(-1, tail[-1] // 2), (-1, tail[-1] // 2)))
+    if x.shape[0]:
+        # the rows as einops' ``'b n d -> (b n) d'`` computes them: the product of the sizes
+        rows = x.shape[0]
+        for d in range(1, last + 1):
+            rows = rows * x.shape[d]
+        forms.append(("reshape(B * n, *tail)", lambda t: t.reshape(rows, *tail), (-1, *tail)))
     return forms
 
 

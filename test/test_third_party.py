@@ -475,10 +475,18 @@ def test_x_transformers_feedforward_glu():
     _run_module(FeedForward(8, mult=2, glu=True).double(), _call, [_tokens((3, 0, 4))])
 
 
-@pytest.mark.parametrize("variant", ["default", "rmsnorm, glu, flash"])
+_XT_VARIANTS = {
+    "default": {},
+    "rmsnorm, glu, flash": dict(use_rmsnorm=True, ff_glu=True, attn_flash=True),
+    # GRU gating of the residual: rearrange(x, 'b n d -> (b n) d') into nn.GRUCell, then reshape_as
+    "gate_residual": dict(gate_residual=True),
+    "macaron, sandwich norm, qk norm": dict(macaron=True, sandwich_norm=True, attn_qk_norm=True),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(_XT_VARIANTS))
 def test_x_transformers_encoder(variant):
-    kw = {} if variant == "default" else dict(use_rmsnorm=True, ff_glu=True, attn_flash=True)
-    _run_module(_xt_encoder(**kw), _call, [_tokens((3, 0, 4))], tol=SOFTMAX_F32)
+    _run_module(_xt_encoder(**_XT_VARIANTS[variant]), _call, [_tokens((3, 0, 4))], tol=SOFTMAX_F32)
 
 
 @pytest.mark.xfail(strict=True, raises=TypeError, reason=(

@@ -66,11 +66,27 @@ def _tail(x: MJT) -> int:
 
 
 def flat_request(x: MJT, shape) -> bool:
-    """Whether ``shape`` flattens the batch dim of ``x`` (the NOTE's rule): no nested int, ``-1``
-    first, every later size given."""
-    if not shape or is_nested_int(shape[0]) or shape[0] != -1:
+    """Whether ``shape`` flattens the batch dim of ``x`` (the NOTE's rule): no nested int after
+    the first size, which is ``-1`` or the product of the batch size and the ragged sizes (einops'
+    ``'b n d -> (b n) d'`` computes ``B * n``), every later size given."""
+    if not shape or not (_rows_size(x, shape[0]) or (not is_nested_int(shape[0]) and shape[0] == -1)):
         return False
     return all((isinstance(s, int) and s >= 0) or (isinstance(s, torch.SymInt) and not is_nested_int(s)) for s in shape[1:])
+
+
+def _rows_size(x: MJT, size) -> bool:
+    """Whether ``size`` is the product of ``x``'s sizes through its last ragged dim (``B * n`` of
+    ``(B, n, d)``, ``B * S * n`` of ``(B, S, n, d)``): a nested int, as eager products of ragged
+    sizes are the nested int of the dims flattened, times the static sizes."""
+    if not is_nested_int(size) or torch.compiler.is_compiling() or not x._partition.batch:
+        return False
+    want = x._partition.batch
+    try:
+        for d in range(1, max(x._ragged_dims) + 1):
+            want = want * x._size[d]
+        return bool(size == want)
+    except (TypeError, ValueError):  # sizes that do not multiply (traced nested ints)
+        return False
 
 
 def _check_rows(op: str, x: MJT, shape) -> None:
@@ -97,7 +113,7 @@ _WHY = (
 def flatten_batch(op: str, x: MJT, shape) -> "FlatBatch":
     """``x`` with its batch and ragged dims flattened into the first dim of ``shape`` (``-1``); see
     the NOTE. ``op`` is ``view`` (no copy, or dense torch's error) or a copying op's name."""
-    shape = tuple(shape)
+    shape = (-1, *shape[1:]) if _rows_size(x, shape[0]) else tuple(shape)
     _check_rows(op, x, shape)
     k = len(x._ragged_dims)
     if x._ragged_dims == tuple(range(1, k + 1)) or x._partition.batch == 0:  # values in the samples' order
