@@ -406,6 +406,17 @@ def test_split_a_ragged_dim_into_static_parts():
         x.unflatten(1, (x.shape[1], 2))  # the part is another nested int
 
 
+def test_packed_qkv_reshape_with_the_head_size_left_to_minus_one():
+    """``qkv.reshape(B, N, 3, H, -1)`` (BEiT's attention): the ragged dim named by its own nested
+    int stays whole and the -1 is the head size — not a split of the ragged dim into (N, 3, H)."""
+    leaves, x = _batch([(3, 24), (1, 24), (0, 24), (4, 24)], (1,))
+    b, n, _ = x.shape
+    for out in (x.reshape(b, n, 3, 2, -1), x.view(b, n, 3, 2, -1), x.reshape(b, -1, 3, 2, 4)):
+        assert out.shape[1] is n and tuple(out.shape[2:]) == (3, 2, 4)
+        _same(out, [t.detach().reshape(t.shape[0], 3, 2, 4) for t in leaves])
+    _grads_agree(x.reshape(b, n, 3, 2, -1), [t.reshape(t.shape[0], 3, 2, 4) for t in leaves], leaves)
+
+
 def test_merge_with_a_static_dim_before_the_ragged_one_is_a_copy():
     _, x = _batch([(2, 3, 2, 4), (2, 1, 2, 4)], (2,))
     with pytest.raises(RuntimeError, match=r"view\(\): cannot view .* use .reshape"):

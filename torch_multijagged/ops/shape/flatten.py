@@ -393,8 +393,10 @@ def _static_split_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
     sizes = size[d:d + m]
     if not (_fits(size[:d], x.shape[:d]) and _fits(size[d + m:], x.shape[d + 1:]) and _static_split(x, d, sizes)):
         return None
-    if sizes[0] == -1 and _ordinary(op, x, size):
-        return None  # the -1 can be the ragged dim itself, with the static dims regrouped: that reading wins
+    if (sizes[0] == -1 or _same_size(sizes[0], x.shape[d])) and _ordinary(op, x, size):
+        # the ragged dim kept whole (``-1`` or its own nested int), with the static dims regrouped
+        # (``qkv.reshape(B, N, 3, H, -1)``, the -1 standing for the head size): that reading wins
+        return None
     if torch.compiler.is_compiling():
         return None
     return lambda: unflatten_ragged_static(op, x, d, sizes)
