@@ -109,8 +109,11 @@ class _RaggedSizeNode(NestedIntNode):
     ``int(x.shape[1])``, ``range(n)``, ``torch.arange(n)``, ``float(n)`` and arithmetic such as
     ``n // 2`` treat a size as one number; torch's node answers with an ``AttributeError`` about a
     missing method. A ragged dim has no one size, so ours raises a ``TypeError`` that says so and
-    names what to write instead. Everything else (comparisons, products with ints, hashing,
-    tracing) is the base class's."""
+    names what to write instead. Two operations have a per-sample meaning and are answered: the
+    product of two ragged sizes of one batch (the nested int of the two dims flattened,
+    ``_product_extent``) and floor division by a positive int (each size divided, a mapped
+    extent). Everything else (comparisons, products with ints, hashing, tracing) is the base
+    class's."""
 
     def _no_value(self, use: str):
         raise TypeError(f"{use} with the nested int {self}: {_NO_VALUE}")
@@ -167,7 +170,6 @@ def _product_extent(a, b) -> "Optional[RaggedExtent]":
     ea, eb = _node_extent(a), _node_extent(b)
     if ea is None or eb is None or ea.batch != eb.batch or torch.compiler.is_compiling():
         return None
-
     return flat_extent(partition_for(_factors(ea) + _factors(eb)))
 
 

@@ -13,7 +13,7 @@ from .._routing import _needs_grad, route
 from .._table import dispatch as _dispatch
 from .along import ragged_dim
 from .gather import mask_index, table_lookup
-from .scatter import setitem_basic
+from .scatter import assign_index
 from .slicing import select_ragged, slice_ragged
 
 mj = torch.ops.multijagged
@@ -81,7 +81,7 @@ def _setitem(input, index, value):
     lead = next((i for i in items if i is not None), slice(None))
     if not (lead is Ellipsis or isinstance(lead, slice)):
         return NotImplemented  # a sample (``x[i] = v``) or index tensors from the batch dim: ``index_put_``
-    return setitem_basic(input, index, value, _getitem)
+    return assign_index(input, index, value, _getitem)
 
 
 def _advanced(it) -> torch.Tensor | None:

@@ -214,7 +214,15 @@ def _take(input, index, *, out=None):
     return wrap_values(picked, index._partition, index._ragged_dims)
 
 
-def setitem_basic(x: MJT, index, value, getitem):
+def _shape_of_selection(src, pos) -> bool:
+    """Whether ``src`` (the value broadcast against the selection) has the selection ``pos``'s shape."""
+    if isinstance(pos, MJT) and isinstance(src, MJT):
+        return (src._ragged_dims == pos._ragged_dims and src._partition.same_as(pos._partition)
+                and src._values.shape[1:] == pos._values.shape[1:])
+    return not isinstance(src, MJT) and not isinstance(pos, MJT) and src.shape == pos.shape
+
+
+def assign_index(x: MJT, index, value, getitem):
     """``x[index] = value`` for any index that ``x[index]`` reads (``getitem``, its route): along
     ragged dims per sample (``x[:, 1:] = v``, ``x[:, 0] = cls``, ``x[:, [0, 1]] = v``) as along
     static ones (``x[..., :2] = 0``). The selected elements are read off a tensor of element
@@ -227,25 +235,24 @@ def setitem_basic(x: MJT, index, value, getitem):
     pos = getitem(wrap(torch.arange(v.numel(), device=v.device).view(v.shape), x._partition, x._ragged_dims), index)
     if pos is NotImplemented:
         return NotImplemented
-    flat = (pos._values if isinstance(pos, MJT) else pos).reshape(-1)
     if not isinstance(value, torch.Tensor):
         value = torch.tensor(value, dtype=x.dtype, device=x.device)
     elif value.dim() == 0 and not isinstance(value, MJT):
         value = value.to(x.device)
-    mismatch = RuntimeError(f"shape mismatch: value tensor of shape {describe(value)} cannot be broadcast to "
-                            f"indexing result of shape {describe(pos)}")
+    value = value.to(x.dtype)
     try:
-        src = torch.where(torch.ones_like(pos, dtype=torch.bool), value.to(x.dtype), value.to(x.dtype))
-    except (RuntimeError, StructureError) as e:
-        raise mismatch from e
-    if not (src._ragged_dims == pos._ragged_dims and src._partition.same_as(pos._partition)
-            and src._values.shape[1:] == pos._values.shape[1:] if isinstance(pos, MJT) and isinstance(src, MJT)
-            else not isinstance(src, MJT) and not isinstance(pos, MJT) and src.shape == pos.shape):
-        raise mismatch
+        src = torch.where(torch.ones_like(pos, dtype=torch.bool), value, value)  # value broadcast to the selection
+        fits = _shape_of_selection(src, pos)
+    except (RuntimeError, StructureError):
+        fits = False
+    if not fits:
+        raise RuntimeError(f"shape mismatch: value tensor of shape {describe(value)} cannot be broadcast to "
+                           f"indexing result of shape {describe(pos)}")
+    flat = (pos._values if isinstance(pos, MJT) else pos).reshape(-1)
     if flat.numel() == 0:
         return None
     src_flat = (src.values() if isinstance(src, MJT) else src).reshape(-1)
-    at = torch.zeros(v.numel(), dtype=torch.int64, device=v.device)
+    at = torch.zeros(v.numel(), dtype=torch.int64, device=v.device)  # each element's place in src_flat
     at[flat] = torch.arange(flat.numel(), device=v.device)
     selected = torch.zeros(v.numel(), dtype=torch.bool, device=v.device)
     selected[flat] = True
