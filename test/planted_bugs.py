@@ -504,6 +504,9 @@ BUGS = [
     Bug("flattening the batch dim by B * n keeps the nested int as the row count", "ops/shape/tokens.py",
         "shape = (-1, *shape[1:]) if _rows_size(x, shape[0]) else tuple(shape)", "shape = tuple(shape)",
         ("test_flatten_batch.py",)),
+    Bug("frames stacked by T // k are read in the wrong order", "ops/shape/flatten.py",
+        "    y = unflatten_ragged_static(op, x, d, (-1, k))\n", "    y = unflatten_ragged_static(op, x, d, (-1, k)).flip(2)\n",
+        ("test_flatten_ragged.py",)),
     Bug("SDPA broadcasts a single head to the wrong dim", "ops/attention/sdpa.py",
         "if len(got) == 2 and 1 in got:", "if len(got) == 2 and 1 in got and d > 1:", ("test_attention.py",)),
 ]

@@ -417,6 +417,21 @@ def test_packed_qkv_reshape_with_the_head_size_left_to_minus_one():
     _grads_agree(x.reshape(b, n, 3, 2, -1), [t.reshape(t.shape[0], 3, 2, 4) for t in leaves], leaves)
 
 
+def test_frames_stacked_by_floor_division_of_the_ragged_size():
+    """``x.reshape(B, T // k, k * C)`` / ``x.view(B, T // k, k, C)`` (speech encoders stacking k
+    frames): each sample's ``reshape(t // k, …)``, gradients included; a sample whose length
+    ``k`` does not divide raises, as dense torch's reshape does."""
+    leaves, x = _batch([(4, 3), (2, 3), (0, 3), (6, 3)], (1,))
+    b, t, c = x.shape
+    for out, shape in ((x.reshape(b, t // 2, 2 * c), (-1, 6)), (x.view(b, t // 2, 2, c), (-1, 2, 3)),
+                       (x.reshape(b, t // 2, -1), (-1, 6))):
+        _same(out, [leaf.detach().reshape(leaf.shape[0] // 2, *shape[1:]) for leaf in leaves])
+    _grads_agree(x.reshape(b, t // 2, 2 * c), [leaf.reshape(leaf.shape[0] // 2, 6) for leaf in leaves], leaves)
+    _, odd = _batch([(3, 3), (2, 3)], (1,))
+    with pytest.raises(RuntimeError, match="not a multiple of 2"):
+        odd.reshape(2, odd.shape[1] // 2, 6)
+
+
 def test_merge_with_a_static_dim_before_the_ragged_one_is_a_copy():
     _, x = _batch([(2, 3, 2, 4), (2, 1, 2, 4)], (2,))
     with pytest.raises(RuntimeError, match=r"view\(\): cannot view .* use .reshape"):

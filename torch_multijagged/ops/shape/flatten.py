@@ -42,7 +42,8 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int, statically_know
 
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...structure import Partition, RaggedExtent, flat_extent, mapped_extent, partition_for, same_product
+from ...structure import (Partition, RaggedExtent, extent_of, flat_extent, mapped_extent, partition_for, same_extent,
+                          same_product)
 from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _needs_grad, route
 from . import merged, tokens
@@ -187,7 +188,9 @@ def unflatten_ragged_static(op: str, x: MJT, d: int, sizes) -> MJT:
     k = math.prod(sizes[1:])
     p = x._partition
     part = _part(op, x, d, p.extents[-1], k)
-    if sizes[0] != -1 and not _same_size(sizes[0], part.nested_int):
+    named = extent_of(sizes[0]) if sizes[0] != -1 else None
+    if sizes[0] != -1 and not _same_size(sizes[0], part.nested_int) and not (named is not None and same_extent(named, part)):
+        # (a nested int of the same sizes, such as ``T // k``'s, names the part too)
         raise StructureError(
             f"{op}(): ragged dim {d} of {describe(x)} splits into ({part.nested_int}, {', '.join(map(str, sizes[1:]))}); "
             f"got {tuple(sizes)}"
@@ -255,7 +258,34 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
         run = _implied_run(op, x, size)
         if run is not None:
             return lambda: getattr(flatten_ragged(op, x, *run), op)(tuple(size))
+        k = _divided_by(x, size)
+        if k is not None:
+            return lambda: _split_then_view(op, x, size, k)
     return plan
+
+
+def _divided_by(x: MJT, size) -> Optional[int]:
+    """``k`` where ``size`` names the last ragged dim of ``x`` floor-divided by ``k`` at its place
+    (``x.reshape(B, T // k, k * C)``: frames stacked by ``k``), or None."""
+    d = x._ragged_dims[-1]
+    if d >= len(size) or not is_nested_int(size[d]) or _same_size(size[d], x.shape[d]):
+        return None
+    e = x._partition.extents[-1]
+    for key, hit in list(e.cache.items()):
+        if (isinstance(key, tuple) and len(key) == 2 and key[0] == "mapped" and isinstance(key[1], tuple)
+                and key[1][0] == "floordiv" and _same_size(size[d], hit.nested_int)):
+            return key[1][1]
+    return None
+
+
+def _split_then_view(op: str, x: MJT, size, k: int) -> MJT:
+    """The last ragged dim split into ``(n // k, k)`` (each sample's size must divide, as dense
+    torch's view requires), then viewed as ``size`` with the part's nested int at its place."""
+    d = x._ragged_dims[-1]
+    y = unflatten_ragged_static(op, x, d, (-1, k))
+    size = list(size)
+    size[d] = y._size[d]
+    return getattr(y, op)(tuple(size))
 
 
 def _implied_run(op: str, x: MJT, size) -> Optional[tuple[int, int]]:

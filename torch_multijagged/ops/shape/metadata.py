@@ -48,12 +48,15 @@ def is_strides_like_format_default(func, inp, memory_format):
 @register_multi_jagged_func(aten.size.default, "self: mjt")
 def size_default(func, inp):
     # C++ code that asks for concrete sizes (``t.sizes()``) lands here; a ragged dim has none.
-    # The usual caller is an aten derivative formula run under create_graph=True (sgn's, reached
-    # through a composite op that calls ``abs``): say so instead of "no handler".
+    # The callers seen: an aten derivative formula run under create_graph=True (sgn's, reached
+    # through a composite op that calls ``abs``), the TorchScript interpreter (a
+    # ``@torch.jit.script`` function), and autograd formatting its error for a tensor saved for
+    # backward and then modified in place: say so instead of "no handler".
     raise NotImplementedError(
         f"size(): concrete sizes were requested of a tensor of layout torch.multi_jagged, shape "
         f"{tuple(inp._size)}, whose ragged dims are nested ints; the caller (often an aten "
-        "double-backward formula) is not supported for this layout"
+        "double-backward formula; also a TorchScript function, or autograd reporting that a tensor "
+        "needed for the gradient was modified in place) is not supported for this layout"
     )
 
 
