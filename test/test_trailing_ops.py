@@ -11,7 +11,8 @@ from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
 from torch_multijagged import StructureError
-from _reference import R, SEQ, empty_batch, SQUARE, STATIC_LEAD, few, per_sample_check, seeds, structures
+from _reference import R, SEQ, empty_batch, SQUARE, STATIC_LEAD, components, few, per_sample_check, seeds, structures
+from _structures import lengths
 
 F64 = torch.float64
 FFT_1D = {
@@ -156,10 +157,24 @@ def test_diag_embed_of_the_last_dim(s, seed, offset):
                      ref=lambda c: torch.diag_embed(c, offset), seed=seed)
 
 
+@few(8)
+@given(lengths(), seeds, st.integers(1, 2))
+def test_diag_embed_of_a_ragged_last_dim_is_a_square_pair(ns, seed, c):
+    """``torch.diag_embed`` of ``(B, C, j)`` (or ``(B, j)``): each sample's ``(…, n, n)`` with the
+    values on the diagonal, a square pair, with gradients."""
+    shapes = [(c, n) for n in ns] if c > 1 else [(n,) for n in ns]
+    x = R(components(shapes, seed), (2,) if c > 1 else (1,))
+    out = per_sample_check(torch.diag_embed, x, ref=torch.diag_embed, seed=seed)
+    assert out.shape[-1] is out.shape[-2]
+
+
 def test_diag_embed_elsewhere_raises():
     x = torch.nested.nested_tensor([torch.rand(3, 2), torch.rand(1, 2)], layout=mj.multi_jagged)
-    with pytest.raises(StructureError, match="static last dim"):
+    with pytest.raises(StructureError, match="only into two new last dims"):
         torch.diag_embed(x, 0, 1, 2)
+    s = torch.nested.nested_tensor([torch.rand(3), torch.rand(1)], layout=mj.multi_jagged)
+    with pytest.raises(StructureError, match="main diagonal"):
+        torch.diag_embed(s, 1)  # a ragged last dim onto another diagonal: a new size per sample
 
 
 def test_unique_and_histc_over_every_element():

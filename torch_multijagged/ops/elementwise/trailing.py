@@ -7,7 +7,7 @@ own, so on the packed values ``(T, *static)`` it is the dense op on each sample:
 (``torch.fft.fft`` / ``ifft`` / ``rfft`` / ``irfft`` / ``hfft`` / ``ihfft`` along one static dim,
 ``fftn`` / ``ifftn`` / ``rfftn`` / ``irfftn`` / ``fft2`` / … over static dims), the complex views
 ``view_as_complex`` / ``view_as_real`` (LLaMA's rotary embedding multiplies pairs of features
-as complex numbers), and ``diag_embed`` into two new last dims. Each runs once on the values
+as complex numbers), and ``diag_embed`` into two new last dims (of a ragged last dim: a square pair). Each runs once on the values
 with the dense op's own derivative (the values bridge) and keeps the structure. Along a ragged dim each sample has its own length: the transform runs per sample
 (one dense call each, the results packed back into the input's structure), for the transforms
 whose length along the ragged dim is the sample's own (``fft`` / ``ifft`` / ``fftn`` / ``ifftn``
@@ -180,10 +180,16 @@ def _diag_embed(input, offset=0, dim1=-2, dim2=-1):
         return NotImplemented
     n = input.dim() + 1
     d1, d2 = canonical_dim("diag_embed", n, dim1), canonical_dim("diag_embed", n, dim2)
-    if sorted((d1, d2)) != [n - 2, n - 1] or input.dim() - 1 in input._ragged_dims:
+    if sorted((d1, d2)) != [n - 2, n - 1] or (input.dim() - 1 in input._ragged_dims and offset != 0):
         raise StructureError(
-            f"diag_embed(): of {describe(input)}, only from a static last dim into two new last dims (dim1, dim2 = -2, -1)"
+            f"diag_embed(): of {describe(input)}, only into two new last dims (dim1, dim2 = -2, -1), and from a "
+            "ragged last dim only onto the main diagonal (offset=0)"
         )
+    if input.dim() - 1 in input._ragged_dims:
+        # a ragged last dim: each sample's (…, n, n) with the values on the diagonal, a square pair
+        # made by broadcasting each position against the others
+        pos = torch.ones_like(input, dtype=torch.int64).cumsum(-1)
+        return torch.where(pos.unsqueeze(-1) == pos.unsqueeze(-2), input.unsqueeze(-1), 0)
     return wrap_values(torch.diag_embed(values_of(input), offset, d1 - n, d2 - n), input._partition, input._ragged_dims)
 
 
