@@ -130,6 +130,14 @@ def test_samples_selected_by_index_mask_or_slice(pair, index):
             torch.testing.assert_close(a, b)
 
 
+def test_reversed_gives_the_samples_in_reverse_order():
+    comps, x = _batch_of((3, 0, 2))
+    out = reversed(x)
+    assert [tuple(t.shape) for t in out.unbind()] == [(2, 3), (0, 3), (3, 3)]
+    for a, c in zip(out.unbind(), comps[::-1]):
+        torch.testing.assert_close(a, c)
+
+
 def test_samples_then_other_dims_and_bad_indices():
     comps, x = _batch_of((3, 1, 4))
     y = x[[2, 0], 1:, ::2]

@@ -351,6 +351,12 @@ def _flip(input, *dims):
     return out
 
 
+@route(torch.Tensor.__reversed__)
+def _reversed(input):
+    """``reversed(x)``: the samples in reverse order (dense torch's ``flip(0)``)."""
+    return _flip(input, [0]) if isinstance(input, MJT) else NotImplemented
+
+
 @route(torch.fliplr, torch.Tensor.fliplr)
 def _fliplr(input):
     return _flip(input, [1]) if isinstance(input, MJT) else NotImplemented
