@@ -142,7 +142,10 @@ class _RaggedSizeNode(NestedIntNode):
         if not other.is_constant() or other.constant_int() <= 0 or self.coeff != 1 or e is None:
             self._arith(other)
         k = other.constant_int()
-        return mapped_extent(e, ("floordiv", k), lambda n: torch.div(n, k, rounding_mode="floor")).nested_int.node
+        out = mapped_extent(e, ("floordiv", k), lambda n: torch.div(n, k, rounding_mode="floor"))
+        if out is not e:
+            out.cache.setdefault(("floordiv_of",), (e, k))  # read back by ``floordiv_of``
+        return out.nested_int.node
 
     int_floordiv = floordiv
     sym_min = sym_max = _arith
@@ -177,6 +180,12 @@ def _factors(e: RaggedExtent) -> tuple:
     """The extents that ``e`` was flattened from (``H * W * D``), or ``(e,)``."""
     p = partition_for([e]).cache.get(("unflat",))
     return p.extents if p is not None else (e,)
+
+
+def floordiv_of(e: RaggedExtent) -> "Optional[tuple[RaggedExtent, int]]":
+    """``(parent, k)`` when ``e`` is the extent of ``parent``'s sizes floor-divided by ``k`` (a
+    ragged size's ``n // k``), else None."""
+    return e.cache.get(("floordiv_of",))
 
 
 def same_product(size, extents: Sequence[RaggedExtent]) -> bool:

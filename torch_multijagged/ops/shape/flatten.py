@@ -42,8 +42,8 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int, statically_know
 
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...structure import (Partition, RaggedExtent, extent_of, flat_extent, mapped_extent, partition_for, same_extent,
-                          same_product)
+from ...structure import (Partition, RaggedExtent, extent_of, flat_extent, floordiv_of, mapped_extent, partition_for,
+                          same_extent, same_product)
 from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _needs_grad, route
 from . import merged, tokens
@@ -248,34 +248,42 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
     consecutive ragged dims flattened (``H * W``) while regrouping static dims as well
     (``(B, C, H, W) → (B, -1, 48, H * W)``) flattens them first, then views the rest."""
     plan = _view_plan(op, x, size)
-    if plan is None and not torch.compiler.is_compiling():
-        named = _named_run(x, size)
+    if plan is not None:
+        return plan
+    # The readings below cost host work: tried only where the size holds a nested int that is
+    # not one of x's (a product, a flattened dim's factors, a floor division), or a -1 that may
+    # stand for ragged dims flattened; every other view goes straight to the ordinary path.
+    syms = [s for s in size if isinstance(s, torch.SymInt)]
+    several = len(x._ragged_dims) > 1
+    if not (syms or several) or torch.compiler.is_compiling():
+        return None
+    own = [x._size[d] for d in x._ragged_dims]
+    if any(not any(s is n for n in own) and is_nested_int(s) for s in syms):
+        named = _named_run(x, size, own)
         if named is not None:
             return lambda: _flatten_then_view(op, x, size, *named)
         split = _named_split(x, size)
         if split is not None:
             return lambda: getattr(unflatten_ragged(op, x, *split), op)(tuple(size))
-        run = _implied_run(op, x, size)
-        if run is not None:
-            return lambda: getattr(flatten_ragged(op, x, *run), op)(tuple(size))
         k = _divided_by(x, size)
         if k is not None:
             return lambda: _split_then_view(op, x, size, k)
-    return plan
+    if several and any(type(s) is int and s == -1 for s in size) and _runs(x):
+        run = _implied_run(op, x, size)
+        if run is not None:
+            return lambda: getattr(flatten_ragged(op, x, *run), op)(tuple(size))
+    return None
 
 
 def _divided_by(x: MJT, size) -> Optional[int]:
     """``k`` where ``size`` names the last ragged dim of ``x`` floor-divided by ``k`` at its place
     (``x.reshape(B, T // k, k * C)``: frames stacked by ``k``), or None."""
     d = x._ragged_dims[-1]
-    if d >= len(size) or not is_nested_int(size[d]) or _same_size(size[d], x.shape[d]):
+    if d >= len(size) or not is_nested_int(size[d]):
         return None
-    e = x._partition.extents[-1]
-    for key, hit in list(e.cache.items()):
-        if (isinstance(key, tuple) and len(key) == 2 and key[0] == "mapped" and isinstance(key[1], tuple)
-                and key[1][0] == "floordiv" and _same_size(size[d], hit.nested_int)):
-            return key[1][1]
-    return None
+    named = extent_of(size[d])
+    link = None if named is None else floordiv_of(named)
+    return link[1] if link is not None and link[0] is x._partition.extents[-1] else None
 
 
 def _split_then_view(op: str, x: MJT, size, k: int) -> MJT:
@@ -289,10 +297,10 @@ def _split_then_view(op: str, x: MJT, size, k: int) -> MJT:
 
 
 def _implied_run(op: str, x: MJT, size) -> Optional[tuple[int, int]]:
-    """For a ``size`` with a ``-1`` that ``x`` cannot take as it stands, the one span of
+    """For a ``size`` with a ``-1`` (the caller checks) that ``x`` cannot take as it stands, the one span of
     consecutive ragged dims that, flattened, makes ``size`` an ordinary view
     (``(B, 256, H, W) → (B, 4, 64, -1)``: the ``-1`` is ``H * W``), or None."""
-    if -1 not in size or _ordinary(op, x, size):
+    if _ordinary(op, x, size):
         return None
     found = [run for run in _runs(x) if _ordinary(op, flatten_ragged(op, x, *run), size)]
     return found[0] if len(found) == 1 else None
@@ -312,10 +320,10 @@ def _named_split(x: MJT, size) -> Optional[tuple[int, list]]:
     return None
 
 
-def _named_run(x: MJT, size) -> Optional[tuple[int, int, int]]:
+def _named_run(x: MJT, size, own) -> Optional[tuple[int, int, int]]:
     """``(start, end, i)``: the span of consecutive ragged dims of ``x`` whose flattened nested int
-    (or a product of the same sizes in another order) is ``size[i]``, or None."""
-    own = [x._size[d] for d in x._ragged_dims]
+    (or a product of the same sizes in another order) is ``size[i]``, or None. ``own``: x's
+    nested ints."""
     for i, s in enumerate(size):
         if not is_nested_int(s) or any(s is n for n in own):
             continue

@@ -69,7 +69,7 @@ def flat_request(x: MJT, shape) -> bool:
     """Whether ``shape`` flattens the batch dim of ``x`` (the NOTE's rule): no nested int after
     the first size, which is ``-1`` or the product of the batch size and the ragged sizes (einops'
     ``'b n d -> (b n) d'`` computes ``B * n``), every later size given."""
-    if not shape or not (_rows_size(x, shape[0]) or (not is_nested_int(shape[0]) and shape[0] == -1)):
+    if not shape or not (shape[0] == -1 if type(shape[0]) is int else _rows_size(x, shape[0])):
         return False
     return all((isinstance(s, int) and s >= 0) or (isinstance(s, torch.SymInt) and not is_nested_int(s)) for s in shape[1:])
 
