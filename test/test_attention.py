@@ -778,3 +778,38 @@ def test_default_scale_uses_the_query_head_size(bk):
         if n:
             torch.testing.assert_close(_t(out).unbind()[i], _t(sdpa(_t(qs[i]), _t(ks[i]), _t(vs[i]))))
 
+
+
+@pytest.mark.parametrize("kind", ["key padding bool", "key padding float", "query padding bool"])
+def test_padding_masks_broadcast_over_the_other_ragged_dim(kind):
+    """A mask ragged over only the key dim, ``(B, 1, 1, j0)`` (NaViT's key padding), or only the
+    query dim, ``(B, 1, j0, 1)``: broadcast over the other dim as dense SDPA broadcasts it, per
+    sample, with gradients."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 8, generator=g, dtype=torch.float64) for n in (3, 5, 4)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+
+    def parts(t, batch):  # q and the mask for a sample (batch=False) or the batch
+        q = t.unflatten(-1, (2, 4)).transpose(-3, -2)
+        keep = t[..., 0] > -0.5 if "key" in kind else t[..., 1] > 0
+        mask = keep[..., None, None, :] if "key" in kind else keep[..., None, :, None]
+        if not batch:
+            mask = mask[0] if mask.dim() == 4 else mask
+        if "float" in kind:
+            mask = torch.where(mask, 0.0, -1e9).to(torch.float64)
+        return q, mask
+
+    q, m = parts(x, True)
+    out = F.scaled_dot_product_attention(q, q, q, attn_mask=m)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    refs = []
+    for c in leaves:
+        qc, mc = parts(c, False)
+        refs.append(F.scaled_dot_product_attention(qc, qc, qc, attn_mask=mc))
+    for a, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, r, equal_nan=True)
+    if "query" in kind:
+        return  # rows with no visible key are nan in dense SDPA: no gradient to compare
+    got, = torch.autograd.grad((out * out).sum(), x)
+    for a, w in zip(got.unbind(), torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)):
+        torch.testing.assert_close(a, w)

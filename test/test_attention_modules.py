@@ -285,8 +285,10 @@ def test_batch_second_token():
     w = torch.randn(4, E, dtype=DT)
     for a, c in zip((F.linear(t + 1, w)).transpose(0, 1).unbind(), x.unbind()):
         torch.testing.assert_close(a, F.linear(c + 1, w))
+    for a, c in zip(torch.cumsum(t, 0).transpose(0, 1).unbind(), x.unbind()):  # over each sequence
+        torch.testing.assert_close(a, torch.cumsum(c, 0))
     with pytest.raises(NotImplementedError, match="batch dim is not at dim 0"):
-        torch.cumsum(t, 0)
+        torch.flip(t, [0])
 
 
 def test_token_at_a_compiled_boundary_a_clear_error():

@@ -246,3 +246,40 @@ def test_sdpa_of_folded_heads():
 
     for causal in (False, True):
         _check(lambda x, causal=causal: fn(x, causal), comps, ())
+
+
+@pytest.mark.parametrize("spacing", ["bid,bjd->bij", "b i d, b j d -> b i j"])
+def test_einsum_of_folded_heads_per_sample(spacing):
+    """Attention written with einsum after einops' ``'b n (h d) -> (b h) n d'`` (Perceiver, CvT):
+    ``einsum('bid,bjd->bij')`` and ``einsum('bij,bjd->bid')`` on ``(B·H, j0, D)`` tokens, a
+    contraction over the ragged dim (``'bnd,bne->bde'``, linear attention: dense) and dense
+    latents against a token — per sample, with gradients."""
+    h, d = 2, 3
+    comps = _comps((3, 0, 4), h * d)
+    x = mj.as_nested_tensor(comps)
+    b = len(comps)
+    q = x.unflatten(-1, (h, d)).transpose(1, 2).reshape(b * h, x.shape[1], d)
+    sim = torch.einsum(spacing, q, q)
+    assert isinstance(sim, BatchMerged)
+    o = torch.einsum("bij,bjd->bid", sim.softmax(-1), q)
+    out = o.reshape(b, h, x.shape[1], d).transpose(1, 2).flatten(2)
+    kv = torch.einsum("bnd,bne->bde", q, q)  # (B·H, D, D): dense
+    lat = torch.randn(b * h, 2, d, dtype=F64)
+    cross = torch.einsum("bid,bjd->bij", lat, q)
+    refs, kvs, crosses = [], [], []
+    for i, c in enumerate(comps):
+        qq = c.unflatten(-1, (h, d)).transpose(0, 1)
+        s = torch.einsum("bid,bjd->bij", qq, qq)
+        refs.append(torch.einsum("bij,bjd->bid", s.softmax(-1), qq).transpose(0, 1).flatten(1))
+        kvs.append(torch.einsum("bnd,bne->bde", qq, qq))
+        crosses.append(torch.einsum("bid,bjd->bij", lat[i * h:(i + 1) * h], qq))
+    for a, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    torch.testing.assert_close(kv, torch.cat(kvs))
+    for a, r in zip(cross.reshape(b, h, 2, x.shape[1]).unbind(), crosses):
+        torch.testing.assert_close(a, r)
+    loss = (out * out).sum() + kv.sum()
+    got = torch.autograd.grad(loss, comps)
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs) + sum(k.sum() for k in kvs), comps)
+    for a, w in zip(got, want):
+        torch.testing.assert_close(a, w)

@@ -73,8 +73,8 @@ def test_movedim_and_transpose_compose():
 def test_token_errors_name_the_op():
     x = mj.as_nested_tensor(_comps(width=6))
     y = x.unflatten(-1, (2, 3)).permute(2, 0, 1, 3)
-    with pytest.raises(NotImplementedError, match=r"^cumsum\(\).*batch dim is not at dim 0"):
-        y.cumsum(0)
+    with pytest.raises(NotImplementedError, match=r"^flip\(\).*batch dim is not at dim 0"):
+        y.flip(0)
     with pytest.raises(IndexError):
         y[2]
     full = mj.as_nested_tensor(_comps(ns=(3, 1, 4), width=6))
@@ -119,5 +119,45 @@ def test_sequence_first_ops_map_their_dims():
     z = s.sum(-1, keepdim=True).transpose(0, 1)
     for a, c in zip(z.unbind(), comps):
         torch.testing.assert_close(a, c.sum(-1, keepdim=True))
-    with pytest.raises(NotImplementedError, match="dense operand of 2 dims"):
-        s + torch.randn(2, 3, dtype=F64)  # would broadcast over the moved batch dim
+    per = torch.randn(2, 3, dtype=F64)  # (B, C): dense broadcasting gives sample b the row per[b]
+    for a, c, p in zip((s + per).transpose(0, 1).unbind(), comps, per):
+        torch.testing.assert_close(a, c + p)
+    with pytest.raises(NotImplementedError, match="dense operand of 4 dims"):
+        s + torch.randn(1, 1, 2, 3, dtype=F64)
+
+
+@pytest.mark.parametrize("op", ["max", "min", "argmax", "cumsum", "norm", "std", "logsumexp", "median", "slice"])
+@pytest.mark.parametrize("dim", [0, -1])
+def test_sequence_first_ops_over_one_dim_per_sample(op, dim):
+    """Ops over one dim of a sequence-first token (``max(0)``, ``cumsum(0)``, ``norm(dim=0)``, ``t[1:]``)
+    act on the mapped dim of each sample, with gradients; the result keeps the token's layout."""
+    g = torch.Generator().manual_seed(1)
+    comps = [torch.randn(n, 3, generator=g, dtype=F64) for n in (2, 4, 1)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    fns = {
+        "max": lambda t, d: t.max(d).values, "min": lambda t, d: torch.min(t, dim=d)[0],
+        "argmax": lambda t, d: t.argmax(d), "cumsum": lambda t, d: t.cumsum(d),
+        "norm": lambda t, d: t.norm(dim=d), "std": lambda t, d: t.std(d), "logsumexp": lambda t, d: t.logsumexp(d),
+        "median": lambda t, d: t.median(d).values, "slice": lambda t, d: t[1:] if d == 0 else t[..., 1:],
+    }
+    f = fns[op]
+    if op == "slice" and dim == -1:
+        pytest.skip("a slice of the last dim is not a leading-dim index")
+    out = f(x.transpose(0, 1), dim)  # (N, B, C) token: dim 0 is each sample's sequence
+    ref = [f(c, dim) for c in leaves]  # (N, C) per sample: the same dim
+    if isinstance(out, BatchMoved):
+        out = out.transpose(0, 1)
+        got = out.unbind()
+    elif isinstance(out, mj.MultiJaggedTensor):
+        got = out.unbind()
+    else:
+        got = list(out.transpose(0, 1)) if out.dim() == 3 else list(out)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b, equal_nan=True)  # std of one element is nan, as dense
+    if op == "argmax":
+        return
+    gx, = torch.autograd.grad(sum((a * a).sum() for a in got), x)
+    refs = torch.autograd.grad(sum((b * b).sum() for b in ref), leaves)
+    for a, b in zip(gx.unbind(), refs):
+        torch.testing.assert_close(a, b, equal_nan=True)

@@ -516,3 +516,75 @@ def test_floor_division_of_a_ragged_size_is_per_sample():
     for bad in (lambda: h // 0, lambda: (2 * h) // 2, lambda: h % 2, lambda: h - 1):
         with pytest.raises((TypeError, ZeroDivisionError)):
             bad()
+
+
+@pytest.mark.parametrize("method", ["view_as", "reshape_as"])
+def test_view_as_back_to_images_after_flattening(method):
+    """``y = x.flatten(2)…; y.view_as(x)`` (non-local / global-context blocks): back to each image's
+    ``(H, W)``, with gradients, as ``y.view(B, C, H, W)``."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(3, h, w, generator=g, dtype=torch.float64) for h, w in ((4, 5), (2, 6), (1, 1))]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    y = getattr(x.flatten(2).softmax(-1), method)(x)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    ref = [getattr(c.flatten(1).softmax(-1), method)(c) for c in leaves]
+    assert y.shape == x.shape
+    for a, b in zip(y.unbind(), ref):
+        torch.testing.assert_close(a, b)
+    w = [torch.randn(r.shape, generator=g, dtype=torch.float64) for r in ref]
+    gx, = torch.autograd.grad((y * mj.nested_tensor(w)).sum(), x)
+    for a, b in zip(gx.unbind(), torch.autograd.grad(sum((r * wi).sum() for r, wi in zip(ref, w)), leaves)):
+        torch.testing.assert_close(a, b)
+
+
+
+def test_image_patches_by_splitting_both_ragged_dims():
+    """ViT patchify as einops writes it: ``reshape(B, C, H // p, p, W // p, p)`` splits both
+    ragged dims into parts and static factors (a gather), ``permute`` + ``reshape`` give the
+    tokens ``(B, (h w), p·p·C)``, and the inverse (``(h p1) (w p2)``) gives the images back —
+    per sample, with gradients; a side that ``p`` does not divide raises as dense."""
+    einops = pytest.importorskip("einops")
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(3, h, w, generator=g, dtype=torch.float64) for h, w in ((8, 12), (12, 4), (4, 4))]
+    im = mj.nested_tensor(comps, requires_grad=True)
+    B, C, H, W = im.shape
+    p = 4
+    y = im.reshape(B, C, H // p, p, W // p, p)
+    assert y._ragged_dims == (2, 4) and bool(y.shape[2] == H // p)
+    for a, c in zip(y.unbind(), comps):
+        torch.testing.assert_close(a, c.reshape(C, c.shape[1] // p, p, c.shape[2] // p, p))
+    torch.testing.assert_close(y.reshape(B, C, H, W).values(), im.values())  # back, by the nested ints
+    w = torch.randn(p * p * C, p * p * C, generator=g, dtype=torch.float64)
+    tok = einops.rearrange(im, "b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p, p2=p) @ w
+    back = einops.rearrange(tok, "b (h w) (p1 p2 c) -> b c (h p1) (w p2)", h=H // p, p1=p, p2=p)
+    assert bool(back.shape[2] == H) and bool(back.shape[3] == W)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    refs = [einops.rearrange(einops.rearrange(c[None], "b c (h p1) (w p2) -> b (h w) (p1 p2 c)", p1=p, p2=p) @ w,
+                             "b (h w) (p1 p2 c) -> b c (h p1) (w p2)", h=c.shape[1] // p, p1=p, p2=p)[0] for c in leaves]
+    for a, r in zip(back.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    got, = torch.autograd.grad((back * back).sum(), im)
+    for a, r in zip(got.unbind(), torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)):
+        torch.testing.assert_close(a, r)
+    with pytest.raises(RuntimeError, match="not a multiple of 8"):
+        im.reshape(B, C, H // 8, 8, W)
+    with pytest.raises(NotImplementedError, match="split of ragged dims"):
+        y.zero_()  # a copy, as a reordering of ragged dims is
+
+
+def test_floor_division_names_the_split_part_and_quotients_of_products():
+    """``L // 16`` names the part that ``reshape(B, C, L // 16, 16)`` makes (one nested int), and
+    ``(H * W) // W`` is ``H`` (einops recovering an axis of a flattened one)."""
+    x = mj.nested_tensor([torch.randn(3, 64), torch.randn(3, 128)])
+    B, C, L = x.shape
+    n = L // 16
+    y = x.reshape(B, C, n, 16)
+    assert bool(y.shape[2] == n)  # one nested int
+    z = y.permute(0, 2, 3, 1).reshape(B, n, 16 * C)
+    assert bool(z.shape[1] == n)
+    im = mj.nested_tensor([torch.randn(2, 4, 6), torch.randn(2, 6, 4)])
+    _, _, H, W = im.shape
+    flat = im.flatten(2).shape[2]
+    assert bool(flat // W == H) and bool(flat // H == W)
+    with pytest.raises(TypeError, match="nested int"):
+        x.shape[2] // W  # not a factor of it

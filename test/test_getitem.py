@@ -367,3 +367,201 @@ def test_index_assignment_along_ragged_dims_values_and_errors():
     with torch.no_grad():
         leaf[..., 0] = 1.0  # as dense: allowed without grad mode
     assert all(torch.equal(a[..., 0], torch.ones(len(a))) for a in leaf.unbind())
+
+
+# --------------------------------------------------------------------------- several index tensors
+def _pairwise_cases():
+    t = torch.tensor
+    return [
+        ("b,k", (t([0, 1, 0]), t([0, 2, 1]))),
+        ("lists", ([0, 1], [2, 0])),
+        ("negative", ([0, 1], [-1, -2])),
+        ("b,k,c", (t([0, 1]), t([2, 4]), t([1, 3]))),
+        ("b,k,slice", ([1, 0], [3, 0], slice(None, 2))),
+        ("broadcast", (t([[0], [1]]), t([0, 1]))),
+        ("ellipsis after", ([0, 1], [1, 1], Ellipsis)),
+        ("b,:,c", ([0, 1, 1], S, [1, 3, 0])),
+        ("mask,k", (t([True, True, False]), [1, 4])),
+    ]
+
+
+@pytest.mark.parametrize("name,index", _pairwise_cases(), ids=[c[0] for c in _pairwise_cases()])
+@pytest.mark.parametrize("pair", [False, True])
+def test_several_index_tensors_pair_up_as_dense(name, index, pair):
+    """``x[b, k]``: the index tensors broadcast together and pair up (``x[b, k][j] =
+    x[b[j]][k[j]]``), as dense indexing of the per-sample list — not a sub-batch indexed by ``k``
+    (an outer product) — with gradients to every sample."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 4, generator=g, dtype=torch.float64) for n in (3, 5, 0)]
+    if pair:
+        comps = [c[:, None, :] * c[None, :, :] for c in comps]
+    x = tmj.nested_tensor(comps, requires_grad=True)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    if pair and name == "broadcast":  # a 2-D grid of ragged results would need two batch dims
+        with pytest.raises(NotImplementedError, match="several batch dims"):
+            x[index]
+        return
+
+    def per_sample(items, cs):
+        adv = [torch.as_tensor(i) if isinstance(i, (list, torch.Tensor)) else None for i in items]
+        adv = [a.nonzero().flatten() if a is not None and a.dtype == torch.bool else a for a in adv]
+        shape = torch.broadcast_shapes(*[a.shape for a in adv if a is not None])
+        adv = [None if a is None else a.expand(shape).reshape(-1) for a in adv]
+        if items[-1] is Ellipsis:
+            items = items[:-1]
+        parts = [cs[int(adv[0][j])][tuple(int(a[j]) if a is not None else it for a, it in zip(adv[1:], items[1:]))]
+                 for j in range(adv[0].numel())]
+        return parts, shape
+
+    y = x[index]
+    parts, shape = per_sample(index, leaves)
+    if isinstance(y, tmj.MultiJaggedTensor):
+        got = y.unbind()
+        assert len(got) == len(parts)
+    else:
+        assert y.shape == (*shape, *parts[0].shape)
+        got = y.reshape(-1, *parts[0].shape).unbind()
+    for a, b in zip(got, parts):
+        torch.testing.assert_close(a, b)
+    w = [torch.randn(p.shape, generator=g, dtype=torch.float64) for p in parts]
+    if isinstance(y, tmj.MultiJaggedTensor):
+        loss = (y * tmj.nested_tensor(w)).sum()
+    else:
+        loss = (y.reshape(-1, *parts[0].shape) * torch.stack(w)).sum()
+    gx, = torch.autograd.grad(loss, x)
+    refs = torch.autograd.grad(sum((p * wi).sum() for p, wi in zip(parts, w)), leaves, allow_unused=True)
+    for a, b, c in zip(gx.unbind(), refs, comps):
+        torch.testing.assert_close(a, torch.zeros_like(c) if b is None else b)
+
+
+def test_several_index_tensors_errors_and_round_trip():
+    x = tmj.nested_tensor([torch.arange(3.), torch.arange(5.) + 10])
+    with pytest.raises(IndexError, match="could not be broadcast"):
+        x[[0, 1], [2, 4, 1]]
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        x[[0, 1], [3, 4]]  # sample 0 has 3 elements
+    b, k = torch.tensor([0, 1, 1]), torch.tensor([2, 4, 0])
+    x[b, k] = torch.tensor([-1., -2., -3.])  # index_put: pairwise too, so a write reads back
+    assert x[b, k].tolist() == [-1., -2., -3.]
+
+
+# --------------------------------------------------------------------------- writes through ragged slices
+def _slice_writes():
+    return [
+        ("slice method", lambda z: z[:, 1:].mul_(0), lambda t: t[1:].mul_(0)),
+        ("view of a slice", lambda z: z[:, 1:][..., 0].zero_(), lambda t: t[1:][..., 0].zero_()),
+        ("augmented on a name", lambda z: z[:, 1:].__iadd__(1), lambda t: t[1:].__iadd__(1)),
+        ("augmented assignment", lambda z: z.__setitem__((S, slice(1, None)), z[:, 1:].__imul__(2)),
+         lambda t: t.__setitem__(slice(1, None), t[1:].__imul__(2))),
+        ("strided", lambda z: z[:, ::2].fill_(7), lambda t: t[::2].fill_(7)),
+        ("negative start", lambda z: z[:, -2:].neg_(), lambda t: t[-2:].neg_()),
+        ("torch function", lambda z: torch.relu_(z[:, 1:].sub_(6)), lambda t: torch.relu_(t[1:].sub_(6))),
+        ("setitem into a slice", lambda z: z[:, 1:].__setitem__((S, 0), -1.), lambda t: t[1:].__setitem__(0, -1.)),
+    ]
+
+
+@pytest.mark.parametrize("name,ours,dense", _slice_writes(), ids=[c[0] for c in _slice_writes()])
+@pytest.mark.parametrize("pair", [False, True])
+def test_in_place_ops_on_a_ragged_slice_reach_the_original(name, ours, dense, pair):
+    """Dense slicing gives a view, so an in-place op on ``x[:, 1:]`` (or on a view of it) changes
+    ``x``; ours gathers a copy, which writes itself back (NOTE [ Slices of ragged dims write
+    through ])."""
+    lens = (3, 5, 2) if name == "setitem into a slice" else (3, 5, 1)  # (dense raises on t[1:][0] of one row)
+    comps = [torch.arange(n * 4, dtype=torch.float64).view(n, 4) for n in lens]
+    if pair:
+        comps = [c[:, None, :] - c[None, :, :] for c in comps]
+    x = tmj.nested_tensor(comps)
+    ours(x)
+    for c in comps:
+        dense(c)
+    for a, b in zip(x.unbind(), comps):
+        torch.testing.assert_close(a, b)
+
+
+def test_writes_through_pair_selects_and_narrows_with_gradients():
+    comps = [torch.randn(n, 3, dtype=torch.float64) for n in (3, 4, 2)]
+    x = tmj.nested_tensor(comps, requires_grad=True)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    y = x.unsqueeze(1) * x.unsqueeze(2)
+    y[:, 0].mul_(3)          # a pair's row: a ragged select that stays multi_jagged
+    y.narrow(2, 1, 1).zero_()
+    ys = [c[:, None] * c[None] for c in leaves]
+    for t in ys:
+        t[0].mul_(3)
+        t.narrow(1, 1, 1).zero_()
+    for a, b in zip(y.unbind(), ys):
+        torch.testing.assert_close(a, b)
+    gx, = torch.autograd.grad((y * y).sum(), x)
+    refs = torch.autograd.grad(sum((t * t).sum() for t in ys), leaves)
+    for a, b in zip(gx.unbind(), refs):
+        torch.testing.assert_close(a, b)
+    leaf = tmj.nested_tensor(comps, requires_grad=True)
+    with pytest.raises(RuntimeError, match="leaf Variable"):
+        leaf[:, 1:].mul_(0)  # as dense: a view of a leaf that requires grad
+
+
+def test_writes_into_windows_of_a_ragged_dim_raise():
+    x = tmj.nested_tensor([torch.ones(3, 2), torch.ones(4, 2)])
+    w = x.unfold(1, 2, 1)
+    with pytest.raises(NotImplementedError, match="unfold"):
+        w.zero_()
+    w.contiguous().zero_()  # a deliberate copy is writable
+    assert all(bool((t == 1).all()) for t in x.unbind())
+
+
+def _sample_writes():
+    return [
+        ("mask", torch.tensor([True, False, True]), 3.0, [(0, S), (2, S)]),
+        ("list, int", ([0, 1], 0), 5.0, [(0, 0), (1, 0)]),
+        ("list, slice", ([0, 1], slice(1, None)), 5.0, [(0, slice(1, None)), (1, slice(1, None))]),
+        ("list, :, int", ([2, 0], S, 0), 7.0, [(2, (S, 0)), (0, (S, 0))]),
+        ("tensor, batch", torch.tensor([0, 2]), "batch", [(0, S), (2, S)]),
+    ]
+
+
+@pytest.mark.parametrize("name,index,value,per", _sample_writes(), ids=[c[0] for c in _sample_writes()])
+def test_writes_into_samples_selected_by_index_or_mask(name, index, value, per):
+    """``x[mask] = v``, ``x[[0, 1], 1:] = v``, ``x[b] = batch``: the samples the index reads, and
+    what the rest of the index selects in each, written with gradients to ``x`` and ``v``."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 4, generator=g, dtype=torch.float64) for n in (3, 5, 2)]
+    leaf = tmj.nested_tensor(comps, requires_grad=True)
+    x = leaf * 1
+    leaves = [c.clone().requires_grad_() for c in comps]
+    ds = [c * 1 for c in leaves]
+    if value == "batch":
+        parts = [torch.randn(comps[i].shape, generator=g, dtype=torch.float64) for i, _ in per]
+        value = tmj.nested_tensor(parts)
+        for (i, idx), p in zip(per, parts):
+            ds[i][idx] = p
+    else:
+        for i, idx in per:
+            ds[i][idx] = value
+    x[index] = value
+    for a, b in zip(x.unbind(), ds):
+        torch.testing.assert_close(a, b)
+    gx, = torch.autograd.grad((x * x).sum(), leaf)
+    for a, b in zip(gx.unbind(), torch.autograd.grad(sum((d * d).sum() for d in ds), leaves)):
+        torch.testing.assert_close(a, b)
+
+
+def test_a_stale_ragged_slice_refuses_to_write_back():
+    """A slice taken before its base was written does not show that write (a copy), so writing it
+    back would undo it: that raises instead of silently losing the write. Writes through the same
+    slice one after another, and ``x[:, 1:] *= k`` repeated, stay per sample."""
+    x = tmj.nested_tensor([torch.ones(3, 2), torch.ones(4, 2)])
+    t = x[:, 1:]
+    t.mul_(2)
+    t.add_(1)
+    assert [a[:, 0].tolist() for a in x.unbind()] == [[1, 3, 3], [1, 3, 3, 3]]
+    x.add_(10)
+    with pytest.raises(NotImplementedError, match="take the slice again"):
+        t.mul_(2)
+    other = x[:, :2]
+    x[:, 1:].zero_()  # writes x: an earlier slice of it is stale
+    with pytest.raises(NotImplementedError, match="take the slice again"):
+        other.fill_(5)
+    y = tmj.nested_tensor([torch.ones(3, 2), torch.ones(4, 2)]) * 1
+    y[:, 1:] *= 3
+    y[:, 1:] *= 3
+    assert [a[:, 0].tolist() for a in y.unbind()] == [[1, 9, 9], [1, 9, 9, 9]]

@@ -783,3 +783,39 @@ def test_masked_scatter_in_place_per_sample_with_gradients():
     g2 = torch.autograd.grad(sum((r ** 2).sum() for r in refs), leaves + src_leaves)
     for a, b in zip(g1, g2):
         torch.testing.assert_close(a, b)
+
+
+_IN_PLACE = {
+    # name: (ours on x (B, j, 4), dense on a sample (j, 4))
+    "index_fill_ static": (lambda x: x.index_fill_(-1, torch.tensor([0, 2]), 5.), lambda t: t.index_fill_(-1, torch.tensor([0, 2]), 5.)),
+    "index_fill_ ragged": (lambda x: x.index_fill_(1, torch.tensor([0]), 5.), lambda t: t.index_fill_(0, torch.tensor([0]), 5.)),
+    "scatter_ dense index": (lambda x: x.scatter_(1, torch.zeros(3, 1, 4, dtype=torch.long), 7.),
+                             lambda t: t.scatter_(0, torch.zeros(1, 4, dtype=torch.long), 7.)),
+    "scatter_add_ dense index": (lambda x: x.scatter_add_(1, torch.zeros(3, 1, 4, dtype=torch.long), torch.ones(3, 1, 4, dtype=torch.float64)),
+                                 lambda t: t.scatter_add_(0, torch.zeros(1, 4, dtype=torch.long), torch.ones(1, 4, dtype=torch.float64))),
+    "index_add_ static": (lambda x: x.index_add_(-1, torch.tensor([1, 1]), torch.ones(3, 1, 2, dtype=torch.float64).expand(3, 1, 2) * x[..., :2]),
+                          None),
+}
+
+
+@pytest.mark.parametrize("name", [n for n, (_, d) in _IN_PLACE.items() if d is not None])
+def test_in_place_index_updates_are_per_sample_with_gradients(name):
+    """The in-place forms of index_fill / scatter / scatter_add (along static and ragged dims, with
+    dense indices) as the out-of-place op written back: per sample, with gradients through the
+    write (to the tensor written into)."""
+    ours, dense = _IN_PLACE[name]
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 4, generator=g, dtype=torch.float64) for n in (3, 5, 1)]
+    leaf = mj.nested_tensor(comps, requires_grad=True)
+    x = leaf * 1
+    assert ours(x) is x
+    leaves = [c.clone().requires_grad_() for c in comps]
+    ts = [t * 1 for t in leaves]
+    for t in ts:
+        dense(t)
+    for a, b in zip(x.unbind(), ts):
+        torch.testing.assert_close(a, b)
+    gx, = torch.autograd.grad((x * x).sum(), leaf)
+    refs = torch.autograd.grad(sum((t * t).sum() for t in ts), leaves)
+    for a, b in zip(gx.unbind(), refs):
+        torch.testing.assert_close(a, b)

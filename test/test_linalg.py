@@ -190,12 +190,55 @@ def test_empty_batch_of_square_pairs():
 
 def test_structure_errors():
     rect = mj.as_nested_tensor([torch.randn(2, 3), torch.randn(1, 2)], ragged_dims=(1, 2))
-    with pytest.raises(StructureError, match="square pair"):
+    with pytest.raises(RuntimeError, match="square"):  # per sample, as dense: not square matrices
         torch.linalg.inv(rect)
     seq = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(1, 3)], layout=mj.multi_jagged)
-    with pytest.raises(StructureError, match="matrix dims"):
+    with pytest.raises(RuntimeError, match="square"):
         torch.linalg.det(seq)
+    heads = mj.nested_tensor([torch.randn(2, 3, 3), torch.randn(1, 3, 3)]).transpose(1, 2)  # (B, 3, j0, 3)
+    with pytest.raises(StructureError, match="matrix dims"):
+        torch.linalg.det(heads)
     a = mj.as_nested_tensor([torch.eye(2).expand(n, 2, 2) for n in (1, 2)])
     b = mj.as_nested_tensor([torch.ones(n, 2) for n in (2, 1)])
     with pytest.raises(StructureError, match="differ in structure"):
         torch.linalg.solve(a, b)
+
+
+RECT_FUNCTIONS = {  # name: function of one (n, C) or (C, n) matrix
+    "qr": lambda a: _tuple(torch.linalg.qr(a)),
+    "svdvals": torch.linalg.svdvals,
+    "svd reduced": lambda a: _tuple(torch.linalg.svd(a, full_matrices=False))[1],
+    "pinv": torch.linalg.pinv,
+    "matrix_norm": torch.linalg.matrix_norm,
+    "matrix_norm ord 1": lambda a: torch.linalg.matrix_norm(a, ord=1),
+    "matrix_norm dims named": lambda a: torch.linalg.matrix_norm(a, dim=(-2, -1) if a.dim() == 2 else (1, 2)),
+    "matrix_norm dims swapped": lambda a: torch.linalg.matrix_norm(a, ord=1, dim=(-1, -2) if a.dim() == 2 else (2, 1)),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RECT_FUNCTIONS))
+@pytest.mark.parametrize("transposed", [False, True])
+def test_one_rectangular_matrix_per_sample(name, transposed):
+    """``(B, j0, C)`` (or its transpose): one ``nᵢ × C`` matrix per sample, the function on each;
+    outputs of one shape stacked, others a new batch; gradients to every sample."""
+    f = RECT_FUNCTIONS[name]
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, generator=g, dtype=F64) for n in (5, 4, 3)]
+    if transposed:
+        comps = [c.T.contiguous() for c in comps]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    out = f(x)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    ref = [f(c) for c in leaves]
+    outs = out if isinstance(out, tuple) else (out,)
+    refs = list(zip(*ref)) if isinstance(ref[0], tuple) else [ref]
+    total = 0
+    for o, r in zip(outs, refs):
+        parts = o.unbind() if isinstance(o, mj.MultiJaggedTensor) else list(o)
+        for a, b in zip(parts, r):
+            torch.testing.assert_close(a, b)
+        total = total + (o * o).sum() if not isinstance(o, mj.MultiJaggedTensor) else total + (o * o).sum()
+    gx, = torch.autograd.grad(total, x)
+    rtotal = sum((b * b).sum() for r in refs for b in r)
+    for a, b in zip(gx.unbind(), torch.autograd.grad(rtotal, leaves)):
+        torch.testing.assert_close(a, b)

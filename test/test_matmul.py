@@ -256,3 +256,52 @@ def test_scaled_fp8_matmuls_per_sample():
                             output_dtype=torch.float32)
     with pytest.raises(RuntimeError, match="B = 3"):
         F.scaled_grouped_mm(x, ws[:2], sa, tw, sb, tw, output_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("pair", [False, True])
+def test_matmul_with_a_dense_vector_is_per_sample(pair):
+    """``x @ v`` and ``v @ x`` with a 1-D dense ``v``: dense matmul's vector rule per sample (the
+    vector dim dropped), with gradients to ``x`` and ``v``; an empty sample gives an empty row."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 4, generator=g, dtype=torch.float64) for n in (3, 0, 5)]
+    if pair:
+        comps = [c[:, None, :] + c[None, :, :] for c in comps]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    v = torch.randn(4, generator=g, dtype=torch.float64, requires_grad=True)
+    y, z = x @ v, v @ x.transpose(-1, -2)
+    assert isinstance(y, mj.MultiJaggedTensor) and y.dim() == x.dim() - 1
+    leaves = [c.clone().requires_grad_() for c in comps]
+    vd = v.detach().clone().requires_grad_()
+    ys, zs = [c @ vd for c in leaves], [vd @ c.transpose(-1, -2) for c in leaves]
+    for a, b in zip(y.unbind() + z.unbind(), ys + zs):
+        torch.testing.assert_close(a, b)
+    w = [torch.randn(t.shape, generator=g, dtype=torch.float64) for t in ys]
+    gx, gv = torch.autograd.grad((y * mj.nested_tensor(w)).sum() + (z * mj.nested_tensor(w)).sum(), [x, v])
+    refs = torch.autograd.grad(sum(((a + b) * c).sum() for a, b, c in zip(ys, zs, w)), leaves + [vd])
+    for a, b in zip(gx.unbind(), refs[:-1]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(gv, refs[-1])
+
+
+
+def test_dense_matrix_times_a_batch_with_gradients():
+    """``P @ x.mT`` with a dense ``(m, k)`` matrix ``P`` that requires grad (vit-pytorch's patch
+    merger): per sample ``P @ xᵢᵀ``, gradients to ``P`` and ``x``; also over a pair's rows."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 4, generator=g, dtype=torch.float64) for n in (3, 0, 5)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    P = torch.randn(2, 4, generator=g, dtype=torch.float64, requires_grad=True)
+    out = P @ x.transpose(-1, -2)
+    pair = x.unsqueeze(1) * x.unsqueeze(2)
+    out2 = torch.matmul(P, pair.transpose(-1, -2))
+    leaves = [c.clone().requires_grad_() for c in comps]
+    Pd = P.detach().clone().requires_grad_()
+    refs = [Pd @ c.T for c in leaves]
+    refs2 = [Pd @ (c[:, None] * c[None]).transpose(-1, -2) for c in leaves]
+    for a, r in zip(out.unbind() + out2.unbind(), refs + refs2):
+        torch.testing.assert_close(a, r)
+    got = torch.autograd.grad((out * out).sum() + (out2 * out2).sum(), [x, P])
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs + refs2), leaves + [Pd])
+    for a, w in zip(got[0].unbind(), want[:-1]):
+        torch.testing.assert_close(a, w)
+    torch.testing.assert_close(got[1], want[-1])

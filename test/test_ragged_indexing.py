@@ -581,3 +581,39 @@ def test_searchsorted_with_per_sample_boundaries_compiles_into_one_graph():
     torch._dynamo.reset()
     out = torch.compile(lambda a, b: torch.searchsorted(a, b), backend="aot_eager", fullgraph=True)(s, v)
     assert [t.tolist() for t in out.unbind()] == [[0, 2, 3], [1, 0]]
+
+
+def test_gather_along_a_ragged_dim_with_a_static_number_of_positions():
+    """k nearest neighbours (EGNN): ``d.gather(2, idx)`` / ``take_along_dim`` / ``scatter`` with the
+    indices ``topk`` gives ``(B, j0, k)`` over a pair ``(B, j0, j0)`` (and over pair features
+    ``(B, j0, j0, F)``) — per sample, with gradients; an index past a sample's end raises."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, generator=g, dtype=torch.float64) for n in (3, 5, 2)]
+    c = mj.nested_tensor(comps, requires_grad=True)
+    d = ((c.unsqueeze(2) - c.unsqueeze(1)) ** 2).sum(-1)
+    _, idx = d.topk(2, dim=-1, largest=False)
+    f = c.unsqueeze(2) * c.unsqueeze(1)
+    near = d.gather(2, idx)
+    feats = f.gather(2, idx.unsqueeze(-1).expand(-1, -1, -1, 3))
+    along = torch.take_along_dim(d, idx, 2)
+    zeroed = d.scatter(2, idx, torch.zeros_like(near))
+    leaves = [t.clone().requires_grad_() for t in comps]
+    refs = []
+    for t in leaves:
+        dd = ((t[:, None] - t[None]) ** 2).sum(-1)
+        _, ii = dd.topk(2, -1, largest=False)
+        refs.append((dd.gather(1, ii), (t[:, None] * t[None]).gather(1, ii.unsqueeze(-1).expand(-1, -1, 3)),
+                     dd.scatter(1, ii, torch.zeros(ii.shape, dtype=dd.dtype))))
+    for i, (a, b, e, z) in enumerate(zip(near.unbind(), feats.unbind(), along.unbind(), zeroed.unbind())):
+        torch.testing.assert_close(a, refs[i][0])
+        torch.testing.assert_close(e, refs[i][0])
+        torch.testing.assert_close(b, refs[i][1])
+        torch.testing.assert_close(z, refs[i][2])
+    loss = (near * near).sum() + (feats * feats).sum() + (zeroed * zeroed).sum()
+    got, = torch.autograd.grad(loss, c)
+    want = torch.autograd.grad(sum((r[0] ** 2).sum() + (r[1] ** 2).sum() + (r[2] ** 2).sum() for r in refs), leaves)
+    for a, w in zip(got.unbind(), want):
+        torch.testing.assert_close(a, w)
+    bad = mj.nested_tensor([torch.full((n, 1), 2) for n in (3, 5, 2)])  # sample 2 has 2 columns
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        d.gather(2, bad)

@@ -18,6 +18,8 @@ _install_op_table(
     unify=ops.unify_call,
     guard_write=ops.guard_write,
     reorder_copies=ops.reorder_copies,
+    writeback_target=ops.writeback_target,
+    write_through=ops.write_through,
     fast=_fastpath.FAST,
     fast_enabled=_fastpath.enabled,
 )

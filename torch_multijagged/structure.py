@@ -139,6 +139,12 @@ class _RaggedSizeNode(NestedIntNode):
         # ``H // s`` (a stride's output grid): each sample's size floor-divided, a mapped extent
         # (the same nested int for ``H // 1``, one nested int per divisor)
         e = _node_extent(self)
+        if isinstance(other, NestedIntNode) and e is not None:
+            # ``(H * W) // W`` (einops recovering an axis from a flattened one): the other factors
+            rest = _quotient(e, _node_extent(other)) if self.coeff == 1 and other.coeff == 1 else None
+            if rest is None:
+                self._arith(other)
+            return rest.nested_int.node
         if not other.is_constant() or other.constant_int() <= 0 or self.coeff != 1 or e is None:
             self._arith(other)
         k = other.constant_int()
@@ -160,6 +166,16 @@ class _RaggedSizeNode(NestedIntNode):
         if flat is not None:
             return _RaggedSizeNode(flat.nested_int.node.t_id, self.coeff * other.coeff)
         return super().mul(other)
+
+
+def _quotient(e: "RaggedExtent", f: "Optional[RaggedExtent]") -> "Optional[RaggedExtent]":
+    """The extent of ``e``'s sizes divided by ``f``'s where ``e`` was flattened from ``f`` and
+    other extents (the flat extent of the others), else None."""
+    factors = list(_factors(e))
+    if f is None or len(factors) < 2 or not any(g is f for g in factors):
+        return None
+    factors.pop(next(i for i, g in enumerate(factors) if g is f))
+    return factors[0] if len(factors) == 1 else flat_extent(partition_for(factors))
 
 
 def _node_extent(node) -> "Optional[RaggedExtent]":
@@ -340,7 +356,11 @@ class RaggedExtent:
         return self.sq_carrier.shape[0]
 
     def lengths(self) -> torch.Tensor:
-        """(B,) int64 on the values' device (no sync)."""
+        """(B,) int64 on the values' device (no sync); on the CPU, the host lengths themselves
+        (read-only: callers never write into it)."""
+        h = self._host_lengths
+        if h is not None and type(self.offsets) is torch.Tensor and self.offsets.is_cpu:
+            return h
         return self.offsets.diff()
 
     def host_lengths(self) -> torch.Tensor:

@@ -597,6 +597,10 @@ class MultiJaggedTensor(torch.Tensor):
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
         try:
+            if _reorder_copies:  # a copy of a ragged slice lives: it may be written through
+                target = _writeback_target(func, args, kwargs)
+                if target is not None:  # NOTE [ Slices of ragged dims write through ] in ops/shape/views.py
+                    return _write_through(target, lambda: cls._torch_function(func, types, args, kwargs))
             # The commonest call first, inline (a call level is ≈ 0.2 µs of a ≈ 10 µs op): a
             # values-path op without keywords whose operands need no relabelling.
             fast = _FAST.get(func)
@@ -795,15 +799,30 @@ _fast_enabled = bool
 _dispatch = _no_op_table
 _unify = _unify_nothing
 _guard_write = _no_op_table
-_reorder_copies: dict = {}  # the live registry of reordered copies (the same dict object as views')
+_reorder_copies: dict = {}  # the live registry of copies made where dense torch gives views (views')
+
+
+def _no_writeback(func, args, kwargs):
+    return None
+
+
+def _run_it(target, run):
+    return run()
+
+
+_writeback_target = _no_writeback
+_write_through = _run_it
 
 
 def install_op_table(*, dispatch, routes: dict, unify, guard_write, reorder_copies: dict, fast: Optional[dict] = None,
-                     fast_enabled=None) -> None:
+                     fast_enabled=None, writeback_target=None, write_through=None) -> None:
     """Bind the op table's entry points (NOTE [ Handler lookup ]); called once by the package's
     ``__init__.py``. ``routes`` and ``reorder_copies`` are the live dicts, not copies."""
     global _ROUTES, _dispatch, _unify, _guard_write, _reorder_copies, _FAST, _fast_enabled
+    global _writeback_target, _write_through
     if fast is not None:
         _FAST, _fast_enabled = fast, fast_enabled
+    if writeback_target is not None:
+        _writeback_target, _write_through = writeback_target, write_through
     _ROUTES, _dispatch, _unify = routes, dispatch, unify
     _guard_write, _reorder_copies = guard_write, reorder_copies

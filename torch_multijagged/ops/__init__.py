@@ -33,3 +33,5 @@ __all__ = ["register_multi_jagged_func", "dispatch", "MULTI_JAGGED_OPS", "op_nam
 # tensor.py), named once for the package's ``__init__``.
 guard_write = views.guard_write
 reorder_copies = views._REORDER_COPIES
+writeback_target = views.writeback_target
+write_through = views.write_through

@@ -166,6 +166,26 @@ def _check_mask(mask, query, key, ragged_l):
                    f"ragged dims, got {tuple(mask.shape)}")
 
 
+def _mask_over_both(mask: MJT, query: MJT, key: MJT) -> MJT:
+    """A mask ragged over only the key dim (a key-padding mask ``(B, 1, 1, j0)``) or only the
+    query dim, size 1 along the other, broadcast to both as dense broadcasting does: combined
+    with a size-1 tensor ragged along the missing dim (``(B, 1, j0, 1)``)."""
+    n = len(query._size)
+    rd = set(mask._ragged_dims)
+    if len(mask._size) != n or not rd or not rd < {n - 2, n - 1}:
+        return mask
+    missing = ({n - 2, n - 1} - rd).pop()
+    if mask._size[missing] != 1:
+        return mask  # _check_mask names the mismatch
+    src = query if missing == n - 2 else key  # ragged at -2: the queries, or the keys
+    one = src[(slice(None),) + (slice(0, 1),) * (n - 3) + (slice(None), slice(0, 1))]  # (B, 1…, j, 1)
+    if missing == n - 1:
+        one = one.transpose(-1, -2)
+    if mask.dtype == torch.bool:
+        return mask & torch.ones_like(one, dtype=torch.bool)
+    return mask + torch.zeros_like(one, dtype=mask.dtype)
+
+
 def dense_as_rows(op: str, dense: torch.Tensor, like: MJT, what: str = "query", other: str = "keys"):
     """A dense ``(B, *heads, L, E)`` operand (or a batch of one, shared) beside a multi_jagged
     ``like (B, *heads, j, E)``: the operand as a multi_jagged ``(B, *heads, jL, E)`` of L rows
@@ -223,6 +243,8 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     if torch.is_autocast_enabled(query.device.type):
         query, key, value, attn_mask = autocast_lower(query, key, value, attn_mask)  # as dense SDPA's autocast
     ragged_l = _check(query, key, value, attn_mask, is_causal, enable_gqa)
+    if ragged_l and isinstance(attn_mask, MJT):
+        attn_mask = _mask_over_both(attn_mask, query, key)
     mask = None
     if attn_mask is not None:
         _check_mask(attn_mask, query, key, ragged_l)

@@ -18,8 +18,13 @@ likewise) and treat every dim before them as a batch dim. So:
   (``(B, j0)``), a scalar into a dense ``(B,)``. A Python loop over samples: correct for any
   sizes (a ``0 × 0`` matrix too, as dense), not fast for many small samples.
 
-Anything else (a ragged dim among the matrix dims of a rectangular pair, a ragged dim after
-them) raises, naming the function. Eager only: the values bridge and the loop are not traced
+* **One matrix per sample with a ragged dim** (``(B, j0, C)``, ``(B, C, j0)``, ``(B, j0, j1)``):
+  the function on each sample's matrix; an output with one shape for every sample is stacked
+  (``svdvals`` of ``(nᵢ, C)`` with ``nᵢ ≥ C``: ``(B, C)``), others make a new batch (``qr``'s
+  ``Q``, ``pinv``).
+
+Anything else (a ragged dim among the matrix dims with other dims before them) raises, naming
+the function. Eager only: the values bridge and the loop are not traced
 (under ``torch.compile`` a graph break, NOTE [ Eager-only routes ] in ``_common.py``).
 """
 
@@ -74,6 +79,8 @@ def _kind(op: str, x: MJT) -> str:
         return "rows"
     if x._ragged_dims == (1, 2) and n == 3 and x._partition.extents[0] is x._partition.extents[1]:
         return "samples"
+    if n == 3:
+        return "matrices"  # one matrix per sample, of its own shape
     raise StructureError(
         f"{op}(): the matrix dims (the last two) of {describe(x)} must be static, or be a square pair's two ragged "
         "dims (B, j0, j0)"
@@ -153,6 +160,34 @@ def _on_samples(func, x: MJT, matrices, rest, kwargs):
     return type(per_sample[0])([_assemble(x, list(f), lengths, f[0]) if isinstance(f[0], torch.Tensor) else f[0] for f in fields])
 
 
+def _per_matrix(func, x: MJT, matrices, rest, kwargs):
+    """One matrix per sample with a ragged dim among its two (``(B, j0, C)``, ``(B, C, j0)``,
+    ``(B, j0, j1)``): the function on each sample's matrix; each output stacked when every sample
+    gives one shape, else a new batch of them (``qr``'s ``Q`` is ``(nᵢ, C)``)."""
+    for m in matrices:
+        if isinstance(m, MJT) and m._partition.batch != x._partition.batch:
+            raise StructureError(f"{func.__name__}(): operands {describe(x)} and {describe(m)} differ in batch size")
+    unbound = [m.unbind() if isinstance(m, MJT) else None for m in matrices]
+    per_sample = [
+        func(*[u[i] if u is not None else m for u, m in zip(unbound, matrices)], *rest, **kwargs)
+        for i in range(x._partition.batch)
+    ]
+    if not per_sample:
+        raise NotImplementedError(f"{func.__name__}(): of an empty batch {describe(x)} with ragged matrix dims")
+
+    def join(parts):
+        if all(p.shape == parts[0].shape for p in parts):
+            return torch.stack(parts)
+        from ...constructors import as_nested_tensor
+
+        return as_nested_tensor(parts)
+
+    if isinstance(per_sample[0], torch.Tensor):
+        return join(per_sample)
+    fields = list(zip(*per_sample))
+    return type(per_sample[0])([join(list(f)) if isinstance(f[0], torch.Tensor) else f[0] for f in fields])
+
+
 def _assemble(x: MJT, parts, lengths, like: torch.Tensor):
     """Per-sample outputs packed back: ``(nᵢ, nᵢ, …)`` into the pair's partition, ``(nᵢ, …)`` onto
     its extent, anything else stacked into a dense ``(B, …)``; ``like`` shows the form when ``parts``
@@ -183,11 +218,25 @@ def _linalg(func):
     def routed(*args, **kwargs):
         matrices, rest = list(args[:k]), args[k:]
         x = next((m for m in matrices if isinstance(m, MJT)), None)
-        if x is None or "out" in kwargs or (func is torch.linalg.matrix_norm and ("dim" in kwargs or len(rest) > 1)):
-            return NotImplemented  # (a matrix norm over other dims: the norm routes)
+        if func is torch.linalg.matrix_norm and x is not None and ("dim" in kwargs or len(rest) > 1):
+            dim = kwargs.get("dim", rest[1] if len(rest) > 1 else None)
+            if dim is not None and sorted(canonical_dim(func.__name__, x.dim(), d) for d in dim) == [x.dim() - 2, x.dim() - 1]:
+                # the matrix dims named: the default, in either order
+                if list(dim)[0] != -2 and canonical_dim(func.__name__, x.dim(), list(dim)[0]) == x.dim() - 1:
+                    x_t = x.transpose(-1, -2)
+                    matrices = [x_t if m is x else m for m in matrices]
+                    x = x_t
+                rest = rest[:1] + rest[2:]
+                kwargs = {k: v for k, v in kwargs.items() if k != "dim"}
+            else:
+                return NotImplemented  # (a matrix norm over other dims: the norm routes)
+        if x is None or "out" in kwargs:
+            return NotImplemented
         kind = _kind(func.__name__, x)
         if kind == "rows":
             return _on_rows(func, x, matrices, rest, kwargs)
+        if kind == "matrices":
+            return _per_matrix(func, x, matrices, rest, kwargs)
         return _on_samples(func, x, matrices, rest, kwargs)
 
     routed.__name__ = func.__name__

@@ -43,6 +43,15 @@ def _linear(input, weight, bias=None):
 
 @route(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
 def _matmul(input, other, *, out=None):
+    if out is None and isinstance(input, MJT) and _dense(other) and other.dim() == 1:
+        # (B, …, n, k) @ (k,): dense matmul's rule for a vector (a column, then dropped)
+        return torch.matmul(input, other.unsqueeze(-1)).squeeze(-1)
+    if out is None and isinstance(other, MJT) and _dense(input) and input.dim() == 1:
+        # (k,) @ (B, …, k, n) = (B, …, n, k) @ (k,)
+        return torch.matmul(other.transpose(-1, -2), input)
+    if out is None and isinstance(other, MJT) and _dense(input) and input.dim() == 2 and other.dim() >= 3:
+        # (m, k) @ (B, …, k, n) = ((B, …, n, k) @ (k, m))ᵀ: a linear map of other's rows
+        return torch.matmul(other.transpose(-1, -2), input.transpose(0, 1)).transpose(-1, -2)
     if out is not None or input.dim() < 3 or other.dim() < 2:
         return NotImplemented
     if torch.is_autocast_enabled(input.device.type):

@@ -12,7 +12,7 @@ from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, route
 from .._table import dispatch as _dispatch
 from .along import ragged_dim
-from .gather import mask_index, table_lookup
+from .gather import mask_index, pairwise_index, table_lookup
 from .scatter import assign_index
 from .slicing import select_ragged, slice_ragged
 
@@ -70,17 +70,26 @@ def _getitem(input, index):
 @route(torch.Tensor.__setitem__)
 def _setitem(input, index, value):
     """``x[index] = value`` with an index that ``x[index]`` reads, from a slice of the batch dim
-    (``x[:, 1:] = v``, ``x[..., :2] = 0``, ``x[:, [0, 1]] = v``, ``x[:2, 0] = v``); other indices (a
-    sample, masks, index tensors from the batch dim) go to torch's ``__setitem__`` (``select`` /
-    ``index_put_``, which have handlers)."""
+    (``x[:, 1:] = v``, ``x[..., :2] = 0``, ``x[:, [0, 1]] = v``, ``x[:2, 0] = v``) or from samples
+    selected by index or mask (``x[mask] = v``, ``x[[0, 1], 1:] = v``, ``x[b] = batch``); a sample
+    (``x[i] = v``) and integer index tensors alone (``x[b, k] = v``) go to torch's
+    ``__setitem__`` (``select`` / ``index_put_``, which have handlers)."""
     items = index if isinstance(index, tuple) else (index,)
     plain = all(i is None or i is Ellipsis or isinstance(i, slice) or type(i) is int or _advanced(i) is not None
                 for i in items)
     if not isinstance(input, MJT) or not plain or not items:
         return NotImplemented
     lead = next((i for i in items if i is not None), slice(None))
+    if _advanced(lead) is not None:
+        # samples by index or mask: integer index tensors alone (``x[b, k] = v``) are ``index_put_``'s
+        # (no sync, compiles); a mask, a slice or int after them, or a multi_jagged value read the
+        # selection as ``x[index]`` does
+        plain = all(_index_tensor(i) is not None for i in items) and not isinstance(value, MJT)
+        if plain and not (isinstance(lead, torch.Tensor) and lead.dtype == torch.bool):
+            return NotImplemented
+        return assign_index(input, index, value, _getitem)
     if not (lead is Ellipsis or isinstance(lead, slice)):
-        return NotImplemented  # a sample (``x[i] = v``) or index tensors from the batch dim: ``index_put_``
+        return NotImplemented  # a sample (``x[i] = v``): ``select`` and ``copy_``
     return assign_index(input, index, value, _getitem)
 
 
@@ -94,6 +103,22 @@ def _advanced(it) -> torch.Tensor | None:
             return it.nonzero().reshape(-1)
         if not it.is_floating_point() and not it.is_complex():
             return it.to(torch.int64)
+    return None
+
+
+def _index_tensor(it) -> torch.Tensor | None:
+    """``_advanced``, and also integer index tensors (or nested lists) of several dims."""
+    a = _advanced(it)
+    if a is not None:
+        return a
+    if isinstance(it, list) and it and all(isinstance(i, list) for i in it):
+        try:
+            it = torch.tensor(it)
+        except (TypeError, ValueError):
+            return None
+    if (isinstance(it, torch.Tensor) and not isinstance(it, MJT) and it.dim() > 1 and not it.is_floating_point()
+            and not it.is_complex() and it.dtype != torch.bool):
+        return it.to(torch.int64)
     return None
 
 
@@ -111,6 +136,9 @@ def _getitem_static(input, items):
     indexing would compare slice bounds with the nested ints ("relation is indeterminate")."""
     if items and isinstance(items[0], int) and not isinstance(items[0], bool):
         return _getitem(input, items[0])[items[1:]]  # a sample, then dense indexing
+    if items and _index_tensor(items[0]) is not None and any(_index_tensor(i) is not None for i in items[1:]):
+        # several index tensors: they pair up (dense indexing's rule), x[b, k][j] = x[b[j]][k[j]]
+        return pairwise_index(input, _expand_ellipsis(input, items), _index_tensor)
     if items and (_advanced(items[0]) is not None or (isinstance(items[0], slice) and not _whole(items[0]))):
         # samples first (a sub-batch), then the other dims
         first = items[0]
@@ -121,10 +149,7 @@ def _getitem_static(input, items):
         else:
             picked = constructors.select_batch(input, _advanced(first))
         return picked[(slice(None),) + tuple(items[1:])] if len(items) > 1 else picked
-    if any(isinstance(i, type(Ellipsis)) for i in items):
-        at = next(k for k, i in enumerate(items) if isinstance(i, type(Ellipsis)))
-        real = sum(1 for i in items if i is not None and not isinstance(i, type(Ellipsis)))
-        items = items[:at] + (slice(None),) * (input.dim() - real) + items[at + 1:]
+    items = _expand_ellipsis(input, items)
     out, d = input, 0
     for pos, it in enumerate(items):
         if not isinstance(out, MJT):
@@ -166,6 +191,14 @@ def _getitem_static(input, items):
             start, stop, step = it.indices(out.shape[d])
             out, d = torch.ops.aten.slice.Tensor(out, d, start, stop, step), d + 1
     return out
+
+
+def _expand_ellipsis(input, items: tuple) -> tuple:
+    if any(isinstance(i, type(Ellipsis)) for i in items):
+        at = next(k for k, i in enumerate(items) if isinstance(i, type(Ellipsis)))
+        real = sum(1 for i in items if i is not None and not isinstance(i, type(Ellipsis)))
+        items = items[:at] + (slice(None),) * (input.dim() - real) + items[at + 1:]
+    return items
 
 
 @route(torch.select, torch.Tensor.select)

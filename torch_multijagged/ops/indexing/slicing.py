@@ -15,6 +15,7 @@ from ...kernels.along import packed_rows, slice_bounds
 from ...structure import _is_traced, mapped_extent, same_extent
 from .._common import MJT, canonical_dim, component_rows, describe, static_dims
 from .._routing import route
+from ..shape.views import _mark_reorder_copy, mark_view_copy
 from .along import check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
 
 __all__ = ["select_ragged", "slice_ragged", "narrow_ragged", "take_static"]
@@ -36,7 +37,8 @@ def select_ragged(op: str, x: MJT, d: int, k: int, index: int):
 
     check_samples(x, k, lambda n: (position(n) < 0) | (position(n) >= n), fail,
                   f"{op}(): index {index} is out of bounds for dimension {d} of a sample")
-    return drop_along(x, k, position(x._partition.extents[k].lengths()))
+    out = drop_along(x, k, position(x._partition.extents[k].lengths()))
+    return mark_view_copy(out, x, (slice(None),) * d + (index,))  # dense: a view
 
 
 @eager
@@ -56,7 +58,7 @@ def slice_ragged(op: str, x: MJT, d: int, k: int, start, stop, step: int):
         a[:, k] = first[sample] + a[:, k] * step
         return a
 
-    return keep_along(x, extents, source)
+    return mark_view_copy(keep_along(x, extents, source), x, (slice(None),) * d + (slice(start, stop, step),))
 
 
 @eager_or_traced
@@ -84,7 +86,8 @@ def narrow_ragged(op: str, x: MJT, d: int, k: int, start: int, length: int):
     check_samples(x, k, lambda n: first_of(n) + length > n, bad_length, f"{op}(): start + length exceeds the size of a sample")
     n = x._partition.extents[k].lengths()
     table = first_of(n).unsqueeze(1) + torch.arange(length, device=n.device)
-    return take_static(x, k, length, table)
+    stop = start + length if start >= 0 or start + length < 0 else None
+    return mark_view_copy(take_static(x, k, length, table), x, (slice(None),) * d + (slice(start, stop),))
 
 
 @eager_or_traced
@@ -122,6 +125,8 @@ def _index_rows(op: str, x: MJT, d: int, k: int, index):
     index moved to ``(B·m, *static)``) and a function that gives a result of ``index``'s shape
     from values of that shape."""
     p = x._partition
+    if isinstance(index, MJT) and d not in index._ragged_dims and index.dim() == x.dim():
+        return _static_index_rows(op, x, d, k, index)
     if isinstance(index, MJT):
         if index._ragged_dims != x._ragged_dims or any(
             i != k and not same_extent(a, b) for i, (a, b) in enumerate(zip(index._partition.extents, p.extents))
@@ -159,6 +164,45 @@ def _index_rows(op: str, x: MJT, d: int, k: int, index):
     return rows, lambda v: v.reshape(p.batch, m, *v.shape[1:]).movedim(1, d)
 
 
+def _static_index_rows(op: str, x: MJT, d: int, k: int, index: MJT):
+    """``_index_rows`` for a multi_jagged index whose dim ``d`` is static (``m`` positions per
+    cell: ``topk``'s indices of a pair, ``(B, j0, k)`` into ``(B, j0, j0)``) and whose other dims
+    are ``x``'s: its ``m`` positions are moved into the rows, ``(R·m, *static)``, each naming a row of
+    ``x`` in its cell's sample and coordinates."""
+    p = x._partition
+    keep = tuple(r for r in x._ragged_dims if r != d)
+    statics = static_dims(x.dim(), x._ragged_dims)
+    if index._ragged_dims != keep or any(
+        index.shape[e] != x.shape[e] for e in statics
+    ) or not all(same_extent(a, b) for a, b in zip(index._partition.extents, (e for i, e in enumerate(p.extents) if i != k))):
+        raise StructureError(
+            f"{op}(): expected an index with the ragged dims and static sizes of {describe(x)} (any extent, or a static "
+            f"size, along dim {d}), got {describe(index)}"
+        )
+    q = index._partition
+    at = static_dims(index.dim(), index._ragged_dims).index(d) + 1  # dim d among the index's values dims
+    idx = index._values.to(torch.int64).movedim(at, 1)  # (R, m, *static of x)
+    m = idx.shape[1]
+    sample, coords = q.row_coords()
+    n = p.device_sizes()[sample]
+    base = torch.cat([coords[:, :k], torch.zeros_like(coords[:, :1]), coords[:, k:]], 1)
+    stride = n[:, k + 1:].prod(1) if k + 1 < n.shape[1] else torch.ones_like(sample)
+    _check_index_range(op, x, d, idx, n[:, k], sample)
+    shape = (-1, *([1] * (idx.dim() - 1)))
+    rows = packed_rows(p.offsets, p.device_sizes(), sample, base).reshape(shape) + idx * stride.reshape(shape)
+    rows = rows.reshape(-1, *idx.shape[2:])  # (R·m, *static of x)
+    r = idx.shape[0]
+
+    def result(v):
+        return wrap_values(v.reshape(r, m, *v.shape[1:]).movedim(1, at), q, index._ragged_dims)
+
+    def flat(v):  # an index-shaped values tensor (a source) in the rows' order
+        return v.movedim(at, 1).reshape(-1, *v.shape[1:at], *v.shape[at + 1:])
+
+    result.flat = flat  # type: ignore[attr-defined]
+    return rows, result
+
+
 @eager_or_traced
 def gather_ragged(op: str, x: MJT, d: int, k: int, index):
     """``x.gather(d, index)`` per sample: ``out[s][…, j, …] = x[s][…, index[s][…, j, …], …]``."""
@@ -172,9 +216,11 @@ def scatter_ragged(op: str, x: MJT, d: int, k: int, index, src, add, include_sel
     ``add`` a reduction's name) per sample: ``out[s][…, index[s][…, j, …], …] = src[s][…, j, …]``;
     ``src`` has ``index``'s shape (a multi_jagged tensor of its structure, or a dense one for a
     dense index) or is a number."""
-    rows, _ = _index_rows(op, x, d, k, index)
+    rows, shaped = _index_rows(op, x, d, k, index)
     if isinstance(src, torch.Tensor):
         s = values_of(src) if isinstance(src, MJT) else src.movedim(d, 1).reshape(rows.shape[0], *rows.shape[1:])
+        if isinstance(src, MJT) and hasattr(shaped, "flat"):
+            s = shaped.flat(s)
         if s.shape != rows.shape:
             raise StructureError(f"{op}(): expected src with the shape of index {describe(index)}, got {describe(src)}")
     else:
@@ -333,6 +379,26 @@ route(torch.scatter, torch.Tensor.scatter)(_scatter_route("scatter", False))
 route(torch.scatter_add, torch.Tensor.scatter_add)(_scatter_route("scatter_add", True))
 
 
+def _in_place_route(name: str):
+    """``x.<op>_(…)`` as ``x.copy_(x.<op>(…))``: the out-of-place op takes every form (along ragged
+    dims per sample, dense or multi_jagged indices), and ``copy_`` writes it in place with
+    gradients, as the dense in-place op."""
+    out_of_place = getattr(torch.Tensor, name[:-1])
+
+    def routed(input, *args, **kwargs):
+        if not isinstance(input, MJT):
+            return NotImplemented
+        # the op reads a clone when autograd records: what it saves must not be the tensor written
+        src = input.clone() if torch.is_grad_enabled() and input.requires_grad else input
+        return input.copy_(out_of_place(src, *args, **kwargs))
+
+    return routed
+
+
+for _name in ("scatter_", "scatter_add_", "scatter_reduce_", "index_fill_", "index_copy_", "index_add_"):
+    route(getattr(torch.Tensor, _name))(_in_place_route(_name))
+
+
 @route(torch.flip, torch.Tensor.flip)
 def _flip(input, *dims):
     if not isinstance(input, MJT):
@@ -434,7 +500,9 @@ def unfold_ragged(op: str, x: MJT, d: int, k: int, size: int, step: int):
 
         return source
 
-    return torch.stack([keep_along(x, extents, element(t)) for t in range(size)], dim=-1)
+    out = torch.stack([keep_along(x, extents, element(t)) for t in range(size)], dim=-1)
+    _mark_reorder_copy(out._values, "windows along a ragged dim (unfold)")  # dense: a view; windows overlap
+    return out
 
 
 @route(torch.Tensor.unfold)

@@ -47,6 +47,7 @@ from ...structure import (Partition, RaggedExtent, extent_of, flat_extent, floor
 from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _needs_grad, route
 from . import merged, tokens
+from ...kernels.along import packed_rows
 from .views import check_view_shape
 
 __all__ = ["flatten_ragged", "unflatten_ragged", "view_plan"]
@@ -144,8 +145,15 @@ def _part(op: str, x: MJT, d: int, e: RaggedExtent, k: int) -> RaggedExtent:
             f"{op}(): sample {i} of {describe(x)} has {int(host[i])} elements along ragged dim {d}, which is not a "
             f"multiple of {k}"
         )
-    out = mapped_extent(e, ("part", k), lambda n: torch.div(n, k, rounding_mode="floor"))
-    out.cache.setdefault(("mapped", ("times", k)), e)
+    # the sizes are ``n // k``: the nested int ``n // k`` names (``floordiv``), made here if not yet
+    out = e.cache.get(("mapped", ("floordiv", k)))
+    if out is None:
+        out = mapped_extent(e, ("floordiv", k), lambda n: torch.div(n, k, rounding_mode="floor"))
+        if out is not e:
+            out.cache.setdefault(("floordiv_of",), (e, k))
+    e.cache[("mapped", ("part", k))] = out
+    if out is not e:
+        out.cache.setdefault(("mapped", ("times", k)), e)
     return out
 
 
@@ -265,6 +273,12 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
         split = _named_split(x, size)
         if split is not None:
             return lambda: getattr(unflatten_ragged(op, x, *split), op)(tuple(size))
+        splits = _ragged_splits(x, size)
+        if splits is not None:
+            return lambda: _split_ragged_dims(op, x, size, splits)
+        merges = _ragged_merges(x, size)
+        if merges is not None:
+            return lambda: _merge_ragged_dims(op, x, merges)
         k = _divided_by(x, size)
         if k is not None:
             return lambda: _split_then_view(op, x, size, k)
@@ -273,6 +287,155 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
         if run is not None:
             return lambda: getattr(flatten_ragged(op, x, *run), op)(tuple(size))
     return None
+
+
+def _ragged_splits(x: MJT, size) -> Optional[dict[int, int]]:
+    """``{k: f}``: ragged dims ``k`` (indices among x's) that ``size`` splits into ``(n // f, f)``,
+    naming ``n // f`` by its nested int, every other dim of ``x`` kept in place (``(B, C, H, W)`` as
+    ``(B, C, H // p, p, W // p, p)``: image patches, einops' ``'b c (h p1) (w p2)'``) — when a split
+    dim is not the last ragged one (that one alone is a view: ``_divided_by``); else None."""
+    splits: dict[int, int] = {}
+    i = 1
+    for d in range(1, x.dim()):
+        if i >= len(size):
+            return None
+        if d not in x._ragged_dims:
+            if not (type(size[i]) is int and size[i] == x._size[d]):
+                return None
+            i += 1
+            continue
+        k = x._ragged_dims.index(d)
+        e = x._partition.extents[k]
+        if is_nested_int(size[i]) and _same_size(size[i], e.nested_int):
+            i += 1
+            continue
+        named = extent_of(size[i]) if is_nested_int(size[i]) else None
+        link = None if named is None else floordiv_of(named)
+        if link is None or link[0] is not e or i + 1 >= len(size) or size[i + 1] != link[1]:
+            return None
+        splits[k] = link[1]
+        i += 2
+    if i != len(size) or not splits or set(splits) == {len(x._ragged_dims) - 1}:
+        return None
+    return splits
+
+
+def _split_ragged_dims(op: str, x: MJT, size, splits: dict[int, int]) -> MJT:
+    """``x`` with ragged dims ``k`` split into ``(n // f, f)`` (``_ragged_splits``; each sample's
+    size must divide, as dense torch's view requires): the parts stay ragged, the factors become
+    static dims after them. Not a view of the packed rows (row ``h·W + w`` of a sample moves to
+    ``(h // p, w // p)``'s rows), so the rows are gathered — a copy that refuses writes, as a
+    reordering of ragged dims is (NOTE [ Reordered ragged dims are copies ] in views.py)."""
+    from .views import _mark_reorder_copy
+
+    p = x._partition
+    extents = [
+        _part(op, x, x._ragged_dims[k], e, splits[k]) if k in splits else e for k, e in enumerate(p.extents)
+    ]
+    out = partition_for(extents)
+    sample, coords = out.row_coords()  # (R, m) coordinates of the parts
+    factors = [splits.get(k, 1) for k in range(p.nragged)]
+    grid = torch.cartesian_prod(*[torch.arange(f, device=coords.device) for f in factors]).reshape(-1, len(factors))
+    src = coords.unsqueeze(1) * torch.tensor(factors, device=coords.device) + grid  # (R, F, m)
+    rows = packed_rows(p.offsets, p.device_sizes(), sample.repeat_interleave(grid.shape[0]), src.reshape(-1, len(factors)))
+    v = values_of(x) if _needs_grad(x) else x._values
+    g = v.index_select(0, rows).reshape(coords.shape[0], *[factors[k] for k in splits], *v.shape[1:])
+    # values dims: (rows, factors…, statics…) → the output's static dims in logical order
+    labels, d_out = [], 0
+    out_ragged = []
+    for d in range(1, x.dim()):
+        d_out += 1
+        if d in x._ragged_dims:
+            k = x._ragged_dims.index(d)
+            out_ragged.append(d_out)
+            if k in splits:
+                d_out += 1
+                labels.append(("f", k))
+        else:
+            labels.append(("s", d))
+    have = [("f", k) for k in splits] + [("s", d) for d in range(1, x.dim()) if d not in x._ragged_dims]
+    values = g.permute(0, *[1 + have.index(lab) for lab in labels])
+    values = values.contiguous()
+    y = wrap_values(values, out, tuple(out_ragged)) if _needs_grad(x) else wrap(values, out, tuple(out_ragged))
+    if values.numel():
+        _mark_reorder_copy(y._values, "a split of ragged dims into parts and static factors")
+    return y
+
+
+def _times_of(size, e: RaggedExtent, f: int) -> bool:
+    """Whether nested int ``size`` names ``e``'s sizes times ``f``: ``n * f`` of ``e``'s own nested
+    int, or the extent ``e`` was split from (``H`` after ``H // f``)."""
+    if not is_nested_int(size) or not isinstance(size, torch.SymInt):
+        return False
+    node = size.node
+    if getattr(node, "t_id", None) == e.nested_int.node.t_id and getattr(node, "coeff", None) == f:
+        return True
+    named = extent_of(size)
+    return named is not None and named is e.cache.get(("mapped", ("times", f)))
+
+
+def _ragged_merges(x: MJT, size) -> Optional[dict[int, int]]:
+    """``{k: f}``: ragged dims ``k`` of ``x`` followed by a static dim ``f`` that ``size`` merges into
+    one ragged dim of ``n·f`` (``(B, C, H // p, p, W // p, p)`` back to ``(B, C, H, W)``), every other
+    dim kept — when a merged dim is not the last ragged one (that one alone is a view:
+    ``flatten_ragged_static``); else None."""
+    merges: dict[int, int] = {}
+    i, d = 1, 1
+    while d < x.dim():
+        if i >= len(size):
+            return None
+        if d not in x._ragged_dims:
+            if not (type(size[i]) is int and size[i] == x._size[d]):
+                return None
+            i, d = i + 1, d + 1
+            continue
+        k = x._ragged_dims.index(d)
+        e = x._partition.extents[k]
+        if is_nested_int(size[i]) and _same_size(size[i], e.nested_int):
+            i, d = i + 1, d + 1
+            continue
+        f = x._size[d + 1] if d + 1 < x.dim() and d + 1 not in x._ragged_dims else None
+        if f is None or not _times_of(size[i], e, f):
+            return None
+        merges[k] = f
+        i, d = i + 1, d + 2
+    if i != len(size) or not merges or set(merges) == {len(x._ragged_dims) - 1}:
+        return None
+    return merges
+
+
+def _merge_ragged_dims(op: str, x: MJT, merges: dict[int, int]) -> MJT:
+    """``x`` with ragged dims ``k`` and the static factor after each merged into one ragged dim of
+    ``n·f`` (``_ragged_merges``): every output row ``(H, W)`` reads the input row ``(H // p, W // p)``
+    at factor positions ``(H % p, W % p)`` — a gather, the inverse of ``_split_ragged_dims``; a copy
+    that refuses writes."""
+    from .views import _mark_reorder_copy
+
+    p = x._partition
+    extents = [_times(e, merges[k]) if k in merges else e for k, e in enumerate(p.extents)]
+    out = partition_for(extents)
+    sample, coords = out.row_coords()  # (R, m) output coordinates
+    factors = torch.tensor([merges.get(k, 1) for k in range(p.nragged)], device=coords.device)
+    rows = packed_rows(p.offsets, p.device_sizes(), sample, torch.div(coords, factors, rounding_mode="floor"))
+    statics = static_dims(x.dim(), x._ragged_dims)
+    factor_dims = [statics.index(x._ragged_dims[k] + 1) + 1 for k in merges]  # their values dims
+    v = values_of(x) if _needs_grad(x) else x._values
+    v = v.movedim(factor_dims, list(range(1, len(factor_dims) + 1)))
+    rem = coords % factors
+    values = v[(rows, *[rem[:, k] for k in merges])]
+    out_ragged, d_out = [], 0
+    for d in range(1, x.dim()):
+        if d in x._ragged_dims:
+            d_out += 1
+            out_ragged.append(d_out)
+        elif d - 1 in x._ragged_dims and x._ragged_dims.index(d - 1) in merges:
+            continue  # merged into the ragged dim before it
+        else:
+            d_out += 1
+    y = wrap_values(values, out, tuple(out_ragged)) if _needs_grad(x) else wrap(values, out, tuple(out_ragged))
+    if values.numel():
+        _mark_reorder_copy(y._values, "a merge of ragged dims with static factors")
+    return y
 
 
 def _divided_by(x: MJT, size) -> Optional[int]:

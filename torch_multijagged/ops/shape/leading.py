@@ -160,6 +160,13 @@ def _getitem(t: BatchMoved, index):
         return t._select0(index)
     if isinstance(index, tuple) and index and isinstance(index[0], int) and not isinstance(index[0], bool):
         return t._select0(index[0])[index[1:]] if len(index) > 1 else t._select0(index[0])
+    items = index if isinstance(index, tuple) else (index,)
+    if items and isinstance(items[0], slice) and all(isinstance(i, slice) and i == slice(None) for i in items[1:]):
+        # a slice of the leading dim (t[1:], t[:-1] of sequence-first tokens): of the mapped dim
+        s = t._perm[0]
+        if s == 0:
+            return NotImplemented
+        return _settle(t._mjt[(slice(None),) * s + (items[0],)], t._perm)
     return NotImplemented
 
 
@@ -235,12 +242,18 @@ def _trailing_fixed(perm) -> int:
     return n
 
 
-def _unwrap_arg(a, fixed: int):
+def _unwrap_arg(a, fixed: int, perm=None):
     if isinstance(a, BatchMoved):
         return a._mjt
     if isinstance(a, (list, tuple)):
-        return type(a)(_unwrap_arg(t, fixed) for t in a)
+        return type(a)(_unwrap_arg(t, fixed, perm) for t in a)
     if isinstance(a, torch.Tensor) and not isinstance(a, MJT) and a.dim() > fixed:
+        if perm is not None and a.dim() <= len(perm):
+            # dense broadcasting against the token (trailing dims aligned), laid out batch-first:
+            # (B, C) against a (T, B, C) token is (B, 1, C) against the (B, T, C) tensor
+            full = a.reshape((1,) * (len(perm) - a.dim()) + tuple(a.shape))
+            inverse = sorted(range(len(perm)), key=lambda i: perm[i])
+            return full.permute(inverse)
         raise NotImplementedError(
             f"a dense operand of {a.dim()} dims with a batch-moved multi_jagged token: only dense operands that "
             f"broadcast over its {fixed} unmoved trailing dims (layout torch.multi_jagged)"
@@ -272,10 +285,52 @@ def _forward(func, args, kwargs):
         return _reduce(func, tokens[0], *args[1:], **kwargs)
     if kind == "dim":
         args, kwargs = _map_dim(func, perm, args, kwargs)
+    if kind == "dim1":
+        return _dim_op(func, tokens[0], args, kwargs)
     # parameters of a last-dim op (a linear's weight) are not operands broadcast against the token
     fixed = n if kind == "last" else _trailing_fixed(perm)
-    out = func(*_unwrap_arg(list(args), fixed), **{k: _unwrap_arg(v, fixed) for k, v in kwargs.items()})
+    mapped = perm if kind == "elementwise" else None
+    out = func(*_unwrap_arg(list(args), fixed, mapped), **{k: _unwrap_arg(v, fixed, mapped) for k, v in kwargs.items()})
     return _rewrap(out, perm)
+
+
+def _dim_op(func, t: "BatchMoved", args, kwargs):
+    """An op over one dim (``max(dim)``, ``cumsum``, ``norm(p, dim)``, ``std``…) of a token: over the
+    mapped dim of the batch-first tensor; the result's dims follow the token's (the dim removed,
+    or kept in place). Without a dim (a reduction over every element) the batch-first tensor's own."""
+    name = getattr(func, "__name__", "op")
+    n = len(t._perm)
+    at = _DIM_AT[func]
+    if "dim" in kwargs:
+        dim = kwargs["dim"]
+    else:
+        dim = args[at] if len(args) > at else None
+    if dim is None:
+        if func in _NEEDS_DIM:
+            return NotImplemented
+        return func(t._mjt, *args[1:], **kwargs)
+    if not isinstance(dim, int):
+        return NotImplemented
+    d = canonical_dim(name, n, dim)
+    md = t._perm[d]
+    if "dim" in kwargs:
+        kwargs = {**kwargs, "dim": md}
+    else:
+        args = (*args[:at], md, *args[at + 1:])
+    out = func(t._mjt, *args[1:], **kwargs)
+    kept = tuple(p - (p > md) for i, p in enumerate(t._perm) if i != d)
+
+    def back(o):
+        if not isinstance(o, torch.Tensor):
+            return o
+        perm = t._perm if o.dim() == n else kept
+        if isinstance(o, MJT):
+            return _rewrap(o, perm)
+        return o.permute(perm) if perm != tuple(range(len(perm))) else o
+
+    if isinstance(out, tuple):
+        return type(out)([back(o) for o in out])
+    return back(out)
 
 
 def _map_dim(func, perm, args, kwargs):
@@ -325,8 +380,21 @@ _LAST = [F.linear, F.layer_norm, F.rms_norm, F.glu]
 _DIM = [F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax]
 _REDUCE = [torch.sum, torch.mean, torch.amax, torch.amin, torch.Tensor.sum, torch.Tensor.mean, torch.Tensor.amax,
            torch.Tensor.amin]
+# ops over one dim, by the position of their ``dim`` argument; those that need one
+_DIM_AT = {
+    **dict.fromkeys([torch.max, torch.Tensor.max, torch.min, torch.Tensor.min, torch.argmax, torch.Tensor.argmax,
+                     torch.argmin, torch.Tensor.argmin, torch.cumsum, torch.Tensor.cumsum, torch.cumprod,
+                     torch.Tensor.cumprod, torch.logsumexp, torch.Tensor.logsumexp, torch.prod, torch.Tensor.prod,
+                     torch.std, torch.Tensor.std, torch.var, torch.Tensor.var, torch.median, torch.Tensor.median,
+                     torch.all, torch.Tensor.all, torch.any, torch.Tensor.any, torch.cummax, torch.Tensor.cummax,
+                     torch.cummin, torch.Tensor.cummin], 1),
+    **dict.fromkeys([torch.norm, torch.Tensor.norm, torch.linalg.vector_norm], 2),
+}
+_NEEDS_DIM = {torch.argmax, torch.Tensor.argmax, torch.argmin, torch.Tensor.argmin, torch.cumsum, torch.Tensor.cumsum,
+              torch.cumprod, torch.Tensor.cumprod, torch.logsumexp, torch.Tensor.logsumexp, torch.cummax,
+              torch.Tensor.cummax, torch.cummin, torch.Tensor.cummin}
 _FORWARDED = {**dict.fromkeys(_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAST, "last"),
-              **dict.fromkeys(_DIM, "dim"), **dict.fromkeys(_REDUCE, "reduce")}
+              **dict.fromkeys(_DIM, "dim"), **dict.fromkeys(_REDUCE, "reduce"), **dict.fromkeys(_DIM_AT, "dim1")}
 
 _TOKEN_OPS = {
     torch.unbind: _unbind, torch.Tensor.unbind: _unbind,

@@ -444,6 +444,57 @@ def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, sca
     return _outer(out)
 
 
+def _einsum(equation, *operands):
+    """``torch.einsum`` with batch-merged tokens (``'bid,bjd->bij'`` on ``(B·H, j0, D)``, as einops
+    writes attention after ``'b n (h d) -> (b h) n d'``): the merged subscript ``b`` reads as two,
+    the batch and ``K``, on the batch-first tensors, and a result that keeps it first is a token
+    again."""
+    if len(operands) == 1 and isinstance(operands[0], (list, tuple)):
+        operands = tuple(operands[0])
+    if not isinstance(equation, str) or "..." in equation:
+        return NotImplemented
+    eq = equation.replace(" ", "")
+    lhs, arrow, out = eq.partition("->")
+    inputs = lhs.split(",")
+    if len(inputs) != len(operands):
+        return NotImplemented
+    if not arrow:  # the implicit output: the subscripts used once, in order
+        letters = [c for c in lhs if c.isalpha()]
+        out = "".join(sorted(c for c in set(letters) if letters.count(c) == 1))
+    tokens = [o for o in operands if isinstance(o, BatchMerged)]
+    t = tokens[0]
+    merged = {sub[0] for sub, o in zip(inputs, operands) if isinstance(o, BatchMerged) and sub}
+    if len(merged) != 1:
+        raise NotImplementedError(
+            f"einsum(): batch-merged multi_jagged operands must share the subscript of their merged dim, got {equation!r}"
+        )
+    m = merged.pop()
+    if m in out and out[0] != m:
+        raise _along_merged("einsum", t)
+    k = next(c for c in "zyxwvutsrqponmlkjihgfedcbaZYXWVUTSRQPONMLKJIHGFEDCBA" if c not in eq)
+    b, kk = t._mjt._size[0], t._k
+    subs, args = [], []
+    for sub, o in zip(inputs, operands):
+        if isinstance(o, BatchMerged):
+            if o._mjt._size[:2] != t._mjt._size[:2]:
+                raise RuntimeError(f"einsum(): batch-merged multi_jagged tensors of different merges "
+                                   f"({describe(o._mjt)} and {describe(t._mjt)})")
+            subs.append(m + k + sub[1:])
+            args.append(o._mjt)
+        elif isinstance(o, torch.Tensor) and m in sub:
+            at = sub.index(m)
+            if o.shape[at] != t._size[0]:
+                raise RuntimeError(f"einsum(): subscript {m!r} has size {t._size[0]} (a batch-merged dim) and "
+                                   f"{o.shape[at]} in a dense operand")
+            subs.append(sub[:at] + m + k + sub[at + 1:])
+            args.append(o.unflatten(at, (b, kk)))
+        else:
+            subs.append(sub)
+            args.append(o)
+    new_out = (m + k + out[1:]) if out[:1] == m else out
+    return _outer(torch.einsum(",".join(subs) + "->" + new_out, *args))
+
+
 def _type_as(t, other):
     if not isinstance(t, BatchMerged):
         return NotImplemented
@@ -467,6 +518,7 @@ _OPS = {
     torch.baddbmm: _baddbmm, torch.Tensor.baddbmm: _baddbmm,
     torch.Tensor.type_as: _type_as,
     F.scaled_dot_product_attention: _sdpa,
+    torch.einsum: _einsum,
     torch.Tensor.numel: lambda t: t._mjt.numel(), torch.numel: lambda t: t._mjt.numel(),
 }
 _SIZE = {

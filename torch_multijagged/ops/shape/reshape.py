@@ -66,6 +66,22 @@ def _reshape(input, *shape):
     return plan() if plan is not None else reshape_as("reshape", input, _normalize_shape(shape))
 
 
+def _like_route(method: str):
+    """``x.view_as(y)`` / ``x.reshape_as(y)`` as ``x.view(y.shape)`` / ``x.reshape(y.shape)``, so
+    that the shape's nested ints are read as ``view`` reads them (``x.flatten(2)…view_as(x)`` of
+    images: back to their ``(H, W)``); aten's composite passes them below the routes."""
+    def routed(input, other):
+        if not isinstance(input, MJT) or not isinstance(other, torch.Tensor):
+            return NotImplemented
+        return getattr(input, method)(other.shape)
+
+    return routed
+
+
+route(torch.Tensor.view_as)(_like_route("view"))
+route(torch.Tensor.reshape_as)(_like_route("reshape"))
+
+
 @route(torch.flatten, torch.Tensor.flatten)
 def _flatten(input, start_dim=0, end_dim=-1):
     if not isinstance(input, MJT):

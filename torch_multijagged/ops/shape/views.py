@@ -153,7 +153,25 @@ def _permute(inp, perm):
 # Copies are recognised by their storage: a registry of storage pointer → weak reference to
 # the gathered values (a pointer only counts while that tensor lives, so reuse cannot confuse
 # it). Empty values have no storage to write and are not registered.
-_REORDER_COPIES: dict[int, weakref.ref] = {}
+#
+# NOTE [ Slices of ragged dims write through ]
+#
+# A slice, ``select`` or ``narrow`` along a ragged dim (``x[:, 1:]``, ``x[:, -1]`` of a pair,
+# ``x.narrow(1, 0, 2)``) gathers rows too, where dense torch gives a view. Those copies are
+# registered with the index that made them (``mark_view_copy``), and an in-place op on one (or
+# on a view of it: ``x[:, 1:].mul_(0)``, ``x[:, 1:][..., 0].zero_()``, ``t = x[:, 1:]; t += 1``)
+# writes through: ``__torch_function__`` runs the op on the copy (``write_through``) and then
+# assigns the copy back, ``base[index] = copy`` — the differentiable index assignment
+# (``ops/indexing/scatter.py``), so gradients and version counters follow as for a dense view.
+# ``x[:, 1:] *= 2`` assigns twice (the write-through, then Python's own ``__setitem__``), with
+# the same values. Writes the function level does not see (an ``out=`` argument, an aten call)
+# still refuse (``guard_write``). Windows (``unfold``) overlap, so they refuse as reordered
+# copies do. A dense result (``x[:, 0]`` of ``(B, j0, C)``) is a plain tensor: a copy, written
+# to freely, as ``torch.jagged``'s.
+_REORDER_COPIES: dict[int, tuple] = {}  # storage pointer → (weakref to values, origin, write-back or None)
+_WRITING: set[int] = set()  # copies an in-place op is writing through now (``write_through``)
+
+_REORDERED = "a transpose / permute that reorders ragged dims"
 
 
 def _storage_ptr(v: torch.Tensor) -> int:
@@ -163,25 +181,101 @@ def _storage_ptr(v: torch.Tensor) -> int:
         return 0
 
 
-def _mark_reorder_copy(values: torch.Tensor) -> None:
+def _mark_copy(values: torch.Tensor, origin: str, writeback=None) -> None:
     ptr = _storage_ptr(values) if values.numel() else 0
     if ptr:
-        _REORDER_COPIES[ptr] = weakref.ref(values, lambda _, ptr=ptr: _REORDER_COPIES.pop(ptr, None))
+        _REORDER_COPIES[ptr] = (weakref.ref(values, lambda _, ptr=ptr: _REORDER_COPIES.pop(ptr, None)), origin,
+                                writeback)
+
+
+def _mark_reorder_copy(values: torch.Tensor, origin: str = _REORDERED) -> None:
+    _mark_copy(values, origin)
+
+
+def _versions(x: MJT) -> tuple[int, int]:
+    """The wrapper's and its values' version counters (a write through either path bumps one)."""
+    with torch._C.DisableTorchFunctionSubclass():
+        return x._version, x._values._version
+
+
+def mark_view_copy(out, base: MJT, index: tuple):
+    """``out``, the rows of ``base[index]`` gathered where dense indexing gives a view, made to
+    write through (NOTE [ Slices of ragged dims write through ]); ``out`` unchanged otherwise."""
+    if isinstance(out, MJT) and type(out._values) is torch.Tensor:
+        _mark_copy(out._values, "a slice of a ragged dim",
+                   (weakref.ref(out), weakref.ref(base), index, [_versions(base)]))
+    return out
 
 
 def is_reorder_copy(x: MJT) -> bool:
-    """Whether ``x``'s values are (a view of) the copy made by reordering ragged dims."""
+    """Whether ``x``'s values are (a view of) a copy that refuses writes (a reordering of ragged
+    dims, windows; not a slice, which writes through)."""
     if not _REORDER_COPIES:
         return False
     ptr = _storage_ptr(x._values)
-    ref_ = _REORDER_COPIES.get(ptr) if ptr else None
-    return ref_ is not None and ref_() is not None
+    hit = _REORDER_COPIES.get(ptr) if ptr else None
+    return hit is not None and hit[2] is None and hit[0]() is not None
+
+
+# in-place methods that change metadata or storage, not the elements: never written through
+_NOT_WRITES = frozenset({"requires_grad_", "share_memory_", "detach_", "retain_grad", "set_", "resize_",
+                         "resize_as_", "record_stream", "pin_memory"})
+_IN_PLACE: dict = {}  # function → whether it writes its first argument (by name, cached)
+
+
+def _writes_self(func) -> bool:
+    hit = _IN_PLACE.get(func)
+    if hit is None:
+        name = getattr(func, "__name__", "") or ""
+        hit = _IN_PLACE[func] = name not in _NOT_WRITES and (
+            (name.endswith("_") and not name.startswith("_")) or name == "__setitem__"
+            or (name.startswith("__i") and name.endswith("__") and name not in ("__init__", "__index__", "__int__",
+                                                                                 "__invert__", "__iter__"))
+        )
+    return hit
+
+
+def writeback_target(func, args, kwargs):
+    """``(pointer, (copy, base, index))`` when ``func`` writes in place into a slice copy that
+    writes through (NOTE [ Slices of ragged dims write through ]), else None. Called only while
+    some copy lives."""
+    if not args or not isinstance(args[0], MJT) or not (_writes_self(func) or (kwargs and kwargs.get("inplace") is True)):
+        return None
+    ptr = _storage_ptr(args[0]._values)
+    hit = _REORDER_COPIES.get(ptr) if ptr else None
+    if hit is None or hit[2] is None or hit[0]() is None:
+        return None
+    return ptr, hit[2]
+
+
+def write_through(target, run):
+    """Run the in-place op (``run()``) on the copy, then assign the copy back to its base. A base
+    written since the copy was taken (or last written back) would be overwritten with stale
+    elements where dense torch's view would have seen the write: that raises instead."""
+    ptr, (copy_ref, base_ref, index, seen) = target
+    base = base_ref()
+    if base is not None and _versions(base) != seen[0]:
+        raise NotImplementedError(
+            f"cannot write in place to a slice of {describe(base)} along a ragged dim taken before that tensor was "
+            "written: the slice is a copy for layout torch.multi_jagged, so it does not show the later write, and "
+            "writing it back would undo it; take the slice again after the write"
+        )
+    _WRITING.add(ptr)
+    try:
+        result = run()
+    finally:
+        _WRITING.discard(ptr)
+    copy = copy_ref()
+    if copy is not None and base is not None:  # a base no one holds cannot be read: nothing to write
+        base[index] = copy
+        seen[0] = _versions(base)
+    return result
 
 
 def guard_write(func, args, kwargs) -> None:
-    """Raise when an aten op would write into a reordered-ragged-dims copy (NOTE [ Reordered
-    ragged dims are copies ]); called for every dispatched op, so the common case is two dict
-    lookups."""
+    """Raise when an aten op would write into a copy made where dense torch gives a view (NOTE
+    [ Reordered ragged dims are copies ]), outside a write-through; called for every dispatched
+    op, so the common case is two dict lookups."""
     if not _REORDER_COPIES:
         return
     pos, names = written_args(func)
@@ -190,14 +284,20 @@ def guard_write(func, args, kwargs) -> None:
     targets = [args[i] for i in pos if i < len(args)] + [kwargs[n] for n in names if n in kwargs]
     for t in targets:
         for x in (t if isinstance(t, (list, tuple)) else (t,)):
-            if isinstance(x, MJT) and is_reorder_copy(x):
-                name = func.__name__.split(".")[0]
-                raise NotImplementedError(
-                    f"{name}(): cannot write in place to {describe(x)}: it comes from a transpose / permute "
-                    "that reorders ragged dims, which is a copy for layout torch.multi_jagged (not a view "
-                    "of the original), so the write would not reach the original; write to the original, "
-                    "or call .contiguous() to write to the copy deliberately"
-                )
+            if not isinstance(x, MJT):
+                continue
+            ptr = _storage_ptr(x._values)
+            hit = _REORDER_COPIES.get(ptr) if ptr else None
+            if hit is None or hit[0]() is None or ptr in _WRITING:
+                continue
+            name = func.__name__.split(".")[0]
+            how = ("write through indexing (x[:, 1:] = v, x[:, 1:] += v) or an in-place method of the slice"
+                   if hit[2] is not None else "write to the original")
+            raise NotImplementedError(
+                f"{name}(): cannot write in place to {describe(x)}: it comes from {hit[1]}, which is a copy for layout "
+                f"torch.multi_jagged (not a view of the original), so the write would not reach the original; {how}, "
+                "or call .contiguous() to write to the copy deliberately"
+            )
 
 
 # NOTE [ Contiguity as torch.jagged reports it ]
