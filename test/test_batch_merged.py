@@ -283,3 +283,26 @@ def test_einsum_of_folded_heads_per_sample(spacing):
     want = torch.autograd.grad(sum((r * r).sum() for r in refs) + sum(k.sum() for k in kvs), comps)
     for a, w in zip(got, want):
         torch.testing.assert_close(a, w)
+
+
+def test_cat_of_folded_heads():
+    """``torch.cat`` of tokens of one merge along another dim (the batch-first tensors' dim + 1),
+    and of a single token along the merged dim (``einops.pack``): per sample, with gradients."""
+    comps = _comps((3, 0, 2), 6)
+    x = mj.as_nested_tensor(comps)
+    b = len(comps)
+    q = x.unflatten(-1, (2, 3)).transpose(1, 2).reshape(b * 2, x.shape[1], 3)
+    both = torch.cat([q, q * 2], -1)
+    one = torch.cat([q], 0)
+    assert isinstance(both, BatchMerged) and isinstance(one, BatchMerged)
+    out = both.reshape(b, 2, x.shape[1], 6)
+    refs = [torch.cat([t, t * 2], -1) for t in (c.unflatten(-1, (2, 3)).transpose(0, 1) for c in comps)]
+    for a, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    torch.testing.assert_close(one.reshape(b, 2, x.shape[1], 3).values(), q.reshape(b, 2, x.shape[1], 3).values())
+    got = torch.autograd.grad((out * out).sum(), comps)
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs), comps)
+    for a, w in zip(got, want):
+        torch.testing.assert_close(a, w)
+    with pytest.raises(NotImplementedError, match="along dim 0"):
+        torch.cat([q, q], 0)

@@ -167,8 +167,14 @@ def test_one_index_list_along_a_static_or_ragged_dim(index):
     want = torch.autograd.grad(sum(c[..., index].sum() + c[pos].sum() for c in comps), comps)
     for a, b in zip(g, want):
         torch.testing.assert_close(a, b)
-    with pytest.raises(NotImplementedError, match="negative positions"):
-        x[:, [-1]]
+    last = x[:, [-1, 0, -2]]  # negative positions count from each sample's own end
+    for a, c in zip(last.unbind(0), comps):
+        torch.testing.assert_close(a, c[[-1, 0, -2]])
+    got = torch.autograd.grad((last * last).sum(), comps)
+    for a, b in zip(got, torch.autograd.grad(sum((c[[-1, 0, -2]] ** 2).sum() for c in comps), comps)):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(IndexError, match="sample 2"):
+        x[:, [-3]]  # sample 2 has 2 rows
 
 
 @pytest.mark.parametrize("pair", [False, True])

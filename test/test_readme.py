@@ -86,8 +86,13 @@ def test_python_block_runs(block, _no_process_group):
     # Pad with newlines so that line numbers in a traceback are the Markdown file's.
     source = "\n" * (block.line - 1) + block.source
     if "init_process_group" in block.source:
-        run = subprocess.run([sys.executable, "-c", source], capture_output=True, text=True, timeout=300)
-        assert run.returncode == 0, run.stderr[-3000:]
+        run = subprocess.run([sys.executable, "-c", source + "\nprint('block finished')\n"], capture_output=True,
+                             text=True, timeout=300)
+        # gloo's threads can abort the interpreter at exit, after the block has run to its end
+        # ("terminate called without an active exception", SIGABRT, under load): torch's teardown
+        teardown = (run.returncode == -6 and "block finished" in run.stdout
+                    and run.stderr.strip() == "terminate called without an active exception")
+        assert run.returncode == 0 or teardown, run.stderr[-3000:]
         return
     code = compile(source, str(block.path), "exec")
     exec(code, {"__name__": f"__{block.path.stem}_block_{block.index}__"})

@@ -191,3 +191,22 @@ def test_unique_and_histc_over_every_element():
     assert torch.equal(torch.histc(x.double(), 4, 0, 6), torch.histc(flat.double(), 4, 0, 6))
     with pytest.raises(NotImplementedError, match="unique"):
         torch.unique(x, dim=1)
+
+
+def test_conj_of_complex_samples_with_gradients():
+    """``x.conj()`` per sample (materialized: ``resolve_conj`` returns it as it is), gradients to
+    the complex input; a real tensor's ``conj()`` is itself, as dense."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, generator=g, dtype=torch.complex128) for n in (2, 0, 4)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    y = x.conj()
+    assert y.resolve_conj() is y
+    leaves = [c.clone().requires_grad_() for c in comps]
+    for a, c in zip(y.unbind(), leaves):
+        torch.testing.assert_close(a, c.conj())
+    got, = torch.autograd.grad((y * y * 1j).real.sum(), x)
+    want = torch.autograd.grad(sum((c.conj() * c.conj() * 1j).real.sum() for c in leaves), leaves)
+    for a, w in zip(got.unbind(), want):
+        torch.testing.assert_close(a, w)
+    r = mj.nested_tensor([torch.randn(2, 2)])
+    assert r.conj() is r

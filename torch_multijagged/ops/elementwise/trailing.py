@@ -165,6 +165,22 @@ def _view_as_real(input):
     return wrap_values(torch.view_as_real(values_of(input)), input._partition, input._ragged_dims)
 
 
+@route(torch.conj, torch.Tensor.conj)
+def _conj(input):
+    """``x.conj()``: the conjugated values (materialized: the wrapper carries no conjugate bit, so
+    ``resolve_conj`` has nothing to resolve); a real tensor is returned as it is, as dense."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if not input.is_complex():
+        return input
+    return wrap_values(torch.conj_physical(values_of(input)), input._partition, input._ragged_dims)
+
+
+@route(torch.resolve_conj, torch.Tensor.resolve_conj, torch.resolve_neg, torch.Tensor.resolve_neg)
+def _resolved(input):
+    return input if isinstance(input, MJT) else NotImplemented
+
+
 @register_multi_jagged_func([aten.view_as_real.default, aten.view_as_complex.default], "self: mjt")
 def _complex_views(func, input):
     """``x.real`` / ``x.imag`` (``view_as_real`` and a select of the new last dim) and their

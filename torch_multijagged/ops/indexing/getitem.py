@@ -14,7 +14,7 @@ from .._table import dispatch as _dispatch
 from .along import ragged_dim
 from .gather import mask_index, pairwise_index, table_lookup
 from .scatter import assign_index
-from .slicing import select_ragged, slice_ragged
+from .slicing import positions_ragged, select_ragged, slice_ragged
 
 mj = torch.ops.multijagged
 
@@ -164,10 +164,9 @@ def _getitem_static(input, items):
             # advanced index), each sample's entries at those positions
             idx = _advanced(it)
             if d in out._ragged_dims and bool((idx < 0).any()):
-                raise NotImplementedError(
-                    f"index(): negative positions {idx.tolist()} along ragged dim {d} of {describe(out)} count from "
-                    "each sample's own end; select them one by one (x[:, -1]) for layout torch.multi_jagged"
-                )
+                # negative positions count from each sample's own end
+                out, d = positions_ragged("index", out, d, out._ragged_dims.index(d), idx), d + 1
+                continue
             if d not in out._ragged_dims:
                 idx = torch.where(idx < 0, idx + int(out.shape[d]), idx)
             out, d = out.index_select(d, idx.to(out.device)), d + 1

@@ -18,7 +18,7 @@ from .._routing import route
 from ..shape.views import _mark_reorder_copy, mark_view_copy
 from .along import check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
 
-__all__ = ["select_ragged", "slice_ragged", "narrow_ragged", "take_static"]
+__all__ = ["select_ragged", "slice_ragged", "narrow_ragged", "positions_ragged", "take_static"]
 
 
 def _lengths(x: MJT, k: int) -> torch.Tensor:
@@ -104,6 +104,21 @@ def index_select_ragged(op: str, x: MJT, d: int, k: int, index: torch.Tensor):
         # SYNC: none on the CPU; eagerly on an accelerator, the index's bounds come to the host once
         check_samples(x, k, lambda n: (n <= hi.to(n.device)) | (lo < 0).to(n.device), fail, f"{op}(): index out of range in a sample")
     return take_static(x, k, index.numel(), index)
+
+
+@eager
+def positions_ragged(op: str, x: MJT, d: int, k: int, index: torch.Tensor):
+    """``x[:, idx]`` along ragged dim ``d`` with an index list that may hold negative positions:
+    each counts from its sample's own end (as dense indexing of that sample), so the positions
+    differ per sample — a ``(B, m)`` table; a position outside a sample raises, naming it."""
+    index = index.reshape(-1).to(torch.int64)
+    n = x._partition.extents[k].host_lengths()
+    table = torch.where(index < 0, index + n[:, None], index)  # (B, m), host
+    bad = ((table < 0) | (table >= n[:, None])).any(1).nonzero()
+    if bad.numel():
+        s_ = int(bad[0, 0])
+        raise IndexError(f"{op}(): index out of range in sample {s_} of {describe(x)} (size {int(n[s_])} at dim {d})")
+    return take_static(x, k, index.numel(), table.to(x._partition.offsets.device))
 
 
 def _check_index_range(op: str, x: MJT, d: int, index_values: torch.Tensor, n_rows: torch.Tensor, sample: torch.Tensor):

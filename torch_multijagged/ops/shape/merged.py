@@ -495,6 +495,21 @@ def _einsum(equation, *operands):
     return _outer(torch.einsum(",".join(subs) + "->" + new_out, *args))
 
 
+def _cat(tensors, dim=0, *, out=None):
+    """``torch.cat`` of tokens of one merge along a dim other than the merged one (its batch-first
+    dim ``dim + 1``); a single token along dim 0 (``einops.pack`` of one tensor) is a copy of it."""
+    tensors = list(tensors)
+    if out is not None or not tensors or not all(isinstance(t, BatchMerged) for t in tensors):
+        return NotImplemented
+    t = tensors[0]
+    d = canonical_dim("cat", t.dim(), dim)
+    if d == 0:
+        if len(tensors) == 1:
+            return BatchMerged(t._mjt.clone())
+        raise _along_merged("cat", t)
+    return _outer(torch.cat([_inner(a, t, "cat") for a in tensors], d + 1))
+
+
 def _type_as(t, other):
     if not isinstance(t, BatchMerged):
         return NotImplemented
@@ -519,6 +534,7 @@ _OPS = {
     torch.Tensor.type_as: _type_as,
     F.scaled_dot_product_attention: _sdpa,
     torch.einsum: _einsum,
+    torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
     torch.Tensor.numel: lambda t: t._mjt.numel(), torch.numel: lambda t: t._mjt.numel(),
 }
 _SIZE = {
