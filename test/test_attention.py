@@ -813,3 +813,19 @@ def test_padding_masks_broadcast_over_the_other_ragged_dim(kind):
     got, = torch.autograd.grad((out * out).sum(), x)
     for a, w in zip(got.unbind(), torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)):
         torch.testing.assert_close(a, w)
+
+
+def test_key_padding_mask_in_cross_attention():
+    """Queries and keys of different lengths: a key-padding mask ``(B, 1, 1, j_k)`` broadcasts over
+    each sample's queries."""
+    g = torch.Generator().manual_seed(1)
+    qs = [torch.randn(n, 2, 4, generator=g, dtype=torch.float64) for n in (2, 4, 1)]
+    ks = [torch.randn(n, 2, 4, generator=g, dtype=torch.float64) for n in (5, 3, 3)]
+    q = mj.nested_tensor(qs).transpose(1, 2)
+    k = mj.nested_tensor(ks).transpose(1, 2)
+    keep = mj.nested_tensor([torch.arange(n) % 3 != 1 for n in (5, 3, 3)])[:, None, None, :]
+    out = F.scaled_dot_product_attention(q, k, k, attn_mask=keep)
+    for a, qi, ki, n in zip(out.unbind(), qs, ks, (5, 3, 3)):
+        m = (torch.arange(n) % 3 != 1)[None, None, :]
+        ref = F.scaled_dot_product_attention(qi.transpose(0, 1), ki.transpose(0, 1), ki.transpose(0, 1), attn_mask=m)
+        torch.testing.assert_close(a, ref)

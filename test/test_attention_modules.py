@@ -298,3 +298,23 @@ def test_token_at_a_compiled_boundary_a_clear_error():
     with pytest.raises(Exception, match="cannot be an input or an output of a torch.compile'd function"):
         torch.compile(lambda t: t.transpose(0, 1) * 2, backend="aot_eager", fullgraph=True)(x)
     torch._dynamo.reset()
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_mha_with_a_per_sample_mask_folded_over_heads(need_weights):
+    """``nn.MultiheadAttention(…, attn_mask=bias)`` with a per-sample ``(B·H, L, S)`` mask built from
+    the batch (WavLM's relative position bias): each sample's mask, with gradients."""
+    torch.manual_seed(0)
+    comps = [torch.randn(n, 8, dtype=torch.float64) for n in (3, 5)]
+    x = tmj.nested_tensor(comps, requires_grad=True)
+    mha = torch.nn.MultiheadAttention(8, 2, batch_first=True).double().eval()
+    bias = torch.einsum("bic,bjc->bij", x, x).unsqueeze(1).expand(-1, 2, -1, -1).flatten(0, 1)
+    out, _ = mha(x, x, x, attn_mask=bias, need_weights=need_weights)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    refs = [mha(c[None], c[None], c[None], attn_mask=(c @ c.T)[None].expand(2, -1, -1), need_weights=need_weights)[0][0]
+            for c in leaves]
+    for a, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    got, = torch.autograd.grad((out * out).sum(), x)
+    for a, w in zip(got.unbind(), torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)):
+        torch.testing.assert_close(a, w)

@@ -514,3 +514,37 @@ def test_dense_expand_as_a_multi_jagged_tensor_per_sample():
         torch.ones(2, 3).expand_as(x)
     with pytest.raises(RuntimeError, match="cannot be expanded"):
         torch.ones(2, 1, 1, 4).expand_as(x)  # more dims than x
+
+
+@pytest.mark.parametrize("case", ["first row", "last row", "image column", "product"])
+def test_ragged_dims_of_size_one_per_sample_broadcast(case):
+    """``x - x[:, :1]``: a ragged dim whose every sample has size 1 (or 0 where the other has 0)
+    broadcasts against the other's sizes, per sample as dense, with gradients; sizes that do not
+    broadcast raise."""
+    g = torch.Generator().manual_seed(0)
+    if case == "image column":
+        comps = [torch.randn(2, h, w, generator=g, dtype=torch.float64) for h, w in ((3, 4), (5, 2), (1, 3))]
+        f = lambda t, batch: t[:, :, :1] + t if batch else t[:, :1] + t  # noqa: E731
+    else:
+        comps = [torch.randn(n, 3, generator=g, dtype=torch.float64) for n in (3, 5, 1, 0)]
+        sel = {"first row": slice(None, 1), "last row": slice(-1, None), "product": slice(0, 1)}[case]
+        if case == "product":
+            f = lambda t, batch: t * (t[:, sel] if batch else t[sel])  # noqa: E731
+        else:
+            f = lambda t, batch: t - (t[:, sel] if batch else t[sel])  # noqa: E731
+    x = mj.nested_tensor(comps, requires_grad=True)
+    y = f(x, True)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    refs = [f(c, False) for c in leaves]
+    for a, r in zip(y.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    got, = torch.autograd.grad((y * y).sum(), x)
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)
+    for a, w in zip(got.unbind(), want):
+        torch.testing.assert_close(a, w)
+    if case == "first row":
+        with pytest.raises(mj.StructureError, match="different per-sample sizes"):
+            x[:, :2] + x
+        e = x[:, :1].expand_as(x)  # the same broadcast, as expand_as
+        for a, c in zip(e.unbind(), leaves):
+            torch.testing.assert_close(a, c[:1].expand_as(c))

@@ -113,9 +113,9 @@ def test_einsum_errors():
     x = mj.nested_tensor([torch.randn(n, 2) for n in (2, 3)])
     with pytest.raises(NotImplementedError, match="batch subscript"):
         torch.einsum("bic,bjc", x, x)  # implicit output 'ij' sums over the batch
-    y = mj.nested_tensor([torch.randn(n, 2) for n in (1, 3)])
+    y = mj.nested_tensor([torch.randn(n, 2) for n in (3, 3)])
     with pytest.raises(ValueError):
-        torch.einsum("bic,bic->bi", x, y)  # per-sample sizes differ along i
+        torch.einsum("bic,bic->bi", x, y)  # per-sample sizes differ along i (2 and 3: no broadcast)
 
 
 def test_compiled_attention_scores_are_one_graph():

@@ -417,8 +417,8 @@ def test_diff_along_a_ragged_dim_errors():
     x = mj.nested_tensor([torch.randn(3, 2), torch.randn(1, 2)])
     with pytest.raises(RuntimeError, match="order must be non-negative but got -1"):
         torch.diff(x, n=-1, dim=1)
-    with pytest.raises(NotImplementedError, match="prepend / append"):
-        torch.diff(x, dim=1, prepend=x)
+    for a, c in zip(torch.diff(x, dim=1, prepend=x).unbind(), x.unbind()):  # joined per sample, as dense
+        torch.testing.assert_close(a, torch.diff(c, dim=0, prepend=c))
 
 
 @pytest.mark.parametrize("layout", [SEQ, SQUARE, RECT3_MID], ids=lambda l: l.name)
@@ -614,6 +614,68 @@ def test_gather_along_a_ragged_dim_with_a_static_number_of_positions():
     want = torch.autograd.grad(sum((r[0] ** 2).sum() + (r[1] ** 2).sum() + (r[2] ** 2).sum() for r in refs), leaves)
     for a, w in zip(got.unbind(), want):
         torch.testing.assert_close(a, w)
+    rows = d.gather(1, idx.transpose(1, 2))  # along the first ragged dim: (B, 2, j0), stride n per row
+    for a, t, i in zip(rows.unbind(), d.unbind(), idx.unbind()):
+        torch.testing.assert_close(a, t.gather(0, i.T))
     bad = mj.nested_tensor([torch.full((n, 1), 2) for n in (3, 5, 2)])  # sample 2 has 2 columns
     with pytest.raises(RuntimeError, match="out of bounds"):
         d.gather(2, bad)
+
+
+def test_diff_with_prepend_along_a_ragged_dim():
+    """``torch.diff(p, prepend=p[:, :1] - 1, dim=-1)`` (transformers' packed-sequence detection from
+    position ids): the pieces joined per sample first, as dense, with gradients."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 2, generator=g, dtype=torch.float64) for n in (3, 1, 4)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    y = torch.diff(x, dim=1, prepend=x[:, :1] * 2, append=x[:, -1:] + 1)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    refs = [torch.diff(c, dim=0, prepend=c[:1] * 2, append=c[-1:] + 1) for c in leaves]
+    for a, r in zip(y.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    got, = torch.autograd.grad((y * y).sum(), x)
+    for a, w in zip(got.unbind(), torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)):
+        torch.testing.assert_close(a, w)
+    pos = mj.position_ids(x)
+    assert [t.tolist() for t in torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1).unbind()] == [[1] * n for n in (3, 1, 4)]
+
+
+def test_slices_bounded_by_a_ragged_size():
+    """``y[..., :n]`` and ``y.narrow(-1, 0, n)`` with ``n`` another tensor's ragged size of the same
+    batch (a causal conv's output trimmed to its input's length, Mamba): each sample's own bound,
+    and the result carries that nested int; ``x[:, :x.shape[1]]`` keeps every row."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(4, n, generator=g, dtype=torch.float64) for n in (3, 5, 2)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    conv = torch.nn.Conv1d(4, 4, 4, padding=3).double()
+    y = conv(x)
+    n = x.shape[-1]
+    z, z2 = y[..., :n], y.narrow(-1, 0, n)
+    assert bool(z.shape[-1] == n) and bool(z2.shape[-1] == n)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    refs = [conv(c[None])[0][..., :c.shape[-1]] for c in leaves]
+    for a, b, r in zip(z.unbind(), z2.unbind(), refs):
+        torch.testing.assert_close(a, r)
+        torch.testing.assert_close(b, r)
+    got, = torch.autograd.grad(((z + x) ** 2).sum(), x)  # one nested int: adds to x directly
+    want = torch.autograd.grad(sum(((r + c) ** 2).sum() for r, c in zip(refs, leaves)), leaves)
+    for a, w in zip(got.unbind(), want):
+        torch.testing.assert_close(a, w)
+    for a, c in zip(x[..., 1:n].unbind(), comps):
+        torch.testing.assert_close(a, c[..., 1:])
+    with pytest.raises(RuntimeError, match="exceeds"):
+        x.narrow(-1, 0, y.shape[-1])  # longer than every sample
+    with pytest.raises(TypeError, match="ragged size of the same batch"):
+        x[..., :mj.nested_tensor([torch.randn(2)]).shape[1]]
+
+
+def test_constant_pad_with_a_zero_pair_for_the_batch_dim():
+    """``F.pad(x, [0, 0, 0, 1, 0, 0])`` (MobileBERT's trigram input): the last pair is the batch
+    dim's, ``(0, 0)`` as dense accepts; each sample padded by the rest."""
+    comps = [torch.randn(n, 3, dtype=torch.float64) for n in (4, 1, 0)]
+    x = mj.nested_tensor(comps)
+    y = F.pad(x, [0, 0, 0, 1, 0, 0], value=2.0)
+    for a, c in zip(y.unbind(), comps):
+        torch.testing.assert_close(a, F.pad(c, [0, 0, 0, 1], value=2.0))
+    with pytest.raises(NotImplementedError, match="batch dim"):
+        F.pad(x, [0, 0, 0, 1, 1, 0])

@@ -744,3 +744,25 @@ def test_channels_last_requests_on_images():
     seq = mj.nested_tensor([torch.randn(n, 4) for n in (3, 2)])
     with pytest.raises(RuntimeError, match="required rank 4"):
         seq.contiguous(memory_format=torch.channels_last)
+
+
+def test_ragged_dims_of_size_one_in_every_sample_drop_as_dense_ones():
+    """A global pooling that leaves ``1 × 1`` per image (``AvgPool2d(8, ceil_mode=True)``,
+    transformers' EfficientNet pooler): ``reshape(p.shape[:2])``, ``view(B, C)`` and ``squeeze`` drop
+    those dims as dense sizes of 1, with gradients; a dim not of size 1 everywhere still refuses."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(4, h, w, generator=g, dtype=torch.float64) for h, w in ((2, 3), (3, 2), (1, 1))]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    p = torch.nn.AvgPool2d(8, ceil_mode=True)(x)
+    r = p.reshape(p.shape[:2])
+    assert type(r) is torch.Tensor and r.shape == (3, 4)
+    torch.testing.assert_close(r, torch.stack([c.mean((1, 2)) for c in comps]))
+    torch.testing.assert_close(p.squeeze(-1).squeeze(-1), r)
+    torch.testing.assert_close(p.view(3, 4), r)
+    got, = torch.autograd.grad((r * r).sum(), x)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    want = torch.autograd.grad(sum((c.mean((1, 2)) ** 2).sum() for c in leaves), leaves)
+    for a, w in zip(got.unbind(), want):
+        torch.testing.assert_close(a, w)
+    with pytest.raises(Exception):
+        x.squeeze(-1)

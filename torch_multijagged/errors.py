@@ -22,7 +22,7 @@ class StructureError(ValueError, RuntimeError):
 
         >>> import torch, torch_multijagged as mj
         >>> a = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
-        >>> b = mj.nested_tensor([torch.ones(1, 3), torch.ones(1, 3)])
+        >>> b = mj.nested_tensor([torch.ones(3, 3), torch.ones(1, 3)])
         >>> a + b  # doctest: +ELLIPSIS
         Traceback (most recent call last):
             ...

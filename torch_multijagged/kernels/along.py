@@ -30,11 +30,12 @@ def packed_rows(offsets: torch.Tensor, sizes: torch.Tensor, sample: torch.Tensor
 
 def slice_bounds(n: torch.Tensor, start, stop, step: int) -> tuple[torch.Tensor, torch.Tensor]:
     """``(first, length)`` per sample of ``range(n_i)[start:stop:step]`` (``step > 0``), the way
-    Python and dense torch clamp slice bounds: negative bounds count from each sample's end."""
+    Python and dense torch clamp slice bounds: negative bounds count from each sample's end. A
+    bound may be a ``(B,)`` tensor of per-sample bounds (a nested int's sizes)."""
     def bound(v, default):
         if v is None:
             return default
-        b = torch.full_like(n, v)
+        b = v.to(n.device, n.dtype) if isinstance(v, torch.Tensor) else torch.full_like(n, v)  # per sample, or one
         b = torch.where(b < 0, b + n, b)
         return torch.minimum(b.clamp_min(0), n)
 

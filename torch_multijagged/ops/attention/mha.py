@@ -106,6 +106,15 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
             f"{_OP}(): key_padding_mask is not needed for layout torch.multi_jagged (every sample has its own "
             f"length), got {describe(key_padding_mask)}"
         )
+    mask = None
+    if attn_mask is not None and not is_causal and type(attn_mask).__name__ == "BatchMerged":
+        # a per-sample mask folded as dense's (B·H, L, S): the batch-first (B, H, L, S) it holds
+        mask = attn_mask._mjt
+        if mask.dim() != 4 or mask._size[1] != num_heads:
+            raise RuntimeError(f"{_OP}(): expected a per-sample attn_mask of (B·{num_heads}, L, S), got {describe(mask)}")
+        if mask.dtype == torch.bool:  # nn.MultiheadAttention's convention: True is masked out
+            mask = ~mask
+        attn_mask = None
     if attn_mask is not None and not is_causal:
         raise NotImplementedError(
             f"{_OP}(): a dense attn_mask cannot address ragged sequences (layout torch.multi_jagged); pass "
@@ -142,6 +151,8 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
                                       "torch.multi_jagged (pass need_weights=False)")
         rows, back = dense_as_rows(_OP, qh, kh) if dense_q else (qh, None)
         scores = torch.matmul(rows * math.sqrt(1.0 / hd), kh.transpose(-2, -1))
+        if mask is not None:
+            scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         probs = torch.softmax(scores, dim=-1)
         dropped = F.dropout(probs, p=p) if p > 0.0 else probs
         out = torch.matmul(dropped, vh)
@@ -151,7 +162,7 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
             out = back(out)
             weights = as_nested_tensor(list(weights.unbind()), ragged_dims=(weights.dim() - 1,))
     else:
-        out = F.scaled_dot_product_attention(qh, kh, vh, dropout_p=p, is_causal=causal)
+        out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, dropout_p=p, is_causal=causal)
     out = F.linear(out.transpose(1, 2).flatten(-2), out_proj_weight, out_proj_bias)
     return (out.transpose(0, 1) if dense_q else BatchSecond(out)), weights
 

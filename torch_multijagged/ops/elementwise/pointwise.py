@@ -6,7 +6,9 @@ Operands are aligned on logical dims (dense operands right-aligned, as in torch)
 
 * if some multi_jagged operand is ragged there, every other multi_jagged operand must be ragged
   with the same extent (same nested int, or equal sizes) or static of size 1, and dense operands
-  must have size 1 there; the output is ragged with that extent;
+  must have size 1 there; the output is ragged with that extent. Eagerly, two extents whose
+  sizes broadcast in every sample (equal, or one of them 1: ``x[:, :1] + x``) broadcast too, when
+  the result's sizes are one operand's: the other's rows are read at coordinate 0 there;
 * otherwise the usual dense broadcasting of static sizes applies;
 * at the batch dim, multi_jagged operands need equal B; a dense operand that spans it with size B
   is gathered per packed row (its sample's slice).
@@ -24,7 +26,8 @@ from __future__ import annotations
 import torch
 
 from ...compile.kernel_choice import use_triton
-from ...structure import partition_for, same_extent
+from ...kernels.along import packed_rows
+from ...structure import _is_traced, partition_for, same_extent
 from .._common import MJT, describe, static_dims, wrap
 from ...errors import StructureError
 from .._routing import route
@@ -183,7 +186,10 @@ def _out_structure(func, args):
                 if ext is None:
                     ext = e
                 elif not same_extent(ext, e):
-                    raise _error(func, args, f"ragged dim {d} has different per-sample sizes")
+                    wide = _one_broadcast(ext, e)
+                    if wide is None:
+                        raise _error(func, args, f"ragged dim {d} has different per-sample sizes")
+                    ext = wide
         if ext is None:
             continue
         for t in tensors:
@@ -238,16 +244,36 @@ def _pair_kernel(func, args, partition, out_dims, out_static, vals=(None, None))
     return wrap(pair_combine(left, right, li, ri, _PAIR_OPS[func]), partition, out_dims)
 
 
+def _one_broadcast(a, b):
+    """The extent of a ragged dim where two operands' extents differ but every sample's sizes
+    broadcast as dense sizes do — equal, or one of them 1 (``x[:, :1] + x``: each sample's first
+    row against its rows) — when the broadcast sizes are one operand's (that extent); else None.
+    Eager: host sizes."""
+    if _is_traced(a.offsets) or _is_traced(b.offsets) or a.batch != b.batch:
+        return None
+    la, lb = a.host_lengths(), b.host_lengths()
+    if not bool(((la == lb) | (la == 1) | (lb == 1)).all()):
+        return None
+    wide = torch.where(la == 1, lb, la)
+    return b if torch.equal(wide, lb) else a if torch.equal(wide, la) else None
+
+
+def _own_extents(m, out_dims, extents) -> bool:
+    """Whether ``m``'s ragged dims carry the output's extents (not size-1 broadcasts)."""
+    return all(same_extent(e, extents[out_dims.index(d)]) for d, e in zip(m._ragged_dims, m._partition.extents))
+
+
 def _output_partition(mjts, out_dims, extents):
     for m in mjts:
-        if m._ragged_dims == out_dims:
+        if m._ragged_dims == out_dims and _own_extents(m, out_dims, extents):
             return m._partition
     if not extents:
         raise AssertionError("multi_jagged operands without ragged dims")
     p = partition_for(extents)
     for m in mjts:
-        keep = tuple(out_dims.index(d) for d in m._ragged_dims)
-        p.note_sub(keep, m._partition)
+        if _own_extents(m, out_dims, extents):
+            keep = tuple(out_dims.index(d) for d in m._ragged_dims)
+            p.note_sub(keep, m._partition)
     return p
 
 
@@ -257,7 +283,19 @@ def _align_mjt(m: MJT, partition, out_dims, out_static, gather: bool = True, val
     m already has the output's rows)."""
     vals = m._values if vals is None else vals
     index = None
-    if m._ragged_dims != out_dims:
+    if not _own_extents(m, out_dims, partition.extents):
+        # a ragged dim of size 1 per sample against the output's sizes: each output row reads
+        # m's row at coordinate 0 there (and m's own coordinates elsewhere)
+        sample, coords = partition.row_coords()
+        keep = [out_dims.index(d) for d in m._ragged_dims]
+        mine = coords[:, keep].clone()
+        for j, (d, e) in enumerate(zip(m._ragged_dims, m._partition.extents)):
+            if not same_extent(e, partition.extents[out_dims.index(d)]):
+                mine[:, j] = 0
+        index = packed_rows(m._partition.offsets, m._partition.device_sizes(), sample, mine)
+        if gather:
+            vals = vals.index_select(0, index)
+    elif m._ragged_dims != out_dims:
         keep = tuple(out_dims.index(d) for d in m._ragged_dims)
         index, _ = partition.map_to_sub(keep)
         if gather:
@@ -419,8 +457,21 @@ def _expand_as(input, other):
     ``(B, C, 1, 1)`` gate): each sample's slice broadcast to that sample's shape, as the pointwise
     broadcasting rules (NOTE [ Broadcasting over ragged dims ]). A copy, where dense torch gives a
     view; its gradient sums back over the expanded dims."""
-    if isinstance(input, MJT) or not isinstance(other, MJT):
+    if not isinstance(other, MJT):
         return NotImplemented
+    if isinstance(input, MJT):
+        if input._ragged_dims != other._ragged_dims or len(input._size) != len(other._size) or all(
+                same_extent(a, b) for a, b in zip(input._partition.extents, other._partition.extents)):
+            return NotImplemented  # the expand handler's (size-1 static dims)
+        # ragged dims of size 1 per sample (``x[:, 0:1].expand_as(x)``): broadcast per sample, by
+        # a product with ones (exact for every value: -0.0, inf and NaN stay), on the values path
+        try:
+            out = input * torch.ones_like(other, dtype=input.dtype).detach()
+        except StructureError as e:
+            raise StructureError(f"expand_as(): {describe(input)} cannot be expanded to {describe(other)}: {e}") from e
+        if out._ragged_dims != other._ragged_dims or out._values.shape[1:] != other._values.shape[1:]:
+            raise StructureError(f"expand_as(): {describe(input)} cannot be expanded to {describe(other)}")
+        return out
     why = f"expand_as(): the tensor of shape {describe(input)} cannot be expanded to the shape {describe(other)}"
     mask = torch.zeros_like(other, dtype=torch.bool).detach()
     try:

@@ -225,6 +225,8 @@ def _pad(input, pad, mode="constant", value=None):
             pads[d] = (int(pad[2 * i]), int(pad[2 * i + 1]))
     if 0 in pads:
         raise NotImplementedError(f"pad(): along the batch dim of {describe(input)} for layout torch.multi_jagged")
+    if len(pad) // 2 == input.dim() and mode == "constant":
+        pad = pad[:-2]  # the batch dim's (0, 0): each sample's pad has one dim fewer
     if not pads and mode == "constant":
         return input.clone()
     return pad_ragged("pad", input, pad, pads, mode, 0.0 if value is None else value)

@@ -12,7 +12,7 @@ from ... import constructors
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import packed_rows, slice_bounds
-from ...structure import _is_traced, mapped_extent, same_extent
+from ...structure import RaggedExtent, _is_traced, extent_of, mapped_extent, same_extent
 from .._common import MJT, canonical_dim, component_rows, describe, static_dims
 from .._routing import route
 from ..shape.views import _mark_reorder_copy, mark_view_copy
@@ -47,8 +47,16 @@ def slice_ragged(op: str, x: MJT, d: int, k: int, start, stop, step: int):
     if step <= 0:
         raise ValueError("step must be greater than zero")
     e = x._partition.extents[k]
-    first, _ = slice_bounds(e.host_lengths(), start, stop, step)
-    out = mapped_extent(e, ("slice", start, stop, step), lambda n: slice_bounds(n, start, stop, step)[1])
+    (start, skey), (stop, tkey) = _bound(op, x, start), _bound(op, x, stop)
+    first, length = slice_bounds(e.host_lengths(), start, stop, step)
+    key = ("mapped", ("slice", skey, tkey, step))
+    if isinstance(tkey, tuple) and key not in e.cache:
+        # ``y[..., :n]`` with ``n`` another tensor's ragged size: where every sample keeps that
+        # size, the result has that nested int (a causal conv's output trimmed to its input's)
+        named = _extent_of_key(tkey)
+        if named is not None and torch.equal(length, named.host_lengths()):
+            e.cache[key] = named
+    out = mapped_extent(e, ("slice", skey, tkey, step), lambda n: slice_bounds(n, start, stop, step)[1])
     extents = list(x._partition.extents)
     extents[k] = out
     first = first.to(e.offsets.device)
@@ -59,6 +67,24 @@ def slice_ragged(op: str, x: MJT, d: int, k: int, start, stop, step: int):
         return a
 
     return mark_view_copy(keep_along(x, extents, source), x, (slice(None),) * d + (slice(start, stop, step),))
+
+
+def _bound(op: str, x: MJT, v):
+    """A slice bound and its cache key: an int or None as it is; a nested int of this batch (an
+    eager extent of ``x``'s batch size) as that extent's per-sample sizes, keyed by its id."""
+    if v is None or type(v) is int:
+        return v, v
+    e = extent_of(v) if isinstance(v, torch.SymInt) else None
+    if e is None or v.node.coeff != 1 or e.batch != x._partition.batch:
+        raise TypeError(f"{op}(): slice bounds along a ragged dim of {describe(x)} must be ints, None, or a ragged size "
+                        f"of the same batch, got {v}")
+    return e.host_lengths(), ("nested", v.node.t_id)
+
+
+def _extent_of_key(key) -> "RaggedExtent | None":
+    from ...structure import _EXTENT_OF_TID
+
+    return _EXTENT_OF_TID.get(key[1])
 
 
 @eager_or_traced
@@ -475,10 +501,8 @@ def _diff(input, n=1, dim=-1, prepend=None, append=None):
     if d not in input._ragged_dims:
         return NotImplemented
     if prepend is not None or append is not None:
-        raise NotImplementedError(
-            f"diff(): prepend / append along ragged dim {d} of {describe(input)} for layout torch.multi_jagged; "
-            "torch.cat them along the dim first"
-        )
+        # as dense: joined along the dim first (each sample's own pieces, torch.cat's rule)
+        input = torch.cat([t for t in (prepend, input, append) if t is not None], d)
     if n < 0:
         raise RuntimeError(f"order must be non-negative but got {n}")  # dense's words
     head = (slice(None),) * d

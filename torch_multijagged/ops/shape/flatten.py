@@ -42,7 +42,7 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int, statically_know
 
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...structure import (Partition, RaggedExtent, extent_of, flat_extent, floordiv_of, mapped_extent, partition_for,
+from ...structure import (_is_traced, Partition, RaggedExtent, extent_of, flat_extent, floordiv_of, mapped_extent, partition_for,
                           same_extent, same_product)
 from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _needs_grad, route
@@ -263,6 +263,10 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
     # stand for ragged dims flattened; every other view goes straight to the ordinary path.
     syms = [s for s in size if isinstance(s, torch.SymInt)]
     several = len(x._ragged_dims) > 1
+    if not syms and not torch.compiler.is_compiling() and unit_ragged(x, x._ragged_dims):
+        # every sample has size 1 along every ragged dim (a global pooling's output) and the size
+        # names none: dense sizes of 1 (``p.reshape(p.shape[:2])``)
+        return lambda: getattr(units_static(x, x._ragged_dims), op)(tuple(size))
     if not (syms or several) or torch.compiler.is_compiling():
         return None
     own = [x._size[d] for d in x._ragged_dims]
@@ -287,6 +291,23 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
         if run is not None:
             return lambda: getattr(flatten_ragged(op, x, *run), op)(tuple(size))
     return None
+
+
+def unit_ragged(x: MJT, dims) -> bool:
+    """Whether every sample of the (non-empty) batch has size 1 along each of ragged ``dims``."""
+    if not dims or x._partition.batch == 0 or any(_is_traced(e.offsets) for e in x._partition.extents):
+        return False
+    return all(bool((x._partition.extents[x._ragged_dims.index(d)].host_lengths() == 1).all()) for d in dims)
+
+
+def units_static(x: MJT, dims):
+    """``x`` with ragged ``dims`` (size 1 in every sample: ``unit_ragged``) made static dims of size
+    1 — ``narrow(d, 0, 1)`` each, a dense tensor once no ragged dim is left."""
+    from ..indexing.slicing import narrow_ragged
+
+    for d in sorted(dims, reverse=True):
+        x = narrow_ragged("view", x, d, x._ragged_dims.index(d), 0, 1)
+    return x
 
 
 def _ragged_splits(x: MJT, size) -> Optional[dict[int, int]]:

@@ -534,6 +534,8 @@ _OPS = {
     torch.Tensor.type_as: _type_as,
     F.scaled_dot_product_attention: _sdpa,
     torch.einsum: _einsum,
+    **{f: (lambda f: lambda t, *a, **k: BatchMerged(f(t._mjt, *a, **k)) if isinstance(t, BatchMerged) else NotImplemented)(f)
+       for f in (torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like, torch.randn_like)},
     torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
     torch.Tensor.numel: lambda t: t._mjt.numel(), torch.numel: lambda t: t._mjt.numel(),
 }

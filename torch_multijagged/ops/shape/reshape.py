@@ -16,7 +16,8 @@ from ... import constructors
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, _static_dim, route
-from ..indexing.slicing import narrow_ragged
+from ...structure import extent_of
+from ..indexing.slicing import narrow_ragged, slice_ragged
 from .views import check_view_shape
 from . import flatten as ragged_flatten
 from . import merged, tokens
@@ -277,7 +278,21 @@ def _narrow(input, dim, start, length):
     if d == 0:
         return constructors.narrow_batch(input, start, length)
     if d in input._ragged_dims:
-        return narrow_ragged("narrow", input, d, input._ragged_dims.index(d), int(start), int(length))
+        k = input._ragged_dims.index(d)
+        if isinstance(length, torch.SymInt) and type(start) is int and start >= 0:
+            # a ragged length (``y.narrow(-1, 0, x.shape[-1])``): each sample's own, which it must hold
+            # (dense narrow's rule); the dim keeps that length's nested int
+            n = input._partition.extents[k].host_lengths()
+            out = slice_ragged("narrow", input, d, k, start, length, 1) if start == 0 else None
+            if out is None:
+                raise TypeError(f"narrow(): a ragged length from start {start} along dim {d} of {describe(input)}: "
+                                "only from 0 for layout torch.multi_jagged")
+            kept = out._partition.extents[k].host_lengths()
+            if not torch.equal(kept, extent_of(length).host_lengths()) or bool((kept > n).any()):
+                raise RuntimeError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size in a sample "
+                                   f"of {describe(input)} at dim {d}")
+            return out
+        return narrow_ragged("narrow", input, d, k, int(start), int(length))
     return NotImplemented
 
 
@@ -308,7 +323,14 @@ route(torch.dsplit, torch.Tensor.dsplit)(_xsplit_route("dsplit", lambda n: 2))
 def _squeeze(input, dim=None):
     """``squeeze()`` drops static size-1 dims only; aten's backward for it would unsqueeze every
     size-1 dim, the batch dim (B = 1) included, so name the dims."""
-    if not isinstance(input, MJT) or dim is not None:
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if dim is not None:
+        want = [dim] if isinstance(dim, int) else list(dim)
+        units = [d for d in (canonical_dim("squeeze", input.dim(), w) for w in want) if d in input._ragged_dims]
+        if units and ragged_flatten.unit_ragged(input, units):
+            # ragged dims of size 1 in every sample squeeze as dense sizes of 1 do
+            return torch.squeeze(ragged_flatten.units_static(input, units), dim)
         return NotImplemented
     dims = [d for d in range(1, input.dim()) if d not in input._ragged_dims and input.shape[d] == 1]
     return torch.squeeze(input, dims) if dims else input.view(input.shape)
