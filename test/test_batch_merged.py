@@ -264,6 +264,7 @@ def test_einsum_of_folded_heads_per_sample(spacing):
     o = torch.einsum("bij,bjd->bid", sim.softmax(-1), q)
     out = o.reshape(b, h, x.shape[1], d).transpose(1, 2).flatten(2)
     kv = torch.einsum("bnd,bne->bde", q, q)  # (B·H, D, D): dense
+    inverted = F.normalize(torch.einsum("bid,bjd->bij", q, q), dim=-2)  # Perceiver's inverted attention
     lat = torch.randn(b * h, 2, d, dtype=F64)
     cross = torch.einsum("bid,bjd->bij", lat, q)
     refs, kvs, crosses = [], [], []
@@ -275,6 +276,9 @@ def test_einsum_of_folded_heads_per_sample(spacing):
         crosses.append(torch.einsum("bid,bjd->bij", lat[i * h:(i + 1) * h], qq))
     for a, r in zip(out.unbind(), refs):
         torch.testing.assert_close(a, r)
+    for a, c in zip(inverted.reshape(b, h, x.shape[1], x.shape[1]).unbind(), comps):
+        qq = c.unflatten(-1, (h, d)).transpose(0, 1)
+        torch.testing.assert_close(a, F.normalize(torch.einsum("bid,bjd->bij", qq, qq), dim=-2))
     torch.testing.assert_close(kv, torch.cat(kvs))
     for a, r in zip(cross.reshape(b, h, 2, x.shape[1]).unbind(), crosses):
         torch.testing.assert_close(a, r)

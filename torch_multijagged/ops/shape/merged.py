@@ -510,6 +510,14 @@ def _cat(tensors, dim=0, *, out=None):
     return _outer(torch.cat([_inner(a, t, "cat") for a in tensors], d + 1))
 
 
+def _normalize(t, p=2.0, dim=1, eps=1e-12, out=None):
+    """``F.normalize`` over a dim other than the merged one (Perceiver's inverted cross attention
+    normalises the scores over the latents)."""
+    if not isinstance(t, BatchMerged) or out is not None:
+        return NotImplemented
+    return _outer(F.normalize(t._mjt, p, t._dim("normalize", dim), eps))
+
+
 def _type_as(t, other):
     if not isinstance(t, BatchMerged):
         return NotImplemented
@@ -534,6 +542,7 @@ _OPS = {
     torch.Tensor.type_as: _type_as,
     F.scaled_dot_product_attention: _sdpa,
     torch.einsum: _einsum,
+    F.normalize: _normalize,
     **{f: (lambda f: lambda t, *a, **k: BatchMerged(f(t._mjt, *a, **k)) if isinstance(t, BatchMerged) else NotImplemented)(f)
        for f in (torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like, torch.randn_like)},
     torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
