@@ -588,3 +588,30 @@ def test_floor_division_names_the_split_part_and_quotients_of_products():
     assert bool(flat // W == H) and bool(flat // H == W)
     with pytest.raises(TypeError, match="nested int"):
         x.shape[2] // W  # not a factor of it
+
+
+@pytest.mark.parametrize("pattern", ["b c (p1 h) (p2 w) -> b h w p1 p2 c", "b c (h p1) (p2 w) -> b (h w) (p1 p2 c)",
+                                     "b c (p1 h) w -> b h p1 w c"])
+def test_grids_with_the_factor_outside_the_part(pattern):
+    """``'(p1 h)'`` (MaxViT's grid, CrossFormer's long-distance groups): the ragged dim split into
+    ``(p, H // p)`` — the factor before the part — and merged back by the inverse pattern, per
+    sample, with gradients."""
+    einops = pytest.importorskip("einops")
+    g = torch.Generator().manual_seed(1)
+    comps = [torch.randn(2, h, w, generator=g, dtype=torch.float64) for h, w in ((8, 12), (4, 8), (12, 4))]
+    im = mj.nested_tensor(comps, requires_grad=True)
+    k = {"p1": 4, "p2": 4} if "p2" in pattern else {"p1": 4}
+    y = einops.rearrange(im, pattern, **k)
+    lhs, rhs = pattern.split(" -> ")
+    h = {"h": im.shape[2] // 4}
+    back = einops.rearrange(y, f"{rhs} -> {lhs}", **k, **({"h": h["h"]} if "(h w)" in rhs else {}))
+    leaves = [c.clone().requires_grad_() for c in comps]
+    refs = [einops.rearrange(c[None], pattern, **k)[0] for c in leaves]
+    for a, r in zip(y.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    for a, c in zip(back.unbind(), comps):
+        torch.testing.assert_close(a, c)
+    got, = torch.autograd.grad((y * y).sum() + (back * back).sum(), im)
+    want = torch.autograd.grad(sum((r * r).sum() + (c * c).sum() for r, c in zip(refs, leaves)), leaves)
+    for a, w in zip(got.unbind(), want):
+        torch.testing.assert_close(a, w)

@@ -98,6 +98,9 @@ SCENARIOS = {  # what is written, what is used afterwards
     "write the view, use the view": lambda q, v: (v.div_(3.0), v.add_(v.detach()), v)[-1],
     "write the view, use the base": lambda q, v: (v.div_(3.0), q)[-1],
     "write the base, use the view": lambda q, v: (q.mul_(3.0), v)[-1],
+    # both written, one after the other: the second write would hide the first from its gradient
+    "write the base, then the view": lambda q, v: (q.mul_(3.0), v.neg_(), q)[-1],
+    "write the view, then the base": lambda q, v: (v.mul_(-2.0), q.clamp_(-0.5, 0.5), q)[-1],
 }
 
 

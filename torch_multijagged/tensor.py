@@ -655,10 +655,19 @@ class MultiJaggedTensor(torch.Tensor):
             _refuse_traced_alias_write(func, targets)
             return _dispatch(func, args, kwargs)
         refuse_split_piece_write(func, targets)
+        if torch.is_grad_enabled():
+            for x in targets:  # its values were written through an alias since: a write would hide that
+                check_not_written_through_alias(x, func)
         out = _dispatch(func, args, kwargs)
         for x in targets:
             if not x._values.is_inference():
                 torch.autograd.graph.increment_version(x._values)
+                if "_vgraph" in x.__dict__:
+                    # its own write, not an alias's: the values' version it leaves, and the wrapper's
+                    # before it (autograd bumps that by one on return; a write through an autograd view
+                    # of x bumps it again, and is in x's history)
+                    with torch._C.DisableTorchFunctionSubclass():
+                        x.__dict__["_vwrite"] = (x._values._version, x._version)
         return out
 
 

@@ -112,8 +112,13 @@ def narrow_ragged(op: str, x: MJT, d: int, k: int, start: int, length: int):
     check_samples(x, k, lambda n: first_of(n) + length > n, bad_length, f"{op}(): start + length exceeds the size of a sample")
     n = x._partition.extents[k].lengths()
     table = first_of(n).unsqueeze(1) + torch.arange(length, device=n.device)
-    stop = start + length if start >= 0 or start + length < 0 else None
-    return mark_view_copy(take_static(x, k, length, table), x, (slice(None),) * d + (slice(start, stop),))
+    out = take_static(x, k, length, table)
+    if isinstance(out, MJT) and out._values.numel():
+        # dense gives a view; ours is a copy whose dim is static where ``x[index]`` would read a
+        # ragged one, so it cannot be assigned back: writes into it refuse (NOTE [ Reordered ragged
+        # dims are copies ] in shape/views.py)
+        _mark_reorder_copy(out._values, "a narrow of a ragged dim")
+    return out
 
 
 @eager_or_traced

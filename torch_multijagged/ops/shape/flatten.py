@@ -310,12 +310,14 @@ def units_static(x: MJT, dims):
     return x
 
 
-def _ragged_splits(x: MJT, size) -> Optional[dict[int, int]]:
-    """``{k: f}``: ragged dims ``k`` (indices among x's) that ``size`` splits into ``(n // f, f)``,
-    naming ``n // f`` by its nested int, every other dim of ``x`` kept in place (``(B, C, H, W)`` as
-    ``(B, C, H // p, p, W // p, p)``: image patches, einops' ``'b c (h p1) (w p2)'``) — when a split
-    dim is not the last ragged one (that one alone is a view: ``_divided_by``); else None."""
-    splits: dict[int, int] = {}
+def _ragged_splits(x: MJT, size) -> Optional[dict[int, tuple[int, bool]]]:
+    """``{k: (f, inner)}``: ragged dims ``k`` (indices among x's) that ``size`` splits into
+    ``(n // f, f)`` (``inner`` False) or ``(f, n // f)`` (``inner`` True), naming ``n // f`` by its
+    nested int, every other dim of ``x`` kept in place (``(B, C, H, W)`` as ``(B, C, H // p, p, W // p,
+    p)``: image patches, einops' ``'b c (h p1) (w p2)'``; ``(B, C, p, H // p, p, W // p)``: a grid,
+    ``'b c (p1 h) (p2 w)'``) — unless the only split is ``(n // f, f)`` of the last ragged dim (a
+    view: ``_divided_by``); else None."""
+    splits: dict[int, tuple[int, bool]] = {}
     i = 1
     for d in range(1, x.dim()):
         if i >= len(size):
@@ -330,34 +332,41 @@ def _ragged_splits(x: MJT, size) -> Optional[dict[int, int]]:
         if is_nested_int(size[i]) and _same_size(size[i], e.nested_int):
             i += 1
             continue
-        named = extent_of(size[i]) if is_nested_int(size[i]) else None
-        link = None if named is None else floordiv_of(named)
-        if link is None or link[0] is not e or i + 1 >= len(size) or size[i + 1] != link[1]:
+        if i + 1 >= len(size):
             return None
-        splits[k] = link[1]
+        part, f, inner = (size[i], size[i + 1], False) if is_nested_int(size[i]) else (size[i + 1], size[i], True)
+        named = extent_of(part) if is_nested_int(part) else None
+        link = None if named is None else floordiv_of(named)
+        if link is None or link[0] is not e or type(f) is not int or f != link[1]:
+            return None
+        splits[k] = (f, inner)
         i += 2
-    if i != len(size) or not splits or set(splits) == {len(x._ragged_dims) - 1}:
+    if i != len(size) or not splits or splits == {len(x._ragged_dims) - 1: (splits.get(len(x._ragged_dims) - 1, (0,))[0], False)}:
         return None
     return splits
 
 
-def _split_ragged_dims(op: str, x: MJT, size, splits: dict[int, int]) -> MJT:
-    """``x`` with ragged dims ``k`` split into ``(n // f, f)`` (``_ragged_splits``; each sample's
-    size must divide, as dense torch's view requires): the parts stay ragged, the factors become
-    static dims after them. Not a view of the packed rows (row ``h·W + w`` of a sample moves to
-    ``(h // p, w // p)``'s rows), so the rows are gathered — a copy that refuses writes, as a
-    reordering of ragged dims is (NOTE [ Reordered ragged dims are copies ] in views.py)."""
+def _split_ragged_dims(op: str, x: MJT, size, splits: dict[int, tuple[int, bool]]) -> MJT:
+    """``x`` with ragged dims ``k`` split into ``(n // f, f)`` or ``(f, n // f)`` (``_ragged_splits``;
+    each sample's size must divide, as dense torch's view requires): the parts stay ragged, the
+    factors become static dims beside them. Not a view of the packed rows (row ``h·W + w`` of a
+    sample moves to ``(h // p, w // p)``'s rows), so the rows are gathered — a copy that refuses
+    writes, as a reordering of ragged dims is (NOTE [ Reordered ragged dims are copies ] in views.py)."""
     from .views import _mark_reorder_copy
 
     p = x._partition
     extents = [
-        _part(op, x, x._ragged_dims[k], e, splits[k]) if k in splits else e for k, e in enumerate(p.extents)
+        _part(op, x, x._ragged_dims[k], e, splits[k][0]) if k in splits else e for k, e in enumerate(p.extents)
     ]
     out = partition_for(extents)
     sample, coords = out.row_coords()  # (R, m) coordinates of the parts
-    factors = [splits.get(k, 1) for k in range(p.nragged)]
+    factors = [splits.get(k, (1, False))[0] for k in range(p.nragged)]
+    inner = torch.tensor([splits.get(k, (1, False))[1] for k in range(p.nragged)], device=coords.device)
     grid = torch.cartesian_prod(*[torch.arange(f, device=coords.device) for f in factors]).reshape(-1, len(factors))
-    src = coords.unsqueeze(1) * torch.tensor(factors, device=coords.device) + grid  # (R, F, m)
+    outer_src = coords.unsqueeze(1) * torch.tensor(factors, device=coords.device) + grid  # h = a·f + q
+    parts = out.device_sizes()[sample]  # (R, m): each part's size in the row's sample
+    inner_src = grid.unsqueeze(0) * parts.unsqueeze(1) + coords.unsqueeze(1)  # h = q·(n // f) + a
+    src = torch.where(inner, inner_src, outer_src)  # (R, F, m)
     rows = packed_rows(p.offsets, p.device_sizes(), sample.repeat_interleave(grid.shape[0]), src.reshape(-1, len(factors)))
     v = values_of(x) if _needs_grad(x) else x._values
     g = v.index_select(0, rows).reshape(coords.shape[0], *[factors[k] for k in splits], *v.shape[1:])
@@ -365,14 +374,18 @@ def _split_ragged_dims(op: str, x: MJT, size, splits: dict[int, int]) -> MJT:
     labels, d_out = [], 0
     out_ragged = []
     for d in range(1, x.dim()):
-        d_out += 1
         if d in x._ragged_dims:
             k = x._ragged_dims.index(d)
+            if k in splits and splits[k][1]:  # (f, n // f): the factor first
+                d_out += 1
+                labels.append(("f", k))
+            d_out += 1
             out_ragged.append(d_out)
-            if k in splits:
+            if k in splits and not splits[k][1]:
                 d_out += 1
                 labels.append(("f", k))
         else:
+            d_out += 1
             labels.append(("s", d))
     have = [("f", k) for k in splits] + [("s", d) for d in range(1, x.dim()) if d not in x._ragged_dims]
     values = g.permute(0, *[1 + have.index(lab) for lab in labels])
@@ -395,17 +408,25 @@ def _times_of(size, e: RaggedExtent, f: int) -> bool:
     return named is not None and named is e.cache.get(("mapped", ("times", f)))
 
 
-def _ragged_merges(x: MJT, size) -> Optional[dict[int, int]]:
-    """``{k: f}``: ragged dims ``k`` of ``x`` followed by a static dim ``f`` that ``size`` merges into
-    one ragged dim of ``n·f`` (``(B, C, H // p, p, W // p, p)`` back to ``(B, C, H, W)``), every other
-    dim kept — when a merged dim is not the last ragged one (that one alone is a view:
-    ``flatten_ragged_static``); else None."""
-    merges: dict[int, int] = {}
+def _ragged_merges(x: MJT, size) -> Optional[dict[int, tuple[int, bool]]]:
+    """``{k: (f, inner)}``: ragged dims ``k`` of ``x`` with a static dim ``f`` after them (``inner``
+    False) or before them (``inner`` True) that ``size`` merges into one ragged dim of ``n·f``
+    (``(B, C, H // p, p, W // p, p)`` or ``(B, C, p, H // p, p, W // p)`` back to ``(B, C, H, W)``),
+    every other dim kept — unless the only merge is the last ragged dim with the static dim after
+    it (a view: ``flatten_ragged_static``); else None."""
+    merges: dict[int, tuple[int, bool]] = {}
     i, d = 1, 1
     while d < x.dim():
         if i >= len(size):
             return None
         if d not in x._ragged_dims:
+            nxt = d + 1 if d + 1 < x.dim() and d + 1 in x._ragged_dims else None
+            if nxt is not None and is_nested_int(size[i]):
+                k = x._ragged_dims.index(nxt)
+                if _times_of(size[i], x._partition.extents[k], x._size[d]):  # (f, n) merged: inner
+                    merges[k] = (x._size[d], True)
+                    i, d = i + 1, d + 2
+                    continue
             if not (type(size[i]) is int and size[i] == x._size[d]):
                 return None
             i, d = i + 1, d + 1
@@ -418,41 +439,46 @@ def _ragged_merges(x: MJT, size) -> Optional[dict[int, int]]:
         f = x._size[d + 1] if d + 1 < x.dim() and d + 1 not in x._ragged_dims else None
         if f is None or not _times_of(size[i], e, f):
             return None
-        merges[k] = f
+        merges[k] = (f, False)
         i, d = i + 1, d + 2
-    if i != len(size) or not merges or set(merges) == {len(x._ragged_dims) - 1}:
+    last = len(x._ragged_dims) - 1
+    if i != len(size) or not merges or (set(merges) == {last} and not merges[last][1]):
         return None
     return merges
 
 
-def _merge_ragged_dims(op: str, x: MJT, merges: dict[int, int]) -> MJT:
-    """``x`` with ragged dims ``k`` and the static factor after each merged into one ragged dim of
+def _merge_ragged_dims(op: str, x: MJT, merges: dict[int, tuple[int, bool]]) -> MJT:
+    """``x`` with ragged dims ``k`` and the static factor beside each merged into one ragged dim of
     ``n·f`` (``_ragged_merges``): every output row ``(H, W)`` reads the input row ``(H // p, W // p)``
-    at factor positions ``(H % p, W % p)`` — a gather, the inverse of ``_split_ragged_dims``; a copy
-    that refuses writes."""
+    at factor positions ``(H % p, W % p)`` (the factor after the part), or the row ``(H % m, …)`` at
+    ``(H // m, …)`` (before it, ``m`` the part's size) — a gather, the inverse of
+    ``_split_ragged_dims``; a copy that refuses writes."""
     from .views import _mark_reorder_copy
 
     p = x._partition
-    extents = [_times(e, merges[k]) if k in merges else e for k, e in enumerate(p.extents)]
+    extents = [_times(e, merges[k][0]) if k in merges else e for k, e in enumerate(p.extents)]
     out = partition_for(extents)
     sample, coords = out.row_coords()  # (R, m) output coordinates
-    factors = torch.tensor([merges.get(k, 1) for k in range(p.nragged)], device=coords.device)
-    rows = packed_rows(p.offsets, p.device_sizes(), sample, torch.div(coords, factors, rounding_mode="floor"))
+    factors = torch.tensor([merges.get(k, (1, False))[0] for k in range(p.nragged)], device=coords.device)
+    inner = torch.tensor([merges.get(k, (1, False))[1] for k in range(p.nragged)], device=coords.device)
+    parts = p.device_sizes()[sample]  # (R, m): each part's size in the row's sample
+    safe = parts.clamp_min(1)
+    part_coord = torch.where(inner, coords % safe, torch.div(coords, factors, rounding_mode="floor"))
+    factor_pos = torch.where(inner, torch.div(coords, safe, rounding_mode="floor"), coords % factors)
+    rows = packed_rows(p.offsets, p.device_sizes(), sample, part_coord)
     statics = static_dims(x.dim(), x._ragged_dims)
-    factor_dims = [statics.index(x._ragged_dims[k] + 1) + 1 for k in merges]  # their values dims
+    factor_dims = [statics.index(x._ragged_dims[k] + (-1 if merges[k][1] else 1)) + 1 for k in merges]  # values dims
     v = values_of(x) if _needs_grad(x) else x._values
     v = v.movedim(factor_dims, list(range(1, len(factor_dims) + 1)))
-    rem = coords % factors
-    values = v[(rows, *[rem[:, k] for k in merges])]
+    values = v[(rows, *[factor_pos[:, k] for k in merges])]
+    merged_statics = {x._ragged_dims[k] + (-1 if merges[k][1] else 1) for k in merges}
     out_ragged, d_out = [], 0
     for d in range(1, x.dim()):
+        if d in merged_statics:
+            continue  # merged into its ragged dim
+        d_out += 1
         if d in x._ragged_dims:
-            d_out += 1
             out_ragged.append(d_out)
-        elif d - 1 in x._ragged_dims and x._ragged_dims.index(d - 1) in merges:
-            continue  # merged into the ragged dim before it
-        else:
-            d_out += 1
     y = wrap_values(values, out, tuple(out_ragged)) if _needs_grad(x) else wrap(values, out, tuple(out_ragged))
     if values.numel():
         _mark_reorder_copy(y._values, "a merge of ragged dims with static factors")
