@@ -586,3 +586,18 @@ def test_flatten_unflatten_of_a_result_with_gradients(call, layout):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(gw, rg[-1])
     torch.testing.assert_close(ggw, rgg[-1])
+
+
+@pytest.mark.parametrize("view", [v for v in VIEWS if v != "static slice"])
+def test_write_a_view_made_after_the_base_was_written(view):
+    """``q.mul_(3); v = q.transpose(-1, -2); v.neg_(); use q``: the view shares q's values but not its
+    autograd history (the eager values path), so q's gradient would miss the view's write: using q
+    raises — its own earlier write must not hide the view's."""
+    comps = comps_for([(4, 6), (1, 6), (3, 6)], 4)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    q = mj.as_nested_tensor(leaves) * 1.0
+    q.mul_(3.0)
+    v = VIEWS[view](q)
+    v.neg_()
+    with pytest.raises(NotImplementedError, match="written in place through another tensor that shares them"):
+        q.sin()

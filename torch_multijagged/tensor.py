@@ -662,12 +662,6 @@ class MultiJaggedTensor(torch.Tensor):
         for x in targets:
             if not x._values.is_inference():
                 torch.autograd.graph.increment_version(x._values)
-                if "_vgraph" in x.__dict__:
-                    # its own write, not an alias's: the values' version it leaves, and the wrapper's
-                    # before it (autograd bumps that by one on return; a write through an autograd view
-                    # of x bumps it again, and is in x's history)
-                    with torch._C.DisableTorchFunctionSubclass():
-                        x.__dict__["_vwrite"] = (x._values._version, x._version)
         return out
 
 

@@ -33,9 +33,9 @@ __all__ = ["written_args", "check_not_written_through_alias", "refuse_split_piec
 #   write), so the other's gradient would miss the write. The other is recognised by its
 #   remembered values (``_vgraph``: the values tensor, its version, the wrapper's version) — the
 #   values changed, its own counter did not — and its next use with autograd recording raises
-#   (``check_not_written_through_alias``) instead; so does a write into it (which would hide the
-#   alias's), and after its own write the values' version it left (``_vwrite``) is what an alias's
-#   write is recognised against. Writing through the view and using only the view
+#   (``check_not_written_through_alias``) instead; so does a write into it, which would otherwise
+#   bump its own counter and hide the alias's write (writing both gave a wrong gradient). Writing
+#   through the view and using only the view
 #   afterwards (OpenFold's ``q = lin(x).view(...).transpose(-2, -3); q /= c``) is unaffected: the
 #   view's own history holds the write. A view made by the general mechanism (a slice; under
 #   ``torch.compile`` every view but one) is an autograd view of its base, and writes through it
@@ -120,10 +120,7 @@ def _stale(x) -> bool:
     hit = x.__dict__.get("_vgraph")
     if hit is None:
         return False
-    own = x.__dict__.get("_vwrite")  # the values' version after x's own last write, if any since
     with torch._C.DisableTorchFunctionSubclass():
-        if own is not None:
-            return hit[0]._version != own[0] and x._version <= own[1] + 1 and x.requires_grad
         return hit[0]._version != hit[1] and x._version == hit[3] and x.requires_grad
 
 

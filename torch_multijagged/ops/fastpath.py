@@ -102,7 +102,6 @@ def values(x: MJT) -> torch.Tensor:
         return v.detach() if v.requires_grad else v
     v = _apply_values_of(x)
     x.__dict__["_vgraph"] = (v, v._version, False, _version(x))
-    x.__dict__.pop("_vwrite", None)  # the record is newer than x's last own write
     return v
 
 
