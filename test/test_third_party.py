@@ -604,3 +604,39 @@ def test_openfold3_triangle_attention_compiled():
 
     torch.manual_seed(0)
     _compiled_one_graph(TriangleAttention(CZ, 3, 2).double(), _call, lambda ns: [_pairs(ns)], LENGTHS)
+
+
+def _whole_model(name, attn):
+    _hf()
+    import transformers as T
+
+    torch.manual_seed(0)
+    if name == "bert":
+        cfg = T.BertConfig(hidden_size=8, num_attention_heads=2, intermediate_size=16, num_hidden_layers=2,
+                           hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, vocab_size=20,
+                           attn_implementation=attn)
+        return T.BertModel(cfg, add_pooling_layer=False).double().eval()
+    if name == "llama":
+        cfg = T.LlamaConfig(hidden_size=8, num_attention_heads=2, num_key_value_heads=1, intermediate_size=16,
+                            num_hidden_layers=2, vocab_size=20, attn_implementation=attn)
+        return T.LlamaModel(cfg).double().eval()
+    cfg = T.GPT2Config(n_embd=8, n_head=2, n_layer=2, vocab_size=20, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+                       bos_token_id=0, eos_token_id=0, attn_implementation=attn)
+    return T.GPT2Model(cfg).double().eval()
+
+
+@pytest.mark.parametrize("name,attn", [("bert", "sdpa"), ("bert", "eager"), ("llama", "sdpa"), ("gpt2", "sdpa")])
+def test_transformers_whole_models_on_ragged_embeddings(name, attn):
+    """Whole ``BertModel`` / ``LlamaModel`` / ``GPT2Model``, unmodified, on ragged ``inputs_embeds`` with
+    each sample's ``position_ids`` (``mj.position_ids``) and no attention mask: the library detects
+    packed sequences from the position ids (``torch.diff`` with ``prepend`` along the ragged dim),
+    builds rotary / learned positions, runs causal or bidirectional SDPA per sample; outputs and the
+    gradients of the embeddings and of every parameter as each sample alone."""
+    model = _whole_model(name, attn)
+
+    def call(m, x):
+        pos = mj.position_ids(x) if isinstance(x, mj.MultiJaggedTensor) else torch.arange(x.shape[1])[None]
+        kw = {"token_type_ids": pos * 0} if name == "bert" else {"use_cache": False}
+        return m(inputs_embeds=x, position_ids=pos, **kw).last_hidden_state
+
+    _run_module(model, call, [_tokens((3, 1, 5))], tol=SOFTMAX_F32 if attn == "eager" else None)
