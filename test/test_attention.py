@@ -786,7 +786,7 @@ def test_padding_masks_broadcast_over_the_other_ragged_dim(kind):
     query dim, ``(B, 1, j0, 1)``: broadcast over the other dim as dense SDPA broadcasts it, per
     sample, with gradients."""
     g = torch.Generator().manual_seed(0)
-    comps = [torch.randn(n, 8, generator=g, dtype=torch.float64) for n in (3, 5, 4)]
+    comps = [torch.randn(n, 8, generator=g, dtype=torch.float64) for n in (3, 5, 0, 4)]
     x = mj.nested_tensor(comps, requires_grad=True)
 
     def parts(t, batch):  # q and the mask for a sample (batch=False) or the batch

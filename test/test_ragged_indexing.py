@@ -626,7 +626,7 @@ def test_diff_with_prepend_along_a_ragged_dim():
     """``torch.diff(p, prepend=p[:, :1] - 1, dim=-1)`` (transformers' packed-sequence detection from
     position ids): the pieces joined per sample first, as dense, with gradients."""
     g = torch.Generator().manual_seed(0)
-    comps = [torch.randn(n, 2, generator=g, dtype=torch.float64) for n in (3, 1, 4)]
+    comps = [torch.randn(n, 2, generator=g, dtype=torch.float64) for n in (3, 1, 0, 4)]
     x = mj.nested_tensor(comps, requires_grad=True)
     y = torch.diff(x, dim=1, prepend=x[:, :1] * 2, append=x[:, -1:] + 1)
     leaves = [c.clone().requires_grad_() for c in comps]
@@ -637,7 +637,7 @@ def test_diff_with_prepend_along_a_ragged_dim():
     for a, w in zip(got.unbind(), torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)):
         torch.testing.assert_close(a, w)
     pos = mj.position_ids(x)
-    assert [t.tolist() for t in torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1).unbind()] == [[1] * n for n in (3, 1, 4)]
+    assert [t.tolist() for t in torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1).unbind()] == [[1] * n for n in (3, 1, 0, 4)]
 
 
 def test_slices_bounded_by_a_ragged_size():

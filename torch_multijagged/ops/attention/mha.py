@@ -29,6 +29,7 @@ from ...constructors import as_nested_tensor
 from .._common import MJT, canonical_dim, describe
 from .._routing import route
 from ..shape.leading import BatchMoved, batch_transpose, token_op
+from ..shape.merged import BatchMerged
 from .sdpa import dense_as_rows
 
 __all__ = ["BatchSecond"]
@@ -107,7 +108,7 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
             f"length), got {describe(key_padding_mask)}"
         )
     mask = None
-    if attn_mask is not None and not is_causal and type(attn_mask).__name__ == "BatchMerged":
+    if attn_mask is not None and not is_causal and isinstance(attn_mask, BatchMerged):
         # a per-sample mask folded as dense's (B·H, L, S): the batch-first (B, H, L, S) it holds
         mask = attn_mask._mjt
         if mask.dim() != 4 or mask._size[1] != num_heads:

@@ -144,11 +144,7 @@ def _on_samples(func, x: MJT, matrices, rest, kwargs):
     for m in matrices:
         if isinstance(m, MJT) and m is not x and not _same_lengths(m._partition.extents[0], x._partition.extents[0]):
             raise StructureError(f"{func.__name__}(): operands {describe(x)} and {describe(m)} differ in structure")
-    unbound = [m.unbind() if isinstance(m, MJT) else None for m in matrices]
-    per_sample = [
-        func(*[u[i] if u is not None else m for u, m in zip(unbound, matrices)], *rest, **kwargs)
-        for i in range(x._partition.batch)
-    ]
+    per_sample = _per_sample(func, x, matrices, rest, kwargs)
     lengths = x._partition.extents[0].host_lengths().tolist()
     if not per_sample:  # B = 0: what the function makes of a 0 × 0 matrix tells each output's form
         empty = [torch.zeros(0, 0, dtype=m.dtype, device=m.device) if isinstance(m, MJT) else m for m in matrices]
@@ -160,6 +156,13 @@ def _on_samples(func, x: MJT, matrices, rest, kwargs):
     return type(per_sample[0])([_assemble(x, list(f), lengths, f[0]) if isinstance(f[0], torch.Tensor) else f[0] for f in fields])
 
 
+def _per_sample(func, x: MJT, matrices, rest, kwargs) -> list:
+    """``func`` on each sample's matrices (multi_jagged operands unbound, dense ones shared)."""
+    unbound = [m.unbind() if isinstance(m, MJT) else None for m in matrices]
+    return [func(*[u[i] if u is not None else m for u, m in zip(unbound, matrices)], *rest, **kwargs)
+            for i in range(x._partition.batch)]
+
+
 def _per_matrix(func, x: MJT, matrices, rest, kwargs):
     """One matrix per sample with a ragged dim among its two (``(B, j0, C)``, ``(B, C, j0)``,
     ``(B, j0, j1)``): the function on each sample's matrix; each output stacked when every sample
@@ -167,11 +170,7 @@ def _per_matrix(func, x: MJT, matrices, rest, kwargs):
     for m in matrices:
         if isinstance(m, MJT) and m._partition.batch != x._partition.batch:
             raise StructureError(f"{func.__name__}(): operands {describe(x)} and {describe(m)} differ in batch size")
-    unbound = [m.unbind() if isinstance(m, MJT) else None for m in matrices]
-    per_sample = [
-        func(*[u[i] if u is not None else m for u, m in zip(unbound, matrices)], *rest, **kwargs)
-        for i in range(x._partition.batch)
-    ]
+    per_sample = _per_sample(func, x, matrices, rest, kwargs)
     if not per_sample:
         raise NotImplementedError(f"{func.__name__}(): of an empty batch {describe(x)} with ragged matrix dims")
 

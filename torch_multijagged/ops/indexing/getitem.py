@@ -12,7 +12,8 @@ from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, route
 from .._table import dispatch as _dispatch
 from .along import ragged_dim
-from .gather import mask_index, pairwise_index, table_lookup
+from .gather import mask_index, table_lookup
+from .pairwise import pairwise_index
 from .scatter import assign_index
 from .slicing import positions_ragged, select_ragged, slice_ragged
 

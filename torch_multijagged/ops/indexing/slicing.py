@@ -12,7 +12,7 @@ from ... import constructors
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import packed_rows, slice_bounds
-from ...structure import RaggedExtent, _is_traced, extent_of, mapped_extent, same_extent
+from ...structure import _is_traced, extent_of, mapped_extent, same_extent
 from .._common import MJT, canonical_dim, component_rows, describe, static_dims
 from .._routing import route
 from ..shape.views import _mark_reorder_copy, mark_view_copy
@@ -47,15 +47,13 @@ def slice_ragged(op: str, x: MJT, d: int, k: int, start, stop, step: int):
     if step <= 0:
         raise ValueError("step must be greater than zero")
     e = x._partition.extents[k]
-    (start, skey), (stop, tkey) = _bound(op, x, start), _bound(op, x, stop)
+    (start, skey, _), (stop, tkey, named) = _bound(op, x, start), _bound(op, x, stop)
     first, length = slice_bounds(e.host_lengths(), start, stop, step)
     key = ("mapped", ("slice", skey, tkey, step))
-    if isinstance(tkey, tuple) and key not in e.cache:
+    if named is not None and key not in e.cache and torch.equal(length, named.host_lengths()):
         # ``y[..., :n]`` with ``n`` another tensor's ragged size: where every sample keeps that
         # size, the result has that nested int (a causal conv's output trimmed to its input's)
-        named = _extent_of_key(tkey)
-        if named is not None and torch.equal(length, named.host_lengths()):
-            e.cache[key] = named
+        e.cache[key] = named
     out = mapped_extent(e, ("slice", skey, tkey, step), lambda n: slice_bounds(n, start, stop, step)[1])
     extents = list(x._partition.extents)
     extents[k] = out
@@ -70,21 +68,16 @@ def slice_ragged(op: str, x: MJT, d: int, k: int, start, stop, step: int):
 
 
 def _bound(op: str, x: MJT, v):
-    """A slice bound and its cache key: an int or None as it is; a nested int of this batch (an
-    eager extent of ``x``'s batch size) as that extent's per-sample sizes, keyed by its id."""
+    """A slice bound, its cache key and its extent: an int or None as it is (no extent); a nested
+    int of this batch (an eager extent of ``x``'s batch size) as that extent's per-sample sizes,
+    keyed by the nested int's id (never reused)."""
     if v is None or type(v) is int:
-        return v, v
+        return v, v, None
     e = extent_of(v) if isinstance(v, torch.SymInt) else None
     if e is None or v.node.coeff != 1 or e.batch != x._partition.batch:
         raise TypeError(f"{op}(): slice bounds along a ragged dim of {describe(x)} must be ints, None, or a ragged size "
                         f"of the same batch, got {v}")
-    return e.host_lengths(), ("nested", v.node.t_id)
-
-
-def _extent_of_key(key) -> "RaggedExtent | None":
-    from ...structure import _EXTENT_OF_TID
-
-    return _EXTENT_OF_TID.get(key[1])
+    return e.host_lengths(), ("nested", v.node.t_id), e
 
 
 @eager_or_traced

@@ -297,7 +297,9 @@ def unit_ragged(x: MJT, dims) -> bool:
     """Whether every sample of the (non-empty) batch has size 1 along each of ragged ``dims``."""
     if not dims or x._partition.batch == 0 or any(_is_traced(e.offsets) for e in x._partition.extents):
         return False
-    return all(bool((x._partition.extents[x._ragged_dims.index(d)].host_lengths() == 1).all()) for d in dims)
+    # every size 1: the largest is 1 and they sum to B (the shape carriers: no tensor op per reshape)
+    ext = [x._partition.extents[x._ragged_dims.index(d)] for d in dims]
+    return all(e.max == 1 and e.total == e.batch for e in ext)
 
 
 def units_static(x: MJT, dims):

@@ -518,6 +518,15 @@ def _normalize(t, p=2.0, dim=1, eps=1e-12, out=None):
     return _outer(F.normalize(t._mjt, p, t._dim("normalize", dim), eps))
 
 
+def _like(factory):
+    """``torch.zeros_like(t)`` & co. of a token: the factory on the batch-first tensor, a token
+    again (``nn.MultiheadAttention`` turns a bool mask into a float one with ``zeros_like``)."""
+    def impl(t, *args, **kwargs):
+        return BatchMerged(factory(t._mjt, *args, **kwargs)) if isinstance(t, BatchMerged) else NotImplemented
+
+    return impl
+
+
 def _type_as(t, other):
     if not isinstance(t, BatchMerged):
         return NotImplemented
@@ -543,8 +552,8 @@ _OPS = {
     F.scaled_dot_product_attention: _sdpa,
     torch.einsum: _einsum,
     F.normalize: _normalize,
-    **{f: (lambda f: lambda t, *a, **k: BatchMerged(f(t._mjt, *a, **k)) if isinstance(t, BatchMerged) else NotImplemented)(f)
-       for f in (torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like, torch.randn_like)},
+    **{f: _like(f) for f in (torch.zeros_like, torch.ones_like, torch.empty_like, torch.full_like, torch.rand_like,
+                             torch.randn_like)},
     torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
     torch.Tensor.numel: lambda t: t._mjt.numel(), torch.numel: lambda t: t._mjt.numel(),
 }
