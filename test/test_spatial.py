@@ -766,3 +766,20 @@ def test_ragged_dims_of_size_one_in_every_sample_drop_as_dense_ones():
         torch.testing.assert_close(a, w)
     with pytest.raises(Exception):
         x.squeeze(-1)
+
+
+@pytest.mark.parametrize("size", [(-1, -1, 4), (2, -1, 4)])
+def test_size_keeping_ragged_dims_keeps_them_when_every_length_is_one(size):
+    """``reshape(-1, -1, C)`` / ``view(B, -1, C)`` keep the ragged dim whatever the lengths: a batch
+    whose samples all have one token keeps the layout (the unit-size path is for sizes that drop
+    ragged dims, and two ``-1`` are not a dense size)."""
+    comps = [torch.arange(4.0).reshape(1, 4), torch.arange(4.0, 8.0).reshape(1, 4)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    for op in ("reshape", "view"):
+        y = getattr(x * 2, op)(size)
+        assert isinstance(y, mj.MultiJaggedTensor) and y.shape == x.shape
+        for a, c in zip(y.unbind(), comps):
+            torch.testing.assert_close(a, c * 2)
+    got, = torch.autograd.grad(x.reshape(size).sum(), x)
+    for a in got.unbind():
+        torch.testing.assert_close(a, torch.ones(1, 4))

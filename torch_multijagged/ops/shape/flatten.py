@@ -263,7 +263,7 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
     # stand for ragged dims flattened; every other view goes straight to the ordinary path.
     syms = [s for s in size if isinstance(s, torch.SymInt)]
     several = len(x._ragged_dims) > 1
-    if not syms and not torch.compiler.is_compiling() and unit_ragged(x, x._ragged_dims):
+    if not syms and _drops_ragged(x, size) and not torch.compiler.is_compiling() and unit_ragged(x, x._ragged_dims):
         # every sample has size 1 along every ragged dim (a global pooling's output) and the size
         # names none: dense sizes of 1 (``p.reshape(p.shape[:2])``)
         return lambda: getattr(units_static(x, x._ragged_dims), op)(tuple(size))
@@ -291,6 +291,16 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
         if run is not None:
             return lambda: getattr(flatten_ragged(op, x, *run), op)(tuple(size))
     return None
+
+
+def _drops_ragged(x: MJT, size) -> bool:
+    """Whether ``size`` (no nested int in it) can only mean static sizes where ``x`` has ragged dims:
+    not when it keeps them as ``-1`` (``reshape(-1, -1, C)``, ``view(B, -1, C)``: the same layout
+    whatever the lengths), nor when it holds several ``-1`` (dense would refuse it)."""
+    implied = [i for i, s in enumerate(size) if type(s) is int and s == -1]
+    if len(implied) > 1:
+        return False
+    return not (len(size) == x.dim() and all(d in implied for d in x._ragged_dims))
 
 
 def unit_ragged(x: MJT, dims) -> bool:
