@@ -74,7 +74,7 @@ def test_token_errors_name_the_op():
     x = mj.as_nested_tensor(_comps(width=6))
     y = x.unflatten(-1, (2, 3)).permute(2, 0, 1, 3)
     with pytest.raises(NotImplementedError, match=r"^flip\(\).*batch dim is not at dim 0"):
-        y.flip(0)
+        y.flip(1)  # the batch dim
     with pytest.raises(IndexError):
         y[2]
     full = mj.as_nested_tensor(_comps(ns=(3, 1, 4), width=6))
@@ -126,11 +126,13 @@ def test_sequence_first_ops_map_their_dims():
         s + torch.randn(1, 1, 2, 3, dtype=F64)
 
 
-@pytest.mark.parametrize("op", ["max", "min", "argmax", "cumsum", "norm", "std", "logsumexp", "median", "slice"])
+@pytest.mark.parametrize("op", ["max", "min", "argmax", "cumsum", "norm", "std", "logsumexp", "median", "slice", "sort",
+                                "argsort", "topk", "kthvalue", "flip", "roll"])
 @pytest.mark.parametrize("dim", [0, -1])
 def test_sequence_first_ops_over_one_dim_per_sample(op, dim):
-    """Ops over one dim of a sequence-first token (``max(0)``, ``cumsum(0)``, ``norm(dim=0)``, ``t[1:]``)
-    act on the mapped dim of each sample, with gradients; the result keeps the token's layout."""
+    """Ops over one dim of a sequence-first token (``max(0)``, ``cumsum(0)``, ``norm(dim=0)``, ``t[1:]``,
+    ``sort(0)``, ``flip(0)``) act on the mapped dim of each sample, with gradients; the result keeps the
+    token's layout."""
     g = torch.Generator().manual_seed(1)
     comps = [torch.randn(n, 3, generator=g, dtype=F64) for n in (2, 4, 1)]
     x = mj.nested_tensor(comps, requires_grad=True)
@@ -140,6 +142,10 @@ def test_sequence_first_ops_over_one_dim_per_sample(op, dim):
         "argmax": lambda t, d: t.argmax(d), "cumsum": lambda t, d: t.cumsum(d),
         "norm": lambda t, d: t.norm(dim=d), "std": lambda t, d: t.std(d), "logsumexp": lambda t, d: t.logsumexp(d),
         "median": lambda t, d: t.median(d).values, "slice": lambda t, d: t[1:] if d == 0 else t[..., 1:],
+        "sort": lambda t, d: torch.sort(t, dim=d, descending=True, stable=True).values,
+        "argsort": lambda t, d: t.argsort(d), "topk": lambda t, d: t.topk(1, d).values,
+        "kthvalue": lambda t, d: t.kthvalue(1, d).values, "flip": lambda t, d: t.flip(d),
+        "roll": lambda t, d: torch.roll(t, shifts=1, dims=d),
     }
     f = fns[op]
     if op == "slice" and dim == -1:
@@ -155,7 +161,7 @@ def test_sequence_first_ops_over_one_dim_per_sample(op, dim):
         got = list(out.transpose(0, 1)) if out.dim() == 3 else list(out)
     for a, b in zip(got, ref):
         torch.testing.assert_close(a, b, equal_nan=True)  # std of one element is nan, as dense
-    if op == "argmax":
+    if op in ("argmax", "argsort"):
         return
     gx, = torch.autograd.grad(sum((a * a).sum() for a in got), x)
     refs = torch.autograd.grad(sum((b * b).sum() for b in ref), leaves)

@@ -573,3 +573,41 @@ def test_a_stale_ragged_slice_refuses_to_write_back():
     y[:, 1:] *= 3
     y[:, 1:] *= 3
     assert [a[:, 0].tolist() for a in y.unbind()] == [[1, 9, 9], [1, 9, 9, 9]]
+
+
+VIEWS_OF_BASE = {  # a view of x, then a slice of a ragged dim of it: dense gives a view of x
+    "view": (lambda t: t.view(t.shape[0], -1, 2), lambda c: c.view(-1, 2)),
+    "static select": (lambda t: t[..., 0], lambda c: c[..., 0]),
+    "static slice": (lambda t: t[..., :1], lambda c: c[..., :1]),
+    "narrow of a static dim": (lambda t: t.narrow(2, 0, 1), lambda c: c.narrow(1, 0, 1)),
+    "unsqueeze": (lambda t: t.unsqueeze(1), lambda c: c.unsqueeze(0)),
+    "transpose": (lambda t: t.transpose(1, 2), lambda c: c.transpose(0, 1)),
+}
+
+
+@pytest.mark.parametrize("view", VIEWS_OF_BASE, ids=str)
+def test_writes_through_a_ragged_slice_of_a_view_reach_the_tensor(view):
+    """``y.view(…)[:, 1:].mul_(3)``, ``y[..., 0][:, 1:].mul_(3)``: the slice is written back into the
+    view it was taken from, which no one else holds — and through it into ``y``, as dense torch's
+    view of a view (the write was lost)."""
+    fn, ref = VIEWS_OF_BASE[view]
+    comps = [torch.arange(6.0).reshape(3, 2) + 1, torch.zeros(0, 2), torch.arange(4.0).reshape(2, 2) + 1]
+    y = tmj.nested_tensor(comps)
+    ragged = 2 if view in ("unsqueeze", "transpose") else 1
+    sl = (slice(None),) * ragged + (slice(1, None),)
+    fn(y)[sl].mul_(3)
+    for got, c in zip(y.unbind(), comps):
+        want = c.clone()
+        ref(want)[sl[1:]].mul_(3)
+        torch.testing.assert_close(got, want)
+
+
+def test_a_write_through_a_view_of_a_slice_no_one_holds_raises():
+    """The slice is written back as a whole; once it is gone, a write through a view of it cannot
+    reach the tensor: that raises instead of losing the write. Held, the same write reaches it."""
+    y = tmj.nested_tensor([torch.ones(3, 4), torch.ones(2, 4)])
+    with pytest.raises(NotImplementedError, match="once the slice itself is gone"):
+        y[:, 1:].unflatten(-1, (2, 2))[..., 0].mul_(3)
+    s = y[:, 1:]
+    s.unflatten(-1, (2, 2))[..., 0].mul_(3)
+    assert [a[:, 0].tolist() for a in y.unbind()] == [[1, 3, 3], [1, 3]]

@@ -78,8 +78,11 @@ def test_diag_errors():
     v = mj.nested_tensor([torch.ones(2), torch.ones(0)])
     with pytest.raises(NotImplementedError, match="diag.*new extent"):
         torch.diag(v, 1)
-    with pytest.raises(NotImplementedError, match="diag.*offset"):  # an off-diagonal of ragged (n, n) has n - 1 elements
-        torch.diag(mj.nested_tensor([torch.ones(2, 2)], ragged_dims=(1, 2)), 1)
+    # an off-diagonal of a ragged (n, n) has max(n - |k|, 0) elements: a new ragged size
+    sq = [torch.randn(n, n) for n in (2, 3, 0)]
+    for k in (1, -2):
+        for a, c in zip(torch.diag(mj.nested_tensor(sq, ragged_dims=(1, 2)), k).unbind(), sq):
+            torch.testing.assert_close(a, torch.diag(c, k))
     with pytest.raises(RuntimeError, match="diagflat"):
         torch.diagflat(mj.nested_tensor([torch.ones(2, 3), torch.ones(0, 3)]))
     with pytest.raises(RuntimeError, match="trace"):

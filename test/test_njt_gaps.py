@@ -77,9 +77,14 @@ def test_logsigmoid_and_glu_match_per_sample(layout):
     comps = _comps(layout)
     per_sample_check(F.logsigmoid, R(comps, layout.ragged_dims))
     per_sample_check(lambda x: F.glu(x, -1), R(_comps(layout, seed=1), layout.ragged_dims))
-    x = mj.nested_tensor(comps, ragged_dims=layout.ragged_dims)
-    with pytest.raises(StructureError, match=r"glu\(\): expected a static dim"):
-        F.glu(x, layout.ragged_dims[0])
+    # along a ragged dim: each sample's halves (a new ragged size), every size even as dense asks
+    d = layout.ragged_dims[0]
+    even = [c.narrow(d - 1, 0, c.shape[d - 1] // 2 * 2) for c in comps]
+    per_sample_check(lambda x: F.glu(x, d), R(even, layout.ragged_dims), ref=lambda c: F.glu(c, d - 1), new_ragged=True)
+    odd = [c for c in comps if c.shape[d - 1] % 2]
+    if odd:
+        with pytest.raises(RuntimeError, match=r"glu\(\): Halving dimension must be even"):
+            F.glu(mj.nested_tensor(comps, ragged_dims=layout.ragged_dims), d)
 
 
 @pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])

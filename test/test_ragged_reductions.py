@@ -602,3 +602,24 @@ def test_dist_linalg_norm_and_nan_reductions_golden():
     assert (lo.item(), hi.item()) == (0.0, 4.0)
     with pytest.raises(NotImplementedError, match="linalg.norm"):
         torch.linalg.norm(clean, "nuc", dim=(1, 2))
+
+
+@pytest.mark.parametrize("op", ["trapezoid", "trapz", "cumulative_trapezoid"])
+def test_trapezoid_along_a_ragged_dim_per_sample(op):
+    """The trapezoidal rule along a ragged dim integrates each sample's points alone (an empty or
+    one-point sample gives 0, as dense), with gradients; a pair reduces one of its ragged dims."""
+    f = getattr(torch, op)
+
+    @FEW
+    @given(lengths(min_batch=1), st.sampled_from([None, 0.5]), seeds)
+    def check(ns, dx, seed):
+        kw = {} if dx is None else {"dx": dx}
+        comps = comps_for([(n, 3) for n in ns], seed)
+        pairs = comps_for([(n, n) for n in ns], seed + 1)
+        cumulative = op == "cumulative_trapezoid"  # one point fewer: a new ragged size
+        per_sample_check(lambda t: f(t, dim=1, **kw), R(comps, (1,)), ref=lambda c: f(c, dim=0, **kw),
+                         dense_out=not cumulative, new_ragged=cumulative, seed=seed)
+        per_sample_check(lambda t: f(t, dim=-2, **kw), R(pairs, (1, 2)), ref=lambda c: f(c, dim=-2, **kw),
+                         new_ragged=cumulative, seed=seed)
+
+    check()

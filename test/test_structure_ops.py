@@ -128,9 +128,11 @@ def test_permute_errors():
     x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
     # moving the batch dim gives a token (test_batch_moved.py); ops it does not take name the batch dim
     with pytest.raises(NotImplementedError, match="batch dim"):
-        torch.flip(x.transpose(0, 1), [0])
+        torch.flip(x.transpose(0, 1), [1])
     with pytest.raises(NotImplementedError, match="batch dim"):
-        x.unsqueeze(-1).transpose(0, 1).roll(1, 0)
+        x.unsqueeze(-1).transpose(0, 1).roll(1, 1)
+    with pytest.raises(NotImplementedError, match="batch dim"):
+        x.transpose(0, 1).roll(1)  # the flattened tensor
     with pytest.raises(ValueError, match="permute"):
         x.permute(0, 1, 1)
 

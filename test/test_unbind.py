@@ -46,3 +46,52 @@ def test_tolist_is_each_samples_lists():
 
     check()
     assert mj.nested_tensor([torch.ones(2, 3)])[:0].tolist() == []
+
+
+def test_unbind_of_a_static_dim_with_unused_pieces_per_sample():
+    """``q, k, v = x.unflatten(-1, (3, 2)).unbind(-2)`` with some pieces unused: the gradient of
+    those is zero (aten's backward expanded a dense zero to nested sizes and raised), first and
+    second order, per sample; the pieces refuse in-place writes as dense's multi-output views."""
+    import pytest
+
+    D = torch.float64
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 6, generator=g, dtype=D) for n in (3, 0, 2)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    for used in ((1,), (0, 2), (0, 1, 2)):
+        got = x.unflatten(-1, (3, 2)).unbind(-2)
+        refs = [c.unflatten(-1, (3, 2)).unbind(-2) for c in leaves]
+        for k in range(3):
+            for a, r in zip(got[k].unbind(), refs):
+                torch.testing.assert_close(a, r[k])
+        gx, = torch.autograd.grad(sum((got[k] ** 3).sum() for k in used), x, create_graph=True)
+        gr = torch.autograd.grad(sum((r[k] ** 3).sum() for r in refs for k in used), leaves, create_graph=True)
+        for a, b in zip(gx.unbind(), gr):
+            torch.testing.assert_close(a, b)
+        ggx, = torch.autograd.grad((gx * gx).sum(), x)
+        ggr = torch.autograd.grad(sum((b * b).sum() for b in gr), leaves)
+        for a, b in zip(ggx.unbind(), ggr):
+            torch.testing.assert_close(a, b)
+    pieces = (x * 1).unflatten(-1, (3, 2)).unbind(2)
+    with pytest.raises(RuntimeError, match="returns multiple views"):
+        pieces[0].mul_(2)
+
+
+def test_multihead_attention_weights_alone_carry_the_gradient():
+    """A loss on ``nn.MultiheadAttention``'s returned weights only (the value projection unused):
+    gradients of the input and the in-projection as the module's on each sample."""
+    D = torch.float64
+    torch.manual_seed(0)
+    mha = torch.nn.MultiheadAttention(6, 2, batch_first=True, dtype=D)
+    comps = [torch.randn(n, 6, dtype=D) for n in (3, 2)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    _, w = mha(x, x, x, need_weights=True)
+    loss = sum((a ** 2).sum() for a in w.unbind())
+    gx, gw = torch.autograd.grad(loss, [x, mha.in_proj_weight])
+    leaves = [c.clone().requires_grad_() for c in comps]
+    ref = sum((mha(c[None], c[None], c[None], need_weights=True)[1][0] ** 2).sum() for c in leaves)
+    rx = torch.autograd.grad(ref, leaves + [mha.in_proj_weight])
+    for a, b in zip(gx.unbind(), rx[:-1]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(gw, rx[-1])

@@ -47,7 +47,7 @@ from .serialization import INTERNAL_ATTRS, copy_partition, partition_from_file, 
 from .structure import Partition, RaggedExtent, _is_traced
 from .writes import (
     _differentiable, _eager, _refuse_traced_alias_write, _targets, _written_through_alias,
-    check_not_written_through_alias, refuse_split_piece_write, written_args,
+    WRITE_CLOCK, check_not_written_through_alias, refuse_split_piece_write, stamp_write, written_args,
 )
 
 __all__ = ["MultiJaggedTensor"]
@@ -662,6 +662,7 @@ class MultiJaggedTensor(torch.Tensor):
         for x in targets:
             if not x._values.is_inference():
                 torch.autograd.graph.increment_version(x._values)
+            stamp_write(x._values)
         return out
 
 
@@ -745,7 +746,7 @@ class _WrapValues(torch.autograd.Function):
 def values_of(x: MultiJaggedTensor) -> torch.Tensor:
     """Packed ``(T, *static)`` values of ``x``; differentiable."""
     # _eager() first: dynamo fails reading x.__dict__ (NOTE [ Own frames under torch.compile ])
-    if torch.is_grad_enabled() and _eager() and "_vgraph" in x.__dict__:
+    if torch.is_grad_enabled() and _eager() and ("_vgraph" in x.__dict__ or WRITE_CLOCK[0]):
         check_not_written_through_alias(x, "values")  # NOTE [ Writes into shared values ] in writes.py
     return _ValuesOf.apply(x)
 

@@ -12,7 +12,7 @@ from typing import Optional
 
 import torch
 
-__all__ = ["written_args", "check_not_written_through_alias", "refuse_split_piece_write"]
+__all__ = ["written_args", "check_not_written_through_alias", "refuse_split_piece_write", "stamp_write", "written_since"]
 
 
 # NOTE [ Writes into shared values ]
@@ -116,12 +116,65 @@ def refuse_split_piece_write(func, targets) -> None:
                 )
 
 
-def _stale(x) -> bool:
+# Dispatched writes stamp the storage they write (``stamp_write``): a view made by a handler (a
+# select of a static dim, ``y.unflatten(…)[..., 0]``) has values whose version counter is not shared
+# with its base's values (handlers run below autograd, where dense views get counters of their
+# own), so a write through it left the counters of other wrappers on that storage unchanged and
+# their gradients missed it. ``_vgraph`` records the write clock when it was made; a storage
+# stamped after that was written since (one compare while nothing was written).
+WRITE_CLOCK = [0]  # dispatched writes into multi_jagged values so far
+_WRITTEN_AT: dict[int, int] = {}  # storage pointer → WRITE_CLOCK at its last write
+_STAMPS_KEPT = 1 << 16  # a long run's stamps are dropped past this many storages
+
+
+def _storage_ptr(v: torch.Tensor) -> int:
+    try:
+        return v.untyped_storage().data_ptr() if v.numel() else 0
+    except (RuntimeError, NotImplementedError):  # fake / functional tensors
+        return 0
+
+
+def stamp_write(values: torch.Tensor) -> None:
+    """Record a dispatched write into ``values``' storage (see above)."""
+    WRITE_CLOCK[0] += 1
+    ptr = _storage_ptr(values)
+    if ptr:
+        if len(_WRITTEN_AT) >= _STAMPS_KEPT:
+            _WRITTEN_AT.clear()
+        _WRITTEN_AT[ptr] = WRITE_CLOCK[0]
+
+
+def written_since(v: torch.Tensor, clock: int) -> bool:
+    """Whether a dispatched write stamped ``v``'s storage after ``clock``."""
+    if clock == WRITE_CLOCK[0]:
+        return False
+    return _WRITTEN_AT.get(_storage_ptr(v), 0) > clock
+
+
+def _stale_own(x) -> bool:
     hit = x.__dict__.get("_vgraph")
     if hit is None:
         return False
     with torch._C.DisableTorchFunctionSubclass():
-        return hit[0]._version != hit[1] and x._version == hit[3] and x.requires_grad
+        return (hit[0]._version != hit[1] or written_since(hit[0], hit[4])) and x._version == hit[3] and x.requires_grad
+
+
+def _stale(x) -> bool:
+    """Whether ``x``'s values were written through an alias since it remembered them — or those of
+    a tensor ``x`` is an autograd view of (``y.view(…)[..., 0]`` after ``y`` was written: the
+    view's gradient flows through its base's history)."""
+    if _stale_own(x):
+        return True
+    if not WRITE_CLOCK[0]:
+        return False  # nothing was ever written: no base can be stale
+    with torch._C.DisableTorchFunctionSubclass():
+        base = x._base
+    while base is not None:
+        if _stale_own(base):
+            return True
+        with torch._C.DisableTorchFunctionSubclass():
+            base = base._base
+    return False
 
 
 def _written_through_alias(args, cls: type) -> Optional[torch.Tensor]:
@@ -129,7 +182,7 @@ def _written_through_alias(args, cls: type) -> Optional[torch.Tensor]:
     were written through an alias."""
     for a in args:
         for x in (a if isinstance(a, (list, tuple)) else (a,)):
-            if isinstance(x, cls) and "_vgraph" in x.__dict__ and _stale(x):
+            if isinstance(x, cls) and ("_vgraph" in x.__dict__ or WRITE_CLOCK[0]) and _stale(x):
                 return x
     return None
 

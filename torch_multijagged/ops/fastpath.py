@@ -45,7 +45,7 @@ from .. import pieces as _pieces
 from ..bridge import _Adopt
 from ..errors import StructureError
 from ..tensor import MultiJaggedTensor, _ValuesOf
-from ..writes import check_not_written_through_alias
+from ..writes import WRITE_CLOCK, check_not_written_through_alias, written_since
 from .attention import sdpa as _att
 from .contractions import einsum as _ein, pair_mm as _pm
 from .elementwise import pointwise as _pw
@@ -90,18 +90,22 @@ def values(x: MJT) -> torch.Tensor:
     """``x``'s packed values carrying ``x``'s gradient (see the NOTE)."""
     hit = x.__dict__.get("_vgraph")
     if hit is not None and hit[0]._version == hit[1] and _version(x) == hit[3] and _requires_grad(x):
-        return hit[0]  # (a wrapper detached in place no longer requires grad: read it plainly)
+        if hit[4] == WRITE_CLOCK[0]:
+            return hit[0]  # (a wrapper detached in place no longer requires grad: read it plainly)
+        if not written_since(hit[0], hit[4]):
+            x.__dict__["_vgraph"] = (*hit[:4], WRITE_CLOCK[0])  # no write reached it: now known
+            return hit[0]
     v = x._values
     if not _grad_enabled():
         return v
-    if hit is not None:
+    if hit is not None or WRITE_CLOCK[0]:
         check_not_written_through_alias(x, "values")  # NOTE [ Writes into shared values ] in writes.py
     if not _requires_grad(x):
         # a wrapper that does not require grad never lends its values' graph (an alias made
         # under no_grad of a fast result shares that result's graph-carrying values)
         return v.detach() if v.requires_grad else v
     v = _apply_values_of(x)
-    x.__dict__["_vgraph"] = (v, v._version, False, _version(x))
+    x.__dict__["_vgraph"] = (v, v._version, False, _version(x), WRITE_CLOCK[0])
     return v
 
 
@@ -123,7 +127,7 @@ def _finish(out):
         v = out._values
         if v.requires_grad and _grad_enabled():
             y = _apply_adopt(v, [out])
-            y.__dict__["_vgraph"] = (v, v._version, True, _version(y))
+            y.__dict__["_vgraph"] = (v, v._version, True, _version(y), WRITE_CLOCK[0])
             return y
     return out
 
@@ -133,7 +137,7 @@ def own_values(x) -> torch.Tensor | None:
     if not isinstance(x, MJT):
         return None
     hit = x.__dict__.get("_vgraph")
-    if hit is None or not hit[2] or hit[0]._version != hit[1] or _version(x) != hit[3]:
+    if hit is None or not hit[2] or hit[0]._version != hit[1] or _version(x) != hit[3] or written_since(hit[0], hit[4]):
         return None
     return hit[0]
 

@@ -29,10 +29,35 @@ def _components(input):
     return _dispatch(torch.ops.aten.unbind.int, (input, 0), {})
 
 
+class _UnbindStatic(torch.autograd.Function):
+    """``unbind`` of a static dim whose backward stacks the pieces' gradients with zeros for those
+    no one used (``q, k, v = qkv.unflatten(-1, (3, E)).unbind(-2)`` with ``v`` unused). aten's
+    backward makes those zeros by expanding a dense scalar to the pieces' sizes, which fails on
+    nested ints."""
+
+    @staticmethod
+    def forward(ctx, input, dim):
+        ctx.set_materialize_grads(False)
+        ctx.dim, ctx.base = dim, input.detach()  # (no copy: the sizes of a missing gradient)
+        return input.unbind(dim)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if all(g is None for g in grads):
+            return None, None
+        pieces = [torch.zeros_like(ctx.base.select(ctx.dim, i)) if g is None else g for i, g in enumerate(grads)]
+        return torch.stack(pieces, ctx.dim), None
+
+
 @route(torch.unbind, torch.Tensor.unbind)
 def _unbind(input, dim=0):
-    if isinstance(input, MJT) and dim == 0:
+    if not isinstance(input, MJT):
+        return NotImplemented
+    d = canonical_dim("unbind", input.dim(), dim) if dim != 0 else 0
+    if d == 0:
         return _components(input)
+    if d not in input._ragged_dims and _needs_grad(input) and not torch.compiler.is_compiling():
+        return _UnbindStatic.apply(input, d)
     return NotImplemented
 
 

@@ -7,6 +7,7 @@ Along static dims these ops act on the values."""
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
 from ... import constructors
 from ...bridge import values_of, wrap_values
@@ -507,6 +508,26 @@ def _diff(input, n=1, dim=-1, prepend=None, append=None):
     for _ in range(n):
         input = input[head + (slice(1, None),)] - input[head + (slice(None, -1),)]
     return input
+
+
+@route(F.glu)
+def _glu(input, dim=-1):
+    """``F.glu`` along a ragged dim: each sample's first half gated by its second,
+    ``x[:n/2] · σ(x[n/2:])`` along it, as dense; every sample's size there must be even."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    d = canonical_dim("glu", input.dim(), dim)
+    if d not in input._ragged_dims or torch.compiler.is_compiling():
+        return NotImplemented  # a static dim: the op table's handler; traced: it names the ragged dim
+    n = _lengths(input, input._ragged_dims.index(d))
+    odd = (n % 2).nonzero()
+    if odd.numel():
+        s = int(odd[0])
+        raise RuntimeError(f"glu(): Halving dimension must be even, but dimension {d} is size {int(n[s])} "
+                           f"in sample {s} of {describe(input)}")
+    half = input.shape[d] // 2
+    head = (slice(None),) * d
+    return input[head + (slice(None, half),)] * torch.sigmoid(input[head + (slice(half, None),)])
 
 
 @eager

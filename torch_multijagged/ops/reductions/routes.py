@@ -3,7 +3,8 @@
 Each forwards to ``multijagged::reduce`` (handled in ``reduce.py``, NOTE [ Reducing ragged dims ])
 so that the derivative is the layout's own, not aten's, which divides by nested ints. Composites
 of these: ``linalg.norm`` (vector and Frobenius), ``dist``, ``nansum`` / ``nanmean``,
-``count_nonzero``, ``aminmax``, ``var_mean`` / ``std_mean``."""
+``count_nonzero``, ``aminmax``, ``var_mean`` / ``std_mean``, ``trapezoid`` /
+``cumulative_trapezoid`` along a ragged dim."""
 
 from __future__ import annotations
 
@@ -325,3 +326,32 @@ def _moments(sqrt: bool):
 
 route(torch.var_mean)(_moments(False))
 route(torch.std_mean)(_moments(True))
+
+
+def _trapezoids(name: str, input, x, dx, dim):
+    """The trapezoids' areas along ragged ``dim`` of ``input`` (``(y[1:] + y[:-1]) · dx / 2``
+    per sample, one fewer along that dim), or None where dense's own kernel serves (a static dim,
+    sample points ``x`` given)."""
+    if not isinstance(input, MJT) or x is not None:
+        return None
+    d = canonical_dims(name, input.dim(), [dim])[0]
+    if d not in input._ragged_dims:
+        return None
+    head = (slice(None),) * d
+    spacing = 1.0 if dx is None else dx
+    return (input[head + (slice(1, None),)] + input[head + (slice(None, -1),)]) * (spacing / 2), d
+
+
+@route(torch.trapezoid, torch.trapz)
+def _trapezoid(y, x=None, *, dx=None, dim=-1):
+    """The trapezoidal rule along a ragged dim, per sample (an empty or one-point sample: 0), as
+    the sum of the trapezoids; uniform spacing ``dx`` only."""
+    areas = _trapezoids("trapezoid", y, x, dx, dim)
+    return NotImplemented if areas is None else areas[0].sum(areas[1])
+
+
+@route(torch.cumulative_trapezoid)
+def _cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
+    """Running trapezoidal rule along a ragged dim, per sample: one fewer point along it."""
+    areas = _trapezoids("cumulative_trapezoid", y, x, dx, dim)
+    return NotImplemented if areas is None else areas[0].cumsum(areas[1])

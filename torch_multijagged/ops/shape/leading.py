@@ -287,11 +287,38 @@ def _forward(func, args, kwargs):
         args, kwargs = _map_dim(func, perm, args, kwargs)
     if kind == "dim1":
         return _dim_op(func, tokens[0], args, kwargs)
+    if kind == "dims":
+        return _dims_op(func, tokens[0], args, kwargs)
     # parameters of a last-dim op (a linear's weight) are not operands broadcast against the token
     fixed = n if kind == "last" else _trailing_fixed(perm)
     mapped = perm if kind == "elementwise" else None
     out = func(*_unwrap_arg(list(args), fixed, mapped), **{k: _unwrap_arg(v, fixed, mapped) for k, v in kwargs.items()})
     return _rewrap(out, perm)
+
+
+def _dims_op(func, t: "BatchMoved", args, kwargs):
+    """An op over a list of dims that keeps the shape (``flip(dims)``, ``roll(shifts, dims)``) of a
+    token: over the mapped dims of the batch-first tensor, rewrapped in the token's order. Without
+    dims (``roll`` of the flattened tensor) or over the batch dim: refused."""
+    at = _DIMS_AT[func]
+    key = "dims"
+    if at == 1 and len(args) > 2:
+        args = (args[0], list(args[1:]))  # ``t.flip(0, 2)``
+    dims = kwargs[key] if key in kwargs else (args[at] if len(args) > at else None)
+    if dims is None:
+        return NotImplemented
+    name = getattr(func, "__name__", "op")
+    n = len(t._perm)
+    single = isinstance(dims, int)
+    mapped = [t._perm[canonical_dim(name, n, d)] for d in ([dims] if single else dims)]
+    if 0 in mapped:
+        return NotImplemented  # over the batch dim: the error names the op
+    mapped = mapped[0] if single else mapped
+    if key in kwargs or len(args) <= at:
+        kwargs = {**kwargs, key: mapped}
+    else:
+        args = (*args[:at], mapped, *args[at + 1:])
+    return _rewrap(func(t._mjt, *args[1:], **kwargs), t._perm)
 
 
 def _dim_op(func, t: "BatchMoved", args, kwargs):
@@ -305,6 +332,8 @@ def _dim_op(func, t: "BatchMoved", args, kwargs):
         dim = kwargs["dim"]
     else:
         dim = args[at] if len(args) > at else None
+    if dim is None and func in _LAST_BY_DEFAULT:
+        dim = -1
     if dim is None:
         if func in _NEEDS_DIM:
             return NotImplemented
@@ -313,7 +342,7 @@ def _dim_op(func, t: "BatchMoved", args, kwargs):
         return NotImplemented
     d = canonical_dim(name, n, dim)
     md = t._perm[d]
-    if "dim" in kwargs:
+    if "dim" in kwargs or len(args) <= at:
         kwargs = {**kwargs, "dim": md}
     else:
         args = (*args[:at], md, *args[at + 1:])
@@ -389,12 +418,20 @@ _DIM_AT = {
                      torch.all, torch.Tensor.all, torch.any, torch.Tensor.any, torch.cummax, torch.Tensor.cummax,
                      torch.cummin, torch.Tensor.cummin], 1),
     **dict.fromkeys([torch.norm, torch.Tensor.norm, torch.linalg.vector_norm], 2),
+    **dict.fromkeys([torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort], 1),
+    **dict.fromkeys([torch.topk, torch.Tensor.topk, torch.kthvalue, torch.Tensor.kthvalue], 2),
 }
+# ops over one dim whose dim defaults to the last
+_LAST_BY_DEFAULT = {torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort, torch.topk, torch.Tensor.topk,
+                    torch.kthvalue, torch.Tensor.kthvalue}
+# ops over a list of dims, by its position (none: not a leading-dim op)
+_DIMS_AT = {torch.flip: 1, torch.Tensor.flip: 1, torch.roll: 2, torch.Tensor.roll: 2}
 _NEEDS_DIM = {torch.argmax, torch.Tensor.argmax, torch.argmin, torch.Tensor.argmin, torch.cumsum, torch.Tensor.cumsum,
               torch.cumprod, torch.Tensor.cumprod, torch.logsumexp, torch.Tensor.logsumexp, torch.cummax,
               torch.Tensor.cummax, torch.cummin, torch.Tensor.cummin}
 _FORWARDED = {**dict.fromkeys(_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAST, "last"),
-              **dict.fromkeys(_DIM, "dim"), **dict.fromkeys(_REDUCE, "reduce"), **dict.fromkeys(_DIM_AT, "dim1")}
+              **dict.fromkeys(_DIM, "dim"), **dict.fromkeys(_REDUCE, "reduce"), **dict.fromkeys(_DIM_AT, "dim1"),
+              **dict.fromkeys(_DIMS_AT, "dims")}
 
 _TOKEN_OPS = {
     torch.unbind: _unbind, torch.Tensor.unbind: _unbind,

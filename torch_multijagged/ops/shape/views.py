@@ -10,9 +10,9 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int
 from ...errors import StructureError
 from ...kernels import reference as ref
 from .._table import register_multi_jagged_func
-from ...structure import partition_for, same_extent
+from ...structure import extent_of, mapped_extent, partition_for, same_extent
 from .._common import MJT, canonical_dim, canonical_dims, describe, same_partition, static_dims, wrap
-from ...writes import written_args
+from ...writes import _storage_ptr, written_args
 
 aten = torch.ops.aten
 
@@ -174,15 +174,8 @@ _WRITING: set[int] = set()  # copies an in-place op is writing through now (``wr
 _REORDERED = "a transpose / permute that reorders ragged dims"
 
 
-def _storage_ptr(v: torch.Tensor) -> int:
-    try:
-        return v.untyped_storage().data_ptr()
-    except (RuntimeError, NotImplementedError):  # fake / functional tensors while tracing
-        return 0
-
-
 def _mark_copy(values: torch.Tensor, origin: str, writeback=None) -> None:
-    ptr = _storage_ptr(values) if values.numel() else 0
+    ptr = _storage_ptr(values)
     if ptr:
         _REORDER_COPIES[ptr] = (weakref.ref(values, lambda _, ptr=ptr: _REORDER_COPIES.pop(ptr, None)), origin,
                                 writeback)
@@ -202,8 +195,9 @@ def mark_view_copy(out, base: MJT, index: tuple):
     """``out``, the rows of ``base[index]`` gathered where dense indexing gives a view, made to
     write through (NOTE [ Slices of ragged dims write through ]); ``out`` unchanged otherwise."""
     if isinstance(out, MJT) and type(out._values) is torch.Tensor:
-        _mark_copy(out._values, "a slice of a ragged dim",
-                   (weakref.ref(out), weakref.ref(base), index, [_versions(base)]))
+        # the base is held, as a dense view holds its base's storage: a base that is itself a view
+        # (``y.view(…)[:, 1:]``, ``y[..., 0][:, 1:]``) is written back even when no one else holds it
+        _mark_copy(out._values, "a slice of a ragged dim", (weakref.ref(out), base, index, [_versions(base)]))
     return out
 
 
@@ -252,9 +246,16 @@ def write_through(target, run):
     """Run the in-place op (``run()``) on the copy, then assign the copy back to its base. A base
     written since the copy was taken (or last written back) would be overwritten with stale
     elements where dense torch's view would have seen the write: that raises instead."""
-    ptr, (copy_ref, base_ref, index, seen) = target
-    base = base_ref()
-    if base is not None and _versions(base) != seen[0]:
+    ptr, (copy_ref, base, index, seen) = target
+    if copy_ref() is None:
+        # only a view of the copy's values lives (``y[:, :1].unflatten(…)[..., 0].mul_(…)``): the
+        # copy that would be assigned back is gone
+        raise NotImplementedError(
+            f"cannot write in place through a view of a slice of {describe(base)} along a ragged dim once the "
+            "slice itself is gone: the slice is a copy for layout torch.multi_jagged and is written back as a "
+            "whole, so keep it in a variable while writing through its views (s = x[:, 1:]; s[..., 0].mul_(2))"
+        )
+    if _versions(base) != seen[0]:
         raise NotImplementedError(
             f"cannot write in place to a slice of {describe(base)} along a ragged dim taken before that tensor was "
             "written: the slice is a copy for layout torch.multi_jagged, so it does not show the later write, and "
@@ -266,7 +267,7 @@ def write_through(target, run):
     finally:
         _WRITING.discard(ptr)
     copy = copy_ref()
-    if copy is not None and base is not None:  # a base no one holds cannot be read: nothing to write
+    if copy is not None:
         base[index] = copy
         seen[0] = _versions(base)
     return result
@@ -593,26 +594,37 @@ def _diag_dims(op: str, inp_ndim: int, ragged_dims, offset, dim1, dim2):
     ragged = (a in ragged_dims) + (b in ragged_dims)
     if ragged == 1:
         raise StructureError(f"{op}(): cannot take a diagonal over a ragged and a static dim (dims {a}, {b})")
-    if ragged == 2 and offset != 0:
+    if ragged == 2 and offset != 0 and torch.compiler.is_compiling():
         raise NotImplementedError(
-            f"{op}(): a diagonal with offset {offset} over ragged dims changes their extent; only offset 0 "
-            "is supported for layout torch.multi_jagged"
+            f"{op}(): a diagonal with offset {offset} over ragged dims makes a new extent, which needs "
+            "the lengths on the host: not under torch.compile for layout torch.multi_jagged"
         )
-    return min(a, b), max(a, b), ragged == 2
+    if a > b:
+        offset = -offset  # dense: the diagonal of the transposed matrix
+    return min(a, b), max(a, b), ragged == 2, offset
 
 
-def _diagonal_rows(pair, single) -> torch.Tensor:
-    """Row of the square ``pair`` partition holding cell ``(a, a)`` for every row ``a`` of the
-    ``single`` partition of the same extent (cached on ``single``; the key holds ``pair`` itself,
-    so its id cannot be reused while the entry lives): ``o²_i + a·(n_i + 1)``."""
+def _diagonal_rows(pair, single, offset: int = 0) -> torch.Tensor:
+    """Row of the square ``pair`` partition holding cell ``(a, a + offset)`` (``offset ≥ 0``) or
+    ``(a − offset, a)`` for every row ``a`` of the ``single`` partition, whose extent is the pair's
+    shortened by ``|offset|`` (cached on ``single``; the key holds ``pair`` itself, so its id
+    cannot be reused while the entry lives): ``o²_i + a·(n_i + 1) + offset`` or ``… + |offset|·n_i``."""
 
     def compute(single):
         sample = single.row_sample()
         local = torch.arange(single.rows, device=single.offsets.device) - single.offsets[sample]
-        n = single.offsets[1:] - single.offsets[:-1]
-        return pair.offsets[sample] + local * (n[sample] + 1)
+        n = pair.extents[0].lengths().to(single.offsets.device)[sample]
+        shift = offset if offset >= 0 else -offset * n
+        return pair.offsets[sample] + local * (n + 1) + shift
 
-    return single.derived(("diagonal_rows", pair), compute)
+    return single.derived(("diagonal_rows", pair, offset), compute)
+
+
+def _diagonal_extent(e, offset: int):
+    """The extent of the diagonal at ``offset`` of a square pair of extent ``e``: ``max(n − |offset|, 0)``
+    per sample, one nested int for ``offset`` and ``−offset``."""
+    k = abs(offset)
+    return e if k == 0 else mapped_extent(e, ("diagonal", k), lambda n: (n - k).clamp_min(0))
 
 
 def square_extent(op: str, inp, a: int, b: int, context: str = ""):
@@ -632,18 +644,19 @@ def square_extent(op: str, inp, a: int, b: int, context: str = ""):
 def diagonal_default(func, inp, offset=0, dim1=0, dim2=1):
     """Diagonal as dense torch defines it (the two dims removed, the diagonal appended last).
     Over two static dims: a view of the values. Over the two ragged dims of a square pair
-    ``(B, j0, j0, *S)``: the cells ``(a, a)`` gathered — ``(B, *S, j0)`` with the singles'
-    partition; a copy (NOTE [ Reordered ragged dims are copies ])."""
+    ``(B, j0, j0, *S)``: the cells ``(a, a + offset)`` gathered — ``(B, *S, j0)`` with the singles'
+    partition (at ``offset ≠ 0`` a new extent, ``max(n − |offset|, 0)`` per sample); a copy
+    (NOTE [ Reordered ragged dims are copies ])."""
     ndim = len(inp._size)
-    a, b, ragged = _diag_dims("diagonal", ndim, inp._ragged_dims, offset, dim1, dim2)
     stat = static_dims(ndim, inp._ragged_dims)
+    a, b, ragged, offset = _diag_dims("diagonal", ndim, inp._ragged_dims, offset, dim1, dim2)
     if not ragged:
         values = inp._values.diagonal(offset, stat.index(a) + 1, stat.index(b) + 1)
         out_ragged = tuple(r - (r > a) - (r > b) for r in inp._ragged_dims)
         return wrap(values, inp._partition, out_ragged)
     e = square_extent("diagonal", inp, a, b)
-    single = partition_for([e])
-    values = inp._values.index_select(0, _diagonal_rows(inp._partition, single))
+    single = partition_for([_diagonal_extent(e, offset)])
+    values = inp._values.index_select(0, _diagonal_rows(inp._partition, single, offset))
     _mark_reorder_copy(values)
     return wrap(values, single, (ndim - 2,))
 
@@ -652,14 +665,17 @@ def diagonal_default(func, inp, offset=0, dim1=0, dim2=1):
 def diagonal_backward_default(func, grad, input_sizes, offset, dim1, dim2):
     ndim = len(input_sizes)
     in_ragged = tuple(d for d in range(1, ndim) if is_nested_int(input_sizes[d]))
-    a, b, ragged = _diag_dims("diagonal_backward", ndim, in_ragged, offset, dim1, dim2)
     stat = static_dims(ndim, in_ragged)
     static_sizes = [input_sizes[d] for d in stat]
     v = grad._values
+    a, b, ragged, offset = _diag_dims("diagonal_backward", ndim, in_ragged, offset, dim1, dim2)
     if not ragged:
         values = func(v, [v.shape[0], *static_sizes], offset, stat.index(a) + 1, stat.index(b) + 1)
         return wrap(values, grad._partition, in_ragged)
-    e = grad._partition.extents[0]
+    e = grad._partition.extents[0] if offset == 0 else extent_of(input_sizes[a])
+    if e is None:
+        raise NotImplementedError("diagonal_backward(): the input's ragged size is not an eager nested int")
     pair = partition_for([e, e])
-    values = v.new_zeros((pair.rows, *v.shape[1:])).index_copy(0, _diagonal_rows(pair, grad._partition), v)
+    rows = _diagonal_rows(pair, grad._partition, offset)
+    values = v.new_zeros((pair.rows, *v.shape[1:])).index_copy(0, rows, v)
     return wrap(values, pair, in_ragged)
