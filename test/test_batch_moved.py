@@ -167,3 +167,31 @@ def test_sequence_first_ops_over_one_dim_per_sample(op, dim):
     refs = torch.autograd.grad(sum((b * b).sum() for b in ref), leaves)
     for a, b in zip(gx.unbind(), refs):
         torch.testing.assert_close(a, b, equal_nan=True)
+
+
+def test_sequence_first_cat_with_a_dense_token_per_sample():
+    """``torch.cat([cls, t], 0)`` of a sequence-first token and a dense ``(1, B, C)`` prepends the
+    dense row to each sample, with gradients of both; ``cat`` of tokens along other dims too; along
+    the batch dim it raises, naming the permutation."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, generator=g, dtype=F64) for n in (2, 4, 0)]
+    cls = torch.randn(1, 3, 3, generator=g, dtype=F64, requires_grad=True)
+    x = mj.nested_tensor(comps, requires_grad=True)
+    t = x.transpose(0, 1)
+    out = torch.cat([cls, t], 0)
+    assert isinstance(out, BatchMoved)
+    got = out.transpose(0, 1).unbind()
+    leaves = [c.clone().requires_grad_() for c in comps]
+    c2 = cls.detach().clone().requires_grad_()
+    refs = [torch.cat([c2[:, i], c], 0) for i, c in enumerate(leaves)]
+    for a, b in zip(got, refs):
+        torch.testing.assert_close(a, b)
+    gx, gc = torch.autograd.grad(sum((a ** 2).sum() for a in got), [x, cls])
+    want = torch.autograd.grad(sum((b ** 2).sum() for b in refs), leaves + [c2])
+    for a, b in zip(gx.unbind(), want[:-1]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(gc, want[-1])
+    for a, c in zip(torch.cat([t, 2 * t], -1).transpose(0, 1).unbind(), comps):
+        torch.testing.assert_close(a, torch.cat([c, 2 * c], -1))
+    with pytest.raises(NotImplementedError, match=r"^cat\(\).*permuted \(1, 0, 2\)"):
+        torch.cat([t, t], 1)

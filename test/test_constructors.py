@@ -35,7 +35,9 @@ def expected_values(comps, ragged_dims):
         s = c.movedim(rag, list(range(len(rag))))
         rows += [s[idx] for idx in _ragged_coords(s.shape[: len(rag)])]
     static = [n for d, n in enumerate(_shape0(comps)) if d + 1 not in ragged_dims]
-    return torch.stack(rows) if rows else torch.zeros(0, *static, dtype=_dtype(comps))
+    out = torch.stack(rows) if rows else torch.zeros(0, *static, dtype=_dtype(comps))
+    # torch.jagged's values(): with one ragged dim r, the rows at dim r - 1
+    return out.movedim(0, ragged_dims[0] - 1) if len(ragged_dims) == 1 else out
 
 
 def _shape0(comps):
@@ -91,6 +93,33 @@ def test_as_nested_tensor_is_differentiable_wrt_the_list():
     assert a[0].grad.tolist() == [[10.0, 100.0], [10.0, 100.0]]  # d/dx Σ x·w = w per row
     assert a[1].grad is None or a[1].grad.shape == (0, 2)
     assert a[2].grad.tolist() == [[10.0, 100.0]]
+
+
+@pytest.mark.parametrize("layout", [torch.jagged, multi_jagged], ids=str)
+def test_as_nested_tensor_of_a_tensor_as_torch_jagged(layout):
+    """A dense ``(B, N, …)`` gives B samples ``(N, …)`` viewing its storage (a write reaches it,
+    gradients flow back), ``N = 0`` and ``B = 0`` included; a nested tensor of the layout is
+    returned as it is; a 1-D tensor raises — each as ``torch.jagged`` does."""
+    g = torch.Generator().manual_seed(0)
+    for shape in ((3, 4, 2), (2, 0, 2), (2, 3)):
+        if layout is torch.jagged and 0 in shape:
+            continue  # torch.jagged: "step must be nonzero"
+        p = torch.randn(shape, generator=g, dtype=torch.float64, requires_grad=True)
+        x = torch.nested.as_nested_tensor(p, layout=layout)
+        assert x.layout is layout and x.shape[0] == shape[0]
+        for a, c in zip(x.unbind(), p.unbind()):
+            torch.testing.assert_close(a, c)
+        if p.numel():
+            got, = torch.autograd.grad((x * x).values().sum(), p)
+            torch.testing.assert_close(got, 2 * p)
+        dense = p.detach().clone()
+        torch.nested.as_nested_tensor(dense, layout=layout).mul_(0)
+        assert not dense.any()
+    y = torch.nested.nested_tensor([torch.ones(3, 2), torch.ones(1, 2)], layout=layout)
+    assert torch.nested.as_nested_tensor(y, layout=layout) is y
+    assert torch.nested.as_nested_tensor(y, layout=layout, dtype=torch.float64).dtype == torch.float64
+    with pytest.raises(RuntimeError, match=r"dim\(\) > 1"):
+        torch.nested.as_nested_tensor(torch.zeros(3), layout=layout)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
@@ -558,3 +587,26 @@ def test_from_packed_on_a_batchs_offsets_shares_its_structure():
     off[1] = 1  # now lengths (1, 4): a new structure on the same tensor
     b = mj.from_packed(torch.randn(5, 1), off, torch.tensor([1, 4]))
     assert b._partition is not a._partition and [t.shape[0] for t in b.unbind()] == [1, 4]
+
+
+@pytest.mark.parametrize("jagged_dim", [1, 2, 3])
+def test_values_round_trip_as_torch_jagged(jagged_dim):
+    """``values()`` of one ragged dim ``r`` holds the rows at dim ``r - 1``, as ``torch.jagged``'s:
+    ``nested_tensor_from_jagged(x.values(), x.offsets(), jagged_dim=x._ragged_idx)`` rebuilds
+    ``x`` (with rows first it silently read the wrong elements), also after a transpose."""
+    g = torch.Generator().manual_seed(0)
+    shape = [3, 4, 5]
+    shape[jagged_dim - 1] = 9
+    v = torch.randn(shape, generator=g, dtype=torch.float64)
+    off = torch.tensor([0, 3, 8, 9])
+    ours = mj.nested_tensor_from_jagged(v, off, jagged_dim=jagged_dim)
+    njt = torch.nested.nested_tensor_from_jagged(v, off, jagged_dim=jagged_dim)
+    assert ours.values().shape == njt.values().shape == v.shape
+    torch.testing.assert_close(ours.values(), njt.values())
+    back = mj.nested_tensor_from_jagged(ours.values() * 2, ours.offsets(), jagged_dim=ours._ragged_idx)
+    for a, b in zip(back.unbind(), njt.unbind()):
+        torch.testing.assert_close(a, b * 2)
+    if jagged_dim < 3:
+        t, tn = ours.transpose(jagged_dim, jagged_dim + 1), njt.transpose(jagged_dim, jagged_dim + 1)
+        assert t._ragged_idx == tn._ragged_idx
+        torch.testing.assert_close(t.values(), tn.values())

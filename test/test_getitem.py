@@ -611,3 +611,24 @@ def test_a_write_through_a_view_of_a_slice_no_one_holds_raises():
     s = y[:, 1:]
     s.unflatten(-1, (2, 2))[..., 0].mul_(3)
     assert [a[:, 0].tolist() for a in y.unbind()] == [[1, 3, 3], [1, 3]]
+
+
+def test_reading_a_slice_taken_before_its_base_was_written_raises():
+    """A slice along a ragged dim is a copy: after a write into its base it does not show the
+    write, where dense torch's view would — reading it then raises (its sizes still answer); taken
+    again, it shows the write. Writing through the slice itself keeps it current."""
+    x = tmj.nested_tensor([torch.ones(3, 2), torch.ones(0, 2), torch.ones(2, 2)])
+    s = x[:, 1:]
+    x.mul_(2)
+    assert s.shape[0] == 3 and s.dim() == 3
+    for read in (lambda t: t.sum(), lambda t: t + 1, lambda t: torch.cat([t, t], 1), lambda t: t.unbind()):
+        with pytest.raises(NotImplementedError, match="take the slice again"):
+            read(s)
+    assert [a.sum().item() for a in x[:, 1:].unbind()] == [8.0, 0.0, 4.0]
+    t = x[:, 1:]
+    t.mul_(3)
+    assert [a.sum().item() for a in t.unbind()] == [24.0, 0.0, 12.0]
+    other = x[:, :1]
+    t.add_(1)  # writes x through t: a slice taken before that is stale
+    with pytest.raises(NotImplementedError, match="take the slice again"):
+        other.sum()

@@ -203,6 +203,11 @@ def test_masked_select_per_sample(layout):
         for a, b in zip(g, g_ref):
             torch.testing.assert_close(a, b)
         torch.testing.assert_close(x.masked_select(mask).values(), out.values())  # the method too
+        # a mask of size 1 along the last static dim broadcasts over it, as dense
+        if comps[0].shape[-1] > 1 and layout.ragged_dims[-1] != comps[0].dim():
+            narrow = [m[..., :1] for m in masks]
+            bx = torch.masked_select(x, mj.as_nested_tensor(narrow, ragged_dims=layout.ragged_dims))
+            _components_equal(bx, [torch.masked_select(c, m) for c, m in zip(comps, narrow)])
 
     check()
 

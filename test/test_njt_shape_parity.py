@@ -209,7 +209,8 @@ def test_split_family_and_narrow_on_the_batch_dim(split, layout, mode):
         for p, (s, n) in zip(pieces, bounds):
             w = torch.randn(p.values().shape, generator=g, dtype=p.dtype)
             loss = loss + (p.values() * w).sum()
-            wp = mj.from_packed(w, p.offsets(), p.sizes(), ragged).unbind()
+            rows = w.movedim(ragged[0] - 1, 0) if len(ragged) == 1 else w  # values(): torch.jagged's layout
+            wp = mj.from_packed(rows, p.offsets(), p.sizes(), ragged).unbind()
             for i, wi in enumerate(wp):
                 want[s + i] = want[s + i] + wi
         got = torch.autograd.grad(loss, leaves, allow_unused=True)

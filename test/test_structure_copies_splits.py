@@ -383,6 +383,22 @@ def test_einsum_diagonal_of_square_pair(eq):
     check()
 
 
+@pytest.mark.parametrize("eq", ["biic->bic", "bii->bi"])
+def test_einsum_diagonal_of_a_pair_of_two_nested_ints_with_equal_lengths(eq):
+    """A pair built from two batches of equal lengths (``x.unsqueeze(2) * y.unsqueeze(1)``: dims
+    ``(j0, j1)``) reads as square; the gradient comes back in the pair's own shape (autograd
+    refused ``(j0, j0)`` for ``(j0, j1)``), per sample, to both batches."""
+    ns = (3, 0, 1, 2)
+    c1, c2 = comps_for([(n, 2) for n in ns], 0), comps_for([(n, 2) for n in ns], 1)
+    ref_eq = eq.replace("b", "")
+
+    def f(x, y):
+        p = x.unsqueeze(-2) * y.unsqueeze(-3)
+        return torch.einsum(eq if x.dim() == 3 else ref_eq, p if eq.startswith("biic") else p.sum(-1))
+
+    per_sample_check(f, R(c1, (1,)), R(c2, (1,)), new_ragged=True)
+
+
 def test_einsum_diagonal_golden():
     p = mj.nested_tensor([torch.tensor([[1.0, 2.0], [3.0, 4.0]]), torch.zeros(0, 0)], ragged_dims=(1, 2))
     d = torch.einsum("bii->bi", p)

@@ -152,11 +152,15 @@ def as_nested_tensor(
     r"""Packs a list of tensors into a multi_jagged tensor ``(B, …)``, differentiable w.r.t. them.
 
     Sample ``i`` is ``tensors[i]``. As :func:`nested_tensor`, but the result is not a new leaf:
-    gradients flow back to ``tensors``.
+    gradients flow back to ``tensors``. As ``torch.nested.as_nested_tensor``: a dense tensor
+    ``(B, N, …)`` gives ``B`` samples ``(N, …)`` ragged along dim 1, a view of its storage where it is
+    contiguous; a multi_jagged tensor is returned as it is (or converted to ``dtype`` /
+    ``device``).
     ``torch.nested.as_nested_tensor(tensors, layout=torch.multi_jagged)`` calls this.
 
     Args:
-        tensors (list of Tensor): the ``B >= 1`` components, of one rank, dtype and device.
+        tensors (list of Tensor, or Tensor): the ``B >= 1`` components, of one rank, dtype and
+            device; or a dense ``(B, N, …)`` tensor, or a multi_jagged tensor.
 
     Keyword args:
         ragged_dims (int or sequence of ints, optional): the logical ragged dims, increasing in
@@ -183,12 +187,33 @@ def as_nested_tensor(
         >>> b.grad
         tensor([[2., 2., 2.]])
     """
+    if isinstance(tensors, MultiJaggedTensor):
+        # as torch.nested's: the tensor itself (or converted to ``dtype`` / ``device``)
+        if ragged_dims is not None and _ragged_dims_tuple("as_nested_tensor", ragged_dims) != tensors._ragged_dims:
+            raise ValueError(f"as_nested_tensor(): ragged_dims {tuple(ragged_dims)} differ from the tensor's "
+                             f"{tensors._ragged_dims}")
+        return tensors.to(device=device, dtype=dtype)
+    if isinstance(tensors, torch.Tensor) and not tensors.is_nested:
+        return _view_of_dense("as_nested_tensor", tensors, ragged_dims, dtype, device)
     tensors = list(tensors)
     ragged_dims, sizes = _infer("as_nested_tensor", tensors, ragged_dims)
     if dtype is not None or device is not None:
         tensors = [t.to(dtype=dtype, device=device) for t in tensors]
     partition = partition_from_sizes(sizes, tensors[0].device)
     return _FromComponents.apply(partition, ragged_dims, *tensors)
+
+
+def _view_of_dense(op: str, t: torch.Tensor, ragged_dims, dtype, device) -> MultiJaggedTensor:
+    """``(B, N, …)`` as a batch of ``B`` samples ``(N, …)`` with dim 1 ragged, viewing ``t``'s
+    storage where ``t`` is contiguous (and no conversion asked), as ``torch.jagged``'s
+    ``as_nested_tensor`` of a tensor."""
+    if t.dim() < 2:
+        raise RuntimeError(f"{op}(): Expected tensor argument to have dim() > 1")
+    if ragged_dims is not None and _ragged_dims_tuple(op, ragged_dims) != (1,):
+        raise ValueError(f"{op}(): a dense tensor's samples are ragged along dim 1 only, got ragged_dims {ragged_dims}")
+    values = t.contiguous().flatten(0, 1).to(device=device, dtype=dtype)
+    b, n = t.shape[:2]
+    return from_packed(values, torch.arange(b + 1, device=values.device) * n, torch.full((b,), n, dtype=torch.int64), (1,))
 
 
 def nested_tensor(

@@ -11,7 +11,7 @@ A batch crosses processes as three plain tensors, sent one after the other by th
 1. a fixed-length int64 *header*: dtype, batch size B, packed row count T, whether it needs a
    gradient, logical rank, ragged dims and static sizes (a batch is its packed values plus these);
 2. its ``(B, R)`` per-sample sizes (``x.sizes()``);
-3. its packed values ``(T, *static)`` (``x.values()``).
+3. its packed values ``(T, *static)`` (``values_of(x)``).
 
 Headers go first because every later buffer is sized from them, and because they let every rank
 check the others' dtype, ragged dims and static sizes *before* any buffer of the wrong size is
@@ -43,7 +43,7 @@ import torch
 import torch.distributed as dist
 
 from .constructors import from_packed
-from .tensor import MultiJaggedTensor
+from .tensor import MultiJaggedTensor, values_of
 
 __all__ = ["all_gather", "gather", "broadcast", "scatter"]
 
@@ -237,7 +237,7 @@ def all_gather(x: MultiJaggedTensor, group: Optional[dist.ProcessGroup] = None) 
     gathered = _all_gather_rows(x.sizes().to(device), bs, rank, group, grad=False)
     # SYNC: from_packed needs the gathered sizes on the host (a no-op copy on gloo).
     sizes = torch.cat(gathered).cpu()
-    values = x.values() if grad else x.values().detach()
+    values = values_of(x) if grad else values_of(x).detach()
     pieces = _all_gather_rows(_to_wire(values), ts, rank, group, grad)
     return _build(torch.cat(pieces), sizes, headers[0])
 
@@ -249,7 +249,7 @@ def gather(x: MultiJaggedTensor, dst: int = 0, group: Optional[dist.ProcessGroup
     headers, device = _exchange_headers(op, x, group, False)
     here = dist.get_rank() == dst
     out: list[torch.Tensor] = []  # on dst
-    for t, per_rank in ((x.sizes().to(device), headers[:, _B]), (_to_wire(x.values().detach()), headers[:, _T])):
+    for t, per_rank in ((x.sizes().to(device), headers[:, _B]), (_to_wire(values_of(x).detach()), headers[:, _T])):
         counts: list[int] = per_rank.tolist()
         rows = max(counts, default=0)
         if rows * math.prod(t.shape[1:]) == 0:
@@ -315,7 +315,7 @@ def broadcast(
     header, _, device = _source_header(op, x, src, group, device)
     if dist.get_rank() == src:
         assert x is not None  # else _source_header raised on every rank
-        for t in (x.sizes().to(device), _to_wire(x.values().detach()).contiguous()):
+        for t in (x.sizes().to(device), _to_wire(values_of(x).detach()).contiguous()):
             if t.numel():
                 dist.broadcast(t, src, group=group)
         return x
@@ -371,7 +371,7 @@ def scatter(
     sizes, values = _empty_like_header(empty, device)
     mine = dist.get_rank(group)
     out = []
-    full = (x.sizes(), _to_wire(x.values().detach())) if here and x is not None else (None, None)
+    full = (x.sizes(), _to_wire(values_of(x).detach())) if here and x is not None else (None, None)
     per_rank: list[list[int]] = counts.T.tolist()
     for buf, n, whole in zip((sizes, values), per_rank, full):
         rows = max(n, default=0)

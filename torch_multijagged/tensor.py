@@ -226,10 +226,14 @@ class MultiJaggedTensor(torch.Tensor):
 
         The ragged dims are flattened into packed rows (row-major over each sample's ragged
         coordinates), sample after sample; ``offsets()`` splits them by sample. A view of the
-        storage, not a copy; gradients flow back to ``self``.
+        storage, not a copy; gradients flow back to ``self``. With one ragged dim ``r > 1`` the
+        rows sit at dim ``r - 1``, as ``torch.jagged``'s ``values()`` (``(B, H, j0, D)`` gives
+        ``(H, T, D)``), so ``nested_tensor_from_jagged(x.values(), x.offsets(), jagged_dim=r)``
+        rebuilds ``x``.
 
         Returns:
-            Tensor: the ``(T, *static)`` packed values, ``T`` the number of packed rows.
+            Tensor: the ``(T, *static)`` packed values, ``T`` the number of packed rows (at dim
+            ``r - 1`` for one ragged dim ``r``).
 
         Example::
 
@@ -241,7 +245,9 @@ class MultiJaggedTensor(torch.Tensor):
                     [4., 5.],
                     [0., 1.]])
         """
-        return values_of(self)
+        v = values_of(self)
+        rd = self._ragged_dims
+        return v.movedim(0, rd[0] - 1) if len(rd) == 1 and rd[0] > 1 else v
 
     def offsets(self, dim: int | None = None) -> torch.Tensor:
         r"""Returns the offsets of the samples in the packed rows, or of one ragged dim's sizes.

@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import constructors
+from ...bridge import values_of
 from ...compile import attention as cattn
 from ...compile.attention import BACKENDS, backend  # noqa: F401  (public: re-exported)
 from ...errors import StructureError
@@ -207,7 +208,7 @@ def dense_as_rows(op: str, dense: torch.Tensor, like: MJT, what: str = "query", 
     as_rows = constructors.from_packed(rows, offsets, torch.full((b,), length, dtype=torch.int64), (n - 2,))
 
     def back(out: MJT) -> torch.Tensor:
-        v = out.values()  # (B·L, *heads, …)
+        v = values_of(out)  # (B·L, *heads, …)
         return v.reshape(b, length, *v.shape[1:]).movedim(1, n - 2)
 
     return as_rows, back

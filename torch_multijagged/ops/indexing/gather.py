@@ -345,6 +345,10 @@ def _masked_select(input, mask, *, out=None):
             f"masked_select(): expected a multi_jagged mask of the input's shape {describe(input)}, got "
             f"{describe(mask)}"
         )
+    static = [d for d in range(1, input.dim()) if d not in input._ragged_dims]
+    if mask.dim() == input.dim() and mask._ragged_dims == input._ragged_dims and any(
+            mask.shape[d] == 1 != input.shape[d] for d in static):
+        mask = mask.expand_as(input)  # static dims of size 1 broadcast, as dense (``(B, j0, 1)`` for ``(B, j0, C)``)
     if torch.is_grad_enabled() and input.requires_grad:
         return _MaskedSelect.apply(input, mask)
     return aten.masked_select.default(input, mask)

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from ...bridge import wrap_values
+from ...bridge import values_of, wrap_values
 from ...compile import segment as seg
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe, eager_route, static_dims, wrap
@@ -251,7 +251,7 @@ def assign_index(x: MJT, index, value, getitem):
     flat = (pos._values if isinstance(pos, MJT) else pos).reshape(-1)
     if flat.numel() == 0:
         return None
-    src_flat = (src.values() if isinstance(src, MJT) else src).reshape(-1)
+    src_flat = (values_of(src) if isinstance(src, MJT) else src).reshape(-1)
     at = torch.zeros(v.numel(), dtype=torch.int64, device=v.device)  # each element's place in src_flat
     at[flat] = torch.arange(flat.numel(), device=v.device)
     selected = torch.zeros(v.numel(), dtype=torch.bool, device=v.device)

@@ -117,7 +117,7 @@ class BatchMoved(torch.Tensor):
         if is_metadata(func):
             with torch._C.DisableTorchFunctionSubclass():
                 return func(*args, **kwargs)
-        perm = self._perm if isinstance(self, BatchMoved) else None
+        perm = next((t._perm for t in _tokens(list(args) + list(kwargs.values()))), None)
         raise NotImplementedError(
             f"{getattr(func, '__name__', func)}(): a multi_jagged tensor whose batch dim is not at dim 0 (dims "
             f"permuted {perm}) supports indexing its leading dim, permuting the batch back to dim 0, elementwise "
@@ -206,8 +206,34 @@ def _movedim(t: BatchMoved, source, destination):
     return t._permute(_movedim_order("movedim", len(t._perm), source, destination))
 
 
+def _cat(tensors, dim=0, *, out=None):
+    """``torch.cat`` of tokens of one permutation and dense tensors in the token's dim order
+    (sequence-first ``cat([cls, t], 0)``: a dense ``(1, B, C)`` token prepended to each sample): the
+    batch-first ``cat`` along the mapped dim, each dense operand permuted alike."""
+    if out is not None or not isinstance(tensors, (list, tuple)) or not tensors:
+        return NotImplemented
+    tokens = [t for t in tensors if isinstance(t, BatchMoved)]
+    perm = tokens[0]._perm
+    n = len(perm)
+    if any(t._perm != perm for t in tokens) or any(isinstance(t, MJT) for t in tensors):
+        return NotImplemented
+    md = perm[canonical_dim("cat", n, dim)]
+    if md == 0:
+        return NotImplemented  # along the batch dim: the error names cat
+    back = tuple(sorted(range(n), key=lambda i: perm[i]))  # token dims in batch-first order
+    parts = []
+    for t in tensors:
+        if isinstance(t, BatchMoved):
+            parts.append(t._mjt)
+        elif isinstance(t, torch.Tensor) and t.dim() == n:
+            parts.append(t.permute(back))
+        else:
+            return NotImplemented
+    return _rewrap(torch.cat(parts, md), perm)
+
+
 # ----------------------------------------------------------------------------- ops that forward
-_REGISTERED: set = set()
+_REGISTERED: set = {torch.cat, torch.concat, torch.concatenate}
 
 
 def token_op(*funcs):
@@ -434,6 +460,7 @@ _FORWARDED = {**dict.fromkeys(_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAS
               **dict.fromkeys(_DIMS_AT, "dims")}
 
 _TOKEN_OPS = {
+    torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
     torch.unbind: _unbind, torch.Tensor.unbind: _unbind,
     torch.Tensor.__getitem__: _getitem,
     torch.select: _select, torch.Tensor.select: _select,

@@ -167,7 +167,10 @@ def _permute(inp, perm):
 # the same values. Writes the function level does not see (an ``out=`` argument, an aten call)
 # still refuse (``guard_write``). Windows (``unfold``) overlap, so they refuse as reordered
 # copies do. A dense result (``x[:, 0]`` of ``(B, j0, C)``) is a plain tensor: a copy, written
-# to freely, as ``torch.jagged``'s.
+# to freely, as ``torch.jagged``'s. The slice holds its base (a dense view holds its base's
+# storage), so a slice of a view no one else holds (``y.view(…)[:, 1:]``) still writes back. A
+# slice taken before its base was written does not show that write: reading it then raises
+# (``_check_slices_fresh``, while any copy lives), as writing it back does.
 _REORDER_COPIES: dict[int, tuple] = {}  # storage pointer → (weakref to values, origin, write-back or None)
 _WRITING: set[int] = set()  # copies an in-place op is writing through now (``write_through``)
 
@@ -197,8 +200,34 @@ def mark_view_copy(out, base: MJT, index: tuple):
     if isinstance(out, MJT) and type(out._values) is torch.Tensor:
         # the base is held, as a dense view holds its base's storage: a base that is itself a view
         # (``y.view(…)[:, 1:]``, ``y[..., 0][:, 1:]``) is written back even when no one else holds it
-        _mark_copy(out._values, "a slice of a ragged dim", (weakref.ref(out), base, index, [_versions(base)]))
+        entry = (weakref.ref(out), base, index, [_versions(base)])
+        _mark_copy(out._values, "a slice of a ragged dim", entry)
+        out.__dict__["_slice_of"] = entry
     return out
+
+
+# reading these does not read the elements: a stale slice answers them as its base would
+_METADATA_READS = frozenset({"__get__", "size", "dim", "ndimension", "numel", "stride", "is_contiguous", "__len__",
+                             "storage_offset", "element_size", "is_floating_point", "is_complex", "__hash__",
+                             "detach", "requires_grad_", "retain_grad", "register_hook", "__reduce_ex__", "__setstate__"})
+
+
+def _check_slices_fresh(func, args) -> None:
+    """Raise when ``func`` reads a slice along a ragged dim taken before its base was written: a
+    copy, it does not show that write where dense torch's view would (NOTE [ Slices of ragged dims
+    write through ])."""
+    for a in args:
+        for x in (a if isinstance(a, (list, tuple)) else (a,)):
+            hit = x.__dict__.get("_slice_of") if isinstance(x, MJT) else None
+            if hit is not None and _versions(hit[1]) != hit[3][0]:
+                if getattr(func, "__name__", "") in _METADATA_READS:
+                    return
+                name = getattr(func, "__name__", str(func)).split(".")[0]
+                raise NotImplementedError(
+                    f"{name}(): this slice of {describe(hit[1])} along a ragged dim was taken before that tensor was "
+                    "written in place: the slice is a copy for layout torch.multi_jagged, so it does not show the "
+                    "write (dense torch's view would); take the slice again after the write"
+                )
 
 
 def is_reorder_copy(x: MJT) -> bool:
@@ -233,7 +262,12 @@ def writeback_target(func, args, kwargs):
     """``(pointer, (copy, base, index))`` when ``func`` writes in place into a slice copy that
     writes through (NOTE [ Slices of ragged dims write through ]), else None. Called only while
     some copy lives."""
-    if not args or not isinstance(args[0], MJT) or not (_writes_self(func) or (kwargs and kwargs.get("inplace") is True)):
+    if not args:
+        return None
+    if not (_writes_self(func) or (kwargs and kwargs.get("inplace") is True)):
+        _check_slices_fresh(func, args)
+        return None
+    if not isinstance(args[0], MJT):
         return None
     ptr = _storage_ptr(args[0]._values)
     hit = _REORDER_COPIES.get(ptr) if ptr else None
@@ -672,10 +706,14 @@ def diagonal_backward_default(func, grad, input_sizes, offset, dim1, dim2):
     if not ragged:
         values = func(v, [v.shape[0], *static_sizes], offset, stat.index(a) + 1, stat.index(b) + 1)
         return wrap(values, grad._partition, in_ragged)
-    e = grad._partition.extents[0] if offset == 0 else extent_of(input_sizes[a])
-    if e is None:
-        raise NotImplementedError("diagonal_backward(): the input's ragged size is not an eager nested int")
-    pair = partition_for([e, e])
+    # the input's own extents (a pair of two nested ints with equal lengths, as einsum's 'bii'
+    # reads one, gets its gradient in its own shape)
+    ea, eb = extent_of(input_sizes[a]), extent_of(input_sizes[b])
+    if ea is None or eb is None:
+        if offset != 0:
+            raise NotImplementedError("diagonal_backward(): the input's ragged size is not an eager nested int")
+        ea = eb = grad._partition.extents[0]
+    pair = partition_for([ea, eb])
     rows = _diagonal_rows(pair, grad._partition, offset)
     values = v.new_zeros((pair.rows, *v.shape[1:])).index_copy(0, rows, v)
     return wrap(values, pair, in_ragged)
