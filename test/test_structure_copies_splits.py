@@ -627,3 +627,57 @@ def test_write_a_view_made_after_the_base_was_written(view):
     v.neg_()
     with pytest.raises(NotImplementedError, match="written in place through another tensor that shares them"):
         q.sin()
+
+
+def _stale_programs():
+    def seq():
+        return mj.nested_tensor(comps_for([(2, 4), (0, 4), (3, 4)], 0), requires_grad=True)
+
+    def pair():
+        return mj.nested_tensor(comps_for([(2, 2, 3), (1, 1, 3), (3, 3, 3)], 1), ragged_dims=(1, 2), requires_grad=True)
+
+    def alias_after_own_write(x):  # y's own write, then one through a values-path view of its view
+        y = x * 1
+        t = y[..., :2]
+        t.mul_(2.0)
+        t.unsqueeze(-1).mul_(3.0)
+        return (y * y).sum()
+
+    def saved_then_written_through_a_view(x):  # dense: "modified by an inplace operation"
+        y = x * 1
+        z = torch.sin(y)
+        y[..., :2].mul_(2.0)
+        return z.sum()
+
+    def read_after(view):
+        def prog(x):
+            y = x * 1
+            t = view(y)
+            y[..., :1].mul_(2.0)  # the base written through a view of its own
+            return (t * t).sum()
+        return prog
+
+    return {
+        "a write through an alias after the tensor's own write": (seq, alias_after_own_write, NotImplementedError,
+                                                                   "written in place through another tensor"),
+        "values saved for backward, then written through a view": (seq, saved_then_written_through_a_view, RuntimeError,
+                                                                    "modified by an inplace operation"),
+        "a view of a ragged slice": (seq, read_after(lambda y: y[:, 1:].unsqueeze(-1)), NotImplementedError, "take the slice again"),
+        "a ragged slice of a transpose": (seq, read_after(lambda y: y.transpose(-1, -2)[..., 1:]), NotImplementedError,
+                                          "take the slice again"),
+        "a narrow along a pair's ragged dim": (pair, read_after(lambda y: y.narrow(1, 0, 1)), NotImplementedError,
+                                               "take the slice again"),
+        "a transpose of a pair's ragged dims": (pair, read_after(lambda y: y.transpose(1, 2)), NotImplementedError,
+                                                "take the slice again"),
+    }
+
+
+@pytest.mark.parametrize("case", list(_stale_programs()), ids=str)
+def test_writes_that_a_copy_or_an_alias_would_miss_raise(case):
+    """Programs whose dense result reflects a write that ours could not (a copy taken before its
+    base was written, a gradient that would miss a write through an alias, values saved for a
+    backward and written through a view): each raises instead of answering differently."""
+    make, prog, exc, words = _stale_programs()[case]
+    x = make()
+    with pytest.raises(exc, match=words):
+        torch.autograd.grad(prog(x), x)

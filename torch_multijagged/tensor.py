@@ -666,10 +666,23 @@ class MultiJaggedTensor(torch.Tensor):
                 check_not_written_through_alias(x, func)
         out = _dispatch(func, args, kwargs)
         for x in targets:
-            if not x._values.is_inference():
-                torch.autograd.graph.increment_version(x._values)
+            _bump_values(x)
             stamp_write(x._values)
+            # a handler's view has values whose counter is not its base's (made below autograd):
+            # the bases' values are written too, and values saved for a backward from them must
+            # make it raise, as dense torch's shared counter does
+            with torch._C.DisableTorchFunctionSubclass():
+                base = x._base
+            while isinstance(base, MultiJaggedTensor):
+                _bump_values(base)
+                with torch._C.DisableTorchFunctionSubclass():
+                    base = base._base
         return out
+
+
+def _bump_values(x: "MultiJaggedTensor") -> None:
+    if not x._values.is_inference():
+        torch.autograd.graph.increment_version(x._values)
 
 
 # NOTE [ Error names ]

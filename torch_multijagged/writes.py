@@ -122,9 +122,14 @@ def refuse_split_piece_write(func, targets) -> None:
 # own), so a write through it left the counters of other wrappers on that storage unchanged and
 # their gradients missed it. ``_vgraph`` records the write clock when it was made; a storage
 # stamped after that was written since (one compare while nothing was written).
+# A tensor written itself (directly or through an autograd view) bumps its own version once per
+# write, so it is stale when its storage saw more writes since than its version counts: a write
+# through an alias came on top of its own (``t = y[..., :2]; t.mul_(2); t.unsqueeze(-1).mul_(3)``
+# leaves ``y``'s history without the second write).
 WRITE_CLOCK = [0]  # dispatched writes into multi_jagged values so far
-_WRITTEN_AT: dict[int, int] = {}  # storage pointer → WRITE_CLOCK at its last write
+_WRITTEN_AT: dict[int, list] = {}  # storage pointer → WRITE_CLOCK at each of its last writes
 _STAMPS_KEPT = 1 << 16  # a long run's stamps are dropped past this many storages
+_WRITES_KEPT = 64  # per storage
 
 
 def _storage_ptr(v: torch.Tensor) -> int:
@@ -141,14 +146,23 @@ def stamp_write(values: torch.Tensor) -> None:
     if ptr:
         if len(_WRITTEN_AT) >= _STAMPS_KEPT:
             _WRITTEN_AT.clear()
-        _WRITTEN_AT[ptr] = WRITE_CLOCK[0]
+        stamps = _WRITTEN_AT.setdefault(ptr, [])
+        stamps.append(WRITE_CLOCK[0])
+        if len(stamps) > _WRITES_KEPT:
+            del stamps[0]
+
+
+def writes_since(v: torch.Tensor, clock: int) -> int:
+    """How many dispatched writes stamped ``v``'s storage after ``clock``."""
+    if clock == WRITE_CLOCK[0]:
+        return 0
+    stamps = _WRITTEN_AT.get(_storage_ptr(v))
+    return 0 if not stamps else sum(1 for c in stamps if c > clock)
 
 
 def written_since(v: torch.Tensor, clock: int) -> bool:
     """Whether a dispatched write stamped ``v``'s storage after ``clock``."""
-    if clock == WRITE_CLOCK[0]:
-        return False
-    return _WRITTEN_AT.get(_storage_ptr(v), 0) > clock
+    return writes_since(v, clock) > 0
 
 
 def _stale_own(x) -> bool:
@@ -156,7 +170,10 @@ def _stale_own(x) -> bool:
     if hit is None:
         return False
     with torch._C.DisableTorchFunctionSubclass():
-        return (hit[0]._version != hit[1] or written_since(hit[0], hit[4])) and x._version == hit[3] and x.requires_grad
+        if not x.requires_grad:
+            return False
+        own = x._version - hit[3]  # its own writes since (each stamped once)
+        return (own == 0 and hit[0]._version != hit[1]) or writes_since(hit[0], hit[4]) > own
 
 
 def _stale(x) -> bool:

@@ -111,7 +111,7 @@ def narrow_ragged(op: str, x: MJT, d: int, k: int, start: int, length: int):
         # dense gives a view; ours is a copy whose dim is static where ``x[index]`` would read a
         # ragged one, so it cannot be assigned back: writes into it refuse (NOTE [ Reordered ragged
         # dims are copies ] in shape/views.py)
-        _mark_reorder_copy(out._values, "a narrow of a ragged dim")
+        _mark_reorder_copy(out._values, "a narrow of a ragged dim", base=x)
     return out
 
 
@@ -559,7 +559,7 @@ def unfold_ragged(op: str, x: MJT, d: int, k: int, size: int, step: int):
         return source
 
     out = torch.stack([keep_along(x, extents, element(t)) for t in range(size)], dim=-1)
-    _mark_reorder_copy(out._values, "windows along a ragged dim (unfold)")  # dense: a view; windows overlap
+    _mark_reorder_copy(out._values, "windows along a ragged dim (unfold)", base=x)  # dense: a view; windows overlap
     return out
 
 

@@ -404,7 +404,7 @@ def _split_ragged_dims(op: str, x: MJT, size, splits: dict[int, tuple[int, bool]
     values = values.contiguous()
     y = wrap_values(values, out, tuple(out_ragged)) if _needs_grad(x) else wrap(values, out, tuple(out_ragged))
     if values.numel():
-        _mark_reorder_copy(y._values, "a split of ragged dims into parts and static factors")
+        _mark_reorder_copy(y._values, "a split of ragged dims into parts and static factors", base=x)
     return y
 
 
@@ -493,7 +493,7 @@ def _merge_ragged_dims(op: str, x: MJT, merges: dict[int, tuple[int, bool]]) -> 
             out_ragged.append(d_out)
     y = wrap_values(values, out, tuple(out_ragged)) if _needs_grad(x) else wrap(values, out, tuple(out_ragged))
     if values.numel():
-        _mark_reorder_copy(y._values, "a merge of ragged dims with static factors")
+        _mark_reorder_copy(y._values, "a merge of ragged dims with static factors", base=x)
     return y
 
 

@@ -137,7 +137,7 @@ def _permute(inp, perm):
         # no strides can express — a copy (NOTE [ Reordered ragged dims are copies ]).
         index, partition = partition.reorder_rows(ragged_order)
         values = values.index_select(0, index)
-        _mark_reorder_copy(values)
+        _mark_reorder_copy(values, base=inp)
     return wrap(values, partition, new_ragged)
 
 
@@ -177,20 +177,26 @@ _WRITING: set[int] = set()  # copies an in-place op is writing through now (``wr
 _REORDERED = "a transpose / permute that reorders ragged dims"
 
 
-def _mark_copy(values: torch.Tensor, origin: str, writeback=None) -> None:
+def _mark_copy(values: torch.Tensor, origin: str, writeback=None, base=None) -> None:
+    """Register ``values`` (a copy made where dense torch gives a view of ``base``): with
+    ``writeback`` (``(copy, base, index, [base's versions])``) it writes through, else writes into it
+    refuse; reading it after ``base`` was written raises (``_check_slices_fresh``)."""
     ptr = _storage_ptr(values)
     if ptr:
+        seen = writeback if writeback is not None else ((None, base, None, [_versions(base)]) if base is not None else None)
         _REORDER_COPIES[ptr] = (weakref.ref(values, lambda _, ptr=ptr: _REORDER_COPIES.pop(ptr, None)), origin,
-                                writeback)
+                                writeback, seen)
 
 
-def _mark_reorder_copy(values: torch.Tensor, origin: str = _REORDERED) -> None:
-    _mark_copy(values, origin)
+def _mark_reorder_copy(values: torch.Tensor, origin: str = _REORDERED, base=None) -> None:
+    _mark_copy(values, origin, base=base)
 
 
 def _versions(x: MJT) -> tuple[int, int]:
     """The wrapper's and its values' version counters (a write through either path bumps one)."""
     with torch._C.DisableTorchFunctionSubclass():
+        if x.is_inference() or x._values.is_inference():
+            return -1, -1  # inference tensors count no versions: their writes cannot be told
         return x._version, x._values._version
 
 
@@ -200,9 +206,7 @@ def mark_view_copy(out, base: MJT, index: tuple):
     if isinstance(out, MJT) and type(out._values) is torch.Tensor:
         # the base is held, as a dense view holds its base's storage: a base that is itself a view
         # (``y.view(…)[:, 1:]``, ``y[..., 0][:, 1:]``) is written back even when no one else holds it
-        entry = (weakref.ref(out), base, index, [_versions(base)])
-        _mark_copy(out._values, "a slice of a ragged dim", entry)
-        out.__dict__["_slice_of"] = entry
+        _mark_copy(out._values, "a slice of a ragged dim", (weakref.ref(out), base, index, [_versions(base)]))
     return out
 
 
@@ -213,20 +217,30 @@ _METADATA_READS = frozenset({"__get__", "size", "dim", "ndimension", "numel", "s
 
 
 def _check_slices_fresh(func, args) -> None:
-    """Raise when ``func`` reads a slice along a ragged dim taken before its base was written: a
-    copy, it does not show that write where dense torch's view would (NOTE [ Slices of ragged dims
-    write through ])."""
+    """Raise when ``func`` reads a copy made where dense torch gives a view (a slice along a ragged
+    dim, a reordering of ragged dims…), or a view of one, after the tensor it was taken from was
+    written: it does not show that write where dense torch's view would (NOTE [ Slices of ragged
+    dims write through ])."""
     for a in args:
         for x in (a if isinstance(a, (list, tuple)) else (a,)):
-            hit = x.__dict__.get("_slice_of") if isinstance(x, MJT) else None
-            if hit is not None and _versions(hit[1]) != hit[3][0]:
+            if not isinstance(x, MJT):
+                continue
+            ptr = x.__dict__.get("_storage_ptr")
+            if ptr is None:  # a wrapper keeps its values' storage: looked up once
+                v = x.__dict__.get("_values")
+                if v is None:
+                    continue  # per-image pieces not packed yet (NOTE [ Per-image pieces ]): not a copy
+                ptr = x.__dict__["_storage_ptr"] = _storage_ptr(v)
+            hit = _REORDER_COPIES.get(ptr) if ptr else None
+            seen = hit[3] if hit is not None and hit[0]() is not None else None
+            if seen is not None and _versions(seen[1]) != seen[3][0]:
                 if getattr(func, "__name__", "") in _METADATA_READS:
                     return
                 name = getattr(func, "__name__", str(func)).split(".")[0]
                 raise NotImplementedError(
-                    f"{name}(): this slice of {describe(hit[1])} along a ragged dim was taken before that tensor was "
-                    "written in place: the slice is a copy for layout torch.multi_jagged, so it does not show the "
-                    "write (dense torch's view would); take the slice again after the write"
+                    f"{name}(): this tensor comes from {hit[1]} of {describe(seen[1])} taken before that tensor was "
+                    "written in place: it is a copy for layout torch.multi_jagged, so it does not show the write "
+                    "(dense torch's view would); take the slice again after the write"
                 )
 
 
@@ -321,7 +335,12 @@ def guard_write(func, args, kwargs) -> None:
         for x in (t if isinstance(t, (list, tuple)) else (t,)):
             if not isinstance(x, MJT):
                 continue
-            ptr = _storage_ptr(x._values)
+            ptr = x.__dict__.get("_storage_ptr")
+            if ptr is None:  # a wrapper keeps its values' storage: looked up once
+                v = x.__dict__.get("_values")
+                if v is None:
+                    continue  # per-image pieces not packed yet (NOTE [ Per-image pieces ]): not a copy
+                ptr = x.__dict__["_storage_ptr"] = _storage_ptr(v)
             hit = _REORDER_COPIES.get(ptr) if ptr else None
             if hit is None or hit[0]() is None or ptr in _WRITING:
                 continue
@@ -691,7 +710,7 @@ def diagonal_default(func, inp, offset=0, dim1=0, dim2=1):
     e = square_extent("diagonal", inp, a, b)
     single = partition_for([_diagonal_extent(e, offset)])
     values = inp._values.index_select(0, _diagonal_rows(inp._partition, single, offset))
-    _mark_reorder_copy(values)
+    _mark_reorder_copy(values, base=inp)
     return wrap(values, single, (ndim - 2,))
 
 
