@@ -669,6 +669,9 @@ def _stale_programs():
                                                "take the slice again"),
         "a transpose of a pair's ragged dims": (pair, read_after(lambda y: y.transpose(1, 2)), NotImplementedError,
                                                 "take the slice again"),
+        # the values path hands the handler a stand-in of the view: the base's storage tells the write
+        "a reordering of a pair's ragged dims taken from a view": (
+            pair, read_after(lambda y: y.permute(0, 1, 2, 3).permute(0, 3, 2, 1)), NotImplementedError, "take the slice again"),
     }
 
 

@@ -12,7 +12,7 @@ from ...kernels import reference as ref
 from .._table import register_multi_jagged_func
 from ...structure import extent_of, mapped_extent, partition_for, same_extent
 from .._common import MJT, canonical_dim, canonical_dims, describe, same_partition, static_dims, wrap
-from ...writes import _storage_ptr, written_args
+from ...writes import WRITE_CLOCK, _storage_ptr, written_args, written_since
 
 aten = torch.ops.aten
 
@@ -183,13 +183,28 @@ def _mark_copy(values: torch.Tensor, origin: str, writeback=None, base=None) -> 
     refuse; reading it after ``base`` was written raises (``_check_slices_fresh``)."""
     ptr = _storage_ptr(values)
     if ptr:
-        seen = writeback if writeback is not None else ((None, base, None, [_versions(base)]) if base is not None else None)
+        seen = writeback if writeback is not None else ((None, base, None, _state(base)) if base is not None else None)
         _REORDER_COPIES[ptr] = (weakref.ref(values, lambda _, ptr=ptr: _REORDER_COPIES.pop(ptr, None)), origin,
                                 writeback, seen)
 
 
 def _mark_reorder_copy(values: torch.Tensor, origin: str = _REORDERED, base=None) -> None:
     _mark_copy(values, origin, base=base)
+
+
+def _state(base: MJT) -> list:
+    """What a copy remembers of its base: its versions and the write clock (``_written``)."""
+    return [_versions(base), WRITE_CLOCK[0]]
+
+
+def _written(base: MJT, state: list) -> bool:
+    """Whether ``base`` was written since ``state``: its versions, or a dispatched write into its
+    storage (through a tensor sharing it that autograd does not connect, a stand-in the values
+    path gave a handler)."""
+    if _versions(base) != state[0]:
+        return True
+    v = base.__dict__.get("_values")
+    return v is not None and written_since(v, state[1])
 
 
 def _versions(x: MJT) -> tuple[int, int]:
@@ -206,7 +221,7 @@ def mark_view_copy(out, base: MJT, index: tuple):
     if isinstance(out, MJT) and type(out._values) is torch.Tensor:
         # the base is held, as a dense view holds its base's storage: a base that is itself a view
         # (``y.view(…)[:, 1:]``, ``y[..., 0][:, 1:]``) is written back even when no one else holds it
-        _mark_copy(out._values, "a slice of a ragged dim", (weakref.ref(out), base, index, [_versions(base)]))
+        _mark_copy(out._values, "a slice of a ragged dim", (weakref.ref(out), base, index, _state(base)))
     return out
 
 
@@ -233,7 +248,7 @@ def _check_slices_fresh(func, args) -> None:
                 ptr = x.__dict__["_storage_ptr"] = _storage_ptr(v)
             hit = _REORDER_COPIES.get(ptr) if ptr else None
             seen = hit[3] if hit is not None and hit[0]() is not None else None
-            if seen is not None and _versions(seen[1]) != seen[3][0]:
+            if seen is not None and _written(seen[1], seen[3]):
                 if getattr(func, "__name__", "") in _METADATA_READS:
                     return
                 name = getattr(func, "__name__", str(func)).split(".")[0]
@@ -303,7 +318,7 @@ def write_through(target, run):
             "slice itself is gone: the slice is a copy for layout torch.multi_jagged and is written back as a "
             "whole, so keep it in a variable while writing through its views (s = x[:, 1:]; s[..., 0].mul_(2))"
         )
-    if _versions(base) != seen[0]:
+    if _written(base, seen):
         raise NotImplementedError(
             f"cannot write in place to a slice of {describe(base)} along a ragged dim taken before that tensor was "
             "written: the slice is a copy for layout torch.multi_jagged, so it does not show the later write, and "
@@ -317,7 +332,7 @@ def write_through(target, run):
     copy = copy_ref()
     if copy is not None:
         base[index] = copy
-        seen[0] = _versions(base)
+        seen[:] = _state(base)
     return result
 
 
