@@ -128,8 +128,8 @@ def refuse_split_piece_write(func, targets) -> None:
 # leaves ``y``'s history without the second write).
 WRITE_CLOCK = [0]  # dispatched writes into multi_jagged values so far
 _WRITTEN_AT: dict[int, list] = {}  # storage pointer → WRITE_CLOCK at each of its last writes
-_STAMPS_KEPT = 1 << 16  # a long run's stamps are dropped past this many storages
-_WRITES_KEPT = 64  # per storage
+_STAMPS_KEPT = 1 << 14  # a long run's stamps are dropped past this many storages (bounded memory)
+_WRITES_KEPT = 16  # per storage: the last writes (a tensor written more often since is not told stale)
 
 
 def _storage_ptr(v: torch.Tensor) -> int:
