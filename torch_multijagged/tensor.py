@@ -47,7 +47,7 @@ from .serialization import INTERNAL_ATTRS, copy_partition, partition_from_file, 
 from .structure import Partition, RaggedExtent, _is_traced
 from .writes import (
     _differentiable, _eager, _refuse_traced_alias_write, _targets, _written_through_alias,
-    WRITE_CLOCK, check_not_written_through_alias, refuse_split_piece_write, stamp_write, written_args,
+    WRITE_CLOCK, check_not_written_through_alias, record_write, refuse_split_piece_write, written_args,
 )
 
 __all__ = ["MultiJaggedTensor"]
@@ -666,23 +666,8 @@ class MultiJaggedTensor(torch.Tensor):
                 check_not_written_through_alias(x, func)
         out = _dispatch(func, args, kwargs)
         for x in targets:
-            _bump_values(x)
-            stamp_write(x._values)
-            # a handler's view has values whose counter is not its base's (made below autograd):
-            # the bases' values are written too, and values saved for a backward from them must
-            # make it raise, as dense torch's shared counter does
-            with torch._C.DisableTorchFunctionSubclass():
-                base = x._base
-            while isinstance(base, MultiJaggedTensor):
-                _bump_values(base)
-                with torch._C.DisableTorchFunctionSubclass():
-                    base = base._base
+            record_write(x, MultiJaggedTensor)
         return out
-
-
-def _bump_values(x: "MultiJaggedTensor") -> None:
-    if not x._values.is_inference():
-        torch.autograd.graph.increment_version(x._values)
 
 
 # NOTE [ Error names ]

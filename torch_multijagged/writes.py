@@ -12,7 +12,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["written_args", "check_not_written_through_alias", "refuse_split_piece_write", "stamp_write", "written_since"]
+__all__ = ["written_args", "check_not_written_through_alias", "refuse_split_piece_write", "record_write", "stamp_write",
+           "written_since"]
 
 
 # NOTE [ Writes into shared values ]
@@ -150,6 +151,27 @@ def stamp_write(values: torch.Tensor) -> None:
         stamps.append(WRITE_CLOCK[0])
         if len(stamps) > _WRITES_KEPT:
             del stamps[0]
+
+
+def _bump_values(x) -> None:
+    if not x._values.is_inference():
+        torch.autograd.graph.increment_version(x._values)
+
+
+def record_write(x, cls: type) -> None:
+    """After a dispatched write into ``x`` (of type ``cls``, the subclass): its values' counter
+    bumped (the handler wrote them below autograd, where it is not) and its storage stamped. A
+    handler's view has values whose counter is not its base's (made below autograd): the bases'
+    values are bumped too, so a backward that saved them raises, as dense torch's shared counter
+    makes it."""
+    _bump_values(x)
+    stamp_write(x._values)
+    with torch._C.DisableTorchFunctionSubclass():
+        base = x._base
+    while isinstance(base, cls):
+        _bump_values(base)
+        with torch._C.DisableTorchFunctionSubclass():
+            base = base._base
 
 
 def writes_since(v: torch.Tensor, clock: int) -> int:

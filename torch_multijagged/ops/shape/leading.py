@@ -213,6 +213,8 @@ def _cat(tensors, dim=0, *, out=None):
     if out is not None or not isinstance(tensors, (list, tuple)) or not tensors:
         return NotImplemented
     tokens = [t for t in tensors if isinstance(t, BatchMoved)]
+    if not tokens:
+        return NotImplemented
     perm = tokens[0]._perm
     n = len(perm)
     if any(t._perm != perm for t in tokens) or any(isinstance(t, MJT) for t in tensors):
@@ -327,10 +329,9 @@ def _dims_op(func, t: "BatchMoved", args, kwargs):
     token: over the mapped dims of the batch-first tensor, rewrapped in the token's order. Without
     dims (``roll`` of the flattened tensor) or over the batch dim: refused."""
     at = _DIMS_AT[func]
-    key = "dims"
     if at == 1 and len(args) > 2:
         args = (args[0], list(args[1:]))  # ``t.flip(0, 2)``
-    dims = kwargs[key] if key in kwargs else (args[at] if len(args) > at else None)
+    dims = kwargs["dims"] if "dims" in kwargs else (args[at] if len(args) > at else None)
     if dims is None:
         return NotImplemented
     name = getattr(func, "__name__", "op")
@@ -340,8 +341,8 @@ def _dims_op(func, t: "BatchMoved", args, kwargs):
     if 0 in mapped:
         return NotImplemented  # over the batch dim: the error names the op
     mapped = mapped[0] if single else mapped
-    if key in kwargs or len(args) <= at:
-        kwargs = {**kwargs, key: mapped}
+    if "dims" in kwargs or len(args) <= at:
+        kwargs = {**kwargs, "dims": mapped}
     else:
         args = (*args[:at], mapped, *args[at + 1:])
     return _rewrap(func(t._mjt, *args[1:], **kwargs), t._perm)

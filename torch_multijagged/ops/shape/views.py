@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import weakref
+from typing import Optional
 
 import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int
@@ -225,6 +226,20 @@ def mark_view_copy(out, base: MJT, index: tuple):
     return out
 
 
+def _registered(x) -> tuple[int, Optional[tuple]]:
+    """``(storage pointer, registry entry or None)`` of ``x`` (``(0, None)`` for what is not a
+    multi_jagged tensor with packed values: per-image pieces not packed yet are not copies)."""
+    if not isinstance(x, MJT):
+        return 0, None
+    ptr = x.__dict__.get("_storage_ptr")
+    if ptr is None:  # a wrapper keeps its values' storage: looked up once
+        v = x.__dict__.get("_values")
+        if v is None:
+            return 0, None
+        ptr = x.__dict__["_storage_ptr"] = _storage_ptr(v)
+    return ptr, (_REORDER_COPIES.get(ptr) if ptr else None)
+
+
 # reading these does not read the elements: a stale slice answers them as its base would
 _METADATA_READS = frozenset({"__get__", "size", "dim", "ndimension", "numel", "stride", "is_contiguous", "__len__",
                              "storage_offset", "element_size", "is_floating_point", "is_complex", "__hash__",
@@ -238,15 +253,7 @@ def _check_slices_fresh(func, args) -> None:
     dims write through ])."""
     for a in args:
         for x in (a if isinstance(a, (list, tuple)) else (a,)):
-            if not isinstance(x, MJT):
-                continue
-            ptr = x.__dict__.get("_storage_ptr")
-            if ptr is None:  # a wrapper keeps its values' storage: looked up once
-                v = x.__dict__.get("_values")
-                if v is None:
-                    continue  # per-image pieces not packed yet (NOTE [ Per-image pieces ]): not a copy
-                ptr = x.__dict__["_storage_ptr"] = _storage_ptr(v)
-            hit = _REORDER_COPIES.get(ptr) if ptr else None
+            _, hit = _registered(x)
             seen = hit[3] if hit is not None and hit[0]() is not None else None
             if seen is not None and _written(seen[1], seen[3]):
                 if getattr(func, "__name__", "") in _METADATA_READS:
@@ -264,8 +271,7 @@ def is_reorder_copy(x: MJT) -> bool:
     dims, windows; not a slice, which writes through)."""
     if not _REORDER_COPIES:
         return False
-    ptr = _storage_ptr(x._values)
-    hit = _REORDER_COPIES.get(ptr) if ptr else None
+    hit = _registered(x)[1]
     return hit is not None and hit[2] is None and hit[0]() is not None
 
 
@@ -296,10 +302,7 @@ def writeback_target(func, args, kwargs):
     if not (_writes_self(func) or (kwargs and kwargs.get("inplace") is True)):
         _check_slices_fresh(func, args)
         return None
-    if not isinstance(args[0], MJT):
-        return None
-    ptr = _storage_ptr(args[0]._values)
-    hit = _REORDER_COPIES.get(ptr) if ptr else None
+    ptr, hit = _registered(args[0])
     if hit is None or hit[2] is None or hit[0]() is None:
         return None
     return ptr, hit[2]
@@ -348,15 +351,7 @@ def guard_write(func, args, kwargs) -> None:
     targets = [args[i] for i in pos if i < len(args)] + [kwargs[n] for n in names if n in kwargs]
     for t in targets:
         for x in (t if isinstance(t, (list, tuple)) else (t,)):
-            if not isinstance(x, MJT):
-                continue
-            ptr = x.__dict__.get("_storage_ptr")
-            if ptr is None:  # a wrapper keeps its values' storage: looked up once
-                v = x.__dict__.get("_values")
-                if v is None:
-                    continue  # per-image pieces not packed yet (NOTE [ Per-image pieces ]): not a copy
-                ptr = x.__dict__["_storage_ptr"] = _storage_ptr(v)
-            hit = _REORDER_COPIES.get(ptr) if ptr else None
+            ptr, hit = _registered(x)
             if hit is None or hit[0]() is None or ptr in _WRITING:
                 continue
             name = func.__name__.split(".")[0]
