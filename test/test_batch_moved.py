@@ -134,7 +134,9 @@ def test_sequence_first_ops_over_one_dim_per_sample(op, dim):
     ``sort(0)``, ``flip(0)``) act on the mapped dim of each sample, with gradients; the result keeps the
     token's layout."""
     g = torch.Generator().manual_seed(1)
-    comps = [torch.randn(n, 3, generator=g, dtype=F64) for n in (2, 4, 1)]
+    # an empty sample where dense takes one along the dim
+    ns = (2, 4, 0, 1) if op in ("cumsum", "sort", "argsort", "flip", "roll", "slice") or dim == -1 else (2, 4, 1)
+    comps = [torch.randn(n, 3, generator=g, dtype=F64) for n in ns]
     x = mj.nested_tensor(comps, requires_grad=True)
     leaves = [c.clone().requires_grad_() for c in comps]
     fns = {

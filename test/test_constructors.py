@@ -598,7 +598,7 @@ def test_values_round_trip_as_torch_jagged(jagged_dim):
     shape = [3, 4, 5]
     shape[jagged_dim - 1] = 9
     v = torch.randn(shape, generator=g, dtype=torch.float64)
-    off = torch.tensor([0, 3, 8, 9])
+    off = torch.tensor([0, 3, 3, 8, 9])  # an empty sample too
     ours = mj.nested_tensor_from_jagged(v, off, jagged_dim=jagged_dim)
     njt = torch.nested.nested_tensor_from_jagged(v, off, jagged_dim=jagged_dim)
     assert ours.values().shape == njt.values().shape == v.shape
