@@ -299,3 +299,21 @@ def test_a_ragged_size_keeps_its_comparisons_products_and_njt_identity():
     njt = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(5, 4)], layout=torch.jagged)
     assert mj.from_jagged(njt).shape[1] == njt.shape[1]
     assert mj.to_jagged(x).shape[1] == n
+
+
+@pytest.mark.parametrize("classes, num_classes, message", [
+    ([[3, 0], [1, 2, 2]], 3, "smaller than num_classes"),
+    ([[0, 0], [-1, 2]], 3, "non-negative"),
+    ([[0, 0], [-1, 2]], -1, "non-negative"),
+])
+def test_one_hot_out_of_range_raises_as_dense(classes, num_classes, message):
+    """aten's one_hot skips its range checks for nested-int sizes: a class out of range would be
+    an all-zero row. Dense torch raises; so does each sample's dense call here."""
+    x = mj.nested_tensor([torch.tensor(c) for c in classes])
+    with pytest.raises(RuntimeError, match=message):
+        F.one_hot(torch.tensor(sum(classes, [])), num_classes)  # the dense check mirrored
+    with pytest.raises(RuntimeError, match=message):
+        F.one_hot(x, num_classes)
+    ok = mj.nested_tensor([torch.tensor([1, 0]), torch.tensor([], dtype=torch.int64), torch.tensor([2])])
+    assert [t.tolist() for t in F.one_hot(ok, 3).unbind()] == [F.one_hot(c, 3).tolist() for c in ok.unbind()]
+    assert F.one_hot(ok).shape[-1] == 3  # num_classes=-1: the batch's largest class + 1, as torch.jagged

@@ -193,6 +193,24 @@ def test_gather_dense_index_and_errors():
         x.index_select(1, torch.tensor([0, 2]))
 
 
+@pytest.mark.parametrize("call", [
+    lambda x, i, s: x.scatter(1, i, s),
+    lambda x, i, s: x.scatter_add(1, i, s),
+    lambda x, i, s: x.scatter_reduce(1, i, s, "sum"),
+    lambda x, i, s: x.clone().scatter_add_(1, i, s),
+], ids=["scatter", "scatter_add", "scatter_reduce", "scatter_add_"])
+def test_scatter_src_of_other_lengths_refuses(call):
+    """A src whose samples' lengths differ from the index's, with the same packed rows in total,
+    would read its neighbours' rows: it raises, as gather and index_add do."""
+    x = mj.nested_tensor([torch.zeros(3, 1), torch.zeros(3, 1)])
+    index = mj.nested_tensor([torch.zeros(3, 1, dtype=torch.int64), torch.zeros(2, 1, dtype=torch.int64)])
+    src = mj.nested_tensor([torch.tensor([[1.0], [2.0]]), torch.tensor([[10.0], [20.0], [40.0]])])
+    with pytest.raises(mj.StructureError, match="src with the shape of index"):
+        call(x, index, src)
+    same = mj.nested_tensor([torch.ones(3, 1), torch.ones(2, 1)])  # equal lengths, another nested int
+    assert [c.tolist() for c in x.scatter_add(1, index, same).unbind()] == [[[3.0], [0.0], [0.0]], [[2.0], [0.0], [0.0]]]
+
+
 # ----------------------------------------------------------------------------- structure rule
 def test_structure_rule_golden():
     x = mj.nested_tensor([torch.arange(6.0).view(3, 2), torch.arange(2.0).view(1, 2), torch.zeros(0, 2)])

@@ -163,6 +163,22 @@ def test_scan_dtypes_follow_dense(name, dtype):
     assert out.dtype == torch.float64
 
 
+@pytest.mark.parametrize("name", ["cumsum", "cumprod"])
+@pytest.mark.parametrize("layout", [SEQ, SQUARE], ids=str)
+def test_scan_in_place_matches_per_sample(name, layout):
+    """``y.cumsum_(d)`` writes the scan into ``y``, with gradients through the write, per sample."""
+    shapes = [(3, 2), (0, 2), (4, 2)] if layout is SEQ else [(3, 3, 2), (0, 0, 2), (2, 2, 2)]
+    comps = comps_for(shapes, 11, low=-1.5, high=1.5)
+    rd = (1,) if layout is SEQ else (1, 2)
+    for d in range(1, len(shapes[0]) + 1):
+        per_sample_check(lambda x: getattr(x * 1, name + "_")(d), R(comps, rd),
+                         ref=lambda c: getattr(c * 1, name + "_")(d - 1))
+    x = mj.nested_tensor([t.to(torch.int32) for t in comps_for(shapes, 12, low=-3, high=3)], ragged_dims=rd)
+    want = [getattr(c.clone(), name + "_")(0) for c in x.unbind()]
+    assert getattr(x, name + "_")(1) is x and x.dtype == torch.int32  # in place, its own dtype, as dense
+    assert all(torch.equal(a, b) for a, b in zip(x.unbind(), want))
+
+
 def test_cumprod_with_zeros_gradient_as_dense_second_order():
     comps = [torch.tensor([[1.5, 0.0], [0.0, 2.0], [3.0, -1.0], [0.5, 0.0]], dtype=DT), torch.zeros(0, 2, dtype=DT),
              torch.tensor([[0.0, 1.0], [2.0, 2.0]], dtype=DT)]

@@ -199,3 +199,17 @@ def _detach(input):
     if not (isinstance(input, MJT) and torch.is_inference_mode_enabled() and not input.is_inference()):
         return NotImplemented
     return wrap(input._values.detach(), input._partition, input._ragged_dims)
+
+
+@route(torch.nn.functional.one_hot)
+def _one_hot(tensor, num_classes=-1):
+    """aten's ``one_hot`` skips its range checks for a tensor of symbolic (nested-int) sizes and
+    would drop a class out of range silently: they are made here, as dense torch makes them
+    (``num_classes=-1`` takes the batch's largest class, as ``torch.jagged``'s)."""
+    if not isinstance(tensor, MJT) or tensor.dtype != torch.int64 or torch.compiler.is_compiling():
+        return NotImplemented
+    if bool((tensor < 0).any()):  # SYNC: dense torch's own check
+        raise RuntimeError("Class values must be non-negative.")
+    if num_classes >= 0 and bool((tensor >= num_classes).any()):
+        raise RuntimeError("Class values must be smaller than num_classes.")
+    return NotImplemented

@@ -136,6 +136,23 @@ route(torch.cumprod, torch.Tensor.cumprod)(_scan_route("cumprod"))
 route(torch.logcumsumexp, torch.Tensor.logcumsumexp)(_scan_route("logcumsumexp"))
 
 
+def _scan_in_place_route(op: str):
+    """``x.cumsum_(dim)`` as ``x.copy_(x.cumsum(dim))``: ``copy_`` writes in place with gradients
+    (the scan reads a clone when autograd records, so what it saves is not the tensor written)."""
+
+    def routed(input, dim, *, dtype=None):
+        if not isinstance(input, MJT) or not isinstance(dim, int):
+            return NotImplemented
+        src = input.clone() if torch.is_grad_enabled() and input.requires_grad else input
+        return input.copy_(_scan(op, src, dim, dtype))
+
+    return routed
+
+
+route(torch.Tensor.cumsum_)(_scan_in_place_route("cumsum"))
+route(torch.Tensor.cumprod_)(_scan_in_place_route("cumprod"))
+
+
 # ----------------------------------------------------------------------------- norms
 def _rows(r, like, dims):
     """A keepdim reduction result ``r`` gathered back to ``like``'s elements (differentiable in
