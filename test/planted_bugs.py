@@ -601,6 +601,15 @@ BUGS = [
     Bug("one_hot drops classes past num_classes", "ops/elementwise/factory.py",
         "    if num_classes >= 0 and bool((tensor >= num_classes).any()):",
         "    if num_classes >= 0 and bool((tensor > num_classes).any()):", ("test_errors.py",)),
+    Bug("a multiple of a ragged size loses its factor", "structure.py",
+        "    return e.host_lengths() * node.coeff",
+        "    return e.host_lengths()", ("test_size_arithmetic.py",)),
+    Bug("a ragged size as a number is one sample's", "ops/elementwise/sizes.py",
+        "    return sizes.to(device=like.device, dtype=dtype).reshape(batch, *([1] * (like.dim() - 1)))",
+        "    return sizes[:1].to(device=like.device, dtype=dtype).reshape(1, *([1] * (like.dim() - 1)))", ("test_size_arithmetic.py",)),
+    Bug("the fused attention kernel gets a strided head dim", "kernels/attention_common.py",
+        "    return t if t is None or t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()",
+        "    return t", ("test_attention_kernels.py",)),
 ]
 
 

@@ -477,3 +477,28 @@ def test_one_bias_block_read_by_segments_of_different_lengths(name):
         sc = sc + bias[: m * n].reshape(m, n, 2).permute(2, 0, 1)
         want = (sc.softmax(-1) @ v[b0:b0 + n].transpose(0, 1)).transpose(0, 1)
         torch.testing.assert_close(out[a0:a0 + m], want)
+
+
+@pytest.mark.parametrize("backend", ["loop", "blocks", "bucketed", "reference"])
+@pytest.mark.parametrize("lengths", [[3], [3, 3, 3, 3], [2, 5, 0, 4]], ids=str)
+def test_strided_last_dim_read_as_strided(backend, lengths):
+    """torch's fused CPU kernel reads the head dim as contiguous whatever its stride; a strided
+    view (``x[..., ::2]``) must still attend over the elements it shows, forward and backward."""
+    import torch.nn.functional as F
+
+    import torch_multijagged as mj
+    from torch_multijagged.compile import attention as cattn
+
+    g = torch.Generator().manual_seed(len(lengths))
+    comps = [torch.randn(n, 2, 8, dtype=torch.float64, generator=g) for n in lengths]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    q = x.transpose(1, 2)[..., ::2]  # (B, 2, j, 4), last-dim stride 2
+    with cattn.backend(backend):
+        out = F.scaled_dot_product_attention(q, q, q)
+    grad = torch.autograd.grad(out.values().sin().sum(), x)[0]
+    for o, gx, c in zip(out.unbind(), grad.unbind(), comps):
+        c = c.detach().requires_grad_()
+        qc = c.transpose(0, 1)[..., ::2]
+        want = F.scaled_dot_product_attention(qc, qc, qc)
+        torch.testing.assert_close(o, want)
+        torch.testing.assert_close(gx, torch.autograd.grad(want.sin().sum(), c)[0])

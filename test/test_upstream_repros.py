@@ -42,6 +42,8 @@ REPROS = {
     "custom_layout": ("torch.layout cannot be extended by a third-party layout", 120),
     "max_pool1d_dilation_out_of_bounds": ("max_pool1d returns an out-of-bounds index for a window missing the input", 120),
     "upsample_nearest_same_size": ("nearest interpolation kernels disagree when the scale keeps the size", 120),
+    "nested_int_scalar_placeholder": ("a nested int given as a number operand is read as the placeholder 7777777", 120),
+    "fused_cpu_attention_last_stride": ("the fused CPU attention kernel ignores the head dim's stride", 120),
 }
 
 

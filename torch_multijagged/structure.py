@@ -262,6 +262,17 @@ def extent_of(size) -> "Optional[RaggedExtent]":
     return e
 
 
+def sizes_of(size) -> "Optional[torch.Tensor]":
+    """Each sample's value of the eager nested int ``size`` (a ragged size, or a multiple of one:
+    ``2 * x.shape[1]``) as a ``(B,)`` int64 host tensor; None for anything else (a plain int, a
+    traced nested int, one this package did not make)."""
+    node = size.node if isinstance(size, torch.SymInt) else None
+    e = _node_extent(node) if node is not None else None
+    if e is None or torch.compiler.is_compiling():
+        return None
+    return e.host_lengths() * node.coeff
+
+
 class RaggedExtent:
     """Per-sample sizes of one ragged dim; see NOTE [ Ragged extents and nested ints ]."""
 

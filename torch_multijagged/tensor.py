@@ -630,7 +630,15 @@ class MultiJaggedTensor(torch.Tensor):
             args, kwargs = _unify(func, args, kwargs)
         if fast is not None and _fast_enabled():
             # NOTE [ Eager values path ] in ops/fastpath.py
-            result = fast(*args, **(kwargs or {}))
+            try:
+                result = fast(*args, **(kwargs or {}))
+            except TypeError as e:
+                if e.__traceback__ is None or e.__traceback__.tb_next is not None:
+                    raise
+                # the call's binding failed before the body ran: an operand given by keyword
+                # (``torch.add(x, other=y)``, ``F.linear(input=x, weight=w)``) that the values
+                # path takes positionally; the general path binds it as torch does
+                result = NotImplemented
             if result is not NotImplemented:
                 return result
         # NOTE [ Writes into shared values ] in writes.py (the values path checks in its own reads)

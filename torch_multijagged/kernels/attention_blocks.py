@@ -12,6 +12,7 @@ import torch
 from .attention_bucketed import attention_bucketed, attention_bucketed_backward
 from .attention_common import (
     NEG_INF, _compute_dtype, _dense_forward, _flash_fwd, _flash_ok, _grad_buffers, _expand_heads, _host_lengths,
+    _unit_last,
     _reduce_heads, _scale,
 )
 
@@ -82,6 +83,8 @@ def attention_blocks(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None,
     else:
         lse = torch.full((q.shape[0], hq), NEG_INF, dtype=ct, device=q.device)
     fused = bias is None and _flash_ok(q, v, None, False)
+    if fused:  # the fused kernel reads the last dim as contiguous (``_unit_last``)
+        q, k, v = _unit_last(q), _unit_last(k), _unit_last(v)
     gqa = k.shape[1] != hq
     for s0, m, lq, lk in runs:
         r0, r1, k0 = cq[s0], cq[s0] + m * lq, ck[s0]

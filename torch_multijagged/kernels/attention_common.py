@@ -92,9 +92,17 @@ def _flash_ok(q, v, keep, need_dbias, fused=True) -> bool:
     )
 
 
+def _unit_last(t):
+    """``t`` with a unit stride in its last dim: torch's fused CPU kernel reads the last dim as
+    contiguous whatever its stride (``F.scaled_dot_product_attention`` makes it so before calling
+    it), so a strided view (``x[..., ::2]``, a packed-qkv slice) would be read wrongly."""
+    return t if t is None or t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
+
+
 def _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p, fused=True):
     """One padded batch ``(n, H, L, D)``: torch's fused CPU kernel when it applies."""
     if _flash_ok(qb, vb, keep_b, False, fused):
+        qb, kb, vb, bias_b = _unit_last(qb), _unit_last(kb), _unit_last(vb), _unit_last(bias_b)
         out, lse = _flash_fwd(qb, kb, vb, 0.0, causal, attn_mask=bias_b, scale=scale)
         return out, lse.to(_compute_dtype(qb.dtype))
     return _math_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p)
@@ -104,6 +112,7 @@ def _dense_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, drop
     if _flash_ok(qb, vb, keep_b, need_dbias, fused):
         # the fused kernel's own lse convention: a row with no visible key has lse 0, not -inf
         lse_k = torch.where(torch.isneginf(lse), torch.zeros((), dtype=lse.dtype), lse)
+        go, qb, kb, vb, ob, bias_b = (_unit_last(t) for t in (go, qb, kb, vb, ob, bias_b))
         dq, dk, dv = _flash_bwd(go, qb, kb, vb, ob, lse_k, 0.0, causal, attn_mask=bias_b, scale=scale)
         return dq, dk, dv, None
     return _math_backward(go, qb, kb, vb, ob, lse, bias_b, keep_b, causal, scale, dropout_p)

@@ -4,4 +4,4 @@ conversions (``factory.py``), the ``abs`` / ``sgn`` / ``softsign`` routes (``sig
 the static trailing dims or every element — FFTs, complex views, ``unique``, ``histc``
 (``trailing.py``, NOTE [ Ops on the trailing dims ])."""
 
-from . import pointwise, factory, signs, trailing  # noqa: F401  (register)
+from . import pointwise, factory, signs, sizes, trailing  # noqa: F401  (register)
