@@ -610,6 +610,15 @@ BUGS = [
     Bug("the fused attention kernel gets a strided head dim", "kernels/attention_common.py",
         "    return t if t is None or t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()",
         "    return t", ("test_attention_kernels.py",)),
+    Bug("rows folded into the batch repeat the wrong extent", "ops/shape/rows.py",
+        "        lengths = g.host_lengths().repeat_interleave(e.host_lengths())",
+        "        lengths = e.host_lengths().repeat_interleave(g.host_lengths())", ("test_rows_as_samples.py",)),
+    Bug("rows split back only when the batch size is -1", "ops/shape/rows.py",
+        "    if not (isinstance(shape[0], int) and shape[0] in (-1, p.batch))",
+        "    if not (isinstance(shape[0], int) and shape[0] == -1)", ("test_rows_as_samples.py",)),
+    Bug("neighbouring images' outputs may share a canvas pixel", "kernels/canvas.py",
+        "        r = int(torch.maximum(over, apart).clamp(min=0).max()) if n.numel() else 0",
+        "        r = int(over.clamp(min=0).max()) if n.numel() else 0", ("test_canvas_padding.py",)),
 ]
 
 

@@ -96,9 +96,11 @@ def test_flatten_requests_that_mix_samples_raise(call, match):
 
 
 def test_flattening_the_batch_dim_with_some_ragged_dims_only_raises():
-    x = torch.nested.nested_tensor([torch.randn(2, 2, 3), torch.randn(3, 3, 3)], layout=mj.multi_jagged)
+    x = mj.nested_tensor([torch.randn(3, 2, 2), torch.randn(3, 3, 1)], ragged_dims=(2, 3))  # images
     with pytest.raises(StructureError, match="flatten"):
-        x.flatten(0, 1)
+        x.flatten(0, 2)  # the batch, the channels and the rows, not the columns
+    pair = torch.nested.nested_tensor([torch.randn(2, 2, 3), torch.randn(3, 3, 3)], layout=mj.multi_jagged)
+    assert pair.flatten(0, 1).shape[0] == 5  # the rows as samples (NOTE [ Rows as samples ])
 
 
 def test_shapes_that_keep_the_batch_dim_are_unchanged():

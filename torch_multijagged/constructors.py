@@ -567,7 +567,10 @@ def to_jagged(x: MultiJaggedTensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------- batch pieces
 def _sub_partition(p: Partition, start: int, length: int) -> Partition:
     """Samples ``start .. start + length`` of ``p``: new offsets, hence new nested ints (as
-    ``torch.jagged``'s ``chunk`` gives), with extent sharing kept (a square pair stays square)."""
+    ``torch.jagged``'s ``chunk`` gives), with extent sharing kept (a square pair stays square).
+    All of ``p``'s samples are ``p`` itself: ``x[0:B]`` has ``x``'s shape, nested ints included."""
+    if start == 0 and length == p.batch:
+        return p
     moved: dict[int, RaggedExtent] = {}
     extents = []
     for e in p.extents:
@@ -660,6 +663,8 @@ def cat_batch(tensors: Sequence[MultiJaggedTensor]) -> MultiJaggedTensor:
             "cat(): joining batches of a multi_jagged tensor inside torch.compile is not supported (the result needs "
             "new nested ints); join them before the compiled region"
         )
+    if len(tensors) == 1:  # a copy of one batch: its own shape, nested ints included, as dense cat's
+        return wrap_values(torch.cat([values_of(first)]), p0, first._ragged_dims)
     moved: dict[int, RaggedExtent] = {}
     extents = []
     for k, e in enumerate(p0.extents):

@@ -17,9 +17,12 @@ Exactness. Per axis, output pixel ``o`` of an image placed at ``X`` reads the ca
 neighbours (and a trailing margin) makes every such position a zero (or ``-inf``) that belongs
 to no image — exactly the dense op's padding. Origins are aligned to the stride (``X ≡ 0 mod s``)
 so that the canvas op's output grid, with canvas padding ``p_l``, starts each image's output at
-``X / s``. Transposed convolutions scatter instead of gather: image input ``i`` reaches canvas
-output ``(X+i)·s + j·d``; with canvas padding 0 the image's output starts at ``X·s + p_l`` and a
-gutter of ``⌊(d(k−1) − p_l + output_padding)/s⌋ + 1`` keeps neighbours' scatters apart.
+``X / s``; the gutter is also at least ``(out−1)·s + 1 − n``, so that neighbours' outputs never
+share an output pixel (with ``p_l > d(k−1)`` the outer outputs read padding only, and a shared
+pixel would keep one of the two gradients the gather's backward scatters to it). Transposed
+convolutions scatter instead of gather: image input ``i`` reaches canvas output ``(X+i)·s + j·d``;
+with canvas padding 0 the image's output starts at ``X·s + p_l`` and a gutter of
+``⌊(d(k−1) − p_l + output_padding)/s⌋ + 1`` keeps neighbours' scatters apart.
 Average pooling sums on the canvas (``divisor_override=1``) and divides by dense torch's
 per-window divisor, computed from each image's own size (``avg_divisor``), so ``ceil_mode`` and
 ``count_include_pad`` follow dense exactly.
@@ -91,7 +94,14 @@ class Window:
         if self.transposed:
             return max(0, (k_eff - self.pad_l + self.output_padding) // self.stride) + 1
         over = (out - 1) * self.stride - self.pad_l + k_eff - (n - 1)
-        r = int(over.clamp(min=0).max()) if n.numel() else 0
+        # The outputs' footprints must not overlap either: with padding past the kernel
+        # (pad_l > k_eff) an image's first and last outputs read padding only, and a gutter of
+        # max(pad_l, over) lets one image's last output land on the next one's first. The
+        # forward gathers the right value (both are the bias) but the gather's backward scatters
+        # the two gradients onto one canvas pixel and keeps one. With stride-aligned origins the
+        # next output starts at ceil((n + gutter) / s), which must be ≥ out.
+        apart = (out - 1) * self.stride + 1 - n
+        r = int(torch.maximum(over, apart).clamp(min=0).max()) if n.numel() else 0
         return max(self.pad_l, r)
 
     @property

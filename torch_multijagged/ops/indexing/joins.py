@@ -197,8 +197,9 @@ def pad_ragged(op: str, x: MJT, pad: list, pads: dict, mode: str, value):
         if mode == "constant":
             if size == 0:
                 src = torch.zeros_like(q)
-            g = v.index_select(vd, src.clamp(0, max(size - 1, 0))) if size else v.new_zeros(
-                *v.shape[:vd], q.shape[0], *v.shape[vd + 1:])
+            # an empty dim reads nothing, but the result stays on v's graph (dense pad's does)
+            g = v.index_select(vd, src.clamp(0, max(size - 1, 0))) if size else torch.cat(
+                [v, v.new_zeros(*v.shape[:vd], q.shape[0], *v.shape[vd + 1:])], vd)
             shape = [1] * v.dim()
             shape[vd] = -1
             v = torch.where(ok.reshape(shape), g, torch.full_like(g, value))

@@ -46,7 +46,7 @@ from ...structure import (_is_traced, Partition, RaggedExtent, extent_of, flat_e
                           same_extent, same_product)
 from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _needs_grad, route
-from . import merged, tokens
+from . import merged, rows, tokens
 from ...kernels.along import packed_rows
 from .views import check_view_shape
 
@@ -689,6 +689,9 @@ def _view(input, *shape):
         return tokens.flatten_batch("view", input, _normalize(shape))
     if merged.merge_request(input, _normalize(shape)):  # NOTE [ Batch-merged tokens ] in merged.py
         return merged.merge_batch("view", input, _normalize(shape))
+    rows_op = rows.rows_request(input, _normalize(shape))  # NOTE [ Rows as samples ] in rows.py
+    if rows_op is not None:
+        return rows_op("view", input)
     plan = view_plan("view", input, _normalize(shape))
     if plan is not None:
         return plan()

@@ -20,7 +20,7 @@ from ...structure import extent_of
 from ..indexing.slicing import narrow_ragged, slice_ragged
 from .views import check_view_shape
 from . import flatten as ragged_flatten
-from . import merged, tokens
+from . import merged, rows, tokens
 
 
 # ----------------------------------------------------------------------------- reshape family
@@ -63,6 +63,9 @@ def _reshape(input, *shape):
         return tokens.flatten_batch("reshape", input, _normalize_shape(shape))
     if merged.merge_request(input, _normalize_shape(shape)):  # NOTE [ Batch-merged tokens ] in merged.py
         return merged.merge_batch("reshape", input, _normalize_shape(shape))
+    rows_op = rows.rows_request(input, _normalize_shape(shape))  # NOTE [ Rows as samples ] in rows.py
+    if rows_op is not None:
+        return rows_op("reshape", input)
     plan = ragged_flatten.view_plan("reshape", input, _normalize_shape(shape))  # merging / splitting ragged dims
     return plan() if plan is not None else reshape_as("reshape", input, _normalize_shape(shape))
 
@@ -97,6 +100,8 @@ def _flatten(input, start_dim=0, end_dim=-1):
         return tokens.flatten_batch("flatten", input, (-1, *input._size[end + 1:]))
     if start == 0 and input._ragged_dims and end < min(input._ragged_dims):  # NOTE [ Batch-merged tokens ]
         return merged.flatten_merge(input, end)
+    if start == 0 and end == 1 and rows.merge_rows_request(input, (-1, *input._size[2:])):  # NOTE [ Rows as samples ]
+        return rows.merge_rows("flatten", input)
     if start > 0 and ragged_flatten._last_ragged_with_static(input, start, end):  # NOTE [ Flattening ragged dims ]
         return ragged_flatten.flatten_ragged_static("flatten", input, start, end)
     if start > 0 and all(d in input._ragged_dims for d in range(start, end + 1)):
@@ -126,6 +131,10 @@ def _unflatten(input, dim, sizes):
     batch dim not at all."""
     if not isinstance(input, MJT):
         return NotImplemented
+    if isinstance(dim, int) and canonical_dim("unflatten", input.dim(), dim) == 0 and len(sizes) == 2:
+        shape = (*sizes, *input._size[1:])
+        if rows.split_rows_request(input, shape):  # NOTE [ Rows as samples ] in rows.py
+            return rows.split_rows("unflatten", input)
     if isinstance(dim, int) and canonical_dim("unflatten", input.dim(), dim) in input._ragged_dims:
         d = canonical_dim("unflatten", input.dim(), dim)
         if ragged_flatten._static_split(input, d, tuple(sizes)):  # a ragged part and static sizes
