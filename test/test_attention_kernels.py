@@ -502,3 +502,20 @@ def test_strided_last_dim_read_as_strided(backend, lengths):
         want = F.scaled_dot_product_attention(qc, qc, qc)
         torch.testing.assert_close(o, want)
         torch.testing.assert_close(gx, torch.autograd.grad(want.sin().sum(), c)[0])
+
+
+def test_an_empty_head_dim_attends_uniformly_as_dense():
+    """q and k with head dim 0 score 0 everywhere: dense torch averages v (no division by √0)."""
+    import torch.nn.functional as F
+
+    import torch_multijagged as mj
+
+    g = torch.Generator().manual_seed(3)
+    qs = [torch.randn(n, 2, 0, dtype=torch.float64) for n in (3, 1, 2)]
+    vs = [torch.randn(n, 2, 4, dtype=torch.float64, generator=g) for n in (3, 1, 2)]
+    q = mj.nested_tensor(qs).transpose(1, 2)
+    v = mj.nested_tensor(vs).transpose(1, 2)
+    out = F.scaled_dot_product_attention(q, q, v)
+    for o, a, b in zip(out.unbind(), qs, vs):
+        a, b = a.transpose(0, 1), b.transpose(0, 1)
+        torch.testing.assert_close(o, F.scaled_dot_product_attention(a, a, b))

@@ -148,7 +148,7 @@ torch.library.register_autograd(
 
 
 def default_scale(d: int) -> float:
-    return 1.0 / math.sqrt(d)
+    return 1.0 / math.sqrt(d) if d else 1.0  # an empty head dim scores 0 whatever the scale
 
 
 # --------------------------------------------------------------------------- packed level

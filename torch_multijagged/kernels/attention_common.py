@@ -131,7 +131,7 @@ def _reduce_heads(dx, hk):
 
 
 def _scale(q, scale):
-    return 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return (1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0) if scale is None else scale
 
 
 def _host_lengths(cu):

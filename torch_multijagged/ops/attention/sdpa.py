@@ -254,7 +254,8 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     if dropout_p > 0:
         # drawn from the default generator: torch.manual_seed makes runs reproducible
         seed = torch.randint(0, 2**62, (1,), dtype=torch.int64)
-    scale = 1.0 / math.sqrt(query._size[-1]) if scale is None else float(scale)
+    # an empty head dim scores 0 whatever the scale (dense torch's 1/√0 multiplies nothing)
+    scale = (1.0 / math.sqrt(query._size[-1]) if query._size[-1] else 1.0) if scale is None else float(scale)
     args = (query, key, value, mask, seed, bool(is_causal), scale, float(dropout_p))
     if values_path:
         return args
