@@ -619,6 +619,12 @@ BUGS = [
     Bug("neighbouring images' outputs may share a canvas pixel", "kernels/canvas.py",
         "        r = int(torch.maximum(over, apart).clamp(min=0).max()) if n.numel() else 0",
         "        r = int(over.clamp(min=0).max()) if n.numel() else 0", ("test_canvas_padding.py",)),
+    Bug("a write through a values-path view leaves the viewed wrapper's version", "writes.py",
+        "    stamp_write(x._values)\n    _bump_viewed(x, cls)",
+        "    stamp_write(x._values)", ("test_writes_through_views.py",)),
+    Bug("padded query rows in attention's backward read another segment's lse", "kernels/attention_bucketed.py",
+        "        lb = bk.gather_q(lse.unsqueeze(-1), fill=float(\"inf\")).squeeze(-1)",
+        "        lb = bk.gather_q(lse.unsqueeze(-1)).squeeze(-1)", ("test_writes_through_views.py",)),
 ]
 
 

@@ -158,14 +158,71 @@ def _bump_values(x) -> None:
         torch.autograd.graph.increment_version(x._values)
 
 
+# A view made on the values path (marked ``_view_of`` by ops/fastpath.py) shares its values with
+# the wrapper it was taken of, but not that wrapper's version counter. The general mechanism's
+# aten formulas save *wrappers* (``log_softmax``'s and ``amax``'s outputs, ``logsumexp``'s input,
+# the output of ``multijagged::sdpa``) and check their counters in backward: a write through such
+# a view left them unchanged, and the backward read the written values (a silently wrong gradient;
+# NaN for ``amax``). So the write also bumps the counters of the wrappers the written tensor is a
+# values-path view of, transitively (``_bump_viewed``): that backward raises, as dense torch's
+# shared counter makes it. Such a bump is no write of theirs, which their autograd history would
+# hold: it is recorded on the wrapper's autograd root (every wrapper sharing the counter reaches it
+# through ``_base``), and the staleness test (``_stale_own``) does not count it as their own.
+ALIAS_BUMPS = [0]  # such bumps so far: while 0, ``_stale_own`` looks for none
+_ALIAS_KEPT = 1024  # per root: the clocks of its last such bumps
+
+
+def _root(x):
+    with torch._C.DisableTorchFunctionSubclass():
+        base = x._base
+    return x if base is None else base
+
+
+def _bump_viewed(x, cls: type) -> None:
+    """Bump the wrapper counters of the wrappers ``x`` (or an autograd base of ``x``) is a
+    values-path view of, transitively, recording each bump on the bumped wrapper's root; the
+    values of their autograd bases (made below autograd: counters of their own) are bumped too."""
+    todo, seen = [(x, False)], set()  # (wrapper, whether to bump its autograd bases' values)
+    while todo:
+        w, bases = todo.pop()
+        first = True
+        while isinstance(w, cls):  # w, then its autograd base
+            if bases and not first:
+                _bump_values(w)
+            first = False
+            src = w.__dict__.get("_view_of")
+            if src is not None and id(src) not in seen:
+                seen.add(id(src))
+                with torch._C.DisableTorchFunctionSubclass():
+                    live = not src.is_inference()
+                    if live:
+                        torch.autograd.graph.increment_version(src)
+                if live:
+                    clocks = _root(src).__dict__.setdefault("_alias_bumps", [])
+                    clocks.append(WRITE_CLOCK[0])
+                    if len(clocks) > _ALIAS_KEPT:
+                        del clocks[0]
+                    ALIAS_BUMPS[0] += 1
+                todo.append((src, True))  # (its own values share the written values' counter)
+            with torch._C.DisableTorchFunctionSubclass():
+                w = w._base
+
+
+def _alias_bumps_since(x, clock: int) -> int:
+    """How many of ``x``'s counter bumps since ``clock`` were ``_bump_viewed``'s (not writes)."""
+    clocks = _root(x).__dict__.get("_alias_bumps")
+    return 0 if not clocks else sum(1 for c in clocks if c > clock)
+
+
 def record_write(x, cls: type) -> None:
     """After a dispatched write into ``x`` (of type ``cls``, the subclass): its values' counter
     bumped (the handler wrote them below autograd, where it is not) and its storage stamped. A
     handler's view has values whose counter is not its base's (made below autograd): the bases'
     values are bumped too, so a backward that saved them raises, as dense torch's shared counter
-    makes it."""
+    makes it. So are the wrappers ``x`` is a values-path view of (``_bump_viewed``, above)."""
     _bump_values(x)
     stamp_write(x._values)
+    _bump_viewed(x, cls)
     with torch._C.DisableTorchFunctionSubclass():
         base = x._base
     while isinstance(base, cls):
@@ -195,6 +252,8 @@ def _stale_own(x) -> bool:
         if not x.requires_grad:
             return False
         own = x._version - hit[3]  # its own writes since (each stamped once)
+        if ALIAS_BUMPS[0]:
+            own -= _alias_bumps_since(x, hit[4])  # not writes: bumps for a view's write (above)
         return (own == 0 and hit[0]._version != hit[1]) or writes_since(hit[0], hit[4]) > own
 
 

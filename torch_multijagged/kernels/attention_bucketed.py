@@ -24,7 +24,10 @@ class _Bucket:
     Gathers use ``index_select`` on flat row lists (much cheaper than advanced indexing on the
     CPU); padded positions read row 0 and are then zeroed in place for keys and values (a
     non-finite value in another sample must not reach this one through ``0 · inf``). Padded
-    query rows are computed and dropped."""
+    query rows are computed and dropped; in the backward they are zeroed and given ``lse = +inf``,
+    so that their probabilities are exactly 0: with row 0's ``lse`` (another segment's) they could
+    overflow to ``inf``, and ``inf · 0`` (their zero output gradient) put NaN into the keys' and
+    values' gradients (``attention_bucketed_backward``)."""
 
     __slots__ = ("segs", "qvalid", "kvalid", "lm", "sm", "lq", "lk", "qflat", "kflat", "qsel", "qdst",
                  "ksel", "kdst", "kpad", "qpad", "single", "padmask", "qscratch", "cu", "blocks", "gathers")
@@ -65,15 +68,15 @@ class _Bucket:
         self.kpad = (~self.kvalid).reshape(-1).nonzero().flatten()
         self.qpad = (~self.qvalid).reshape(-1).nonzero().flatten()
 
-    def gather_q(self, x, zero: bool = False):
+    def gather_q(self, x, zero: bool = False, fill=None):
         """``x (Tq, H, D)`` → ``(n, H, Lm, D)``; ``zero``: zeros at padded queries (the output
-        gradient, so that padded rows add nothing to dk and dv)."""
+        gradient, so that padded rows add nothing to dk and dv); ``fill``: that value there instead."""
         if self.single is not None:
             return x[self.single[0]: self.single[0] + self.lm].transpose(0, 1).unsqueeze(0)
         n = self.qvalid.shape[0]
         g = x.index_select(0, self.qflat)
-        if zero and self.qpad.numel():
-            g.index_fill_(0, self.qpad, 0)
+        if (zero or fill is not None) and self.qpad.numel():
+            g.index_fill_(0, self.qpad, 0 if fill is None else fill)
         return g.view(n, self.lm, *x.shape[1:]).transpose(1, 2)
 
     def gather_k(self, x):
@@ -316,13 +319,14 @@ def attention_bucketed_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias=None, 
     dq, dk, dv, dbias = _grad_buffers(q, k, v, bias, need_dbias)
     cs = score_offsets(cu_q, cu_k) if keep is not None else None
     for bk in _buckets(cu_q, cu_k, buckets, slack, floor)[0]:
-        qb = bk.gather_q(q)
+        # padded query rows: zero q, out and grad, lse +inf (probabilities exactly 0; see _Bucket)
+        qb = bk.gather_q(q, zero=True)
         kb = bk.gather_k(k)
         vb = kb if v is k else bk.gather_k(v)
         kb, vb = _expand_heads(kb, hq), _expand_heads(vb, hq)
         gb = bk.gather_q(grad, zero=True)
-        ob = bk.gather_q(out)
-        lb = bk.gather_q(lse.unsqueeze(-1)).squeeze(-1)
+        ob = bk.gather_q(out, zero=True)
+        lb = bk.gather_q(lse.unsqueeze(-1), fill=float("inf")).squeeze(-1)
         bias_b = bk.bias(bias, bias_start, q.dtype)
         keep_b = bk.keep(keep, cs) if keep is not None else None
         gq, gk, gv, ds = _dense_backward(gb, qb, kb, vb, ob, lb, bias_b, keep_b, causal, scale, dropout_p, need_dbias,

@@ -132,6 +132,17 @@ def _finish(out):
     return out
 
 
+def _view_of(out: MJT, input: MJT) -> MJT:
+    """``out``, a view of ``input``'s values made here, remembered as such: a write into it bumps
+    ``input``'s own version counter, which the view does not share (NOTE [ Writes into shared
+    values ] in writes.py: a backward of the general mechanism that saved ``input`` raises). Not
+    for a copy made where dense torch gives a view (a slice along a ragged dim, NOTE [ Slices of
+    ragged dims write through ] in shape/views.py): its views must not keep it alive."""
+    if not (_views._REORDER_COPIES and _views._registered(input)[1] is not None):
+        out.__dict__["_view_of"] = input
+    return out
+
+
 def own_values(x) -> torch.Tensor | None:
     """``v`` when ``x`` is a fast-op result whose gradients all reach ``v`` (else None)."""
     if not isinstance(x, MJT):
@@ -353,8 +364,9 @@ def _softmax_fn(log: bool):
     aten_op = aten._log_softmax.default if log else aten._softmax.default
     dense = torch.log_softmax if log else torch.softmax
 
-    def impl(input, dim=None, *args, dtype=None, **kwargs):
-        # F.softmax(input, dim, _stacklevel, dtype); Tensor.softmax(dim, dtype)
+    def impl(input, dim=None, *args, dtype=None, _stacklevel=None, **kwargs):
+        # F.softmax(input, dim, _stacklevel, dtype) (by keyword through handle_torch_function);
+        # Tensor.softmax(dim, dtype)
         if not isinstance(input, MJT) or not isinstance(dim, int) or kwargs or len(args) > 2:
             return NotImplemented
         if args and isinstance(args[-1], torch.dtype):
@@ -388,7 +400,7 @@ def _unsqueeze(input, dim):
     if not isinstance(input, MJT) or not isinstance(dim, int):
         return NotImplemented
     vd, ragged = _views.unsqueeze_plan(input, dim)
-    return result(values(input).unsqueeze(vd), input._partition, ragged)
+    return _view_of(result(values(input).unsqueeze(vd), input._partition, ragged), input)
 
 
 FAST[torch.unsqueeze] = FAST[torch.Tensor.unsqueeze] = _unsqueeze
@@ -403,7 +415,7 @@ def _transpose(input, dim0, dim1):
     if dim0 % n == dim1 % n:
         # the handler returns the input's values object: a result must own its values (the NOTE)
         return NotImplemented
-    return _finish(_views.transpose_int(aten.transpose.int, _standin(input), dim0, dim1))
+    return _view_of(_finish(_views.transpose_int(aten.transpose.int, _standin(input), dim0, dim1)), input)
 
 
 def _permute(input, *dims):
@@ -415,7 +427,7 @@ def _permute(input, *dims):
         return NotImplemented
     if [d % len(input._size) for d in dims] == list(range(len(input._size))):
         return NotImplemented  # the identity: see _transpose
-    return _finish(_views.permute_default(aten.permute.default, _standin(input), list(dims)))
+    return _view_of(_finish(_views.permute_default(aten.permute.default, _standin(input), list(dims))), input)
 
 
 def _view(input, *size):
@@ -430,7 +442,7 @@ def _view(input, *size):
         out = _views.view_default(aten.view.default, _standin(input), list(size))
     except StructureError:
         return NotImplemented  # maybe a merge / split of ragged dims: its route (ops/shape/flatten.py)
-    return _finish(out)
+    return _view_of(_finish(out), input)
 
 
 def _split_fast(method: str):
@@ -464,7 +476,7 @@ def _split_fast(method: str):
         else:
             return NotImplemented
         pieces = getattr(values(input), method)(arg, _values_dim(input, d))
-        out = tuple(result(p, input._partition, input._ragged_dims) for p in pieces)
+        out = tuple(_view_of(result(p, input._partition, input._ragged_dims), input) for p in pieces)
         if pieces and pieces[0].requires_grad:
             for y in out:
                 y.__dict__["_split_piece"] = True
@@ -501,7 +513,7 @@ def _unflatten(input, dim=None, sizes=None):
         return NotImplemented  # sizes that do not hold the dim, two -1s…: the route (dense torch's checks)
     v = values(input).unflatten(_values_dim(input, d), new)
     k = len(new) - 1
-    return result(v, input._partition, tuple(r + k if r > d else r for r in input._ragged_dims))
+    return _view_of(result(v, input._partition, tuple(r + k if r > d else r for r in input._ragged_dims)), input)
 
 
 def _flatten(input, start_dim=0, end_dim=-1):
@@ -510,7 +522,8 @@ def _flatten(input, start_dim=0, end_dim=-1):
         return NotImplemented  # a no-op flatten returns its input (a result must own its values)
     s, e = span
     v = values(input).flatten(_values_dim(input, s), _values_dim(input, e))
-    return result(v, input._partition, tuple(r - (e - s) if r > e else r for r in input._ragged_dims))
+    out = result(v, input._partition, tuple(r - (e - s) if r > e else r for r in input._ragged_dims))
+    return out if v._base is None else _view_of(out, input)  # flatten copies what no strides hold
 
 
 FAST[torch.unflatten] = FAST[torch.Tensor.unflatten] = _unflatten
