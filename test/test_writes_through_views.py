@@ -244,3 +244,26 @@ def test_attention_non_finite_sample_does_not_leak_through_padded_queries(name):
         leaf = c.clone().requires_grad_()
         want = torch.autograd.grad(F.scaled_dot_product_attention(leaf, leaf, leaf).sum(), leaf)[0]
         torch.testing.assert_close(gi, want)
+
+
+def test_a_chain_of_views_keeps_only_its_first_tensor():
+    """``y = y.unsqueeze(-1).squeeze(-1)`` in a loop: each view holds the chain's first tensor, as
+    a dense view holds its base, not every view made before (which each write would walk)."""
+    import gc
+    import weakref
+
+    x = mj.nested_tensor(_comps(SEQ))
+    y, made = x.clone(), []
+    for _ in range(20):
+        u = y.unsqueeze(-1)
+        y = u.squeeze(-1)
+        made.append(weakref.ref(u))
+        del u
+        y.mul_(1.0)
+    gc.collect()
+    assert sum(r() is not None for r in made) <= 1
+    z = F.log_softmax(x.requires_grad_(), -1)
+    v = z.unsqueeze(-1).transpose(1, 2).unsqueeze(1).squeeze(1)  # views in between are temporaries
+    v.mul_(2.0)
+    with pytest.raises(RAISES, match=WORDS):
+        torch.autograd.grad(v.sum(), x)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import weakref
+
 import torch
 
 __all__ = ["written_args", "check_not_written_through_alias", "refuse_split_piece_write", "record_write", "stamp_write",
@@ -191,6 +193,10 @@ def _bump_viewed(x, cls: type) -> None:
                 _bump_values(w)
             first = False
             src = w.__dict__.get("_view_of")
+            if isinstance(src, weakref.ref):  # a view in between; once gone, on to the chain's first
+                src = src()
+                if src is None:
+                    src = w.__dict__.get("_view_root")
             if src is not None and id(src) not in seen:
                 seen.add(id(src))
                 with torch._C.DisableTorchFunctionSubclass():

@@ -36,6 +36,7 @@ unless something else consumed the wrapper. Correctness rests on three rules:
 from __future__ import annotations
 
 import operator
+import weakref
 from typing import Any, Callable
 
 import torch
@@ -139,8 +140,27 @@ def _view_of(out: MJT, input: MJT) -> MJT:
     for a copy made where dense torch gives a view (a slice along a ragged dim, NOTE [ Slices of
     ragged dims write through ] in shape/views.py): its views must not keep it alive."""
     if not (_views._REORDER_COPIES and _views._registered(input)[1] is not None):
-        out.__dict__["_view_of"] = input
+        # the first tensor of a chain of such views is held, as a dense view holds its base; the
+        # views in between only weakly (``y = y.unsqueeze(-1).squeeze(-1)`` in a loop must not
+        # keep, and walk on each write, every view made before)
+        root = _chain_root(input)
+        out.__dict__["_view_root"] = root
+        out.__dict__["_view_of"] = input if root is input else weakref.ref(input)
     return out
+
+
+def _chain_root(x: MJT) -> MJT:
+    """The first tensor of ``x``'s chain of views: values-path views (``_view_root``) and autograd
+    views (``_base``) alike, as dense torch's views all name their one base."""
+    while True:
+        root = x.__dict__.get("_view_root")
+        if root is not None:
+            return root
+        with _DisableTF():
+            base = x._base
+        if not isinstance(base, MJT):
+            return x
+        x = base
 
 
 def own_values(x) -> torch.Tensor | None:
