@@ -511,8 +511,8 @@ def test_an_empty_head_dim_attends_uniformly_as_dense():
     import torch_multijagged as mj
 
     g = torch.Generator().manual_seed(3)
-    qs = [torch.randn(n, 2, 0, dtype=torch.float64) for n in (3, 1, 2)]
-    vs = [torch.randn(n, 2, 4, dtype=torch.float64, generator=g) for n in (3, 1, 2)]
+    qs = [torch.randn(n, 2, 0, dtype=torch.float64) for n in (3, 0, 1, 2)]
+    vs = [torch.randn(n, 2, 4, dtype=torch.float64, generator=g) for n in (3, 0, 1, 2)]
     q = mj.nested_tensor(qs).transpose(1, 2)
     v = mj.nested_tensor(vs).transpose(1, 2)
     out = F.scaled_dot_product_attention(q, q, v)

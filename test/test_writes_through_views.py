@@ -111,7 +111,7 @@ def test_write_through_a_view_of_a_saved_output_raises_as_dense(name):
 def test_softmax_along_a_ragged_dim_saves_nothing_a_write_reaches(log):
     """Along a ragged dim the values path's softmax saves no tensor that a write through a view of
     its output reaches: the gradient is that of the written function (dense torch raises)."""
-    comps = _comps(SEQ)
+    comps = _comps(SEQ) + [torch.zeros(0, 4, dtype=DT)]  # and an empty sample
     f = F.log_softmax if log else F.softmax
     x = mj.nested_tensor(comps, requires_grad=True)
     v = f(x, 1).unsqueeze(-1)

@@ -8,9 +8,9 @@ values were written through an alias.
 
 from __future__ import annotations
 
-from typing import Optional
-
+import bisect
 import weakref
+from typing import Optional
 
 import torch
 
@@ -216,8 +216,8 @@ def _bump_viewed(x, cls: type) -> None:
 
 def _alias_bumps_since(x, clock: int) -> int:
     """How many of ``x``'s counter bumps since ``clock`` were ``_bump_viewed``'s (not writes)."""
-    clocks = _root(x).__dict__.get("_alias_bumps")
-    return 0 if not clocks else sum(1 for c in clocks if c > clock)
+    clocks = _root(x).__dict__.get("_alias_bumps")  # increasing
+    return 0 if not clocks else len(clocks) - bisect.bisect_right(clocks, clock)
 
 
 def record_write(x, cls: type) -> None:

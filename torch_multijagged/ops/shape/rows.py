@@ -56,6 +56,22 @@ def _rows_extent(g: RaggedExtent, e: RaggedExtent) -> RaggedExtent:
     return hit[1]
 
 
+def _keeps(x: MJT, start: int, sizes, holes: bool, also=()) -> bool:
+    """Whether ``sizes`` name ``x``'s dims from ``start`` on as they are: a ragged dim by its nested
+    int (or by the one of ``also`` at its place among the ragged dims), a static dim by its size,
+    either by ``-1`` where ``holes`` allows one."""
+    for d, s in zip(range(start, x.dim()), sizes):
+        if holes and isinstance(s, int) and s == -1:
+            continue
+        if d in x._ragged_dims:
+            k = x._ragged_dims.index(d)
+            if not any(_is_size(s, e) for e in (x._partition.extents[k], *also[k:k + 1])):
+                return False
+        elif not (isinstance(s, int) and s == x._size[d]):
+            return False
+    return True
+
+
 def merge_rows_request(x: MJT, shape: tuple) -> bool:
     """Whether ``shape`` folds ``x``'s dim 1, its first ragged dim, into the batch while keeping
     every later dim (NOTE [ Rows as samples ])."""
@@ -69,13 +85,7 @@ def merge_rows_request(x: MJT, shape: tuple) -> bool:
             return False
     elif first != -1:
         return False
-    for d, s in zip(range(2, x.dim()), shape[1:]):
-        if d in rd:
-            if not (isinstance(s, int) and s == -1 and first != -1) and not _is_size(s, x._partition.extents[rd.index(d)]):
-                return False
-        elif not (isinstance(s, int) and (s == x._size[d] or (s == -1 and first != -1))):
-            return False
-    return True
+    return _keeps(x, 2, shape[1:], holes=first != -1)
 
 
 @eager_route(_EAGER)
@@ -96,15 +106,8 @@ def split_rows_request(x: MJT, shape: tuple) -> bool:
     p, rd = origin
     if not (isinstance(shape[0], int) and shape[0] in (-1, p.batch)) or not _is_size(shape[1], p.extents[0]):
         return False
-    for d, s in zip(range(1, x.dim()), shape[2:]):
-        if d in x._ragged_dims:
-            k = x._ragged_dims.index(d)
-            if not (_is_size(s, x._partition.extents[k]) or _is_size(s, p.extents[k + 1])
-                    or (isinstance(s, int) and s == -1 and shape[0] != -1)):
-                return False
-        elif not (isinstance(s, int) and (s == x._size[d] or (s == -1 and shape[0] != -1))):
-            return False
-    return tuple(d - 1 for d in rd[1:]) == x._ragged_dims
+    return tuple(d - 1 for d in rd[1:]) == x._ragged_dims and _keeps(x, 1, shape[2:], holes=shape[0] != -1,
+                                                                     also=p.extents[1:])
 
 
 @eager_route(_EAGER)
