@@ -46,6 +46,22 @@ def route(*funcs):
     return wrapper
 
 
+
+def in_place_route(name: str):
+    """The route of ``x.<op>_(…)`` (``name``) as ``x.copy_(x.<op>(…))``: the out-of-place op takes
+    every form (along ragged dims per sample, dense or multi_jagged indices), and ``copy_`` writes
+    it in place with gradients, as the dense in-place op."""
+    out_of_place = getattr(torch.Tensor, name[:-1])
+
+    def routed(input, *args, **kwargs):
+        if not isinstance(input, MJT):
+            return NotImplemented
+        # the op reads a clone when autograd records: what it saves must not be the tensor written
+        src = input.clone() if torch.is_grad_enabled() and input.requires_grad else input
+        return input.copy_(out_of_place(src, *args, **kwargs))
+
+    return routed
+
 def unify_extents(args: tuple, keep_first: bool = False) -> tuple:
     """NOTE [ Equal sizes, different nested ints ]
 

@@ -15,7 +15,7 @@ from ...errors import StructureError
 from ...kernels.along import packed_rows, slice_bounds
 from ...structure import _is_traced, extent_of, mapped_extent, same_extent
 from .._common import MJT, canonical_dim, component_rows, describe, static_dims
-from .._routing import route
+from .._routing import in_place_route, route
 from ..shape.views import _mark_reorder_copy, mark_view_copy
 from .along import check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
 
@@ -430,24 +430,8 @@ route(torch.scatter, torch.Tensor.scatter)(_scatter_route("scatter", False))
 route(torch.scatter_add, torch.Tensor.scatter_add)(_scatter_route("scatter_add", True))
 
 
-def _in_place_route(name: str):
-    """``x.<op>_(…)`` as ``x.copy_(x.<op>(…))``: the out-of-place op takes every form (along ragged
-    dims per sample, dense or multi_jagged indices), and ``copy_`` writes it in place with
-    gradients, as the dense in-place op."""
-    out_of_place = getattr(torch.Tensor, name[:-1])
-
-    def routed(input, *args, **kwargs):
-        if not isinstance(input, MJT):
-            return NotImplemented
-        # the op reads a clone when autograd records: what it saves must not be the tensor written
-        src = input.clone() if torch.is_grad_enabled() and input.requires_grad else input
-        return input.copy_(out_of_place(src, *args, **kwargs))
-
-    return routed
-
-
 for _name in ("scatter_", "scatter_add_", "scatter_reduce_", "index_fill_", "index_copy_", "index_add_"):
-    route(getattr(torch.Tensor, _name))(_in_place_route(_name))
+    route(getattr(torch.Tensor, _name))(in_place_route(_name))
 
 
 @route(torch.flip, torch.Tensor.flip)

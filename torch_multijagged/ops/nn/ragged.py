@@ -38,7 +38,7 @@ from ...errors import StructureError
 from ...structure import RaggedExtent, extent_of, mapped_extent, partition_for
 from .._table import register_multi_jagged_func
 from .._common import MJT, canonical_dim, canonical_dims, describe, eager_route, static_dims, wrap
-from .._routing import _call, _needs_grad, route
+from .._routing import _call, _needs_grad, in_place_route, route
 
 __all__ = ["covers_ragged", "layer_norm_ragged"]
 
@@ -135,22 +135,8 @@ route(torch.cumsum, torch.Tensor.cumsum)(_scan_route("cumsum"))
 route(torch.cumprod, torch.Tensor.cumprod)(_scan_route("cumprod"))
 route(torch.logcumsumexp, torch.Tensor.logcumsumexp)(_scan_route("logcumsumexp"))
 
-
-def _scan_in_place_route(op: str):
-    """``x.cumsum_(dim)`` as ``x.copy_(x.cumsum(dim))``: ``copy_`` writes in place with gradients
-    (the scan reads a clone when autograd records, so what it saves is not the tensor written)."""
-
-    def routed(input, dim, *, dtype=None):
-        if not isinstance(input, MJT) or not isinstance(dim, int):
-            return NotImplemented
-        src = input.clone() if torch.is_grad_enabled() and input.requires_grad else input
-        return input.copy_(_scan(op, src, dim, dtype))
-
-    return routed
-
-
-route(torch.Tensor.cumsum_)(_scan_in_place_route("cumsum"))
-route(torch.Tensor.cumprod_)(_scan_in_place_route("cumprod"))
+route(torch.Tensor.cumsum_)(in_place_route("cumsum_"))
+route(torch.Tensor.cumprod_)(in_place_route("cumprod_"))
 
 
 # ----------------------------------------------------------------------------- norms
