@@ -519,3 +519,71 @@ def test_an_empty_head_dim_attends_uniformly_as_dense():
     for o, a, b in zip(out.unbind(), qs, vs):
         a, b = a.transpose(0, 1), b.transpose(0, 1)
         torch.testing.assert_close(o, F.scaled_dot_product_attention(a, a, b))
+
+
+@pytest.mark.parametrize("name", ["loop", "bucketed", "blocks"])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("heads", [(4, 4), (4, 2)], ids=["mha", "gqa"])
+@pytest.mark.parametrize("dv", [16, 8])
+def test_forward_without_lse_matches_oracle(name, causal, heads, dv, monkeypatch):
+    """NOTE [ Short segments without the row log-sum-exp ]: float32 segments whose scores
+    ``H·Lq·Lk`` fall in the unfused range (4·40·40, 4·48·30), below it (4·3·3) and above it
+    (4·400·400), with empty segments on either side, attend as the oracle when no ``lse`` is
+    asked for. The unfused formula runs for the segments in range that are called alone: every
+    one in the loop, the runs of one segment in blocks (two equal consecutive segments are one
+    fused call), none in buckets of several segments; with a value head size of its own (which
+    the fused kernel does not take) as well."""
+    from torch_multijagged.kernels import attention_common as kcommon
+
+    hq, hk = heads
+    lq, lk = [40, 48, 0, 40, 3, 6, 400, 40, 40], [40, 30, 5, 40, 3, 0, 400, 40, 40]
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(sum(lq), hq, 16, generator=g)
+    k = torch.randn(sum(lk), hk, 16, generator=g)
+    v = torch.randn(sum(lk), hk, dv, generator=g)
+    calls = []
+    real = kcommon._softmax_forward
+
+    def spy(qb, *args):
+        calls.append(qb.shape[-2])
+        return real(qb, *args)
+
+    monkeypatch.setattr(kcommon, "_softmax_forward", spy)
+    out, _ = BACKENDS[name][0](q, k, v, _cu(lq), _cu(lk), None, None, None, causal, 0.3, 0.0, need_lse=False)
+    want = oracle(q.double(), k.double(), v.double(), _cu(lq), _cu(lk), None, None, None, causal, 0.3, 0.0)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    if name != "bucketed":
+        assert sorted(calls) == {"loop": [40, 40, 40, 40, 48], "blocks": [40, 40, 48]}[name]
+    # a forward that a backward will read computes lse, with the fused kernel
+    calls.clear()
+    out, lse = BACKENDS[name][0](q, k, v, _cu(lq), _cu(lk), None, None, None, causal, 0.3, 0.0)
+    torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5)
+    assert not calls and lse.shape == (sum(lq), hq) and bool(torch.isfinite(lse[:sum(lq[:5])]).all())
+
+
+@pytest.mark.parametrize("backend", [None, "loop", "blocks"])
+def test_inference_attention_per_sample_and_without_leakage(backend):
+    """Under ``no_grad`` (no ``lse``: NOTE [ Short segments without the row log-sum-exp ]) a
+    float32 ``(B, H, j, D)`` batch attends as each sample alone, an empty sample included, and
+    changing one sample leaves the others' outputs unchanged."""
+    import torch.nn.functional as F
+
+    import torch_multijagged as mj
+    from torch_multijagged.compile import attention as cattn
+
+    g = torch.Generator().manual_seed(11)
+    comps = [torch.randn(n, 4, 32, generator=g) for n in (60, 0, 120, 30)]
+
+    def run(cs):
+        x = mj.nested_tensor(cs).transpose(1, 2)
+        with torch.no_grad(), cattn.backend(backend):
+            return F.scaled_dot_product_attention(x, x, x, is_causal=True).unbind()
+
+    outs = run(comps)
+    for o, c in zip(outs, comps):
+        c = c.transpose(0, 1)
+        torch.testing.assert_close(o, F.scaled_dot_product_attention(c, c, c, is_causal=True))
+    changed = run([comps[0], comps[1], comps[2] * 3, comps[3]])
+    for i in (0, 1, 3):
+        assert torch.equal(changed[i], outs[i])

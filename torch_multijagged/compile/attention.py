@@ -165,7 +165,9 @@ def default_scale(d: int) -> float:
 #   docs/design.md §8 has the measurements behind this rule. ``blocks`` (one dense call per run
 #   of equal consecutive segments, on views, bias broadcast over the run) when such runs are at
 #   least ``BLOCKS_MIN_RUN`` segments long on average and there is no dropout: the rows of a
-#   pair in triangle attention (docs/design.md §18).
+#   pair in triangle attention (docs/design.md §18). A forward that no backward will read runs
+#   short float32 segments alone (``loop``, one-segment runs of ``blocks``) unfused (NOTE [ Short
+#   segments without the row log-sum-exp ] in kernels/attention_common.py).
 # * CUDA: ``flash`` — torch's own ``_flash_attention_forward`` with ``cu_seqlens`` (as
 #   torch.jagged) — for float16/bfloat16 without bias or dropout and one head size ≤ 256;
 #   ``flash_attn`` instead when the flash-attn package is installed; else ``triton`` (one launch

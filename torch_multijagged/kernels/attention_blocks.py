@@ -12,8 +12,7 @@ import torch
 from .attention_bucketed import attention_bucketed, attention_bucketed_backward
 from .attention_common import (
     NEG_INF, _compute_dtype, _dense_forward, _flash_fwd, _flash_ok, _grad_buffers, _expand_heads, _host_lengths,
-    _unit_last,
-    _reduce_heads, _scale,
+    _reduce_heads, _scale, _unfused_ok, _unit_last,
 )
 
 __all__ = ["attention_blocks", "attention_blocks_backward", "block_runs"]
@@ -93,11 +92,12 @@ def attention_blocks(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=None,
         vb = v[k0: k0 + m * lk].view(m, lk, *v.shape[1:]).transpose(1, 2)
         if gqa:
             kb, vb = _expand_heads(kb, hq), _expand_heads(vb, hq)
-        if fused:  # the per-sample loop's own call, with as little Python around it (B calls)
+        if fused and not _unfused_ok(qb, kb, None, None, need_lse):
+            # the per-sample loop's own call, with as little Python around it (B calls)
             ob, lb = _flash_fwd(qb, kb, vb, 0.0, causal, scale=scale)
         else:
             bias_b = None if bias is None else _run_bias(bias, bs[s0], lq, lk).to(q.dtype)
-            ob, lb = _dense_forward(qb, kb, vb, bias_b, None, causal, scale, 0.0)
+            ob, lb = _dense_forward(qb, kb, vb, bias_b, None, causal, scale, 0.0, need_lse=need_lse)
         out[r0:r1] = ob.transpose(1, 2).reshape(m * lq, hq, -1)
         if need_lse:
             lse[r0:r1] = lb.transpose(1, 2).reshape(m * lq, hq)

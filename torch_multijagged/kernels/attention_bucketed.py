@@ -304,7 +304,7 @@ def attention_bucketed(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=Non
         kb, vb = _expand_heads(kb, hq), _expand_heads(vb, hq)
         bias_b = bk.bias(bias, bias_start, q.dtype)
         keep_b = bk.keep(keep, cs) if keep is not None else None
-        ob, lb = _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p, fused)
+        ob, lb = _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p, fused, need_lse)
         bk.scatter_q(out, ob)
         if need_lse:
             bk.scatter_q(lse.unsqueeze(-1), lb.unsqueeze(-1))

@@ -99,8 +99,43 @@ def _unit_last(t):
     return t if t is None or t.stride(-1) == 1 or t.shape[-1] <= 1 else t.contiguous()
 
 
-def _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p, fused=True):
-    """One padded batch ``(n, H, L, D)``: torch's fused CPU kernel when it applies."""
+# NOTE [ Short segments without the row log-sum-exp ]
+#
+# When no backward will read ``lse`` (a forward under ``no_grad``), one segment's attention is
+# ``softmax(q kᵀ · scale) v``: two BLAS products on views of the packed rows and one softmax, the
+# scores ``(H, Lq, Lk)`` staying in a core's L2 cache. For short segments this beats torch's fused
+# CPU kernel, whose online softmax rescales per block of keys: a loop over the segments of the
+# 512-sample, 50–197-token batch of ``benchmarks/attention.py`` ran 1.2–1.3× faster on 1 and 2
+# threads, and 1.09× at 8–64 tokens; at 200–1000 tokens the fused kernel is faster (docs/design.md
+# §8). Computing ``lse`` as well made it no faster than the fused kernel, so a forward that
+# saves for backward keeps the fused kernel. float32 only (the fused kernel accumulates half
+# precision in float32; the unfused products would round the scores to half precision), one
+# segment per call (no padded rows), no bias (a row that masks every key has no softmax).
+_UNFUSED_SCORES = (1 << 12, 1 << 19)  # score entries H·Lq·Lk per call: 16 KB to 2 MB in float32
+
+
+def _unfused_ok(qb, kb, bias_b, keep_b, need_lse: bool) -> bool:
+    if need_lse or bias_b is not None or keep_b is not None or qb.dtype != torch.float32:
+        return False
+    n, h, lq, _ = qb.shape
+    lo, hi = _UNFUSED_SCORES
+    return n == 1 and qb.device.type == "cpu" and lo <= h * lq * kb.shape[-2] <= hi
+
+
+def _softmax_forward(qb, kb, vb, causal, scale):
+    """NOTE [ Short segments without the row log-sum-exp ]: ``(out, None)``."""
+    s = torch.matmul(qb, kb.transpose(-1, -2)).mul_(scale)
+    if causal:
+        lq, lk = s.shape[-2], s.shape[-1]
+        s.masked_fill_(torch.ones(lq, lk, dtype=torch.bool, device=s.device).triu(1), NEG_INF)
+    return torch.matmul(torch.softmax(s, -1), vb), None
+
+
+def _dense_forward(qb, kb, vb, bias_b, keep_b, causal, scale, dropout_p, fused=True, need_lse=True):
+    """One padded batch ``(n, H, L, D)``: torch's fused CPU kernel when it applies; without ``lse``
+    (``need_lse=False``, returned as None) for short segments, ``_softmax_forward``."""
+    if fused and _unfused_ok(qb, kb, bias_b, keep_b, need_lse):
+        return _softmax_forward(qb, kb, vb, causal, scale)
     if _flash_ok(qb, vb, keep_b, False, fused):
         qb, kb, vb, bias_b = _unit_last(qb), _unit_last(kb), _unit_last(vb), _unit_last(bias_b)
         out, lse = _flash_fwd(qb, kb, vb, 0.0, causal, attn_mask=bias_b, scale=scale)
