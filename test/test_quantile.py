@@ -64,8 +64,34 @@ def test_quantile_over_every_element_and_several_q():
     x = torch.nested.nested_tensor(comps, layout=mj.multi_jagged)
     qs = torch.tensor([0.0, 0.25, 1.0], dtype=F64)
     torch.testing.assert_close(torch.quantile(x, qs), torch.quantile(torch.cat(comps), qs))
+    # a pair keeps a ragged dim: the leading q dim would come before the batch
     with pytest.raises(NotImplementedError, match="several q"):
-        torch.quantile(x, qs, dim=1)
+        torch.quantile(x.unsqueeze(-1) + x.unsqueeze(-2), qs, dim=1)
+    with pytest.raises(RuntimeError, match="1D"):
+        torch.quantile(x, qs.view(3, 1), dim=1)
+
+
+@pytest.mark.parametrize("f", [torch.quantile, torch.nanquantile])
+@pytest.mark.parametrize("keepdim", [False, True])
+@pytest.mark.parametrize("mode", MODES)
+def test_several_q_along_the_only_ragged_dim_lead_a_dense_result(f, keepdim, mode):
+    """``quantile(x, q, dim)`` with a 1-D ``q`` along the batch's only ragged dim is dense ``(Q, B, …)``,
+    as ``torch.stack`` of each sample's dense result along dim 1; gradients to every element."""
+    g = torch.Generator().manual_seed(4)
+    comps = [torch.randn(n, 3, dtype=F64, generator=g) for n in (4, 1, 6)]
+    comps[2][1, 0] = math.nan
+    leaves = [c.clone().requires_grad_() for c in comps]
+    x = mj.as_nested_tensor(leaves)
+    qs = torch.tensor([0.1, 0.5, 0.9, 0.5], dtype=F64)
+    out = f(x, qs, dim=1, keepdim=keepdim, interpolation=mode)
+    want = torch.stack([f(c, qs, dim=0, keepdim=keepdim, interpolation=mode) for c in leaves], 1)
+    assert type(out) is torch.Tensor and out.shape == want.shape
+    torch.testing.assert_close(out, want, equal_nan=True)
+    w = torch.randn(want.shape, dtype=F64, generator=g)
+    ga = torch.autograd.grad((torch.nan_to_num(out) * w).sum(), leaves)
+    gb = torch.autograd.grad((torch.nan_to_num(want) * w).sum(), leaves)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b)
 
 
 def test_empty_sample_and_integer_dtype_raise_as_dense():

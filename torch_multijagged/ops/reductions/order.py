@@ -356,12 +356,18 @@ def _quantile_route(name: str, ignore_nan: bool):
                     "(layout torch.multi_jagged)"
                 )
             return dense(values_of(input), q, interpolation=interpolation)  # every element, as sum() is
-        if isinstance(q, torch.Tensor) and q.dim() > 0:
-            raise NotImplementedError(
-                f"{name}() along a dim of {describe(input)} with several q: the output would lead with a q dim, before the "
-                "batch (layout torch.multi_jagged); call it once per q"
-            )
         d, hit = _dim(name, input, dim)
+        if isinstance(q, torch.Tensor) and q.dim() > 0:
+            if q.dim() > 1:
+                raise RuntimeError(f"{name}() q must be a scalar or 1D tensor")
+            # dense torch leads the output with a q dim: a dense result when the dim taken was the
+            # batch's only ragged dim, one quantile per q stacked (the batch dim cannot move)
+            if hit is None or len(input._ragged_dims) > 1:
+                raise NotImplementedError(
+                    f"{name}() along dim {dim} of {describe(input)} with several q: the output would lead with a q dim, "
+                    "before the batch, and keep a ragged dim (layout torch.multi_jagged); call it once per q"
+                )
+            return torch.stack([routed(input, qi, dim, keepdim, interpolation=interpolation) for qi in q.unbind()])
         if hit is None:
             vd = static_dims(input.dim(), input._ragged_dims).index(d) + 1
             v = dense(values_of(input), q, vd, keepdim, interpolation=interpolation)
