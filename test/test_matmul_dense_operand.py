@@ -51,6 +51,33 @@ def test_bmm_dense_times_transposed_ragged():
     check()
 
 
+@pytest.mark.parametrize("case", ["heads @ (H, D, E)", "heads @ (1, D, E)", "(H, E, D) @ heads transposed"])
+def test_matmul_with_a_dense_operand_of_fewer_dims_broadcasts_its_leading_dims(case):
+    """``(B, H, j, D) @ (H, D, E)``, a dense size-1 head dim, and ``(H, E, D) @ (B, H, D, j)``: as dense
+    matmul, the dense operand's missing leading dims broadcast over the batch; gradients to both."""
+
+    @FEW
+    @given(lengths(), seeds)
+    def check(ns, seed):
+        g = torch.Generator().manual_seed(seed)
+        x = R(comps_for([(n, 4, 3) for n in ns], seed), (1,))  # (B, j, H=4, D=3)
+        if case == "heads @ (H, D, E)":
+            w = torch.randn(4, 3, 5, dtype=torch.float64, generator=g)
+            out = per_sample_check(lambda a, b: a.transpose(1, 2) @ b, x, w, ref=lambda a, b: a.transpose(0, 1) @ b,
+                                   seed=seed)
+        elif case == "heads @ (1, D, E)":
+            w = torch.randn(1, 3, 5, dtype=torch.float64, generator=g)
+            out = per_sample_check(lambda a, b: a.transpose(1, 2) @ b, x, w, ref=lambda a, b: a.transpose(0, 1) @ b,
+                                   seed=seed)
+        else:
+            w = torch.randn(4, 5, 3, dtype=torch.float64, generator=g)
+            out = per_sample_check(lambda a, b: b @ a.permute(0, 2, 3, 1), x, w, ref=lambda a, b: b @ a.permute(1, 2, 0),
+                                   seed=seed)
+        assert out.dim() == 4
+
+    check()
+
+
 def test_bmm_contracting_the_ragged_dim_gives_dense():
     """``(B, D, j) @ (B, j, E)`` → dense ``(B, D, E)`` (the dense operand's gradient above)."""
 

@@ -193,6 +193,39 @@ def test_unique_and_histc_over_every_element():
         torch.unique(x, dim=1)
 
 
+@pytest.mark.parametrize("make", ["polar", "complex"])
+def test_llama_rotary_embedding_from_positions_with_gradients(make):
+    """Meta's LLaMA rotary embedding as written: rotations ``polar(1, position · θ)`` built from each
+    sample's positions (``mj.position_ids``) with a learned ``θ``, broadcast over the heads, times
+    the features as complex pairs; values and the gradients of the input and of ``θ`` per sample
+    (the complex product's backward conjugates each factor), a zero-length sample included."""
+    g = torch.Generator().manual_seed(3)
+    comps = [torch.randn(n, 2, 8, dtype=F64, generator=g) for n in (3, 0, 5)]
+    theta0 = torch.randn(4, dtype=F64, generator=g)
+
+    def rotations(pos, theta):
+        a = pos.unsqueeze(-1) * theta
+        return torch.polar(torch.ones_like(a), a) if make == "polar" else torch.complex(a.cos(), a.sin())
+
+    def rope(x, rot):  # x (…, H, 8), rot (…, 4)
+        return torch.view_as_real(torch.view_as_complex(x.unflatten(-1, (4, 2))) * rot.unsqueeze(-2)).flatten(-2)
+
+    x = mj.nested_tensor(comps, requires_grad=True)
+    theta = theta0.clone().requires_grad_()
+    out = rope(x, rotations(mj.position_ids(x).to(F64), theta))
+    w = [torch.randn(c.shape, dtype=F64, generator=g) for c in comps]
+    got = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), w)), [x, theta])
+    leaves = [c.clone().requires_grad_() for c in comps]
+    th = theta0.clone().requires_grad_()
+    refs = [rope(c, rotations(torch.arange(c.shape[0], dtype=F64), th)) for c in leaves]
+    for o, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(o, r)
+    want = torch.autograd.grad(sum((r * c).sum() for r, c in zip(refs, w)), leaves + [th])
+    for a, b in zip(got[0].unbind(), want[:-1]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(got[1], want[-1])
+
+
 def test_conj_of_complex_samples_with_gradients():
     """``x.conj()`` per sample (materialized: ``resolve_conj`` returns it as it is), gradients to
     the complex input; a real tensor's ``conj()`` is itself, as dense."""

@@ -58,6 +58,12 @@ def _matmul(input, other, *, out=None):
         input, other = autocast_lower(input, other)
     if isinstance(input, MJT) and _dense(other) and other.dim() == 2:
         return _call(mj.linear.default, input, other.t(), None)
+    # a dense operand with fewer dims, (B, H, j, D) @ (H, D, E): dense matmul broadcasts the
+    # missing leading dims, a dense batch of 1 below
+    if isinstance(input, MJT) and _dense(other) and 2 < other.dim() < input.dim():
+        other = other.reshape((1,) * (input.dim() - other.dim()) + tuple(other.shape))
+    if isinstance(other, MJT) and _dense(input) and 2 < input.dim() < other.dim():
+        input = input.reshape((1,) * (other.dim() - input.dim()) + tuple(input.shape))
     if isinstance(input, MJT) != isinstance(other, MJT) and input.dim() == other.dim():
         # A dense per-sample operand (B, …): bmm's handler (ops/indexing/gather.py, NOTE [ Batched matmul
         # with a dense per-sample operand ]); a dense batch of 1 broadcasts, as in dense matmul.

@@ -341,6 +341,9 @@ _UNTAGGED = [
     aten.floor_divide_.Scalar,
     aten.hardswish.default,
     aten.hardswish_.default,
+    # complex numbers from two real tensors (Llama's complex rotary embedding: ``torch.polar``)
+    aten.polar.default,
+    aten.complex.default,
     # ``F.logsigmoid``: elementwise, returning a buffer beside the output (a tuple)
     aten.log_sigmoid_forward.default,
     aten.log_sigmoid_backward.default,

@@ -176,6 +176,15 @@ def _conj(input):
     return wrap_values(torch.conj_physical(values_of(input)), input._partition, input._ragged_dims)
 
 
+@register_multi_jagged_func(aten._conj.default, "self: mjt")
+def _conj_dispatch(func, input):
+    """``_conj`` as autograd's complex formulas call it (``grad * other.conj()``): materialized, as
+    ``conj`` above; a real tensor is returned as it is."""
+    if not input.is_complex():
+        return input
+    return wrap(torch.conj_physical(input._values), input._partition, input._ragged_dims)
+
+
 @route(torch.resolve_conj, torch.Tensor.resolve_conj, torch.resolve_neg, torch.Tensor.resolve_neg)
 def _resolved(input):
     return input if isinstance(input, MJT) else NotImplemented
