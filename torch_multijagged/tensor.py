@@ -47,7 +47,7 @@ from .serialization import INTERNAL_ATTRS, copy_partition, partition_from_file, 
 from .structure import Partition, RaggedExtent, _is_traced
 from .writes import (
     _differentiable, _eager, _refuse_traced_alias_write, _targets, _written_through_alias,
-    check_not_written_through_alias, record_write, refuse_split_piece_write, written_args,
+    WRITE_CLOCK, check_not_written_through_alias, record_write, refuse_split_piece_write, written_args,
 )
 
 __all__ = ["MultiJaggedTensor"]
@@ -708,6 +708,66 @@ def _rename(e: BaseException, func) -> None:
     e.args = (f"{name}(): {msg[m.end():]}{note}",) + e.args[1:]
 
 
+# ----------------------------------------------------------------------------- values crossings
+# NOTE [ Differentiable backward of the bridge ] in ``bridge.py``.
+
+
+def _graph(grad: torch.Tensor) -> bool:
+    # In backward, grad mode is on only under create_graph=True.
+    return torch.is_grad_enabled() and grad.requires_grad
+
+
+class _ValuesOf(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: MultiJaggedTensor):
+        ctx.set_materialize_grads(False)
+        ctx.partition, ctx.ragged_dims = x._partition, x._ragged_dims
+        return x._values.view_as(x._values)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        if grad is None:
+            return None
+        if 0 in grad.stride() and grad.numel() > 1:
+            # An expanded gradient (``values().sum()``'s) would reach aten's view/reshape
+            # backward formulas, which reshape in C++ and fail on a non-viewable wrapper with
+            # nested-int sizes: materialise it.
+            grad = grad.contiguous()
+        if _graph(grad):
+            return _WrapValues.apply(grad, ctx.partition, ctx.ragged_dims)
+        return MultiJaggedTensor(grad, ctx.partition, ctx.ragged_dims)
+
+
+class _WrapValues(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, values: torch.Tensor, partition: Partition, ragged_dims):
+        ctx.set_materialize_grads(False)
+        # ``detach``, not a view: a view made here (the forward runs in no-grad mode) of values
+        # that require grad could not be read under autograd once an in-place op on the wrapper
+        # wrote it ("a view was created in no_grad mode … modified inplace"); the wrapper's own
+        # node carries the gradient, and ``detach`` keeps the storage and version counter.
+        return MultiJaggedTensor(values.detach(), partition, ragged_dims)
+
+    @staticmethod
+    def backward(ctx, grad: MultiJaggedTensor):
+        if grad is None:
+            return None, None, None
+        return (_ValuesOf.apply(grad) if _graph(grad) else grad._values), None, None
+
+
+def values_of(x: MultiJaggedTensor) -> torch.Tensor:
+    """Packed ``(T, *static)`` values of ``x``; differentiable."""
+    # _eager() first: dynamo fails reading x.__dict__ (NOTE [ Own frames under torch.compile ])
+    if torch.is_grad_enabled() and _eager() and ("_vgraph" in x.__dict__ or WRITE_CLOCK[0]):
+        check_not_written_through_alias(x, "values")  # NOTE [ Writes into shared values ] in writes.py
+    return _ValuesOf.apply(x)
+
+
+def wrap_values(values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...]) -> MultiJaggedTensor:
+    """A MultiJaggedTensor viewing ``values``; differentiable w.r.t. ``values``."""
+    return _WrapValues.apply(values, partition, ragged_dims)
+
+
 # ``torch.load(weights_only=True)`` (torch's default) may name these two globals and no other of
 # this package; NOTE [ Serialized form ].
 torch.serialization.add_safe_globals([_rebuild, MultiJaggedTensor])
@@ -782,9 +842,3 @@ def install_op_table(*, dispatch, routes: dict, unify, guard_write, reorder_copi
         _writeback_target, _write_through = writeback_target, write_through
     _ROUTES, _dispatch, _unify = routes, dispatch, unify
     _guard_write, _reorder_copies = guard_write, reorder_copies
-
-
-# The values crossings (``values_of`` / ``wrap_values`` and their autograd Functions) live in
-# ``crossings.py``, which imports this module's class: bound here, after the class exists, so that
-# ``from .tensor import values_of`` keeps working and the methods above find them as globals.
-from .crossings import _graph, _ValuesOf, _WrapValues, values_of, wrap_values  # noqa: E402,F401
