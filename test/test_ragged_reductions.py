@@ -430,6 +430,49 @@ def test_norm_grad_at_zero_vector(ord):
     assert_close(leaf.grad, dense.grad)
 
 
+@pytest.mark.parametrize("ord", [0.5, 0.3, -1, -2.5, 1.5, 0])
+@pytest.mark.parametrize("dim", [1, 2, (1, 2)])
+def test_norm_below_one_and_negative_grad_at_zero_entries(ord, dim):
+    """``vector_norm`` with ``ord < 1`` over entries that are 0: dense norm backward gives those
+    entries (and, for ``ord < 0``, a whole vector holding a 0, whose norm is 0) a zero gradient,
+    where ``|x|^p`` differentiated at 0 is inf · 0 = NaN; per sample, an empty sample included.
+    ``ord = 0`` counts nonzeros and is differentiable with a zero gradient."""
+    g = torch.Generator().manual_seed(2)
+    comps = [torch.randn(n, 3, dtype=torch.float64, generator=g) for n in (3, 0, 4)]
+    comps[0][1, 0] = comps[0][2, 2] = comps[2][0, 1] = 0.0
+    leaves = [c.clone().requires_grad_() for c in comps]
+    x = mj.as_nested_tensor(leaves)
+    out = torch.linalg.vector_norm(x, ord, dim=dim)
+    dd = tuple(d - 1 for d in dim) if isinstance(dim, tuple) else dim - 1
+    refs = [torch.linalg.vector_norm(c, ord, dim=dd) for c in leaves[:1] + leaves[2:]]
+    got = out.unbind() if isinstance(out, mj.MultiJaggedTensor) else out.unbind(0)
+    for a, b in zip([got[0], got[2]], refs):
+        assert_close(a, b)
+    assert out.requires_grad
+    w = torch.randn(out.shape if not isinstance(out, mj.MultiJaggedTensor) else (1,), dtype=torch.float64, generator=g)
+    loss_ours = (out * w).sum() if not isinstance(out, mj.MultiJaggedTensor) else sum(o.sum() for o in out.unbind())
+    ga = torch.autograd.grad(loss_ours, leaves)
+    if isinstance(out, mj.MultiJaggedTensor):
+        gb = torch.autograd.grad(sum(r.sum() for r in refs), [leaves[0], leaves[2]], allow_unused=True)
+    else:
+        gb = torch.autograd.grad(sum((r * wi).sum() for r, wi in zip(refs, [w[0], w[2]])), [leaves[0], leaves[2]],
+                                 allow_unused=True)
+    for a, b in zip([ga[0], ga[2]], gb):
+        assert not a.isnan().any()
+        assert_close(a, torch.zeros_like(a) if b is None else b)  # dense gives ord = 0 no gradient
+
+
+def test_any_and_all_over_no_dims_are_elementwise_as_dense():
+    """Dense ``any`` / ``all`` with ``dim=()`` reduce nothing (unlike ``sum``): ``x != 0``, per sample."""
+    comps = [torch.tensor([[0.0, 1.0], [2.0, 0.0]]), torch.zeros(0, 2), torch.tensor([[3.0, 0.0]])]
+    x = mj.nested_tensor(comps)
+    for f in (lambda t: t.any(dim=()), lambda t: t.all(dim=[]), lambda t: torch.any(t, dim=(), keepdim=True)):
+        out = f(x)
+        assert out.shape[:2] == x.shape[:2] and out.dtype == torch.bool
+        for o, c in zip(out.unbind(), comps):
+            assert torch.equal(o, f(c))
+
+
 def test_var_grad_does_not_leak_nan_into_other_samples():
     leaves = [torch.tensor([[0.5, 1.0]], dtype=torch.float64, requires_grad=True),  # n = 1: var = nan
               torch.tensor([[1.0, 2.0], [3.0, 5.0]], dtype=torch.float64, requires_grad=True)]

@@ -275,6 +275,9 @@ def logsumexp_default(func, x, dim, keepdim=False):
 @register_multi_jagged_func([aten.any.dim, aten.any.dims, aten.all.dim, aten.all.dims], "self: mjt, dim: any?, keepdim: any?")
 def any_dim(func, x, dim=None, keepdim=False):
     kind = "any" if func in (aten.any.dim, aten.any.dims) else "all"
+    if isinstance(dim, (list, tuple)) and len(dim) == 0:
+        # dense any / all over ``dim=()`` reduce nothing (unlike sum's "every dim"): ``x != 0``
+        return wrap(func(x._values, dim, keepdim), x._partition, x._ragged_dims)
     return _reduce(func, x, dim, keepdim, kind)
 
 

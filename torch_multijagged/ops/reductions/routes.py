@@ -217,14 +217,27 @@ def _vector_norm(input, ord=2, dim=None, keepdim=False, *, dtype=None):
         empty = _reduce(torch.ones_like(a, dtype=torch.bool).detach(), "sum", d, keepdim) == 0
         return torch.where(empty, torch.full_like(m, float("inf")).detach(), m)
     if ord == 0:
-        return _reduce((a != 0).to(a.dtype), "sum", d, keepdim)
+        # the count of nonzeros; differentiable with a zero gradient, as dense (``a · 0`` where
+        # ``a`` is 0, so that an inf or a NaN elsewhere gives no NaN)
+        return _reduce(torch.where(a != 0, torch.ones((), dtype=a.dtype), a * 0), "sum", d, keepdim)
     if ord == 1:
         return _reduce(a, "sum", d, keepdim)
     if ord == 2:
         return _safe_root(_reduce(input * input, "sum", d, keepdim))
     if ord < 0:
-        return _reduce(a.pow(ord), "sum", d, keepdim).pow(1.0 / ord)  # Σ = 0 (empty) → inf
-    return _safe_root(_reduce(a.pow(ord), "sum", d, keepdim), ord)
+        return _reduce(_abs_pow(a, ord), "sum", d, keepdim).pow(1.0 / ord)  # Σ = 0 (empty) → inf
+    return _safe_root(_reduce(_abs_pow(a, ord), "sum", d, keepdim), ord)
+
+
+def _abs_pow(a, p):
+    """``a ** p`` of magnitudes ``a >= 0``, with no gradient where ``a`` is 0: for ``p < 1`` the
+    derivative ``p · 0^(p - 1)`` is inf there, and times ``abs``'s 0 it would be NaN; dense norm
+    backward gives those entries 0."""
+    if p >= 1:
+        return a.pow(p)
+    zero = a == 0
+    at_zero = torch.full((), 0.0 if p > 0 else float("inf"), dtype=a.dtype)
+    return torch.where(zero, at_zero, torch.where(zero, torch.ones((), dtype=a.dtype), a).pow(p))
 
 
 @route(torch.norm, torch.Tensor.norm)
