@@ -507,6 +507,10 @@ def test_dense_expand_as_a_multi_jagged_tensor_per_sample():
         seq = R(comps_for([(n, 4) for n in ns], seed + 2), (1,))
         per_sample_check(lambda d, x: d.expand_as(x), comps_for([(1, 4)], seed + 3)[0], seq)
         per_sample_check(lambda x: x.sum(1, keepdim=True).expand_as(x), seq, ref=lambda c: c.sum(0, keepdim=True).expand_as(c))
+        # an image's mean over its height, expanded back over that height (the other ragged dim)
+        per_sample_check(lambda x: x.mean(2, keepdim=True).expand_as(x), img, ref=lambda c: c.mean(1, keepdim=True).expand_as(c))
+        per_sample_check(lambda x: x.amax(3, keepdim=True).expand(-1, -1, -1, x.shape[3]), img,
+                         ref=lambda c: c.amax(2, keepdim=True).expand(-1, -1, c.shape[2]))
 
     check()
     x = mj.nested_tensor([torch.ones(2, 4), torch.ones(3, 4)])
@@ -514,6 +518,11 @@ def test_dense_expand_as_a_multi_jagged_tensor_per_sample():
         torch.ones(2, 3).expand_as(x)
     with pytest.raises(RuntimeError, match="cannot be expanded"):
         torch.ones(2, 1, 1, 4).expand_as(x)  # more dims than x
+    # to a ragged size of a batch of another sample count
+    img = mj.nested_tensor([torch.ones(2, 3, 4), torch.ones(2, 1, 2)])
+    other = mj.nested_tensor([torch.ones(2, 3, 4), torch.ones(2, 1, 2), torch.ones(2, 2, 2)])
+    with pytest.raises(mj.StructureError, match="cannot expand dim 2"):
+        img.sum(2, keepdim=True).expand(-1, -1, other.shape[2], -1)
 
 
 @pytest.mark.parametrize("case", ["first row", "last row", "image column", "product"])

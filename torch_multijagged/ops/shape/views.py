@@ -89,10 +89,16 @@ def expand_default(func, inp, size, implicit=False):
             extents.append(e)
         elif is_nested_int(s):
             e = next((e for e in known.values() if e.nested_int == s), None)
+            if e is None:
+                # a ragged size of another tensor of this batch (``x.mean(2, keepdim=True).expand_as(x)``
+                # of images: each sample's row broadcast over its own height)
+                e = extent_of(s)
+                if e is not None and e.batch != inp._partition.batch:
+                    e = None
             if e is None or inp.shape[d] != 1:
                 raise StructureError(
                     f"expand(): cannot expand dim {d} of {describe(inp)} to ragged size {s}: only a size-1 "
-                    "dim can become ragged, with an extent the tensor already has"
+                    "dim can become ragged, to a ragged size of a batch of as many samples"
                 )
             out_dims.append(d)
             extents.append(e)
