@@ -47,14 +47,15 @@ def route(*funcs):
 
 
 
-def in_place_route(name: str):
+def in_place_route(name: str, dense_self: bool = False):
     """The route of ``x.<op>_(…)`` (``name``) as ``x.copy_(x.<op>(…))``: the out-of-place op takes
     every form (along ragged dims per sample, dense or multi_jagged indices), and ``copy_`` writes
-    it in place with gradients, as the dense in-place op."""
+    it in place with gradients, as the dense in-place op. ``dense_self``: a dense ``x`` too (a
+    multi_jagged operand brought the call here), where the out-of-place op takes one."""
     out_of_place = getattr(torch.Tensor, name[:-1])
 
     def routed(input, *args, **kwargs):
-        if not isinstance(input, MJT):
+        if not (isinstance(input, MJT) or (dense_self and type(input) is torch.Tensor)):
             return NotImplemented
         # the op reads a clone when autograd records: what it saves must not be the tensor written
         src = input.clone() if torch.is_grad_enabled() and input.requires_grad else input

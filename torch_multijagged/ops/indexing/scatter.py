@@ -26,6 +26,7 @@ import torch
 from ...bridge import values_of, wrap_values
 from ...compile import segment as seg
 from ...errors import StructureError
+from ...structure import same_extent
 from .._common import MJT, canonical_dim, describe, eager_route, static_dims, wrap
 from .._routing import route
 from .._table import op_name, register_multi_jagged_func
@@ -259,3 +260,98 @@ def assign_index(x: MJT, index, value, getitem):
     spread = wrap_values(src_flat[at.view(v.shape)], x._partition, x._ragged_dims)
     x.copy_(torch.where(wrap(selected.view(v.shape), x._partition, x._ragged_dims), spread, x))
     return None
+
+
+# NOTE [ Scattering a batch into a dense tensor ]
+#
+# ``torch.zeros(B, E).scatter_add(1, experts, ones)`` (each sample's count per expert, with
+# ``experts`` a multi_jagged ``(B, j)``): a dense ``self`` whose dim 0 is the batch takes, per
+# sample, dense torch's scatter of that sample's index and source,
+# ``out[i] = self[i].scatter…(dim - 1, index[i], src[i])``. Every element of the index names one
+# element of ``self``: its sample, its own coordinates (ragged ones from its packed row), the
+# index value at ``dim``. So the whole batch is one dense scatter into ``self`` flattened, with
+# dense torch's derivatives. As dense torch, the index may not be larger than ``self`` at any dim
+# but ``dim`` (each sample's ragged extent at most ``self``'s size there) and its values must lie
+# in ``[0, self.size(dim))``; ``src`` is a multi_jagged tensor of the index's structure, a dense
+# ``(B, …)`` tensor at least as large as each sample's index, or a number.
+def _element_coords(index: MJT):
+    """The logical coordinates (dims 0 … n-1) of every element of ``index``'s values, each
+    broadcastable to the values' shape ``(T, *static)``."""
+    sample, coords = index._partition.row_coords()
+    v = index._values
+    lead = (v.shape[0],) + (1,) * (v.dim() - 1)
+    out, k, s = [sample.view(lead)], 0, 1
+    for e in range(1, index.dim()):
+        if e in index._ragged_dims:
+            out.append(coords[:, k].view(lead))
+            k += 1
+        else:
+            shape = [1] * v.dim()
+            shape[s] = v.shape[s]
+            out.append(torch.arange(v.shape[s], device=v.device).view(shape))
+            s += 1
+    return out
+
+
+def _linear(coords, strides):
+    lin = coords[0] * strides[0]
+    for c, st in zip(coords[1:], strides[1:]):
+        lin = lin + c * st
+    return lin
+
+
+def _fits(op: str, what: str, index: MJT, target: torch.Tensor, dim) -> None:
+    """Dense scatter's size rule: ``index`` no larger than ``target`` at every dim but ``dim``."""
+    if target.dim() != index.dim() or target.shape[0] != index._partition.batch:
+        raise RuntimeError(f"{op}(): Index tensor must have the same number of dimensions as {what} tensor "
+                           f"(index {describe(index)}, {what} {tuple(target.shape)})")
+    for e in range(1, index.dim()):
+        if e == dim:
+            continue
+        if e in index._ragged_dims:
+            n = int(index._partition.extents[index._ragged_dims.index(e)].max)  # SYNC: none (host lengths)
+        else:
+            n = index.shape[e]
+        if n > target.shape[e]:
+            raise RuntimeError(f"{op}(): Expected index {describe(index)} to be no larger than {what} "
+                               f"{tuple(target.shape)} apart from dimension {dim}")
+
+
+def scatter_into_dense(op: str, input: torch.Tensor, dim: int, index: MJT, src, reduce=None, include_self=True):
+    """NOTE [ Scattering a batch into a dense tensor ]; ``reduce``: None (``scatter``), ``"add"``
+    (``scatter_add``) or ``scatter_reduce``'s reduction."""
+    d = canonical_dim(op, input.dim(), dim)
+    if d == 0:
+        raise StructureError(f"{op}(): cannot scatter along the batch dim of {describe(index)} (layout torch.multi_jagged)")
+    if index.dtype != torch.int64:
+        raise RuntimeError(f"{op}(): Expected dtype int64 for index")
+    _fits(op, "self", index, input, d)
+    iv = index._values
+    if iv.numel() and bool(((iv < 0) | (iv >= input.shape[d])).any()):  # SYNC: dense torch checks too
+        raise RuntimeError(f"{op}(): index out of bounds for dimension {d} with size {input.shape[d]}")
+    coords = _element_coords(index)
+    at_index = coords[:d] + [iv] + coords[d + 1:]
+    base = input.contiguous()
+    lin = _linear(at_index, base.stride()).expand(iv.shape).reshape(-1)
+    if isinstance(src, MJT):
+        same = (src._ragged_dims == index._ragged_dims and src.dim() == index.dim()
+                and all(src.shape[e] == index.shape[e] for e in static_dims(index.dim(), index._ragged_dims))
+                and all(same_extent(a, b) for a, b in zip(src._partition.extents, index._partition.extents)))
+        if not same:
+            raise StructureError(f"{op}(): expected src with the shape of index {describe(index)}, got {describe(src)}")
+        s = values_of(src).reshape(-1)
+    elif isinstance(src, torch.Tensor):
+        _fits(op, "src", index, src, None)
+        sc = src.contiguous()
+        s = sc.reshape(-1)[_linear(coords, sc.stride()).expand(iv.shape).reshape(-1)]
+    else:
+        s = torch.full(lin.shape, src, dtype=input.dtype, device=input.device)
+    flat = base.reshape(-1)
+    s = s.to(input.dtype)
+    if reduce is None:
+        out = flat.scatter(0, lin, s)
+    elif reduce == "add":
+        out = flat.scatter_add(0, lin, s)
+    else:
+        out = flat.scatter_reduce(0, lin, s, reduce, include_self=include_self)
+    return out.view(input.shape)

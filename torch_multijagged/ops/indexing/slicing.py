@@ -17,6 +17,7 @@ from ...structure import _is_traced, extent_of, mapped_extent, same_extent
 from .._common import MJT, canonical_dim, component_rows, describe, static_dims
 from .._routing import in_place_route, route
 from ..shape.views import _mark_reorder_copy, mark_view_copy
+from .scatter import scatter_into_dense
 from .along import check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
 
 __all__ = ["select_ragged", "slice_ragged", "narrow_ragged", "positions_ragged", "take_static"]
@@ -404,6 +405,10 @@ def _take_along_dim(input, indices, dim=None, *, out=None):
 
 def _scatter_route(name: str, add: bool):
     def routed(input, dim, index, src=None, *, value=None, reduce=None, out=None):
+        if (isinstance(index, MJT) and type(input) is torch.Tensor and out is None and reduce is None
+                and isinstance(dim, int)):
+            # NOTE [ Scattering a batch into a dense tensor ] in scatter.py
+            return scatter_into_dense(name, input, dim, index, value if src is None else src, "add" if add else None)
         if not isinstance(input, MJT) or out is not None or reduce is not None or not isinstance(dim, int):
             return NotImplemented
         hit = ragged_dim(name, input, dim)
@@ -416,6 +421,10 @@ def _scatter_route(name: str, add: bool):
 
 @route(torch.scatter_reduce, torch.Tensor.scatter_reduce)
 def _scatter_reduce(input, dim, index, src, reduce, *, include_self=True, out=None):
+    if isinstance(index, MJT) and type(input) is torch.Tensor and out is None and isinstance(dim, int):
+        if reduce not in ("sum", "prod", "mean", "amax", "amin"):
+            raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+        return scatter_into_dense("scatter_reduce", input, dim, index, src, reduce, bool(include_self))
     if not isinstance(input, MJT) or out is not None or not isinstance(dim, int):
         return NotImplemented
     hit = ragged_dim("scatter_reduce", input, dim)
@@ -430,7 +439,11 @@ route(torch.scatter, torch.Tensor.scatter)(_scatter_route("scatter", False))
 route(torch.scatter_add, torch.Tensor.scatter_add)(_scatter_route("scatter_add", True))
 
 
-for _name in ("scatter_", "scatter_add_", "scatter_reduce_", "index_fill_", "index_copy_", "index_add_"):
+for _name in ("scatter_", "scatter_add_", "scatter_reduce_"):
+    # a dense self too: ``torch.zeros(B, E).scatter_add_(1, experts, ones)`` (NOTE [ Scattering a
+    # batch into a dense tensor ] in scatter.py)
+    route(getattr(torch.Tensor, _name))(in_place_route(_name, dense_self=True))
+for _name in ("index_fill_", "index_copy_", "index_add_"):
     route(getattr(torch.Tensor, _name))(in_place_route(_name))
 
 
