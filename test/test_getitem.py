@@ -61,6 +61,27 @@ def test_indexing_a_ragged_dim_is_per_sample(idx):
         torch.testing.assert_close(o, c[idx[1:]])
 
 
+@pytest.mark.parametrize("name", ["stop", "start", "step", "static stop", "select", "select both", "sample"])
+def test_zero_dim_integer_tensors_index_as_ints(name):
+    """A 0-d integer tensor as an index or a slice bound (``x[:, :n_keep]`` with ``n_keep`` computed
+    as a tensor) indexes as the int it holds, per sample, as in dense indexing."""
+    t = torch.tensor
+    items = {"stop": (slice(None), slice(None, t(2))), "start": (slice(None), slice(t(1), None)),
+             "step": (slice(None), slice(None, None, t(2))), "static stop": (slice(None), slice(None), slice(None, t(2))),
+             "select": (slice(None), t(1)), "select both": (slice(None), t(-1), t(2)), "sample": t(1)}[name]
+    comps = [torch.randn(n, 3) for n in (3, 5, 2)]
+    x = tmj.nested_tensor(comps)
+    out = x[items]
+    plain = tuple(int(i) if isinstance(i, torch.Tensor) else slice(*(None if b is None else int(b) for b in
+                  (i.start, i.stop, i.step))) if isinstance(i, slice) else i for i in (items if isinstance(items, tuple) else (items,)))
+    if name == "sample":
+        torch.testing.assert_close(out, comps[1])
+        return
+    got = list(out.unbind()) if isinstance(out, tmj.MultiJaggedTensor) else list(out)
+    for o, c in zip(got, comps):
+        torch.testing.assert_close(o, c[plain[1:]])
+
+
 def test_sample_then_dense_indexing():
     comps = [torch.randn(n, 3) for n in (2, 3)]
     x = tmj.nested_tensor(comps)

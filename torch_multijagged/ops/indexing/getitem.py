@@ -70,15 +70,29 @@ def _tolist(input):
     return [c.tolist() for c in _dispatch(torch.ops.aten.unbind.int, (input.detach(), 0), {})]
 
 
+def _int_tensor(i) -> bool:
+    return (isinstance(i, torch.Tensor) and not isinstance(i, MJT) and i.dim() == 0 and not i.is_floating_point()
+            and not i.is_complex() and i.dtype != torch.bool)
+
+
+def _as_int(i):
+    if _int_tensor(i):
+        return int(i)  # SYNC: as dense indexing reads a 0-d index
+    if isinstance(i, slice) and any(_int_tensor(b) for b in (i.start, i.stop, i.step)):
+        return slice(*(int(b) if _int_tensor(b) else b for b in (i.start, i.stop, i.step)))
+    return i
+
+
 @route(torch.Tensor.__getitem__)
 def _getitem(input, index):
     if isinstance(index, tuple) and len(index) == 1:
         index = index[0]
     if not isinstance(input, MJT) and isinstance(index, MJT):
         return table_lookup(input, index)
-    if (isinstance(input, MJT) and isinstance(index, torch.Tensor) and not isinstance(index, MJT) and index.dim() == 0
-            and not index.is_floating_point() and index.dtype != torch.bool):
-        index = int(index)  # a 0-d integer tensor selects a sample, as an int
+    if isinstance(input, MJT):
+        # a 0-d integer tensor is an int wherever it appears (an index, a slice bound), as in dense
+        # indexing: x[t] selects a sample, x[:, :t] slices each sample
+        index = tuple(_as_int(i) for i in index) if isinstance(index, tuple) else _as_int(index)
     if isinstance(input, MJT) and isinstance(index, int):
         b = input._partition.batch
         if not -b <= index < b:
