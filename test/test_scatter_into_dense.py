@@ -111,3 +111,14 @@ def test_scatter_into_a_dense_tensor_errors_as_dense():
     with pytest.raises(mj.StructureError, match="shape of index"):
         ok = mj.nested_tensor([torch.tensor([0, 3]), torch.tensor([1])])
         torch.zeros(2, 4).scatter_add(1, ok, mj.nested_tensor([torch.ones(1), torch.ones(2)]))
+
+
+def test_scatter_into_a_dense_tensor_under_compile_breaks_the_graph_and_runs_eagerly():
+    """The host checks make it a graph break under ``torch.compile``: the eager result, not an error."""
+    idx = mj.nested_tensor([torch.tensor([0, 2, 2]), torch.tensor([1])])
+
+    @torch.compile(backend="eager")
+    def counts(i):
+        return torch.zeros(2, 4).scatter_add(1, i, torch.ones_like(i, dtype=torch.float32)) * 2
+
+    assert counts(idx).tolist() == [[2, 0, 4, 0], [0, 2, 0, 0]]

@@ -55,7 +55,7 @@ def in_place_route(name: str, dense_self: bool = False):
     out_of_place = getattr(torch.Tensor, name[:-1])
 
     def routed(input, *args, **kwargs):
-        if not (isinstance(input, MJT) or (dense_self and type(input) is torch.Tensor)):
+        if not (isinstance(input, MJT) or (dense_self and isinstance(input, torch.Tensor))):
             return NotImplemented
         # the op reads a clone when autograd records: what it saves must not be the tensor written
         src = input.clone() if torch.is_grad_enabled() and input.requires_grad else input

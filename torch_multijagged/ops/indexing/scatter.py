@@ -317,6 +317,8 @@ def _fits(op: str, what: str, index: MJT, target: torch.Tensor, dim) -> None:
                                f"{tuple(target.shape)} apart from dimension {dim}")
 
 
+@eager_route("{op}() of a multi_jagged index into a dense tensor checks the index on the host: a graph break "
+             "under torch.compile")
 def scatter_into_dense(op: str, input: torch.Tensor, dim: int, index: MJT, src, reduce=None, include_self=True):
     """NOTE [ Scattering a batch into a dense tensor ]; ``reduce``: None (``scatter``), ``"add"``
     (``scatter_add``) or ``scatter_reduce``'s reduction."""

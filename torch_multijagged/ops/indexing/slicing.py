@@ -405,7 +405,7 @@ def _take_along_dim(input, indices, dim=None, *, out=None):
 
 def _scatter_route(name: str, add: bool):
     def routed(input, dim, index, src=None, *, value=None, reduce=None, out=None):
-        if (isinstance(index, MJT) and type(input) is torch.Tensor and out is None and reduce is None
+        if (isinstance(index, MJT) and isinstance(input, torch.Tensor) and not isinstance(input, MJT) and out is None and reduce is None
                 and isinstance(dim, int)):
             # NOTE [ Scattering a batch into a dense tensor ] in scatter.py
             return scatter_into_dense(name, input, dim, index, value if src is None else src, "add" if add else None)
@@ -421,7 +421,7 @@ def _scatter_route(name: str, add: bool):
 
 @route(torch.scatter_reduce, torch.Tensor.scatter_reduce)
 def _scatter_reduce(input, dim, index, src, reduce, *, include_self=True, out=None):
-    if isinstance(index, MJT) and type(input) is torch.Tensor and out is None and isinstance(dim, int):
+    if isinstance(index, MJT) and isinstance(input, torch.Tensor) and not isinstance(input, MJT) and out is None and isinstance(dim, int):
         if reduce not in ("sum", "prod", "mean", "amax", "amin"):
             raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
         return scatter_into_dense("scatter_reduce", input, dim, index, src, reduce, bool(include_self))
