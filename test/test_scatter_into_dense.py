@@ -2,7 +2,8 @@
 in ``ops/indexing/scatter.py``): ``dense.scatter / scatter_add / scatter_reduce (dim, index, src)``
 and their in-place forms with a multi_jagged index, against dense torch on each sample
 (``self[i].scatter…(dim - 1, index[i], src[i])``), with gradients to ``self`` and ``src``, a
-zero-length sample, the no-leakage property and dense torch's errors."""
+zero-length sample, the no-leakage property and dense torch's errors; and the reverse,
+``dense.gather(dim, index)``, a multi_jagged result of the index's structure."""
 
 from __future__ import annotations
 
@@ -122,3 +123,37 @@ def test_scatter_into_a_dense_tensor_under_compile_breaks_the_graph_and_runs_eag
         return torch.zeros(2, 4).scatter_add(1, i, torch.ones_like(i, dtype=torch.float32)) * 2
 
     assert counts(idx).tolist() == [[2, 0, 4, 0], [0, 2, 0, 0]]
+
+
+@pytest.mark.parametrize("layout", ["tokens", "rows", "static dim"])
+def test_gather_from_a_dense_tensor_per_sample(layout):
+    """``dense.gather(dim, index)`` with a multi_jagged index: each sample's dense gather, a
+    multi_jagged result with the index's nested ints; gradients to the dense input."""
+    base, idx, _, d = _case(layout)
+    index = mj.nested_tensor(idx)
+    leaf = base.clone().requires_grad_()
+    out = torch.gather(leaf, d, index)
+    assert isinstance(out, mj.MultiJaggedTensor) and out.shape[1] == index.shape[1]
+    refs = [base[i].gather(d - 1, c) for i, c in enumerate(idx)]
+    for o, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(o, r)
+    w = [torch.randn(r.shape, dtype=F64, generator=torch.Generator().manual_seed(k)) for k, r in enumerate(refs)]
+    (got,) = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), w)), leaf)
+    leaves = [base[i].clone().requires_grad_() for i in range(len(idx))]
+    want = torch.autograd.grad(sum((b.gather(d - 1, c) * wi).sum() for b, c, wi in zip(leaves, idx, w)), leaves,
+                               allow_unused=True)
+    torch.testing.assert_close(got, torch.stack([torch.zeros_like(b) if g is None else g for b, g in zip(leaves, want)]))
+
+
+def test_gather_of_a_buffer_by_position_ids_as_roberta_embeds():
+    """RoBERTa's ``token_type_ids.expand(B, -1).gather(1, position_ids)`` on a ragged batch."""
+    x = mj.nested_tensor([torch.randn(n, 4) for n in (3, 1, 5, 0)])
+    buffer = torch.arange(10).expand(4, -1)
+    out = torch.gather(buffer, 1, mj.position_ids(x))
+    assert [t.tolist() for t in out.unbind()] == [[0, 1, 2], [0], [0, 1, 2, 3, 4], []]
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        torch.gather(torch.arange(4).expand(4, -1), 1, mj.position_ids(x))  # position 4 where input has 4
+    with pytest.raises(RuntimeError, match="no larger than input"):  # a sample of 5 rows where input has 3
+        torch.gather(torch.zeros(4, 3, 10, dtype=torch.int64), 2, mj.position_ids(x).unsqueeze(-1))
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        torch.gather(torch.arange(10).expand(4, -1), 1, mj.position_ids(x) + 6)

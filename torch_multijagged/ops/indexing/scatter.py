@@ -357,3 +357,25 @@ def scatter_into_dense(op: str, input: torch.Tensor, dim: int, index: MJT, src, 
     else:
         out = flat.scatter_reduce(0, lin, s, reduce, include_self=include_self)
     return out.view(input.shape)
+
+
+@eager_route("{op}() of a dense tensor by a multi_jagged index checks the index on the host: a graph break under "
+             "torch.compile")
+def gather_from_dense(op: str, input: torch.Tensor, dim: int, index: MJT) -> MJT:
+    """``dense.gather(dim, index)`` with a multi_jagged index: per sample dense torch's gather,
+    ``out[i] = input[i].gather(dim - 1, index[i])``, a multi_jagged tensor of the index's structure
+    (RoBERTa's ``token_type_ids.expand(B, -1).gather(1, position_ids)``); the reverse of NOTE
+    [ Scattering a batch into a dense tensor ], with its rules for sizes and index values."""
+    d = canonical_dim(op, input.dim(), dim)
+    if d == 0:
+        raise StructureError(f"{op}(): cannot gather along the batch dim of {describe(index)} (layout torch.multi_jagged)")
+    if index.dtype != torch.int64:
+        raise RuntimeError(f"{op}(): Expected dtype int64 for index")
+    _fits(op, "input", index, input, d)
+    iv = index._values
+    if iv.numel() and bool(((iv < 0) | (iv >= input.shape[d])).any()):  # SYNC: dense torch checks too
+        raise RuntimeError(f"{op}(): index out of bounds for dimension {d} with size {input.shape[d]}")
+    coords = _element_coords(index)
+    base = input.contiguous()
+    lin = _linear(coords[:d] + [iv] + coords[d + 1:], base.stride()).expand(iv.shape)
+    return wrap_values(base.reshape(-1)[lin], index._partition, index._ragged_dims)

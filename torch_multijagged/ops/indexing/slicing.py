@@ -17,7 +17,7 @@ from ...structure import _is_traced, extent_of, mapped_extent, same_extent
 from .._common import MJT, canonical_dim, component_rows, describe, static_dims
 from .._routing import in_place_route, route
 from ..shape.views import _mark_reorder_copy, mark_view_copy
-from .scatter import scatter_into_dense
+from .scatter import gather_from_dense, scatter_into_dense
 from .along import check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
 
 __all__ = ["select_ragged", "slice_ragged", "narrow_ragged", "positions_ragged", "take_static"]
@@ -373,6 +373,9 @@ def _static_values(x: MJT, fn):
 
 @route(torch.gather, torch.Tensor.gather)
 def _gather(input, dim, index, *, sparse_grad=False, out=None):
+    if isinstance(index, MJT) and isinstance(input, torch.Tensor) and not isinstance(input, MJT) and out is None \
+            and isinstance(dim, int):
+        return gather_from_dense("gather", input, dim, index)
     if not isinstance(input, MJT) or out is not None or not isinstance(dim, int):
         return NotImplemented
     hit = ragged_dim("gather", input, dim)
