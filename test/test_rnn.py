@@ -6,6 +6,8 @@ sample (empty output, its initial state as final state) and an empty batch."""
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn as nn
@@ -128,6 +130,29 @@ def test_recurrent_layer_dtypes(dtype):
     assert out.dtype == dtype and h.dtype == dtype
     for o, c in zip(out.unbind(), comps):
         torch.testing.assert_close(o, layer(c.unsqueeze(0))[0][0])
+
+
+@pytest.mark.parametrize("layer", ["lstm", "lstm_proj", "gru", "rnn", "rnn_bi2"])
+def test_recurrent_layers_under_cpu_autocast_return_dense_dtypes(layer):
+    """Under ``torch.autocast("cpu", dtype=torch.bfloat16)`` the output and final states have the
+    dtypes the dense layer gives one sample (oneDNN's LSTM computes in bfloat16 there), values
+    within bfloat16's tolerance of it."""
+    torch.manual_seed(0)
+    m = {"lstm": lambda: nn.LSTM(6, 4, batch_first=True), "lstm_proj": lambda: nn.LSTM(6, 4, batch_first=True, proj_size=2),
+         "gru": lambda: nn.GRU(6, 4, batch_first=True), "rnn": lambda: nn.RNN(6, 4, batch_first=True),
+         "rnn_bi2": lambda: nn.RNN(6, 4, num_layers=2, bidirectional=True, batch_first=True)}[layer]()
+    xs = [torch.randn(4, 6), torch.randn(2, 6), torch.randn(3, 6)]
+    with torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # oneDNN's notice about projections
+        out, states = m(mj.nested_tensor(xs))
+        refs = [m(x[None]) for x in xs]
+    states = states if isinstance(states, tuple) else (states,)
+    for i, (ro, rs) in enumerate(refs):
+        rs = rs if isinstance(rs, tuple) else (rs,)
+        assert out.dtype == ro.dtype and [h.dtype for h in states] == [h.dtype for h in rs]
+        torch.testing.assert_close(out.unbind()[i].float(), ro[0].float(), atol=2e-2, rtol=2e-2)
+        for h, r in zip(states, rs):
+            torch.testing.assert_close(h[:, i].float(), r[:, 0].float(), atol=2e-2, rtol=2e-2)
 
 
 def test_recurrent_layer_refuses_what_it_cannot_run():

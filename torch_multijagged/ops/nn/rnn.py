@@ -24,6 +24,8 @@ themselves, whatever their input).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from ...bridge import values_of, wrap_values
@@ -58,6 +60,24 @@ def _time_major(p: Partition) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]
     return p.derived("rnn_time_major", compute)  # built outside inference mode (NOTE [ Derived maps ])
 
 
+def _lstm_autocast_dtype(name: str, v: torch.Tensor, states, params):
+    """The dtype dense ``torch.lstm`` on one sample computes in under CPU autocast, or None.
+
+    Dense ``torch.lstm`` on a CPU tensor without projections runs oneDNN's ``mkldnn_rnn_layer``,
+    which CPU autocast lists in lower precision: output, ``h_n`` and ``c_n`` come back in the
+    autocast dtype. The packed overload that runs here has no oneDNN path and no autocast entry
+    (float32 out), so cast to that dtype ourselves, as the per-sample reference does."""
+    if name != "lstm" or v.device.type != "cpu" or not torch.is_autocast_enabled("cpu"):
+        return None
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return None
+    if len(states) == 2 and states[0].shape[-1] != states[1].shape[-1]:  # proj_size: no oneDNN path
+        return None
+    if v.dtype not in (torch.float32, torch.bfloat16) or any(p.device.type != "cpu" for p in params):
+        return None
+    return torch.get_autocast_dtype("cpu")
+
+
 def _as_batch_first(op: str, input, batch_first: bool):
     """The batch-first multi_jagged tensor of ``input``, or None (not ours)."""
     if isinstance(input, BatchMoved) and input._perm == (1, 0, 2) and not batch_first:
@@ -87,13 +107,20 @@ def _recurrent(name: str):
         rows, batch_sizes, order = _time_major(x._partition)
         states = list(hx) if isinstance(hx, (list, tuple)) else [hx]
         v = values_of(x)
+        cast = _lstm_autocast_dtype(name, v, states, params)
+        if cast is not None:
+            v = v.to(cast)
+            states = [h.to(cast) for h in states]
+            params = [p.to(cast) for p in params]
         if len(order):
             packed_hx = [h.index_select(1, order) for h in states]
-            out = func(v.index_select(0, rows), batch_sizes, packed_hx if isinstance(hx, (list, tuple)) else packed_hx[0],
-                       params, has_biases, num_layers, dropout, train, bidirectional)
+            with torch.autocast("cpu", enabled=False) if cast is not None else contextlib.nullcontext():
+                out = func(v.index_select(0, rows), batch_sizes, packed_hx if isinstance(hx, (list, tuple)) else packed_hx[0],
+                           params, has_biases, num_layers, dropout, train, bidirectional)
             data, finals = out[0], out[1:]
             values = data.new_empty((v.shape[0], data.shape[1])).index_copy(0, rows, data)
-            finals = [h.index_copy(1, order, f) for h, f in zip(states, finals)]
+            # in the dtype the layer returned (autocast may lower it), as the dense layer's h_n / c_n
+            finals = [h.to(f.dtype).index_copy(1, order, f) for h, f in zip(states, finals)]
         else:  # every sample empty: no step runs
             width = states[0].shape[-1] * (2 if bidirectional else 1)
             values = v.new_zeros((0, width)) + v.sum() * 0  # empty, on v's graph
