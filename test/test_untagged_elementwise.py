@@ -1,5 +1,5 @@
 """Elementwise aten ops that torch 2.13 leaves without the pointwise tag (``floor_divide``,
-``hardswish``; ops/elementwise/pointwise.py ``_UNTAGGED``) and a sweep of common elementwise ops over every
+``hardswish``, the in-place comparisons; ops/elementwise/pointwise.py ``_UNTAGGED``) and a sweep of common elementwise ops over every
 dtype they take, against the per-sample reference (values and result dtype)."""
 
 import pytest
@@ -56,6 +56,12 @@ OPS = {
     "maximum": (lambda x, y: torch.maximum(x, y), NUMS + (torch.bool,)),
     "sign": (lambda x, y: torch.sign(x), NUMS),
     "hardswish": (lambda x, y: F.hardswish(x), FLOATS),
+    # in-place comparisons: 0 or 1 in x's own dtype
+    "x.lt_(0)": (lambda x, y: x.clone().lt_(0), NUMS + (torch.bool,)),
+    "x.ge_(y)": (lambda x, y: x.clone().ge_(y), NUMS + (torch.bool,)),
+    "x.eq_(y)": (lambda x, y: x.clone().eq_(y), NUMS + (torch.bool,)),
+    "x.ne_(1)": (lambda x, y: x.clone().ne_(1), NUMS + (torch.bool,)),
+    "x.le_(y) x.gt_(0)": (lambda x, y: x.clone().le_(y).clone().gt_(0), NUMS),
     # elementwise with one dense parameter for every element
     "isin": (lambda x, y: torch.isin(x, torch.tensor([0, 1, -2], dtype=x.dtype)), NUMS),
     "isin_scalar": (lambda x, y: torch.isin(x, 1), NUMS),

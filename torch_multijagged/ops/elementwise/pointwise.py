@@ -341,6 +341,8 @@ _UNTAGGED = [
     aten.floor_divide_.Scalar,
     aten.hardswish.default,
     aten.hardswish_.default,
+    # in-place comparisons (``x.lt_(3)``: 0 or 1 in x's dtype), which torch 2.13 tags ``inplace`` only
+    *(getattr(getattr(aten, _c + "_"), _o) for _c in ("lt", "le", "gt", "ge", "eq", "ne") for _o in ("Scalar", "Tensor")),
     # complex numbers from two real tensors (Llama's complex rotary embedding: ``torch.polar``)
     aten.polar.default,
     aten.complex.default,
