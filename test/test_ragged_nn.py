@@ -1,5 +1,5 @@
 """nn and scan ops over ragged dims (ops/nn/ragged.py, NOTE [ Ops over ragged dims in nn ]):
-``layer_norm`` over a ragged ``normalized_shape``, ``cumsum``/``cumprod``, ``F.normalize`` and
+``layer_norm`` / ``rms_norm`` over a ragged ``normalized_shape``, ``cumsum``/``cumprod``, ``F.normalize`` and
 1-d pooling over the ragged dim of ``(B, C, j0)``. Each against the per-sample dense reference
 with a zero-length sample, gradients to every input (first and second order), no_grad and
 inference_mode, the no-leakage property and one compiled test per family."""
@@ -95,6 +95,30 @@ def test_layer_norm_over_ragged_dims_matches_per_sample(layout, k, data, seed):
     comps = s.components(seed)
     per_sample_check(lambda x: F.layer_norm(x, x.shape[-k:]), R(comps, s.ragged_dims),
                      ref=lambda c: F.layer_norm(c, c.shape[-k:]), seed=seed)
+
+
+@pytest.mark.parametrize("layout,k", LN_CASES, ids=[f"{l}-{k}" for l, k in LN_CASES])
+@FEW
+@given(data=st.data(), seed=seeds, eps=st.sampled_from([None, 1e-3]))
+def test_rms_norm_over_ragged_dims_matches_per_sample(layout, k, data, seed, eps):
+    """``F.rms_norm`` over trailing dims holding a ragged one: each sample over its own extent
+    (``eps`` None: the dtype's epsilon, as dense torch)."""
+    s = data.draw(structures(layout, min_batch=0))
+    comps = s.components(seed)
+    per_sample_check(lambda x: F.rms_norm(x, x.shape[-k:], eps=eps), R(comps, s.ragged_dims),
+                     ref=lambda c: F.rms_norm(c, c.shape[-k:], eps=eps), seed=seed)
+
+
+def test_rms_norm_over_ragged_dims_second_order_leakage_and_errors():
+    comps = COMPS_SEQ(5)
+    fn, ref = (lambda x: F.rms_norm(x, x.shape[1:], eps=1e-3)), (lambda c: F.rms_norm(c, c.shape, eps=1e-3))
+    _second_order(fn, ref, comps, (1,))
+    _no_leakage(fn, comps, (1,))
+    x = mj.nested_tensor(comps, ragged_dims=(1,))
+    with pytest.raises(ValueError, match="weight and bias to be None"):
+        F.rms_norm(x, x.shape[1:], torch.ones(2, dtype=DT))
+    with pytest.raises(RuntimeError, match="batch dimension"):
+        F.rms_norm(x, x.shape)
 
 
 def test_layer_norm_over_ragged_dims_second_order_modes_leakage():

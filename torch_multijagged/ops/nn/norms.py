@@ -111,6 +111,8 @@ def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 @route(F.rms_norm)
 def _rms_norm(input, normalized_shape, weight=None, eps=None):
+    if isinstance(input, MJT) and ragged_nn.covers_ragged(input, normalized_shape):
+        return ragged_nn.rms_norm_ragged(input, normalized_shape, weight, eps)
     if not _bridged(input, weight):
         return NotImplemented
     _check_trailing("rms_norm", input, normalized_shape)

@@ -153,28 +153,45 @@ def covers_ragged(x: MJT, normalized_shape) -> bool:
     return any(d >= len(x._size) - n for d in x._ragged_dims)
 
 
-def layer_norm_ragged(input: MJT, normalized_shape, weight, bias, eps):
+def _ragged_norm_dims(op: str, input: MJT, normalized_shape, affine: bool) -> list[int]:
+    """The dims a ``layer_norm`` / ``rms_norm`` over ``normalized_shape`` (which holds a ragged
+    dim) normalizes, after dense torch's checks and ours (no affine: no dense tensor has a ragged
+    shape)."""
     shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
     ndim = input.dim()
     if len(shape) >= ndim:
-        raise RuntimeError("layer_norm(): not supported when normalizing over the batch dimension for layout torch.multi_jagged")
+        raise RuntimeError(f"{op}(): not supported when normalizing over the batch dimension for layout torch.multi_jagged")
     dims = list(range(ndim - len(shape), ndim))
     if any(input.shape[d] != s for d, s in zip(dims, shape)):
         raise ValueError(
-            f"layer_norm(): expected normalized_shape to be the trailing sizes of input {describe(input)}, "
+            f"{op}(): expected normalized_shape to be the trailing sizes of input {describe(input)}, "
             f"got {list(shape)}"
         )
-    if weight is not None or bias is not None:
+    if affine:
         raise ValueError(
-            f"layer_norm(): expected weight and bias to be None when normalized_shape {list(shape)} includes a "
+            f"{op}(): expected weight and bias to be None when normalized_shape {list(shape)} includes a "
             "ragged dim (no dense tensor has a ragged shape; use elementwise_affine=False and apply an affine "
             "over the static dims after the norm), for layout torch.multi_jagged"
         )
     if not (input.dtype.is_floating_point or input.dtype.is_complex):
-        raise RuntimeError(f"layer_norm(): expected a floating point input, got {input.dtype}")
+        raise RuntimeError(f"{op}(): expected a floating point input, got {input.dtype}")
+    return dims
+
+
+def layer_norm_ragged(input: MJT, normalized_shape, weight, bias, eps):
+    dims = _ragged_norm_dims("layer_norm", input, normalized_shape, weight is not None or bias is not None)
     centred = input - _rows(_call(mj.reduce.default, input, "mean", dims, True), input, dims)
     var = _call(mj.reduce.default, centred * centred, "mean", dims, True)
     return centred * _rows((var + eps).rsqrt(), input, dims)
+
+
+def rms_norm_ragged(input: MJT, normalized_shape, weight, eps):
+    """``F.rms_norm`` over dims that hold a ragged one: each sample's elements over its own extent,
+    ``x · rsqrt(mean(x²) + eps)`` (``eps`` None: the dtype's machine epsilon, as dense torch)."""
+    dims = _ragged_norm_dims("rms_norm", input, normalized_shape, weight is not None)
+    eps = torch.finfo(input.dtype).eps if eps is None else eps
+    ms = _call(mj.reduce.default, input * input, "mean", dims, True)
+    return input * _rows((ms + eps).rsqrt(), input, dims)
 
 
 @route(F.normalize)
