@@ -653,3 +653,26 @@ def test_reading_a_slice_taken_before_its_base_was_written_raises():
     t.add_(1)  # writes x through t: a slice taken before that is stale
     with pytest.raises(NotImplementedError, match="take the slice again"):
         other.sum()
+
+
+@pytest.mark.parametrize("read", ["torch.save", "deepcopy", "values", "pickle"])
+@pytest.mark.parametrize("copy_kind", ["ragged slice", "pair transpose"])
+def test_a_stale_copy_refuses_to_be_saved_copied_or_read_as_values(read, copy_kind):
+    """The reads that do not pass ``__torch_function__`` (``torch.save``, ``pickle``, ``deepcopy``,
+    ``values()``) refuse a stale copy too, instead of handing out values that miss the write."""
+    import copy
+    import io
+    import pickle
+
+    x = tmj.nested_tensor([torch.ones(3, 2), torch.ones(0, 2), torch.ones(2, 2)])
+    if copy_kind == "pair transpose":
+        x = x.unsqueeze(2) + x.unsqueeze(1)  # (B, j, j, 2)
+        s = x.transpose(1, 2)
+    else:
+        s = x[:, 1:]
+    fresh = {"torch.save": lambda t: torch.save(t, io.BytesIO()), "deepcopy": copy.deepcopy,
+             "values": lambda t: t.values(), "pickle": pickle.dumps}[read]
+    fresh(s)  # before the write: fine
+    x.mul_(0)
+    with pytest.raises(NotImplementedError):
+        fresh(s)

@@ -267,3 +267,43 @@ def test_a_chain_of_views_keeps_only_its_first_tensor():
     v.mul_(2.0)
     with pytest.raises(RAISES, match=WORDS):
         torch.autograd.grad(v.sum(), x)
+
+
+S = [torch.tensor([[0.5, 1.0]], dtype=torch.float64), torch.tensor([[2.0, -1.0], [0.1, 0.2]], dtype=torch.float64)]
+DETACHED_WRITES = {
+    "saved output, detach": lambda a: (lambda y: (y.detach().zero_(), y)[1])(a.exp()),
+    "saved input, detach": lambda a: (lambda x: (lambda y: (x.detach().mul_(2), y)[1])(x.sin()))(a * 1),
+    "saved output, detach then select": lambda a: (lambda y: (y.detach()[..., 0].zero_(), y)[1])(a.exp()),
+    "saved output, detach then slice": lambda a: (lambda y: (y.detach()[:, :1].zero_(), y)[1])(a.exp()),
+    "saved output, detach then unsqueeze": lambda a: (lambda y: (y.detach().unsqueeze(-1).zero_(), y)[1])(a.exp()),
+    "saved output, detach then values": lambda a: (lambda y: (y.detach().values().zero_(), y)[1])(a.exp()),
+    "saved output, detach then copy_": lambda a: (lambda y: (y.detach().copy_(y.detach() * 0), y)[1])(a.exp()),
+    "saved output, alias": lambda a: (lambda y: (torch.ops.aten.alias(y).zero_(), y)[1])(a.exp()),
+}
+
+
+@pytest.mark.parametrize("name", DETACHED_WRITES)
+def test_a_write_through_a_detached_alias_of_a_saved_tensor_raises_as_dense(name):
+    """``x.detach()`` shares ``x``'s storage and version counter (the packed values' too): a write
+    through it into a tensor a backward saved makes that backward raise, as dense torch's does,
+    instead of returning the gradient of the written values."""
+    a = mj.nested_tensor(S).requires_grad_()
+    y = DETACHED_WRITES[name](a)
+    # autograd's own error, or the package's for a write it sees through the packed values
+    with pytest.raises((RuntimeError, NotImplementedError),
+                       match="modified by an inplace operation|written in place through another tensor"):
+        torch.autograd.grad(y.sum(1).sum(), a)
+    dense = torch.tensor([[2.0, -1.0], [0.1, 0.2]], dtype=torch.float64, requires_grad=True)
+    if "values" not in name and "slice" not in name:
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            torch.autograd.grad(DETACHED_WRITES[name](dense.unsqueeze(0)).sum(1).sum(), dense)
+
+
+def test_a_write_into_a_tensor_whose_detached_alias_was_saved_raises_as_dense():
+    """``d = x.detach(); z = w * d; x.mul_(2)``: the product saved ``d``, which shares ``x``'s counter."""
+    x = mj.nested_tensor(S)
+    w = torch.ones(2, dtype=torch.float64, requires_grad=True)
+    z = x.detach() * w
+    x.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        torch.autograd.grad(z.sum(1).sum(), w)

@@ -73,7 +73,27 @@ def like_default(func, inp, *args, **kwargs):
     if func is aten.clone.default and kwargs.get("memory_format") is torch.contiguous_format:
         # contiguous in torch.jagged's order (NOTE [ Contiguity as torch.jagged reports it ] in ops/shape/views.py)
         return wrap(views.contiguous_values(inp), inp._partition, inp._ragged_dims)
+    if func in (aten.detach.default, aten.alias.default) and _plain_eager():
+        return wrap(_alias_sharing_version(func, inp._values), inp._partition, inp._ragged_dims)
     return _same_values_op(func, inp, *args, **_values_format(func, inp, kwargs))
+
+
+def _plain_eager() -> bool:
+    return not (torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack()
+                or torch._C._are_functorch_transforms_active())
+
+
+def _alias_sharing_version(func, values: torch.Tensor) -> torch.Tensor:
+    """``func`` (``detach`` / ``alias``) of ``values`` sharing their version counter, as the dense
+    op does. A handler runs below ``ADInplaceOrView``, where these ops make a tensor with a counter
+    of its own: a write through ``x.detach()`` then left the counter of ``x``'s values unchanged, and
+    a backward that saved them (``y = x.sin(); x.detach().mul_(2)``; ``y = x.exp();
+    y.detach().zero_()``) returned a silently wrong gradient where dense torch raises. So the op
+    runs with ``ADInplaceOrView`` (which shares the counter) let through."""
+    include = torch._C._dispatch_tls_local_include_set()
+    exclude = torch._C._dispatch_tls_local_exclude_set().remove(torch._C.DispatchKey.ADInplaceOrView)
+    with torch._C._ForceDispatchKeyGuard(include, exclude), torch.no_grad():
+        return func(values)
 
 
 @register_multi_jagged_func(aten._to_copy.default, "self: mjt")
