@@ -245,7 +245,7 @@ class MultiJaggedTensor(torch.Tensor):
                     [4., 5.],
                     [0., 1.]])
         """
-        _check_fresh(self, _VALUES_READ)
+        _check_fresh(self, "values")
         v = values_of(self)
         rd = self._ragged_dims
         return v.movedim(0, rd[0] - 1) if len(rd) == 1 and rd[0] > 1 else v
@@ -464,7 +464,7 @@ class MultiJaggedTensor(torch.Tensor):
 
     def __reduce_ex__(self, proto):
         # NOTE [ Serialized form ]. SymInt sizes are not picklable; rebuild from plain tensors.
-        _check_fresh(self, _SAVE_READ)
+        _check_fresh(self, "save")
         p = self._partition
         values = self._values.detach() if self._values.requires_grad else self._values
         args = (values, p.offsets, tuple(e.offsets for e in p.extents), self._ragged_dims, self.requires_grad)
@@ -506,7 +506,7 @@ class MultiJaggedTensor(torch.Tensor):
             )
         if id(self) in memo:
             return memo[id(self)]
-        _check_fresh(self, _DEEPCOPY_READ)
+        _check_fresh(self, "deepcopy")
         with torch.no_grad():
             # deepcopy through ``memo``: storages shared with other copied objects stay shared.
             values = copy.deepcopy(self._values.detach(), memo)
@@ -825,20 +825,10 @@ def _no_writeback(func, args, kwargs):
     return None
 
 
-def _reader(name: str):
-    def read():
-        pass
-    read.__name__ = name
-    return read
-
-
-# Reads of the elements that do not pass ``__torch_function__``: a stale slice copy (NOTE [ Slices
-# of ragged dims write through ] in ops/shape/views.py) refuses them as it refuses an op, instead
-# of handing out values that miss a later write into its base.
-_SAVE_READ, _DEEPCOPY_READ, _VALUES_READ = _reader("torch.save"), _reader("deepcopy"), _reader("values")
-
-
-def _check_fresh(x, read) -> None:
+def _check_fresh(x, read: str) -> None:
+    """A read of the elements that does not pass ``__torch_function__`` (``read`` names it): a stale
+    slice copy (NOTE [ Slices of ragged dims write through ] in ops/shape/views.py) refuses it as it
+    refuses an op, instead of handing out values that miss a later write into its base."""
     if _reorder_copies:
         _writeback_target(read, (x,), None)
 

@@ -300,6 +300,13 @@ def _linear(coords, strides):
     return lin
 
 
+def same_shape(a: MJT, b) -> bool:
+    """Whether ``a`` has ``b``'s shape sample by sample: its ragged dims, extents and static sizes."""
+    return (isinstance(b, MJT) and a._ragged_dims == b._ragged_dims and a.dim() == b.dim()
+            and all(a.shape[e] == b.shape[e] for e in static_dims(a.dim(), a._ragged_dims))
+            and all(same_extent(u, v) for u, v in zip(a._partition.extents, b._partition.extents)))
+
+
 def _fits(op: str, what: str, index: MJT, target: torch.Tensor, dim) -> None:
     """Dense scatter's size rule: ``index`` no larger than ``target`` at every dim but ``dim``."""
     if target.dim() != index.dim() or target.shape[0] != index._partition.batch:
@@ -317,35 +324,39 @@ def _fits(op: str, what: str, index: MJT, target: torch.Tensor, dim) -> None:
                                f"{tuple(target.shape)} apart from dimension {dim}")
 
 
+def _dense_places(op: str, what: str, input: torch.Tensor, dim: int, index: MJT):
+    """``(coords, base, lin)``: after dense torch's checks, the coordinates of every index element
+    (``_element_coords``), ``input`` contiguous, and the flat place in it each index element names
+    (the index's values' shape)."""
+    d = canonical_dim(op, input.dim(), dim)
+    if d == 0:
+        raise StructureError(f"{op}(): cannot index the batch dim of {describe(index)} (layout torch.multi_jagged)")
+    if index.dtype != torch.int64:
+        raise RuntimeError(f"{op}(): Expected dtype int64 for index")
+    _fits(op, what, index, input, d)
+    iv = index._values
+    if iv.numel() and bool(((iv < 0) | (iv >= input.shape[d])).any()):  # SYNC: dense torch checks too
+        raise RuntimeError(f"{op}(): index out of bounds for dimension {d} with size {input.shape[d]}")
+    coords = _element_coords(index)
+    base = input.contiguous()
+    return coords, base, _linear(coords[:d] + [iv] + coords[d + 1:], base.stride()).expand(iv.shape)
+
+
 @eager_route("{op}() of a multi_jagged index into a dense tensor checks the index on the host: a graph break "
              "under torch.compile")
 def scatter_into_dense(op: str, input: torch.Tensor, dim: int, index: MJT, src, reduce=None, include_self=True):
     """NOTE [ Scattering a batch into a dense tensor ]; ``reduce``: None (``scatter``), ``"add"``
     (``scatter_add``) or ``scatter_reduce``'s reduction."""
-    d = canonical_dim(op, input.dim(), dim)
-    if d == 0:
-        raise StructureError(f"{op}(): cannot scatter along the batch dim of {describe(index)} (layout torch.multi_jagged)")
-    if index.dtype != torch.int64:
-        raise RuntimeError(f"{op}(): Expected dtype int64 for index")
-    _fits(op, "self", index, input, d)
-    iv = index._values
-    if iv.numel() and bool(((iv < 0) | (iv >= input.shape[d])).any()):  # SYNC: dense torch checks too
-        raise RuntimeError(f"{op}(): index out of bounds for dimension {d} with size {input.shape[d]}")
-    coords = _element_coords(index)
-    at_index = coords[:d] + [iv] + coords[d + 1:]
-    base = input.contiguous()
-    lin = _linear(at_index, base.stride()).expand(iv.shape).reshape(-1)
+    coords, base, lin = _dense_places(op, "self", input, dim, index)
+    lin = lin.reshape(-1)
     if isinstance(src, MJT):
-        same = (src._ragged_dims == index._ragged_dims and src.dim() == index.dim()
-                and all(src.shape[e] == index.shape[e] for e in static_dims(index.dim(), index._ragged_dims))
-                and all(same_extent(a, b) for a, b in zip(src._partition.extents, index._partition.extents)))
-        if not same:
+        if not same_shape(src, index):
             raise StructureError(f"{op}(): expected src with the shape of index {describe(index)}, got {describe(src)}")
         s = values_of(src).reshape(-1)
     elif isinstance(src, torch.Tensor):
         _fits(op, "src", index, src, None)
         sc = src.contiguous()
-        s = sc.reshape(-1)[_linear(coords, sc.stride()).expand(iv.shape).reshape(-1)]
+        s = sc.reshape(-1)[_linear(coords, sc.stride()).expand(index._values.shape).reshape(-1)]
     else:
         s = torch.full(lin.shape, src, dtype=input.dtype, device=input.device)
     flat = base.reshape(-1)
@@ -366,16 +377,5 @@ def gather_from_dense(op: str, input: torch.Tensor, dim: int, index: MJT) -> MJT
     ``out[i] = input[i].gather(dim - 1, index[i])``, a multi_jagged tensor of the index's structure
     (RoBERTa's ``token_type_ids.expand(B, -1).gather(1, position_ids)``); the reverse of NOTE
     [ Scattering a batch into a dense tensor ], with its rules for sizes and index values."""
-    d = canonical_dim(op, input.dim(), dim)
-    if d == 0:
-        raise StructureError(f"{op}(): cannot gather along the batch dim of {describe(index)} (layout torch.multi_jagged)")
-    if index.dtype != torch.int64:
-        raise RuntimeError(f"{op}(): Expected dtype int64 for index")
-    _fits(op, "input", index, input, d)
-    iv = index._values
-    if iv.numel() and bool(((iv < 0) | (iv >= input.shape[d])).any()):  # SYNC: dense torch checks too
-        raise RuntimeError(f"{op}(): index out of bounds for dimension {d} with size {input.shape[d]}")
-    coords = _element_coords(index)
-    base = input.contiguous()
-    lin = _linear(coords[:d] + [iv] + coords[d + 1:], base.stride()).expand(iv.shape)
+    _, base, lin = _dense_places(op, "input", input, dim, index)
     return wrap_values(base.reshape(-1)[lin], index._partition, index._ragged_dims)

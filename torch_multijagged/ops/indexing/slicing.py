@@ -17,7 +17,7 @@ from ...structure import _is_traced, extent_of, mapped_extent, same_extent
 from .._common import MJT, canonical_dim, component_rows, describe, static_dims
 from .._routing import in_place_route, route
 from ..shape.views import _mark_reorder_copy, mark_view_copy
-from .scatter import gather_from_dense, scatter_into_dense
+from .scatter import gather_from_dense, same_shape, scatter_into_dense
 from .along import check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
 
 __all__ = ["select_ragged", "slice_ragged", "narrow_ragged", "positions_ragged", "take_static"]
@@ -251,13 +251,6 @@ def gather_ragged(op: str, x: MJT, d: int, k: int, index):
     return result(values_of(x).gather(0, rows))
 
 
-def _same_shape(a: MJT, b) -> bool:
-    """Whether ``a`` has ``b``'s shape sample by sample: its ragged dims, extents and static sizes."""
-    return (isinstance(b, MJT) and a._ragged_dims == b._ragged_dims and a.dim() == b.dim()
-            and all(a.shape[e] == b.shape[e] for e in static_dims(a.dim(), a._ragged_dims))
-            and all(same_extent(u, v) for u, v in zip(a._partition.extents, b._partition.extents)))
-
-
 @eager_or_traced
 def scatter_ragged(op: str, x: MJT, d: int, k: int, index, src, add, include_self: bool = True):
     """``x.scatter(d, index, src)`` (``scatter_add`` with ``add`` True, ``scatter_reduce`` with
@@ -265,7 +258,7 @@ def scatter_ragged(op: str, x: MJT, d: int, k: int, index, src, add, include_sel
     ``src`` has ``index``'s shape (a multi_jagged tensor of its structure, or a dense one for a
     dense index) or is a number."""
     rows, shaped = _index_rows(op, x, d, k, index)
-    if isinstance(src, MJT) and not _same_shape(src, index):
+    if isinstance(src, MJT) and not same_shape(src, index):
         # the packed rows alone could agree while the samples do not: each sample's src would
         # then be read from its neighbours' rows
         raise StructureError(f"{op}(): expected src with the shape of index {describe(index)}, got {describe(src)}")
