@@ -594,8 +594,9 @@ BUGS = [
     Bug("a dense vector on the right of matmul is read as a row", "ops/contractions/matmul.py",
         "        return torch.matmul(input, other.unsqueeze(-1)).squeeze(-1)",
         "        return torch.matmul(input.transpose(-1, -2), other.unsqueeze(-1)).squeeze(-1)", ("test_matmul.py",)),
-    Bug("a size-1 ragged dim broadcasts from the wrong row", "ops/elementwise/pointwise.py",
-        "                mine[:, j] = 0", "                mine[:, j] = mine[:, j].clamp(max=0) + 1", ("test_broadcast.py",)),
+    Bug("a size-1 ragged dim broadcasts from the wrong row", "structure.py",
+        "mine = torch.where(sizes[sample] == 1, 0, coords[:, list(keep)])",
+        "mine = torch.where(sizes[sample] == 1, 1, coords[:, list(keep)])", ("test_broadcast.py",)),
     Bug("a grid split reads the part and the factor the other way round", "ops/shape/flatten.py",
         "    inner_src = grid.unsqueeze(0) * parts.unsqueeze(1) + coords.unsqueeze(1)  # h = q·(n // f) + a",
         "    inner_src = coords.unsqueeze(1) * torch.tensor(factors, device=coords.device) + grid  # h = q·(n // f) + a",
@@ -686,6 +687,12 @@ BUGS = [
     Bug("a chain of values-path views holds every view before it", "ops/fastpath.py",
         "        out.__dict__[\"_view_of\"] = input if root is input else weakref.ref(input)",
         "        out.__dict__[\"_view_of\"] = input", ("test_writes_through_views.py",)),
+    Bug("mixed size-1 broadcast reads row 0 in every sample", "structure.py",
+        "mine = torch.where(sizes[sample] == 1, 0, coords[:, list(keep)])", "mine = coords[:, list(keep)] * 0",
+        ("test_broadcast.py",)),
+    Bug("mixed size-1 broadcast not expanded for autograd", "ops/_routing.py",
+        "            out[i] = expand_ragged(a, partition)", "            pass",
+        ("test_broadcast.py",)),
 ]
 
 

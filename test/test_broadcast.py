@@ -12,7 +12,7 @@ from hypothesis import given, strategies as st
 import torch_multijagged as mj
 from torch_multijagged import multi_jagged
 
-from _reference import PS, R, assert_close, few, per_sample_check, seeds
+from _reference import PS, R, assert_close, components, few, per_sample_check, seeds
 from _structures import comps_for, length_pairs, lengths, packed_args
 
 FEW = few(12)  # 12 examples under the default profile, scaled by HYPOTHESIS_PROFILE
@@ -557,3 +557,79 @@ def test_ragged_dims_of_size_one_per_sample_broadcast(case):
         e = x[:, :1].expand_as(x)  # the same broadcast, as expand_as
         for a, c in zip(e.unbind(), leaves):
             torch.testing.assert_close(a, c[:1].expand_as(c))
+
+
+_MIXED_OPS = {
+    "add": lambda a, b: a + b,
+    "mul": lambda a, b: a * b,
+    "sub with alpha": lambda a, b: torch.sub(a, b, alpha=2),
+    "pow": lambda a, b: a.abs() ** b,
+    "where": lambda a, b: torch.where(a > 0, a, b),
+    "lerp": lambda a, b: torch.lerp(a, b, 0.3),
+    "addcmul": lambda a, b: torch.addcmul(a, b, a),
+    "atan2": torch.atan2,
+    "maximum": torch.maximum,
+    "in-place add": lambda a, b: (b * 1).add_(a) if _wider(b, a) else (a * 1).add_(b),
+}
+
+
+def _wider(b, a) -> bool:
+    return all(x >= y for x, y in zip(b.shape, a.shape)) if not mj.is_nested(b) else bool(
+        (b.sizes() >= a.sizes()).all())
+
+
+@pytest.mark.parametrize("op", list(_MIXED_OPS))
+@pytest.mark.parametrize("case", ["tokens", "tokens reversed", "image rows", "image both"])
+def test_ragged_dims_of_size_one_in_some_samples_broadcast(op, case):
+    """Two operands whose ragged sizes are equal in some samples and 1 in one of them in the
+    others (``F.pad(x[:, :-1], (0, 0, 1, 0)) + x`` with an empty sample) combine per sample as
+    dense: the size-1 operand's row 0 where it has size 1, its own rows elsewhere. The values
+    read its row 0 everywhere before, and the gradients of the size-1 operand failed in
+    autograd's shape check for the functions the values path does not take."""
+    f = _MIXED_OPS[op]
+    if case.startswith("tokens"):
+        na, nb = (3, 1, 0, 2, 1), (3, 2, 0, 2, 1)
+        if case == "tokens reversed":
+            na, nb = nb, na
+        a = R(components([(n, 2) for n in na], 1), (1,))
+        b = R(components([(n, 2) for n in nb], 2), (1,))
+    else:
+        ha, wa = ((3, 1, 2), (4, 2, 0)) if case == "image rows" else ((1, 2, 2), (4, 1, 3))
+        hb, wb = ((3, 2, 2), (4, 2, 0)) if case == "image rows" else ((3, 2, 2), (4, 3, 3))
+        a = R(components([(2, h, w) for h, w in zip(ha, wa)], 1), (2, 3))
+        b = R(components([(2, h, w) for h, w in zip(hb, wb)], 2), (2, 3))
+    per_sample_check(f, a, b, new_ragged=True)
+    per_sample_check(f, b, a, new_ragged=True)
+
+
+def test_shifted_tokens_with_an_empty_sample():
+    """The shift ``F.pad(x[:, :-1], (0, 0, 1, 0))`` gives an empty sample one row: adding it to
+    ``x`` broadcasts that row over the empty sample's none, and leaves the others' rows alone
+    (second-order gradients too); no sample reads another's rows."""
+    F = torch.nn.functional
+    shift = lambda t, batch: (F.pad(t[:, :-1], (0, 0, 1, 0)) if batch else F.pad(t[:-1], (0, 0, 1, 0))) + t  # noqa: E731
+    comps = components([(n, 3) for n in (3, 0, 4, 1)], 0)
+    per_sample_check(lambda x: shift(x, True), R(comps, (1,)), ref=lambda c: shift(c, False))
+    x = mj.nested_tensor(comps, requires_grad=True)
+    y = shift(x, True)
+    g, = torch.autograd.grad((y * y).sum(), x, create_graph=True)
+    gg, = torch.autograd.grad((g * g).sum(), x)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    ys = [shift(c, False) for c in leaves]
+    gs = torch.autograd.grad(sum((t * t).sum() for t in ys), leaves, create_graph=True)
+    ggs = torch.autograd.grad(sum((t * t).sum() for t in gs), leaves)
+    for a, w in zip(gg.unbind(), ggs):
+        assert_close(a, w)
+    # no leakage: changing sample 2 leaves the others unchanged
+    other = [c.clone() for c in comps]
+    other[2] = other[2] + 5
+    z = shift(mj.nested_tensor(other), True)
+    for i in (0, 1, 3):
+        assert_close(z.unbind()[i], y.unbind()[i].detach())
+
+
+def test_size_one_in_some_samples_self_of_an_in_place_op_raises():
+    a = mj.nested_tensor([torch.ones(3, 2), torch.ones(1, 2)])
+    b = mj.nested_tensor([torch.ones(3, 2), torch.ones(2, 2)])
+    with pytest.raises(mj.StructureError, match="cannot change the structure of self"):
+        a.add_(b)

@@ -25,7 +25,7 @@ import torch
 from .structure import Partition
 from .tensor import MultiJaggedTensor, _graph, _ValuesOf, values_of, wrap_values
 
-__all__ = ["values_of", "wrap_values", "wrap_values_like", "relabel"]
+__all__ = ["values_of", "wrap_values", "wrap_values_like", "relabel", "expand_ragged"]
 
 
 class _Adopt(torch.autograd.Function):
@@ -71,6 +71,14 @@ def relabel(x: MultiJaggedTensor, partition: Partition) -> MultiJaggedTensor:
     """``x`` with the nested ints of an equal-sized ``partition``; differentiable (gradients
     return with x's own nested ints, as the autograd engine checks)."""
     return _Relabel.apply(x, partition)
+
+
+def expand_ragged(x: MultiJaggedTensor, partition: Partition) -> MultiJaggedTensor:
+    """``x`` broadcast to ``partition`` (same ragged dims), whose every size is, per sample, x's
+    or x's is 1 (``broadcast_extent``); differentiable, to any order (a gather of the values,
+    whose backward sums the rows a size-1 row was read into)."""
+    index = partition.broadcast_map(x._partition, tuple(range(partition.nragged)))
+    return wrap_values(values_of(x).index_select(0, index), partition, x._ragged_dims)
 
 
 def wrap_values_like(values: torch.Tensor, like: MultiJaggedTensor) -> MultiJaggedTensor:

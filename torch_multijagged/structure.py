@@ -92,8 +92,9 @@ from torch.nested._internal import nested_tensor as _njt
 from torch.nested._internal.nested_int import NestedIntNode
 
 from .kernels import reference as ref
+from .kernels.along import packed_rows
 
-__all__ = ["RaggedExtent", "Partition", "same_extent", "partition_for", "register_partition", "mapped_extent", "flat_extent"]
+__all__ = ["RaggedExtent", "Partition", "same_extent", "broadcast_extent", "partition_for", "register_partition", "mapped_extent", "flat_extent"]
 
 
 _NO_VALUE = (
@@ -512,6 +513,23 @@ class Partition:
         """``(sample (T,), coords (T, R))``: every packed row's sample and ragged coordinates (cached)."""
         return self.derived("row_coords", _row_coords)
 
+    def broadcast_map(self, src: "Partition", keep: tuple[int, ...]) -> torch.Tensor:
+        """For every row, the row of ``src`` that broadcasting reads there: ``src``'s ragged dims
+        are this partition's dims ``keep``, each of this one's size or 1 in each sample
+        (``broadcast_extent``); a dim of size 1 is read at coordinate 0 in the samples where it
+        has size 1, and at the row's own coordinate in the others. Cached (one ``src`` per ``keep``)."""
+        key = ("broadcast", keep)
+        hit = self.cache.get(key)
+        if hit is not None and hit[0] is src:
+            return hit[1]
+        with building():
+            sample, coords = self.row_coords()
+            sizes = src.device_sizes()
+            mine = torch.where(sizes[sample] == 1, 0, coords[:, list(keep)])
+            index = packed_rows(src.offsets, sizes, sample, mine)
+        self.cache[key] = (src, index)
+        return index
+
     def map_to_sub(self, keep: tuple[int, ...]) -> tuple[torch.Tensor, "Partition"]:
         """``(index, sub)``: the partition ``sub`` keeping ragged dims ``keep`` and, for every row,
         its row in ``sub`` (``kernels.reference.row_map``). ``keep = ()`` maps rows to samples
@@ -575,6 +593,20 @@ class Partition:
         if hit is None:
             hit = self.cache[key] = _size_stride(self, values, ragged_dims)
         return hit
+
+
+def broadcast_extent(a: RaggedExtent, b: RaggedExtent) -> Optional[RaggedExtent]:
+    """The extent two operands' differing extents of one ragged dim broadcast to, when every
+    sample's sizes broadcast as dense sizes do — equal, or one of them 1 (``x[:, :1] + x``; the
+    one row an empty sample gets from ``F.pad``) — and the broadcast sizes are one operand's
+    (that extent); else None. Eager only: it compares host sizes."""
+    if _is_traced(a.offsets) or _is_traced(b.offsets) or a.batch != b.batch:
+        return None
+    la, lb = a.host_lengths(), b.host_lengths()
+    if not bool(((la == lb) | (la == 1) | (lb == 1)).all()):
+        return None
+    wide = torch.where(la == 1, lb, la)
+    return b if torch.equal(wide, lb) else a if torch.equal(wide, la) else None
 
 
 def partition_for(extents: Sequence[RaggedExtent]) -> Partition:

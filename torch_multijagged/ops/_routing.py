@@ -23,10 +23,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..bridge import relabel
+from ..bridge import expand_ragged, relabel
 from ..compile import library  # noqa: F401  (defines the multijagged:: ops that routes call)
 from ..errors import StructureError
-from ..structure import _is_traced, partition_for, same_extent
+from ..structure import _is_traced, broadcast_extent, partition_for, same_extent
 from ._common import MJT, canonical_dim
 from ._table import dispatch as _dispatch
 
@@ -193,7 +193,68 @@ def unify_call(func, args: tuple, kwargs: dict | None):
     if len(args) > 1 or (args and isinstance(args[0], (list, tuple)) and len(args[0]) > 1):
         # a single list argument too: ``torch.cat([x, y], dim=-1)`` has no second positional one
         args = unify_extents(args, keep_first)
+        if func in _BROADCASTING and _needs_grad(*args):
+            args = _expand_broadcasts(args, keep_first)
     return args, kwargs
+
+
+# NOTE [ Ragged dims of size 1 in some samples ]
+#
+# Two operands' ragged dim may broadcast per sample: equal sizes in some samples, size 1 in one
+# of them in the others (``F.pad(x[:, :-1], (0, 0, 1, 0)) + x`` where a sample is empty: the pad
+# gives it one row). The pointwise handler reads the size-1 operand's row 0 there and its own rows
+# elsewhere (``Partition.broadcast_map``). Its values are right; its gradient is not reachable:
+# autograd checks each input's gradient against the input's shape, nested ints included, and
+# cannot reduce the output's ``(B, j1, C)`` to the operand's ``(B, j0, C)`` (it sums only over dims
+# of size 1). So for the elementwise functions below, an operand that needs a gradient is first
+# broadcast to the output's sizes by a differentiable gather (``expand_ragged``), whose backward
+# sums what each row was read into.
+_BROADCASTING: set = set()
+for _name in (
+    "add sub subtract mul multiply div divide true_divide remainder fmod pow float_power atan2 arctan2 hypot "
+    "copysign ldexp logaddexp logaddexp2 xlogy maximum minimum fmax fmin where lerp addcmul addcdiv clamp clip "
+    "polar complex rsub"
+).split():
+    for _owner, _suffixes in ((torch, ("",)), (torch.Tensor, ("", "_"))):
+        for _suffix in _suffixes:
+            _f = getattr(_owner, _name + _suffix, None)
+            if _f is not None:
+                _BROADCASTING.add(_f)
+for _name in "add sub mul truediv div pow mod floordiv".split():
+    for _form in ("__{}__", "__r{}__", "__i{}__"):
+        _f = getattr(torch.Tensor, _form.format(_name), None)
+        if _f is not None:
+            _BROADCASTING.add(_f)
+_BROADCASTING.add(torch.special.xlogy)
+
+
+def _expand_broadcasts(args: tuple, keep_first: bool) -> tuple:
+    """``args`` with each multi_jagged operand that needs a gradient and whose ragged dims are of
+    size 1 in some samples broadcast to the output's (NOTE [ Ragged dims of size 1 in some
+    samples ]); unchanged where the operands' ragged dims differ or do not broadcast (the op
+    decides, or raises)."""
+    ms = [a for a in args if isinstance(a, MJT)]
+    if len(ms) < 2 or all(m._partition is ms[0]._partition for m in ms):
+        return args
+    dims, ndim = ms[0]._ragged_dims, len(ms[0]._size)
+    if not dims or any(m._ragged_dims != dims or len(m._size) != ndim for m in ms):
+        return args
+    wide = list(ms[0]._partition.extents)
+    for m in ms[1:]:
+        for k, e in enumerate(m._partition.extents):
+            if not same_extent(wide[k], e):
+                w = broadcast_extent(wide[k], e)
+                if w is None:
+                    return args
+                wide[k] = w
+    owner = next((m for m in ms if all(same_extent(w, e) for w, e in zip(wide, m._partition.extents))), None)
+    partition = owner._partition if owner is not None else partition_for(wide)
+    out = list(args)
+    for i, a in enumerate(args):
+        if (isinstance(a, MJT) and a._partition is not partition and not (keep_first and i == 0) and _needs_grad(a)
+                and not all(same_extent(w, e) for w, e in zip(wide, a._partition.extents))):
+            out[i] = expand_ragged(a, partition)
+    return tuple(out)
 
 
 def _relabel_map(first: MJT, other: MJT):

@@ -26,8 +26,7 @@ from __future__ import annotations
 import torch
 
 from ...compile.kernel_choice import use_triton
-from ...kernels.along import packed_rows
-from ...structure import _is_traced, partition_for, same_extent
+from ...structure import broadcast_extent, partition_for, same_extent
 from .._common import MJT, describe, static_dims, wrap
 from ...errors import StructureError
 from .._routing import route
@@ -186,7 +185,7 @@ def _out_structure(func, args):
                 if ext is None:
                     ext = e
                 elif not same_extent(ext, e):
-                    wide = _one_broadcast(ext, e)
+                    wide = broadcast_extent(ext, e)
                     if wide is None:
                         raise _error(func, args, f"ragged dim {d} has different per-sample sizes")
                     ext = wide
@@ -244,20 +243,6 @@ def _pair_kernel(func, args, partition, out_dims, out_static, vals=(None, None))
     return wrap(pair_combine(left, right, li, ri, _PAIR_OPS[func]), partition, out_dims)
 
 
-def _one_broadcast(a, b):
-    """The extent of a ragged dim where two operands' extents differ but every sample's sizes
-    broadcast as dense sizes do — equal, or one of them 1 (``x[:, :1] + x``: each sample's first
-    row against its rows) — when the broadcast sizes are one operand's (that extent); else None.
-    Eager: host sizes."""
-    if _is_traced(a.offsets) or _is_traced(b.offsets) or a.batch != b.batch:
-        return None
-    la, lb = a.host_lengths(), b.host_lengths()
-    if not bool(((la == lb) | (la == 1) | (lb == 1)).all()):
-        return None
-    wide = torch.where(la == 1, lb, la)
-    return b if torch.equal(wide, lb) else a if torch.equal(wide, la) else None
-
-
 def _own_extents(m, out_dims, extents) -> bool:
     """Whether ``m``'s ragged dims carry the output's extents (not size-1 broadcasts)."""
     return all(same_extent(e, extents[out_dims.index(d)]) for d, e in zip(m._ragged_dims, m._partition.extents))
@@ -284,15 +269,9 @@ def _align_mjt(m: MJT, partition, out_dims, out_static, gather: bool = True, val
     vals = m._values if vals is None else vals
     index = None
     if not _own_extents(m, out_dims, partition.extents):
-        # a ragged dim of size 1 per sample against the output's sizes: each output row reads
-        # m's row at coordinate 0 there (and m's own coordinates elsewhere)
-        sample, coords = partition.row_coords()
-        keep = [out_dims.index(d) for d in m._ragged_dims]
-        mine = coords[:, keep].clone()
-        for j, (d, e) in enumerate(zip(m._ragged_dims, m._partition.extents)):
-            if not same_extent(e, partition.extents[out_dims.index(d)]):
-                mine[:, j] = 0
-        index = packed_rows(m._partition.offsets, m._partition.device_sizes(), sample, mine)
+        # a ragged dim of size 1 in some samples against the output's sizes (its own in the
+        # others): each output row reads m's row at coordinate 0 there
+        index = partition.broadcast_map(m._partition, tuple(out_dims.index(d) for d in m._ragged_dims))
         if gather:
             vals = vals.index_select(0, index)
     elif m._ragged_dims != out_dims:
