@@ -45,6 +45,15 @@ def test_tril_triu_per_sample(structure, op, diagonal):
     check()
 
 
+@pytest.mark.parametrize("op", ["tril_", "triu_"])
+def test_tril_triu_in_place(op):
+    """``x.tril_(k)`` / ``x.triu_(k)`` write the out-of-place result into ``x``, with gradients."""
+    per_sample_check(lambda x: getattr(x * 1, op)(-1), R(_square_matrices((3, 0, 2), 7), (1, 2)),
+                     ref=lambda c: getattr(c * 1, op)(-1))
+    per_sample_check(lambda x: getattr(x * 1, op)(1), R(comps_for([(n, 3) for n in (3, 0, 2)], 8), (1,)),
+                     ref=lambda c: getattr(c * 1, op)(1))
+
+
 def test_tril_of_a_rectangular_pair_and_golden():
     """``(B, j0, j1)``: row and column coordinates of different extents."""
 

@@ -265,6 +265,21 @@ def test_pad_modes_on_signals_and_images(mode, pad):
     check(lambda x: F.pad(x, pad, mode=mode), lambda t: F.pad(t, pad, mode=mode), comps, ragged)
 
 
+@pytest.mark.parametrize("pad", [(-1, 1), (1, -1), (-1, 2), (2, -1), (-2, 1, 1, -1)], ids=str)
+def test_circular_pad_that_crops_one_side_wraps_what_is_left(pad):
+    """Dense circular padding crops first (a negative pad) and wraps around the cropped length;
+    the wrap read the uncropped sample before. Static dims follow the same rule."""
+    g = torch.Generator().manual_seed(len(pad) + pad[0])
+    if len(pad) == 2:
+        sizes, ragged = [(2, n) for n in (3, 4, 5)], (2,)
+    else:
+        sizes, ragged = [(2, h, w) for h, w in ((3, 4), (5, 3), (4, 4))], (2, 3)
+    comps = [torch.randn(*s, generator=g, dtype=F64) for s in sizes]
+    check(lambda x: F.pad(x, pad, mode="circular"), lambda t: F.pad(t, pad, mode="circular"), comps, ragged)
+    statics = [torch.randn(n, 2, 5, generator=g, dtype=F64) for n in (3, 0, 2)]  # the padded dims static
+    check(lambda x: F.pad(x, pad[:2], mode="circular"), lambda t: F.pad(t, pad[:2], mode="circular"), statics, (1,))
+
+
 def test_pad_errors_are_dense_errors_naming_the_sample():
     x = mj.nested_tensor([torch.randn(3, 4), torch.randn(3, 1)], ragged_dims=(2,))
     with pytest.raises(RuntimeError, match="sample 1"):

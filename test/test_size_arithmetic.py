@@ -109,3 +109,21 @@ def test_operands_by_keyword_take_the_general_path():
     ]
     for fn, ref in cases:
         per_sample_check(fn, R(comps, (1,)), ref=ref)
+
+
+
+def test_a_ragged_size_under_torch_compile():
+    """Compiled, ``x / x.shape[1]`` (and multiples, ``x / (2 * n)``) reads each sample's own size
+    from the offsets in the graph; torch traced the size's placeholder value (7777777) before."""
+    comps = comps_for(SEQ_SHAPES, 6, low=0.5, high=1.5)
+    forms = [
+        (lambda x: x / x.shape[1], lambda c: c / c.shape[0]),
+        (lambda x: x * x.size(1), lambda c: c * c.shape[0]),
+        (lambda x: x / (2 * x.shape[1]), lambda c: c / (2 * c.shape[0])),
+        (lambda x: x.shape[1] * x, lambda c: c.shape[0] * c),
+    ]
+    for f, ref in forms:
+        cf = torch.compile(f, backend="aot_eager", fullgraph=True)
+        out = cf(mj.nested_tensor(comps))
+        for got, c in zip(out.unbind(), comps):
+            torch.testing.assert_close(got, ref(c))

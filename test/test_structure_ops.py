@@ -573,3 +573,32 @@ def test_gradcheck_structure_ops():
         return torch.stack([q, q.transpose(1, 2)], -1).flatten(-2).values()
 
     assert torch.autograd.gradcheck(f, (v.requires_grad_(), w))
+
+
+@pytest.mark.parametrize("op", ["hstack", "column_stack", "vstack", "row_stack", "dstack", "concatenate"])
+def test_stack_shorthands_join_as_cat(op):
+    """``hstack`` / ``column_stack`` (cat along dim 1: each sample's rows), ``vstack`` /
+    ``row_stack`` (dim 0: the samples of both batches), ``dstack`` (dim 2, after ``atleast_3d``)
+    and ``torch.concatenate(..., axis=)``, with gradients; two batches built apart from equal
+    lengths join as one (their nested ints are unified, so the backward's shapes check)."""
+    g = torch.Generator().manual_seed(0)
+    a = [torch.randn(n, 2, generator=g, dtype=torch.float64) for n in (3, 0, 2)]
+    b = [torch.randn(n, 2, generator=g, dtype=torch.float64) for n in ((1, 4, 2) if op != "dstack" else (3, 0, 2))]
+    join = {"hstack": lambda t: torch.hstack(t), "column_stack": lambda t: torch.column_stack(t),
+            "vstack": lambda t: torch.vstack(t), "row_stack": lambda t: torch.row_stack(t),
+            "dstack": lambda t: torch.dstack(t), "concatenate": lambda t: torch.concatenate(t, axis=1)}[op]
+    la = [t.clone().requires_grad_() for t in a]
+    lb = [t.clone().requires_grad_() for t in b]
+    out = join([mj.as_nested_tensor(la), mj.as_nested_tensor(lb)])
+    if op in ("vstack", "row_stack"):
+        want = [*a, *b]
+    else:
+        want = [torch.cat([x, y], 1 if op == "dstack" else 0) for x, y in zip(a, b)]
+    assert len(out.unbind()) == len(want)
+    for o, w in zip(out.unbind(), want):
+        torch.testing.assert_close(o, w)
+    grads = torch.autograd.grad((out * out).sum(), la + lb)
+    for gr, t in zip(grads, a + b):
+        torch.testing.assert_close(gr, 2 * t)
+    pair = mj.as_nested_tensor([torch.ones(n, n, 2) for n in (2, 1)], ragged_dims=(1, 2))
+    assert [t.shape for t in torch.dstack([pair, pair]).unbind()] == [torch.Size([2, 4, 2]), torch.Size([1, 2, 2])]

@@ -626,10 +626,10 @@ class MultiJaggedTensor(torch.Tensor):
 
     @classmethod
     def _torch_function(cls, func, types, args, kwargs, fast=None):
-        if kwargs or (len(args) > 1 and not _nothing_to_unify(args)):
-            # Operands with equal sizes but other nested ints are relabelled onto the first's,
-            # except where a tensor is held by identity (NOTE [ Equal sizes, different nested
-            # ints ] in ops/_routing.py).
+        if kwargs or (len(args) > 1 and not _nothing_to_unify(args)) or (args and type(args[0]) in (list, tuple)):
+            # Operands with equal sizes but other nested ints (a list's too: ``torch.dstack([a,
+            # b])``) are relabelled onto the first's, except where a tensor is held by identity
+            # (NOTE [ Equal sizes, different nested ints ] in ops/_routing.py).
             args, kwargs = _unify(func, args, kwargs)
         if fast is not None and _fast_enabled():
             # NOTE [ Eager values path ] in ops/fastpath.py

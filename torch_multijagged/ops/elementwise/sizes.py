@@ -54,6 +54,26 @@ def _per_sample(size, like: MJT, op) -> torch.Tensor:
     return sizes.to(device=like.device, dtype=dtype).reshape(batch, *([1] * (like.dim() - 1)))
 
 
+def _traced_per_sample(size, like: MJT, op) -> torch.Tensor:
+    """``_per_sample`` while tracing, where a ragged size is a symbol like any size: one that is
+    provably one of ``like``'s own ragged sizes is read from its offsets in the graph (without
+    this, torch traced the size's placeholder value into it). Other symbols are torch's."""
+    for k, d in enumerate(like._ragged_dims):
+        factor = 1 if size is like._size[d] else _multiple(size, like._size[d])
+        if factor is not None:
+            n = like._partition.extents[k].offsets.diff() * factor
+            return n.to(torch.result_type(like, 1)).reshape(like._partition.batch, *([1] * (like.dim() - 1)))
+    return size
+
+
+def _multiple(size, ragged) -> "int | None":
+    """``k`` where the symbolic ``size`` is provably ``k`` times the symbolic ``ragged`` (``2 * n``)."""
+    if not (isinstance(size, torch.SymInt) and isinstance(ragged, torch.SymInt)):
+        return None
+    ratio = size.node.expr / ragged.node.expr
+    return int(ratio) if ratio.is_Integer and ratio > 0 else None
+
+
 def _route(func):
     op = getattr(func, "__name__", str(func))
 
@@ -61,10 +81,9 @@ def _route(func):
         like = next((a for a in args if isinstance(a, MJT)), None)
         if like is None or not any(isinstance(a, torch.SymInt) for a in (*args, *kwargs.values())):
             return NotImplemented
-        if torch.compiler.is_compiling():
-            return NotImplemented
-        args = tuple(_per_sample(a, like, op) if isinstance(a, torch.SymInt) else a for a in args)
-        kwargs = {k: _per_sample(v, like, op) if isinstance(v, torch.SymInt) else v for k, v in kwargs.items()}
+        per_sample = _traced_per_sample if torch.compiler.is_compiling() else _per_sample
+        args = tuple(per_sample(a, like, op) if isinstance(a, torch.SymInt) else a for a in args)
+        kwargs = {k: per_sample(v, like, op) if isinstance(v, torch.SymInt) else v for k, v in kwargs.items()}
         return func(*args, **kwargs)
 
     return routed

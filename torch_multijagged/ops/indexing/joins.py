@@ -90,7 +90,9 @@ def cat_ragged(op: str, tensors, d: int):
 
 
 @route(torch.cat, torch.concat, torch.concatenate)
-def _cat(tensors, dim=0, *, out=None):
+def _cat(tensors, dim=0, *, out=None, axis=None):
+    if axis is not None:  # ``torch.concatenate``'s NumPy name for dim
+        dim = axis
     if out is not None or not isinstance(tensors, (list, tuple)):
         return NotImplemented
     first = next((t for t in tensors if isinstance(t, MJT)), None)
@@ -113,6 +115,35 @@ def _cat(tensors, dim=0, *, out=None):
     return cat_ragged("cat", list(tensors), d)
 
 
+def _stack_args(tensors, out, min_dim: int) -> bool:
+    """Whether a ``hstack`` / ``vstack`` / ``dstack`` call joins multi_jagged tensors (dense ones
+    of at least ``min_dim`` dims beside them), the routes' business."""
+    return (out is None and isinstance(tensors, (list, tuple)) and any(isinstance(t, MJT) for t in tensors)
+            and all(isinstance(t, MJT) or (isinstance(t, torch.Tensor) and t.dim() >= min_dim) for t in tensors))
+
+
+@route(torch.hstack, torch.column_stack)
+def _hstack(tensors, *, out=None):
+    """``cat`` along dim 1, as dense ``hstack`` / ``column_stack`` of tensors of two or more dims
+    (a batch has: its ragged dim 1 joins each sample's rows)."""
+    return torch.cat(list(tensors), 1) if _stack_args(tensors, out, 2) else NotImplemented
+
+
+@route(torch.vstack, torch.row_stack)
+def _vstack(tensors, *, out=None):
+    """``cat`` along dim 0, as dense ``vstack`` / ``row_stack`` of tensors of two or more dims:
+    the batches' samples one after another."""
+    return torch.cat(list(tensors), 0) if _stack_args(tensors, out, 2) else NotImplemented
+
+
+@route(torch.dstack)
+def _dstack(tensors, *, out=None):
+    """``cat`` along dim 2 after ``atleast_3d``, as dense ``dstack`` (a pair's second ragged dim)."""
+    if not _stack_args(tensors, out, 3):
+        return NotImplemented
+    return torch.cat([t.unsqueeze(-1) if t.dim() == 2 else t for t in tensors], 2)
+
+
 def _images_with_pieces(tensors) -> bool:
     """Image batches ``(B, C, j0, j1)`` of one partition and dtype, some holding per-image pieces."""
     first = tensors[0]
@@ -125,15 +156,19 @@ def _images_with_pieces(tensors) -> bool:
 
 
 # ----------------------------------------------------------------------------- pad
-def _source(mode: str, q: torch.Tensor, n: torch.Tensor):
+def _source(mode: str, q: torch.Tensor, n: torch.Tensor, lo: int, hi: int):
     """Input coordinate that padded position ``q`` (input coordinates: may be < 0 or >= n) reads,
-    and whether it reads one (constant mode reads the fill outside)."""
+    and whether it reads one (constant mode reads the fill outside). ``(lo, hi)``: the pads."""
     if mode == "constant":
         return q.clamp_min(0), (q >= 0) & (q < n)
     if mode == "replicate":
         return torch.minimum(q.clamp_min(0), n - 1), None
     if mode == "circular":
-        return torch.remainder(q, n), None
+        # dense crops first (a negative pad), then wraps around what is left: a pad that crops
+        # one side and pads the other wraps the cropped length
+        first = max(-lo, 0)
+        kept = n - first - max(-hi, 0)
+        return first + torch.remainder(q - first, kept.clamp_min(1)), None
     r = torch.where(q < 0, -q, q)  # reflect
     return torch.where(r >= n, 2 * (n - 1) - r, r), None
 
@@ -171,7 +206,7 @@ def pad_ragged(op: str, x: MJT, pad: list, pads: dict, mode: str, value):
         a = a.clone()
         for d, (lo, _) in ragged.items():
             k = x._ragged_dims.index(d)
-            a[:, k] = _source(mode, a[:, k] - lo, n[sample, k])[0]
+            a[:, k] = _source(mode, a[:, k] - lo, n[sample, k], lo, ragged[d][1])[0]
         return a
 
     def valid(sample, a):
@@ -193,7 +228,7 @@ def pad_ragged(op: str, x: MJT, pad: list, pads: dict, mode: str, value):
         vd = static_dims(x.dim(), x._ragged_dims).index(d) + 1
         size = v.shape[vd]
         q = torch.arange(-lo, size + hi, device=v.device)
-        src, ok = _source(mode, q, torch.tensor(size, device=v.device))
+        src, ok = _source(mode, q, torch.tensor(size, device=v.device), lo, hi)
         if mode == "constant":
             if size == 0:
                 src = torch.zeros_like(q)

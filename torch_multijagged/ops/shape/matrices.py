@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from .._common import MJT, describe, static_dims, wrap
-from .._routing import route
+from .._routing import in_place_route, route
 from .._table import register_multi_jagged_func
 
 aten = torch.ops.aten
@@ -55,6 +55,10 @@ def tril_default(func, x, diagonal=0):
 @register_multi_jagged_func(aten.triu.default, "self: mjt, diagonal: any?")
 def triu_default(func, x, diagonal=0):
     return _band("triu", func, x, diagonal, lower=False)
+
+
+route(torch.Tensor.tril_)(in_place_route("tril_"))
+route(torch.Tensor.triu_)(in_place_route("triu_"))
 
 
 def _sample_dims(op: str, input: MJT, want: tuple[int, ...]) -> int:
