@@ -1,5 +1,6 @@
 """unbind / x[i]: views without gradients (as torch.jagged), differentiable otherwise."""
 
+import pytest
 import torch
 
 import torch_multijagged as mj
@@ -95,3 +96,55 @@ def test_multihead_attention_weights_alone_carry_the_gradient():
     for a, b in zip(gx.unbind(), rx[:-1]):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(gw, rx[-1])
+
+
+def _layouts():
+    g = torch.Generator().manual_seed(3)
+    seq = [torch.randn(n, 3, generator=g, dtype=torch.float64) for n in (2, 0, 3)]
+    lead = [torch.randn(2, n, 3, generator=g, dtype=torch.float64) for n in (2, 0, 3)]  # (B, S, j0, C)
+    pair = [torch.randn(n, n, 2, generator=g, dtype=torch.float64) for n in (2, 0, 3)]
+    return [(seq, None), (lead, (2,)), (pair, (1, 2))]
+
+
+def test_samples_with_grad_per_sample_to_second_order():
+    """``x[i]`` (negative too), ``select(0, i)`` and ``unbind()`` with autograd recording: each
+    sample's gradient, first and second order, as each sample run alone."""
+    for comps, ragged in _layouts():
+        leaves = [c.clone().requires_grad_() for c in comps]
+        x = mj.as_nested_tensor(leaves, ragged_dims=ragged)
+        y = x.tanh()
+        w = [torch.randn(c.shape, generator=torch.Generator().manual_seed(i), dtype=c.dtype) for i, c in enumerate(comps)]
+        for i in range(-len(comps), len(comps)):
+            torch.testing.assert_close(y[i], comps[i].tanh())
+        loss = (y[0] ** 2 * w[0]).sum() + (y.select(0, -1) * w[-1]).sum() + sum((c ** 3).sum() for c in y.unbind())
+        g = torch.autograd.grad(loss, leaves, create_graph=True)
+        gg = torch.autograd.grad(sum((t * t).sum() for t in g), leaves)
+        ref_leaves = [c.clone().requires_grad_() for c in comps]
+        ys = [t.tanh() for t in ref_leaves]
+        ref = (ys[0] ** 2 * w[0]).sum() + (ys[-1] * w[-1]).sum() + sum((t ** 3).sum() for t in ys)
+        rg = torch.autograd.grad(ref, ref_leaves, create_graph=True)
+        rgg = torch.autograd.grad(sum((t * t).sum() for t in rg), ref_leaves)
+        for a, b in zip(g + gg, rg + rgg):
+            torch.testing.assert_close(a, b)
+
+
+def test_writes_into_samples_with_grad_raise_not_vanish():
+    """With autograd recording, ``y[0]`` and ``unbind()``'s components are views of the batch's
+    values that autograd cannot connect back to ``y``: a write into one raises (dense ``unbind``'s
+    components raise too). They were copies, and ``y[0][1] = 5`` left ``y`` and its gradient
+    unchanged where dense ``y[0]`` writes through. Without grad they write through, as views."""
+    comps = [torch.randn(3, 4), torch.randn(0, 4), torch.randn(2, 4)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    writes = [lambda y: y[0].__setitem__(1, 5.0), lambda y: y.select(0, 0)[1].fill_(5.0),
+              lambda y: y.unbind()[0].mul_(2), lambda y: y[-1].mul_(2), lambda y: y[2].zero_()]
+    for write in writes:
+        y = x * 2
+        before = y.detach().clone()
+        with pytest.raises(RuntimeError, match="modified inplace"):
+            write(y)
+        for a, b in zip(y.unbind(), before.unbind()):
+            assert torch.equal(a, b)
+    with torch.no_grad():
+        y = x * 2
+        y[0][1] = 5.0
+    assert torch.equal(y.unbind()[0][1], torch.full((4,), 5.0))

@@ -22,10 +22,32 @@ import torch
 import torch.nn.functional as F
 
 from ..bridge import values_of, wrap_values, wrap_values_like
+from ..kernels import reference as ref
 from ..structure import Partition
 from ._common import MJT
 
-__all__ = ["linear", "layer_norm", "rms_norm", "group_norm", "einsum", "conv"]
+__all__ = ["linear", "layer_norm", "rms_norm", "group_norm", "einsum", "conv", "sample", "samples"]
+
+
+def samples(input: MJT) -> tuple[torch.Tensor, ...]:
+    """``unbind()`` with autograd recording: views of the differentiable packed values split by
+    sample. One backward (``split``'s) packs the component gradients back, and a write into a
+    component raises as dense ``unbind``'s does (a view of a function that returns several): a copy
+    (``multijagged::unbind``) would let the write vanish, and aten's ``unbind`` backward would
+    ``stack`` components of different shapes."""
+    return tuple(ref.unpack_components(values_of(input), input._partition.host_sizes(), input._ragged_dims))
+
+
+def sample(input: MJT, index: int) -> torch.Tensor:
+    """``x[index]`` with autograd recording: a view of one sample's rows of the differentiable
+    packed values. Its gradient reaches ``input``; a write into it raises (a view made inside a
+    custom Function) — a copy let ``y[0][1] = 5`` vanish, where dense ``y[0]`` writes through."""
+    sizes = input._partition.host_sizes()  # SYNC: none — host sizes
+    counts = sizes.prod(dim=1) if sizes.shape[1] else torch.ones(sizes.shape[0], dtype=torch.int64)
+    start, count = int(counts[:index].sum()), int(counts[index])
+    rows = values_of(input).narrow(0, start, count)
+    _, to_logical = ref.storage_perm(input.dim(), input._ragged_dims)
+    return rows.reshape(*sizes[index].tolist(), *rows.shape[1:]).permute(to_logical)
 
 
 def linear(input: MJT, weight: torch.Tensor, bias: torch.Tensor | None) -> MJT:

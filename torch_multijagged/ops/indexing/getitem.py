@@ -8,6 +8,7 @@ import torch
 
 from ... import constructors
 from ...errors import StructureError
+from .. import bridged
 from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, route
 from .._table import dispatch as _dispatch
@@ -22,11 +23,22 @@ mj = torch.ops.multijagged
 
 def _components(input):
     """The B components: views of the packed values when no gradient is needed (aten's
-    ``unbind``, as torch.jagged); otherwise ``multijagged::unbind`` (copies), whose backward packs
-    the component gradients back — aten's would ``stack`` components of different shapes."""
-    if torch.compiler.is_compiling() or _needs_grad(input) or torch._C._len_torch_dispatch_stack():
+    ``unbind``, as torch.jagged); with autograd recording, eagerly, views of the differentiable
+    packed values (``bridged.samples``); traced or under a dispatch mode, ``multijagged::unbind``
+    (copies, whose backward packs the component gradients back)."""
+    if torch.compiler.is_compiling() or torch._C._len_torch_dispatch_stack():
         return tuple(mj.unbind.default(input))
+    if _needs_grad(input):
+        return bridged.samples(input)
     return _dispatch(torch.ops.aten.unbind.int, (input, 0), {})
+
+
+def _component(input, index: int):
+    """Sample ``index`` (in range) of ``input``: with autograd recording (eagerly), a view of its
+    rows of the differentiable packed values (``bridged.sample``); else ``_components``'s."""
+    if torch.compiler.is_compiling() or not _needs_grad(input) or torch._C._len_torch_dispatch_stack():
+        return _components(input)[index]
+    return bridged.sample(input, index)
 
 
 class _UnbindStatic(torch.autograd.Function):
@@ -97,7 +109,7 @@ def _getitem(input, index):
         b = input._partition.batch
         if not -b <= index < b:
             raise IndexError(f"index {index} is out of bounds for dimension 0 with size {b}")
-        return _components(input)[index]
+        return _component(input, index)
     if isinstance(input, MJT) and isinstance(index, MJT) and index.dtype == torch.bool:
         return mask_index(input, index)  # x[x > 0], x[keep] of whole rows: dense, as dense torch's
     if isinstance(input, MJT) and _advanced(index) is not None:
