@@ -320,3 +320,26 @@ def test_list_operand_with_dim_keyword(op, dim):
     want = torch.autograd.grad(sum((f([a, b], dim=d) ** 2).sum() for a, b in zip(rx, ry)), rx + ry)
     for k, (g, w) in enumerate(zip(got, want)):
         assert_close(g, w, f"grad of leaf {k}")
+
+
+def test_multi_grad_hook_receives_every_gradient():
+    """``torch.autograd.graph.register_multi_grad_hook`` (mode "all") hands the hook each
+    tensor's gradient — leaf and non-leaf batches beside dense tensors — as their ``.grad`` / a
+    plain hook gets it. A values-path result's wrapper-level node never runs (the ops that read
+    it read its values), so the hook waited for too few gradients and passed ``None``."""
+    comps = [torch.randn(3, 4, dtype=torch.float64), torch.randn(0, 4, dtype=torch.float64),
+             torch.randn(2, 4, dtype=torch.float64)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True)
+    y = x * 3
+    got, plain = [], []
+    torch.autograd.graph.register_multi_grad_hook((x, w, y), lambda gs: got.append(gs))
+    y.register_hook(lambda g: plain.append(g))
+    (y * w).sum().backward()
+    gx, gw, gy = got[0]
+    for a, b in zip(gx.unbind(), x.grad.unbind()):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(gw, w.grad)
+    for a, b, c in zip(gy.unbind(), plain[0].unbind(), comps):
+        torch.testing.assert_close(a, b)
+        torch.testing.assert_close(a, w.detach().expand_as(c))

@@ -713,7 +713,17 @@ def _register_hook(self, hook):
     return v.register_hook(on_values)
 
 
+def _grad_fn_get(self):
+    """A values-path result's node is its values' (``_register_hook``, above): its own wrapper-level
+    node is passed by every op that reads the values, and never runs. Code that waits for a
+    tensor's node to run (``torch.autograd.graph.register_multi_grad_hook``) then waits for the
+    node that does."""
+    v = own_values(self)
+    return NotImplemented if v is None else v.grad_fn
+
+
 FAST[torch.autograd.grad] = _autograd_grad
+FAST[torch.Tensor.grad_fn.__get__] = _grad_fn_get
 FAST[torch.Tensor.retain_grad] = _retain_grad
 FAST[torch.Tensor.grad.__get__] = _grad_get
 FAST[torch.Tensor.register_hook] = _register_hook
