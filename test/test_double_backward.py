@@ -464,3 +464,33 @@ def test_gradgrad_spatial_conv_rows(geometry):
 
         assert torch.autograd.gradcheck(param_grads, (grad, rows))
         assert torch.autograd.gradgradcheck(param_grads, (grad, rows), fast_mode=FAST)
+
+
+COMPLEX_CASES = {
+    "x @ W": ("seq", lambda x, w: x @ w),
+    "linear + bias": ("seq", lambda x, w: F.linear(x, w.mT, w[0])),
+    "prod_ragged": ("rect", lambda x, w: x.prod(2) * w[0, 0]),
+    "prod_static": ("seq", lambda x, w: x.prod(-1) * w[0, 0]),
+    "norm_ragged": ("seq_full", lambda x, w: x.norm(dim=1) * w[0, 0]),
+}
+
+
+@pytest.mark.parametrize("name", COMPLEX_CASES)
+def test_complex_gradcheck_and_gradgradcheck(name):
+    """complex128 values: gradcheck and gradgradcheck (torch's complex checks test the conjugate
+    Wirtinger derivative: a formula missing a ``conj`` fails them) on packed values and a dense
+    complex weight."""
+    struct, fn = COMPLEX_CASES[name]
+    comps, rd = STRUCTS[struct]
+    v, off, sizes = packed_args(comps, rd)
+    g = torch.Generator().manual_seed(0)
+    v = torch.complex(v, torch.randn(v.shape, generator=g, dtype=D)).requires_grad_()
+    w = torch.randn(v.shape[-1], 2, generator=g, dtype=torch.complex128, requires_grad=True)
+
+    def f(v, w):
+        return _out(fn(mj.from_packed(v, off, sizes, rd), w))
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.autograd.gradcheck(f, (v, w))
+        assert torch.autograd.gradgradcheck(f, (v, w), fast_mode=FAST)

@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
 
-from _reference import R, assert_close, few, per_sample_check, seeds
+from _reference import R, assert_close, complex_grad_check, few, per_sample_check, seeds
 from _structures import comps_for, length_pairs, lengths
 
 FEW = few(8)
@@ -305,3 +305,55 @@ def test_dense_matrix_times_a_batch_with_gradients():
     for a, w in zip(got[0].unbind(), want[:-1]):
         torch.testing.assert_close(a, w)
     torch.testing.assert_close(got[1], want[-1])
+
+
+def _complex(comps, seed):
+    """Complex copies of real components: the real part as given, a seeded imaginary part."""
+    g = torch.Generator().manual_seed(seed)
+    return [torch.complex(c, torch.randn(c.shape, generator=g, dtype=c.dtype)) for c in comps]
+
+
+COMPLEX_DENSE = {
+    "x @ W": (lambda x, w: x @ w, lambda x, w: x @ w),
+    "matmul": (torch.matmul, torch.matmul),
+    "W.mT @ x.mT": (lambda x, w: (w.mT @ x.mT).mT, lambda x, w: (w.mT @ x.mT).mT),
+    "mm": (torch.mm, torch.mm),
+    "linear + bias": (lambda x, w: torch.nn.functional.linear(x, w.mT, w[0]),
+                      lambda x, w: torch.nn.functional.linear(x, w.mT, w[0])),
+    "linear (the op)": (lambda x, w: torch.ops.multijagged.linear(x, w.mT, w[0]),
+                        lambda x, w: torch.nn.functional.linear(x, w.mT, w[0])),
+}
+
+
+@pytest.mark.parametrize("name", COMPLEX_DENSE)
+def test_complex_matmul_with_dense_weight_gradients(name):
+    """``(B, j0, C) @ (C, D)`` of complex128 values (``multijagged::linear`` and its parameter
+    gradients): the gradients of x and W are dense torch's — ``grad @ Wᴴ`` and ``xᴴ @ grad``, not
+    their conjugates — to second order, a zero-length sample included."""
+    fn, ref = COMPLEX_DENSE[name]
+
+    @FEW
+    @given(lengths(min_batch=1, max_batch=3), st.integers(1, 3), seeds)
+    def check(ns, c, seed):
+        w = _complex(comps_for([(c, 2)], seed + 1), seed + 2)[0]
+        xs = _complex(comps_for([(n, c) for n in (*ns, 0)], seed), seed)
+        complex_grad_check(fn, R(xs, (1,)), w, ref=ref, seed=seed, second_order=True)
+
+    check()
+
+
+def test_complex_mv_and_vector_matmul_gradients():
+    """``mv`` and ``x @ v`` / ``v @ x.mT`` with a dense complex vector: gradients as dense."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, 3, generator=g, dtype=torch.complex128) for n in (2, 0, 4)]
+    v = torch.randn(3, generator=g, dtype=torch.complex128)
+    complex_grad_check(torch.mv, R(xs, (1,)), v, second_order=True)
+    complex_grad_check(lambda x, v: x @ v, R(xs, (1,)), v, second_order=True)
+    complex_grad_check(lambda x, v: v @ x.mT, R(xs, (1,)), v, ref=lambda x, v: v @ x.mT, second_order=True)
+
+
+def test_matmul_over_a_zero_sized_inner_dim_backward():
+    """``(B, j0, 0) @ (0, D)``: zeros, and zero gradients of the right shapes (dense torch's)."""
+    comps = [torch.zeros(n, 0, dtype=torch.float64) for n in (2, 0, 1)]
+    w = torch.zeros(0, 4, dtype=torch.float64)
+    per_sample_check(lambda x, w: x @ w, R(comps, (1,)), w, ref=lambda x, w: x @ w)

@@ -12,7 +12,7 @@ from hypothesis import given
 import torch_multijagged as mj
 from torch_multijagged.kernels import pair_mm as kpm
 
-from _reference import few, seeds
+from _reference import R, complex_grad_check, few, seeds
 from _structures import comps_for, lengths
 
 # equation on (B, j0, j0, C) pairs → the per-sample equation
@@ -193,6 +193,40 @@ def test_second_order_gradients_gradgradcheck():
         a = mj.from_packed(va, off, sizes, (1, 2))
         b = mj.from_packed(vb, off, sizes, (1, 2))
         return torch.einsum("...kic,...kjc->...ijc", a, b).values()
+
+    assert torch.autograd.gradcheck(f, (va, vb))
+    assert torch.autograd.gradgradcheck(f, (va, vb))
+
+
+@pytest.mark.parametrize("eq", EQUATIONS[:3] + ["matmul", "matmul mT", "mT matmul mT"])
+def test_complex_pairs_gradients_are_dense_torchs(eq):
+    """complex128 pairs: the gradients are ``dC Y'ᴴ`` and ``X'ᴴ dC`` (dense torch's conjugate
+    Wirtinger derivative), to second order, a zero-length sample included; and gradcheck /
+    gradgradcheck of the complex packed values (``X' = Xᵀ`` forms too)."""
+    ns = (2, 0, 3)
+    g = torch.Generator().manual_seed(0)
+    za, zb = ([torch.randn(n, n, 2, generator=g, dtype=torch.complex128) for n in ns] for _ in range(2))
+    if eq.startswith(("matmul", "mT")):
+        za, zb = [z[..., 0] for z in za], [z[..., 1] for z in zb]
+        ta, tb = eq.startswith("mT"), eq.endswith("mT")
+
+        def fn(a, b):
+            return (a.mT if ta else a) @ (b.mT if tb else b)
+
+        ref = fn
+    else:
+        def fn(a, b):
+            return torch.einsum(eq, a, b)
+
+        def ref(a, b):
+            return torch.einsum(_sample_eq(eq), a, b)
+    complex_grad_check(fn, R(za, (1, 2)), R(zb, (1, 2)), ref=ref, second_order=True)
+    n, off = _offsets(ns)
+    sizes = torch.tensor([[k, k] for k in ns])
+    va, vb = (torch.cat([z.reshape(-1, *z.shape[2:]) for z in zs]).requires_grad_() for zs in (za, zb))
+
+    def f(va, vb):
+        return fn(mj.from_packed(va, off, sizes, (1, 2)), mj.from_packed(vb, off, sizes, (1, 2))).values()
 
     assert torch.autograd.gradcheck(f, (va, vb))
     assert torch.autograd.gradgradcheck(f, (va, vb))

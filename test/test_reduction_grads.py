@@ -13,7 +13,7 @@ from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
 
-from _reference import LAYOUTS, LAYOUTS3, R, components, few, per_sample_check, seeds, structures
+from _reference import LAYOUTS, LAYOUTS3, R, complex_grad_check, components, few, per_sample_check, seeds, structures
 from _structures import empty_aware, packed_args
 
 D = torch.float64
@@ -333,6 +333,57 @@ def test_reduce_backward_dense_kernel_matches_autograd(kind):
         torch.testing.assert_close(got, expected)
 
     check()
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean", "prod", "logsumexp"])
+def test_reduce_backward_dense_kernel_matches_autograd_complex(kind):
+    """The dense kernel of ``multijagged::reduce_backward`` for complex128 values (zeros among
+    them): dense autograd's conjugate Wirtinger derivative, ``grad · conj(f'(x))``."""
+
+    @few(15)
+    @given(st.lists(st.integers(1, 3), min_size=1, max_size=3), seeds, st.data())
+    def check(shape, seed, data):
+        g = torch.Generator().manual_seed(seed)
+        re, im = (torch.randint(-1, 3, tuple(shape), generator=g).to(D) for _ in range(2))
+        x = torch.complex(re, im).requires_grad_()
+        dims = data.draw(st.none() | st.lists(st.integers(-len(shape), len(shape) - 1), min_size=1, max_size=len(shape), unique_by=lambda d: d % len(shape)))
+        keepdim = data.draw(st.booleans())
+        result = _dense_reduce(x, kind, dims, keepdim)
+        grad = torch.randn(result.shape, generator=g, dtype=x.dtype)
+        (expected,) = torch.autograd.grad(result, x, grad)
+        got = torch.ops.multijagged.reduce_backward(grad, x.detach(), result.detach(), kind, dims, keepdim)
+        torch.testing.assert_close(got, expected)
+
+    check()
+
+
+def _complex_comps(shapes, seed):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(s, generator=g, dtype=torch.complex128) for s in shapes]
+
+
+COMPLEX_REDUCTIONS = {
+    # name: (layout's component shapes, ragged dims, fn, ref, second order)
+    "prod static": ([(2, 3), (0, 3), (1, 3)], (1,), lambda x: x.prod(-1), lambda c: c.prod(-1), True),
+    "prod ragged": ([(2, 3), (0, 3), (1, 3)], (1,), lambda x: x.prod(1), lambda c: c.prod(0), True),
+    "prod ragged, pair": ([(2, 2, 2), (0, 0, 2), (3, 3, 2)], (1, 2), lambda x: x.prod(2), lambda c: c.prod(1), True),
+    "norm static": ([(2, 3), (0, 3), (1, 3)], (1,), lambda x: x.norm(dim=-1), lambda c: c.norm(dim=-1), False),
+    "norm ragged": ([(2, 3), (0, 3), (1, 3)], (1,), lambda x: torch.linalg.vector_norm(x, dim=1),
+                    lambda c: torch.linalg.vector_norm(c, dim=0), False),
+    "var ragged": ([(2, 3), (3, 3), (4, 3)], (1,), lambda x: x.var(1), lambda c: c.var(0), False),
+    "std static": ([(2, 3), (0, 3), (1, 3)], (1,), lambda x: x.std(-1, correction=0),
+                   lambda c: c.std(-1, correction=0), False),
+}
+
+
+@pytest.mark.parametrize("name", COMPLEX_REDUCTIONS)
+def test_complex_reductions_per_sample_with_gradients(name):
+    """prod (``multijagged::reduce_backward``'s conjugated local derivative, and its double
+    backward), and the real-valued norm / var / std of complex128 samples (squared magnitudes,
+    not squares): values and gradients as dense torch's per sample."""
+    shapes, rd, fn, ref, second = COMPLEX_REDUCTIONS[name]
+    for seed in range(3):
+        complex_grad_check(fn, R(_complex_comps(shapes, seed), rd), ref=ref, seed=seed, second_order=second)
 
 
 def test_reduce_backward_mean_golden():

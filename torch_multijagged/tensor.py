@@ -720,6 +720,16 @@ def _graph(grad: torch.Tensor) -> bool:
     return torch.is_grad_enabled() and grad.requires_grad
 
 
+def _resolved(values: torch.Tensor) -> torch.Tensor:
+    """``values`` without a lazy conjugate / negative bit, as a wrapper must hold them: handlers run
+    below the Conjugate and Negative dispatch keys, where pointwise ops ignore the bits (a complex
+    gradient crossing into a wrapper as ``grad.conj()``'s view would be read unconjugated). Dense
+    autograd's complex formulas make such views; real values never carry the bits (no copy)."""
+    if values.is_conj() or values.is_neg():
+        return values.resolve_conj().resolve_neg()
+    return values
+
+
 class _ValuesOf(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: MultiJaggedTensor):
@@ -736,6 +746,7 @@ class _ValuesOf(torch.autograd.Function):
             # backward formulas, which reshape in C++ and fail on a non-viewable wrapper with
             # nested-int sizes: materialise it.
             grad = grad.contiguous()
+        grad = _resolved(grad)
         if _graph(grad):
             return _WrapValues.apply(grad, ctx.partition, ctx.ragged_dims)
         return MultiJaggedTensor(grad, ctx.partition, ctx.ragged_dims)
@@ -749,7 +760,7 @@ class _WrapValues(torch.autograd.Function):
         # that require grad could not be read under autograd once an in-place op on the wrapper
         # wrote it ("a view was created in no_grad mode … modified inplace"); the wrapper's own
         # node carries the gradient, and ``detach`` keeps the storage and version counter.
-        return MultiJaggedTensor(values.detach(), partition, ragged_dims)
+        return MultiJaggedTensor(_resolved(values).detach(), partition, ragged_dims)
 
     @staticmethod
     def backward(ctx, grad: MultiJaggedTensor):

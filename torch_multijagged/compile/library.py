@@ -16,6 +16,7 @@ need per-row data the aten formula cannot express (``unbind`` → ``stack``). Th
 
 from __future__ import annotations
 
+import math
 from typing import Optional, Sequence
 
 import torch
@@ -42,10 +43,22 @@ def _linear_dense(x, weight, bias=None):
     return F.linear(x, weight, bias)
 
 
+def _conj(t):
+    """``conj(t)`` materialized (NOTE [ Complex gradients ]); a real tensor as it is, for free."""
+    return torch.conj_physical(t) if t.is_complex() else t
+
+
+def _rows(t):
+    """``t`` as a matrix of its last dim's rows; ``reshape(-1, 0)`` cannot infer the row count of
+    an empty tensor whose last dim is 0 (a contraction over a zero-sized dim), this can."""
+    return t.reshape(math.prod(t.shape[:-1]), t.shape[-1])
+
+
 def _linear_param_grads_dense(grad, x, weight, bias):
-    """(grad_weight, grad_bias) over all leading dims; an empty tensor for the one not asked for."""
-    g2 = grad.reshape(-1, grad.shape[-1])
-    gw = g2.t().mm(x.reshape(-1, x.shape[-1])) if weight else g2.new_empty(0)
+    """(grad_weight, grad_bias) over all leading dims; an empty tensor for the one not asked for.
+    grad_weight is gradᵀ·conj(x) (NOTE [ Complex gradients ])."""
+    g2 = _rows(grad)
+    gw = g2.t().mm(_conj(_rows(x))) if weight else g2.new_empty(0)
     return gw, g2.sum(0) if bias else g2.new_empty(0)
 
 
@@ -99,7 +112,7 @@ def _reduce_backward_dense(grad, x, result, kind, dim=None, keepdim=False):
             n *= x.shape[d]
         return (grad / n).expand_as(x).clone()
     if kind == "logsumexp":
-        return grad * (x - result).exp()
+        return grad * _conj((x - result).exp())
     if kind in ("amax", "amin"):
         hit = (x == result).to(x.dtype)
         return grad * hit / hit.sum(dims, keepdim=True)
@@ -111,7 +124,7 @@ def _reduce_backward_dense(grad, x, result, kind, dim=None, keepdim=False):
         others = torch.where(
             zeros == 0, nonzero_prod / nonzero, torch.where((zeros == 1) & zero, nonzero_prod, torch.zeros_like(x))
         )
-        return grad * others
+        return grad * _conj(others)
     raise ValueError(f"reduce_backward(): expected kind in {REDUCTIONS}, got {kind!r}")
 
 
@@ -142,6 +155,21 @@ mj = torch.ops.multijagged
 # gradient back at all.
 
 
+# NOTE [ Complex gradients ]
+#
+# For complex tensors torch's autograd propagates the conjugate Wirtinger derivative: the
+# gradient of a holomorphic ``y = f(x)`` is ``grad · conj(f'(x))`` — ``grad @ Wᴴ`` and ``xᴴ @ grad``
+# for ``y = x @ W``, ``grad · conj(Π_{l≠k} x_l)`` for a product. Every hand-written formula here
+# (and in the handlers that compute them on packed values) therefore multiplies by the *conjugate*
+# of an input or saved value; without it the gradient of a complex input comes back conjugated,
+# a silently wrong answer since the forward is right. ``_conj`` materializes the conjugate
+# (``conj_physical``): a handler runs below the Conjugate dispatch key, where a lazy ``conj()``
+# view's bit is ignored by pointwise ops (``g * x.conj()`` would read x unconjugated); for real
+# dtypes it returns the tensor itself (no copy, no kernel). A formula that differentiates such a backward again
+# conjugates in turn: the adjoint of ``g ↦ g · conj(a)`` is ``gg ↦ gg · a``, and of
+# ``x ↦ g · conj(h(x))`` (h holomorphic) it is ``gg ↦ conj(gg) · g · conj(h'(x))``.
+
+
 def _no_zero_fill(ctx) -> None:
     ctx.set_materialize_grads(False)
 
@@ -157,7 +185,8 @@ def _linear_backward(ctx, grad):
     if grad is None:
         return None, None, None
     x, weight = ctx.saved_tensors
-    gx = mj.linear(grad, weight.t().contiguous(), None) if ctx.needs_input_grad[0] else None
+    # grad @ conj(weight) (NOTE [ Complex gradients ]): linear(grad, wᴴ)
+    gx = mj.linear(grad, _conj(weight.t()).contiguous(), None) if ctx.needs_input_grad[0] else None
     need_w = ctx.needs_input_grad[1]
     need_b = ctx.has_bias and ctx.needs_input_grad[2]
     gw = gb = None
@@ -297,25 +326,29 @@ def _reduce_backward_backward(ctx, gg):
         # the local derivative depends on x (differentiably) for logsumexp and prod only
         lx, lr = (x, result) if kind in ("logsumexp", "prod") else (x.detach(), result.detach())
         local = mj.reduce_backward(torch.ones_like(grad), lx, lr, kind, dim, keepdim)
+    # local is the conjugate of the local derivative for a complex x (NOTE [ Complex gradients ]),
+    # and gi = gather(grad) · conj(local derivative) is antiholomorphic in x: conj(gg) below
     if need_grad:
-        d_grad = mj.reduce(gg * local, "sum", dim, keepdim)
+        d_grad = mj.reduce(gg * _conj(local), "sum", dim, keepdim)
     if kind == "logsumexp":
         if need_x:
-            d_x = gg * gi
+            d_x = _conj(gg) * gi
         if need_result:
-            d_result = -mj.reduce(gg * gi, "sum", dim, keepdim)
+            d_result = -mj.reduce(_conj(gg) * gi, "sum", dim, keepdim)
     elif kind == "prod" and need_x:
         d_x = _prod_double_backward(gg, grad, x, result, local, dim, keepdim)
     return d_grad, d_x, d_result, None, None, None
 
 
 def _prod_double_backward(gg, grad, x, result, others, dim, keepdim):
-    """d/dx_k of Σ_j gg_j · g · Π_{l≠j} x_l  =  g · Σ_{j≠k} gg_j · Π_{l≠j,k} x_l.
+    """d/dx_k of Σ_j gg_j · g · Π_{l≠j} x_l  =  g · Σ_{j≠k} gg_j · Π_{l≠j,k} x_l (real x).
 
     Without zeros in the segment this is g · (S − gg_k · others_k) / x_k with
     S = Σ_j gg_j · others_j; with a zero the division is undefined and the exact form needs the
     segment's zero count, which this formula does not carry: raise rather than return a wrong
-    number."""
+    number. For a complex x, ``others`` holds conj(Π_{l≠k} x_l) and the first backward is
+    antiholomorphic in x, so gg and x enter conjugated (NOTE [ Complex gradients ]):
+    g · Σ_{j≠k} conj(gg_j) · conj(Π_{l≠j,k} x_l)."""
     # SYNC: one host read, on the double-backward path only, to refuse what this formula
     # cannot compute exactly.
     if bool((x == 0).any()):
@@ -323,9 +356,10 @@ def _prod_double_backward(gg, grad, x, result, others, dim, keepdim):
             "prod(): double backward w.r.t. the input is not supported for layout torch.multi_jagged "
             "when the reduced elements contain zeros"
         )
+    gg, xc = _conj(gg), _conj(x)
     s = mj.reduce_backward(mj.reduce(gg * others, "sum", dim, keepdim), x, result, "sum", dim, keepdim)
     g = mj.reduce_backward(grad, x, result, "sum", dim, keepdim)
-    return g * (s - gg * others) / x
+    return g * (s - gg * others) / xc
 
 
 torch.library.register_autograd(
@@ -341,7 +375,8 @@ def _linear_param_grads_setup(ctx, inputs, output):
 
 
 def _linear_param_grads_backward(ctx, ggw, ggb):
-    """gw = gradᵀ·x and gb = Σ grad over rows: d/dgrad = x·ggwᵀ + ggb, d/dx = grad·ggw."""
+    """gw = gradᵀ·conj(x) and gb = Σ grad over rows: d/dgrad = x·ggwᵀ + ggb, d/dx = grad·conj(ggw)
+    (antiholomorphic in x: NOTE [ Complex gradients ])."""
     grad, x = ctx.saved_tensors
     weight, bias = ctx.flags
     ggw = ggw if weight else None  # the output not asked for is an empty placeholder
@@ -353,7 +388,7 @@ def _linear_param_grads_backward(ctx, ggw, ggb):
         elif ggb is not None:
             d_grad = torch.zeros_like(grad) + ggb
     if ctx.needs_input_grad[1] and ggw is not None:
-        d_x = mj.linear(grad, ggw.t().contiguous(), None)
+        d_x = mj.linear(grad, _conj(ggw.t()).contiguous(), None)
     return d_grad, d_x, None, None
 
 

@@ -15,10 +15,11 @@ Two levels, as the other structural ops:
   with the rule of ``kernel_choice.use_triton``. Both are opaque to ``torch.compile`` (fake
   impls give the shape), so the CPU path may plan its groups from host lengths.
 
-Gradients of ``C = X' Y'``: ``dX' = dC Y'ᵀ`` and ``dY' = X'ᵀ dC``, i.e.
+Gradients of ``C = X' Y'``: ``dX' = dC Y'ᴴ`` and ``dY' = X'ᴴ dC`` (``ᵀ`` for real dtypes; NOTE
+[ Complex gradients ] in ``library.py``), i.e. with ``Ȳ = conj(Y)``, ``X̄ = conj(X)``
 
-    dX = pair_matmul(dC, Y, False, not ty)   if not tx   else   pair_matmul(Y, dC, ty, True)
-    dY = pair_matmul(X, dC, not tx, False)   if not ty   else   pair_matmul(dC, X, True, tx)
+    dX = pair_matmul(dC, Ȳ, False, not ty)   if not tx   else   pair_matmul(Ȳ, dC, ty, True)
+    dY = pair_matmul(X̄, dC, not tx, False)   if not ty   else   pair_matmul(dC, X̄, True, tx)
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from torch import Tensor
 
 from ..kernels import pair_mm as kpm
 from .kernel_choice import use_triton
-from .library import LIB, _no_zero_fill
+from .library import LIB, _conj, _no_zero_fill
 
 __all__ = ["pair_matmul_values"]
 
@@ -85,8 +86,10 @@ def _grads(mm, grad, x, y, tx, ty, need_x, need_y):
     """(dX, dY) of ``C = X' Y'``, with ``mm(a, b, ta, tb)`` the product (the module docstring)."""
     dx = dy = None
     if need_x:
+        y = _conj(y)
         dx = mm(grad, y, False, not ty) if not tx else mm(y, grad, ty, True)
     if need_y:
+        x = _conj(x)
         dy = mm(x, grad, not tx, False) if not ty else mm(grad, x, True, tx)
     return dx, dy
 

@@ -345,7 +345,9 @@ def reduce_default(func, x, kind, dim, keepdim):
 )
 def reduce_backward_default(func, grad, x, result, kind, dim, keepdim):
     """Gradient of ``reduce`` w.r.t. x, on packed values: the output gradient gathered back to
-    x's rows (K layout in between), times the kind's local derivative."""
+    x's rows (K layout in between), times the kind's local derivative — conjugated for a complex
+    x, and materialized (``conj_physical``: a lazy ``conj()`` bit is ignored below the Conjugate
+    dispatch key, where handlers run; NOTE [ Complex gradients ] in compile/library.py)."""
     plan = _Plan(func, x, dim)
     v = x._values
     k = _from_output(plan, x, grad, keepdim)
@@ -355,13 +357,13 @@ def reduce_backward_default(func, grad, x, result, kind, dim, keepdim):
     if kind in ("sum", "mean"):
         gi = g if g.shape == v.shape else g.expand_as(v)
     elif kind == "logsumexp":
-        gi = g * (v - _to_rows(plan, _from_output(plan, x, result, keepdim))).exp()
+        gi = g * torch.conj_physical((v - _to_rows(plan, _from_output(plan, x, result, keepdim))).exp())
     elif kind in ("amax", "amin"):
         # Ties share the gradient evenly, as for dense amax/amin.
         hit = (v == _to_rows(plan, _from_output(plan, x, result, keepdim))).to(v.dtype)
         gi = g * hit / _to_rows(plan, _forward_k(plan, x, hit, "sum"))
     elif kind == "prod":
-        gi = g * _prod_others(plan, x, v)
+        gi = g * torch.conj_physical(_prod_others(plan, x, v))
     else:
         raise ValueError(f"reduce_backward(): expected kind in {_KINDS}, got {kind!r}")
     return wrap(gi if gi.is_contiguous() else gi.contiguous(), x._partition, x._ragged_dims)

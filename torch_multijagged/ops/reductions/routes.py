@@ -37,6 +37,12 @@ def _touches_ragged(input, dim) -> list[int] | None:
     return None
 
 
+def _abs_square(t):
+    """``|t|²``, real: ``t * t`` is not for a complex t (dense var / norm are real and sum the
+    squared magnitudes); its gradient ``2t`` is conj(2t)'s conjugate, as dense's."""
+    return (t * t.conj()).real if t.is_complex() else t * t
+
+
 def _reduce(input, kind, dims, keepdim):
     return _call(mj.reduce.default, input, kind, dims, keepdim)
 
@@ -169,13 +175,14 @@ def _var_std(sqrt: bool):
         # a dense tensor to nested-int sizes (NOTE [ Double backward ] in compile/library.py).
         mean = _reduce(input, "mean", d, True)
         centred = input - _call(mj.reduce_backward.default, mean, input.detach(), mean.detach(), "sum", d, True)
-        denom = _reduce(torch.ones_like(input).detach(), "sum", d, keepdim) - correction
+        real = torch.empty((), dtype=input.dtype).real.dtype  # var / std of complex values are real
+        denom = _reduce(torch.ones_like(input, dtype=real).detach(), "sum", d, keepdim) - correction
         ok = denom > 0
         # Where n - correction <= 0 the result is Σ/0 (inf, nan for no spread), as dense torch gives, and so
         # is its gradient: nan whenever the backward runs, 0 when the result is never used (dense
         # torch then never runs its backward). A plain division would put 0/0 into every sample's
         # gradient.
-        total = _reduce(centred * centred, "sum", d, keepdim)
+        total = _reduce(_abs_square(centred), "sum", d, keepdim)
         var = torch.where(ok, total / torch.where(ok, denom, torch.ones_like(denom)), _NanWhere.apply(total, ~ok))
         if not sqrt:
             return var
@@ -223,7 +230,7 @@ def _vector_norm(input, ord=2, dim=None, keepdim=False, *, dtype=None):
     if ord == 1:
         return _reduce(a, "sum", d, keepdim)
     if ord == 2:
-        return _safe_root(_reduce(input * input, "sum", d, keepdim))
+        return _safe_root(_reduce(_abs_square(input), "sum", d, keepdim))
     if ord < 0:
         return _reduce(_abs_pow(a, ord), "sum", d, keepdim).pow(1.0 / ord)  # Σ = 0 (empty) → inf
     return _safe_root(_reduce(_abs_pow(a, ord), "sum", d, keepdim), ord)
