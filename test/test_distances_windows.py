@@ -57,6 +57,15 @@ def test_cosine_similarity_over_static_and_ragged_dims(s, seed, dim):
                      dense_out=dim == 1 and s.ragged_dims == (1,))  # the only ragged dim reduced
 
 
+@pytest.mark.parametrize("dtype", [torch.complex128, torch.int64])
+def test_cosine_similarity_refuses_complex_and_integers_as_dense(dtype):
+    comps = [torch.ones(2, 3, dtype=dtype), torch.ones(0, 3, dtype=dtype)]
+    with pytest.raises(RuntimeError, match="floating point"):
+        F.cosine_similarity(comps[0], comps[0], dim=-1)
+    with pytest.raises(RuntimeError, match="floating point"):
+        F.cosine_similarity(mj.nested_tensor(comps), mj.nested_tensor(comps), dim=-1)
+
+
 def test_cosine_similarity_clamps_small_norms_as_dense():
     comps = [torch.zeros(2, 3, dtype=F64), torch.full((1, 3), 1e-10, dtype=F64)]
     x = mj.as_nested_tensor([c.clone().requires_grad_() for c in comps])

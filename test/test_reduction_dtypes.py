@@ -2,13 +2,17 @@
 ragged, mixed and all ragged dims, for every dtype, equals the dense op per sample — values
 *and dtype* (integer and bool sums and products accumulate in int64; ``any``/``all`` give bool,
 uint8 for uint8; ``logsumexp`` of integers gives the default float dtype; bool ``amax`` works).
-Also the norm of an empty extent (NOTE [ Norm of an empty extent ] in ops/reductions/routes.py).
+Also the norm of an empty extent (NOTE [ Norm of an empty extent ] in ops/reductions/routes.py),
+and complex and float16 / bfloat16 inputs of the norms and moments and of the ops built on them
+(``F.normalize``, ``F.cosine_similarity``): real norms of complex inputs, float32 accumulation of
+low-precision ones (NOTE [ Norms and moments in float32 ]), gradients included.
 """
 
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
@@ -69,7 +73,7 @@ def _highest(dt):
     return True if dt == torch.bool else (torch.finfo(dt) if dt.is_floating_point else torch.iinfo(dt)).max
 
 
-_FILL = {"lowest": _lowest, "highest": _highest, "zero": lambda dt: 0}
+_FILL = {"lowest": _lowest, "highest": _highest, "zero": lambda dt: 0, "inf": lambda dt: math.inf}
 
 
 def empty_rule(fn, rule, dims):
@@ -266,3 +270,156 @@ def test_sum_dtype_into_one_output_row_keeps_the_asked_dtype(dtype):
         for o, c in zip(out.unbind(), comps):
             torch.testing.assert_close(o, c.sum(d - 1, dtype=dtype))
         assert x.to(dtype).sum(d).dtype == (torch.int64 if not dtype.is_floating_point else dtype)
+
+
+# ----------------------------------------------------------------------------- complex and low-precision inputs
+def _check_with_grads(fn, ref, comps, ragged_dims, seed, dense: bool, tol: float, grad_ref=None):
+    """``fn`` on a batch of ``comps`` against ``ref`` per component: values and dtype, and the
+    gradient of every component (complex ones too, which ``build`` leaves without: the real loss
+    ``Σ re(out · cotangent)`` pulled back through both sides). ``grad_ref``: the reference the
+    gradients are taken from (default ``ref``), cast to the components' dtype."""
+    leaves = [c.detach().clone().requires_grad_() for c in comps]
+    out = fn(mj.as_nested_tensor(leaves, ragged_dims=ragged_dims))
+    assert isinstance(out, mj.MultiJaggedTensor) != dense, f"expected a {'dense' if dense else 'multi_jagged'} result"
+    got = list(out.unbind(0)) if dense else list(out.unbind())
+    for i, (o, c) in enumerate(zip(got, comps)):
+        e = ref(c)
+        assert o.dtype == e.dtype, f"sample {i}: dtype {o.dtype} != {e.dtype}"
+        torch.testing.assert_close(o, e, rtol=tol, atol=tol, equal_nan=True, msg=lambda m: f"sample {i}: {m}")
+    gref = grad_ref or ref
+    refs = [c.detach().clone().requires_grad_() for c in comps]
+    want = [gref(c) for c in refs]
+    gen = torch.Generator().manual_seed(seed)
+    cots = [torch.randn(w.shape, generator=gen, dtype=w.dtype) for w in want]
+    def pulled(outs, cotangents, inputs):  # None where nothing reaches (the empty extents' norms of a reference)
+        loss = sum(torch.real(o * c.to(o.dtype)).sum() for o, c in zip(outs, cotangents))
+        return torch.autograd.grad(loss, inputs, allow_unused=True) if loss.requires_grad else [None] * len(inputs)
+
+    g_mj, g_ref = pulled(got, cots, leaves), pulled(want, cots, refs)
+    for i, (gm, gr, c) in enumerate(zip(g_mj, g_ref, comps)):
+        gm = torch.zeros_like(c) if gm is None else gm
+        gr = torch.zeros_like(c) if gr is None else gr.to(c.dtype)
+        torch.testing.assert_close(gm, gr, rtol=tol, atol=tol, equal_nan=True, msg=lambda m: f"grad of sample {i}: {m}")
+
+
+def _with_zeros(c: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """``c`` with about a fifth of its entries exactly 0 (norm derivatives at 0, ``ord=0``)."""
+    return torch.where(torch.rand(c.shape, generator=gen) < 0.2, torch.zeros((), dtype=c.dtype), c)
+
+
+# name -> (fn(t, dims, keepdim), dense reference, empty-extent rule, takes several dims ("pair": two)).
+# Dense torch refuses the ±inf and negative norms of an empty extent: NOTE [ Norm of an empty
+# extent ] gives 0 for inf and inf for -inf and ord < 0.
+COMPLEX_NORMS = {
+    **{f"vector_norm_{o}": ((lambda o: lambda t, d, k: torch.linalg.vector_norm(t, o, d, keepdim=k))(o), None,
+                            "inf" if o < 0 else "zero" if o == math.inf else None, True)
+       for o in (0, 1, 2, math.inf, -math.inf, 0.5, 3, -1, -0.5)},
+    "linalg.norm": (lambda t, d, k: torch.linalg.norm(t, None, d[0], keepdim=k), None, None, False),
+    "linalg.norm_pair": (lambda t, d, k: torch.linalg.norm(t, dim=d, keepdim=k), None, None, "pair"),
+    "linalg.norm_fro": (lambda t, d, k: torch.linalg.norm(t, "fro", d, keepdim=k), None, None, "pair"),
+    "Tensor.norm": (lambda t, d, k: t.norm(dim=d, keepdim=k), lambda t, d, k: torch.linalg.vector_norm(t, 2, d, keepdim=k), None, True),
+    "torch.norm_p2": (lambda t, d, k: torch.norm(t, p=2, dim=d, keepdim=k), lambda t, d, k: torch.linalg.vector_norm(t, 2, d, keepdim=k), None, True),
+    "var": (lambda t, d, k: t.var(d, keepdim=k), None, None, True),
+    "std_c0": (lambda t, d, k: torch.std(t, d, correction=0, keepdim=k), None, None, True),
+}
+
+
+def _dims_for(layout: str, multi) -> list:
+    return [d for d in DIMS[layout] if (len(d) == 2 if multi == "pair" else multi or len(d) == 1)]
+
+
+@pytest.mark.parametrize("layout", list(DIMS), ids=str)
+@pytest.mark.parametrize("name", list(COMPLEX_NORMS))
+def test_complex_norms_and_moments_are_real_per_sample(name, layout):
+    """Norms of complex inputs are real, of the magnitudes ``|x|`` (``x * x`` squares the phase
+    too), and so are ``var`` / ``std`` (``Σ |x - mean|²``), for every ord, over static, ragged and
+    several dims; values, real dtype and complex gradients equal dense per sample."""
+    fn, ref_fn, rule, multi = COMPLEX_NORMS[name]
+    ref_fn = ref_fn or fn
+    cells = _dims_for(layout, multi)
+    if not cells:
+        pytest.skip(f"no dims of {layout} for {name}")
+    dense_of = RAGGED[layout]
+
+    @few(4)
+    @given(structures(LAYOUT[layout], max_batch=3, max_len=3, dtypes=(torch.float64, torch.float32)), seeds,
+           st.sampled_from(cells), st.booleans())
+    def check(s, seed, dims, keepdim):
+        gen = torch.Generator().manual_seed(seed)
+        comps = [_with_zeros(torch.complex(c, torch.rand(c.shape, generator=gen, dtype=c.dtype) * 4 - 2), gen)
+                 for c in s.components(seed)]
+        ref = empty_rule(lambda c: ref_fn(c, dims, keepdim), rule, dims)
+        _check_with_grads(lambda t: fn(t, dims, keepdim), ref, comps, s.ragged_dims, seed, dense_of <= set(dims), _tol(s.dtype))
+
+    check()
+
+
+def test_complex_norm_golden():
+    comps = [torch.tensor([[3 + 4j, 1j]]), torch.tensor([[1 + 0j, 2j], [0j, 1 + 1j]])]
+    x = mj.nested_tensor(comps)
+    out = torch.linalg.vector_norm(x, dim=-1)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.unbind()[0], torch.tensor([math.sqrt(26)]))  # = √(|3+4i|² + |i|²)
+    torch.testing.assert_close(torch.linalg.vector_norm(x, dim=1), torch.tensor([[5.0, 1.0], [1.0, math.sqrt(6)]]))
+    # = Σ|x - mean|² / n per column: sample 1's (1, 0) about 0.5 and (2i, 1 + i) about 0.5 + 1.5i
+    torch.testing.assert_close(x.var(1, correction=0), torch.tensor([[0.0, 0.0], [0.25, 0.5]]))
+    with pytest.raises(RuntimeError, match="dtype should be complex"):
+        torch.linalg.vector_norm(x, dim=-1, dtype=torch.float64)  # as dense torch (it would drop the imaginary part)
+    assert torch.linalg.vector_norm(x, dim=-1, dtype=torch.complex128).dtype == torch.float64
+
+
+# name -> (fn(t, dims, keepdim), takes several dims, reduces)
+LOW_PRECISION = {
+    **{f"vector_norm_{o}": ((lambda o: lambda t, d, k: torch.linalg.vector_norm(t, o, d, keepdim=k))(o), True, True)
+       for o in (2, 3, 0.5, 1)},
+    "Tensor.norm": (lambda t, d, k: t.norm(2, d, keepdim=k), True, True),  # p="fro" over 3 dims: a matrix norm
+    "var": (lambda t, d, k: t.var(d, keepdim=k), True, True),
+    "std": (lambda t, d, k: torch.std(t, d, keepdim=k), True, True),
+    "var_c0": (lambda t, d, k: torch.var(t, d, correction=0, keepdim=k), True, True),
+    "var_mean.var": (lambda t, d, k: torch.var_mean(t, d, keepdim=k)[0], True, True),
+    "var_mean.mean": (lambda t, d, k: torch.var_mean(t, d, keepdim=k)[1], True, True),
+    "std_mean.std": (lambda t, d, k: torch.std_mean(t, d, correction=0, keepdim=k)[0], True, True),
+    "normalize": (lambda t, d, k: F.normalize(t, dim=d), True, False),
+    "normalize_p3": (lambda t, d, k: F.normalize(t, 3.0, d[0]), False, False),
+    "cosine_similarity": (lambda t, d, k: F.cosine_similarity(t, t.abs() + 1, d[0]), False, True),
+}
+
+# (low, high) of the values: float16 squares overflow (a sum of two squares of 200s is past
+# 65504); bfloat16 values near 200 are one apart, so a mean rounded to bfloat16 ruins the spread
+_RANGE = {torch.float16: (150.0, 300.0), torch.bfloat16: (198.0, 203.0)}
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("layout", ["seq", "square", "cube"], ids=str)
+@pytest.mark.parametrize("name", list(LOW_PRECISION))
+def test_low_precision_norms_and_moments_accumulate_in_float32(name, layout, dtype):
+    """float16 / bfloat16 norms, moments, ``F.normalize`` and ``F.cosine_similarity`` compute in
+    float32 and round once, as dense torch (its opmath type): values and dtype equal dense per
+    sample within half-precision tolerance where every intermediate rounded to the input's dtype
+    overflows (float16) or loses the spread (bfloat16). Gradients are compared with dense torch
+    on float32 copies: dense's own half backward rounds ``x - mean`` to the half dtype."""
+    fn, multi, reduces = LOW_PRECISION[name]
+    cells = [d for d in DIMS[layout] if multi or len(d) == 1]
+
+    @few(4)
+    @given(structures(LAYOUT[layout], max_batch=3, max_len=3, dtypes=(dtype,)), seeds,
+           st.sampled_from(cells), st.booleans())
+    def check(s, seed, dims, keepdim):
+        low, high = _RANGE[s.dtype]
+        comps = [c * torch.where(torch.rand(c.shape, generator=torch.Generator().manual_seed(seed)) < 0.3, -1.0, 1.0).to(s.dtype)
+                 if s.dtype == torch.float16 else c for c in s.components(seed, low=low, high=high, ties=True)]
+        _check_with_grads(lambda t: fn(t, dims, keepdim), lambda c: fn(c, dims, keepdim), comps, s.ragged_dims, seed,
+                          reduces and RAGGED[layout] <= set(dims), _tol(s.dtype),
+                          grad_ref=lambda c: fn(c.float(), dims, keepdim))
+
+    check()
+
+
+def test_low_precision_golden():
+    x = mj.nested_tensor([torch.full((2, 3), 200.0, dtype=torch.float16)])
+    assert x.norm(dim=-1).dtype == torch.float16
+    assert x.norm(dim=-1).unbind()[0].tolist() == [346.5, 346.5]  # = 200·√3 in float16 (Σx² = 120000 > 65504)
+    torch.testing.assert_close(F.normalize(x, dim=-1).unbind()[0], torch.full((2, 3), 0.5771, dtype=torch.float16))
+    torch.testing.assert_close(F.cosine_similarity(x, x, 1), torch.full((1, 3), 1.0, dtype=torch.float16), rtol=2e-3, atol=2e-3)
+    b = mj.nested_tensor([torch.tensor([[200.0, 201.0]], dtype=torch.bfloat16)])
+    assert b.var(-1).unbind()[0].tolist() == [0.5]  # = ((−0.5)² + 0.5²) / 1 (a bfloat16 mean 200.5 rounds to 200)

@@ -66,6 +66,9 @@ def _cosine_similarity(x1, x2, dim=1, eps=1e-8):
     at ``eps`` without a gradient through the clamp, then the product summed over ``dim``."""
     if not _involved(x1, x2):
         return NotImplemented
+    common = torch.promote_types(x1.dtype, x2.dtype)
+    if not common.is_floating_point:  # as dense torch: a complex pair would give a complex "similarity"
+        raise RuntimeError(f"expected common dtype to be floating point, yet common dtype is {str(common).replace('torch.', '')}")
 
     def unit(t):
         n = torch.linalg.vector_norm(t, 2, dim, keepdim=True)

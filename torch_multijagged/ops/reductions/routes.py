@@ -164,6 +164,9 @@ def _var_std(sqrt: bool):
                 return NotImplemented
         if not (input.dtype.is_floating_point or input.dtype.is_complex):
             raise RuntimeError(f"{'std' if sqrt else 'var'}(): std and var only support floating point and complex dtypes")
+        low = _low_precision(input)  # NOTE [ Norms and moments in float32 ]
+        if low is not None:
+            return routed(input.float(), dim, correction=correction, keepdim=keepdim, unbiased=unbiased).to(low)
         # Static dims too: aten's var/std have no handler, and this composite of routed ops is
         # correct over any dims (its gradient needs no formula of its own).
         dims = _reduced_dims(input, dim)
@@ -213,7 +216,17 @@ def _vector_norm(input, ord=2, dim=None, keepdim=False, *, dtype=None):
         raise RuntimeError(f"linalg.vector_norm: Expected a floating point or complex tensor as input. Got {got}")
     dims = _reduced_dims(input, dim)
     if dtype is not None:
+        if input.dtype.is_complex and not dtype.is_complex:
+            raise RuntimeError(f"linalg.vector_norm: dtype should be complex for complex inputs, but got {_name(dtype)}")
+        if torch.promote_types(input.dtype, dtype) != dtype:
+            raise RuntimeError(
+                f"linalg.vector_norm: the dtype of the input ({_name(input.dtype)}) should be convertible without "
+                f"narrowing to the specified dtype ({_name(dtype)})"
+            )
         input = input.to(dtype)
+    low = _low_precision(input)
+    if low is not None:
+        return _vector_norm(input.float(), ord, dim, keepdim).to(low)
     d = None if dim is None else dims
     a = input.abs()
     if ord == float("inf"):
@@ -234,6 +247,26 @@ def _vector_norm(input, ord=2, dim=None, keepdim=False, *, dtype=None):
     if ord < 0:
         return _reduce(_abs_pow(a, ord), "sum", d, keepdim).pow(1.0 / ord)  # Σ = 0 (empty) → inf
     return _safe_root(_reduce(_abs_pow(a, ord), "sum", d, keepdim), ord)
+
+
+def _name(dtype: torch.dtype) -> str:
+    """``Float`` for ``torch.float32``: how dense torch's messages spell a dtype."""
+    spelt = {torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float", torch.float64: "Double",
+             torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}
+    return spelt.get(dtype, str(dtype).replace("torch.", "").capitalize())
+
+
+def _low_precision(input) -> torch.dtype | None:
+    """``input``'s dtype where it is float16 / bfloat16, else None.
+
+    NOTE [ Norms and moments in float32 ]: dense torch computes the norms and ``var`` / ``std`` of
+    float16 / bfloat16 in float32 (its opmath type) and rounds the result once. These routes are
+    composites of several routed ops (squares, sums, a mean subtracted, a root), and each
+    rounding back to the low dtype in between overflows (a sum of squares of 200s) or loses the
+    value (``200.5`` is not a bfloat16, so a centred ``[200, 201]`` is ``[0, 1]``). So a low
+    precision input is cast to float32, the whole composite runs there, and the result is cast
+    back; float32 / float64 take no cast."""
+    return input.dtype if input.dtype in (torch.float16, torch.bfloat16) else None
 
 
 def _abs_pow(a, p):
