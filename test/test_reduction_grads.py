@@ -391,3 +391,30 @@ def test_reduce_backward_mean_golden():
     r = x.mean(1)
     got = torch.ops.multijagged.reduce_backward(torch.tensor([3.0, 6.0]), x, r, "mean", [1], False)
     assert got.tolist() == [[1.0, 1.0, 1.0], [2.0, 2.0, 2.0]]  # = grad / n, n = 3
+
+
+@pytest.mark.parametrize("case", ["tokens mean", "tokens sum", "pair rows", "image mean", "channels"])
+def test_centring_in_place_after_a_ragged_reduction(case):
+    """``y -= y.mean(1, keepdim=True)`` on a result whose sum saved nothing: dense torch's sum and
+    mean save no input, so the write is allowed and the gradient is the centred function's. The
+    segment sum saved the values (``index_add``'s backward keeps its source), and the backward
+    raised "modified by an inplace operation"."""
+    shapes, ragged, dim = {
+        "tokens mean": ([(3, 4), (0, 4), (2, 4)], (1,), 1),
+        "tokens sum": ([(3, 4), (0, 4), (2, 4)], (1,), 1),
+        "pair rows": ([(3, 3, 2), (0, 0, 2), (2, 2, 2)], (1, 2), 2),
+        "image mean": ([(2, 3, 4), (2, 0, 0), (2, 2, 1)], (2, 3), (2, 3)),
+        "channels": ([(2, 3), (2, 0), (2, 5)], (2,), 2),
+    }[case]
+    stat = (lambda t, d: t.sum(d, keepdim=True)) if case == "tokens sum" else (lambda t, d: t.mean(d, keepdim=True))
+
+    def centred(t, d):
+        y = t * t  # saves t, not y
+        y -= stat(y, d)
+        return y
+
+    def sample_dim(d):
+        return tuple(k - 1 for k in d) if isinstance(d, tuple) else d - 1
+
+    per_sample_check(lambda x: centred(x, dim), R(components(shapes, 3), ragged),
+                     ref=lambda c: centred(c, sample_dim(dim)))
