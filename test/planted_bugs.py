@@ -731,6 +731,9 @@ BUGS = [
     Bug("the segment sum saves its values (index_add's backward)", "kernels/reference.py",
         "        if values.requires_grad and not torch.compiler.is_compiling():", "        if False:",
         ("test_reduction_grads.py",)),
+    Bug("the canvas plan is cached without the static spatial sizes", "ops/vision/conv.py",
+        "    key = (\"canvas\", nspatial, tuple(windows), x._ragged_dims, static)",
+        "    key = (\"canvas\", nspatial, tuple(windows), x._ragged_dims)", ("test_spatial.py",)),
 ]
 
 

@@ -527,6 +527,24 @@ def test_unfold_of_a_ragged_height_and_a_static_width(kw, width):
     assert out.dim() == 3
 
 
+def test_a_static_width_of_its_own_gets_a_canvas_of_its_own():
+    """``x`` and ``x[..., :1]`` of a ragged height share the height's partition; a convolution or
+    ``unfold`` of each needs its own canvas (its width differs), where the second reused the
+    first's and failed (the canvas plan was cached on the partition without the static width)."""
+    comps = _images([(7, 3), (5, 3), (0, 3)], c=2)
+    w = torch.randn(4, 2, 3, 1, dtype=F64)
+    x = _batch(comps)
+    for width in (3, 1, 2):
+        conv = F.conv2d(x[..., :width], w, padding=(1, 0))
+        patches = F.unfold(x[..., :width], (3, 1), padding=(1, 0))
+        for i, t in enumerate(comps):
+            if not t.shape[1]:  # (dense refuses an empty image; ours gives an empty output)
+                assert conv.unbind()[i].numel() == 0 and patches.unbind()[i].numel() == 0
+                continue
+            torch.testing.assert_close(conv.unbind()[i], F.conv2d(t[..., :width], w, padding=(1, 0)))
+            torch.testing.assert_close(patches.unbind()[i], F.unfold(t[None, :, :, :width], (3, 1), padding=(1, 0))[0])
+
+
 def test_unfold_tokens_share_the_patch_conv_nested_int():
     """NaViT patchify two ways: ``unfold`` and ``conv2d(stride=p).flatten(2)`` give one token extent."""
     x = _batch(_images([(8, 12), (4, 8), (0, 4)], c=3))

@@ -205,7 +205,10 @@ _WHY = (
 def _plan(op: str, x: MJT, windows, nspatial: int):
     sizes = _sizes(x, nspatial)
     out_sizes = cv.output_sizes(op, sizes, windows)
-    key = ("canvas", nspatial, tuple(windows), x._ragged_dims)
+    # the static spatial sizes too: one partition serves every width of a static dim
+    # (``x`` and ``x[..., :1]`` of a ragged height), and each needs its own canvas
+    static = tuple(x._size[d] for d in range(2, 2 + nspatial) if d not in x._ragged_dims)
+    key = ("canvas", nspatial, tuple(windows), x._ragged_dims, static)
     plan = x._partition.derived(key, lambda p: cv.plan_canvas(sizes, windows, x._values.device))
     return sizes, out_sizes, plan
 
