@@ -251,3 +251,71 @@ def test_view_with_sizes_read_from_shape_is_one_graph(form):
         torch.testing.assert_close(g1.values(), g2.values())
     assert cc.frame_count == 1
     torch._dynamo.reset()
+
+
+# Constructors from dense tensors inside a compiled function (NOTE [ Constructors under
+# torch.compile ] in _frames.py): a model whose forward takes ``(padded, lengths)`` builds its
+# batch in the compiled region. Each case: its compiled inputs from the samples, and the batch.
+def _padded_inputs(samples, width=6):
+    # one padded width for every batch, as a data loader pads to a fixed length: a new width
+    # would recompile a dense graph once (automatic dynamic shapes), whatever the layout
+    padded = torch.stack([F.pad(s, (0, 0, 0, width - s.shape[0])) for s in samples]).requires_grad_()
+    return padded, torch.tensor([s.shape[0] for s in samples])
+
+
+def _packed_inputs(samples):
+    lengths = torch.tensor([s.shape[0] for s in samples])
+    return torch.cat(samples).requires_grad_(), torch.cat([lengths.new_zeros(1), lengths.cumsum(0)])
+
+
+_BUILD = {
+    "nested_tensor_from_jagged": (_packed_inputs, lambda v, o: mj.nested_tensor_from_jagged(v, o)),
+    "narrow": (_padded_inputs, lambda p, n: torch.nested.narrow(p, 1, 0, n, layout=mj.multi_jagged)),
+    "from_padded": (_padded_inputs, lambda p, n: mj.from_padded(p, n[:, None])),
+    "from_mask": (_padded_inputs, lambda p, n: mj.from_mask(p, torch.arange(p.shape[1]) < n[:, None])),
+}
+
+
+def _samples_of(kind, data, lengths):
+    """Each sample's rows of the compiled function's dense ``data`` input."""
+    if kind == "nested_tensor_from_jagged":
+        return list(data.split(lengths))
+    return [data[i, :n] for i, n in enumerate(lengths)]
+
+
+@pytest.mark.parametrize("kind, backend", [(k, "aot_eager") for k in _BUILD] + [("from_padded", "inductor")])
+def test_constructor_from_dense_inputs_inside_compiled_function(kind, backend):
+    """Building the batch from dense inputs inside the compiled function runs the constructor
+    eagerly (one graph break at the call) and compiles the rest: values and gradients w.r.t.
+    the dense input equal the dense computation per sample, and batches of new lengths (a
+    zero-length sample among them) reuse the compiled graphs."""
+    make, build = _BUILD[kind]
+    w = torch.randn(6, 5, dtype=torch.float64)
+
+    def f(data, sizes):
+        x = build(data, sizes)
+        return (torch.tanh(x @ w) * x.sum(-1, keepdim=True)).sum(1)
+
+    cc = CompileCounterWithBackend(backend)
+    cf = torch.compile(f, backend=cc)
+    frames = []
+    for lengths in ((3, 1, 4), (0, 5, 2), (4, 4, 1)):
+        samples = [torch.randn(n, 6, dtype=torch.float64) for n in lengths]
+        data, sizes = make(samples)
+        out = cf(data, sizes)
+        (g,) = torch.autograd.grad((out * out).sum(), data)
+        ref = torch.stack([(torch.tanh(s @ w) * s.sum(-1, keepdim=True)).sum(0) for s in _samples_of(kind, data, lengths)])
+        (g_ref,) = torch.autograd.grad((ref * ref).sum(), data)
+        assert out.dtype == torch.float64
+        torch.testing.assert_close(out, ref)
+        torch.testing.assert_close(g, g_ref)
+        frames.append(cc.frame_count)
+    assert frames[1:] == frames[:1] * 2, frames  # new lengths: no recompile
+
+
+@pytest.mark.parametrize("kind", list(_BUILD))
+def test_constructor_inside_fullgraph_names_itself_and_the_workaround(kind):
+    make, build = _BUILD[kind]
+    data, sizes = make([torch.randn(n, 6) for n in (3, 0, 2)])
+    with pytest.raises(Exception, match=rf"{kind}\(\).*build the batch outside the compiled function"):
+        torch.compile(build, backend="aot_eager", fullgraph=True)(data, sizes)

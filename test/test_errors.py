@@ -187,6 +187,35 @@ def test_out_variants_are_rejected():
         torch.sin(x, out=torch.zeros_like(x))
 
 
+OUT_CALLS = {  # routed ops and aten out= overloads without a handler: one clear error, naming the op
+    "sum": lambda x, o: torch.sum(x, 1, out=o),
+    "mean": lambda x, o: torch.mean(x, 1, out=o),
+    "amax": lambda x, o: torch.amax(x, 1, out=o),
+    "amin": lambda x, o: torch.amin(x, 1, out=o),
+    "logsumexp": lambda x, o: torch.logsumexp(x, 1, out=o),
+    "std": lambda x, o: torch.std(x, 1, out=o),
+    "var": lambda x, o: torch.var(x, 1, out=o),
+    "nansum": lambda x, o: torch.nansum(x, 1, out=o),
+    "nanmean": lambda x, o: torch.nanmean(x, 1, out=o),
+    "prod": lambda x, o: torch.prod(x, 1, out=o),
+    "diff": lambda x, o: torch.diff(x, dim=1, out=o),
+    "abs": lambda x, o: torch.abs(x, out=o),
+    "sgn": lambda x, o: torch.sgn(x, out=o),
+    "vector_norm": lambda x, o: torch.linalg.vector_norm(x, dim=1, out=o),
+    "max": lambda x, o: torch.max(x, 1, out=(o, o.long())),
+    "cumsum": lambda x, o: torch.cumsum(x, 1, out=o),
+    "sum dense out": lambda x, o: torch.sum(x, 1, out=torch.empty(0)),
+}
+
+
+@pytest.mark.parametrize("op", OUT_CALLS)
+def test_out_variants_of_routed_ops_are_rejected_clearly(op):
+    x = _seqs(2, 0, 1)
+    name = op.split()[0].replace("vector_norm", "linalg_vector_norm")
+    with pytest.raises(NotImplementedError, match=rf"^{name}\(\): out= variants are not supported for layout torch.multi_jagged"):
+        OUT_CALLS[op](x, x.detach().clone())
+
+
 BATCH_DIM = {
     "sum": lambda x: x.sum(0),
     "mean": lambda x: x.mean(0),

@@ -213,6 +213,10 @@ RECT_FUNCTIONS = {  # name: function of one (n, C) or (C, n) matrix
     "matrix_norm ord 1": lambda a: torch.linalg.matrix_norm(a, ord=1),
     "matrix_norm dims named": lambda a: torch.linalg.matrix_norm(a, dim=(-2, -1) if a.dim() == 2 else (1, 2)),
     "matrix_norm dims swapped": lambda a: torch.linalg.matrix_norm(a, ord=1, dim=(-1, -2) if a.dim() == 2 else (2, 1)),
+    # positional: keepdim after a positional dim stays keepdim
+    "matrix_norm positional": lambda a: torch.linalg.matrix_norm(a, "fro", (-2, -1), True),
+    "matrix_norm positional swapped": lambda a: torch.linalg.matrix_norm(a, 1, (-1, -2), True),
+    "matrix_norm positional no keepdim": lambda a: torch.linalg.matrix_norm(a, "fro", (-2, -1), False),
 }
 
 

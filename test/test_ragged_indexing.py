@@ -712,3 +712,95 @@ def test_constant_pad_with_a_zero_pair_for_the_batch_dim():
         torch.testing.assert_close(a, F.pad(c, [0, 0, 0, 1], value=2.0))
     with pytest.raises(NotImplementedError, match="batch dim"):
         F.pad(x, [0, 0, 0, 1, 1, 0])
+
+
+# ----------------------------------------------------------------------------- arguments as torch names them
+KEYWORD_CALLS = {  # name: (batched call, per-sample call), keywords as torch names them (NOTE [ Route arguments ])
+    "flip(dims=)": (lambda x: torch.flip(x, dims=(1,)), lambda c: torch.flip(c, dims=(0,))),
+    "x.flip(dims=)": (lambda x: x.flip(dims=[1, 2]), lambda c: c.flip(dims=[0, 1])),
+    "x.reshape(shape=)": (lambda x: x.reshape(shape=(x.shape[0], x.shape[1], 6)), lambda c: c.reshape(shape=(c.shape[0], 6))),
+    "torch.reshape(shape=)": (lambda x: torch.reshape(x, shape=(x.shape[0], x.shape[1], 6)), lambda c: c.reshape(c.shape[0], 6)),
+    "x.view(size=)": (lambda x: x.view(size=(x.shape[0], x.shape[1], 6)), lambda c: c.view(size=(c.shape[0], 6))),
+    "x.permute(dims=)": (lambda x: x.permute(dims=(0, 1, 3, 2)), lambda c: c.permute(dims=(0, 2, 1))),
+    "torch.tile(dims=)": (lambda x: torch.tile(x, dims=(1, 2)), lambda c: torch.tile(c, dims=(1, 2))),
+    "x.repeat(repeats=)": (lambda x: x.repeat(repeats=(1, 2, 1, 1)), lambda c: c.repeat(repeats=(2, 1, 1))),
+    "index_fill(value=)": (lambda x: torch.index_fill(x, 2, torch.tensor([1]), value=-1.0),
+                           lambda c: torch.index_fill(c, 1, torch.tensor([1]), value=-1.0)),
+    "x.index_fill(value=) ragged": (lambda x: x.index_fill(1, torch.tensor([0]), value=-1.0),
+                                    lambda c: c.index_fill(0, torch.tensor([0]), value=-1.0)),
+}
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.int64])
+@pytest.mark.parametrize("name", KEYWORD_CALLS)
+def test_routes_take_keywords_as_torch_names_them(name, dtype):
+    fn, ref = KEYWORD_CALLS[name]
+    g = torch.Generator().manual_seed(0)
+    lengths = (2, 0, 3) if "ragged" not in name else (2, 1, 3)  # index 0 along the ragged dim: in range
+    comps = [(torch.randn(n, 3, 2, generator=g, dtype=F64) * 10).to(dtype) for n in lengths]
+    check(fn, ref, comps, (1,))
+
+
+def test_route_keywords_given_twice_raise_as_dense():
+    x = mj.nested_tensor([torch.zeros(2, 3), torch.zeros(1, 3)])
+    with pytest.raises(TypeError, match="multiple values for argument 'dims'"):
+        x.flip(1, dims=(1,))
+    with pytest.raises(TypeError, match="multiple values for argument 'dims'"):
+        torch.zeros(2, 3).flip(1, dims=(1,))
+
+
+# ----------------------------------------------------------------------------- take_along_dim's indices wrap
+@pytest.mark.parametrize("dtype", [F64, torch.int64, torch.complex128])
+def test_take_along_dim_takes_indices_modulo_each_samples_size_as_dense(dtype):
+    """Dense ``take_along_dim`` takes indices modulo the size (``-1`` the last, ``n`` the first);
+    along a ragged dim each sample's own size; ``gather`` refuses them, as dense."""
+    g = torch.Generator().manual_seed(0)
+    comps = [(torch.randn(n, 3, generator=g, dtype=F64) * 10).to(dtype) for n in (2, 0, 3)]
+    along = [torch.tensor([[-1, 0, 3]]), torch.zeros(0, 3, dtype=torch.int64), torch.tensor([[-3, 5, -7], [2, -2, 0]])]
+    idx = mj.nested_tensor(along)
+    it = iter(along)
+    check(lambda x: torch.take_along_dim(x, idx, 1), lambda c: torch.take_along_dim(c, next(it), 0), comps, (1,))
+    static = [torch.tensor([[-1], [4]]), torch.zeros(0, 1, dtype=torch.int64), torch.tensor([[-3], [5], [0]])]
+    sidx = mj.nested_tensor(static)
+    it = iter(static)
+    check(lambda x: x.take_along_dim(sidx, 2), lambda c: c.take_along_dim(next(it), 1), comps, (1,))
+    dense = torch.tensor([[[-1, 2, -3]], [[0, 0, 0]], [[-2, 4, 1]]])  # (B, 1, C) along the ragged dim
+    nonempty = [c for c in comps if c.shape[0]] + [comps[0]]
+    dense2 = torch.stack([dense[0], dense[2], dense[0]])
+    it = iter(dense2)
+    check(lambda x: torch.take_along_dim(x, dense2, 1), lambda c: torch.take_along_dim(c, next(it), 0), nonempty, (1,))
+    with pytest.raises(RuntimeError, match="out of bounds.*sample 0"):
+        torch.gather(mj.nested_tensor(comps), 1, idx)
+
+
+def test_take_along_dim_of_an_empty_sample_with_indices_raises():
+    x = mj.nested_tensor([torch.zeros(2, 3), torch.zeros(0, 3)])
+    idx = mj.nested_tensor([torch.zeros(1, 3, dtype=torch.int64), torch.zeros(1, 3, dtype=torch.int64)])
+    with pytest.raises(RuntimeError, match="sample 1"):
+        torch.take_along_dim(x, idx, 1)
+
+
+# ----------------------------------------------------------------------------- diff of bool
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_diff_of_bool_along_a_ragged_dim_is_xor_as_dense(n):
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.rand(k, 2, generator=g) > 0.5 for k in (4, 0, 1, 3)]
+    check(lambda x: torch.diff(x, n=n, dim=1), lambda c: torch.diff(c, n=n, dim=0), comps, (1,))
+    check(lambda x: x.diff(n, 1, prepend=x), lambda c: c.diff(n, 0, prepend=c), comps, (1,))
+
+
+# ----------------------------------------------------------------------------- index_* into a dense self
+@pytest.mark.parametrize("call", [
+    lambda d, i, s: d.index_add(0, i, s),
+    lambda d, i, s: torch.index_copy(d, 0, i, s),
+    lambda d, i, s: d.index_fill(0, i, 1.0),
+    lambda d, i, s: d.index_add_(0, i, s),
+    lambda d, i, s: d.index_copy_(0, i, s),
+    lambda d, i, s: d.index_fill_(0, i, 1.0),
+], ids=["index_add", "index_copy", "index_fill", "index_add_", "index_copy_", "index_fill_"])
+def test_index_updates_of_a_dense_self_by_a_multi_jagged_index_say_what_is_supported(call):
+    idx = mj.nested_tensor([torch.tensor([0, 1]), torch.tensor([2])])
+    src = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
+    with pytest.raises(NotImplementedError, match=r"multi_jagged index .* into a dense self \(4, 3\).*supported: a multi_jagged self"
+                       r".*scatter"):
+        call(torch.zeros(4, 3), idx, src)

@@ -3,6 +3,8 @@ kernels/canvas.py), against the per-sample reference: each image through the den
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn as nn
@@ -801,3 +803,75 @@ def test_size_keeping_ragged_dims_keeps_them_when_every_length_is_one(size):
     got, = torch.autograd.grad(x.reshape(size).sum(), x)
     for a in got.unbind():
         torch.testing.assert_close(a, torch.ones(1, 4))
+
+
+# ----------------------------------------------------------------------------- oneDNN's one-column convolutions
+# NOTE [ oneDNN's one-column convolutions ] in kernels/canvas.py: oneDNN's bf16 conv (AMX kernels)
+# is wrong for an output one pixel wide. The canvas is planned wide enough on every machine; the
+# values are checked where the kernels exist (they are chosen at run time by the CPU).
+_AMX_BF16 = torch.backends.mkldnn.is_available() and torch.backends.cpu.get_cpu_capability().startswith("AVX512") and \
+    getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)()
+
+
+@pytest.mark.parametrize("window", [(2, 2, 0, 1), (3, 2, 1, 1), (2, 3, 0, 1), (3, 3, 1, 2), (1, 2, 0, 1), (4, 4, 2, 1),
+                                    (3, 1, 1, 1)])
+@pytest.mark.parametrize("widths", [[3, 2, 2], [1], [2, 1, 3], [5, 9]])
+def test_canvas_conv_has_two_output_columns_and_no_padding_only_column(window, widths):
+    from torch_multijagged.kernels import canvas as cv
+    k, s, p, d = window
+    w = cv.Window(k, s, p, p, d)
+    widths = [max(n, d * (k - 1) + 1 - 2 * p) for n in widths]
+    sizes = torch.tensor([[4, n] for n in widths] + [[0, 0]])
+    plan = cv.plan_canvas(sizes, (cv.Window(k, s, p, p, d), w), torch.device("cpu"))
+    n = plan.shape[-1]
+    assert plan.out_shape[-1] >= 2
+    assert all(any(0 <= o * s - p + j * d < n for o in range(plan.out_shape[-1])) for j in range(k))
+
+
+def _bf16_conv_case(fn, sizes, cin, cout, k, stride, padding, transposed=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    comps = [torch.randn(cin, *s, generator=g).bfloat16() for s in sizes]
+    wshape = (cin, cout, *k) if transposed else (cout, cin, *k)
+    weight = (torch.randn(*wshape, generator=g) / (cin * math.prod(k)) ** 0.5).bfloat16()
+    bias = torch.randn(cout, generator=g).bfloat16()
+    x, wt, b = _batch(comps, requires_grad=True), weight.clone().requires_grad_(), bias.clone().requires_grad_()
+    for _ in range(3):  # the wrong values oneDNN returns differ run to run
+        y = fn(x, wt, b, stride, padding)
+        cots = [torch.randn(a.shape, generator=g).bfloat16() for a in y.unbind()]
+        loss = sum((a.float() * c.float()).sum() for a, c in zip(y.unbind(), cots))
+        gx, gw, gb = torch.autograd.grad(loss, (x, wt, b))
+        # reference: each sample alone, in float32 without oneDNN, rounded as the output is
+        leaves = [c.float().requires_grad_() for c in comps]
+        wf, bf = weight.float().requires_grad_(), bias.float().requires_grad_()
+        with torch.backends.mkldnn.flags(enabled=False):
+            ref = [None if c.numel() == 0 else fn(c[None], wf, bf, stride, padding)[0] for c in leaves]
+            live = [(r, c) for r, c in zip(ref, cots) if r is not None]
+            rgx = torch.autograd.grad(sum((r * c.float()).sum() for r, c in live), (*leaves, wf, bf), allow_unused=True)
+        for a, r in zip(y.unbind(), ref):
+            if r is not None:
+                torch.testing.assert_close(a.float(), r.bfloat16().float(), rtol=0.02, atol=0.05)
+        for a, r, c in zip(gx.unbind(), rgx, comps):
+            torch.testing.assert_close(a.float(), torch.zeros(c.shape) if r is None else r, rtol=0.02, atol=0.05)
+        for got, want in ((gw, rgx[-2]), (gb, rgx[-1])):  # sums over many pixels, rounded to bf16
+            torch.testing.assert_close(got.float(), want, rtol=0.02, atol=0.02 * float(want.abs().max()) + 0.05)
+
+
+@pytest.mark.skipif(not _AMX_BF16, reason="oneDNN's AMX bf16 convolutions run only on CPUs with AMX")
+@pytest.mark.parametrize("case", [
+    # a canvas 4 columns wide, one output column (each image alone is fine)
+    (F.conv2d, [(2, 3), (2, 2), (4, 2), (0, 0)], 160, 320, (2, 2), 2, 0),
+    (F.conv2d, [(5, 1), (3, 1), (0, 0)], 128, 128, (3, 3), 2, 1),
+    (F.conv2d, [(9, 2), (5, 1), (0, 0)], 160, 128, (3, 3), 3, 1),
+    (F.conv1d, [(1,), (2,), (0,)], 160, 320, (3,), 2, 1),
+    (F.conv_transpose2d, [(4, 1), (3, 1), (0, 0)], 320, 160, (3, 3), 2, 1),
+    # large images convolved one by one (NOTE [ Convolutions image by image ]), one column each
+    (F.conv2d, [(1100, 3), (1000, 2), (0, 0)], 160, 320, (2, 2), 2, 0),
+])
+def test_bf16_convs_of_narrow_canvases_match_the_exact_per_sample_conv(case):
+    fn, sizes, cin, cout, k, stride, padding = case
+    _bf16_conv_case(fn, sizes, cin, cout, k, stride, padding, transposed=fn is F.conv_transpose2d)
+
+
+@pytest.mark.skipif(not _AMX_BF16, reason="oneDNN's AMX bf16 convolutions run only on CPUs with AMX")
+def test_bf16_conv3d_of_narrow_volumes_matches_the_exact_per_sample_conv():
+    _bf16_conv_case(F.conv3d, [(2, 4, 3), (2, 2, 3), (0, 0, 0)], 160, 320, (2, 2, 2), 2, 0)

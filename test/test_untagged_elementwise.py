@@ -1,5 +1,6 @@
 """Elementwise aten ops that torch 2.13 leaves without the pointwise tag (``floor_divide``,
-``hardswish``, the in-place comparisons; ops/elementwise/pointwise.py ``_UNTAGGED``) and a sweep of common elementwise ops over every
+``hardswish``, the in-place comparisons; ops/elementwise/pointwise.py ``_UNTAGGED``; in-place forms of
+tagged ops, ``abs_``, ``gcd_``…, ops/_table.py) and a sweep of common elementwise ops over every
 dtype they take, against the per-sample reference (values and result dtype)."""
 
 import pytest
@@ -62,6 +63,17 @@ OPS = {
     "x.eq_(y)": (lambda x, y: x.clone().eq_(y), NUMS + (torch.bool,)),
     "x.ne_(1)": (lambda x, y: x.clone().ne_(1), NUMS + (torch.bool,)),
     "x.le_(y) x.gt_(0)": (lambda x, y: x.clone().le_(y).clone().gt_(0), NUMS),
+    # in-place forms that torch 2.13 tags ``inplace`` only, their functional forms ``pointwise``
+    "x.abs_()": (lambda x, y: x.clone().abs_(), NUMS),
+    "x.copysign_(y)": (lambda x, y: x.clone().copysign_(y), FLOATS),
+    "x.copysign_(-1)": (lambda x, y: x.clone().copysign_(-1), FLOATS),
+    "x.heaviside_(y)": (lambda x, y: x.clone().heaviside_(y), NUMS),
+    "x.gcd_(y) x.lcm_(y)": (lambda x, y: x.clone().gcd_(y) + x.clone().lcm_(_nonzero(y)), (torch.int32, torch.int64)),
+    "x.true_divide_(y)": (lambda x, y: x.clone().true_divide_(_nonzero(y)), FLOATS),
+    "x.xlogy_(2)": (lambda x, y: x.clone().xlogy_(2.0), FLOATS),
+    "F.threshold_": (lambda x, y: F.threshold_(x.clone(), 0.1, 2.0), FLOATS),
+    "F.mish(inplace)": (lambda x, y: F.mish(x.clone(), inplace=True), FLOATS),
+    "gelu_": (lambda x, y: torch._C._nn.gelu_(x.clone()), FLOATS),
     # elementwise with one dense parameter for every element
     "isin": (lambda x, y: torch.isin(x, torch.tensor([0, 1, -2], dtype=x.dtype)), NUMS),
     "isin_scalar": (lambda x, y: torch.isin(x, 1), NUMS),
@@ -85,7 +97,8 @@ def test_elementwise_per_sample_dtypes(name, layout):
     check()
 
 
-@pytest.mark.parametrize("name", ["hardswish", "lerp", "addcdiv", "clamp_tensor", "where"])
+@pytest.mark.parametrize("name", ["hardswish", "lerp", "addcdiv", "clamp_tensor", "where", "x.abs_()", "x.copysign_(-1)",
+                                  "x.true_divide_(y)", "x.xlogy_(2)", "F.threshold_", "F.mish(inplace)", "gelu_"])
 def test_elementwise_grads(name):
     f, _ = OPS[name]
 

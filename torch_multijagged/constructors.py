@@ -7,6 +7,7 @@ from typing import Any, Optional, Sequence
 
 import torch
 
+from ._frames import eager_constructor
 from .bridge import values_of, wrap_values
 from .kernels import reference as ref
 from .structure import Partition, RaggedExtent, _is_traced, offsets_problem, partition_from_sizes, register_partition
@@ -279,6 +280,7 @@ def nested_tensor(
     return MultiJaggedTensor(values, partition, ragged_dims, requires_grad=requires_grad)
 
 
+@eager_constructor("from_packed")  # NOTE [ Constructors under torch.compile ] in _frames.py
 def from_packed(
     values: torch.Tensor,
     offsets: torch.Tensor,
@@ -382,6 +384,7 @@ def _check_offsets(op: str, offsets: torch.Tensor, rows: int, counts: torch.Tens
         raise ValueError(f"{op}(): {problem}")
 
 
+@eager_constructor("from_padded")  # NOTE [ Constructors under torch.compile ] in _frames.py
 def from_padded(
     padded: torch.Tensor, lengths: torch.Tensor, ragged_dims: Sequence[int] | int = (1,)
 ) -> MultiJaggedTensor:
@@ -433,6 +436,7 @@ def from_padded(
     return mj.from_padded_like(padded, like)
 
 
+@eager_constructor("from_mask")  # NOTE [ Constructors under torch.compile ] in _frames.py
 def from_mask(dense: torch.Tensor, mask: torch.Tensor) -> MultiJaggedTensor:
     r"""Keeps the positions of a dense tensor ``(B, N, …)`` where a mask is True, as ``(B, j, …)``.
 

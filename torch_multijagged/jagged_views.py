@@ -8,6 +8,7 @@ from typing import Optional
 
 import torch
 
+from ._frames import eager_constructor
 from .constructors import _check_dense, _exclusive_cumsum_host, _host_ints, from_packed, from_padded
 from .layout import multi_jagged
 from .tensor import MultiJaggedTensor
@@ -22,6 +23,7 @@ def _jagged_dim(op: str, jagged_dim, ndim: int) -> int:
     return jd
 
 
+@eager_constructor("nested_tensor_from_jagged")  # NOTE [ Constructors under torch.compile ] in _frames.py
 def nested_tensor_from_jagged(
     values: torch.Tensor,
     offsets: torch.Tensor,
@@ -104,6 +106,7 @@ def _rows_of_samples(starts: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     return starts[sample] + torch.arange(sample.shape[0]) - begin[sample]
 
 
+@eager_constructor("narrow")  # NOTE [ Constructors under torch.compile ] in _frames.py
 def narrow(tensor: torch.Tensor, dim: int, start, length, layout=multi_jagged) -> MultiJaggedTensor:
     r"""Narrows each sample of a dense tensor ``(B, …)`` to its own window along a dim.
 

@@ -9,9 +9,11 @@ from typing import Any, Callable
 
 import torch
 
+from . import _frames
 from .constructors import as_nested_tensor, nested_tensor, to_padded_tensor
 from .jagged_views import narrow
 from .layout import multi_jagged
+from .structure import _is_traced
 from .tensor import MultiJaggedTensor
 
 __all__: list[str] = []
@@ -55,8 +57,15 @@ def _install() -> None:
     @functools.wraps(_ORIGINAL["narrow"])
     def narrow_(tensor, dim, start, length, layout=torch.strided):
         if layout is multi_jagged:
+            if any(_is_traced(t) for t in (tensor, start, length) if isinstance(t, torch.Tensor)):
+                # dynamo puts ``torch.nested.narrow`` in its graph and runs it on fake tensors:
+                # refuse, and it breaks the graph here (NOTE [ Constructors under torch.compile ])
+                raise NotImplementedError(narrow._torchdynamo_disable_msg)  # type: ignore[attr-defined]
             return narrow(tensor, dim, start, length, layout)
         return _ORIGINAL["narrow"](tensor, dim, start, length, layout=layout)
+
+    # its eager call at that break runs as it is, uncompiled, as ``narrow``'s own
+    _frames.skip_code_now(narrow_.__code__, recursive=True)
 
     tn.narrow = narrow_
     tn.nested_tensor = nested_tensor_

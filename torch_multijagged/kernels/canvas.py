@@ -49,7 +49,7 @@ from torch import Tensor
 
 from .reference import building
 
-__all__ = ["rows_conv", "canvas_conv_applies", "Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "to_out_canvas", "from_canvas", "avg_divisor", "local_index"]
+__all__ = ["rows_conv", "onednn_safe_conv", "canvas_conv_applies", "Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "to_out_canvas", "from_canvas", "avg_divisor", "local_index"]
 
 
 @dataclass(frozen=True)
@@ -107,6 +107,42 @@ class Window:
     @property
     def align(self) -> int:
         return 1 if self.transposed else self.stride
+
+    def onednn_safe_len(self, n: int) -> int:
+        """The smallest width ``≥ n`` on which oneDNN's conv of this window (padding ``pad_l`` on
+        both sides) has two outputs or more and no tap that reads only padding; for a transposed
+        window, the same of the conv its input gradient and weight gradient are (NOTE [ oneDNN's
+        one-column convolutions ])."""
+        k_eff = self.dilation * (self.kernel - 1)
+        while True:
+            if self.transposed:  # the conv from the output (length m) back to the input (length n)
+                m = (n - 1) * self.stride - 2 * self.pad_l + k_eff + self.output_padding + 1
+                src, out = m, n
+            else:
+                src, out = n, (n + 2 * self.pad_l - k_eff - 1) // self.stride + 1
+            if out >= 2 and all(any(0 <= o * self.stride - self.pad_l + j * self.dilation < src for o in range(out))
+                                for j in range(self.kernel)):
+                return n
+            n += 1
+
+
+# NOTE [ oneDNN's one-column convolutions ]
+#
+# torch 2.13's oneDNN (CPU) computes bf16 convolutions wrongly when the output is one pixel wide:
+# with the AMX kernels (``brg_conv_fwd``/``bwd_w``, chosen for ≥ 128 channels on CPUs with
+# AMX-BF16) the forward returns garbage, NaN or ~1e38, differing run to run, whenever the
+# output width is 1 and its height (or depth) more than 1, and the weight gradient does so for
+# an output width of 1 (1-d: a short output) and a kernel column that reads only padding. A
+# wider output is exact (sweeps of shapes, kernels, strides, paddings, dilations and channel
+# counts; fp16, fp32, the input gradient and the transposed forward are unaffected). A canvas of
+# narrow images hits it where each image's own conv may not (four columns of 160 channels, a
+# 2×2 stride-2 conv: one output column). So the canvas's last axis is widened, by gutter, until
+# its conv has two output columns or more and every kernel column reads some canvas pixel
+# (``Window.onednn_safe_len``): the extra columns are zeros that no image's output reads, so
+# results are unchanged, for every dtype (the planner does not know it; a canvas that narrow is
+# small). A transposed conv's canvas (two columns or more, padding 0) needs nothing.
+# ``onednn_safe_conv`` does the same for a dense conv of one image or volume, for reduced-precision
+# CPU inputs only.
 
 
 @dataclass
@@ -253,6 +289,8 @@ def plan_canvas(sizes: Tensor, windows: Sequence[Window], device: torch.device) 
         max(n + (w.output_padding + w.pad_l + 1 if w.transposed else 0), w.dilation * (w.kernel - 1) + 1)
         for n, w in zip(shape, windows)
     )
+    # The last axis wide enough for oneDNN (NOTE [ oneDNN's one-column convolutions ]).
+    shape = (*shape[:-1], windows[-1].onednn_safe_len(shape[-1])) if shape else shape
     out_shape, out_origins = [], torch.zeros(b, s, dtype=torch.int64)
     for a, w in enumerate(windows):
         canvas_n = torch.tensor([shape[a]])
@@ -507,6 +545,35 @@ def avg_divisor(plan: CanvasPlan, windows: Sequence[Window], count_include_pad: 
 # copy per tap). Exact, since G is zero off the images' outputs; written with differentiable ops,
 # so every order of gradients works. Used for one group and ≥ 16 input channels (with 3 input
 # channels the taps' GEMMs are too thin and oneDNN's weight gradient is faster).
+
+def onednn_safe_conv(x: Tensor, weight: Tensor, bias, stride, padding, dilation, groups: int = 1,
+                     transposed: bool = False, output_padding=None) -> Tensor:
+    """The dense ``conv{1,2,3}d`` (or ``conv_transpose{1,2,3}d``) of ``x`` with per-axis
+    ``stride``/``padding``/``dilation``; a reduced-precision CPU input too narrow for oneDNN gets
+    zero columns on the right, and the output loses what they add (NOTE [ oneDNN's one-column
+    convolutions ])."""
+    s = weight.dim() - 2
+    op_ = tuple(output_padding) if output_padding is not None else (0,) * s
+    if transposed:
+        def run(t):
+            return _CONV_T[s](t, weight, bias, stride, padding, op_, groups, dilation)
+    else:
+        def run(t):
+            return _CONV[s](t, weight, bias, stride, padding, dilation, groups)
+    if x.device.type != "cpu" or x.dtype not in (torch.bfloat16, torch.float16):
+        return run(x)
+    w = Window(int(weight.shape[-1]), int(stride[-1]), int(padding[-1]), int(padding[-1]), int(dilation[-1]),
+               transposed=transposed, output_padding=int(op_[-1]))
+    n = int(x.shape[-1])
+    wide = w.onednn_safe_len(n)
+    if wide == n:
+        return run(x)
+    return run(F.pad(x, (0, wide - n)))[..., :int(w.out_len(torch.tensor(n)))]
+
+
+_CONV = {1: F.conv1d, 2: F.conv2d, 3: F.conv3d}
+_CONV_T = {1: F.conv_transpose1d, 2: F.conv_transpose2d, 3: F.conv_transpose3d}
+
 
 def canvas_conv_applies(rows: Tensor, weight: Tensor, groups: int) -> bool:
     return groups == 1 and weight.shape[1] >= 16 and weight.dim() in (3, 4) and rows.is_floating_point()

@@ -19,6 +19,8 @@ See NOTE [ Subclass mechanism ] in ``tensor.py``.
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any, Callable
 
 import torch
@@ -35,15 +37,58 @@ mj = torch.ops.multijagged
 ROUTES: dict[Any, Callable[..., Any]] = {}
 
 
-def route(*funcs):
-    """Decorator: ``fn`` is the route of every torch function in ``funcs`` (NOTE [ Routes ])."""
+def route(*funcs, sequence: str | None = None):
+    """Decorator: ``fn`` is the route of every torch function in ``funcs`` (NOTE [ Routes ]).
+
+    ``sequence``: the keyword under which torch also takes the sequence that ``fn`` takes as
+    ``*args`` (``x.flip(dims=[1])``, ``x.view(size=…)``). NOTE [ Route arguments ]."""
 
     def wrapper(fn):
+        fn = _keywords_as_torch(fn, getattr(funcs[0], "__name__", "op").strip("_"), sequence)
         for f in funcs:
             ROUTES[f] = fn
         return fn
 
     return wrapper
+
+
+# NOTE [ Route arguments ]
+#
+# A route is called with the arguments the user gave the torch function, keywords as torch names
+# them. Two kinds of keyword reach a route that its own parameters may not name, and would make
+# it fail with Python's "unexpected keyword argument", naming the route instead of the op:
+#
+# * the sequence a method also takes as ``*args`` (``x.flip(1, 2)`` and ``x.flip(dims=(1, 2))``,
+#   ``x.view(3, 4)`` and ``x.view(size=(3, 4))``): ``route(…, sequence="dims")`` passes it to
+#   the route as its single positional sequence, as torch binds it (both given: dense's
+#   "multiple values" ``TypeError``);
+# * ``out=``, which this layout does not take (pointwise ops refuse it in the op table): a route
+#   without an ``out`` parameter refuses it with the same ``NotImplementedError``.
+#
+# A route taking ``**kwargs`` sees every keyword and answers for them itself.
+def _keywords_as_torch(fn, name: str, sequence: str | None):
+    params = inspect.signature(fn).parameters.values()
+    if any(p.kind is p.VAR_KEYWORD for p in params):
+        return fn
+    takes_out = any(p.name == "out" for p in params)
+    if takes_out and sequence is None:
+        return fn
+
+    @functools.wraps(fn)
+    def routed(*args, **kwargs):
+        if not kwargs:  # the common call: one call level more
+            return fn(*args)
+        if not takes_out and kwargs.get("out") is not None:
+            raise NotImplementedError(f"{name}(): out= variants are not supported for layout torch.multi_jagged")
+        if not takes_out:
+            kwargs.pop("out", None)
+        if sequence is not None and sequence in kwargs:
+            if len(args) > 1:
+                raise TypeError(f"{name}() got multiple values for argument '{sequence}'")
+            args = (*args, kwargs.pop(sequence))
+        return fn(*args, **kwargs)
+
+    return routed
 
 
 

@@ -117,6 +117,21 @@ def register_pointwise_fallback(fn):
     return fn
 
 
+def _in_place_of_pointwise(func) -> bool:
+    """``func`` is the in-place form of an op tagged pointwise (``abs_`` of ``abs``, ``copysign_.Scalar``
+    of ``copysign.Scalar``): torch 2.13 tags some in-place forms ``inplace`` only (``abs_``, ``gcd_``,
+    ``heaviside_``, ``gelu_``, ``threshold_``, …); they are as elementwise as their functional forms."""
+    if not isinstance(func, torch._ops.OpOverload):
+        return False
+    schema = func._schema
+    base = schema.name.split("::")[-1]
+    if not base.endswith("_") or base.endswith("__") or not schema.arguments or schema.arguments[0].alias_info is None \
+            or not schema.arguments[0].alias_info.is_write:
+        return False
+    functional = getattr(getattr(torch.ops.aten, base[:-1], None), func._overloadname, None)
+    return isinstance(functional, torch._ops.OpOverload) and torch.Tag.pointwise in functional.tags
+
+
 _COMPOSITE: dict[Any, bool] = {}
 
 
@@ -141,7 +156,7 @@ def dispatch(func, args, kwargs):
         return handler(func, *args, **kwargs)
     is_pointwise = _POINTWISE.get(func)
     if is_pointwise is None:
-        is_pointwise = _POINTWISE[func] = torch.Tag.pointwise in func.tags
+        is_pointwise = _POINTWISE[func] = torch.Tag.pointwise in func.tags or _in_place_of_pointwise(func)
     if is_pointwise:
         return _pointwise(func, *args, **kwargs)
     if _composite(func):
@@ -150,6 +165,8 @@ def dispatch(func, args, kwargs):
         out = func.decompose(*args, **kwargs)
         if out is not NotImplemented:
             return out
+    if any(a.is_out for a in func._schema.arguments):  # as the pointwise fallback says (NOTE [ Route arguments ])
+        raise NotImplementedError(f"{op_name(func)}(): out= variants are not supported for layout torch.multi_jagged")
     raise NotImplementedError(
         f"{op_name(func)}(): not supported for layout torch.multi_jagged "
         "(no handler in the op table; see CONTRIBUTING.md to add one)"

@@ -225,8 +225,9 @@ def _linalg(func):
                     x_t = x.transpose(-1, -2)
                     matrices = [x_t if m is x else m for m in matrices]
                     x = x_t
-                rest = rest[:1] + rest[2:]
-                kwargs = {k: v for k, v in kwargs.items() if k != "dim"}
+                # keepdim after a positional dim stays keepdim: by keyword, with dim left out
+                kwargs = {k: v for k, v in kwargs.items() if k != "dim"} | dict(zip(("keepdim",), rest[2:]))
+                rest = rest[:1]
             else:
                 return NotImplemented  # (a matrix norm over other dims: the norm routes)
         if x is None or "out" in kwargs:

@@ -293,7 +293,7 @@ def repeat_ragged(op: str, x: MJT, reps: list[int]):
     return wrap_values(values_of(out).repeat(static_reps), out._partition, out._ragged_dims)
 
 
-@route(torch.Tensor.repeat)
+@route(torch.Tensor.repeat, sequence="repeats")
 def _repeat(input, *sizes):
     if not isinstance(input, MJT):
         return NotImplemented
@@ -311,7 +311,7 @@ def _repeat(input, *sizes):
     return repeat_ragged("repeat", input, [1] + [int(r) for r in reps[1:]])
 
 
-@route(torch.tile, torch.Tensor.tile)
+@route(torch.tile, torch.Tensor.tile, sequence="dims")
 def _tile(input, *dims):
     if not isinstance(input, MJT):
         return NotImplemented

@@ -160,14 +160,23 @@ def _check_index_range(op: str, x: MJT, d: int, index_values: torch.Tensor, n_ro
         raise RuntimeError(f"{op}(): index out of bounds for dimension {d} in sample {s} of {describe(x)}")
 
 
-def _index_rows(op: str, x: MJT, d: int, k: int, index):
+def _wrapped(index_values: torch.Tensor, n_rows: torch.Tensor) -> torch.Tensor:
+    """``take_along_dim``'s indices taken modulo each sample's size along the dim, as dense
+    ``take_along_dim`` takes them (``-1`` the last, and ``n`` the first too); a sample of size 0
+    keeps them, for the range check to refuse."""
+    n = n_rows.reshape(-1, *([1] * (index_values.dim() - 1)))
+    return torch.where(n > 0, torch.remainder(index_values, n.clamp_min(1)), index_values)
+
+
+def _index_rows(op: str, x: MJT, d: int, k: int, index, wrap: bool = False):
     """For ``gather`` / ``scatter`` along ragged dim ``d``: ``(rows, wrap)`` — the packed row of
     ``x`` that every element of ``index`` names (shaped as ``index``'s values, or as a dense
     index moved to ``(B·m, *static)``) and a function that gives a result of ``index``'s shape
-    from values of that shape."""
+    from values of that shape. ``wrap``: indices modulo the sample's size (``_wrapped``), where
+    gather and scatter refuse any outside ``[0, n)``."""
     p = x._partition
     if isinstance(index, MJT) and d not in index._ragged_dims and index.dim() == x.dim():
-        return _static_index_rows(op, x, d, k, index)
+        return _static_index_rows(op, x, d, k, index, wrap)
     if isinstance(index, MJT):
         if index._ragged_dims != x._ragged_dims or any(
             i != k and not same_extent(a, b) for i, (a, b) in enumerate(zip(index._partition.extents, p.extents))
@@ -185,6 +194,7 @@ def _index_rows(op: str, x: MJT, d: int, k: int, index):
         base[:, k] = 0
         n = p.device_sizes()[sample]
         stride = n[:, k + 1:].prod(1) if k + 1 < n.shape[1] else torch.ones_like(sample)
+        idx = _wrapped(idx, n[:, k]) if wrap else idx
         _check_index_range(op, x, d, idx, n[:, k], sample)
         shape = (-1, *([1] * (idx.dim() - 1)))
         rows = packed_rows(p.offsets, p.device_sizes(), sample, base).reshape(shape) + idx * stride.reshape(shape)
@@ -200,12 +210,13 @@ def _index_rows(op: str, x: MJT, d: int, k: int, index):
         raise NotImplementedError(f"{op}(): expected the index's static sizes to be those of {describe(x)}, got {describe(index)} for layout torch.multi_jagged")
     sample = torch.arange(p.batch, device=p.offsets.device).repeat_interleave(m)
     flat = idx.reshape(p.batch * m, *idx.shape[2:])
+    flat = _wrapped(flat, p.extents[0].lengths()[sample]) if wrap else flat
     _check_index_range(op, x, d, flat, p.extents[0].lengths()[sample], sample)
     rows = p.offsets[sample].reshape(-1, *([1] * (flat.dim() - 1))) + flat
     return rows, lambda v: v.reshape(p.batch, m, *v.shape[1:]).movedim(1, d)
 
 
-def _static_index_rows(op: str, x: MJT, d: int, k: int, index: MJT):
+def _static_index_rows(op: str, x: MJT, d: int, k: int, index: MJT, wrap: bool):
     """``_index_rows`` for a multi_jagged index whose dim ``d`` is static (``m`` positions per
     cell: ``topk``'s indices of a pair, ``(B, j0, k)`` into ``(B, j0, j0)``) and whose other dims
     are ``x``'s: its ``m`` positions are moved into the rows, ``(R·m, *static)``, each naming a row of
@@ -228,6 +239,7 @@ def _static_index_rows(op: str, x: MJT, d: int, k: int, index: MJT):
     n = p.device_sizes()[sample]
     base = torch.cat([coords[:, :k], torch.zeros_like(coords[:, :1]), coords[:, k:]], 1)
     stride = n[:, k + 1:].prod(1) if k + 1 < n.shape[1] else torch.ones_like(sample)
+    idx = _wrapped(idx, n[:, k]) if wrap else idx
     _check_index_range(op, x, d, idx, n[:, k], sample)
     shape = (-1, *([1] * (idx.dim() - 1)))
     rows = packed_rows(p.offsets, p.device_sizes(), sample, base).reshape(shape) + idx * stride.reshape(shape)
@@ -245,9 +257,10 @@ def _static_index_rows(op: str, x: MJT, d: int, k: int, index: MJT):
 
 
 @eager_or_traced
-def gather_ragged(op: str, x: MJT, d: int, k: int, index):
-    """``x.gather(d, index)`` per sample: ``out[s][…, j, …] = x[s][…, index[s][…, j, …], …]``."""
-    rows, result = _index_rows(op, x, d, k, index)
+def gather_ragged(op: str, x: MJT, d: int, k: int, index, wrap: bool = False):
+    """``x.gather(d, index)`` per sample: ``out[s][…, j, …] = x[s][…, index[s][…, j, …], …]``
+    (``wrap``: ``take_along_dim``'s indices, modulo the sample's size)."""
+    rows, result = _index_rows(op, x, d, k, index, wrap)
     return result(values_of(x).gather(0, rows))
 
 
@@ -319,14 +332,43 @@ def _index_update_route(name: str):
     sample, at positions within the sample (``source`` per sample: a multi_jagged tensor's
     samples, or a dense ``(B, …)`` one's rows); along a static dim the op table's handler."""
     dense = getattr(torch, name)
+    operand = "value" if name == "index_fill" else "source"  # as torch names it
 
-    def routed(input, dim, index, source, **kwargs):
+    def routed(input, dim, index, *args, **kwargs):
+        _refuse_dense_self(name, input, index)
         if not isinstance(input, MJT) or kwargs.get("out") is not None or not isinstance(dim, int):
             return NotImplemented
+        if len(args) != 1 and operand not in kwargs:
+            return NotImplemented  # dense's binding error
+        source = args[0] if args else kwargs.pop(operand)
         hit = ragged_dim(name, input, dim)
         if hit is None:
             return NotImplemented
         return _index_update_per_sample(name, dense, input, hit[0], index, source, kwargs)
+
+    return routed
+
+
+def _refuse_dense_self(name: str, input, index) -> None:
+    """A multi_jagged index into a dense ``self``: which sample's positions would name which
+    rows of ``self`` is not the op's (its index is one 1-d list for the whole tensor)."""
+    if isinstance(index, MJT) and isinstance(input, torch.Tensor) and not isinstance(input, MJT):
+        raise NotImplementedError(
+            f"{name}(): a multi_jagged index {describe(index)} into a dense self {tuple(input.shape)} for layout "
+            "torch.multi_jagged; supported: a multi_jagged self with a dense 1-d index (the same for every sample "
+            "along a static dim, each sample's own positions along a ragged dim). Each sample's positions in a dense "
+            "(B, …) tensor: scatter / scatter_add / scatter_reduce with the multi_jagged index"
+        )
+
+
+def _index_update_in_place(name: str):
+    """``x.index_add_(…)`` and its kin: ``in_place_route``, refusing a dense ``x`` with a
+    multi_jagged index as the out-of-place op does."""
+    inner = in_place_route(name)
+
+    def routed(input, *args, **kwargs):
+        _refuse_dense_self(name, input, args[1] if len(args) > 1 else kwargs.get("index"))
+        return inner(input, *args, **kwargs)
 
     return routed
 
@@ -389,6 +431,8 @@ def _take_along_dim(input, indices, dim=None, *, out=None):
         d = canonical_dim("take_along_dim", input.dim(), dim)
         statics = static_dims(input.dim(), input._ragged_dims)
         shape = [input.shape[e] if e in statics and e != d and indices.shape[e] == 1 else -1 for e in range(indices.dim())]
+        if input.shape[d] > 0:  # dense takes the indices modulo the size (``_wrapped``)
+            indices = torch.remainder(indices, input.shape[d])
         return torch.gather(input, dim, indices.expand(shape) if any(s != -1 for s in shape) else indices)
     if isinstance(indices, MJT):
         shape = [input.shape[e] if e in static_dims(input.dim(), input._ragged_dims) and indices.shape[e] == 1 else -1
@@ -396,7 +440,7 @@ def _take_along_dim(input, indices, dim=None, *, out=None):
         indices = indices.expand(shape) if any(s != -1 for s in shape) else indices
     elif indices.dim() == input.dim():
         indices = indices.expand(*[indices.shape[e] if e in (0, hit[0]) else input.shape[e] for e in range(input.dim())])
-    return gather_ragged("take_along_dim", input, *hit, indices)
+    return gather_ragged("take_along_dim", input, *hit, indices, wrap=True)
 
 
 def _scatter_route(name: str, add: bool):
@@ -440,10 +484,10 @@ for _name in ("scatter_", "scatter_add_", "scatter_reduce_"):
     # batch into a dense tensor ] in scatter.py)
     route(getattr(torch.Tensor, _name))(in_place_route(_name, dense_self=True))
 for _name in ("index_fill_", "index_copy_", "index_add_"):
-    route(getattr(torch.Tensor, _name))(in_place_route(_name))
+    route(getattr(torch.Tensor, _name))(_index_update_in_place(_name))
 
 
-@route(torch.flip, torch.Tensor.flip)
+@route(torch.flip, torch.Tensor.flip, sequence="dims")
 def _flip(input, *dims):
     if not isinstance(input, MJT):
         return NotImplemented
@@ -509,8 +553,9 @@ def _diff(input, n=1, dim=-1, prepend=None, append=None):
     if n < 0:
         raise RuntimeError(f"order must be non-negative but got {n}")  # dense's words
     head = (slice(None),) * d
+    step = torch.ne if input.dtype == torch.bool else torch.sub  # dense: logical_xor for bool
     for _ in range(n):
-        input = input[head + (slice(1, None),)] - input[head + (slice(None, -1),)]
+        input = step(input[head + (slice(1, None),)], input[head + (slice(None, -1),)])
     return input
 
 

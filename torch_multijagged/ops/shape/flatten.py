@@ -679,11 +679,11 @@ def _normalize(shape) -> tuple:
     return tuple(shape)
 
 
-@route(torch.Tensor.view)
-def _view(input, *shape):
+@route(torch.Tensor.view, sequence="size")
+def _view(input, *shape, dtype=None):
     """``view`` that merges or splits ragged dims (``view_plan``); anything else goes on to aten's
     ``view`` (ops/shape/views.py)."""
-    if not isinstance(input, MJT) or not shape or isinstance(shape[0], torch.dtype):
+    if not isinstance(input, MJT) or not shape or isinstance(shape[0], torch.dtype) or dtype is not None:
         return NotImplemented
     if tokens.flat_request(input, _normalize(shape)):  # NOTE [ Flattening the batch dim ] in tokens.py
         return tokens.flatten_batch("view", input, _normalize(shape))

@@ -489,7 +489,7 @@ _DISPATCH_METADATA = {
 
 
 # ----------------------------------------------------------------------------- routes that make tokens
-@route(torch.permute, torch.Tensor.permute)
+@route(torch.permute, torch.Tensor.permute, sequence="dims")
 def _permute_mjt(input, *dims):
     if not isinstance(input, MJT):
         return NotImplemented

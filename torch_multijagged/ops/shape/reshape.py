@@ -55,7 +55,7 @@ def reshape_as(op: str, input: MJT, shape) -> MJT:
         return input.contiguous().view(shape)
 
 
-@route(torch.reshape, torch.Tensor.reshape)
+@route(torch.reshape, torch.Tensor.reshape, sequence="shape")
 def _reshape(input, *shape):
     if not isinstance(input, MJT):
         return NotImplemented

@@ -281,7 +281,8 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
         return mj.spatial_conv(input, weight, bias, [a for pr in pads for a in pr], list(d), groups)
     if nspatial == 3:
         return _per_volume(op, input, windows, weight.shape[0],
-                           lambda v: F.conv3d(F.pad(v, [a for pr in reversed(pads) for a in pr]), weight, bias, s, 0, d, groups))
+                           lambda v: cv.onednn_safe_conv(F.pad(v, [a for pr in reversed(pads) for a in pr]), weight, bias, s,
+                                                         (0, 0, 0), d, groups))
     fn = _CONV[nspatial]
     pad_canvas = tuple(pl for pl, _ in pads)
     if nspatial == 2 and _canonical(input, 2) and all(pl == pr for pl, pr in pads):
@@ -303,7 +304,7 @@ def _conv_per_image(op: str, x: MJT, sizes, windows, weight, bias, stride, paddi
     in ``pieces.py``), read by the next image-by-image op without packing."""
     out_sizes = cv.output_sizes(op, sizes, windows)
     # SYNC: none — host sizes (the extents' host lengths)
-    outs = [None if p is None or ho * wo == 0 else F.conv2d(p, weight, bias, stride, padding, dilation, groups)
+    outs = [None if p is None or ho * wo == 0 else cv.onednn_safe_conv(p, weight, bias, stride, padding, dilation, groups)
             for p, (ho, wo) in zip(pieces.split(x), out_sizes.tolist())]
     live = [o for o in outs if o is not None]
     if not live:
@@ -365,7 +366,7 @@ def conv_transpose(op: str, nspatial: int, input: MJT, weight, bias=None, stride
     windows = tuple(cv.Window(k[a], s[a], p[a], p[a], d[a], transposed=True, output_padding=op_[a]) for a in range(nspatial))
     if nspatial == 3:
         return _per_volume(op, input, windows, weight.shape[1] * groups,
-                           lambda v: F.conv_transpose3d(v, weight, bias, s, p, op_, groups, d))
+                           lambda v: cv.onednn_safe_conv(v, weight, bias, s, p, d, groups, True, op_))
     fn = _CONV_T[nspatial]
     out, *_ = _run(op, input, windows, nspatial, 0.0, lambda canvas, plan: fn(canvas, weight, bias, s, 0, 0, groups, d))
     return out
