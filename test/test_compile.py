@@ -319,3 +319,17 @@ def test_constructor_inside_fullgraph_names_itself_and_the_workaround(kind):
     data, sizes = make([torch.randn(n, 6) for n in (3, 0, 2)])
     with pytest.raises(Exception, match=rf"{kind}\(\).*build the batch outside the compiled function"):
         torch.compile(build, backend="aot_eager", fullgraph=True)(data, sizes)
+
+
+def test_operands_built_apart_name_the_remedy_under_compile():
+    """Under torch.compile, two batches built apart with equal lengths have their own nested ints,
+    which combine only when provably one: the error says so and names the remedy (it said the
+    sizes differ). Built on one another's offsets, they combine."""
+    comps = [torch.randn(n, 4) for n in (3, 5)]
+    a, b = mj.nested_tensor(comps), mj.nested_tensor([c * 2 for c in comps])
+    add = torch.compile(lambda a, b: a + b, backend="aot_eager", fullgraph=True)
+    with pytest.raises(Exception, match="tensors built apart keep their own nested ints"):
+        add(a, b)
+    shared = mj.nested_tensor_from_jagged(b.values(), a.offsets())
+    for got, c in zip(add(a, shared).unbind(), comps):
+        torch.testing.assert_close(got, c * 3)

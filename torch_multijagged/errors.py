@@ -6,7 +6,7 @@ extents, batch sizes, or an op over the batch dim that the layout cannot express
 raises for the same mistakes, so code written against NJT keeps catching it).
 """
 
-__all__ = ["StructureError"]
+__all__ = ["StructureError", "TRACED_EXTENTS"]
 
 
 class StructureError(ValueError, RuntimeError):
@@ -30,3 +30,13 @@ class StructureError(ValueError, RuntimeError):
         >>> issubclass(mj.StructureError, ValueError), issubclass(mj.StructureError, RuntimeError)
         (True, True)
     """
+
+
+#: Appended to errors about ragged extents that differ while tracing: there, extents combine only
+#: when provably one nested int, and eagerly equal sizes combine.
+TRACED_EXTENTS = (
+    "under torch.compile, tensors built apart keep their own nested ints even when their lengths are "
+    "equal, and only one nested int combines with itself; build one on the other's offsets "
+    "(mj.nested_tensor_from_jagged(values, x.offsets())) or from the other (x.new_zeros(x.shape) + ..., "
+    "a linear projection of it), outside or inside the compiled function"
+)

@@ -40,7 +40,7 @@ from ... import constructors
 from ...bridge import values_of
 from ...compile import attention as cattn
 from ...compile.attention import BACKENDS, backend  # noqa: F401  (public: re-exported)
-from ...errors import StructureError
+from ...errors import TRACED_EXTENTS, StructureError
 from ...kernels import attention as kattn
 from ...structure import _is_traced, building, partition_for, same_extent
 from .._table import register_multi_jagged_func
@@ -62,6 +62,12 @@ def segments(x: MJT):
 
 
 # ----------------------------------------------------------------------------- route
+def _traced_hint(a: MJT, b: MJT) -> str:
+    """Why two traced tensors' extents may not combine (``TRACED_EXTENTS``), else nothing."""
+    traced = any(_is_traced(t._partition.offsets) for t in (a, b))
+    return f" ({TRACED_EXTENTS})" if traced else ""
+
+
 def _err(msg: str):
     return StructureError(f"{_OP}(): {msg} for layout torch.multi_jagged")
 
@@ -87,7 +93,8 @@ def _check(query, key, value, attn_mask, is_causal, enable_gqa):
     if key._ragged_dims != value._ragged_dims or not all(
         same_extent(a, b) for a, b in zip(key._partition.extents, value._partition.extents)
     ):
-        raise _err(f"expected key and value on the same ragged extents, got {describe(key)} and {describe(value)}")
+        raise _err(f"expected key and value on the same ragged extents, got {describe(key)} and {describe(value)}"
+                   + _traced_hint(key, value))
     if any(ks[d] != vs[d] for d in static_dims(n, key._ragged_dims) if d < n - 1):
         raise _err(f"expected key and value with equal sizes but the last, got {describe(key)} and {describe(value)}")
     ragged_l = n - 2 in query._ragged_dims
@@ -97,9 +104,10 @@ def _check(query, key, value, attn_mask, is_causal, enable_gqa):
     kb = key._ragged_dims[:-1] if ragged_l else key._ragged_dims
     if qb != kb or not all(same_extent(a, b) for a, b in zip(query._partition.extents, key._partition.extents[: len(kb)])):
         raise _err(f"expected query and key with the same batch dims (ragged ones on the same extents), got "
-                   f"{describe(query)} and {describe(key)}")
+                   f"{describe(query)} and {describe(key)}" + _traced_hint(query, key))
     if not ragged_l and not query._partition.same_as(key._partition):
-        raise _err(f"expected query and key on the same ragged extents, got {describe(query)} and {describe(key)}")
+        raise _err(f"expected query and key on the same ragged extents, got {describe(query)} and {describe(key)}"
+                   + _traced_hint(query, key))
     for d in static_dims(n, query._ragged_dims):
         if d >= n - 2:
             continue

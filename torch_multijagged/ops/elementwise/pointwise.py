@@ -26,9 +26,9 @@ from __future__ import annotations
 import torch
 
 from ...compile.kernel_choice import use_triton
-from ...structure import broadcast_extent, partition_for, same_extent
+from ...structure import _is_traced, broadcast_extent, partition_for, same_extent
 from .._common import MJT, describe, static_dims, wrap
-from ...errors import StructureError
+from ...errors import TRACED_EXTENTS, StructureError
 from .._routing import route
 from .._table import op_name, register_multi_jagged_func, register_pointwise_fallback
 
@@ -187,6 +187,8 @@ def _out_structure(func, args):
                 elif not same_extent(ext, e):
                     wide = broadcast_extent(ext, e)
                     if wide is None:
+                        if _is_traced(ext.offsets) or _is_traced(e.offsets):
+                            raise _error(func, args, f"ragged dim {d} is not provably one nested int: {TRACED_EXTENTS}")
                         raise _error(func, args, f"ragged dim {d} has different per-sample sizes")
                     ext = wide
         if ext is None:
