@@ -245,11 +245,34 @@ def _exclusive_cumsum(lengths: torch.Tensor) -> torch.Tensor:
 # extent held weakly: the extent keeps its node alive, so the id cannot be reused while the entry
 # lives). ``extent_of`` reads it: a size given as a batch's nested int (``output_size=x.shape``)
 # names that batch's extent.
-_EXTENT_OF_NODE: "weakref.WeakValueDictionary[int, RaggedExtent]" = weakref.WeakValueDictionary()
+class _WeakTable:
+    """A key → object table holding its objects weakly, without the collector's callbacks that
+    a ``WeakValueDictionary`` runs to drop dead entries: dynamo reads these tables while it traces
+    the package's frames after a graph break, and an entry dropped meanwhile failed its trace
+    ("dictionary changed size during iteration"). Dead entries are purged as the table grows."""
+
+    __slots__ = ("_refs", "_purge_at")
+
+    def __init__(self) -> None:
+        self._refs: dict = {}
+        self._purge_at = 64
+
+    def get(self, key):
+        ref = self._refs.get(key)
+        return None if ref is None else ref()
+
+    def __setitem__(self, key, value) -> None:
+        if len(self._refs) >= self._purge_at:
+            self._refs = {k: r for k, r in self._refs.items() if r() is not None}
+            self._purge_at = max(64, 2 * len(self._refs))
+        self._refs[key] = weakref.ref(value)
+
+
+_EXTENT_OF_NODE = _WeakTable()  # id(nested int's node) → its extent
 
 
 # The same by the nested int's id (``t_id``), which its multiples (``2 * j0``) share.
-_EXTENT_OF_TID: "weakref.WeakValueDictionary[int, RaggedExtent]" = weakref.WeakValueDictionary()
+_EXTENT_OF_TID = _WeakTable()
 
 
 def extent_of(size) -> "Optional[RaggedExtent]":
