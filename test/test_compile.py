@@ -321,15 +321,80 @@ def test_constructor_inside_fullgraph_names_itself_and_the_workaround(kind):
         torch.compile(build, backend="aot_eager", fullgraph=True)(data, sizes)
 
 
-def test_operands_built_apart_name_the_remedy_under_compile():
-    """Under torch.compile, two batches built apart with equal lengths have their own nested ints,
-    which combine only when provably one: the error says so and names the remedy (it said the
-    sizes differ). Built on one another's offsets, they combine."""
-    comps = [torch.randn(n, 4) for n in (3, 5)]
-    a, b = mj.nested_tensor(comps), mj.nested_tensor([c * 2 for c in comps])
+def _apart(lengths, c=4, seed=0):
+    """Two batches built apart from equal lengths (their own nested ints) and their components."""
+    g = torch.Generator().manual_seed(seed)
+    comps = [torch.randn(n, c, generator=g, dtype=torch.float64) for n in lengths]
+    others = [torch.randn(n, c, generator=g, dtype=torch.float64) for n in lengths]
+    return mj.nested_tensor(comps, requires_grad=True), mj.nested_tensor(others, requires_grad=True), comps, others
+
+
+@pytest.mark.parametrize("backend", ["aot_eager", "inductor"])
+def test_operands_built_apart_combine_under_compile_as_eager(backend):
+    """Elementwise ops on two batches built apart from equal lengths (different nested ints)
+    combine under torch.compile as they do eagerly: values and the gradients of both, one graph
+    for new lengths, the first operand's nested int on the result (NOTE [ Traced operands built
+    apart ])."""
+    cc = CompileCounterWithBackend(backend)
+    f = torch.compile(lambda a, b: (a + b).sin() * torch.where(b > 0, b, a).square(), backend=cc, fullgraph=True)
+    for lengths in ((3, 0, 5), (4, 2, 1)):
+        a, b, ca, cb = _apart(lengths)
+        out = f(a, b)
+        assert out.shape[1] is a.shape[1]
+        ga, gb = torch.autograd.grad(out.sum(), (a, b))
+        for i, (x, y) in enumerate(zip(ca, cb)):
+            x, y = x.requires_grad_(), y.requires_grad_()
+            ref = (x + y).sin() * torch.where(y > 0, y, x).square()
+            rx, ry = torch.autograd.grad(ref.sum(), (x, y))
+            torch.testing.assert_close(out.unbind()[i], ref)
+            torch.testing.assert_close(ga.unbind()[i], rx)
+            torch.testing.assert_close(gb.unbind()[i], ry)
+        assert gb.shape[1] is b.shape[1]  # each gradient keeps its input's nested int
+    assert cc.frame_count == 1
+
+
+def test_operands_built_apart_with_other_lengths_raise_under_compile():
+    """Compiled, operands built apart with other lengths raise as eagerly: lengths whose sums
+    agree (a reordering) in the compiled code, lengths whose sums differ when traced."""
     add = torch.compile(lambda a, b: a + b, backend="aot_eager", fullgraph=True)
-    with pytest.raises(Exception, match="tensors built apart keep their own nested ints"):
+    a, b, _, _ = _apart((3, 5))
+    add(a, b)
+    a, _, _, _ = _apart((3, 5))
+    _, b, _, _ = _apart((5, 3))
+    with pytest.raises(Exception, match="operands built apart combine only where their ragged sizes are equal"):
         add(a, b)
-    shared = mj.nested_tensor_from_jagged(b.values(), a.offsets())
-    for got, c in zip(add(a, shared).unbind(), comps):
-        torch.testing.assert_close(got, c * 3)
+    _, b, _, _ = _apart((4, 5))
+    with pytest.raises(Exception, match="operands built apart combine only where their ragged sizes are equal"):
+        add(a, b)
+    with pytest.raises(Exception):
+        a + b  # eager agrees
+
+
+def _heads(t, h=2):
+    return t.unflatten(-1, [h, t.shape[-1] // h]).transpose(1, 2)
+
+
+def test_attention_operands_built_apart_under_compile():
+    """torch's transformer tutorial builds q, k and v apart from one list of lengths and attends
+    compiled. Keys and values must agree (assumed, checked when the compiled code runs); queries
+    and keys need not (cross attention): a later call whose keys have other lengths than its
+    queries runs in the same graph."""
+    cc = CompileCounterWithBackend("aot_eager")
+    f = torch.compile(lambda q, k, v: F.scaled_dot_product_attention(_heads(q), _heads(k), _heads(v)),
+                      backend=cc, fullgraph=True)
+    for lq, lk in (((3, 0, 5), (3, 0, 5)), ((2, 4, 1), (5, 0, 3))):
+        q, _, cq, _ = _apart(lq, seed=1)
+        k, v, ck, cv = _apart(lk, seed=2)
+        out = f(q, k, v)
+        grads = torch.autograd.grad(out.sum(), (q, k, v))
+        for i in range(3):
+            x, y, z = (c[i].clone().requires_grad_() for c in (cq, ck, cv))
+            ref = F.scaled_dot_product_attention(_heads(x[None])[0], _heads(y[None])[0], _heads(z[None])[0])
+            torch.testing.assert_close(out.unbind()[i], ref)
+            for g, r in zip(grads, torch.autograd.grad(ref.sum(), (x, y, z))):
+                torch.testing.assert_close(g.unbind()[i], r)
+    assert cc.frame_count == 1
+    k, _, _, _ = _apart((5, 0, 3), seed=3)
+    _, v, _, _ = _apart((3, 0, 5), seed=4)
+    with pytest.raises(Exception, match="operands built apart combine only where their ragged sizes are equal"):
+        f(q, k, v)

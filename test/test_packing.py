@@ -342,6 +342,30 @@ def test_collate_with_dataloader():
         assert [p.tolist() for p in mj.position_ids(batch["tokens"]).unbind()] == [list(range(len(it["ids"]))) for it in items]
 
 
+def test_collate_fields_of_equal_lengths_share_a_nested_int():
+    """Fields of equal lengths in every sample share one nested int, so they combine under
+    torch.compile as eagerly (a per-token loss of tokens against their labels); a field of other
+    lengths keeps its own."""
+    g = torch.Generator().manual_seed(0)
+    items = [{"tokens": torch.randn(n, 4, generator=g), "labels": torch.randint(0, 3, (n,), generator=g),
+              "keep": torch.rand(n, generator=g) > 0.3, "chars": torch.randn(n + 1, 2, generator=g)} for n in (3, 0, 5)]
+    batch = mj.collate(items)
+    assert batch["tokens"].shape[1] is batch["labels"].shape[1] is batch["keep"].shape[1]
+    assert batch["chars"].shape[1] != batch["tokens"].shape[1]
+    for key in items[0]:
+        for got, item in zip(batch[key].unbind(), items, strict=True):
+            torch.testing.assert_close(got, item[key], rtol=0, atol=0)
+    w = torch.randn(4, 3, dtype=torch.float32)
+
+    def loss(tokens, labels, keep):
+        return torch.where(keep, F.cross_entropy((tokens @ w).transpose(1, 2), labels, reduction="none"), 0.0)
+
+    got = torch.compile(loss, backend="aot_eager", fullgraph=True)(batch["tokens"], batch["labels"], batch["keep"])
+    for g_, it in zip(got.unbind(), items, strict=True):
+        ref = torch.where(it["keep"], F.cross_entropy(it["tokens"] @ w, it["labels"], reduction="none"), 0.0)
+        torch.testing.assert_close(g_, ref)
+
+
 def test_collate_tensors():
     b = mj.collate([torch.ones(2, 3), torch.zeros(2, 3)])  # equal lengths stay multi_jagged
     assert isinstance(b, mj.MultiJaggedTensor) and b.sizes().flatten().tolist() == [2, 2]

@@ -4,7 +4,8 @@
 zero-copy view behind ``from_packed``. Gradients cross unchanged: the packed values *are* the
 elements, with no padding. These two crossings are the subclass's own (``tensor.py``, which
 ``values()`` needs); this module adds the ones built on them: adopting a wrapper built around
-values that carry a graph, relabelling nested ints, and ``wrap_values_like``.
+values that carry a graph, relabelling nested ints (``assume_relabel`` under tracing, NOTE
+[ Traced operands built apart ]), and ``wrap_values_like``.
 
 NOTE [ Differentiable backward of the bridge ]
 
@@ -25,7 +26,7 @@ import torch
 from .structure import Partition
 from .tensor import MultiJaggedTensor, _graph, _ValuesOf, values_of, wrap_values
 
-__all__ = ["values_of", "wrap_values", "wrap_values_like", "relabel", "expand_ragged"]
+__all__ = ["values_of", "wrap_values", "wrap_values_like", "relabel", "assume_relabel", "expand_ragged"]
 
 
 class _Adopt(torch.autograd.Function):
@@ -71,6 +72,35 @@ def relabel(x: MultiJaggedTensor, partition: Partition) -> MultiJaggedTensor:
     """``x`` with the nested ints of an equal-sized ``partition``; differentiable (gradients
     return with x's own nested ints, as the autograd engine checks)."""
     return _Relabel.apply(x, partition)
+
+
+# NOTE [ Traced operands built apart ]
+#
+# Eagerly, tensors built apart from equal lengths combine: their extents are compared by their
+# host lengths and the operands relabelled onto one (NOTE [ Equal sizes, different nested ints ]
+# in ops/_routing.py). Under tracing there are no lengths to compare: each input's offsets are a
+# tensor of their own, with a nested int of their own, and only one nested int provably combines
+# with itself. Where an op *needs* its operands' extents equal (an elementwise op at the same
+# dim, SDPA's keys and values), eager raises unless the lengths agree; so the traced call
+# assumes they agree and checks it when the compiled code runs: the carriers' sizes (batch,
+# total, max, sum of squares) become guards, which a new batch with other sizes fails (a
+# recompile, whose trace then raises as eager), and the offsets themselves are compared by an
+# ``_assert_async`` in the graph, which raises as eager would for lengths that agree in those
+# three sums but not one by one. Where an op does not need them equal (cross attention's queries
+# and keys, a ``cat`` along the ragged dim), nothing is assumed: assuming would turn a valid
+# call into a runtime error.
+def assume_relabel(x: MultiJaggedTensor, partition: Partition, pairs, op: str) -> MultiJaggedTensor:
+    """Under tracing, ``x`` relabelled onto ``partition`` (``relabel``), assuming each
+    ``(theirs, ours)`` pair of extents in ``pairs`` holds equal sizes and checking it when the
+    compiled code runs (NOTE [ Traced operands built apart ])."""
+    msg = (f"{op}(): operands built apart combine only where their ragged sizes are equal, and the "
+           f"compiled call got different ones")
+    for a, b in pairs:
+        for u, v in ((a.batch, b.batch), (a.total, b.total), (a.max, b.max), (a.sum_sq, b.sum_sq)):
+            torch._check(u == v, lambda: msg)
+        torch._assert_async((a.offsets == b.offsets).all(), msg)
+    torch._check(x._values.shape[0] == partition.rows, lambda: msg)
+    return relabel(x, partition)
 
 
 def expand_ragged(x: MultiJaggedTensor, partition: Partition) -> MultiJaggedTensor:

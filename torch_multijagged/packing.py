@@ -389,7 +389,11 @@ def padding_rate(x, *, bins: Optional[Sequence[Sequence[int]]] = None, budget: O
 
 
 # ----------------------------------------------------------------------------- collate
-def _collate_tensors(op: str, name: str, ts: Sequence[torch.Tensor]):
+def _collate_tensors(op: str, name: str, ts: Sequence[torch.Tensor], shared: Optional[dict] = None):
+    """One field's batch. ``shared`` maps the lengths (and device) of the fields collated so far
+    to their batch: a field of the same lengths is built on that batch's offsets, so the fields of
+    one sample (tokens, labels, a mask) share a nested int and combine under ``torch.compile``
+    too (NOTE [ Traced operands built apart ] in bridge.py)."""
     head = f"{op}(): field {name!r}: " if name else f"{op}(): "
     ranks = {t.dim() for t in ts}
     if len(ranks) != 1:
@@ -406,7 +410,14 @@ def _collate_tensors(op: str, name: str, ts: Sequence[torch.Tensor]):
         if t.dtype != first.dtype or t.device != first.device:
             raise ValueError(f"{head}expected one dtype and device, got {first.dtype}/{first.device} and {t.dtype}/{t.device} (sample {i})")
     # ragged_dims=(1,) always: a batch whose lengths happen to agree keeps the ragged schema.
-    return nested_tensor(list(ts), ragged_dims=(1,))
+    key = (tuple(t.shape[0] for t in ts), first.device)
+    like = None if shared is None else shared.get(key)
+    if like is not None:
+        return from_packed(torch.cat(list(ts)), like.offsets(), like.sizes())
+    out = nested_tensor(list(ts), ragged_dims=(1,))
+    if shared is not None:
+        shared[key] = out
+    return out
 
 
 def collate(samples: Sequence[Any]):
@@ -416,7 +427,8 @@ def collate(samples: Sequence[Any]):
       multi_jagged tensor, ragged along dim 1 even when every length agrees (a stable schema);
       0-dim tensors (labels) are stacked to a dense ``(B,)``;
     * dicts with the same keys → a dict of the above per key; a key whose values are not tensors
-      (strings, ids) gives the list of its values.
+      (strings, ids) gives the list of its values. Fields of equal lengths in every sample share
+      one nested int (``batch["tokens"].shape[1] == batch["labels"].shape[1]``).
 
     Mismatched keys, ranks, trailing dims, dtypes or a mix of tensors and non-tensors in one field
     raise ``ValueError`` / ``TypeError`` naming the field.
@@ -457,12 +469,12 @@ def collate(samples: Sequence[Any]):
                 raise TypeError(f"{op}(): expected every sample to be a dict, got {type(s).__name__} (sample {i})")
             if set(s.keys()) != set(keys):
                 raise ValueError(f"{op}(): expected every sample to have keys {sorted(map(str, keys))}, got {sorted(map(str, s.keys()))} (sample {i})")
-        out = {}
+        out, shared = {}, {}
         for k in keys:
             vals = [s[k] for s in samples]
             is_t = [isinstance(v, torch.Tensor) for v in vals]
             if all(is_t):
-                out[k] = _collate_tensors(op, k, vals)
+                out[k] = _collate_tensors(op, k, vals, shared)
             elif any(is_t):
                 raise TypeError(f"{op}(): field {k!r}: expected a tensor in every sample or in none, got a mix")
             else:

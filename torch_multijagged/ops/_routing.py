@@ -25,7 +25,7 @@ from typing import Any, Callable
 
 import torch
 
-from ..bridge import expand_ragged, relabel
+from ..bridge import assume_relabel, expand_ragged, relabel
 from ..compile import library  # noqa: F401  (defines the multijagged:: ops that routes call)
 from ..errors import StructureError
 from ..structure import _is_traced, broadcast_extent, partition_for, same_extent
@@ -233,6 +233,8 @@ def unify_call(func, args: tuple, kwargs: dict | None):
                       for k, v in kwargs.items() if k != "out"):
         names = [k for k in kwargs if k != "out"]
         unified = unify_extents((*args, *(kwargs[k] for k in names)), keep_first)
+        if func in _ALIGNED:
+            unified = _assume_aligned(func, unified)
         kwargs = {**kwargs, **dict(zip(names, unified[len(args):]))}
         return unified[: len(args)], kwargs
     if len(args) > 1 or (args and isinstance(args[0], (list, tuple)) and len(args[0]) > 1):
@@ -240,7 +242,26 @@ def unify_call(func, args: tuple, kwargs: dict | None):
         args = unify_extents(args, keep_first)
         if func in _BROADCASTING and _needs_grad(*args):
             args = _expand_broadcasts(args, keep_first)
+        if func in _ALIGNED:
+            args = _assume_aligned(func, args)
     return args, kwargs
+
+
+def _assume_aligned(func, args: tuple) -> tuple:
+    """Under tracing, the operands of an op that needs their ragged dims equal (``_ALIGNED``)
+    relabelled onto the first's extents (``assume_unified``, NOTE [ Traced operands built apart ]
+    in bridge.py); ``args`` unchanged eagerly."""
+    ms = [i for i, a in enumerate(args) if isinstance(a, MJT)]
+    if len(ms) < 2:
+        return args
+    first = args[ms[0]]
+    if not (torch.compiler.is_compiling() or _is_traced(first._partition.offsets)):
+        return args
+    name = getattr(func, "__name__", str(func))
+    out = list(args)
+    for i in ms[1:]:
+        out[i] = assume_unified(first, args[i], name)
+    return tuple(out)
 
 
 # NOTE [ Ragged dims of size 1 in some samples ]
@@ -271,6 +292,31 @@ for _name in "add sub mul truediv div pow mod floordiv".split():
         if _f is not None:
             _BROADCASTING.add(_f)
 _BROADCASTING.add(torch.special.xlogy)
+
+# The functions whose multi_jagged operands must agree at each ragged dim they share (eager raises
+# for other lengths): elementwise ones, comparisons, masks, and the losses pairing an input with
+# its target. Under tracing they assume it (NOTE [ Traced operands built apart ] in bridge.py).
+_ALIGNED: set = set(_BROADCASTING)
+for _name in (
+    "eq ne lt le gt ge greater greater_equal less less_equal not_equal isclose logical_and logical_or "
+    "logical_xor bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift masked_fill "
+    "masked_scatter nextafter igamma igammac heaviside gcd lcm floor_divide fmod"
+).split():
+    for _owner, _suffixes in ((torch, ("",)), (torch.Tensor, ("", "_"))):
+        for _suffix in _suffixes:
+            _f = getattr(_owner, _name + _suffix, None)
+            if _f is not None:
+                _ALIGNED.add(_f)
+for _name in "eq ne lt le gt ge and or xor lshift rshift".split():
+    for _form in ("__{}__", "__r{}__", "__i{}__"):
+        _f = getattr(torch.Tensor, _form.format(_name), None)
+        if _f is not None:
+            _ALIGNED.add(_f)
+for _name in (
+    "mse_loss l1_loss smooth_l1_loss huber_loss binary_cross_entropy binary_cross_entropy_with_logits "
+    "kl_div poisson_nll_loss gaussian_nll_loss soft_margin_loss cross_entropy nll_loss"
+).split():
+    _ALIGNED.add(getattr(torch.nn.functional, _name))
 
 
 def _expand_broadcasts(args: tuple, keep_first: bool) -> tuple:
@@ -317,6 +363,29 @@ def _relabel_map(first: MJT, other: MJT):
     if not swap:
         return None
     return partition_for([swap.get(id(e), e) for e in other._partition.extents])
+
+
+def assume_unified(first: MJT, other: MJT, op: str, dims=None) -> MJT:
+    """Under tracing, ``other`` relabelled onto ``first``'s extents at the same logical dims (those
+    in ``dims``, else every shared one) that are not provably one nested int, the equal sizes this
+    needs checked when the compiled code runs (``assume_relabel``, NOTE [ Traced operands built
+    apart ] in bridge.py); ``other`` itself eagerly, where the two share a batch size that differs,
+    or where nothing differs. Only for operands whose extents an op needs equal: eager raises for
+    other lengths there."""
+    if not (torch.compiler.is_compiling() or _is_traced(other._partition.offsets)):
+        return other
+    if first._partition is other._partition or first._partition.batch != other._partition.batch:
+        return other
+    swap, pairs = {}, []
+    for d, e in zip(other._ragged_dims, other._partition.extents):
+        if d in first._ragged_dims and (dims is None or d in dims):
+            k = first._partition.extents[first._ragged_dims.index(d)]
+            if k is not e and id(e) not in swap and not same_extent(k, e):
+                swap[id(e)] = k
+                pairs.append((k, e))
+    if not swap:
+        return other
+    return assume_relabel(other, partition_for([swap.get(id(e), e) for e in other._partition.extents]), pairs, op)
 
 
 def _dense(t) -> bool:

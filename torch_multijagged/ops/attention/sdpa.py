@@ -45,7 +45,7 @@ from ...kernels import attention as kattn
 from ...structure import _is_traced, building, partition_for, same_extent
 from .._table import register_multi_jagged_func
 from .._common import MJT, autocast_lower, describe, static_dims, wrap
-from .._routing import _call, _needs_grad, route
+from .._routing import _call, _needs_grad, assume_unified, route
 
 __all__ = ["backend", "BACKENDS", "segments", "dense_as_rows"]
 
@@ -249,6 +249,12 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
         key, _ = dense_as_rows(_OP, key, query, "key", "queries")
         value, _ = dense_as_rows(_OP, value, query, "value", "queries")
     query, key, value = _broadcast_batch_dims(query, key, value)
+    if all(isinstance(t, MJT) for t in (query, key, value)) and len(query._size) == len(key._size) >= 3:
+        # traced operands built apart (torch's transformer tutorial builds q, k and v apart):
+        # the keys' batch dims are the queries', the values' every dim the keys' (NOTE [ Traced
+        # operands built apart ] in bridge.py); eagerly equal lengths were relabelled already
+        key = assume_unified(query, key, _OP, dims=range(1, len(key._size) - 2))
+        value = assume_unified(key, value, _OP)
     if torch.is_autocast_enabled(query.device.type):
         query, key, value, attn_mask = autocast_lower(query, key, value, attn_mask)  # as dense SDPA's autocast
     ragged_l = _check(query, key, value, attn_mask, is_causal, enable_gqa)
