@@ -759,6 +759,9 @@ BUGS = [
         "key = assume_unified(query, key, _OP)", ("test_compile.py",)),
     Bug("collated fields of equal lengths get nested ints of their own", "packing.py",
         "like = None if shared is None else shared.get(key)", "like = None", ("test_packing.py",)),
+    Bug("per-image resampling drops recompute_scale_factor", "ops/vision/resample.py",
+        "recompute_scale_factor=recompute_scale_factor, antialias=antialias)[0])",
+        "antialias=antialias)[0])", ("test_resample.py",)),
 ]
 
 

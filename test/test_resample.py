@@ -135,6 +135,59 @@ def test_interpolate_1d_matches_dense_per_signal(case, seed, dtype):
 
 
 @st.composite
+def per_sample_cases(draw):
+    """``bicubic``, ``area`` and antialiased resampling (a dense call per image): 1-d (area only)
+    or 2-d, by a scale (zero-size images allowed) or to one size (none)."""
+    nsp = draw(st.sampled_from([1, 2]))
+    mode, extra = draw(st.sampled_from([("area", {}), ("bicubic", {"align_corners": False}), ("bicubic", {"align_corners": True}),
+                                        ("bilinear", {"antialias": True}), ("bicubic", {"antialias": True})]))
+    if nsp == 1 and mode != "area":
+        mode, extra = "area", {}
+    by_size = draw(st.booleans())
+    b = draw(st.integers(1, 4))
+    sides = [tuple(draw(st.sampled_from([1, 2, 3, 5, 7, 9])) for _ in range(nsp)) for _ in range(b)]
+    if by_size:
+        kw = dict(size=tuple(draw(st.integers(1, 6)) for _ in range(nsp)))
+    else:
+        if draw(st.booleans()):
+            sides[draw(st.integers(0, b - 1))] = tuple(0 if k == 0 else 3 for k in range(nsp))
+        scale = draw(_SCALES)
+        kw = dict(scale_factor=scale if nsp == 1 or draw(st.booleans()) else (scale, draw(_SCALES)),
+                  recompute_scale_factor=draw(st.sampled_from([None, True])))
+    return sides, draw(st.integers(1, 3)), dict(mode=mode, **extra, **kw)
+
+
+@grid
+@given(per_sample_cases(), seeds, st.sampled_from([torch.float32, torch.float64]))
+def test_interpolate_bicubic_area_antialias_match_dense_per_image(case, seed, dtype):
+    """The modes without a packed form run dense torch per image: values and gradients are its
+    own, the output a dense batch for ``size=`` and the scaled extents (those of every mode) for a
+    scale."""
+    sides, c, kw = case
+    leaves, x = _images(sides, c, seed, dtype)
+    tol = 1e-5 if dtype == torch.float32 else 1e-7
+    out = _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x, exact=False,
+                 rtol=tol, atol=tol, dense_out="size" in kw, seed=seed)
+    if "scale_factor" in kw:
+        linear = F.interpolate(x.detach(), scale_factor=kw["scale_factor"], mode="nearest")
+        assert out.shape == linear.shape  # one nested int per size rule, whatever the mode
+
+
+def test_interpolate_per_sample_modes_to_another_batch_and_double_backward():
+    """``size=`` another batch's nested ints (an FPN's skip connection) and second-order
+    gradients, for a mode run per image."""
+    leaves, x = _images([(3, 4), (2, 5), (4, 1)], 2, 3)
+    _, skip = _images([(5, 2), (4, 4), (6, 3)], 1, 4)
+    out = F.interpolate(x, size=skip.shape[-2:], mode="bicubic", align_corners=False)
+    assert out.shape[-2:] == skip.shape[-2:]
+    for o, leaf, sk in zip(out.unbind(), leaves, skip.unbind()):
+        torch.testing.assert_close(o, F.interpolate(leaf[None], size=sk.shape[-2:], mode="bicubic", align_corners=False)[0])
+    _gradgrad(lambda t: F.interpolate(t, scale_factor=1.5, mode="bicubic", align_corners=False),
+              comps_for([(2, 3, 4), (2, 0, 2), (2, 2, 1)], 7), (2, 3))
+    _gradgrad(lambda t: F.interpolate(t, size=(3, 2), mode="area"), comps_for([(2, 3, 4), (2, 1, 2)], 8), (2, 3))
+
+
+@st.composite
 def to_own_size_cases(draw, nsp: int):
     """Source and target sides per image (an empty image only to an empty one, as dense torch
     refuses either alone), a mode and its align_corners."""
@@ -312,10 +365,13 @@ def test_interpolate_errors_name_the_op():
         F.interpolate(x, scale_factor=(2.0, 2.0, 2.0))
     with pytest.raises(ValueError, match=r"interpolate\(\).*positive"):
         F.interpolate(x, scale_factor=-1.0)
-    with pytest.raises(NotImplementedError, match=r"interpolate\(\).*'bicubic'"):
-        F.interpolate(x, scale_factor=2.0, mode="bicubic")
-    with pytest.raises(NotImplementedError, match=r"interpolate\(\).*antialias"):
-        F.interpolate(x, scale_factor=2.0, mode="bilinear", antialias=True)
+    with pytest.raises(NotImplementedError, match=r"interpolate\(\).*'lanczos'"):
+        F.interpolate(x, scale_factor=2.0, mode="lanczos")
+    with pytest.raises(NotImplementedError, match="antialias"):  # dense: no antialiased nearest
+        F.interpolate(x, scale_factor=2.0, mode="nearest", antialias=True)
+    with pytest.raises(NotImplementedError, match="bicubic"):  # dense: bicubic needs a 4-d input
+        F.interpolate(mj.nested_tensor([torch.randn(2, 3), torch.randn(2, 1)], ragged_dims=(2,)), scale_factor=2.0,
+                      mode="bicubic")
     with pytest.raises(ValueError, match="align_corners"):
         F.interpolate(x, scale_factor=2.0, mode="nearest", align_corners=True)
     with pytest.raises(NotImplementedError, match="linear"):  # dense: linear needs a 3-d input

@@ -469,7 +469,8 @@ def collate(samples: Sequence[Any]):
                 raise TypeError(f"{op}(): expected every sample to be a dict, got {type(s).__name__} (sample {i})")
             if set(s.keys()) != set(keys):
                 raise ValueError(f"{op}(): expected every sample to have keys {sorted(map(str, keys))}, got {sorted(map(str, s.keys()))} (sample {i})")
-        out, shared = {}, {}
+        out: dict = {}
+        shared: dict = {}
         for k in keys:
             vals = [s[k] for s in samples]
             is_t = [isinstance(v, torch.Tensor) for v in vals]

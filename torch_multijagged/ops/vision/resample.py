@@ -33,6 +33,10 @@ Every sample is resampled on its own, exactly as the dense op resamples that ima
   every order. The new sizes are built on the host from the host copy of the input's lengths,
   so these routes run eagerly only: under ``torch.compile`` a graph break (with
   ``fullgraph=True`` an error naming the op; NOTE [ Eager-only routes ] in ``_common.py``).
+* ``bicubic``, ``area`` and ``antialias=True`` have no packed form here: dense ``F.interpolate``
+  runs on each image (a view of its packed rows), a loop over the samples whose values and
+  gradients are dense torch's own; sizes and extents follow the rules above, so their results
+  combine with the packed modes'.
 * ``pixel_shuffle(x, r)``: ``(B, C·r², j0, j1) → (B, C, j0·r, j1·r)`` (extent key
   ``("scale", r)``); ``pixel_unshuffle(x, r)`` the inverse, extent key ``("div", r)``; every
   sample's sides must be divisible by ``r`` (else a ValueError naming the sample, as dense
@@ -56,6 +60,7 @@ __all__ = []
 
 _LAYOUT = "layout torch.multi_jagged"
 _MODES = ("nearest", "nearest-exact", "linear", "bilinear")
+_PER_SAMPLE_MODES = ("bicubic", "area")  # and antialias=True: a dense call per image
 _VEC_LIMIT = 128  # aten's _use_vectorized_kernel_cond_2d: out_h + out_w <= 128
 
 
@@ -202,13 +207,11 @@ def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_cor
     probe; returns ``(sizes, scales, extents)``, one of them set, with one entry per spatial dim
     (``extents``: the extents of another batch's nested ints given as ``size``)."""
     op = "interpolate"
-    if mode not in _MODES:
+    if mode not in _MODES + _PER_SAMPLE_MODES:
         raise NotImplementedError(
             f"{op}(): mode {mode!r} over ragged spatial dims is not supported for {_LAYOUT} (supported: "
-            f"{', '.join(_MODES)})"
+            f"{', '.join(_MODES + _PER_SAMPLE_MODES)})"
         )
-    if antialias:
-        raise NotImplementedError(f"{op}(): antialias=True over ragged spatial dims is not supported for {_LAYOUT}")
     if size is not None and scale_factor is not None:
         raise ValueError(f"{op}(): only one of size or scale_factor should be defined")
     if size is None and scale_factor is None:
@@ -237,7 +240,8 @@ def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_cor
     elif not all(isinstance(s, (int, float)) and math.isfinite(s) and s > 0 for s in vals):
         raise ValueError(f"{op}(): expected scale_factor to be positive finite numbers, got {scale_factor}")
     c = input._values.shape[1]
-    F.interpolate(input._values.new_zeros((1, c) + (1,) * nsp), size=(1,) * nsp, mode=mode, align_corners=align_corners)
+    F.interpolate(input._values.new_zeros((1, c) + (1,) * nsp), size=(1,) * nsp, mode=mode, align_corners=align_corners,
+                  antialias=antialias)
     if extents is not None:
         return None, None, extents
     return (vals, None, None) if size is not None else (None, [float(s) for s in vals], None)
@@ -267,6 +271,11 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
                 f"{op}(): sample {i} of {describe(input)} has spatial size {tuple(host[i].tolist())} and cannot be "
                 f"resized to {tuple(sizes)} (dense torch raises for an empty image)"
             )
+    elif own is not None:
+        _check_own_sizes(op, input, own)
+    if mode in _PER_SAMPLE_MODES or antialias:
+        return _interpolate_per_sample(input, sizes, scales, own, mode, align_corners, recompute_scale_factor, antialias)
+    if sizes is not None:
         offs = [torch.arange(b + 1, device=dev) * m for m in sizes]
         totals = [b * m for m in sizes]
         out_len = [torch.full((b,), m, dtype=torch.int64, device=dev) for m in sizes]
@@ -280,10 +289,7 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         # each image to its own size: the extents of another batch's nested ints (an FPN or U-Net
         # skip connection, ``size=skip.shape[-2:]``), which the result shares, with dense torch's
         # scales from the sizes; or dense torch's output size floor(n·s) (double) from the host lengths
-        if own is not None:
-            _check_own_sizes(op, input, own)
-        ext = own if own is not None else [mapped_extent(e, ("scale", s), lambda n, s=s: (n.to(torch.float64) * s).floor())
-                                           for e, s in zip(p.extents, scales)]
+        ext = own if own is not None else _scaled_extents(p, scales)
         offs = [e.offsets for e in ext]
         totals = [e.total for e in ext]
         out_len = [e.lengths() for e in ext]
@@ -299,6 +305,47 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     if sizes is None:
         return _finish(out, out_p, input._ragged_dims)
     return out.view(b, *sizes, out.shape[1]).movedim(-1, 1).contiguous()
+
+
+def _scaled_extents(p, scales):
+    """Each spatial extent of ``p`` scaled as dense torch sizes its output, ``floor(n·s)`` in
+    double, keyed by the size rule (NOTE [ Resampling ragged images ])."""
+    return [mapped_extent(e, ("scale", s), lambda n, s=s: (n.to(torch.float64) * s).floor()) for e, s in zip(p.extents, scales)]
+
+
+def _interpolate_per_sample(input: MJT, sizes, scales, own, mode, align_corners, recompute_scale_factor, antialias):
+    """``bicubic``, ``area`` and ``antialias=True``, which have no packed form here: dense
+    ``F.interpolate`` on each image, a loop over the samples on views of the packed values (so
+    gradients of every order are dense torch's). The result is what the packed modes give: a
+    dense ``(B, C, h, w)`` for ``size=(h, w)``, else the batch on the scaled extents (or on the
+    extents of the nested ints given as ``size``); an image whose input or output has a zero side
+    stays empty there, where dense torch raises."""
+    p = input._partition
+    v = _values(input)
+    c = v.shape[1]
+    host = p.host_sizes()  # SYNC: none — the host copy of the sizes
+    if sizes is not None:
+        ext, targets = None, [tuple(sizes)] * p.batch
+    else:
+        ext = own if own is not None else _scaled_extents(p, scales)
+        targets = torch.stack([e.host_lengths() for e in ext], 1).tolist()
+    outs, start = [], 0
+    for n_in, n_out in zip(host.tolist(), targets):
+        rows = math.prod(n_in)
+        image = v[start:start + rows].t().reshape(c, *n_in)
+        start += rows
+        if rows == 0 or math.prod(n_out) == 0:
+            outs.append(v.reshape(-1)[:0].view(c, *n_out))  # empty, on v's graph (an empty batch still needs a grad)
+        elif own is not None or sizes is not None:
+            outs.append(F.interpolate(image[None], size=tuple(n_out), mode=mode, align_corners=align_corners,
+                                      antialias=antialias)[0])
+        else:
+            outs.append(F.interpolate(image[None], scale_factor=scales, mode=mode, align_corners=align_corners,
+                                      recompute_scale_factor=recompute_scale_factor, antialias=antialias)[0])
+    if ext is None:
+        return torch.stack(outs)
+    out = torch.cat([o.reshape(c, -1).t() for o in outs])
+    return _finish(out, partition_for(ext), input._ragged_dims)
 
 
 def _check_own_sizes(op: str, x: MJT, extents) -> None:
