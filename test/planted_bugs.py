@@ -762,6 +762,16 @@ BUGS = [
     Bug("per-image resampling drops recompute_scale_factor", "ops/vision/resample.py",
         "recompute_scale_factor=recompute_scale_factor, antialias=antialias)[0])",
         "antialias=antialias)[0])", ("test_resample.py",)),
+    Bug("per-sample searchsorted pads every row with the batch's largest boundary", "ops/elementwise/pointwise.py",
+        "        bounds = torch.where(pad, last, bounds)", "        bounds = bounds.masked_fill(pad, v.max())",
+        ("test_ragged_indexing.py",)),
+    Bug("logsumexp takes a max of finfo.min for an empty segment", "ops/reductions/reduce.py",
+        "m = torch.where(torch.isinf(m) | (plan.count(x, m.dtype, v) == 0), torch.zeros_like(m), m)",
+        "m = torch.where(torch.isinf(m) | (m == torch.finfo(m.dtype).min), torch.zeros_like(m), m)",
+        ("test_ragged_reductions.py",)),
+    Bug("reshape reads the ragged dim's own nested int as a merge with the static dims after it", "ops/shape/flatten.py",
+        "    if (target == -1 or _same_size(target, x.shape[d])) and _ordinary(op, x, size):",
+        "    if target == -1 and _ordinary(op, x, size):", ("test_flatten_ragged.py",)),
 ]
 
 

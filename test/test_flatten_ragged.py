@@ -417,6 +417,24 @@ def test_packed_qkv_reshape_with_the_head_size_left_to_minus_one():
     _grads_agree(x.reshape(b, n, 3, 2, -1), [t.reshape(t.shape[0], 3, 2, 4) for t in leaves], leaves)
 
 
+@pytest.mark.parametrize("lengths", [(0, 0), "no samples", (2, 0, 1)])
+def test_heads_merged_back_keep_the_ragged_dim_when_every_sample_is_empty(lengths):
+    """``attn_output.reshape(*x.shape[:2], -1)`` (every Hugging Face attention module) regroups the
+    static dims after the ragged one, also where every sample is empty or the batch has none:
+    there the merged sizes ``n·H`` equal the ragged dim's own, and reading the size as that merge
+    gave the head size as the width."""
+    if lengths == "no samples":
+        leaves, x = _batch([(2, 4, 8), (1, 4, 8)], (1,))
+        leaves, x = [], x[:0]
+    else:
+        leaves, x = _batch([(n, 4, 8) for n in lengths], (1,))
+    b, n = x.shape[:2]
+    for out in (x.reshape(b, n, -1), x.view(b, n, -1), x.reshape(b, n, 32)):
+        assert out.shape[1] is n and out.shape[2] == 32
+        _same(out, [t.detach().reshape(t.shape[0], 32) for t in leaves])
+    assert x.reshape(b, n, -1).sum(1).shape == (b, 32)
+
+
 def test_frames_stacked_by_floor_division_of_the_ragged_size():
     """``x.reshape(B, T // k, k * C)`` / ``x.view(B, T // k, k, C)`` (speech encoders stacking k
     frames): each sample's ``reshape(t // k, …)``, gradients included; a sample whose length

@@ -608,6 +608,23 @@ def test_searchsorted_with_per_sample_boundaries(right, dtype):
         torch.searchsorted(s, torch.zeros(2, 3, dtype=dtype))
 
 
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_nan_boundaries_stay_in_their_sample(right):
+    """A sample whose last boundaries are NaN (sorted last, as torch.sort puts them) leaves the
+    other samples' searches alone: each sample's values as dense searches them, and changing one
+    sample's boundaries changes no other sample's result."""
+    nan = float("nan")
+    bounds = [torch.tensor([nan, nan]), torch.tensor([0.0]), torch.tensor([1.0, nan]), torch.zeros(0)]
+    values = [torch.tensor([0.0, nan]), torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([0.5, 3.0, nan]), torch.tensor([1.0])]
+    out = torch.searchsorted(mj.as_nested_tensor(bounds), mj.as_nested_tensor(values), right=right)
+    for o, b, x in zip(out.unbind(), bounds, values):
+        assert torch.equal(o, torch.searchsorted(b, x, right=right))
+    calm = torch.searchsorted(mj.as_nested_tensor([torch.tensor([5.0, 6.0])] + bounds[1:]), mj.as_nested_tensor(values),
+                              right=right)
+    for a, b in list(zip(out.unbind(), calm.unbind()))[1:]:
+        assert torch.equal(a, b)
+
+
 def test_searchsorted_with_per_sample_boundaries_compiles_into_one_graph():
     s = torch.nested.nested_tensor([torch.tensor([1.0, 3.0, 7.0]), torch.tensor([2.0])], layout=mj.multi_jagged)
     v = torch.nested.nested_tensor([torch.tensor([0.0, 4.0, 9.0]), torch.tensor([5.0, 1.0])], layout=mj.multi_jagged)

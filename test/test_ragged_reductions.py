@@ -473,6 +473,30 @@ def test_any_and_all_over_no_dims_are_elementwise_as_dense():
             assert torch.equal(o, f(c))
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_logsumexp_of_masked_entries_is_finite_as_dense(dtype):
+    """Entries equal to ``finfo.min`` (an additive mask's fill) are real values, not an empty
+    segment: a fully masked row's logsumexp is ``finfo.min`` with dense's gradient, over a ragged
+    and over a static dim; an empty sample's stays ``-inf``."""
+    lo = torch.finfo(dtype).min
+    g = torch.Generator().manual_seed(0)
+    leaves = [torch.full((3, 2), lo, dtype=dtype), torch.randn(2, 2, generator=g).to(dtype), torch.zeros(0, 2, dtype=dtype)]
+    leaves[1][0, 1] = lo
+    leaves = [t.requires_grad_() for t in leaves]
+    x = mj.as_nested_tensor(leaves)
+    for dim in (1, 2):
+        out = x.logsumexp(dim)
+        got = list(out.unbind()) if dim == 2 else list(out.unbind(0))
+        refs = [t.logsumexp(dim - 1) for t in leaves]
+        grads = torch.autograd.grad(sum(o.float().sum() for o in got), leaves, allow_unused=True)
+        want = torch.autograd.grad(sum(r.float().sum() for r in refs), leaves, allow_unused=True)
+        for o, r, gm, gr in zip(got, refs, grads, want):
+            torch.testing.assert_close(o, r)
+            if gr is not None:
+                torch.testing.assert_close(gm, gr)
+    assert x.logsumexp(1)[2].isneginf().all()
+
+
 def test_var_grad_does_not_leak_nan_into_other_samples():
     leaves = [torch.tensor([[0.5, 1.0]], dtype=torch.float64, requires_grad=True),  # n = 1: var = nan
               torch.tensor([[1.0, 2.0], [3.0, 5.0]], dtype=torch.float64, requires_grad=True)]

@@ -391,9 +391,10 @@ def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=
     """Per-sample boundaries: a multi_jagged ``(B, j0)`` ``sorted_sequence`` (each sample's sorted
     1-d boundaries) with values of the same batch — multi_jagged ``(B, j1, …)`` or dense
     ``(B, …)`` —, each value searched among its own sample's boundaries, as the dense op with
-    batched boundaries. The boundaries are padded at the end with their largest value (each row
-    stays sorted) and the result capped at the sample's length: a value that lands in the padding
-    is past every boundary of its sample."""
+    batched boundaries. Each sample's boundaries are padded at the end with its own last boundary
+    (each row stays sorted, and no sample's values reach another's row: a NaN is sorted last) and
+    the result capped at the sample's length: a value that lands in the padding is past every
+    boundary of its sample."""
     if not isinstance(sorted_sequence, MJT):
         return NotImplemented  # dense boundaries: the op table's elementwise handler
     if out is not None or sorter is not None:
@@ -406,9 +407,10 @@ def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=
     v = sorted_sequence._values
     n = sorted_sequence._partition.extents[0].lengths()
     bounds = sorted_sequence.to_padded_tensor(0)  # (B, N)
-    if v.numel():  # the padding raised to the largest boundary: each row stays sorted (no host read)
+    if v.numel():  # the padding raised to the row's last boundary: each row stays sorted (no host read)
         pad = torch.arange(bounds.shape[1], device=n.device).unsqueeze(0) >= n.unsqueeze(1)
-        bounds = bounds.masked_fill(pad, v.max())
+        last = bounds.gather(1, (n - 1).clamp_min(0).unsqueeze(1))
+        bounds = torch.where(pad, last, bounds)
     b = bounds.shape[0]
     if isinstance(input, MJT):
         k = len(input._ragged_dims)

@@ -219,7 +219,9 @@ def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str 
         k = _forward_k(plan, x, v, "sum") / plan.count(x, v.dtype, v)
     elif kind == "logsumexp":
         m = _forward_k(plan, x, v.detach(), "amax")
-        m = torch.where(torch.isinf(m) | (m == torch.finfo(m.dtype).min), torch.zeros_like(m), m)
+        # an empty segment's max is the lowest value, as is a real one of masked entries
+        # (``finfo.min``): only the empty ones (and infinite maxima) shift by 0
+        m = torch.where(torch.isinf(m) | (plan.count(x, m.dtype, v) == 0), torch.zeros_like(m), m)
         k = _forward_k(plan, x, (v - _to_rows(plan, m)).exp(), "sum").log() + m
     else:
         k = _forward_k(plan, x, v, kind)

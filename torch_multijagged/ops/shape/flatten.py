@@ -634,8 +634,13 @@ def _static_merge_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
         return None
     target = size[d]
     k = math.prod(x._size[d + 1:end + 1])
-    if k == 1 or not (target == -1 or is_nested_int(target)) or (target == -1 and _ordinary(op, x, size)):
+    if k == 1 or not (target == -1 or is_nested_int(target)):
         return None  # (dropping size-one dims is a view of the static dims, which traces)
+    if (target == -1 or _same_size(target, x.shape[d])) and _ordinary(op, x, size):
+        # the ragged dim kept whole (``-1`` or its own nested int, ``x.reshape(B, N, -1)``) with the
+        # static dims after it regrouped: that reading wins, even where every sample is empty and
+        # the merged sizes would equal the ragged dim's own
+        return None
     if is_nested_int(target):
         if torch.compiler.is_compiling():
             return None
