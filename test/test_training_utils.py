@@ -136,6 +136,102 @@ def test_checkpoint_pair_block_matches_plain_run(inference):
         torch.testing.assert_close(a, b)
 
 
+# A function of a multi_jagged leaf checkpointed; "pair" goes through a square pair (B, j0, j0, C)
+CK_FNS = {
+    "mlp": lambda lin, t: F.gelu(lin(t)).sin(),
+    "pair": lambda lin, t: (lin(t).unsqueeze(1) + t.unsqueeze(2)).tanh().mean(2),
+}
+# which of (x, lin.weight, lin.bias) each call asks a gradient of
+CK_ASKED = {
+    "grad": (True, False, False),
+    "grad_params": (True, True, True),
+    "backward_inputs": (True, False, False),
+    "grad_outputs": (True, True, True),
+    "tensor_backward": (True, True, False),
+    "second_order": (True, True, True),
+}
+
+
+@pytest.mark.parametrize("call", list(CK_ASKED))
+@pytest.mark.parametrize("fn", list(CK_FNS))
+def test_checkpoint_autograd_api_with_batch_arguments(fn, call):
+    """torch.utils.checkpoint (use_reentrant=False) of a function of a multi_jagged leaf x, its
+    gradients asked for by the autograd API with a batch among its arguments
+    (``autograd.grad(loss, x)``, ``autograd.grad(loss, [x, *params])``, ``backward(inputs=[x])``,
+    ``grad_outputs`` / ``y.backward(g)`` with a cotangent built apart, second order): the forward's
+    recomputation during backward takes the routes as the forward did (NOTE [ The autograd API
+    runs the engine with routes on ] in ops/_routing.py), and the gradients of x and of the
+    parameters equal dense checkpointing sample by sample; a parameter left out of ``inputs``
+    gets none, as in dense."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4).double()
+    params = [lin.weight, lin.bias]
+    xs = _comps(dtype=torch.float64)
+    x = mj.nested_tensor(xs, requires_grad=True)
+    out = checkpoint(lambda t: CK_FNS[fn](lin, t), x, use_reentrant=False)
+    g = torch.Generator().manual_seed(1)
+    cots = [torch.randn(o.shape, generator=g, dtype=torch.float64) for o in out.unbind()]
+    cot = mj.nested_tensor(cots)  # built apart: a nested int of its own
+    if call == "grad":
+        got = [*torch.autograd.grad(out.sin().sum(), x), None, None]
+    elif call == "grad_params":
+        got = list(torch.autograd.grad(out.sin().sum(), [x, *params]))
+    elif call == "backward_inputs":
+        out.sin().sum().backward(inputs=[x])
+        got = [x.grad, lin.weight.grad, lin.bias.grad]
+    elif call == "grad_outputs":
+        got = list(torch.autograd.grad(out, [x, *params], grad_outputs=cot))
+    elif call == "tensor_backward":
+        out.backward(cot, inputs=[x, lin.weight])
+        got = [x.grad, lin.weight.grad, lin.bias.grad]
+    else:
+        gx, gw = torch.autograd.grad(out.sin().sum(), [x, lin.weight], create_graph=True)
+        got = list(torch.autograd.grad(gx.pow(2).sum() + gw.pow(2).sum(), [x, *params]))
+
+    leaves = [a.clone().requires_grad_() for a in xs]
+    refs = [checkpoint(lambda t: CK_FNS[fn](lin, t), a.unsqueeze(0), use_reentrant=False)[0] for a in leaves]
+    if call in ("grad_outputs", "tensor_backward"):
+        loss = sum((r * c).sum() for r, c in zip(refs, cots))
+    else:
+        loss = sum(r.sin().sum() for r in refs)
+    if call == "second_order":
+        first = torch.autograd.grad(loss, [*leaves, lin.weight], create_graph=True)
+        loss = sum(q.pow(2).sum() for q in first)
+    want = torch.autograd.grad(loss, [*leaves, *params])
+
+    assert isinstance(got[0], mj.MultiJaggedTensor) and got[0].shape == x.shape
+    for a, b in zip(got[0].unbind(), want[: len(xs)]):
+        torch.testing.assert_close(a, b)
+    for asked, a, b in zip(CK_ASKED[call][1:], got[1:], want[len(xs):]):
+        if asked:
+            torch.testing.assert_close(a, b)
+        else:
+            assert a is None
+
+
+@pytest.mark.parametrize("fn", list(CK_FNS))
+def test_checkpoint_reentrant_batch_input(fn):
+    """use_reentrant=True around a function of a multi_jagged leaf: ``loss.backward()`` fills x's
+    and the parameters' ``.grad`` as dense checkpointing does per sample; ``autograd.grad`` and
+    ``backward(inputs=…)`` raise dense's error (reentrant checkpointing does not take them)."""
+    torch.manual_seed(0)
+    lin = torch.nn.Linear(4, 4).double()
+    xs = _comps(dtype=torch.float64)
+    x = mj.nested_tensor(xs, requires_grad=True)
+    out = checkpoint(lambda t: CK_FNS[fn](lin, t), x, use_reentrant=True)
+    with pytest.raises(RuntimeError, match="incompatible with .grad"):
+        torch.autograd.grad(out.sin().sum(), x, retain_graph=True)
+    out.sin().sum().backward()
+    got = [*x.grad.unbind(), lin.weight.grad, lin.bias.grad]
+    lin.zero_grad(set_to_none=True)
+    leaves = [a.clone().requires_grad_() for a in xs]
+    refs = [checkpoint(lambda t: CK_FNS[fn](lin, t), a.unsqueeze(0), use_reentrant=True)[0] for a in leaves]
+    sum(r.sin().sum() for r in refs).backward()
+    want = [*(a.grad for a in leaves), lin.weight.grad, lin.bias.grad]
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
 # ----------------------------------------------------------------------------- torch.func
 def test_vmap_over_batch_dim_matches_per_sample():
     """torch.func.vmap over dim 0 runs each op's batching rule on the whole multi_jagged batch

@@ -421,17 +421,31 @@ def _static_dim(op: str, input, dim) -> int:
 _CONCRETE_SIZES = "SymIntArrayRef expected to contain only concrete integers"
 
 
+# NOTE [ The autograd API runs the engine with routes on ]
+#
+# ``loss.backward()`` on a dense loss never reaches ``__torch_function__``: the engine runs with
+# the subclass's ``__torch_function__`` on, so whatever runs during backward (hooks, Python
+# backward formulas, and ``torch.utils.checkpoint``'s recomputation of the forward) takes our
+# routes as the forward did. A multi_jagged argument of the autograd API (``autograd.grad(loss,
+# x)``, ``backward(inputs=[x])``, ``y.backward(g)``) brings the call here, and calling the function
+# the default way (under ``DisableTorchFunctionSubclass``) would run the whole engine with the
+# routes off: a checkpointed ``F.linear`` would then decompose below the routes (a view across the
+# batch dim, which raises) or save other tensors than the forward did, which non-reentrant
+# checkpointing refuses. So the function is called skipping only its own ``__torch_function__``
+# check (``redispatch_function``: the one check it makes on its tensor arguments), and the engine
+# runs as it does for ``loss.backward()``.
 def _autograd_entry(fn):
-    """``torch.autograd.grad`` / ``backward`` with a multi_jagged argument, unchanged except that
-    aten's bare "concrete integers" error — raised inside the C++ engine, where no handler can
-    intercept the op — becomes a ``NotImplementedError`` (a ``RuntimeError``) that says what
-    causes it (README, Gradients)."""
+    """``torch.autograd.grad`` / ``backward`` with a multi_jagged argument, run with the routes on
+    (NOTE [ The autograd API runs the engine with routes on ]), unchanged except that aten's bare
+    "concrete integers" error — raised inside the C++ engine, where no handler can intercept the
+    op — becomes a ``NotImplementedError`` (a ``RuntimeError``) that says what causes it (README,
+    Gradients)."""
     name = fn.__name__
+    types = (MJT,)
 
     def routed(*args, **kwargs):
         try:
-            with torch._C.DisableTorchFunctionSubclass():
-                return fn(*args, **kwargs)
+            return torch.overrides.redispatch_function(fn, types, args, kwargs)
         except RuntimeError as e:
             if _CONCRETE_SIZES not in str(e):
                 raise
