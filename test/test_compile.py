@@ -370,6 +370,28 @@ def test_operands_built_apart_with_other_lengths_raise_under_compile():
         a + b  # eager agrees
 
 
+def test_losses_and_images_built_apart_under_compile():
+    """A class index target built apart from its logits (``cross_entropy(logits.transpose(1, 2),
+    target)``: the target's ragged dim is one before the input's) and an image target built apart
+    from images with two ragged dims (a segmentation loss) combine compiled as eagerly."""
+    g = torch.Generator().manual_seed(0)
+    lengths = (3, 0, 5)
+    x = mj.nested_tensor([torch.randn(n, 4, generator=g, dtype=torch.float64) for n in lengths], requires_grad=True)
+    t = mj.nested_tensor([torch.randint(0, 4, (n,), generator=g) for n in lengths])
+    for fn in (lambda x, t: F.cross_entropy(x.transpose(1, 2), t, reduction="sum"),
+               lambda x, t: F.nll_loss(x.log_softmax(-1).transpose(1, 2), t, reduction="none").sum(1)):
+        got = torch.compile(fn, backend="aot_eager", fullgraph=True)(x, t)
+        ref = torch.stack([fn(c[None], s[None]).reshape(()) for c, s in zip(x.unbind(), t.unbind())])
+        torch.testing.assert_close(got.reshape(-1).sum(), ref.sum())
+        torch.testing.assert_close(torch.autograd.grad(got.sum(), x)[0].values(),
+                                   torch.autograd.grad(fn(x, t).sum(), x)[0].values())  # eager's, checked per sample elsewhere
+    sides = [(5, 7), (3, 3), (0, 2)]
+    im = mj.nested_tensor([torch.randn(1, h, w, generator=g, dtype=torch.float64) for h, w in sides], ragged_dims=(2, 3))
+    tg = mj.nested_tensor([torch.rand(1, h, w, generator=g, dtype=torch.float64) for h, w in sides], ragged_dims=(2, 3))
+    got = torch.compile(lambda a, b: (a - b).square().sum((1, 2, 3)), backend="aot_eager", fullgraph=True)(im, tg)
+    torch.testing.assert_close(got, torch.stack([(a - b).square().sum() for a, b in zip(im.unbind(), tg.unbind())]))
+
+
 def _heads(t, h=2):
     return t.unflatten(-1, [h, t.shape[-1] // h]).transpose(1, 2)
 

@@ -304,6 +304,11 @@ _ONE_VALUE_USES = {
     "sub": lambda n: n - 1,
     "neg": lambda n: -n,
     "sym_max": lambda n: torch.sym_max(n, 3),
+    "int over it": lambda n: 1 / n,
+    "int floordiv by it": lambda n: 6 // n,
+    "int mod it": lambda n: 6 % n,
+    "int to its power": lambda n: 2**n,
+    "int minus it": lambda n: 0 - n,
 }
 
 
@@ -329,6 +334,46 @@ def test_a_ragged_size_keeps_its_comparisons_products_and_njt_identity():
     njt = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(5, 4)], layout=torch.jagged)
     assert mj.from_jagged(njt).shape[1] == njt.shape[1]
     assert mj.to_jagged(x).shape[1] == n
+
+
+def test_a_ragged_size_plus_zero_and_abs_are_itself():
+    """``past + n`` with no past (Hugging Face's cache length 0) and ``abs(n)``: each sample's own
+    size, the same nested int (a batch's shape built from it is the batch's)."""
+    x = mj.nested_tensor([torch.randn(n, 4) for n in (2, 0, 3)])
+    n = x.shape[1]
+    for m in (0 + n, n + 0, n - 0, abs(n)):
+        assert m == n and x.new_zeros(2 * 0 + 3, m, 4).shape == x.shape
+
+
+@pytest.mark.parametrize("lengths, expected", [
+    ((2, 0, 3), {"n <= 64": True, "n < 4": True, "n > 3": False, "min(n, 64) == n": True, "max(n, 64) == 64": True,
+                 "n > m": False, "m >= n": True, "pe_rows": 4}),
+    ((5, 6, 7), {"n <= 64": True, "n < 4": False, "n > 3": True, "min(n, 64) == n": True, "max(n, 64) == 64": True,
+                 "n > m": False, "m >= n": True, "pe_rows": 4}),
+])
+def test_a_comparison_every_sample_answers_alike_is_that_answer(lengths, expected):
+    """NOTE [ Comparing ragged sizes ]: ``assert n <= max_len``, ``min(n, window)``, ``k_len >
+    q_len`` — each sample's answer when all agree (what each would do alone); a dense table cut
+    by a ragged size every sample reaches past is the whole table, as each sample's cut is."""
+    x = mj.nested_tensor([torch.randn(k, 4) for k in lengths])
+    y = mj.nested_tensor([torch.randn(k + 1, 4) for k in lengths])
+    n, m = x.shape[1], y.shape[1]
+    got = {"n <= 64": n <= 64, "n < 4": n < 4, "n > 3": n > 3, "min(n, 64) == n": min(n, 64) == n,
+           "max(n, 64) == 64": max(n, 64) == 64, "n > m": n > m, "m >= n": m >= n,
+           "pe_rows": torch.zeros(1, 4, 2)[:, :n].shape[1] if min(lengths) >= 4 else 4}
+    assert got == expected
+    for k in lengths:  # the per-sample answers the batch's stand for
+        assert (k <= 64, k < 4, k > 3) == (expected["n <= 64"], expected["n < 4"], expected["n > 3"])
+
+
+def test_a_comparison_samples_answer_differently_raises_naming_it():
+    x = mj.nested_tensor([torch.randn(k, 4) for k in (2, 0, 5)])
+    n = x.shape[1]
+    for use in (lambda: n < 3, lambda: 3 > n, lambda: min(n, 3), lambda: bool(n >= 4)):
+        with pytest.raises(ValueError, match=r"holds for some samples and not others \(sizes \[2, 0, 5\]\)"):
+            use()
+    with pytest.raises(ValueError, match="holds for some samples and not others"):  # a cut that differs per sample
+        torch.zeros(1, 4, 2)[:, :n]
 
 
 @pytest.mark.parametrize("classes, num_classes, message", [

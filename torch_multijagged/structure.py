@@ -89,6 +89,7 @@ from typing import Any, Optional, Sequence
 import torch
 from torch.fx.experimental.symbolic_shapes import statically_known_true
 from torch.nested._internal import nested_tensor as _njt
+from torch.fx.experimental._constant_symnode import ConstantIntNode
 from torch.nested._internal.nested_int import NestedIntNode
 
 from .kernels import reference as ref
@@ -110,11 +111,13 @@ class _RaggedSizeNode(NestedIntNode):
     ``int(x.shape[1])``, ``range(n)``, ``torch.arange(n)``, ``float(n)`` and arithmetic such as
     ``n // 2`` treat a size as one number; torch's node answers with an ``AttributeError`` about a
     missing method. A ragged dim has no one size, so ours raises a ``TypeError`` that says so and
-    names what to write instead. Two operations have a per-sample meaning and are answered: the
-    product of two ragged sizes of one batch (the nested int of the two dims flattened,
-    ``_product_extent``) and floor division by a positive int (each size divided, a mapped
-    extent). Everything else (comparisons, products with ints, hashing, tracing) is the base
-    class's."""
+    names what to write instead. What has a per-sample meaning is answered: the product of two
+    ragged sizes of one batch (the nested int of the two dims flattened, ``_product_extent``),
+    floor division by a positive int (each size divided, a mapped extent), adding or subtracting
+    0 (Hugging Face's cache length 0 plus the sequence length), ``abs``, and an order comparison
+    that torch's node cannot decide (``n <= max_len``, ``min(n, k)``, two ragged sizes) when every
+    sample gives the same answer (NOTE [ Comparing ragged sizes ]). Everything else (equality,
+    products with ints, hashing, tracing) is the base class's."""
 
     def _no_value(self, use: str):
         raise TypeError(f"{use} with the nested int {self}: {_NO_VALUE}")
@@ -134,7 +137,62 @@ class _RaggedSizeNode(NestedIntNode):
     def _arith(self, other):
         self._no_value("arithmetic other than a product with an int")
 
-    add = sub = truediv = int_truediv = mod = pow = pow_by_natural = _arith
+    truediv = int_truediv = mod = pow = pow_by_natural = _arith
+
+    def add(self, other):
+        if other.is_constant() and other.constant_int() == 0:
+            return self  # ``n + 0``, ``0 + n`` and ``n - 0``: each sample's own size
+        self._arith(other)
+
+    sub = add  # (``0 - n`` is a negation: refused)
+
+    def abs(self):
+        return self
+
+    def wrap_int(self, num: int):
+        # the int beside a ragged size in ``1 / n``, ``6 // n``, ``2 ** n``: torch's constant node
+        # has no such methods (an AttributeError), ours refuses as this node's arithmetic does
+        return _IntBesideRagged(num)
+
+    # NOTE [ Comparing ragged sizes ]
+    #
+    # torch's node decides an order comparison only where its invariant does (every nested int is
+    # at least 2: ``n >= 1`` is True, ``n < 2`` False) and raises "relation is indeterminate"
+    # otherwise, which model code meets in ``assert n <= max_len``, ``min(n, window)``, ``if k_len >
+    # q_len`` and slices of a dense table by a ragged size. Python needs one bool there; the sizes
+    # give one when every sample answers alike (each sample would take the same branch alone), so
+    # an eager size of ours is compared per sample and the common answer returned, and a split
+    # answer raises, naming the comparison. The base class's answers stand (its invariant is what
+    # torch's own code relies on); traced nested ints are the base class's alone.
+    def _order(self, name: str, other, base):
+        try:
+            return base(self, other)
+        except ValueError:
+            pass
+        mine = _node_sizes(self)
+        theirs = other.constant_int() if other.is_constant() else _node_sizes(other)
+        symbol = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[name]
+        if mine is None or theirs is None or (isinstance(theirs, torch.Tensor) and theirs.shape != mine.shape):
+            raise ValueError(f"{self} {symbol} {other}: the relation is indeterminate ({_NO_VALUE})")
+        held = getattr(torch, name)(mine, theirs)
+        if bool(held.all()) or not bool(held.any()):
+            return _DecidedBool(bool(held.all()))
+        raise ValueError(
+            f"{self} {symbol} {other} holds for some samples and not others (sizes {mine.tolist()}): code that "
+            f"branches on it would treat samples differently; {_NO_VALUE}"
+        )
+
+    def ge(self, other):
+        return self._order("ge", other, NestedIntNode.ge)
+
+    def gt(self, other):
+        return self._order("gt", other, NestedIntNode.gt)
+
+    def le(self, other):
+        return self._order("le", other, NestedIntNode.le)
+
+    def lt(self, other):
+        return self._order("lt", other, NestedIntNode.lt)
 
     def floordiv(self, other):
         # ``H // s`` (a stride's output grid): each sample's size floor-divided, a mapped extent
@@ -167,6 +225,77 @@ class _RaggedSizeNode(NestedIntNode):
         if flat is not None:
             return _RaggedSizeNode(flat.nested_int.node.t_id, self.coeff * other.coeff)
         return super().mul(other)
+
+
+class _DecidedBool:
+    """A comparison of ragged sizes decided per sample (NOTE [ Comparing ragged sizes ]), as a
+    constant bool node. Not torch's own constant (``_get_constant_bool_symnode``, a C++ node):
+    torch's C++ wraps what a Python node returns and asks it the bool-node protocol by name, which
+    the C++ node does not answer (a dense slice ``t[:, :n]`` compares before it reads the bound)."""
+
+    __slots__ = ("val",)
+
+    def __init__(self, val: bool) -> None:
+        self.val = val
+
+    def _answer(self, *args) -> bool:
+        return self.val
+
+    bool_ = guard_bool = expect_true = statically_known_true = guard_or_false = guard_or_true = _answer
+    constant_bool = maybe_as_bool = guard_size_oblivious = _answer
+
+    def is_constant(self) -> bool:
+        return True
+
+    def is_bool(self) -> bool:
+        return True
+
+    def has_hint(self) -> bool:
+        return True
+
+    def is_int(self) -> bool:
+        return False
+
+    is_float = is_nested_int = is_symbolic = is_int
+
+    def clone(self) -> "_DecidedBool":
+        return self
+
+    def wrap_bool(self, val: bool) -> "_DecidedBool":
+        return _DecidedBool(val)
+
+    def sym_not(self) -> "_DecidedBool":
+        return _DecidedBool(not self.val)
+
+    def sym_and(self, other) -> "_DecidedBool":
+        return _DecidedBool(self.val and bool(other.bool_()))
+
+    def sym_or(self, other) -> "_DecidedBool":
+        return _DecidedBool(self.val or bool(other.bool_()))
+
+    def str(self) -> str:
+        return str(self.val)
+
+    __str__ = __repr__ = _graph_repr = str
+
+
+class _IntBesideRagged(ConstantIntNode):
+    """An int on the other side of a ragged size's arithmetic (``_RaggedSizeNode.wrap_int``)."""
+
+    def _refuse(self, other):
+        if isinstance(other, _RaggedSizeNode):
+            other._arith(self)
+        raise TypeError(f"arithmetic of {self} with {other}: {_NO_VALUE}")
+
+    truediv = int_truediv = floordiv = int_floordiv = mod = pow = pow_by_natural = sym_min = sym_max = _refuse
+
+
+def _node_sizes(node) -> "Optional[torch.Tensor]":
+    """Each sample's value of an eager nested-int node of ours, (B,) on the host, else None."""
+    e = _node_extent(node)
+    if e is None or torch.compiler.is_compiling():
+        return None
+    return e.host_lengths() * node.coeff
 
 
 def _quotient(e: "RaggedExtent", f: "Optional[RaggedExtent]") -> "Optional[RaggedExtent]":
@@ -290,11 +419,7 @@ def sizes_of(size) -> "Optional[torch.Tensor]":
     """Each sample's value of the eager nested int ``size`` (a ragged size, or a multiple of one:
     ``2 * x.shape[1]``) as a ``(B,)`` int64 host tensor; None for anything else (a plain int, a
     traced nested int, one this package did not make)."""
-    node = size.node if isinstance(size, torch.SymInt) else None
-    e = _node_extent(node) if node is not None else None
-    if e is None or torch.compiler.is_compiling():
-        return None
-    return e.host_lengths() * node.coeff
+    return _node_sizes(size.node) if isinstance(size, torch.SymInt) else None
 
 
 class RaggedExtent:

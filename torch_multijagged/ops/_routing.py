@@ -260,7 +260,9 @@ def _assume_aligned(func, args: tuple) -> tuple:
     name = getattr(func, "__name__", str(func))
     out = list(args)
     for i in ms[1:]:
-        out[i] = assume_unified(first, args[i], name)
+        # a class index target (B, d1, …) beside its input (B, C, d1, …): dims one apart
+        shift = 1 if func in _CLASS_TARGET and i == 1 and len(args[i]._size) == len(first._size) - 1 else 0
+        out[i] = assume_unified(first, args[i], name, shift=shift)
     return tuple(out)
 
 
@@ -317,6 +319,7 @@ for _name in (
     "kl_div poisson_nll_loss gaussian_nll_loss soft_margin_loss cross_entropy nll_loss"
 ).split():
     _ALIGNED.add(getattr(torch.nn.functional, _name))
+_CLASS_TARGET = {torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss}
 
 
 def _expand_broadcasts(args: tuple, keep_first: bool) -> tuple:
@@ -365,27 +368,33 @@ def _relabel_map(first: MJT, other: MJT):
     return partition_for([swap.get(id(e), e) for e in other._partition.extents])
 
 
-def assume_unified(first: MJT, other: MJT, op: str, dims=None) -> MJT:
+def assume_unified(first: MJT, other: MJT, op: str, dims=None, shift: int = 0) -> MJT:
     """Under tracing, ``other`` relabelled onto ``first``'s extents at the same logical dims (those
-    in ``dims``, else every shared one) that are not provably one nested int, the equal sizes this
-    needs checked when the compiled code runs (``assume_relabel``, NOTE [ Traced operands built
-    apart ] in bridge.py); ``other`` itself eagerly, where the two share a batch size that differs,
-    or where nothing differs. Only for operands whose extents an op needs equal: eager raises for
-    other lengths there."""
+    in ``dims``, else every shared one; ``other``'s dim d meets ``first``'s ``d + shift``: a class
+    index target beside its ``(B, C, …)`` input) that are not provably one nested int, the equal
+    sizes this needs checked when the compiled code runs (``assume_relabel``, NOTE [ Traced
+    operands built apart ] in bridge.py); ``other`` itself eagerly, where the two share a batch
+    size that differs, or where nothing differs. Only for operands whose extents an op needs
+    equal: eager raises for other lengths there."""
     if not (torch.compiler.is_compiling() or _is_traced(other._partition.offsets)):
         return other
     if first._partition is other._partition or first._partition.batch != other._partition.batch:
         return other
     swap, pairs = {}, []
     for d, e in zip(other._ragged_dims, other._partition.extents):
-        if d in first._ragged_dims and (dims is None or d in dims):
-            k = first._partition.extents[first._ragged_dims.index(d)]
+        fd = d + shift
+        if fd in first._ragged_dims and (dims is None or fd in dims):
+            k = first._partition.extents[first._ragged_dims.index(fd)]
             if k is not e and id(e) not in swap and not same_extent(k, e):
                 swap[id(e)] = k
                 pairs.append((k, e))
     if not swap:
         return other
-    return assume_relabel(other, partition_for([swap.get(id(e), e) for e in other._partition.extents]), pairs, op)
+    extents = [swap.get(id(e), e) for e in other._partition.extents]
+    # the first operand's own partition where the two are alike: a traced partition of distinct
+    # extents cannot be built anew (its row count has no carrier, ``_rows_of_product``)
+    same = len(extents) == len(first._partition.extents) and all(a is b for a, b in zip(extents, first._partition.extents))
+    return assume_relabel(other, first._partition if same else partition_for(extents), pairs, op)
 
 
 def _dense(t) -> bool:
