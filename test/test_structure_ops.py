@@ -401,6 +401,25 @@ def test_cat_stack_derived_and_before_ragged():
     check()
 
 
+def test_cat_skips_a_one_dim_empty_tensor_as_dense():
+    """Dense torch's legacy rule: a ``(0,)`` tensor joins anything, skipped (a cache grown from
+    ``torch.tensor([])``); the result is a new tensor with the batch's gradient."""
+    leaves = [torch.randn(n, 2, 3, dtype=torch.float64, requires_grad=True) for n in (2, 0, 3)]
+    x = mj.as_nested_tensor(leaves, ragged_dims=(1,))
+    empty = torch.tensor([], dtype=torch.float64)
+    for dim in (1, -1, -2):
+        out = torch.cat([empty, x], dim)
+        assert out is not x
+        for o, c in zip(out.unbind(), leaves):
+            torch.testing.assert_close(o, torch.cat([empty, c], dim - 1 if dim > 0 else dim))
+    two = torch.cat([empty, x, empty, x], -1)
+    for o, c in zip(two.unbind(), leaves):
+        torch.testing.assert_close(o, torch.cat([c, c], -1))
+    grads = torch.autograd.grad(two.sum() + torch.cat([empty, x], 1).sum(), leaves)
+    for g in grads:
+        torch.testing.assert_close(g, torch.full_like(g, 3.0))
+
+
 def test_cat_stack_golden():
     a = mj.nested_tensor([torch.tensor([[1.0], [2.0]]), torch.zeros(0, 1)], ragged_dims=(1,))
     b = mj.nested_tensor([torch.tensor([[3.0], [4.0]]), torch.zeros(0, 1)], ragged_dims=(1,))

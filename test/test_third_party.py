@@ -223,6 +223,26 @@ def test_transformers_dinov2_layer_layer_scale_swiglu():
     _run_module(Dinov2Layer(cfg).double().eval(), _call, [_tokens((3, 0, 4))], dense_refuses_empty=True)
 
 
+def test_transformers_llama_model_called_the_default_way():
+    """A whole ``LlamaModel(inputs_embeds=x, position_ids=mj.position_ids(x))``, called as users
+    call it: ``use_cache`` on, so its cache length (0) is added to the sequence length and its
+    empty key cache ``torch.tensor([])`` is joined to the keys (dense torch skips a 1-d empty
+    tensor in ``cat``)."""
+    _hf()
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=10, attn_implementation="sdpa")
+    model = LlamaModel(cfg).double().eval()
+
+    def call(m, x):
+        pos = mj.position_ids(x) if isinstance(x, mj.MultiJaggedTensor) else torch.arange(x.shape[1])[None]
+        return m(inputs_embeds=x, position_ids=pos).last_hidden_state
+
+    _run_module(model, call, [_tokens((3, 1, 4))])
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_transformers_gpt2_block_conv1d(attn):
     """GPT-2's block: its ``Conv1D`` projections flatten the batch into rows and view them back

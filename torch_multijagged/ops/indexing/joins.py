@@ -98,6 +98,11 @@ def _cat(tensors, dim=0, *, out=None, axis=None):
     first = next((t for t in tensors if isinstance(t, MJT)), None)
     if first is None:
         return NotImplemented
+    kept = [t for t in tensors if isinstance(t, MJT) or t.shape != (0,)]
+    if len(kept) < len(tensors):
+        # dense torch's legacy rule: a 1-d empty tensor joins anything (skipped). Hugging Face's
+        # caches start as ``torch.tensor([])`` and grow by ``cat([cache, keys], dim=-2)``.
+        return kept[0].clone() if len(kept) == 1 else torch.cat(kept, dim)
     d = canonical_dim("cat", first.dim(), dim)
     if d == 1 and _images_with_pieces(tensors):
         # channels of images held one by one (a U-Net skip, a DenseNet block): each image's own
