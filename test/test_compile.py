@@ -392,6 +392,22 @@ def test_losses_and_images_built_apart_under_compile():
     torch.testing.assert_close(got, torch.stack([(a - b).square().sum() for a, b in zip(im.unbind(), tg.unbind())]))
 
 
+def test_position_ids_inside_a_compiled_function():
+    """``x + emb(mj.position_ids(x))`` (a learned positional embedding) in one graph over new
+    lengths, each sample's ``0 … n-1``; along a ragged dim after a static one too."""
+    emb = nn.Embedding(16, 4).double()
+    cc = CompileCounterWithBackend("aot_eager")
+    f = torch.compile(lambda x: x + emb(mj.position_ids(x)), backend=cc, fullgraph=True)
+    for lengths in ((3, 0, 5), (2, 6, 1)):
+        comps = [torch.randn(n, 4, dtype=torch.float64) for n in lengths]
+        for got, c in zip(f(mj.nested_tensor(comps)).unbind(), comps):
+            torch.testing.assert_close(got, c + emb(torch.arange(c.shape[0])))
+    assert cc.frame_count == 1
+    x = mj.nested_tensor([torch.randn(2, n, 4) for n in (3, 0, 5)], ragged_dims=(2,))
+    pos = torch.compile(lambda x: mj.position_ids(x, dim=2), backend="aot_eager", fullgraph=True)(x)
+    assert pos.shape == mj.position_ids(x, dim=2).shape and pos.values().tolist() == [0, 1, 2, 0, 1, 2, 3, 4]
+
+
 def _heads(t, h=2):
     return t.unflatten(-1, [h, t.shape[-1] // h]).transpose(1, 2)
 

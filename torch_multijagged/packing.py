@@ -250,6 +250,10 @@ def position_ids(x=None, *, lengths=None, offsets=None, dim: int = 1) -> MultiJa
         >>> [p.tolist() for p in mj.position_ids(lengths=[2, 0, 3]).unbind()]
         [[0, 1], [], [0, 1, 2]]
     """
+    if torch.compiler.is_compiling() and isinstance(x, MultiJaggedTensor) and lengths is None and offsets is None:
+        # traced (no host sizes to read): each sample's running count along the dim, made from
+        # the batch's own shape, so one graph serves new lengths (dynamo reads no attribute of x)
+        return x.new_ones((x.shape[0], x.shape[dim]), dtype=torch.int64).cumsum(1) - 1
     host, off, device = _source("position_ids", x, lengths, offsets, dim)
     values = _positions(host, off, device)
     if off is None:
