@@ -319,6 +319,9 @@ _BINARY = {
     "div": aten.div.Tensor,
     "maximum": aten.maximum.default,
     "minimum": aten.minimum.default,
+    # aten's derivative of ``other`` is ``zeros_like(other)``, which the general path cannot
+    # build at nested-int sizes: on the values it is dense torch's own
+    "copysign": aten.copysign.Tensor,
 }
 for _name, _op in _BINARY.items():
     for _owner in (torch, torch.Tensor):
