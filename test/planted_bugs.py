@@ -790,6 +790,8 @@ BUGS = [
         "dtype=torch.int64).cumsum(1) - 1", "dtype=torch.int64).cumsum(1)", ("test_compile.py",)),
     Bug("copysign takes the general path, whose derivative of other builds zeros at nested-int sizes", "ops/fastpath.py",
         '    "copysign": aten.copysign.Tensor,\n', "", ("test_untagged_elementwise.py",)),
+    Bug("rows by a multi_jagged index read every sample's own rows, not its batch index's", "ops/indexing/gather.py",
+        "    src = b[index._partition.row_sample()]", "    src = index._partition.row_sample()", ("test_getitem.py",)),
 ]
 
 

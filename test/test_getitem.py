@@ -677,3 +677,35 @@ def test_a_stale_copy_refuses_to_be_saved_copied_or_read_as_values(read, copy_ki
     x.mul_(0)
     with pytest.raises(NotImplementedError):
         fresh(s)
+
+
+@pytest.mark.parametrize("batch_index", ["arange column", "permuted"])
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
+def test_rows_by_a_multi_jagged_index_per_sample(batch_index, dtype):
+    """``x[torch.arange(B)[:, None], keep]`` (token selection with a per-sample index): sample i
+    holds rows ``keep_i`` of x's sample ``b_i``, negative indices from the end, with the index's
+    nested int and x's static dims; gradients of x; an index past a sample's end raises."""
+    g = torch.Generator().manual_seed(0)
+    leaves = [(torch.randn(n, 2, 3, generator=g, dtype=torch.float64) * 4).to(dtype) for n in (3, 0, 5)]
+    if dtype.is_floating_point:
+        leaves = [t.requires_grad_() for t in leaves]
+    x = tmj.as_nested_tensor(leaves)
+    b = torch.arange(3)[:, None] if batch_index == "arange column" else torch.tensor([2, 0, 0])
+    keep = [torch.tensor([0, 2, -1]), torch.zeros(0, dtype=torch.int64), torch.tensor([4, 1, 1, -5])]
+    if batch_index == "permuted":
+        keep = [torch.tensor([4, -1]), torch.tensor([1, 0]), torch.zeros(0, dtype=torch.int64)]
+    index = tmj.nested_tensor(keep)
+    out = x[b, index]
+    assert out.shape[1] is index.shape[1] and tuple(out.shape[2:]) == (2, 3)
+    assert torch.equal(x[b, index, :, :].values(), out.values())
+    refs = [leaves[int(s)][k] for s, k in zip(b.reshape(-1), keep)]
+    for o, r in zip(out.unbind(), refs):
+        assert torch.equal(o, r)
+    if dtype.is_floating_point:
+        for leaf, a, r in zip(leaves, torch.autograd.grad(sum((o * o).sum() for o in out.unbind()), leaves, allow_unused=True),
+                              torch.autograd.grad(sum((r * r).sum() for r in refs), leaves, allow_unused=True)):
+            torch.testing.assert_close(torch.zeros_like(leaf) if a is None else a, torch.zeros_like(leaf) if r is None else r)
+    with pytest.raises(RuntimeError, match="out of bounds"):
+        x[torch.arange(3)[:, None], tmj.nested_tensor([torch.tensor([3]), torch.zeros(0, dtype=torch.int64), torch.tensor([0])])]
+    with pytest.raises(IndexError, match="one sample per sample"):
+        x[torch.arange(2)[:, None], index]

@@ -651,6 +651,36 @@ def table_lookup(table: torch.Tensor, index: MJT) -> MJT:
     return wrap_values(table[index._values], index._partition, index._ragged_dims)
 
 
+def rows_by_index(x: MJT, batch_index: torch.Tensor, index: MJT) -> MJT:
+    """``x[b, index]``: ``x`` ``(B, j0, *static)``, a dense integer batch index ``b`` of one entry
+    per sample of ``index`` (``torch.arange(B)[:, None]``, or ``(B',)``) and a multi_jagged integer
+    ``index`` ``(B', j1)``: sample i holds rows ``index_i`` of ``x``'s sample ``b_i``, as dense
+    ``x[b, index]`` of a padded batch reads them (token selection: ``x[arange(B)[:, None],
+    keep]``). The index's structure with ``x``'s static dims after it; indices count from the
+    end when negative and are bounds-checked per sample; differentiable w.r.t. ``x``."""
+    op = "index"
+    if x._ragged_dims != (1,) or index._ragged_dims != (1,) or len(index._size) != 2:
+        raise NotImplementedError(
+            f"{op}(): x[b, index] with a multi_jagged index reads rows of a (B, j0, …) batch by a (B, j1) index, "
+            f"got {describe(x)} and {describe(index)} for {_LAYOUT}"
+        )
+    for what, t in (("batch index", batch_index), ("index", index)):
+        if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
+            raise IndexError(f"{op}(): tensors used as indices must be long, int, byte or bool tensors, got {t.dtype} ({what})")
+    nb = index._partition.batch
+    if tuple(batch_index.shape) not in ((nb,), (nb, 1)):
+        raise IndexError(f"{op}(): shape mismatch: the batch index {tuple(batch_index.shape)} does not give one sample "
+                         f"per sample of the index {describe(index)}")
+    p = x._partition
+    b = _check_in_range(op, batch_index.reshape(-1).to(torch.int64), torch.tensor(p.batch, device=batch_index.device),
+                        "the batch dim")
+    src = b[index._partition.row_sample()]
+    rows = p.offsets[src] + _check_in_range(op, index._values.to(torch.int64), p.extents[0].lengths()[src], "a ragged dim")
+    if _needs_grad(x):
+        return wrap_values(values_of(x).index_select(0, rows), index._partition, index._ragged_dims)
+    return wrap(x._values.index_select(0, rows), index._partition, index._ragged_dims)
+
+
 def mask_index(x: MJT, mask: MJT) -> torch.Tensor:
     """``x[mask]`` with a boolean multi_jagged mask of ``x``'s structure or of its leading dims
     through every ragged dim: dense, the selected elements (rows) in row-major order, as dense

@@ -13,7 +13,7 @@ from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, route
 from .._table import dispatch as _dispatch
 from .along import ragged_dim
-from .gather import mask_index, table_lookup
+from .gather import mask_index, rows_by_index, table_lookup
 from .pairwise import pairwise_index
 from .scatter import assign_index
 from .slicing import positions_ragged, select_ragged, slice_ragged
@@ -112,6 +112,10 @@ def _getitem(input, index):
         return _component(input, index)
     if isinstance(input, MJT) and isinstance(index, MJT) and index.dtype == torch.bool:
         return mask_index(input, index)  # x[x > 0], x[keep] of whole rows: dense, as dense torch's
+    if (isinstance(input, MJT) and isinstance(index, tuple) and len(index) >= 2 and isinstance(index[1], MJT)
+            and isinstance(index[0], torch.Tensor) and not isinstance(index[0], MJT)
+            and all(isinstance(i, slice) and _whole(i) for i in index[2:])):
+        return rows_by_index(input, index[0], index[1])  # x[arange(B)[:, None], keep]: rows per sample
     if isinstance(input, MJT) and _advanced(index) is not None:
         return constructors.select_batch(input, _advanced(index))  # samples by index or mask
     if isinstance(input, MJT) and isinstance(index, (tuple, slice, type(Ellipsis), type(None))):
