@@ -14,7 +14,7 @@ and (b) position ids restart at 0 for each sample. ``segment_ids`` / ``block_dia
 from __future__ import annotations
 
 import operator
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Mapping, Optional, Sequence, cast
 
 import torch
 
@@ -253,7 +253,7 @@ def position_ids(x=None, *, lengths=None, offsets=None, dim: int = 1) -> MultiJa
     if torch.compiler.is_compiling() and isinstance(x, MultiJaggedTensor) and lengths is None and offsets is None:
         # traced (no host sizes to read): each sample's running count along the dim, made from
         # the batch's own shape, so one graph serves new lengths (dynamo reads no attribute of x)
-        return x.new_ones((x.shape[0], x.shape[dim]), dtype=torch.int64).cumsum(1) - 1
+        return cast(MultiJaggedTensor, x.new_ones((x.shape[0], x.shape[dim]), dtype=torch.int64).cumsum(1) - 1)
     host, off, device = _source("position_ids", x, lengths, offsets, dim)
     values = _positions(host, off, device)
     if off is None:
