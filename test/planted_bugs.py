@@ -758,7 +758,7 @@ BUGS = [
     Bug("traced operands built apart: the offsets are not compared when the compiled code runs", "bridge.py",
         "torch._assert_async((a.offsets == b.offsets).all(), msg)", "pass", ("test_compile.py",)),
     Bug("traced attention assumes the queries' lengths are the keys'", "ops/attention/sdpa.py",
-        "key = assume_unified(query, key, _OP, dims=range(1, len(key._size) - 2))",
+        "key = assume_unified(query, key, _OP, dims=range(1, n - 2))",
         "key = assume_unified(query, key, _OP)", ("test_compile.py",)),
     Bug("collated fields of equal lengths get nested ints of their own", "packing.py",
         "like = None if shared is None else shared.get(key)", "like = None", ("test_packing.py",)),
@@ -792,6 +792,9 @@ BUGS = [
         '    "copysign": aten.copysign.Tensor,\n', "", ("test_untagged_elementwise.py",)),
     Bug("rows by a multi_jagged index read every sample's own rows, not its batch index's", "ops/indexing/gather.py",
         "    src = b[index._partition.row_sample()]", "    src = index._partition.row_sample()", ("test_getitem.py",)),
+    Bug("traced attention aligns a mask's key dim with the keys' batch dim", "ops/attention/sdpa.py",
+        "attn_mask = assume_unified(key, attn_mask, _OP, dims=(n - 2,), shift=-1)",
+        "attn_mask = assume_unified(key, attn_mask, _OP, dims=(n - 2,), shift=0)", ("test_compile.py",)),
 ]
 
 

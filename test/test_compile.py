@@ -408,6 +408,30 @@ def test_position_ids_inside_a_compiled_function():
     assert pos.shape == mj.position_ids(x, dim=2).shape and pos.values().tolist() == [0, 1, 2, 0, 1, 2, 3, 4]
 
 
+def test_attention_key_padding_mask_built_apart_under_compile():
+    """A boolean key-padding mask ``m[:, None, None, :]`` built apart from the tokens: compiled in
+    one graph over new lengths as eagerly, values and gradients; a mask of other lengths raises
+    when the graph runs."""
+    def att(x, m):
+        q = _heads(x)
+        return F.scaled_dot_product_attention(q, q, q, attn_mask=m[:, None, None, :])
+
+    cc = CompileCounterWithBackend("aot_eager")
+    f = torch.compile(att, backend=cc, fullgraph=True)
+    for seed, lengths in enumerate(((3, 1, 5), (2, 4, 1))):
+        x, _, _, _ = _apart(lengths, seed=seed)
+        g = torch.Generator().manual_seed(seed)
+        m = mj.nested_tensor([torch.rand(n, generator=g) > 0.3 for n in lengths])
+        got, want = f(x, m), att(x, m)
+        torch.testing.assert_close(got.values(), want.values(), equal_nan=True)
+        torch.testing.assert_close(torch.autograd.grad(got.values().nan_to_num().sum(), x)[0].values(),
+                                   torch.autograd.grad(want.values().nan_to_num().sum(), x)[0].values())
+    assert cc.frame_count == 1
+    x, _, _, _ = _apart((3, 1, 5))
+    with pytest.raises(Exception, match="operands built apart combine only where their ragged sizes are equal"):
+        f(x, mj.nested_tensor([torch.ones(n, dtype=torch.bool) for n in (5, 1, 3)]))
+
+
 def _heads(t, h=2):
     return t.unflatten(-1, [h, t.shape[-1] // h]).transpose(1, 2)
 

@@ -253,8 +253,14 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
         # traced operands built apart (torch's transformer tutorial builds q, k and v apart):
         # the keys' batch dims are the queries', the values' every dim the keys' (NOTE [ Traced
         # operands built apart ] in bridge.py); eagerly equal lengths were relabelled already
-        key = assume_unified(query, key, _OP, dims=range(1, len(key._size) - 2))
+        n = len(key._size)
+        key = assume_unified(query, key, _OP, dims=range(1, n - 2))
         value = assume_unified(key, value, _OP)
+        if isinstance(attn_mask, MJT) and len(attn_mask._size) == n:
+            # a mask's key dim is the keys' (a key-padding mask built apart), its query dim the
+            # queries', its batch dims theirs
+            attn_mask = assume_unified(key, attn_mask, _OP, dims=(n - 2,), shift=-1)
+            attn_mask = assume_unified(query, attn_mask, _OP, dims=range(1, n - 1))
     if torch.is_autocast_enabled(query.device.type):
         query, key, value, attn_mask = autocast_lower(query, key, value, attn_mask)  # as dense SDPA's autocast
     ragged_l = _check(query, key, value, attn_mask, is_causal, enable_gqa)
