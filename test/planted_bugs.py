@@ -795,6 +795,21 @@ BUGS = [
     Bug("traced attention aligns a mask's key dim with the keys' batch dim", "ops/attention/sdpa.py",
         "attn_mask = assume_unified(key, attn_mask, _OP, dims=(n - 2,), shift=-1)",
         "attn_mask = assume_unified(key, attn_mask, _OP, dims=(n - 2,), shift=0)", ("test_compile.py",)),
+    Bug("einsum refuses a 0-d operand's empty term", "ops/contractions/einsum.py",
+        "not (term.isalpha() or not term)", "not term.isalpha()", ("test_structure_copies_splits.py",)),
+    Bug("diagonal beside another ragged dim reads the square pair's cells", "ops/shape/views.py",
+        "square if full.nragged == 2 else general", "square if full.nragged >= 2 else general",
+        ("test_structure_copies_splits.py",)),
+    Bug("1-d max pooling reads the first NaN of a window", "ops/nn/ragged.py",
+        "return torch.where(nan.any(1, keepdim=True), last_nan, w.argmax(1, keepdim=True))",
+        "return w.argmax(1, keepdim=True)", ("test_ragged_nn.py",)),
+    Bug("nansum's backward selects instead of multiplying by the mask", "ops/reductions/routes.py",
+        "        return grad * keep\n", "        return torch.where(keep, grad, torch.zeros_like(grad))\n",
+        ("test_ragged_reductions.py",)),
+    Bug("nanmedian of an all-nan column takes place 0", "ops/reductions/order.py",
+        "_all_nan_place(x, k, length))", "torch.zeros_like(m))", ("test_order_stats.py",)),
+    Bug("logcumsumexp's backward scans from the start", "ops/nn/ragged.py",
+        "- y, ctx.d, reverse=True)", "- y, ctx.d, reverse=False)", ("test_ragged_nn.py",)),
 ]
 
 

@@ -685,6 +685,26 @@ def test_topk_kthvalue_median_golden():
     assert i.tolist() == [[3], [2]]
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_nanmedian_of_an_all_nan_column_has_dense_index(dtype):
+    """``nanmedian`` along a ragged dim of a column that is all nan gives dense torch's index (its
+    selection's, e.g. 2 of 4; it gave 0), and its gradient goes to that element; lengths 1 to 13
+    (sample 4 has a number in one column), a sample empty along the other ragged dim."""
+    comps = [torch.full((n, 1 if n != 5 else 0, 2), NAN, dtype=dtype) for n in range(1, 14)]
+    comps[3][1, 0, 1] = 2.0
+    leaves = [c.clone().requires_grad_() for c in comps]
+    v, i = torch.nanmedian(mj.as_nested_tensor(leaves, ragged_dims=(1, 2)), 1)
+    got_v, got_i = v.unbind(), i.unbind()
+    cots = [torch.randn(e.shape, generator=torch.Generator().manual_seed(n), dtype=dtype) for n, e in enumerate(got_v)]
+    grads = torch.autograd.grad(sum((e * c).sum() for e, c in zip(got_v, cots)), leaves)
+    for n, (c, gv, gi, cot, gr) in enumerate(zip(comps, got_v, got_i, cots, grads)):
+        leaf = c.clone().requires_grad_()
+        rv, ri = torch.nanmedian(leaf, 0)
+        assert torch.equal(gi, ri), f"sample {n}: index {gi.tolist()} != dense {ri.tolist()}"
+        assert_close(gv, rv, f"sample {n}")
+        assert_close(gr, torch.autograd.grad((rv * cot).sum(), leaf)[0], f"grad of sample {n}")
+
+
 def test_cummax_cummin_golden():
     # sample 0 = [1, 3, 3, 2], sample 1 empty, sample 2 = [2, nan, 1, nan, 0] (B, j0)
     x = mj.nested_tensor([torch.tensor([1.0, 3.0, 3.0, 2.0]), torch.zeros(0), torch.tensor([2.0, NAN, 1.0, NAN, 0.0])])

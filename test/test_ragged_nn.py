@@ -221,6 +221,21 @@ def test_scan_modes_and_no_leakage_on_a_pair():
         _no_leakage(lambda x: torch.cumprod(x, d), comps, (1, 2), j=2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+def test_logcumsumexp_with_infinities_has_dense_gradient(dtype):
+    """``logcumsumexp`` along a ragged dim beside ``±inf``: values and the gradient's nans as dense
+    torch's formula gives them (``[1, inf, 2]``: ``[1, nan, 0]``; differentiating the scan gave
+    ``[nan, nan, 0]``), per sample, cotangents of both signs, a zero-length sample."""
+    inf = float("inf")
+    comps = [torch.tensor([[1.0, -2.0], [inf, 0.5], [2.0, 1.0]], dtype=dtype), torch.zeros(0, 2, dtype=dtype),
+             torch.tensor([[-inf, 3.0], [0.0, -inf], [1.0, inf]], dtype=dtype)]
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    per_sample_check(lambda x: torch.logcumsumexp(x, 1), R(comps, (1,)), ref=lambda c: torch.logcumsumexp(c, 0), **tol)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    got = torch.autograd.grad(torch.logcumsumexp(mj.as_nested_tensor(leaves, ragged_dims=(1,)), 1).values().sum(), leaves)
+    assert_close(got[0][:, 0], torch.tensor([1.0, float("nan"), 0.0], dtype=dtype), "sample 0")
+
+
 def test_logcumsumexp_wide_range_and_integers():
     """Pairwise ``logaddexp`` keeps prefixes far below the sample's maximum finite (a shift by the
     global maximum would underflow them to -inf); integers raise as in dense torch."""
@@ -352,6 +367,44 @@ def test_adaptive_pool1d_over_ragged_dim_matches_per_sample(size, data, seed):
     x = mj.nested_tensor(comps, ragged_dims=(2,))
     idx = F.adaptive_max_pool1d(x, size, return_indices=True)[1]
     assert_close(idx, torch.stack([F.adaptive_max_pool1d(c, size, return_indices=True)[1] for c in comps]), "indices")
+
+
+NAN = float("nan")
+# components (C, n) with two NaNs in one window: [1, nan, 3, nan] (dense index 3), a NaN after
+# the maximum, NaNs in the other channel; a zero-length sample
+_NAN_POOL_COMPS = [[[1.0, NAN, 3.0, NAN, 2.0, 5.0, NAN, 1.0], [NAN, 4.0, NAN, 0.0, 1.0, 1.0, 1.0, 1.0]],
+                   [[], []], [[2.0, NAN, NAN, 0.5], [7.0, 7.0, 1.0, NAN]]]
+_NAN_POOLS = {
+    "max_pool1d 4": (lambda t: F.max_pool1d(t, 4, return_indices=True), False),
+    "max_pool1d 3, 1, 1": (lambda t: F.max_pool1d(t, 3, 1, 1, return_indices=True), False),
+    "adaptive_max_pool1d 1": (lambda t: F.adaptive_max_pool1d(t, 1, return_indices=True), True),
+    "adaptive_max_pool1d 3": (lambda t: F.adaptive_max_pool1d(t, 3, return_indices=True), True),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("pool", _NAN_POOLS, ids=str)
+def test_max_pool1d_reads_the_last_nan_of_a_window(pool, dtype):
+    """A window holding NaNs pools to its last NaN, as dense max pooling on the CPU (its scan
+    takes every NaN): the index is that NaN's and the gradient goes there (the first NaN's was
+    taken, by ``argmax`` and by ``max`` for adaptive pooling to size 1)."""
+    fn, dense_out = _NAN_POOLS[pool]
+    comps = [torch.tensor(c, dtype=dtype).reshape(2, -1) for c in _NAN_POOL_COMPS]
+    x, leaves = build(comps, (2,), requires_grad=True)
+    out, idx = fn(x)
+    outs, idxs = (list(out), list(idx)) if dense_out else (out.unbind(), idx.unbind())
+    g = torch.Generator().manual_seed(0)
+    cots = [torch.randn(o.shape, generator=g, dtype=dtype) for o in outs]
+    grads = torch.autograd.grad(sum((o * c).sum() for o, c in zip(outs, cots)), leaves)
+    for i, (c, o, k, cot, gr) in enumerate(zip(comps, outs, idxs, cots, grads)):
+        if c.shape[-1] == 0:  # dense refuses an empty sample; ours pools it to nothing / -inf
+            assert (o.numel() == 0 or o.isneginf().all()) and gr.numel() == 0
+            continue
+        leaf = c.clone().requires_grad_()
+        ro, rk = fn(leaf)
+        assert_close(o, ro, f"sample {i}")
+        assert torch.equal(k, rk), f"sample {i}: indices {k.tolist()} != dense {rk.tolist()}"
+        assert_close(gr, torch.autograd.grad((ro * cot).sum(), leaf)[0], f"grad of sample {i}")
 
 
 def test_adaptive_pool1d_zero_length_sample_and_modes():

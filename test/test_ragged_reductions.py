@@ -528,6 +528,23 @@ def test_var_with_one_element_has_nan_gradient_as_dense(loss):
     assert got[0].isnan().all() and not got[1].isnan().any()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("op", ["nanmean", "nansum"])
+def test_nan_reductions_over_an_all_nan_column_have_dense_gradients(op, dtype):
+    """``nanmean`` along a ragged dim of a column that is all nan: nan, and so is its gradient
+    (dense ``nansum / 0`` backward: ``inf · 0``; a ``where`` gave 0); nan elements of other
+    columns get 0; ``nansum``'s gradient stays dense's. A zero-length sample, per sample."""
+    nan = float("nan")
+    comps = [torch.tensor([[nan, 1.0], [nan, nan], [nan, 3.0]], dtype=dtype), torch.zeros(0, 2, dtype=dtype),
+             torch.tensor([[2.0, nan]], dtype=dtype)]
+    fn = (lambda t, d: torch.nanmean(t, d)) if op == "nanmean" else (lambda t, d: torch.nansum(t, d))
+    per_sample_check(lambda x: fn(x, 1), R(comps, (1,)), ref=lambda c: fn(c, 0), dense_out=True)
+    ours = [c.clone().requires_grad_() for c in comps]
+    got = torch.autograd.grad(fn(mj.as_nested_tensor(ours, ragged_dims=(1,)), 1).sum(), ours)
+    if op == "nanmean":
+        assert got[0][:, 0].isnan().all() and torch.equal(got[0][:, 1], torch.tensor([0.5, 0.0, 0.5], dtype=dtype))
+
+
 # ----------------------------------------------------------------------------- gradcheck
 SQ_COMPS = comps_for([(2, 2, 2), (0, 0, 2), (3, 3, 2)], 11)
 RECT_COMPS = comps_for([(2, 3, 2), (0, 2, 2), (1, 1, 2), (3, 2, 2)], 12)

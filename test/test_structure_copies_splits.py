@@ -343,6 +343,54 @@ def test_pair_diagonal():
     check()
 
 
+# a square pair beside a further ragged dim: (n, m) per sample, a zero on either side
+_PAIR_AND_MORE = ((3, 2), (1, 4), (0, 1), (2, 0))
+# component shape from (n, m), ragged dims, the two dims of one extent (logical)
+_SQUARE_BESIDE = {
+    "(j0, j0, j1)": (lambda n, m: (n, n, m), (1, 2, 3), (1, 2)),
+    "(j1, j0, j0)": (lambda n, m: (m, n, n), (1, 2, 3), (2, 3)),
+    "(j0, j1, j0)": (lambda n, m: (n, m, n), (1, 2, 3), (1, 3)),
+    "(j0, C, j0, j1)": (lambda n, m: (n, 2, n, m), (1, 3, 4), (1, 3)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("layout", _SQUARE_BESIDE, ids=str)
+def test_diagonal_of_square_dims_beside_another_ragged_dim(layout, dtype):
+    """``diagonal`` over two ragged dims of one extent where the tensor has a further ragged dim
+    (``(B, j0, j0, j1)``, the pair dims anywhere): per sample, either dim order, off the main
+    diagonal too, with gradients (it said the dims were no square pair)."""
+    shape, ragged, (a, b) = _SQUARE_BESIDE[layout]
+    comps = comps_for([shape(n, m) for n, m in _PAIR_AND_MORE], 3, dtype=dtype)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    for off in (0, 1, -1):
+        for d1, d2 in ((a, b), (b, a)):
+            out = per_sample_check(lambda p: p.diagonal(off, d1, d2), R(comps, ragged),
+                                   ref=lambda t: t.diagonal(off, d1 - 1, d2 - 1), new_ragged=off != 0, **tol)
+            assert out.ragged_dims[-1] == out.dim() - 1  # the diagonal, appended last as dense does
+
+
+_EINSUM_SQUARE_BESIDE = {
+    "biij->bij": (lambda n, m: (n, n, m), "iij->ij"),
+    "biij->bji": (lambda n, m: (n, n, m), "iij->ji"),
+    "biij->bj": (lambda n, m: (n, n, m), "iij->j"),
+    "bjii->bji": (lambda n, m: (m, n, n), "jii->ji"),
+    "bjii->bij": (lambda n, m: (m, n, n), "jii->ij"),
+    "biji->bij": (lambda n, m: (n, m, n), "iji->ij"),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("eq", _EINSUM_SQUARE_BESIDE, ids=str)
+def test_einsum_diagonal_of_square_dims_beside_another_ragged_dim(eq, dtype):
+    """A subscript repeated on two ragged dims of one extent takes their diagonal wherever the
+    dims sit beside a further ragged dim, with gradients (it asked for a square pair)."""
+    shape, ref_eq = _EINSUM_SQUARE_BESIDE[eq]
+    comps = comps_for([shape(n, m) for n, m in _PAIR_AND_MORE], 5, dtype=dtype)
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    per_sample_check(lambda p: torch.einsum(eq, p), R(comps, (1, 2, 3)), ref=lambda t: torch.einsum(ref_eq, t), **tol)
+
+
 def test_diagonal_errors():
     rect = mj.nested_tensor(comps_for([(2, 3, 2), (0, 1, 2)], 0), ragged_dims=(1, 2))
     with pytest.raises(NotImplementedError, match=r"^diagonal\(\).*square pair"):
@@ -397,6 +445,23 @@ def test_einsum_diagonal_of_a_pair_of_two_nested_ints_with_equal_lengths(eq):
         return torch.einsum(eq if x.dim() == 3 else ref_eq, p if eq.startswith("biic") else p.sum(-1))
 
     per_sample_check(f, R(c1, (1,)), R(c2, (1,)), new_ragged=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("eq", ["bnd,->bnd", "bnd,->bn", ",bnd->bnd", "bnd,->bdn", "bnd,->b"])
+def test_einsum_with_a_0d_operand(eq, dtype):
+    """A 0-d dense operand (an empty term, as dense ``einsum`` takes it) scales the product,
+    either side, with its gradient (its empty term was refused as a count mismatch)."""
+    comps = comps_for([(n, 4) for n in (3, 0, 2)], 6, dtype=dtype)
+    scale = torch.tensor(2.5, dtype=dtype)
+    ref_eq = ",".join(t[1:] if t else t for t in eq.split("->")[0].split(",")) + "->" + eq.split("->")[1][1:]
+    tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else {}
+    if eq.startswith(","):
+        per_sample_check(lambda s, x: torch.einsum(eq, s, x), scale, R(comps, (1,)), ref=lambda s, x: torch.einsum(ref_eq, s, x),
+                         dense_out=eq.endswith("->b"), **tol)
+    else:
+        per_sample_check(lambda x, s: torch.einsum(eq, x, s), R(comps, (1,)), scale, ref=lambda x, s: torch.einsum(ref_eq, x, s),
+                         dense_out=eq.endswith("->b"), **tol)
 
 
 def test_einsum_diagonal_golden():

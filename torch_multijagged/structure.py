@@ -49,7 +49,10 @@ key                                   value (method that builds it)
 ``"segments"``                        ``(cu, seg_sample)`` along the last ragged dim (``segments``)
 ``("size_stride", rd, shape, st)``    a wrapper's logical (size, stride) (``logical_size_stride``)
 ``("padded_pos", maxes)``             flat padded position of every row (ops/shape/padded.py, ``derived``)
-``("diagonal_rows", pair)``           each row's diagonal cell in the square ``pair`` (ops/shape/views.py)
+``("diagonal_rows", full, off, a, b)`` each row's diagonal cell in ``full``, over its ragged dims ``a``, ``b``
+                                      of one extent (ops/shape/views.py)
+``("all_nan_median", k, dtype)``      per length along ragged dim k: dense ``nanmedian``'s index in a
+                                      column that is all nan (ops/reductions/order.py)
 ``("row_counts", b, red, dtype, dev)`` rows reduced into each output row of a reduction (``mean``'s
                                       divisor; ops/reductions/reduce.py ``_Plan.count``)
 ``("reduce_plan", ndim, rd, dims)``   a reduction's plan over ``dims`` (reduce.py ``plan_cached``,

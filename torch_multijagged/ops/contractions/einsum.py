@@ -55,7 +55,7 @@ def _explicit(equation: str, operands) -> tuple[list[str], str]:
         raise ValueError(f"einsum(): an ellipsis covers more dims than operand has in {equation!r}")
     terms = [t.replace("...", "".join(ell[len(ell) - w:])) for t, w in zip(terms, widths)]
     for k, (term, o) in enumerate(zip(terms, operands)):
-        if len(term) != o.dim() or not term.isalpha():
+        if len(term) != o.dim() or not (term.isalpha() or not term):  # '' is a 0-d operand's term
             raise ValueError(
                 f"einsum(): the number of subscripts in the equation ({len(term)}) does not match the number "
                 f"of dimensions ({o.dim()}) for operand {k} in {equation!r}"

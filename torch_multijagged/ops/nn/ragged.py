@@ -11,7 +11,8 @@ NOTE [ Ops over ragged dims in nn ]
   ignores them silently).
 * ``cumsum``/``cumprod``/``logcumsumexp`` along any non-batch dim: Hillis–Steele scans of
   ``multijagged::shift`` (NOTE [ Scans by shifting ] in compile/shift.py) combining with ``+``,
-  ``*`` or ``logaddexp``, per sample along a ragged dim.
+  ``*`` or ``logaddexp``, per sample along a ragged dim; ``logcumsumexp``'s gradient is dense
+  torch's formula, a scan from the end (``_LogCumSumExp``), so its nans beside ``±inf`` are dense's.
 * ``F.normalize(x, p, dim)``: ``x / max(‖x‖_p, eps)`` with the norm over ``dim`` per sample
   (the routed ``vector_norm``), gathered back to ``x``'s elements.
 * Pooling (``avg_pool1d``, ``max_pool1d``, ``adaptive_*_pool1d``) over a last ragged dim of
@@ -21,7 +22,10 @@ NOTE [ Ops over ragged dims in nn ]
   the host from the host copy of the input's lengths (no device sync), so these run eagerly
   only (under ``torch.compile`` a graph break, NOTE [ Eager-only routes ] in ``_common.py``);
   ``adaptive_*_pool1d(x, 1)`` is a reduction and compiles. Windows are gathered from the
-  packed rows (no padded envelope) and reduced under torch's autograd on the values.
+  packed rows (no padded envelope) and reduced under torch's autograd on the values. A max pool
+  reads the first maximum of a window, or its *last* NaN where it holds one (the dense kernels'
+  scan ``val > max || isnan(val)``, as the 2-d pools of ``vision/norms.py``): index and gradient
+  go there, also for ``adaptive_max_pool1d(x, 1)``, whose ``max`` reduction reads the first NaN.
 * ``torch.stft`` of waveforms ``(B, j0)``: each sample's spectrogram ``(B, F, j_frames)``, its frame
   count (dense torch's) a new extent of the same kind; one dense call per sample, eager only.
 """
@@ -34,6 +38,7 @@ import torch.nn.functional as F
 from ...bridge import values_of, wrap_values
 from ...compile import shift as _shift  # noqa: F401  (defines multijagged::shift)
 from ...kernels import canvas as cv
+from ...kernels import reference as ref
 from ...errors import StructureError
 from ...structure import RaggedExtent, extent_of, mapped_extent, partition_for
 from .._table import register_multi_jagged_func
@@ -106,9 +111,16 @@ def _scan(op: str, input, dim, dtype):
             raise RuntimeError(f"logcumsumexp(): expected floating point or complex input, got {input.dtype}")
     elif not (input.dtype.is_floating_point or input.dtype.is_complex):
         input = input.to(torch.int64)  # dense torch's integer promotion for cumsum/cumprod
+    if op == "logcumsumexp" and input.is_floating_point() and input.requires_grad:
+        return _LogCumSumExp.apply(input, d)
+    return _rounds_of(op, input, d)
+
+
+def _rounds_of(op: str, input, d: int, reverse: bool = False):
+    """The scan ``op`` of ``input`` along dim ``d`` (from the end with ``reverse``)."""
     combine, fill = _SCANS[op]
     m = input._partition.extents[input._ragged_dims.index(d)].max if d in input._ragged_dims else input.shape[d]
-    y, s = input, 1
+    y, s = input, -1 if reverse else 1
     for _ in range(_rounds(m)):
         shifted = _call(mj.shift.default, y, d, s, fill)
         if op == "logcumsumexp":
@@ -120,6 +132,36 @@ def _scan(op: str, input, dim, dtype):
             y = combine(y, shifted)
         s *= 2
     return y.clone() if y is input else y
+
+
+class _LogCumSumExp(torch.autograd.Function):
+    """``logcumsumexp`` of a real input with dense torch's backward formula (``logcumsumexp_backward``):
+    ``exp(rlcse(log g⁺ − y) + x) − exp(rlcse(log g⁻ − y) + x)``, ``rlcse`` the scan from the end
+    and ``g⁺`` / ``g⁻`` the positive / negative parts of the gradient (the lowest finite value
+    elsewhere). The scan's own derivative is the same where every term is finite, but its nans
+    differ beside an infinite input (``[1, inf, 2]``: dense ``[1, nan, 0]``, the scan's
+    ``[nan, nan, 0]``). The formula is written with the scans above, so it differentiates again."""
+
+    @staticmethod
+    def forward(ctx, input, d):  # type: ignore[override]
+        ctx.set_materialize_grads(False)  # no zeros of nested-int sizes (see bridge.py)
+        y = _rounds_of("logcumsumexp", input, d)
+        ctx.save_for_backward(input, y)
+        ctx.d = d
+        return y
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return None, None
+        x, y = ctx.saved_tensors
+        log_abs = grad.abs().log()
+        low = torch.full_like(log_abs, torch.finfo(log_abs.dtype).min)
+
+        def part(sign):
+            return (_rounds_of("logcumsumexp", torch.where(sign, log_abs, low) - y, ctx.d, reverse=True) + x).exp()
+
+        return part(grad > 0) - part(grad < 0), None
 
 
 def _scan_route(op: str):
@@ -286,6 +328,15 @@ def _gather(v, rows, ok):
     return w, ok.view(*ok.shape, *([1] * (v.dim() - 1)))
 
 
+def _window_arg(masked: torch.Tensor) -> torch.Tensor:
+    """``(N, 1, *static)``: the slot of every window ``(N, k, *static)`` that dense max pooling
+    reads — its last NaN, else its first maximum (NOTE [ Ops over ragged dims in nn ])."""
+    w = masked.detach()
+    nan = w.isnan()
+    last_nan = (w.shape[1] - 1) - nan.flip(1).to(torch.uint8).argmax(1, keepdim=True)
+    return torch.where(nan.any(1, keepdim=True), last_nan, w.argmax(1, keepdim=True))
+
+
 def _out_partition(x: MJT, window: cv.Window):
     """The pooled partition: dense torch's ``pooling_output_shape`` per sample, clamped at 0 (a
     zero-length sample pools to nothing), as ``mapped_extent`` keyed by the window's size rule
@@ -321,8 +372,8 @@ def _max_pool1d_ragged(x, k, stride, pad, dilation, ceil_mode):
     w, m = _gather(v, rows, ok)
     low = torch.finfo(v.dtype).min if v.is_floating_point() else torch.iinfo(v.dtype).min
     masked = torch.where(m, w, torch.full_like(w, float("-inf") if v.is_floating_point() else low))
-    # the first maximum takes the whole gradient, as dense max_pool1d's index
-    arg = masked.detach().argmax(1, keepdim=True)
+    # the first maximum (or the last NaN) takes the whole gradient, as dense max_pool1d's index
+    arg = _window_arg(masked)
     out = masked.gather(1, arg).squeeze(1)
     idx = pos.view(*pos.shape, *([1] * (v.dim() - 1))).expand_as(w).gather(1, arg).squeeze(1)
     return _out(out, part, x._ragged_dims, v.requires_grad), wrap(idx, part, x._ragged_dims)
@@ -423,6 +474,8 @@ def _adaptive_max(input, output_size, return_indices):
     kind = _pooled(op, input)
     if kind == "ragged" and size == 1:
         out, idx = torch.max(input, -1, keepdim=True)  # the first maximum takes the gradient; compiles
+        if input.is_floating_point():
+            out, idx = _last_nan_wins(input, out, idx)
         # a sample without elements pools to -inf, as for any other output size (max gives the
         # dtype's lowest value there)
         empty = input._partition.extents[0].lengths() == 0
@@ -435,10 +488,27 @@ def _adaptive_max(input, output_size, return_indices):
     v = _values(input)
     w, m = _gather(v, rows, ok)
     masked = torch.where(m, w, torch.full_like(w, float("-inf")))
-    arg = masked.detach().argmax(1, keepdim=True)
+    arg = _window_arg(masked)
     out = _to_dense(masked.gather(1, arg).squeeze(1), b, size)
     idx = _to_dense(pos.view(*pos.shape, *([1] * (v.dim() - 1))).expand_as(w).gather(1, arg).squeeze(1), b, size)
     return (out, idx) if return_indices else out
+
+
+def _last_nan_wins(x: MJT, out: torch.Tensor, idx: torch.Tensor):
+    """``max(x, -1, keepdim=True)``'s ``(out, idx)`` with dense pooling's rule where a column
+    holds a NaN: its last NaN (``max`` reads the first) gives the index and takes the gradient.
+    Segment reductions on the packed rows, so it compiles."""
+    p = x._partition
+    v = _values(x)
+    _, coords = p.row_coords()
+    pos = coords[:, 0].view(-1, *([1] * (v.dim() - 1))).expand(v.shape)
+    last = ref.segment_reduce(torch.where(v.detach().isnan(), pos, -1), p.row_sample(), p.batch, "amax", empty=-1)
+    has = last >= 0  # (B, *static)
+    row = torch.where(has, p.offsets[:-1].view(-1, *([1] * (v.dim() - 1))) + last, 0)
+    if v.shape[0] == 0:  # no element in the batch (so no NaN): read a zero row, still a function of v
+        v = v.sum(0, keepdim=True, dtype=v.dtype)
+    at = v.gather(0, row)
+    return torch.where(has.unsqueeze(-1), at.unsqueeze(-1), out), torch.where(has.unsqueeze(-1), last.unsqueeze(-1), idx)
 
 
 def _adaptive_max_route(always_indices: bool):

@@ -11,7 +11,8 @@ every segment at once (``kernels/along.py``: ``segment_order``, a stable sort by
 by segment) and writes the order into the segment's own rows; ``kthvalue`` / ``median`` /
 ``nanmedian`` pick one position of that order per segment and column (the lower median;
 ``median`` gives the first NaN of a column that has one, ``nanmedian`` the median of the rest,
-as dense torch); ``quantile`` / ``nanquantile`` pick the two places around ``q · (n − 1)`` and
+as dense torch, and for a column that is all NaN the index dense torch's selection gives, which
+only dense torch knows: ``_all_nan_place``); ``quantile`` / ``nanquantile`` pick the two places around ``q · (n − 1)`` and
 interpolate them as aten's ``quantile_impl`` does; ``topk`` takes the first k. ``cummax`` / ``cummin`` are a scan by doubling
 (``log₂ max n`` steps) whose combine keeps dense torch's rules: the later index on ties, and every
 NaN takes over (the latest NaN so far; no number displaces a NaN). Only indices are computed this
@@ -32,7 +33,7 @@ import torch
 from ...bridge import values_of, wrap_values
 from ...kernels.along import packed_rows, segment_order
 from .._common import MJT, canonical_dim, component_rows, describe, static_dims, wrap
-from ...structure import partition_for
+from ...structure import _is_traced, partition_for
 from .._routing import route
 from ..indexing.along import check_samples, eager, eager_or_traced, ragged_dim, take_static
 
@@ -155,6 +156,29 @@ def _nan_counts(x: MJT, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     return length, torch.zeros(length.shape[0], keys.shape[1], dtype=torch.int64, device=keys.device).index_add_(0, seg, nan)
 
 
+def _all_nan_place(x: MJT, k: int, length: torch.Tensor) -> torch.Tensor:
+    """(S, 1): the index dense ``nanmedian`` gives a column of ``length`` elements that are all
+    nan — its place in the sorted order too, which keeps nans in index order. Dense torch's
+    selection leaves there whatever its partitioning moved to the front of elements that all
+    compare equal (on the CPU ``std::nth_element`` around place 0: 2 of 4, 5 of 7, 8 of 13 — no
+    rule of n to write down, and another one on other devices or builds), so it is read from
+    dense torch itself, once per length of the extent, and cached on the partition. Traced (no
+    host lengths), or no nan (integers): 0."""
+    e = x._partition.extents[k]
+    if _is_traced(e.offsets) or not x.is_floating_point():
+        return torch.zeros_like(length)
+    dtype, device = x.dtype, x._values.device
+
+    def compute(p):
+        host = e.host_lengths()
+        table = torch.zeros(int(host.max()) + 1 if host.numel() else 1, dtype=torch.int64, device=device)
+        for n in torch.unique(host[host > 0]).tolist():  # each length once, per structure (cached)
+            table[n] = torch.nanmedian(torch.full((n,), math.nan, dtype=dtype, device=device), 0).indices
+        return table
+
+    return x._partition.derived(("all_nan_median", k, dtype), compute)[length]
+
+
 @eager_or_traced
 def median_ragged(op: str, x: MJT, k: int, keepdim: bool, ignore_nan: bool):
     def empty(s, n):
@@ -165,7 +189,7 @@ def median_ragged(op: str, x: MJT, k: int, keepdim: bool, ignore_nan: bool):
     length, nans = _nan_counts(x, k)
     if ignore_nan:
         m = length - nans
-        position = torch.where(m > 0, torch.div(m - 1, 2, rounding_mode="floor"), torch.zeros_like(m))
+        position = torch.where(m > 0, torch.div(m - 1, 2, rounding_mode="floor"), _all_nan_place(x, k, length))
     else:
         position = torch.where(nans > 0, length - nans, torch.div(length - 1, 2, rounding_mode="floor"))
     return _keepdim(_pick(op, x, k, src, position), x._ragged_dims[k], keepdim)

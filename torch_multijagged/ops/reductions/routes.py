@@ -315,8 +315,31 @@ def _dist(input, other, p=2):
     return _vector_norm(input - other, p)
 
 
+class _NanZeroed(torch.autograd.Function):
+    """``input`` with nan as 0, whose backward multiplies by the mask of the other elements as
+    dense ``nansum``'s does (``where``'s backward selects): an infinite incoming gradient gives
+    nan at the nan elements (``inf · 0``), so ``nanmean`` over elements that are all nan has the
+    nan gradient of dense ``nansum / 0``."""
+
+    @staticmethod
+    def forward(ctx, input):  # type: ignore[override]
+        ctx.set_materialize_grads(False)  # no zeros of nested-int sizes (see bridge.py)
+        nan = torch.isnan(input)
+        ctx.save_for_backward(~nan)
+        return torch.where(nan, torch.zeros_like(input), input)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return None
+        (keep,) = ctx.saved_tensors
+        return grad * keep
+
+
 def _nan_zeroed(input):
-    return torch.where(torch.isnan(input), torch.zeros_like(input), input) if input.is_floating_point() else input
+    if not input.is_floating_point():
+        return input
+    return _NanZeroed.apply(input) if input.requires_grad else torch.where(torch.isnan(input), torch.zeros_like(input), input)
 
 
 @route(torch.nansum, torch.Tensor.nansum)

@@ -10,6 +10,7 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int
 
 from ...errors import StructureError
 from ...kernels import reference as ref
+from ...kernels.along import packed_rows
 from .._table import register_multi_jagged_func
 from ...structure import extent_of, mapped_extent, partition_for, same_extent
 from .._common import MJT, canonical_dim, canonical_dims, describe, same_partition, static_dims, wrap
@@ -673,20 +674,32 @@ def _diag_dims(op: str, inp_ndim: int, ragged_dims, offset, dim1, dim2):
     return min(a, b), max(a, b), ragged == 2, offset
 
 
-def _diagonal_rows(pair, single, offset: int = 0) -> torch.Tensor:
-    """Row of the square ``pair`` partition holding cell ``(a, a + offset)`` (``offset ≥ 0``) or
-    ``(a − offset, a)`` for every row ``a`` of the ``single`` partition, whose extent is the pair's
-    shortened by ``|offset|`` (cached on ``single``; the key holds ``pair`` itself, so its id
-    cannot be reused while the entry lives): ``o²_i + a·(n_i + 1) + offset`` or ``… + |offset|·n_i``."""
+def _diagonal_rows(full, out, a: int, b: int, offset: int = 0) -> torch.Tensor:
+    """Row of the ``full`` partition holding, for every row of the ``out`` partition, the cell
+    ``(a, a + offset)`` (``offset ≥ 0``) or ``(a − offset, a)`` of ``full``'s ragged dims ``a < b``
+    (storage order; one extent): ``out`` holds ``full``'s other ragged dims in order, then the
+    diagonal's, whose extent is the pair's shortened by ``|offset|``. Cached on ``out``; the key
+    holds ``full`` itself, so its id cannot be reused while the entry lives. For a square pair
+    (no other ragged dim) the formula ``o²_i + a·(n_i + 1) + offset`` (or ``… + |offset|·n_i``);
+    with other ragged dims, the cell's coordinates packed into ``full``'s rows."""
 
-    def compute(single):
-        sample = single.row_sample()
-        local = torch.arange(single.rows, device=single.offsets.device) - single.offsets[sample]
-        n = pair.extents[0].lengths().to(single.offsets.device)[sample]
+    def square(out):
+        sample = out.row_sample()
+        local = torch.arange(out.rows, device=out.offsets.device) - out.offsets[sample]
+        n = full.extents[a].lengths().to(out.offsets.device)[sample]
         shift = offset if offset >= 0 else -offset * n
-        return pair.offsets[sample] + local * (n + 1) + shift
+        return full.offsets[sample] + local * (n + 1) + shift
 
-    return single.derived(("diagonal_rows", pair, offset), compute)
+    def general(out):
+        sample, coords = out.row_coords()
+        k = coords[:, -1]
+        others = [coords[:, i] for i in range(coords.shape[1] - 1)]
+        first, second = (k, k + offset) if offset >= 0 else (k - offset, k)
+        others.insert(a, first)
+        others.insert(b, second)
+        return packed_rows(full.offsets, full.device_sizes(), sample, torch.stack(others, 1))
+
+    return out.derived(("diagonal_rows", full, offset, a, b), square if full.nragged == 2 else general)
 
 
 def _diagonal_extent(e, offset: int):
@@ -697,16 +710,23 @@ def _diagonal_extent(e, offset: int):
 
 
 def square_extent(op: str, inp, a: int, b: int, context: str = ""):
-    """The extent of ragged dims ``a`` and ``b`` of a square pair; else a NotImplementedError
-    naming ``op`` (``context`` says more, e.g. the einsum equation)."""
+    """The extent of ragged dims ``a`` and ``b`` of ``inp`` where they are one extent (the two dims
+    of a square pair, other ragged dims beside them or not); else a NotImplementedError naming
+    ``op`` (``context`` says more, e.g. the einsum equation)."""
     p = inp._partition
     ea, eb = p.extents[inp._ragged_dims.index(a)], p.extents[inp._ragged_dims.index(b)]
-    if len(p.extents) != 2 or not same_extent(ea, eb):
+    if not same_extent(ea, eb):
         raise NotImplementedError(
             f"{op}(): a diagonal over ragged dims needs a square pair (two ragged dims of one extent), got "
             f"{describe(inp)} for layout torch.multi_jagged{context}"
         )
     return ea
+
+
+def _diagonal_partition(extents, a: int, b: int, diag):
+    """The partition of a diagonal over ragged dims ``a < b`` (storage order) of ``extents``:
+    the other extents in order, then the diagonal's ``diag`` (dense appends the diagonal last)."""
+    return partition_for([e for i, e in enumerate(extents) if i not in (a, b)] + [diag])
 
 
 @register_multi_jagged_func(aten.diagonal.default, "self: mjt, offset: any?, dim1: any?, dim2: any?")
@@ -724,10 +744,13 @@ def diagonal_default(func, inp, offset=0, dim1=0, dim2=1):
         out_ragged = tuple(r - (r > a) - (r > b) for r in inp._ragged_dims)
         return wrap(values, inp._partition, out_ragged)
     e = square_extent("diagonal", inp, a, b)
-    single = partition_for([_diagonal_extent(e, offset)])
-    values = inp._values.index_select(0, _diagonal_rows(inp._partition, single, offset))
+    p = inp._partition
+    ka, kb = inp._ragged_dims.index(a), inp._ragged_dims.index(b)
+    out = _diagonal_partition(p.extents, ka, kb, _diagonal_extent(e, offset))
+    values = inp._values.index_select(0, _diagonal_rows(p, out, ka, kb, offset))
     _mark_reorder_copy(values, base=inp)
-    return wrap(values, single, (ndim - 2,))
+    out_ragged = tuple(r - (r > a) - (r > b) for r in inp._ragged_dims if r not in (a, b)) + (ndim - 2,)
+    return wrap(values, out, out_ragged)
 
 
 @register_multi_jagged_func(aten.diagonal_backward.default, "grad: mjt, input_sizes: any, offset: any, dim1: any, dim2: any")
@@ -743,12 +766,15 @@ def diagonal_backward_default(func, grad, input_sizes, offset, dim1, dim2):
         return wrap(values, grad._partition, in_ragged)
     # the input's own extents (a pair of two nested ints with equal lengths, as einsum's 'bii'
     # reads one, gets its gradient in its own shape)
-    ea, eb = extent_of(input_sizes[a]), extent_of(input_sizes[b])
-    if ea is None or eb is None:
+    extents = [extent_of(input_sizes[d]) for d in in_ragged]
+    ka, kb = in_ragged.index(a), in_ragged.index(b)
+    if any(e is None for e in extents):
         if offset != 0:
             raise NotImplementedError("diagonal_backward(): the input's ragged size is not an eager nested int")
-        ea = eb = grad._partition.extents[0]
-    pair = partition_for([ea, eb])
-    rows = _diagonal_rows(pair, grad._partition, offset)
-    values = v.new_zeros((pair.rows, *v.shape[1:])).index_copy(0, rows, v)
-    return wrap(values, pair, in_ragged)
+        extents = list(grad._partition.extents[:-1])  # the grad's: the other dims, then the diagonal's
+        extents[ka:ka] = [grad._partition.extents[-1]]
+        extents[kb:kb] = [grad._partition.extents[-1]]
+    full = partition_for(extents)
+    rows = _diagonal_rows(full, grad._partition, ka, kb, offset)
+    values = v.new_zeros((full.rows, *v.shape[1:])).index_copy(0, rows, v)
+    return wrap(values, full, in_ragged)
