@@ -810,6 +810,9 @@ BUGS = [
         "_all_nan_place(x, k, length))", "torch.zeros_like(m))", ("test_order_stats.py",)),
     Bug("logcumsumexp's backward scans from the start", "ops/nn/ragged.py",
         "- y, ctx.d, reverse=True)", "- y, ctx.d, reverse=False)", ("test_ragged_nn.py",)),
+    Bug("scatter's deprecated reduce='multiply' sums", "ops/indexing/slicing.py",
+        'return input.scatter_reduce(dim, index, s, "sum" if reduce == "add" else "prod")',
+        'return input.scatter_reduce(dim, index, s, "sum")', ("test_indexing_ops.py",)),
 ]
 
 

@@ -5,6 +5,8 @@ per-sample dense reference (batched matmul with a dense operand: ``test_matmul_d
 
 from __future__ import annotations
 
+import warnings
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -636,3 +638,26 @@ def test_in_place_index_updates_are_per_sample_with_gradients(name):
     refs = torch.autograd.grad(sum((t * t).sum() for t in ts), leaves)
     for a, b in zip(gx.unbind(), refs):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("reduce", ["add", "multiply"])
+@pytest.mark.parametrize("dim", [1, 2])
+def test_scatter_with_the_deprecated_reduce_keyword(reduce, dim):
+    """``x.scatter(d, index, src or value, reduce=)`` (still in model code) as dense's, along the
+    ragged dim and a static one, with a tensor source and a scalar."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, generator=g, dtype=torch.float64) for n in (3, 0, 4)]
+    if dim == 1:
+        idx = [torch.randint(0, max(n, 1), (max(n - 1, 0), 3), generator=g) for n in (3, 0, 4)]
+    else:
+        idx = [torch.randint(0, 3, (n, 2), generator=g) for n in (3, 0, 4)]
+    src = [torch.randn(i.shape, generator=g, dtype=torch.float64) for i in idx]
+    x, index, source = (mj.nested_tensor(t) for t in (comps, idx, src))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # dense torch warns that reduce= is deprecated
+        for got, c, i, s in zip(x.scatter(dim, index, source, reduce=reduce).unbind(), comps, idx, src):
+            torch.testing.assert_close(got, c.scatter(dim - 1, i, s, reduce=reduce))
+        for got, c, i in zip(x.scatter(dim, index, 0.5, reduce=reduce).unbind(), comps, idx):
+            torch.testing.assert_close(got, c.scatter(dim - 1, i, 0.5, reduce=reduce))
+    with pytest.raises(RuntimeError, match="reduce argument must be either add or multiply"):
+        x.scatter(dim, index, source, reduce="mean")

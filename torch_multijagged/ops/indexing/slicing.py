@@ -449,6 +449,14 @@ def _scatter_route(name: str, add: bool):
                 and isinstance(dim, int)):
             # NOTE [ Scattering a batch into a dense tensor ] in scatter.py
             return scatter_into_dense(name, input, dim, index, value if src is None else src, "add" if add else None)
+        if isinstance(input, MJT) and out is None and reduce is not None and not add:
+            # the deprecated ``scatter(…, reduce=)``: ``scatter_reduce`` including self, as dense
+            if reduce not in ("add", "multiply"):
+                raise RuntimeError("reduce argument must be either add or multiply.")
+            s = value if src is None else src
+            if not isinstance(s, torch.Tensor):
+                s = torch.full_like(index, s, dtype=input.dtype)
+            return input.scatter_reduce(dim, index, s, "sum" if reduce == "add" else "prod")
         if not isinstance(input, MJT) or out is not None or reduce is not None or not isinstance(dim, int):
             return NotImplemented
         hit = ragged_dim(name, input, dim)
