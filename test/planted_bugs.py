@@ -813,6 +813,9 @@ BUGS = [
     Bug("scatter's deprecated reduce='multiply' sums", "ops/indexing/slicing.py",
         'return input.scatter_reduce(dim, index, s, "sum" if reduce == "add" else "prod")',
         'return input.scatter_reduce(dim, index, s, "sum")', ("test_indexing_ops.py",)),
+    Bug("einsum squeezes a dense operand's ragged-subscript dims of any size", "ops/contractions/einsum.py",
+        "        drop = [i for i, c in enumerate(t) if c in ragged and o.shape[i] == 1]",
+        "        drop = [i for i, c in enumerate(t) if c in ragged]", ("test_contractions.py",)),
 ]
 
 

@@ -157,3 +157,23 @@ def test_tensordot_per_sample(form):
     want = torch.autograd.grad(sum((r ** 2).sum() for r in refs), leaves)
     for a, b in zip(got, want):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("equation", ["bnd,bnd->bd", "bnd,bnd->bn", "bnd,bne->bde", "bnd,bnd->bnd"])
+def test_einsum_dense_size_one_dims_broadcast_along_ragged_subscripts(equation):
+    """A dense ``(B, 1, D)`` operand under a subscript that is ragged in the batch broadcasts, as
+    dense einsum broadcasts size-1 dims: each sample's einsum with the dense row, gradients of
+    every input."""
+    g = torch.Generator().manual_seed(0)
+    leaves = [torch.randn(n, 4, generator=g, dtype=torch.float64, requires_grad=True) for n in (3, 0, 5)]
+    w = torch.randn(3, 1, 2 if "bne" in equation else 4, generator=g, dtype=torch.float64, requires_grad=True)
+    out = torch.einsum(equation, mj.as_nested_tensor(leaves), w)
+    got = out.unbind() if isinstance(out, mj.MultiJaggedTensor) else out.unbind(0)
+    refs = [torch.einsum(equation, c[None], w[i:i + 1])[0] for i, c in enumerate(leaves)]
+    for a, r in zip(got, refs):
+        torch.testing.assert_close(a, r)
+    for a, r in zip(torch.autograd.grad(sum((a * a).sum() for a in got), [*leaves, w]),
+                    torch.autograd.grad(sum((r * r).sum() for r in refs), [*leaves, w])):
+        torch.testing.assert_close(a, r)
+    with pytest.raises(NotImplementedError, match="dense operands cannot index the ragged dims"):
+        torch.einsum(equation, mj.as_nested_tensor(leaves), torch.randn(3, 2, w.shape[-1], dtype=torch.float64))

@@ -92,6 +92,7 @@ def _einsum(equation, *operands):
     for k, o in enumerate(operands):
         if isinstance(o, MJT):
             operands[k], terms[k] = _diagonals(o, terms[k], equation)
+    _squeeze_dense_broadcasts(terms, operands)
     mjts = [o for o in operands if isinstance(o, MJT)]
     ref = mjts[0]
     ragged_letters = ref_term = None
@@ -114,6 +115,20 @@ def _einsum(equation, *operands):
 
     packed_eq = ",".join(packed(t) if isinstance(o, MJT) else t for t, o in zip(terms, operands)) + "->" + packed(out)
     return bridged.einsum(packed_eq, operands, ref._partition, tuple(positions[1:]))
+
+
+def _squeeze_dense_broadcasts(terms: list, operands: list) -> None:
+    """A dense operand's size-1 dim under a subscript that is ragged in a multi_jagged operand
+    broadcasts, as dense einsum broadcasts size-1 dims (``bnd,bnd->bd`` with a ``(B, 1, D)``
+    weight): the same product with that dim squeezed and its subscript dropped (in place)."""
+    ragged = {t[d] for t, o in zip(terms, operands) if isinstance(o, MJT) for d in o._ragged_dims}
+    for k, (t, o) in enumerate(zip(terms, operands)):
+        if isinstance(o, MJT):
+            continue
+        drop = [i for i, c in enumerate(t) if c in ragged and o.shape[i] == 1]
+        if drop:
+            operands[k] = o.squeeze(drop)
+            terms[k] = "".join(c for i, c in enumerate(t) if i not in drop)
 
 
 def _broadcast_einsum(equation: str, terms: list, operands: list, out: str):
