@@ -298,11 +298,12 @@ _BROADCASTING.add(torch.special.xlogy)
 # The functions whose multi_jagged operands must agree at each ragged dim they share (eager raises
 # for other lengths): elementwise ones, comparisons, masks, and the losses pairing an input with
 # its target. Under tracing they assume it (NOTE [ Traced operands built apart ] in bridge.py).
+# (``masked_scatter`` is not one: its source is read in order, whatever its lengths.)
 _ALIGNED: set = set(_BROADCASTING)
 for _name in (
     "eq ne lt le gt ge greater greater_equal less less_equal not_equal isclose logical_and logical_or "
     "logical_xor bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift masked_fill "
-    "masked_scatter nextafter igamma igammac heaviside gcd lcm floor_divide fmod"
+    "nextafter igamma igammac heaviside gcd lcm floor_divide fmod"
 ).split():
     for _owner, _suffixes in ((torch, ("",)), (torch.Tensor, ("", "_"))):
         for _suffix in _suffixes:
