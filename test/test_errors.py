@@ -2,6 +2,8 @@
 
 import re
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -364,6 +366,18 @@ def test_a_comparison_every_sample_answers_alike_is_that_answer(lengths, expecte
     assert got == expected
     for k in lengths:  # the per-sample answers the batch's stand for
         assert (k <= 64, k < 4, k > 3) == (expected["n <= 64"], expected["n < 4"], expected["n > 3"])
+
+
+def test_a_comparison_with_a_float_is_each_samples_alike():
+    """``num_msa > max_num_msa`` with ``max_num_msa = math.inf`` (alphafold3-pytorch's MSA module
+    default): a float bound compares per sample as an int does; float arithmetic still raises."""
+    x = mj.nested_tensor([torch.randn(k, 2) for k in (3, 0, 5)])
+    n = x.shape[1]
+    assert (n > math.inf, n < math.inf, n <= 5.0, n >= 0.0, math.inf > n) == (False, True, True, True, True)
+    with pytest.raises(ValueError, match=r"j\d+ > 2.5 holds for some samples and not others"):
+        _ = n > 2.5
+    with pytest.raises(TypeError, match="no single value"):
+        _ = n * 0.5
 
 
 def test_a_comparison_samples_answer_differently_raises_naming_it():

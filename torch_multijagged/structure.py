@@ -135,7 +135,9 @@ class _RaggedSizeNode(NestedIntNode):
         self._no_value("float()")
 
     def sym_float(self):
-        self._no_value("float()")
+        # a comparison with a float (``num_msa > max_num_msa`` with ``inf``) promotes the size to a
+        # float first: a node that answers order comparisons only (NOTE [ Comparing ragged sizes ])
+        return _RaggedAsFloat(self)
 
     def _arith(self, other):
         self._no_value("arithmetic other than a product with an int")
@@ -177,13 +179,7 @@ class _RaggedSizeNode(NestedIntNode):
         symbol = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[name]
         if mine is None or theirs is None or (isinstance(theirs, torch.Tensor) and theirs.shape != mine.shape):
             raise ValueError(f"{self} {symbol} {other}: the relation is indeterminate ({_NO_VALUE})")
-        held = getattr(torch, name)(mine, theirs)
-        if bool(held.all()) or not bool(held.any()):
-            return _DecidedBool(bool(held.all()))
-        raise ValueError(
-            f"{self} {symbol} {other} holds for some samples and not others (sizes {mine.tolist()}): code that "
-            f"branches on it would treat samples differently; {_NO_VALUE}"
-        )
+        return _alike(getattr(torch, name)(mine, theirs), f"{self} {symbol} {other}", mine)
 
     def ge(self, other):
         return self._order("ge", other, NestedIntNode.ge)
@@ -278,6 +274,94 @@ class _DecidedBool:
 
     def str(self) -> str:
         return str(self.val)
+
+    __str__ = __repr__ = _graph_repr = str
+
+
+def _alike(held: torch.Tensor, what: str, sizes: torch.Tensor) -> _DecidedBool:
+    """The answer every sample gives to a comparison (NOTE [ Comparing ragged sizes ]), or a
+    ``ValueError`` naming the comparison where they differ."""
+    if bool(held.all()) or not bool(held.any()):
+        return _DecidedBool(bool(held.all()))
+    raise ValueError(
+        f"{what} holds for some samples and not others (sizes {sizes.tolist()}): code that branches on it would "
+        f"treat samples differently; {_NO_VALUE}"
+    )
+
+
+class _FloatBesideRagged:
+    """A float on the other side of a comparison with a ragged size (``_RaggedAsFloat``)."""
+
+    __slots__ = ("val",)
+
+    def __init__(self, val: float) -> None:
+        self.val = val
+
+    def is_constant(self) -> bool:
+        return True
+
+
+class _RaggedAsFloat:
+    """A ragged size promoted to a float for a comparison with one (``n > math.inf``): order
+    comparisons are answered per sample as the size's own are; anything else raises the size's
+    error (a float has no per-sample meaning here)."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: "_RaggedSizeNode") -> None:
+        self.size = size
+
+    def _order(self, name: str, other) -> _DecidedBool:
+        mine = _node_sizes(self.size)
+        theirs = getattr(other, "val", None)
+        if mine is None or not isinstance(theirs, (int, float)):
+            self._refuse()
+        symbol = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[name]
+        return _alike(getattr(torch, name)(mine.to(torch.float64), float(theirs)), f"{self.size} {symbol} {theirs}", mine)
+
+    def ge(self, other):
+        return self._order("ge", other)
+
+    def gt(self, other):
+        return self._order("gt", other)
+
+    def le(self, other):
+        return self._order("le", other)
+
+    def lt(self, other):
+        return self._order("lt", other)
+
+    def _refuse(self, *args):
+        self.size._no_value("float arithmetic or float()")
+
+    add = sub = mul = truediv = float_truediv = pow = float_pow = mod = floordiv = int_floordiv = _refuse
+    neg = sym_min = sym_max = eq = ne = guard_float = float_ = sym_int = ceil = floor = round = trunc = _refuse
+
+    def wrap_float(self, val: float) -> _FloatBesideRagged:
+        return _FloatBesideRagged(val)
+
+    def wrap_int(self, val: int) -> _FloatBesideRagged:
+        return _FloatBesideRagged(val)
+
+    def is_constant(self) -> bool:
+        return False
+
+    def is_float(self) -> bool:
+        return True
+
+    def is_int(self) -> bool:
+        return False
+
+    is_bool = is_nested_int = is_int
+
+    def is_symbolic(self) -> bool:
+        return False
+
+    def has_hint(self) -> bool:
+        return False
+
+    def str(self) -> str:
+        return f"float({self.size})"
 
     __str__ = __repr__ = _graph_repr = str
 
