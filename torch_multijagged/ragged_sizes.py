@@ -1,0 +1,318 @@
+"""The nodes behind ragged sizes (nested ints) read from a multi_jagged tensor's shape.
+
+``x.shape[1]`` of a batch is a nested int whose node is ``_RaggedSizeNode``: torch.jagged's node,
+with a clear error where code asks for its one value, and answers where a size has a per-sample
+meaning (``_RaggedSizeNode``'s docstring; NOTE [ Comparing ragged sizes ]). The answers need the
+extents behind the nodes, which ``structure.py`` owns and hands in once, at its import
+(``EXTENTS``): this module imports nothing of the package, so the structure module can build
+nodes without an import cycle.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Optional
+
+import torch
+from torch.fx.experimental._constant_symnode import ConstantIntNode
+from torch.nested._internal.nested_int import NestedIntNode
+
+__all__: list = []
+
+
+class _Extents:
+    """What a size node asks of the extents behind nested ints, filled in by ``structure.py``:
+    ``node_extent(node)`` the eager extent of a node (or None), ``quotient(e, f)`` the extent of
+    ``e``'s sizes divided by ``f``'s where ``e`` was flattened from ``f``, ``mapped_extent(e, key,
+    lengths_of)`` and ``product_extent(a, b)`` the extent of two nodes' dims flattened."""
+
+    node_extent: Callable[[Any], Any] = staticmethod(lambda node: None)
+    quotient: Callable[[Any, Any], Any] = staticmethod(lambda e, f: None)
+    mapped_extent: Callable[..., Any] = staticmethod(lambda e, key, lengths_of: e)
+    product_extent: Callable[[Any, Any], Any] = staticmethod(lambda a, b: None)
+
+
+EXTENTS = _Extents()
+
+
+_NO_VALUE = (
+    "a ragged dim's size differs per sample and has no single value. Build tensors of the batch's "
+    "shape from the batch itself (x.new_zeros(x.shape), torch.ones_like(x), x.new_full(x.shape, v)); "
+    "each sample's positions are mj.position_ids(x); the sizes are x.sizes() or x.offsets()"
+)
+
+
+class _RaggedSizeNode(NestedIntNode):
+    """``torch.jagged``'s nested-int node, with a clear error where code asks for its one value.
+
+    ``int(x.shape[1])``, ``range(n)``, ``torch.arange(n)``, ``float(n)`` and arithmetic such as
+    ``n // 2`` treat a size as one number; torch's node answers with an ``AttributeError`` about a
+    missing method. A ragged dim has no one size, so ours raises a ``TypeError`` that says so and
+    names what to write instead. What has a per-sample meaning is answered: the product of two
+    ragged sizes of one batch (the nested int of the two dims flattened, ``_product_extent``),
+    floor division by a positive int (each size divided, a mapped extent), adding or subtracting
+    0 (Hugging Face's cache length 0 plus the sequence length), ``abs``, and an order comparison
+    that torch's node cannot decide (``n <= max_len``, ``min(n, k)``, two ragged sizes) when every
+    sample gives the same answer (NOTE [ Comparing ragged sizes ]). Everything else (equality,
+    products with ints, hashing, tracing) is the base class's."""
+
+    def _no_value(self, use: str):
+        raise TypeError(f"{use} with the nested int {self}: {_NO_VALUE}")
+
+    def int_(self):
+        self._no_value("int(), range() or an index")
+
+    def guard_int(self, file, line):
+        self._no_value("an int argument (torch.arange(n), a dense tensor's size or slice)")
+
+    def guard_float(self, file, line):
+        self._no_value("float()")
+
+    def sym_float(self):
+        # a comparison with a float (``num_msa > max_num_msa`` with ``inf``) promotes the size to a
+        # float first: a node that answers order comparisons only (NOTE [ Comparing ragged sizes ])
+        return _RaggedAsFloat(self)
+
+    def _arith(self, other):
+        self._no_value("arithmetic other than a product with an int")
+
+    truediv = int_truediv = mod = pow = pow_by_natural = _arith
+
+    def add(self, other):
+        if other.is_constant() and other.constant_int() == 0:
+            return self  # ``n + 0``, ``0 + n`` and ``n - 0``: each sample's own size
+        self._arith(other)
+
+    sub = add  # (``0 - n`` is a negation: refused)
+
+    def abs(self):
+        return self
+
+    def wrap_int(self, num: int):
+        # the int beside a ragged size in ``1 / n``, ``6 // n``, ``2 ** n``: torch's constant node
+        # has no such methods (an AttributeError), ours refuses as this node's arithmetic does
+        return _IntBesideRagged(num)
+
+    # NOTE [ Comparing ragged sizes ]
+    #
+    # torch's node decides an order comparison only where its invariant does (every nested int is
+    # at least 2: ``n >= 1`` is True, ``n < 2`` False) and raises "relation is indeterminate"
+    # otherwise, which model code meets in ``assert n <= max_len``, ``min(n, window)``, ``if k_len >
+    # q_len`` and slices of a dense table by a ragged size. Python needs one bool there; the sizes
+    # give one when every sample answers alike (each sample would take the same branch alone), so
+    # an eager size of ours is compared per sample and the common answer returned, and a split
+    # answer raises, naming the comparison. The base class's answers stand (its invariant is what
+    # torch's own code relies on); traced nested ints are the base class's alone.
+    def _order(self, name: str, other, base):
+        try:
+            return base(self, other)
+        except ValueError:
+            pass
+        mine = _node_sizes(self)
+        theirs = other.constant_int() if other.is_constant() else _node_sizes(other)
+        symbol = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[name]
+        if mine is None or theirs is None or (isinstance(theirs, torch.Tensor) and theirs.shape != mine.shape):
+            raise ValueError(f"{self} {symbol} {other}: the relation is indeterminate ({_NO_VALUE})")
+        return _alike(getattr(torch, name)(mine, theirs), f"{self} {symbol} {other}", mine)
+
+    def ge(self, other):
+        return self._order("ge", other, NestedIntNode.ge)
+
+    def gt(self, other):
+        return self._order("gt", other, NestedIntNode.gt)
+
+    def le(self, other):
+        return self._order("le", other, NestedIntNode.le)
+
+    def lt(self, other):
+        return self._order("lt", other, NestedIntNode.lt)
+
+    def floordiv(self, other):
+        # ``H // s`` (a stride's output grid): each sample's size floor-divided, a mapped extent
+        # (the same nested int for ``H // 1``, one nested int per divisor)
+        e = EXTENTS.node_extent(self)
+        if isinstance(other, NestedIntNode) and e is not None:
+            # ``(H * W) // W`` (einops recovering an axis from a flattened one): the other factors
+            rest = EXTENTS.quotient(e, EXTENTS.node_extent(other)) if self.coeff == 1 and other.coeff == 1 else None
+            if rest is None:
+                self._arith(other)
+            return rest.nested_int.node
+        if not other.is_constant() or other.constant_int() <= 0 or self.coeff != 1 or e is None:
+            self._arith(other)
+        k = other.constant_int()
+        out = EXTENTS.mapped_extent(e, ("floordiv", k), lambda n: torch.div(n, k, rounding_mode="floor"))
+        if out is not e:
+            out.cache.setdefault(("floordiv_of",), (e, k))  # read back by ``floordiv_of``
+        return out.nested_int.node
+
+    int_floordiv = floordiv
+    sym_min = sym_max = _arith
+
+    def neg(self):
+        self._no_value("negation")
+
+    def mul(self, other):
+        if other.is_constant():
+            return _RaggedSizeNode(self.t_id, self.coeff * other.constant_int())
+        flat = EXTENTS.product_extent(self, other)
+        if flat is not None:
+            return _RaggedSizeNode(flat.nested_int.node.t_id, self.coeff * other.coeff)
+        return super().mul(other)
+
+
+class _DecidedBool:
+    """A comparison of ragged sizes decided per sample (NOTE [ Comparing ragged sizes ]), as a
+    constant bool node. Not torch's own constant (``_get_constant_bool_symnode``, a C++ node):
+    torch's C++ wraps what a Python node returns and asks it the bool-node protocol by name, which
+    the C++ node does not answer (a dense slice ``t[:, :n]`` compares before it reads the bound)."""
+
+    __slots__ = ("val",)
+
+    def __init__(self, val: bool) -> None:
+        self.val = val
+
+    def _answer(self, *args) -> bool:
+        return self.val
+
+    bool_ = guard_bool = expect_true = statically_known_true = guard_or_false = guard_or_true = _answer
+    constant_bool = maybe_as_bool = guard_size_oblivious = _answer
+
+    def is_constant(self) -> bool:
+        return True
+
+    def is_bool(self) -> bool:
+        return True
+
+    def has_hint(self) -> bool:
+        return True
+
+    def is_int(self) -> bool:
+        return False
+
+    is_float = is_nested_int = is_symbolic = is_int
+
+    def clone(self) -> "_DecidedBool":
+        return self
+
+    def wrap_bool(self, val: bool) -> "_DecidedBool":
+        return _DecidedBool(val)
+
+    def sym_not(self) -> "_DecidedBool":
+        return _DecidedBool(not self.val)
+
+    def sym_and(self, other) -> "_DecidedBool":
+        return _DecidedBool(self.val and bool(other.bool_()))
+
+    def sym_or(self, other) -> "_DecidedBool":
+        return _DecidedBool(self.val or bool(other.bool_()))
+
+    def str(self) -> str:
+        return str(self.val)
+
+    __str__ = __repr__ = _graph_repr = str
+
+
+def _alike(held: torch.Tensor, what: str, sizes: torch.Tensor) -> _DecidedBool:
+    """The answer every sample gives to a comparison (NOTE [ Comparing ragged sizes ]), or a
+    ``ValueError`` naming the comparison where they differ."""
+    if bool(held.all()) or not bool(held.any()):
+        return _DecidedBool(bool(held.all()))
+    raise ValueError(
+        f"{what} holds for some samples and not others (sizes {sizes.tolist()}): code that branches on it would "
+        f"treat samples differently; {_NO_VALUE}"
+    )
+
+
+class _FloatBesideRagged:
+    """A float on the other side of a comparison with a ragged size (``_RaggedAsFloat``)."""
+
+    __slots__ = ("val",)
+
+    def __init__(self, val: float) -> None:
+        self.val = val
+
+    def is_constant(self) -> bool:
+        return True
+
+
+class _RaggedAsFloat:
+    """A ragged size promoted to a float for a comparison with one (``n > math.inf``): order
+    comparisons are answered per sample as the size's own are; anything else raises the size's
+    error (a float has no per-sample meaning here)."""
+
+    __slots__ = ("size",)
+
+    def __init__(self, size: "_RaggedSizeNode") -> None:
+        self.size = size
+
+    def _order(self, name: str, other) -> _DecidedBool:
+        mine = _node_sizes(self.size)
+        theirs = getattr(other, "val", None)
+        if mine is None or not isinstance(theirs, (int, float)):
+            self._refuse()
+        symbol = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[name]
+        return _alike(getattr(torch, name)(mine.to(torch.float64), float(theirs)), f"{self.size} {symbol} {theirs}", mine)
+
+    def ge(self, other):
+        return self._order("ge", other)
+
+    def gt(self, other):
+        return self._order("gt", other)
+
+    def le(self, other):
+        return self._order("le", other)
+
+    def lt(self, other):
+        return self._order("lt", other)
+
+    def _refuse(self, *args):
+        self.size._no_value("float arithmetic or float()")
+
+    add = sub = mul = truediv = float_truediv = pow = float_pow = mod = floordiv = int_floordiv = _refuse
+    neg = sym_min = sym_max = eq = ne = guard_float = float_ = sym_int = ceil = floor = round = trunc = _refuse
+
+    def wrap_float(self, val: float) -> _FloatBesideRagged:
+        return _FloatBesideRagged(val)
+
+    def wrap_int(self, val: int) -> _FloatBesideRagged:
+        return _FloatBesideRagged(val)
+
+    def is_constant(self) -> bool:
+        return False
+
+    def is_float(self) -> bool:
+        return True
+
+    def is_int(self) -> bool:
+        return False
+
+    is_bool = is_nested_int = is_int
+
+    def is_symbolic(self) -> bool:
+        return False
+
+    def has_hint(self) -> bool:
+        return False
+
+    def str(self) -> str:
+        return f"float({self.size})"
+
+    __str__ = __repr__ = _graph_repr = str
+
+
+class _IntBesideRagged(ConstantIntNode):
+    """An int on the other side of a ragged size's arithmetic (``_RaggedSizeNode.wrap_int``)."""
+
+    def _refuse(self, other):
+        if isinstance(other, _RaggedSizeNode):
+            other._arith(self)
+        raise TypeError(f"arithmetic of {self} with {other}: {_NO_VALUE}")
+
+    truediv = int_truediv = floordiv = int_floordiv = mod = pow = pow_by_natural = sym_min = sym_max = _refuse
+
+
+def _node_sizes(node) -> "Optional[torch.Tensor]":
+    """Each sample's value of an eager nested-int node of ours, (B,) on the host, else None."""
+    e = EXTENTS.node_extent(node)
+    if e is None or torch.compiler.is_compiling():
+        return None
+    return e.host_lengths() * node.coeff
