@@ -1,7 +1,7 @@
 """Indexing: ``x[i]`` / ``x[:, ..., k]`` / ``select`` / ``unbind`` (``getitem.py``), and indices on
-packed rows — ``embedding``, ``embedding_bag``, ``masked_select``, ``index_put``, ``bmm`` with a
-dense per-sample operand (``gather.py``, NOTE [ Indices on packed rows ]); several index
-tensors pairing up (``pairwise.py``); ``scatter`` /
-``gather`` along static and ragged dims (``scatter.py``, NOTE [ Scatter and gather ])."""
+packed rows — ``masked_select``, ``index_put``, ``bmm`` with a dense per-sample operand
+(``gather.py``, NOTE [ Indices on packed rows ]), ``embedding`` and ``embedding_bag``
+(``embedding.py``); several index tensors pairing up (``pairwise.py``); ``scatter`` / ``gather``
+along static and ragged dims (``scatter.py``, NOTE [ Scatter and gather ])."""
 
-from . import along, slicing, joins, getitem, gather, scatter  # noqa: F401  (register)
+from . import along, slicing, joins, getitem, gather, embedding, scatter  # noqa: F401  (register)
