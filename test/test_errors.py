@@ -368,6 +368,20 @@ def test_a_comparison_every_sample_answers_alike_is_that_answer(lengths, expecte
         assert (k <= 64, k < 4, k > 3) == (expected["n <= 64"], expected["n < 4"], expected["n > 3"])
 
 
+def test_a_comparison_every_sample_answers_alike_overrides_torchs_rule():
+    """With one token per sample, ``q_len > 1`` (the decoding test of Hugging Face's attention) is
+    False, as each sample alone answers, though torch's rule says a nested int is at least 2;
+    where the samples differ, torch's rule still answers what it can (``n >= 1`` with an empty
+    sample). Equality stays torch's, answered as a node torch's C++ can query (a dense cut from a
+    ragged start raises the package's error, not an AttributeError)."""
+    one = mj.nested_tensor([torch.randn(1, 4), torch.randn(1, 4)]).shape[1]
+    assert (one > 1, one < 2, one >= 2, min(one, 1) is one) == (False, True, False, True)
+    some_empty = mj.nested_tensor([torch.randn(k, 4) for k in (2, 0, 5)]).shape[1]
+    assert some_empty >= 1 and some_empty >= 0 and not (some_empty == 3) and some_empty != 3
+    with pytest.raises(TypeError, match="no single value"):
+        torch.randn(2, 8)[:, some_empty:]
+
+
 def test_a_comparison_with_a_float_is_each_samples_alike():
     """``num_msa > max_num_msa`` with ``max_num_msa = math.inf`` (alphafold3-pytorch's MSA module
     default): a float bound compares per sample as an int does; float arithmetic still raises."""

@@ -709,3 +709,6 @@ def test_rows_by_a_multi_jagged_index_per_sample(batch_index, dtype):
         x[torch.arange(3)[:, None], tmj.nested_tensor([torch.tensor([3]), torch.zeros(0, dtype=torch.int64), torch.tensor([0])])]
     with pytest.raises(IndexError, match="one sample per sample"):
         x[torch.arange(2)[:, None], index]
+    for dtype in (torch.uint8, torch.int16, torch.bool):  # dense reads bytes and bools as masks
+        with pytest.raises(IndexError, match="takes int64 or int32 index tensors"):
+            x[torch.arange(3)[:, None], index.to(dtype)]

@@ -97,7 +97,7 @@ def test_elementwise_per_sample_dtypes(name, layout):
     check()
 
 
-@pytest.mark.parametrize("name", ["hardswish", "lerp", "addcdiv", "clamp_tensor", "where", "copysign", "x.abs_()", "x.copysign_(-1)",
+@pytest.mark.parametrize("name", ["hardswish", "lerp", "addcdiv", "clamp_tensor", "where", "copysign", "x.copysign_(y)", "x.abs_()", "x.copysign_(-1)",
                                   "x.true_divide_(y)", "x.xlogy_(2)", "F.threshold_", "F.mish(inplace)", "gelu_"])
 def test_elementwise_grads(name):
     f, _ = OPS[name]

@@ -14,7 +14,7 @@ from typing import Any, Callable, Optional
 
 import torch
 from torch.fx.experimental._constant_symnode import ConstantIntNode
-from torch.nested._internal.nested_int import NestedIntNode
+from torch.nested._internal.nested_int import NestedIntNode, _eq as _torch_eq, _ge as _torch_ge
 
 __all__: list = []
 
@@ -99,32 +99,49 @@ class _RaggedSizeNode(NestedIntNode):
     # otherwise, which model code meets in ``assert n <= max_len``, ``min(n, window)``, ``if k_len >
     # q_len`` and slices of a dense table by a ragged size. Python needs one bool there; the sizes
     # give one when every sample answers alike (each sample would take the same branch alone), so
-    # an eager size of ours is compared per sample and the common answer returned, and a split
-    # answer raises, naming the comparison. The base class's answers stand (its invariant is what
-    # torch's own code relies on); traced nested ints are the base class's alone.
-    def _order(self, name: str, other, base):
-        try:
-            return base(self, other)
-        except ValueError:
-            pass
+    # an eager size of ours is compared per sample first and the common answer returned — also
+    # where torch's invariant would answer otherwise: with one token per sample ``q_len > 1`` (the
+    # decoding test of Hugging Face's attention) is False. Where the samples answer differently,
+    # torch's invariant answers if it can (the code torch runs on nested ints relies on it: ``n >=
+    # 1`` with an empty sample stays True), else the comparison raises, naming itself. Traced
+    # nested ints are torch's alone. The answer is a ``_DecidedBool`` either way.
+    def _order(self, name: str, other, rule):
         mine = _node_sizes(self)
         theirs = other.constant_int() if other.is_constant() else _node_sizes(other)
         symbol = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[name]
-        if mine is None or theirs is None or (isinstance(theirs, torch.Tensor) and theirs.shape != mine.shape):
+        split = None
+        if mine is not None and theirs is not None and not (isinstance(theirs, torch.Tensor) and theirs.shape != mine.shape):
+            held = getattr(torch, name)(mine, theirs)
+            answer = _alike(held)
+            if answer is not None:
+                return _DecidedBool(answer)
+            split = f"{self} {symbol} {other} holds for some samples and not others (sizes {mine.tolist()})"
+        try:
+            return _DecidedBool(rule(self, other))
+        except ValueError:
+            pass
+        if split is None:
             raise ValueError(f"{self} {symbol} {other}: the relation is indeterminate ({_NO_VALUE})")
-        return _alike(getattr(torch, name)(mine, theirs), f"{self} {symbol} {other}", mine)
+        raise ValueError(f"{split}: code that branches on it would treat samples differently; {_NO_VALUE}")
+
+    def eq(self, other):
+        # torch's answer (one nested int equals itself only), as a node torch's C++ can query
+        return _DecidedBool(_torch_eq(self, other))
+
+    def ne(self, other):
+        return _DecidedBool(not _torch_eq(self, other))
 
     def ge(self, other):
-        return self._order("ge", other, NestedIntNode.ge)
+        return self._order("ge", other, lambda a, b: _torch_ge(a, b))
 
     def gt(self, other):
-        return self._order("gt", other, NestedIntNode.gt)
+        return self._order("gt", other, lambda a, b: not _torch_ge(b, a))
 
     def le(self, other):
-        return self._order("le", other, NestedIntNode.le)
+        return self._order("le", other, lambda a, b: _torch_ge(b, a))
 
     def lt(self, other):
-        return self._order("lt", other, NestedIntNode.lt)
+        return self._order("lt", other, lambda a, b: not _torch_ge(a, b))
 
     def floordiv(self, other):
         # ``H // s`` (a stride's output grid): each sample's size floor-divided, a mapped extent
@@ -211,15 +228,12 @@ class _DecidedBool:
     __str__ = __repr__ = _graph_repr = str
 
 
-def _alike(held: torch.Tensor, what: str, sizes: torch.Tensor) -> _DecidedBool:
-    """The answer every sample gives to a comparison (NOTE [ Comparing ragged sizes ]), or a
-    ``ValueError`` naming the comparison where they differ."""
+def _alike(held: torch.Tensor) -> Optional[bool]:
+    """The answer every sample gives to a comparison (NOTE [ Comparing ragged sizes ]), or None
+    where they differ."""
     if bool(held.all()) or not bool(held.any()):
-        return _DecidedBool(bool(held.all()))
-    raise ValueError(
-        f"{what} holds for some samples and not others (sizes {sizes.tolist()}): code that branches on it would "
-        f"treat samples differently; {_NO_VALUE}"
-    )
+        return bool(held.all())
+    return None
 
 
 class _FloatBesideRagged:
@@ -249,8 +263,12 @@ class _RaggedAsFloat:
         theirs = getattr(other, "val", None)
         if mine is None or not isinstance(theirs, (int, float)):
             self._refuse()
-        symbol = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[name]
-        return _alike(getattr(torch, name)(mine.to(torch.float64), float(theirs)), f"{self.size} {symbol} {theirs}", mine)
+        answer = _alike(getattr(torch, name)(mine.to(torch.float64), float(theirs)))
+        if answer is None:
+            symbol = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[name]
+            raise ValueError(f"{self.size} {symbol} {theirs} holds for some samples and not others (sizes "
+                             f"{mine.tolist()}): code that branches on it would treat samples differently; {_NO_VALUE}")
+        return _DecidedBool(answer)
 
     def ge(self, other):
         return self._order("ge", other)

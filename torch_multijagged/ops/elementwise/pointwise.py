@@ -29,7 +29,7 @@ from ...compile.kernel_choice import use_triton
 from ...structure import _is_traced, broadcast_extent, partition_for, same_extent
 from .._common import MJT, describe, static_dims, wrap
 from ...errors import TRACED_EXTENTS, StructureError
-from .._routing import route
+from .._routing import in_place_route, route
 from .._table import op_name, register_multi_jagged_func, register_pointwise_fallback
 
 aten = torch.ops.aten
@@ -423,6 +423,12 @@ def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=
         return wrap(found[(sample, *coords.unbind(1))], input._partition, input._ragged_dims)
     found = torch.searchsorted(bounds, input.reshape(b, -1), out_int32=out_int32, right=right, side=side)
     return torch.minimum(found, n.unsqueeze(1).to(found.dtype)).reshape(input.shape)
+
+
+# ``x.copysign_(y)`` with ``y`` requiring grad: the out-of-place op on the values (whose derivative
+# of ``y`` is dense torch's zeros) written in place; aten's in-place derivative builds those zeros
+# at nested-int sizes
+route(torch.Tensor.copysign_)(in_place_route("copysign_"))
 
 
 @route(torch.broadcast_tensors)

@@ -535,8 +535,9 @@ def rows_by_index(x: MJT, batch_index: torch.Tensor, index: MJT) -> MJT:
             f"got {describe(x)} and {describe(index)} for {_LAYOUT}"
         )
     for what, t in (("batch index", batch_index), ("index", index)):
-        if t.dtype not in (torch.int64, torch.int32, torch.int16, torch.int8, torch.uint8):
-            raise IndexError(f"{op}(): tensors used as indices must be long, int, byte or bool tensors, got {t.dtype} ({what})")
+        if t.dtype not in (torch.int64, torch.int32):
+            # (dense torch reads a byte or bool index as a mask; per-sample masks are x[mask])
+            raise IndexError(f"{op}(): x[b, index] takes int64 or int32 index tensors for {_LAYOUT}, got {t.dtype} ({what})")
     nb = index._partition.batch
     if tuple(batch_index.shape) not in ((nb,), (nb, 1)):
         raise IndexError(f"{op}(): shape mismatch: the batch index {tuple(batch_index.shape)} does not give one sample "
