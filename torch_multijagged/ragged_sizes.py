@@ -51,9 +51,9 @@ class _RaggedSizeNode(NestedIntNode):
     ragged sizes of one batch (the nested int of the two dims flattened, ``_product_extent``),
     floor division by a positive int (each size divided, a mapped extent), adding or subtracting
     0 (Hugging Face's cache length 0 plus the sequence length), ``abs``, and an order comparison
-    that torch's node cannot decide (``n <= max_len``, ``min(n, k)``, two ragged sizes) when every
-    sample gives the same answer (NOTE [ Comparing ragged sizes ]). Everything else (equality,
-    products with ints, hashing, tracing) is the base class's."""
+    (``n <= max_len``, ``min(n, k)``, ``q_len > 1``, two ragged sizes) with the answer every sample
+    gives (NOTE [ Comparing ragged sizes ]). Everything else (equality, products with ints,
+    hashing, tracing) is the base class's."""
 
     def _no_value(self, use: str):
         raise TypeError(f"{use} with the nested int {self}: {_NO_VALUE}")
