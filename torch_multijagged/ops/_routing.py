@@ -277,49 +277,39 @@ def _assume_aligned(func, args: tuple) -> tuple:
 # of size 1). So for the elementwise functions below, an operand that needs a gradient is first
 # broadcast to the output's sizes by a differentiable gather (``expand_ragged``), whose backward
 # sums what each row was read into.
-_BROADCASTING: set = set()
-for _name in (
+def _elementwise_functions(names: str, dunders: str) -> set:
+    """``torch.<name>``, ``Tensor.<name>`` and ``Tensor.<name>_`` for each of ``names``, and
+    ``Tensor.__<d>__`` / ``__r<d>__`` / ``__i<d>__`` for each of ``dunders`` (those that exist)."""
+    out = set()
+    for name in names.split():
+        for owner, suffixes in ((torch, ("",)), (torch.Tensor, ("", "_"))):
+            out.update(f for f in (getattr(owner, name + suffix, None) for suffix in suffixes) if f is not None)
+    for name in dunders.split():
+        out.update(f for f in (getattr(torch.Tensor, form.format(name), None) for form in ("__{}__", "__r{}__", "__i{}__"))
+                   if f is not None)
+    return out
+
+
+_BROADCASTING: set = _elementwise_functions(
     "add sub subtract mul multiply div divide true_divide remainder fmod pow float_power atan2 arctan2 hypot "
     "copysign ldexp logaddexp logaddexp2 xlogy maximum minimum fmax fmin where lerp addcmul addcdiv clamp clip "
-    "polar complex rsub"
-).split():
-    for _owner, _suffixes in ((torch, ("",)), (torch.Tensor, ("", "_"))):
-        for _suffix in _suffixes:
-            _f = getattr(_owner, _name + _suffix, None)
-            if _f is not None:
-                _BROADCASTING.add(_f)
-for _name in "add sub mul truediv div pow mod floordiv".split():
-    for _form in ("__{}__", "__r{}__", "__i{}__"):
-        _f = getattr(torch.Tensor, _form.format(_name), None)
-        if _f is not None:
-            _BROADCASTING.add(_f)
-_BROADCASTING.add(torch.special.xlogy)
+    "polar complex rsub",
+    "add sub mul truediv div pow mod floordiv",
+) | {torch.special.xlogy}
 
 # The functions whose multi_jagged operands must agree at each ragged dim they share (eager raises
 # for other lengths): elementwise ones, comparisons, masks, and the losses pairing an input with
 # its target. Under tracing they assume it (NOTE [ Traced operands built apart ] in bridge.py).
 # (``masked_scatter`` is not one: its source is read in order, whatever its lengths.)
-_ALIGNED: set = set(_BROADCASTING)
-for _name in (
+_ALIGNED: set = _BROADCASTING | _elementwise_functions(
     "eq ne lt le gt ge greater greater_equal less less_equal not_equal isclose logical_and logical_or "
     "logical_xor bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift masked_fill "
-    "nextafter igamma igammac heaviside gcd lcm floor_divide fmod"
-).split():
-    for _owner, _suffixes in ((torch, ("",)), (torch.Tensor, ("", "_"))):
-        for _suffix in _suffixes:
-            _f = getattr(_owner, _name + _suffix, None)
-            if _f is not None:
-                _ALIGNED.add(_f)
-for _name in "eq ne lt le gt ge and or xor lshift rshift".split():
-    for _form in ("__{}__", "__r{}__", "__i{}__"):
-        _f = getattr(torch.Tensor, _form.format(_name), None)
-        if _f is not None:
-            _ALIGNED.add(_f)
-for _name in (
+    "nextafter igamma igammac heaviside gcd lcm floor_divide fmod",
+    "eq ne lt le gt ge and or xor lshift rshift",
+) | {getattr(torch.nn.functional, name) for name in (
     "mse_loss l1_loss smooth_l1_loss huber_loss binary_cross_entropy binary_cross_entropy_with_logits "
     "kl_div poisson_nll_loss gaussian_nll_loss soft_margin_loss cross_entropy nll_loss"
-).split():
-    _ALIGNED.add(getattr(torch.nn.functional, _name))
+).split()}
 _CLASS_TARGET = {torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss}
 
 
