@@ -85,10 +85,16 @@ class _Plan:
         else:
             # rows per output row: a function of the structure alone, so cached on the partition
             # (NOTE [ Derived maps ] in structure.py); every mean over these dims reads it
+            # every mean over these dims reads it, scaled by the static elements and shaped to
+            # broadcast against the K rows: cached in that form too
             key = ("row_counts", self.batch, self.red_r, dtype, v.device)
-            c = x._partition.derived(
-                key, lambda p: seg.segment_reduce(v.new_ones(v.shape[0], dtype=dtype), self.index, self.rows, "sum")
-            ) * n
+            return x._partition.derived(
+                (key, n, v.dim()),
+                lambda p: (
+                    p.derived(key, lambda p: seg.segment_reduce(v.new_ones(v.shape[0], dtype=dtype), self.index, self.rows, "sum"))
+                    * n
+                ).reshape(-1, *([1] * (v.dim() - 1))),
+            )
         return c.reshape(-1, *([1] * (v.dim() - 1)))
 
 
