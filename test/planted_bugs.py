@@ -821,6 +821,9 @@ BUGS = [
         "        if False:", ("test_errors.py",)),
     Bug("in-place copysign takes the general path", "ops/elementwise/pointwise.py",
         'route(torch.Tensor.copysign_)(in_place_route("copysign_"))', "", ("test_untagged_elementwise.py",)),
+    Bug("masked_scatter ranks a sample's selected elements from the batch's first", "ops/indexing/gather.py",
+        "rank = seen - 1 - (counts.cumsum(0) - counts).index_select(0, sample)", "rank = seen - 1",
+        ("test_indexing_ops.py",)),
 ]
 
 

@@ -276,6 +276,37 @@ def test_masked_scatter_double_backward_and_errors():
         x.detach().masked_scatter(mask, lead)
 
 
+@pytest.mark.parametrize("ragged_dims", [(1,), (2,)], ids=["ragged_lead", "static_lead"])
+def test_masked_scatter_compiles_fullgraph(ragged_dims):
+    """One graph (no data-dependent size) for every length, values and the gradients of x and the
+    source as dense per sample; an empty sample and a short source too."""
+    from torch._dynamo.testing import CompileCounter
+
+    cnt = CompileCounter()
+    torch._dynamo.reset()
+    fn = lambda x, m, s: x.masked_scatter(m, s) * 2  # noqa: E731
+    compiled = torch.compile(fn, backend=cnt, fullgraph=True)
+    for sizes in [(3, 0, 5), (2, 4, 1), (6, 1, 0)]:
+        shape = (lambda n: (n, 3)) if ragged_dims == (1,) else (lambda n: (2, n, 3))
+        comps = [torch.randn(shape(n), dtype=torch.float64) for n in sizes]
+        x = mj.nested_tensor(comps, ragged_dims=ragged_dims).requires_grad_()
+        m = mj.nested_tensor([c > 0 for c in comps], ragged_dims=ragged_dims)
+        src = torch.randn(40, dtype=torch.float64, requires_grad=True)
+        out = compiled(x, m, src)
+        xs = [c.clone().requires_grad_() for c in comps]
+        src_ref = src.detach().clone().requires_grad_()
+        ref = [fn(c, c > 0, src_ref) for c in xs]
+        _components_equal(out.detach(), [r.detach() for r in ref])
+        w = [torch.randn_like(r) for r in ref]
+        g = torch.autograd.grad(out, [x, src], mj.nested_tensor(w, ragged_dims=ragged_dims))
+        g_ref = torch.autograd.grad(ref, xs + [src_ref], w)
+        _components_equal(g[0], list(g_ref[:-1]))
+        torch.testing.assert_close(g[1], g_ref[-1])
+    assert cnt.frame_count == 1
+    with pytest.raises(RuntimeError, match="masked_scatter"):
+        compiled(x.detach(), m, torch.zeros(1, dtype=torch.float64))
+
+
 def test_masked_select_matches_njt_and_errors():
     comps = [torch.randn(3), torch.randn(0), torch.randn(4)]
     masks = [c > 0 for c in comps]

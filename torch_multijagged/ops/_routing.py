@@ -233,7 +233,7 @@ def unify_call(func, args: tuple, kwargs: dict | None):
                       for k, v in kwargs.items() if k != "out"):
         names = [k for k in kwargs if k != "out"]
         unified = unify_extents((*args, *(kwargs[k] for k in names)), keep_first)
-        if func in _ALIGNED:
+        if func in _ALIGNED or func in _MASK_ALIGNED:
             unified = _assume_aligned(func, unified)
         kwargs = {**kwargs, **dict(zip(names, unified[len(args):]))}
         return unified[: len(args)], kwargs
@@ -242,7 +242,7 @@ def unify_call(func, args: tuple, kwargs: dict | None):
         args = unify_extents(args, keep_first)
         if func in _BROADCASTING and _needs_grad(*args):
             args = _expand_broadcasts(args, keep_first)
-        if func in _ALIGNED:
+        if func in _ALIGNED or func in _MASK_ALIGNED:
             args = _assume_aligned(func, args)
     return args, kwargs
 
@@ -251,7 +251,7 @@ def _assume_aligned(func, args: tuple) -> tuple:
     """Under tracing, the operands of an op that needs their ragged dims equal (``_ALIGNED``)
     relabelled onto the first's extents (``assume_unified``, NOTE [ Traced operands built apart ]
     in bridge.py); ``args`` unchanged eagerly."""
-    ms = [i for i, a in enumerate(args) if isinstance(a, MJT)]
+    ms = [i for i, a in enumerate(args[:2] if func in _MASK_ALIGNED else args) if isinstance(a, MJT)]
     if len(ms) < 2:
         return args
     first = args[ms[0]]
@@ -300,7 +300,8 @@ _BROADCASTING: set = _elementwise_functions(
 # The functions whose multi_jagged operands must agree at each ragged dim they share (eager raises
 # for other lengths): elementwise ones, comparisons, masks, and the losses pairing an input with
 # its target. Under tracing they assume it (NOTE [ Traced operands built apart ] in bridge.py).
-# (``masked_scatter`` is not one: its source is read in order, whatever its lengths.)
+# (``masked_scatter`` is not one: its source is read in order, whatever its lengths; only its mask
+# is aligned with ``self``, ``_MASK_ALIGNED``.)
 _ALIGNED: set = _BROADCASTING | _elementwise_functions(
     "eq ne lt le gt ge greater greater_equal less less_equal not_equal isclose logical_and logical_or "
     "logical_xor bitwise_and bitwise_or bitwise_xor bitwise_left_shift bitwise_right_shift masked_fill "
@@ -311,6 +312,7 @@ _ALIGNED: set = _BROADCASTING | _elementwise_functions(
     "kl_div poisson_nll_loss gaussian_nll_loss soft_margin_loss cross_entropy nll_loss"
 ).split()}
 _CLASS_TARGET = {torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss}
+_MASK_ALIGNED: set = _elementwise_functions("masked_scatter", "")
 
 
 def _expand_broadcasts(args: tuple, keep_first: bool) -> tuple:

@@ -33,7 +33,6 @@ from __future__ import annotations
 import math
 
 import torch
-import torch.nn.functional as F
 
 from ...bridge import relabel
 from ...tensor import values_of, wrap_values
@@ -75,10 +74,11 @@ def _selected_partition(mask: MJT, values_mask: torch.Tensor) -> Partition:
     return partition_for([RaggedExtent.from_lengths(per_row.cpu(), values_mask.device)])
 
 
-def _logical_order(x: MJT, mask_values: torch.Tensor) -> torch.Tensor:
+def _logical_order(x: MJT, mask_values: torch.Tensor, every: bool = False) -> torch.Tensor:
     """For a static dim before a ragged one (``(B, S, j0, C)``), the packed values do not list a
     sample's elements in its row-major order: the permutation that sorts the selected elements
-    (storage order) by their row-major position in the batch."""
+    (storage order) by their row-major position in the batch; with ``every``, all the elements
+    (flattened)."""
     p = x._partition
     sample, coords = p.row_coords()
     nd = len(x._size)
@@ -101,7 +101,8 @@ def _logical_order(x: MJT, mask_values: torch.Tensor) -> torch.Tensor:
             key = key + torch.arange(x._size[d], device=stride.device).view(shape) * stride.view(lead)
             s -= 1
         stride = stride * extent[d - 1]
-    return torch.argsort(key.expand(mask_values.shape).masked_select(mask_values))
+    key = key.expand(mask_values.shape)
+    return torch.argsort(key.reshape(-1) if every else key.masked_select(mask_values))
 
 
 @register_multi_jagged_func(aten.masked_select.default, "self: mjt, mask: mjt")
@@ -124,6 +125,14 @@ def masked_scatter_default(func, x, mask, source):
     ``source`` of any structure whose dims after the batch are ragged first: the ``(B, j)``
     result of ``masked_select`` (its gradient), or a tensor of ``x``'s structure. A dense
     ``source`` is one for every sample: each sample starts at its first element."""
+    xv, sv = x._values, source._values if isinstance(source, MJT) else source
+    return wrap(_scattered(x, mask, source, xv, sv), x._partition, x._ragged_dims)
+
+
+def _scattered(x: MJT, mask: MJT, source: torch.Tensor, xv: torch.Tensor, sv: torch.Tensor) -> torch.Tensor:
+    """The values of ``x.masked_scatter(mask, source)`` from ``xv`` and ``sv`` standing for x's and
+    the source's values (``values_of`` on the route: the result is then differentiable in both,
+    to any order, by dense ops)."""
     _same_structure("masked_scatter", x, mask, "a mask")
     if isinstance(source, MJT) and not _ragged_lead(source):
         raise NotImplementedError(
@@ -132,39 +141,51 @@ def masked_scatter_default(func, x, mask, source):
         )
     if isinstance(source, MJT) and source._partition.batch != x._partition.batch:
         raise RuntimeError(f"masked_scatter(): expected a source of batch size {x._partition.batch}, got {describe(source)}")
-    src = (source._values if isinstance(source, MJT) else source).reshape(-1)
-    picked = src[_source_positions(x, mask._values, source)]
-    return wrap(func(x._values, mask._values, picked), x._partition, x._ragged_dims)
+    if sv.dtype != xv.dtype:
+        raise RuntimeError(f"masked_scatter(): expected self and source to have same dtypes but got {xv.dtype} and {sv.dtype}")
+    m = mask._values
+    if m.dtype != torch.bool:
+        raise RuntimeError(f"masked_scatter(): only boolean masks are supported, got a mask of dtype {m.dtype}")
+    src = sv.reshape(-1)
+    if src.numel() == 0:  # nothing to read: only an empty selection is valid
+        torch._assert_async(~m.any(), _TOO_FEW)
+        return xv.clone()
+    # every element reads its would-be source element (0 where unselected), and ``where`` keeps
+    # the selected ones: no data-dependent size, so a compiled graph needs no unbacked symbol
+    picked = src[_source_positions(x, m, source)].view(m.shape)
+    return torch.where(m, picked, xv)
+
+
+_TOO_FEW = "masked_scatter: expected source to have at least as many elements as the ones in each sample's mask"
 
 
 def _source_positions(x: MJT, mask_values: torch.Tensor, source) -> torch.Tensor:
-    """For each selected element of ``x`` (storage order), its position in the flattened source
-    values: its sample's source start plus its rank among the sample's selected elements in
-    row-major order (bounds checked per sample without a sync)."""
+    """For every element of ``x`` (storage order, flattened), the position in the flattened source
+    values that it takes if selected: its sample's source start plus its rank among the sample's
+    selected elements in row-major order; 0 where unselected. Bounds are checked per sample without
+    a sync."""
     p = x._partition
-    sel = mask_values.reshape(mask_values.shape[0], math.prod(mask_values.shape[1:]))
-    sample = p.row_sample().unsqueeze(1).expand(sel.shape)[sel]
-    order = None if _ragged_lead(x) else _logical_order(x, mask_values)
-    if order is not None:
-        sample = sample[order]  # row-major order within each sample (samples stay grouped)
-    k = sample.shape[0]
-    counts = torch.zeros(p.batch, dtype=torch.int64, device=sample.device).index_add(0, sample, torch.ones_like(sample))
-    rank = torch.arange(k, device=sample.device) - (counts.cumsum(0) - counts)[sample]
-    if isinstance(source, MJT):
-        per_row = math.prod(source._values.shape[1:])
-        starts = source._partition.offsets * per_row
-        available = (starts[1:] - starts[:-1])[sample]
-        pos = starts[:-1][sample] + rank
+    sel = mask_values.reshape(-1).to(torch.int64)
+    per_row = sel.shape[0] // mask_values.shape[0] if mask_values.shape[0] else 1
+    sample = p.row_sample().repeat_interleave(per_row) if per_row != 1 else p.row_sample()
+    if _ragged_lead(x):  # storage order is each sample's row-major order, samples in turn
+        seen = sel.cumsum(0)
     else:
-        available = torch.full_like(rank, source.numel())
+        order = _logical_order(x, mask_values, every=True)
+        seen = torch.empty_like(sel).index_copy(0, order, sel.index_select(0, order).cumsum(0))
+    counts = torch.zeros(p.batch, dtype=torch.int64, device=sel.device).index_add(0, sample, sel)
+    rank = seen - 1 - (counts.cumsum(0) - counts).index_select(0, sample)
+    if isinstance(source, MJT):
+        per_src = math.prod(source._values.shape[1:])
+        starts = source._partition.offsets * per_src
+        available = (starts[1:] - starts[:-1]).index_select(0, sample)
+        pos = starts[:-1].index_select(0, sample) + rank
+    else:
+        available = source.numel()
         pos = rank
-    torch._assert_async(
-        (rank < available).all(),
-        "masked_scatter: expected source to have at least as many elements as the ones in each sample's mask",
-    )
-    if order is not None:
-        pos = torch.empty_like(pos).index_copy(0, order, pos)
-    return pos
+    chosen = sel.bool()
+    torch._assert_async((~chosen | (rank < available)).all(), _TOO_FEW)
+    return torch.where(chosen, pos, 0)
 
 
 class _MaskedSelect(torch.autograd.Function):
@@ -247,56 +268,6 @@ def _where_condition(condition, input=None, other=None, *, out=None):
     return _nonzero(condition, as_tuple=True)
 
 
-class _MaskedScatter(torch.autograd.Function):
-    """``masked_scatter`` with the source's gradient: aten's ``masked_scatter_backward`` pads the
-    selected gradient to the source's concrete sizes, which a multi_jagged source does not have.
-    Here the selected gradient (``masked_select``, each sample's in row-major order) goes back
-    to the first elements of each sample's source (a multi_jagged source) or, summed over the
-    samples, to the first elements of a dense one — with differentiable ops, so every order is
-    defined."""
-
-    @staticmethod
-    def forward(ctx, x, mask, source):  # type: ignore[override]
-        ctx.set_materialize_grads(False)
-        dense = not isinstance(source, MJT)
-        ctx.save_for_backward(mask, source.detach() if not dense else torch.empty(0))
-        ctx.source_shape = tuple(source.shape) if dense else None
-        return aten.masked_scatter.default(x, mask, source)
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        if grad is None:
-            return None, None, None
-        mask, source = ctx.saved_tensors
-        gx = grad.masked_fill(mask, 0) if ctx.needs_input_grad[0] else None
-        gs = None
-        if ctx.needs_input_grad[2]:
-            sel = _MaskedSelect.apply(grad, mask)  # (B, j)
-            if ctx.source_shape is None:
-                gs = _ScatterSelected.apply(sel, source, _leading_elements(source, mask))
-            else:
-                numel = math.prod(ctx.source_shape)
-                # SYNC: to_padded sizes its result from the longest selection (dense masked_scatter
-                # sizes its gradient from the source instead)
-                summed = sel.to_padded_tensor(0.0).sum(0)
-                gs = F.pad(summed, (0, numel - summed.shape[0])).view(ctx.source_shape)
-        return gx, None, gs
-
-
-def _leading_elements(source: MJT, mask: MJT) -> MJT:
-    """A boolean tensor of ``source``'s structure: True at the first ``k_b`` elements of each
-    sample's source in row-major order, ``k_b`` the number of elements ``mask`` selects in
-    sample ``b`` (the source elements that ``masked_scatter`` reads)."""
-    m = mask._values
-    counts = torch.zeros(mask._partition.batch, dtype=torch.int64, device=m.device)
-    counts = counts.index_add(0, mask._partition.row_sample(), m.reshape(m.shape[0], math.prod(m.shape[1:])).sum(1))
-    v = source._values
-    per_row = math.prod(v.shape[1:])
-    sample = source._partition.row_sample().unsqueeze(1).expand(v.shape[0], per_row).reshape(-1)
-    rank = torch.arange(sample.shape[0], device=v.device) - source._partition.offsets[sample] * per_row
-    return wrap((rank < counts[sample]).view(v.shape), source._partition, source._ragged_dims)
-
-
 @route(torch.Tensor.masked_scatter_)
 def _masked_scatter_(input, mask, source):
     """In place: the out-of-place ``masked_scatter`` copied into ``input`` (autograd records the
@@ -308,17 +279,13 @@ def _masked_scatter_(input, mask, source):
 
 @route(torch.masked_scatter, torch.Tensor.masked_scatter)
 def _masked_scatter(input, mask, source):
-    if not isinstance(input, MJT) or not isinstance(source, torch.Tensor):
+    """On the values under autograd (``_scattered``): the gradients of ``input`` and of the source
+    are dense ops' (a ``where`` and a gather), aten's ``masked_scatter_backward`` pads to the
+    source's concrete sizes, which a multi_jagged source does not have."""
+    if not isinstance(input, MJT) or not isinstance(mask, MJT) or not isinstance(source, torch.Tensor):
         return NotImplemented
-    if torch.is_grad_enabled() and source.requires_grad:
-        if isinstance(source, MJT) and not _ragged_lead(source):
-            raise NotImplementedError(
-                f"masked_scatter(): a source whose ragged dims do not come first is not supported for {_LAYOUT}, "
-                f"got {describe(source)}"
-            )
-        return _MaskedScatter.apply(input, mask, source)
-    return NotImplemented
-
+    sv = values_of(source) if isinstance(source, MJT) else source
+    return wrap_values(_scattered(input, mask, source, values_of(input), sv), input._partition, input._ragged_dims)
 
 
 # --------------------------------------------------------------------------- unique_consecutive
