@@ -824,6 +824,9 @@ BUGS = [
     Bug("masked_scatter ranks a sample's selected elements from the batch's first", "ops/indexing/gather.py",
         "rank = seen - 1 - (counts.cumsum(0) - counts).index_select(0, sample)", "rank = seen - 1",
         ("test_indexing_ops.py",)),
+    Bug("a boolean mask of another length than its dim selects its True positions", "ops/indexing/getitem.py",
+        "if size is not None and (type(size) is not int or it.shape[0] != size):",
+        "if size is not None and type(size) is not int:", ("test_getitem.py",)),
 ]
 
 

@@ -172,6 +172,26 @@ def test_samples_then_other_dims_and_bad_indices():
         x.index_select(0, torch.tensor([-4]))
 
 
+@pytest.mark.parametrize("index", [
+    (torch.tensor([True]),), ([True, False],), (torch.tensor([True, False, True, False]),),
+    (Ellipsis, torch.tensor([True, False])), (slice(None), slice(None), [True, False, True, True]),
+    (torch.tensor([True, False]), torch.tensor([0])), (slice(None), torch.tensor([True, False, True])),
+], ids=str)
+def test_a_mask_of_another_length_than_its_dim_raises(index):
+    """A boolean mask must be as long as the dim it indexes, as in dense indexing (reading and
+    writing); the masks of the right length select as dense torch's."""
+    comps, x = _batch_of((3, 0, 5))
+    with pytest.raises(IndexError, match="shape of the mask"):
+        x[index]
+    with pytest.raises(IndexError, match="shape of the mask"):
+        x.clone()[index] = 1.0
+    picked = x[torch.tensor([True, False, True])]
+    assert [t.shape for t in picked.unbind()] == [comps[0].shape, comps[2].shape]
+    feats = x[..., torch.tensor([True, False, True])]
+    for a, c in zip(feats.unbind(), comps):
+        torch.testing.assert_close(a, c[..., torch.tensor([True, False, True])])
+
+
 @pytest.mark.parametrize("index", [[0, 2], [2, 0, 2], torch.tensor([1, -1]), torch.tensor([True, False, True])], ids=str)
 def test_one_index_list_along_a_static_or_ragged_dim(index):
     """``x[..., [0, 2]]`` (features) and ``x[:, [0, 1]]`` (positions in every sample: a static dim

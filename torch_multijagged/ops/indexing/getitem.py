@@ -117,7 +117,8 @@ def _getitem(input, index):
             and all(isinstance(i, slice) and _whole(i) for i in index[2:])):
         return rows_by_index(input, index[0], index[1])  # x[arange(B)[:, None], keep]: rows per sample
     if isinstance(input, MJT) and _advanced(index) is not None:
-        return constructors.select_batch(input, _advanced(index))  # samples by index or mask
+        # samples by index or mask
+        return constructors.select_batch(input, _advanced(index, input._partition.batch))
     if isinstance(input, MJT) and isinstance(index, (tuple, slice, type(Ellipsis), type(None))):
         return _getitem_static(input, index if isinstance(index, tuple) else (index,))
     return NotImplemented
@@ -141,7 +142,9 @@ def _setitem(input, index, value):
         # (no sync, compiles); a mask, a slice or int after them, or a multi_jagged value read the
         # selection as ``x[index]`` does
         plain = all(_index_tensor(i) is not None for i in items) and not isinstance(value, MJT)
-        if plain and not (isinstance(lead, torch.Tensor) and lead.dtype == torch.bool):
+        mask = (isinstance(lead, torch.Tensor) and lead.dtype == torch.bool) or (
+            isinstance(lead, list) and all(isinstance(i, bool) for i in lead))
+        if plain and not mask:
             return NotImplemented
         return assign_index(input, index, value, _getitem)
     if not (lead is Ellipsis or isinstance(lead, slice)):
@@ -149,13 +152,20 @@ def _setitem(input, index, value):
     return assign_index(input, index, value, _getitem)
 
 
-def _advanced(it) -> torch.Tensor | None:
+def _advanced(it, size=None, dim: int = 0) -> torch.Tensor | None:
     """A 1-D index of a dim as an integer tensor (a list of ints, an integer tensor, a boolean
-    mask: its positions), or None for anything else."""
+    mask: its positions), or None for anything else. ``size``: the indexed dim's (dim ``dim``), to
+    which a mask's length must be equal, as dense indexing requires (a nested int where the dim is
+    ragged: a mask cannot cover it)."""
     if isinstance(it, list) and it and all(isinstance(i, (int, bool)) for i in it):
         it = torch.tensor(it)
     if isinstance(it, torch.Tensor) and not isinstance(it, MJT) and it.dim() == 1:
         if it.dtype == torch.bool:
+            if size is not None and (type(size) is not int or it.shape[0] != size):
+                raise IndexError(
+                    f"The shape of the mask [{it.shape[0]}] at index {dim} does not match the shape of the "
+                    f"indexed tensor [{size}] at index {dim}"
+                )
             return it.nonzero().reshape(-1)
         if not it.is_floating_point() and not it.is_complex():
             return it.to(torch.int64)
@@ -194,7 +204,10 @@ def _getitem_static(input, items):
         return _getitem(input, items[0])[items[1:]]  # a sample, then dense indexing
     if items and _index_tensor(items[0]) is not None and any(_index_tensor(i) is not None for i in items[1:]):
         # several index tensors: they pair up (dense indexing's rule), x[b, k][j] = x[b[j]][k[j]]
-        return pairwise_index(input, _expand_ellipsis(input, items), _index_tensor)
+        items = _expand_ellipsis(input, items)
+        for d, it in enumerate(i for i in items if i is not None):  # a mask's length, as dense indexing checks
+            _advanced(it, input._size[d] if d < len(input._size) else None, d)
+        return pairwise_index(input, items, _index_tensor)
     if items and (_advanced(items[0]) is not None or (isinstance(items[0], slice) and not _whole(items[0]))):
         # samples first (a sub-batch), then the other dims
         first = items[0]
@@ -203,7 +216,7 @@ def _getitem_static(input, items):
             picked = (input.narrow(0, start, max(stop - start, 0)) if step == 1
                       else constructors.select_batch(input, torch.arange(start, stop, step)))
         else:
-            picked = constructors.select_batch(input, _advanced(first))
+            picked = constructors.select_batch(input, _advanced(first, input._partition.batch))
         return picked[(slice(None),) + tuple(items[1:])] if len(items) > 1 else picked
     items = _expand_ellipsis(input, items)
     out, d = input, 0
@@ -218,7 +231,7 @@ def _getitem_static(input, items):
         elif d > 0 and _advanced(it) is not None and sum(_advanced(i) is not None for i in items) == 1:
             # one index list or tensor: the dim keeps its place (dense torch's rule for a single
             # advanced index), each sample's entries at those positions
-            idx = _advanced(it)
+            idx = _advanced(it, out._size[d], d)
             if d in out._ragged_dims and bool((idx < 0).any()):
                 # negative positions count from each sample's own end
                 out, d = positions_ragged("index", out, d, out._ragged_dims.index(d), idx), d + 1
