@@ -623,6 +623,33 @@ def test_searchsorted_nan_boundaries_stay_in_their_sample(right):
                               right=right)
     for a, b in list(zip(out.unbind(), calm.unbind()))[1:]:
         assert torch.equal(a, b)
+    # a NaN inside a sample's boundaries: dense's own probes decide, whatever the other samples' lengths
+    mid = torch.tensor([0.0, 1.0, nan, 2.0])
+    queries = torch.tensor([-1.0, 0.5, 1.5, 5.0, nan])
+    for other in (torch.arange(3.0), torch.arange(9.0)):
+        got = torch.searchsorted(mj.as_nested_tensor([mid, other]), mj.as_nested_tensor([queries, other]), right=right)
+        assert torch.equal(got.unbind()[0], torch.searchsorted(mid, queries, right=right))
+
+
+@pytest.mark.parametrize("side", ["left", "right"])
+def test_searchsorted_with_a_per_sample_sorter_and_one_value(side):
+    """``sorter=`` of the boundaries' structure (each sample's ``argsort``) and one number searched
+    in every sample (a dense ``(B,)`` of dense's 0-d answers), as dense per sample; ``out_int32``."""
+    g = torch.Generator().manual_seed(1)
+    bounds = [torch.randint(0, 9, (n,), generator=g).double() for n in (5, 0, 3, 1)]
+    values = [torch.randint(-1, 10, (m,), generator=g).double() for m in (4, 2, 0, 3)]
+    order = [b.argsort() for b in bounds]
+    b, v, s = (mj.as_nested_tensor(t) for t in (bounds, values, order))
+    out = torch.searchsorted(b, v, side=side, sorter=s, out_int32=True)
+    for o, bi, vi, si in zip(out.unbind(), bounds, values, order):
+        assert torch.equal(o, torch.searchsorted(bi, vi, side=side, sorter=si, out_int32=True))
+    sorted_b = mj.as_nested_tensor([t.sort().values for t in bounds])
+    one = torch.searchsorted(sorted_b, 4.0, side=side)
+    assert one.shape == (4,)
+    for o, bi in zip(one, bounds):
+        assert torch.equal(o, torch.searchsorted(bi.sort().values, 4.0, side=side))
+    with pytest.raises(ValueError, match="sorter"):
+        torch.searchsorted(b, v, sorter=mj.as_nested_tensor([t[:1] for t in order]))
 
 
 def test_searchsorted_with_per_sample_boundaries_compiles_into_one_graph():

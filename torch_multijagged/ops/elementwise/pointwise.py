@@ -389,40 +389,79 @@ def searchsorted_Tensor(func, sorted_sequence, x, *args, **kwargs):
 @route(torch.searchsorted)
 def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=None, out=None, sorter=None):
     """Per-sample boundaries: a multi_jagged ``(B, j0)`` ``sorted_sequence`` (each sample's sorted
-    1-d boundaries) with values of the same batch — multi_jagged ``(B, j1, …)`` or dense
-    ``(B, …)`` —, each value searched among its own sample's boundaries, as the dense op with
-    batched boundaries. Each sample's boundaries are padded at the end with its own last boundary
-    (each row stays sorted, and no sample's values reach another's row: a NaN is sorted last) and
-    the result capped at the sample's length: a value that lands in the padding is past every
-    boundary of its sample."""
+    1-d boundaries, or unsorted with a per-sample ``sorter`` of the same structure) with values of
+    the same batch — multi_jagged ``(B, j1, …)``, dense ``(B, …)`` or one number for every sample
+    (a dense ``(B,)``) —, each value searched among its own sample's boundaries as the dense op
+    searches (``_bisect``: its very probes, so boundaries holding NaN, which no sort order
+    places, give dense's answer and nothing of another sample)."""
     if not isinstance(sorted_sequence, MJT):
         return NotImplemented  # dense boundaries: the op table's elementwise handler
-    if out is not None or sorter is not None:
-        raise NotImplementedError("searchsorted(): out= and sorter= with per-sample boundaries for layout torch.multi_jagged")
+    if out is not None:
+        raise NotImplementedError("searchsorted(): out= with per-sample boundaries for layout torch.multi_jagged")
+    if side is not None:
+        if side not in ("left", "right"):
+            raise RuntimeError(f"torch.searchsorted(): side can only be 'left' or 'right' but got {side}")
+        if right and side == "left":
+            raise RuntimeError("torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True")
+        right = side == "right"
+    scalar = isinstance(input, (int, float, bool)) or (isinstance(input, torch.Tensor) and not isinstance(input, MJT) and input.dim() == 0)
+    if scalar:  # one number for every sample: each sample's answer a 0-d tensor, as dense's
+        input = torch.as_tensor(input, device=sorted_sequence.device).expand(sorted_sequence.shape[0]).reshape(-1, 1)
     if sorted_sequence.dim() != 2 or not isinstance(input, torch.Tensor) or input.shape[0] != sorted_sequence.shape[0]:
         raise StructureError(
             f"searchsorted(): expected per-sample boundaries (B, j0) and values with the same batch, got "
             f"{describe(sorted_sequence)} and {describe(input)}"
         )
-    v = sorted_sequence._values
     n = sorted_sequence._partition.extents[0].lengths()
-    bounds = sorted_sequence.to_padded_tensor(0)  # (B, N)
-    if v.numel():  # the padding raised to the row's last boundary: each row stays sorted (no host read)
-        pad = torch.arange(bounds.shape[1], device=n.device).unsqueeze(0) >= n.unsqueeze(1)
-        last = bounds.gather(1, (n - 1).clamp_min(0).unsqueeze(1))
-        bounds = torch.where(pad, last, bounds)
+    bounds = sorted_sequence.to_padded_tensor(0)  # (B, N); the padding is never probed eagerly
+    if sorter is not None:
+        if not (isinstance(sorter, MJT) and sorter._ragged_dims == (1,) and sorter.dim() == 2
+                and same_extent(sorter._partition.extents[0], sorted_sequence._partition.extents[0])):
+            raise StructureError(f"searchsorted(): expected a sorter of the boundaries' structure {describe(sorted_sequence)}, "
+                                 f"got {describe(sorter)}")
+        if sorter.dtype != torch.int64:
+            raise RuntimeError(f"torch.searchsorted(): sorter must be a tensor of long dtype but got dtype {sorter.dtype}")
+        bounds = bounds.gather(1, sorter.to_padded_tensor(0))  # dense reads boundary sorter[mid] at probe mid
+    dtype = torch.int32 if out_int32 else torch.int64
     b = bounds.shape[0]
     if isinstance(input, MJT):
         k = len(input._ragged_dims)
         if input._ragged_dims != tuple(range(1, k + 1)):
             raise StructureError(f"searchsorted(): expected values whose ragged dims follow the batch dim, got {describe(input)}")
         padded = input.to_padded_tensor(0)
-        found = torch.searchsorted(bounds, padded.reshape(b, -1), out_int32=out_int32, right=right, side=side)
-        found = torch.minimum(found, n.unsqueeze(1).to(found.dtype)).reshape(padded.shape)
+        found = _bisect(bounds, n, padded.reshape(b, -1), right).to(dtype).reshape(padded.shape)
         sample, coords = input._partition.row_coords()
         return wrap(found[(sample, *coords.unbind(1))], input._partition, input._ragged_dims)
-    found = torch.searchsorted(bounds, input.reshape(b, -1), out_int32=out_int32, right=right, side=side)
-    return torch.minimum(found, n.unsqueeze(1).to(found.dtype)).reshape(input.shape)
+    found = _bisect(bounds, n, input.reshape(b, -1), right).to(dtype)
+    return found.reshape(b) if scalar else found.reshape(input.shape)
+
+
+def _bisect(bounds: torch.Tensor, n: torch.Tensor, values: torch.Tensor, right: bool) -> torch.Tensor:
+    """Row ``i`` of ``values`` (B, M) searched among the first ``n[i]`` of row ``i`` of ``bounds``
+    (B, N), every row at once by aten's own bisection (``cus_lower_bound`` / ``cus_upper_bound``):
+    the same midpoints, and the same test ``!(mid >= v)`` (``>`` for ``right``), so that a NaN
+    boundary or value steers each row as it steers the dense op on that sample alone. At most
+    ``N.bit_length()`` steps, no host read. Traced, one padded search instead (the same answers
+    for sorted rows; NaN boundaries are exact eagerly only)."""
+    width = bounds.shape[1]
+    if _is_traced(n) or not isinstance(width, int):
+        # traced: the step count would depend on the longest sample; one search over the rows
+        # padded with each row's last boundary (sorted rows: the same answers), capped at n
+        pad = torch.arange(width, device=n.device).unsqueeze(0) >= n.unsqueeze(1)
+        last = bounds.gather(1, (n - 1).clamp_min(0).unsqueeze(1))
+        found = torch.searchsorted(torch.where(pad, last, bounds), values, right=right)
+        return torch.minimum(found, n.unsqueeze(1))
+    start = torch.zeros(values.shape, dtype=torch.int64, device=values.device)
+    end = n.to(torch.int64).unsqueeze(1).expand(values.shape)
+    last = max(bounds.shape[1] - 1, 0)
+    for _ in range(bounds.shape[1].bit_length()):
+        active = start < end
+        mid = start + ((end - start) >> 1)
+        probe = bounds.gather(1, mid.clamp(max=last))
+        after = ~(probe > values) if right else ~(probe >= values)
+        start = torch.where(active & after, mid + 1, start)
+        end = torch.where(active & ~after, mid, end)
+    return start
 
 
 # ``x.copysign_(y)`` with ``y`` requiring grad: the out-of-place op on the values (whose derivative
