@@ -52,6 +52,8 @@ def test_full_reduction_without_dim(layout, fn):
         v = x.values().detach()  # torch.jagged's layout: the rows at dim r - 1 for one ragged dim r
         assert out.dim() == 0 and v.reshape(-1)[out] == getattr(flat, fn[3:])()
         assert out == getattr(torch, fn)(v)
+        kept = getattr(torch, fn)(x, keepdim=True)  # every dim of size 1, as dense torch's
+        assert kept.shape == (1,) * x.dim() and kept.reshape(()) == out
         return
     leaves = [c.clone().requires_grad_() for c in comps]
     expected = getattr(torch, fn)(torch.cat([c.reshape(-1) for c in leaves]))

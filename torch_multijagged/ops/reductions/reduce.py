@@ -303,7 +303,8 @@ def argmax_default(func, x, dim=None, keepdim=False):
     if x.dtype == torch.bool:
         raise RuntimeError(f"{op_name(func)}(): does not support bool input")  # as dense torch
     if dim is None:
-        return func(_njt_values(x))  # keepdim without dim is ignored, as dense torch's flat argmax
+        flat = func(_njt_values(x))  # with keepdim, every dim of size 1, as dense torch's flat argmax
+        return flat.reshape((1,) * len(x._size)) if keepdim else flat
     return _arg_extreme(func, x, dim, keepdim)
 
 
