@@ -827,6 +827,11 @@ BUGS = [
     Bug("a boolean mask of another length than its dim selects its True positions", "ops/indexing/getitem.py",
         "if size is not None and (type(size) is not int or it.shape[0] != size):",
         "if size is not None and type(size) is not int:", ("test_getitem.py",)),
+    Bug("causal attention weights mask the past instead of the future", "ops/attention/mha.py",
+        "scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).tril(), float(\"-inf\"))",
+        "scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).triu(), float(\"-inf\"))", ("test_attention_modules.py",)),
+    Bug("add_bias_kv appends the value bias to the keys", "ops/attention/mha.py",
+        "kp = torch.cat([kp, bias_k.reshape(1, 1, e)", "kp = torch.cat([kp, bias_v.reshape(1, 1, e)", ("test_attention_modules.py",)),
 ]
 
 

@@ -264,14 +264,46 @@ def test_dense_attn_mask_without_is_causal_is_refused():
         m(x, x, x, attn_mask=torch.zeros(3, 3, dtype=torch.bool))
 
 
-def test_bias_kv_and_zero_attn_are_refused():
+@pytest.mark.parametrize("bias_kv,zero_attn", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_bias_kv_and_zero_attn(bias_kv, zero_attn, need_weights):
+    """``add_bias_kv`` (a learned key and value after each sample's keys) and ``add_zero_attn`` (a
+    zero key and value after those), as dense per sample: outputs, attention weights and the
+    gradients of the input and every parameter (``bias_k`` / ``bias_v`` included)."""
+    m = nn.MultiheadAttention(E, H, batch_first=True, add_bias_kv=bias_kv, add_zero_attn=zero_attn, dtype=DT)
+    if bias_kv:
+        with torch.no_grad():  # not zeros (the module's init), so that a misplaced bias shows
+            m.bias_k.normal_(), m.bias_v.normal_()
+    _check(lambda x: m(x, x, x, need_weights=need_weights)[0], list(m.parameters()), _comps((3, 0, 5, 1)))
+    if need_weights:
+        comps = _comps((3, 0, 5))
+        x = tmj.nested_tensor(comps)
+        w = m(x, x, x)[1]
+        for a, c in zip(w.unbind(), comps):
+            assert a.shape == (c.shape[0], c.shape[0] + bias_kv + zero_attn)
+            if c.shape[0]:
+                torch.testing.assert_close(a, m(c[None], c[None], c[None])[1][0])
     x = tmj.nested_tensor(_comps((3, 2)))
-    m = nn.MultiheadAttention(E, H, batch_first=True, add_bias_kv=True, dtype=DT)
-    with pytest.raises(NotImplementedError, match="bias_k"):
-        m(x, x, x)
-    m = nn.MultiheadAttention(E, H, batch_first=True, add_zero_attn=True, dtype=DT)
-    with pytest.raises(NotImplementedError, match="add_zero_attn"):
-        m(x, x, x)
+    with pytest.raises(NotImplementedError, match="is_causal"):
+        m(x, x, x, is_causal=True, attn_mask=torch.ones(3, 3, dtype=torch.bool).triu(1), need_weights=False)
+
+
+@pytest.mark.parametrize("average", [True, False])
+def test_causal_attention_weights(average):
+    """``is_causal=True`` with the attention weights asked for (the module's default
+    ``need_weights=True``): each sample's own causal mask, as dense with its square mask."""
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)
+    comps = _comps((3, 0, 5))
+    x = tmj.nested_tensor(comps)
+    mask = torch.ones(5, 5, dtype=torch.bool).triu(1)  # a hint: dense needs it, each sample masks itself
+    _check(lambda x: m(x, x, x, is_causal=True, attn_mask=mask[:x.shape[1], :x.shape[1]] if x.dim() == 3 and
+                      not isinstance(x, tmj.MultiJaggedTensor) else mask)[0], list(m.parameters()), comps)
+    w = m(x, x, x, is_causal=True, attn_mask=mask, average_attn_weights=average)[1]
+    for a, c in zip(w.unbind(), comps):
+        n = c.shape[0]
+        if n:
+            torch.testing.assert_close(a, m(c[None], c[None], c[None], is_causal=True, attn_mask=mask[:n, :n],
+                                            average_attn_weights=average)[1][0])
 
 
 def test_batch_second_token():

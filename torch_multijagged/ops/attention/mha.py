@@ -97,11 +97,16 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
         raise ValueError(f"{_OP}(): expected query's embedding size {embed_dim_to_check}, got {e}")
     if e % num_heads:
         raise ValueError(f"{_OP}(): embed_dim {e} not divisible by num_heads {num_heads}")
-    for name, arg in (("bias_k", bias_k), ("bias_v", bias_v), ("static_k", static_k), ("static_v", static_v)):
+    for name, arg in (("static_k", static_k), ("static_v", static_v)):
         if arg is not None:
             raise NotImplementedError(f"{_OP}(): {name} is not supported for layout torch.multi_jagged")
-    if add_zero_attn:
-        raise NotImplementedError(f"{_OP}(): add_zero_attn is not supported for layout torch.multi_jagged")
+    if (bias_k is None) != (bias_v is None):
+        raise AssertionError(f"{_OP}(): bias_k and bias_v are given together")  # dense asserts it too
+    if (bias_k is not None or add_zero_attn) and (is_causal or dense_q):
+        raise NotImplementedError(
+            f"{_OP}(): bias_k / bias_v and add_zero_attn with is_causal=True or a dense query are not supported "
+            "for layout torch.multi_jagged"
+        )
     if key_padding_mask is not None:
         raise ValueError(
             f"{_OP}(): key_padding_mask is not needed for layout torch.multi_jagged (every sample has its own "
@@ -142,16 +147,26 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
         bq, bk, bv = (None, None, None) if in_proj_bias is None else (
             in_proj_bias[:e], in_proj_bias[e:2 * e], in_proj_bias[2 * e:])
         qp, kp, vp = F.linear(q, q_proj_weight, bq), F.linear(k, k_proj_weight, bk), F.linear(v, v_proj_weight, bv)
+    if bias_k is not None:
+        # dense appends the learned key and value (1, 1, E) after each sample's keys, then a zero
+        # key and value for add_zero_attn: here along each sample's ragged dim (a new extent)
+        kp = torch.cat([kp, bias_k.reshape(1, 1, e).expand(kp.shape[0], 1, e)], dim=1)
+        vp = torch.cat([vp, bias_v.reshape(1, 1, e).expand(vp.shape[0], 1, e)], dim=1)
+    if add_zero_attn:
+        kp = torch.cat([kp, kp.new_zeros(kp.shape[0], 1, e)], dim=1)
+        vp = torch.cat([vp, vp.new_zeros(vp.shape[0], 1, e)], dim=1)
     qh, kh, vh = (t.unflatten(-1, (num_heads, -1)).transpose(1, 2) for t in (qp, kp, vp))
     p = dropout_p if training else 0.0
     weights = None
     if need_weights:
         # the probabilities themselves are asked for: an explicit softmax (dense does the same)
-        if causal:
-            raise NotImplementedError(f"{_OP}(): need_weights=True with is_causal=True is not supported for layout "
-                                      "torch.multi_jagged (pass need_weights=False)")
+        if causal and dense_q:
+            raise NotImplementedError(f"{_OP}(): need_weights=True with is_causal=True and a dense query is not "
+                                      "supported for layout torch.multi_jagged (pass need_weights=False)")
         rows, back = dense_as_rows(_OP, qh, kh) if dense_q else (qh, None)
         scores = torch.matmul(rows * math.sqrt(1.0 / hd), kh.transpose(-2, -1))
+        if causal:  # each sample's own square mask: query i reads keys 0..i
+            scores = scores.masked_fill(~torch.ones_like(scores, dtype=torch.bool).tril(), float("-inf"))
         if mask is not None:
             scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
         probs = torch.softmax(scores, dim=-1)
