@@ -307,6 +307,24 @@ def test_masked_scatter_compiles_fullgraph(ragged_dims):
         compiled(x.detach(), m, torch.zeros(1, dtype=torch.float64))
 
 
+@pytest.mark.parametrize("mask", [torch.tensor(True), torch.tensor(False), torch.tensor([True, False, True]),
+                                  torch.tensor([[[False]], [[True]], [[True]]])], ids=str)
+def test_masked_select_with_a_dense_mask(mask):
+    """A dense boolean mask broadcasts over every sample (0-d, one per feature, one per sample
+    ``(B, 1, 1)``), as dense ``masked_select`` per sample, with the gradient."""
+    comps = [torch.randn(n, 3, dtype=torch.float64, requires_grad=True) for n in (2, 0, 4)]
+    x = mj.as_nested_tensor(comps)
+    out = torch.masked_select(x, mask)
+    per = [mask[i] if mask.dim() == 3 else mask for i in range(len(comps))]
+    ref = [torch.masked_select(c, m) for c, m in zip(comps, per)]
+    _components_equal(out.detach(), [r.detach() for r in ref])
+    w = [torch.randn_like(r) for r in ref]
+    got = torch.autograd.grad(out, comps, mj.as_nested_tensor(w), allow_unused=True, materialize_grads=True)
+    want = torch.autograd.grad(ref, comps, w, allow_unused=True, materialize_grads=True)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
 def test_masked_select_matches_njt_and_errors():
     comps = [torch.randn(3), torch.randn(0), torch.randn(4)]
     masks = [c > 0 for c in comps]

@@ -231,10 +231,13 @@ class _ScatterSelected(torch.autograd.Function):
 def _masked_select(input, mask, *, out=None):
     if out is not None or not isinstance(input, MJT):
         return NotImplemented
+    if isinstance(mask, torch.Tensor) and not isinstance(mask, MJT) and mask.dtype == torch.bool:
+        # a dense mask broadcast over every sample, as dense per sample (a 0-d one, one per feature)
+        mask = torch.zeros_like(input, dtype=torch.bool) | mask
     if not isinstance(mask, MJT):
         raise RuntimeError(
-            f"masked_select(): expected a multi_jagged mask of the input's shape {describe(input)}, got "
-            f"{describe(mask)}"
+            f"masked_select(): expected a boolean mask, multi_jagged of the input's shape {describe(input)} or dense "
+            f"broadcasting over it, got {describe(mask)}"
         )
     static = [d for d in range(1, input.dim()) if d not in input._ragged_dims]
     if mask.dim() == input.dim() and mask._ragged_dims == input._ragged_dims and any(
