@@ -409,11 +409,19 @@ def test_adaptive_pool2d_static_side_of_size_zero_is_a_batch_without_pixels():
 def test_adaptive_pool2d_static_side_none_keeps_it_and_global_pool_is_dense():
     comps, rd = fixed("static_h")  # (B, C, 3, j0)
     check(lambda x: F.adaptive_avg_pool2d(x, (None, 2)), _pool_ref(F.adaptive_avg_pool2d, (None, 2)), comps, rd)
+    # None at the ragged side keeps it (its nested int), the static side pooled: a text line's
+    # height pooled to 1 or 2, its width kept (nn.AdaptiveAvgPool2d((1, None)))
+    for size in ((1, None), (2, None), (None, None)):
+        for fn in (F.adaptive_avg_pool2d, F.adaptive_max_pool2d):
+            out = check(lambda x, f=fn: f(x, size), _pool_ref(fn, size), comps, rd)
+            assert out.ragged_dims == (3,)
     x = mj.nested_tensor(comps, ragged_dims=rd)
-    with pytest.raises(ValueError, match=r"adaptive_avg_pool2d\(\): expected an int output size for ragged dim 3"):
-        F.adaptive_avg_pool2d(x, (2, None))
-    with pytest.raises(ValueError, match=r"adaptive_max_pool2d\(\): expected an int output size for ragged dim 3"):
-        F.adaptive_max_pool2d(x, (2, None))
+    assert F.adaptive_avg_pool2d(x, (2, None)).shape[3] == x.shape[3]  # the input's nested int
+    with pytest.raises(NotImplementedError, match=r"adaptive_max_pool2d.*return_indices"):
+        F.adaptive_max_pool2d(x, (2, None), return_indices=True)
+    both, rd2 = fixed("rect")  # both sides ragged: one kept, the other pooled to a size, is not supported
+    with pytest.raises(NotImplementedError, match=r"adaptive_avg_pool2d\(\): pooling ragged dim 2"):
+        F.adaptive_avg_pool2d(mj.nested_tensor(both, ragged_dims=rd2), (2, None))
     # global pooling (size 1) is the routed mean: the same dense (B, C, 1, 1) as any other size
     for kind in ("rect", "static_w"):
         cs, r = fixed(kind)

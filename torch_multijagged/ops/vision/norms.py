@@ -256,15 +256,20 @@ def _group_norm_image(p: torch.Tensor, groups: int, weight, bias, eps: float) ->
 
 
 # ----------------------------------------------------------------------------- adaptive pooling
-def _output_size(op: str, x: MJT, output_size, nsp: int) -> tuple[int, ...]:
+def _output_size(op: str, x: MJT, output_size, nsp: int, keep_ragged: bool = False) -> tuple:
+    """The output sizes, ``None`` (the input's) resolved for static dims; for ragged dims kept as
+    ``None`` with ``keep_ragged`` (``_keeping_ragged``), else refused."""
     sizes = (output_size,) * nsp if isinstance(output_size, int) or output_size is None else tuple(output_size)
     if len(sizes) != nsp:
         raise ValueError(f"{op}(): expected output_size of {nsp} ints, got {output_size}")
-    out = []
+    out: list = []
     for k, o in enumerate(sizes):
         d = len(x._size) - nsp + k
         if o is None:
             if d in x._ragged_dims:
+                if keep_ragged:
+                    out.append(None)
+                    continue
                 raise ValueError(
                     f"{op}(): expected an int output size for ragged dim {d} of {describe(x)} (None keeps the "
                     "input size, which differs per sample), got None"
@@ -401,6 +406,43 @@ def _adaptive_max(x: MJT, sizes):
     return _dense_out(px, out, sizes), _dense_out(px, sel // n, sizes)
 
 
+def _keeping_ragged(op: str, x: MJT, sizes: tuple, kind: str):
+    """Adaptive pooling whose output size is ``None`` (the input's) at ragged spatial dims
+    (``nn.AdaptiveAvgPool2d((1, None))``: a text line's height pooled, its width kept): a window
+    of one along those dims, so the pooling runs along the other, static, dims alone, one dim
+    after another (windows are products of per-dim windows; the average's count too), each by a
+    gather of its windows' members. The ragged dims keep their nested ints."""
+    n = len(x._size)
+    out = x
+    for k, o in enumerate(sizes):
+        d = n - len(sizes) + k
+        if o is None:
+            continue
+        if d in x._ragged_dims:
+            raise NotImplementedError(
+                f"{op}(): pooling ragged dim {d} of {describe(x)} to {o} beside a ragged dim kept by None is not "
+                "supported for layout torch.multi_jagged"
+            )
+        size = x._size[d]
+        start = [(i * size) // o for i in range(o)]
+        stop = [-((-(i + 1) * size) // o) for i in range(o)]
+        width = max([b - a for a, b in zip(start, stop)] + [1])
+        members = torch.tensor([[min(a + j, max(b - 1, a)) for j in range(width)] for a, b in zip(start, stop)],
+                               dtype=torch.int64, device=x.device)
+        real = torch.tensor([[j < b - a for j in range(width)] for a, b in zip(start, stop)], device=x.device)
+        rows = out.movedim(d, -1).index_select(-1, members.reshape(-1)).unflatten(-1, (o, width))
+        if kind == "avg":
+            low = rows.dtype in (torch.float16, torch.bfloat16)
+            w = rows.float() if low else rows
+            count = torch.tensor([max(b - a, 0) for a, b in zip(start, stop)], dtype=w.dtype, device=x.device)
+            pooled = torch.where(real, w, torch.zeros((), dtype=w.dtype, device=x.device)).sum(-1) / count
+            pooled = pooled.to(rows.dtype) if low else pooled
+        else:  # max: a window's repeated last member changes nothing; a NaN propagates, as dense
+            pooled = rows.amax(-1)
+        out = pooled.movedim(-1, d)
+    return out
+
+
 def _pool_kind(op: str, x: MJT, nsp: int) -> str:
     """``"spatial"`` (every ragged dim a spatial one, the dims before them static) or
     ``"rows"`` (no ragged spatial dim: every packed row pools on its own)."""
@@ -429,8 +471,10 @@ def _adaptive_avg_route(fn, nsp: int):
         if not isinstance(input, MJT):
             return NotImplemented
         kind = _pool_kind(op, input, nsp)
-        sizes = _output_size(op, input, output_size, nsp)
-        _probe(fn, input, nsp, sizes)
+        sizes = _output_size(op, input, output_size, nsp, keep_ragged=True)
+        _probe(fn, input, nsp, tuple(1 if o is None else o for o in sizes))
+        if None in sizes:
+            return _keeping_ragged(op, input, sizes, "avg")
         n = len(input._size)
         if kind == "rows":
             return _finish(input, fn(_values(input), sizes))
@@ -460,8 +504,13 @@ def _adaptive_max_route(fn, nsp: int, always_indices: bool):
         if not isinstance(input, MJT):
             return NotImplemented
         kind = _pool_kind(op, input, nsp)
-        sizes = _output_size(op, input, output_size, nsp)
-        _probe(fn, input, nsp, sizes)
+        sizes = _output_size(op, input, output_size, nsp, keep_ragged=True)
+        _probe(fn, input, nsp, tuple(1 if o is None else o for o in sizes))
+        if None in sizes:
+            if return_indices or always_indices:
+                raise NotImplementedError(f"{op}(): return_indices with None output sizes at ragged dims of "
+                                          f"{describe(input)} is not supported for layout torch.multi_jagged")
+            return _keeping_ragged(op, input, sizes, "max")
         if kind == "rows":
             v = _values(input)
             out, idx = fn(v, sizes)
