@@ -90,6 +90,21 @@ def test_embedding_no_grad_inference_mode_and_sparse():
         F.embedding(idx, w, sparse=True)
 
 
+def test_embedding_second_order():
+    """The weight's gradient differentiates again (``create_graph=True``), as dense's; an empty
+    sample contributes nothing (dense's own double backward fails on an empty index)."""
+    w = torch.randn(V, 3, dtype=torch.float64, requires_grad=True)
+    idx = [torch.tensor([1, 4, 1]), torch.zeros(0, dtype=torch.int64), torch.tensor([2, 1])]
+    out = F.embedding(mj.nested_tensor(idx), w, padding_idx=2)
+    (g,) = torch.autograd.grad((out ** 3).values().sum(), w, create_graph=True)
+    (gg,) = torch.autograd.grad((g * g).sum(), w)
+    (g_ref,) = torch.autograd.grad(sum((F.embedding(i, w, padding_idx=2) ** 3).sum() for i in idx if i.numel()), w,
+                                   create_graph=True)
+    (gg_ref,) = torch.autograd.grad((g_ref * g_ref).sum(), w)
+    torch.testing.assert_close(g, g_ref)
+    torch.testing.assert_close(gg, gg_ref)
+
+
 def test_embedding_compiles_fullgraph():
     idx = torch.nested.nested_tensor([torch.tensor([1, 2]), torch.tensor([0]), torch.tensor([6, 5, 4])], layout=multi_jagged)
     w = torch.randn(V, 3, requires_grad=True)

@@ -9,6 +9,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
+from ...tensor import wrap_values
 from .._table import register_multi_jagged_func
 from .._common import MJT, describe, wrap
 from .._routing import route
@@ -32,6 +33,19 @@ def embedding_default(func, weight, indices, padding_idx=-1, scale_grad_by_freq=
         raise NotImplementedError(f"embedding(): sparse=True gradients are not supported for {_LAYOUT}; use sparse=False")
     out = func(weight, indices._values, padding_idx, scale_grad_by_freq, sparse)
     return wrap(out, indices._partition, indices._ragged_dims)
+
+
+@route(F.embedding)
+def _embedding(input, weight, padding_idx=None, max_norm=None, norm_type=2.0, scale_grad_by_freq=False, sparse=False):
+    """The dense op on the packed indices under autograd (``wrap_values``): the weight's gradient
+    is aten's on dense tensors, so it differentiates again (a second-order gradient reaches the
+    weight, as dense's); the handler above serves calls below autograd."""
+    if not isinstance(input, MJT) or isinstance(weight, MJT):
+        return NotImplemented
+    if sparse and weight.requires_grad:
+        raise NotImplementedError(f"embedding(): sparse=True gradients are not supported for {_LAYOUT}; use sparse=False")
+    out = F.embedding(input._values, weight, padding_idx, max_norm, norm_type, scale_grad_by_freq, sparse)
+    return wrap_values(out, input._partition, input._ragged_dims)
 
 
 @register_multi_jagged_func(
