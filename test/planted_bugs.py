@@ -835,6 +835,8 @@ BUGS = [
     Bug("adaptive pooling beside a kept ragged dim floors its windows' ends", "ops/vision/norms.py",
         "stop = [-((-(i + 1) * size) // o) for i in range(o)]", "stop = [((i + 1) * size) // o for i in range(o)]",
         ("test_image_norms.py",)),
+    Bug("paired indices on static dims add their positions instead of flattening them", "ops/indexing/getitem.py",
+        "flat = i if flat is None else flat * size + i", "flat = i if flat is None else flat + i", ("test_getitem.py",)),
 ]
 
 

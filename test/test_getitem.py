@@ -482,6 +482,37 @@ def test_several_index_tensors_pair_up_as_dense(name, index, pair):
         torch.testing.assert_close(a, torch.zeros_like(c) if b is None else b)
 
 
+@pytest.mark.parametrize("index", [
+    (slice(None), [0, 1], [2, 3]), (slice(None), torch.tensor([[0, 1], [1, -1]])), (slice(None), [0, -1], [2, 3], slice(None)),
+    (slice(None), [1], torch.tensor([[0], [3]])), (Ellipsis, [0, -1], [1, 2]),
+    (slice(None), slice(None), torch.tensor([[0], [3]]), torch.tensor([1, -5])),
+], ids=str)
+def test_index_tensors_after_the_whole_batch_pair_up_per_sample(index):
+    """``x[:, a, b]`` and ``x[:, idx2d]`` (the batch whole, index tensors on adjacent dims, a ragged
+    one among them: each sample's positions) and ``x[..., a, b]`` on static dims after the ragged
+    one (a sample of any length, an empty one too), as dense indexing per sample; reading and
+    writing, with gradients."""
+    lens = (3, 2, 5) if not (index[0] is Ellipsis or isinstance(index[1], slice)) else (3, 0, 5)
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 4, 6, dtype=torch.float64, generator=g, requires_grad=True) for n in lens]
+    x = tmj.as_nested_tensor(comps)
+    per = index if index[0] is Ellipsis else index[1:]
+    out = x[index]
+    refs = [c[per] for c in comps]
+    got = out.unbind() if isinstance(out, tmj.MultiJaggedTensor) else out.unbind(0)
+    for a, r in zip(got, refs):
+        torch.testing.assert_close(a, r)
+    flat = out.values() if isinstance(out, tmj.MultiJaggedTensor) else out
+    for a, b in zip(torch.autograd.grad((flat ** 2).sum(), comps), torch.autograd.grad(sum((r ** 2).sum() for r in refs), comps)):
+        torch.testing.assert_close(a, b)
+    y = x.detach().clone()
+    y[index] = 7.0
+    for t, c in zip(y.unbind(), comps):
+        want = c.detach().clone()
+        want[per] = 7.0
+        torch.testing.assert_close(t, want)
+
+
 def test_several_index_tensors_errors_and_round_trip():
     x = tmj.nested_tensor([torch.arange(3.), torch.arange(5.) + 10])
     with pytest.raises(IndexError, match="could not be broadcast"):

@@ -132,7 +132,7 @@ def _setitem(input, index, value):
     (``x[i] = v``) and integer index tensors alone (``x[b, k] = v``) go to torch's
     ``__setitem__`` (``select`` / ``index_put_``, which have handlers)."""
     items = index if isinstance(index, tuple) else (index,)
-    plain = all(i is None or i is Ellipsis or isinstance(i, slice) or type(i) is int or _advanced(i) is not None
+    plain = all(i is None or i is Ellipsis or isinstance(i, slice) or type(i) is int or _index_tensor(i) is not None
                 for i in items)
     if not isinstance(input, MJT) or not plain or not items:
         return NotImplemented
@@ -202,6 +202,12 @@ def _getitem_static(input, items):
     indexing would compare slice bounds with the nested ints ("relation is indeterminate")."""
     if items and isinstance(items[0], int) and not isinstance(items[0], bool):
         return _getitem(input, items[0])[items[1:]]  # a sample, then dense indexing
+    paired = _static_pairs(input, items)
+    if paired is not None:
+        return paired
+    lifted = _batch_index_for(input, items)
+    if lifted is not None:
+        items = lifted
     if items and _index_tensor(items[0]) is not None and any(_index_tensor(i) is not None for i in items[1:]):
         # several index tensors: they pair up (dense indexing's rule), x[b, k][j] = x[b[j]][k[j]]
         items = _expand_ellipsis(input, items)
@@ -259,6 +265,60 @@ def _getitem_static(input, items):
             start, stop, step = it.indices(out.shape[d])
             out, d = torch.ops.aten.slice.Tensor(out, d, start, stop, step), d + 1
     return out
+
+
+def _batch_index_for(input, items: tuple) -> tuple | None:
+    """``x[:, a, b]`` (index tensors on adjacent dims after the whole batch) or ``x[:, idx2d]``: as
+    dense indexing places their broadcast dims where they stand, after the batch dim, the same as
+    ``x[arange(B)[:, None…], a, b]`` — the batch index leading, which ``pairwise_index`` takes.
+    None for anything else (one 1-d index keeps its own path: per-sample negative positions)."""
+    if not items or not (isinstance(items[0], slice) and _whole(items[0])) or any(i is None for i in items):
+        return None
+    items = _expand_ellipsis(input, items)
+    adv = [k for k, it in enumerate(items) if _index_tensor(it) is not None]
+    if not adv or adv != list(range(adv[0], adv[-1] + 1)):
+        return None
+    idx = [_index_tensor(items[k]) for k in adv]
+    if len(idx) == 1 and idx[0].dim() == 1:
+        return None
+    try:
+        shape = torch.broadcast_shapes(*(i.shape for i in idx))
+    except RuntimeError:
+        return None  # pairwise_index raises dense's message
+    b = input._partition.batch
+    batch = torch.arange(b, device=input.device).view(b, *([1] * len(shape)))
+    return (batch, *items[1:adv[0]], *(i.unsqueeze(0) for i in idx), *items[adv[-1] + 1:])
+
+
+def _static_pairs(input, items: tuple):
+    """``x[..., a, b]``: index tensors on adjacent static dims after every ragged dim, the other
+    dims whole. Each row pairs them up as dense indexing does (their broadcast dims in their
+    place): one index into those dims flattened (``a · size_b + b``), whose dims unflatten back.
+    None for anything else."""
+    if not items or any(i is None for i in items):
+        return None
+    items = _expand_ellipsis(input, items)
+    adv = [k for k, it in enumerate(items) if _index_tensor(it) is not None]
+    if len(adv) < 2 or adv != list(range(adv[0], adv[-1] + 1)) or adv[0] <= max(input._ragged_dims, default=0):
+        return None
+    if not all(isinstance(it, slice) and _whole(it) for k, it in enumerate(items) if k not in adv):
+        return None
+    idx = [_index_tensor(items[k]) for k in adv]
+    try:
+        idx = list(torch.broadcast_tensors(*idx))
+    except RuntimeError:
+        return None  # pairwise_index raises dense's message
+    flat = None
+    for k, i in zip(adv, idx):
+        size = int(input._size[k])
+        if bool(((i < -size) | (i >= size)).any()):  # SYNC: none — host index tensors (dense checks too)
+            raise IndexError(f"index {int(i[(i < -size) | (i >= size)][0])} is out of bounds for dimension {k} with size {size}")
+        i = torch.where(i < 0, i + size, i)
+        flat = i if flat is None else flat * size + i
+    assert flat is not None
+    merged = input.flatten(adv[0], adv[-1]) if len(adv) > 1 else input
+    picked = merged.index_select(adv[0], flat.reshape(-1).to(input.device))
+    return picked.unflatten(adv[0], tuple(flat.shape)) if flat.dim() != 1 else picked
 
 
 def _expand_ellipsis(input, items: tuple) -> tuple:
