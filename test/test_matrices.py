@@ -83,6 +83,27 @@ def test_trace_diag_diagflat_per_sample():
     check()
 
 
+@pytest.mark.parametrize("offset", [0, 1, -1, 3, -4])
+def test_diagonal_over_a_ragged_and_a_static_dim(offset):
+    """Each sample's own diagonal of its ``(n, C)`` matrix (either order of the dims, a static dim
+    beside), ``min`` of its sides long: a new extent, appended last; ``trace`` of such samples a
+    dense ``(B,)``; with gradients and an empty sample."""
+
+    @FEW
+    @given(lengths(max_batch=3), seeds)
+    def check(ns, seed):
+        per_sample_check_any_ints(lambda x: torch.diagonal(x, offset, 1, 2), lambda c: torch.diagonal(c, offset, 0, 1),
+                                  comps_for([(n, 3) for n in ns], seed), (1,), seed=seed)
+        per_sample_check_any_ints(lambda x: torch.diagonal(x, offset, 3, 1), lambda c: torch.diagonal(c, offset, 2, 0),
+                                  comps_for([(2, n, 4) for n in ns], seed + 1), (2,), seed=seed)
+        per_sample_check_any_ints(lambda x: x.diagonal(offset, 2, 1), lambda c: c.diagonal(offset, 1, 0),
+                                  comps_for([(n, 4, 2) for n in ns], seed + 2), (1,), seed=seed)
+        if offset == 0:
+            per_sample_check(torch.trace, R(comps_for([(n, 3) for n in ns], seed), (1,)), dense_out=True, seed=seed)
+
+    check()
+
+
 def test_diag_errors():
     v = mj.nested_tensor([torch.ones(2), torch.ones(0)])
     with pytest.raises(NotImplementedError, match="diag.*new extent"):
@@ -95,7 +116,7 @@ def test_diag_errors():
     with pytest.raises(RuntimeError, match="diagflat"):
         torch.diagflat(mj.nested_tensor([torch.ones(2, 3), torch.ones(0, 3)]))
     with pytest.raises(RuntimeError, match="trace"):
-        torch.trace(v)
+        torch.trace(v)  # a batch of vectors
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, -1])

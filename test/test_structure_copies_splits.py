@@ -395,9 +395,12 @@ def test_diagonal_errors():
     rect = mj.nested_tensor(comps_for([(2, 3, 2), (0, 1, 2)], 0), ragged_dims=(1, 2))
     with pytest.raises(NotImplementedError, match=r"^diagonal\(\).*square pair"):
         rect.diagonal(0, 1, 2)
-    sq = mj.nested_tensor(comps_for([(2, 2, 2), (1, 1, 2)], 0), ragged_dims=(1, 2))
-    with pytest.raises(ValueError, match=r"^diagonal\(\).*ragged and a static"):
-        sq.diagonal(0, 1, 3)
+    sq_comps = comps_for([(2, 2, 2), (1, 1, 2), (0, 0, 2), (3, 3, 2)], 0)
+    sq = mj.nested_tensor(sq_comps, ragged_dims=(1, 2))
+    for dims in ((1, 3), (2, 3), (3, 2)):  # a ragged and a static dim: each sample's own diagonal (a new extent)
+        for offset in (0, 1, -1):
+            for a, c in zip(sq.diagonal(offset, *dims).unbind(), sq_comps):
+                torch.testing.assert_close(a, c.diagonal(offset, dims[0] - 1, dims[1] - 1))
     with pytest.raises(ValueError, match=r"^diagonal\(\).*batch"):
         sq.diagonal(0, 0, 1)
 

@@ -8,7 +8,7 @@ import torch
 from .. import bridged
 from .._common import MJT, autocast_lower, describe, same_partition
 from .._routing import route
-from ..shape.views import square_extent
+from ..shape.diagonal import square_extent
 from .pair_mm import pair_product
 
 _LAYOUT = "layout torch.multi_jagged"

@@ -1,5 +1,5 @@
 """Shape and structure: views (``unsqueeze``/``expand``/``permute``/``transpose``/``view``/
-``select``/``slice``/``cat``/``stack``/``diagonal``, ``views.py``), metadata queries
+``select``/``slice``/``cat``/``stack``, ``views.py``; ``diagonal``, ``diagonal.py``), metadata queries
 (``metadata.py``), ``reshape``/``flatten``/``unflatten``/the ``split`` family/``narrow``
 (``reshape.py``), merging and splitting ragged dims (``flatten.py``, NOTE [ Flattening ragged
 dims ]), the batch as components or a padded envelope (``padded.py``), static dims moved
@@ -7,4 +7,4 @@ before the batch dim (``leading.py``, NOTE [ Batch-moved tokens ]), the batch me
 static dims after it (``merged.py``, NOTE [ Batch-merged tokens ]), and per-sample matrix
 structure: ``tril``/``triu``/``trace``/``diag``/``diagflat`` (``matrices.py``)."""
 
-from . import views, metadata, padded, flatten, reshape, leading, merged, matrices  # noqa: F401  (register)
+from . import views, diagonal, metadata, padded, flatten, reshape, leading, merged, matrices  # noqa: F401  (register)
