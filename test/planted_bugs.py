@@ -843,6 +843,9 @@ BUGS = [
     Bug("a diagonal beside a static dim swaps the two sides' shifts", "ops/shape/diagonal.py",
         "shift_r, shift_s = (shift_a, shift_b) if r == a else (shift_b, shift_a)", "shift_r, shift_s = (shift_b, shift_a) if r == a else (shift_a, shift_b)",
         ("test_matrices.py",)),
+    Bug("pad checks the first sample only, not the shortest along each ragged dim", "ops/indexing/joins.py",
+        "shortest = sorted({int(sizes[:, k].argmin()) for k in range(sizes.shape[1])} or {0})", "shortest = [0]",
+        ("test_ragged_indexing.py",)),
 ]
 
 

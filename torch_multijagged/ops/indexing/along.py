@@ -90,7 +90,9 @@ def _gather_rows(x: MJT, sample: torch.Tensor, coords: torch.Tensor, valid=None,
     else:
         out = v.index_select(0, torch.where(valid, rows, torch.zeros_like(rows)))
     mask = valid.reshape(-1, *([1] * (v.dim() - 1)))
-    return torch.where(mask, out, torch.full_like(out, fill) if fill is not None else torch.zeros_like(out))
+    # the fill as a 0-d tensor of out's dtype (what dense pad casts its value to): broadcast, not a
+    # full-size buffer
+    return torch.where(mask, out, torch.tensor(0 if fill is None else fill, device=out.device).to(out.dtype))
 
 
 def keep_along(

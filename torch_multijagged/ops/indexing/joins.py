@@ -179,20 +179,38 @@ def _source(mode: str, q: torch.Tensor, n: torch.Tensor, lo: int, hi: int):
 
 
 def _check_pad(op: str, x: MJT, pad: list, mode: str, value) -> None:
-    """Dense ``F.pad`` on a meta tensor of each distinct sample shape: its errors (input rank for
-    a mode, reflect padding not below the size, circular wrapping twice…) are dense torch's own,
-    raised naming the first sample that has that shape."""
+    """Dense ``F.pad`` on a meta tensor of sample shapes: its errors (input rank for a mode, reflect
+    padding not below the size, circular wrapping twice, a crop past the size…) are dense torch's
+    own, raised naming the first sample that has them. Each of these rules holds for a dim's size
+    from some size on, so a batch passes where the shortest sample along every ragged dim passes:
+    those (at most one per ragged dim) are checked first, and only a batch that fails is walked
+    sample by sample for the first failing one."""
     sizes = x._partition.host_sizes()
+    rows = sizes.tolist()  # SYNC: none — host sizes
+    if not rows:
+        return
+    shortest = sorted({int(sizes[:, k].argmin()) for k in range(sizes.shape[1])} or {0})
+    if all(_pad_error(x, pad, mode, value, rows[i]) is None for i in shortest):
+        return
     seen = set()
-    for i, row in enumerate(sizes.tolist()):  # SYNC: none — host sizes
+    for i, row in enumerate(rows):
         if tuple(row) in seen:
             continue
         seen.add(tuple(row))
-        shape = [x.shape[d] if d not in x._ragged_dims else row[x._ragged_dims.index(d)] for d in range(1, x.dim())]
-        try:
-            F.pad(torch.empty(shape, device="meta", dtype=x.dtype), pad, mode=mode, value=value if mode == "constant" else None)
-        except Exception as e:  # re-raised with the sample named, same type
-            raise type(e)(f"{op}(): {e} (sample {i} of {describe(x)}, component shape {tuple(shape)})") from e
+        e = _pad_error(x, pad, mode, value, row)
+        if e is not None:  # re-raised with the sample named, same type
+            shape = tuple(x.shape[d] if d not in x._ragged_dims else row[x._ragged_dims.index(d)] for d in range(1, x.dim()))
+            raise type(e)(f"{op}(): {e} (sample {i} of {describe(x)}, component shape {shape})") from e
+
+
+def _pad_error(x: MJT, pad: list, mode: str, value, row: list) -> Exception | None:
+    """Dense ``F.pad``'s error on a meta sample of ragged sizes ``row``, or None."""
+    shape = [x.shape[d] if d not in x._ragged_dims else row[x._ragged_dims.index(d)] for d in range(1, x.dim())]
+    try:
+        F.pad(torch.empty(shape, device="meta", dtype=x.dtype), pad, mode=mode, value=value if mode == "constant" else None)
+    except Exception as e:
+        return e
+    return None
 
 
 @eager
