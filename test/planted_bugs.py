@@ -846,6 +846,9 @@ BUGS = [
     Bug("pad checks the first sample only, not the shortest along each ragged dim", "ops/indexing/joins.py",
         "shortest = sorted({int(sizes[:, k].argmin()) for k in range(sizes.shape[1])} or {0})", "shortest = [0]",
         ("test_ragged_indexing.py",)),
+    Bug("masked_scatter reads a static-lead source in storage order", "ops/indexing/gather.py",
+        "    if isinstance(source, MJT) and not _ragged_lead(source) and src.numel():",
+        "    if False:", ("test_indexing_ops.py",)),
 ]
 
 

@@ -122,8 +122,8 @@ def masked_select_default(func, x, mask):
 def masked_scatter_default(func, x, mask, source):
     """Per sample, as dense ``masked_scatter``: sample ``b``'s selected elements (in its row-major
     order) take the first elements of *its own* source in row-major order — a multi_jagged
-    ``source`` of any structure whose dims after the batch are ragged first: the ``(B, j)``
-    result of ``masked_select`` (its gradient), or a tensor of ``x``'s structure. A dense
+    ``source`` of any structure: the ``(B, j)`` result of ``masked_select`` (its gradient), or a
+    tensor of ``x``'s structure. A dense
     ``source`` is one for every sample: each sample starts at its first element."""
     xv, sv = x._values, source._values if isinstance(source, MJT) else source
     return wrap(_scattered(x, mask, source, xv, sv), x._partition, x._ragged_dims)
@@ -134,11 +134,6 @@ def _scattered(x: MJT, mask: MJT, source: torch.Tensor, xv: torch.Tensor, sv: to
     the source's values (``values_of`` on the route: the result is then differentiable in both,
     to any order, by dense ops)."""
     _same_structure("masked_scatter", x, mask, "a mask")
-    if isinstance(source, MJT) and not _ragged_lead(source):
-        raise NotImplementedError(
-            f"masked_scatter(): a source whose ragged dims do not come first is not supported for {_LAYOUT}, "
-            f"got {describe(source)}"
-        )
     if isinstance(source, MJT) and source._partition.batch != x._partition.batch:
         raise RuntimeError(f"masked_scatter(): expected a source of batch size {x._partition.batch}, got {describe(source)}")
     if sv.dtype != xv.dtype:
@@ -147,6 +142,10 @@ def _scattered(x: MJT, mask: MJT, source: torch.Tensor, xv: torch.Tensor, sv: to
     if m.dtype != torch.bool:
         raise RuntimeError(f"masked_scatter(): only boolean masks are supported, got a mask of dtype {m.dtype}")
     src = sv.reshape(-1)
+    if isinstance(source, MJT) and not _ragged_lead(source) and src.numel():
+        # a static dim before a ragged one (``(B, S, j0, C)``): each sample's elements in its
+        # row-major order first (samples stay grouped, so their starts are unchanged)
+        src = src.index_select(0, _logical_order(source, sv, every=True))
     if src.numel() == 0:  # nothing to read: only an empty selection is valid
         torch._assert_async(~m.any(), _TOO_FEW)
         return xv.clone()
