@@ -849,6 +849,9 @@ BUGS = [
     Bug("masked_scatter reads a static-lead source in storage order", "ops/indexing/gather.py",
         "    if isinstance(source, MJT) and not _ragged_lead(source) and src.numel():",
         "    if False:", ("test_indexing_ops.py",)),
+    Bug("unique_consecutive over every element of a static-lead batch keeps storage order", "ops/indexing/gather.py",
+        "order = None if _ragged_lead(input) else _logical_order(input, v, every=True)", "order = None",
+        ("test_matmul_dense_operand.py",)),
 ]
 
 

@@ -196,9 +196,13 @@ def test_unique_consecutive_errors():
     seq = mj.nested_tensor([torch.zeros(2, 3), torch.zeros(1, 3)])
     with pytest.raises(NotImplementedError, match="only ragged dim 1"):
         seq.unique_consecutive(dim=2)
-    lead = mj.nested_tensor([torch.zeros(2, n) for n in (2, 3)], ragged_dims=(2,))
-    with pytest.raises(NotImplementedError, match="static dim before a ragged one"):
-        lead.unique_consecutive()
+    # a static dim before a ragged one, over every element: row-major order, as dense flattens
+    comps = [torch.tensor([[1, 1, 2], [2, 3, 3]]), torch.tensor([[3], [4]]), torch.zeros(2, 0, dtype=torch.int64)]
+    lead = mj.nested_tensor(comps, ragged_dims=(2,))
+    values, inverse, counts = lead.unique_consecutive(return_inverse=True, return_counts=True)
+    dense = torch.unique_consecutive(torch.cat([c.reshape(-1) for c in comps]), return_inverse=True, return_counts=True)
+    assert torch.equal(values, dense[0]) and torch.equal(counts, dense[2])
+    assert torch.equal(torch.cat([t.reshape(-1) for t in inverse.unbind()]), dense[1])
 
 
 def test_bmm_compiles_fullgraph():

@@ -303,14 +303,16 @@ def _unique_consecutive(input, return_inverse=False, return_counts=False, dim=No
         return NotImplemented
     p, v = input._partition, input._values
     if dim is None:
-        if not _ragged_lead(input):
-            raise NotImplementedError(
-                f"unique_consecutive() over every element of {describe(input)} (a static dim before a ragged one) "
-                f"for {_LAYOUT}")
-        out = torch.unique_consecutive(v.reshape(-1), return_inverse=return_inverse, return_counts=return_counts)
+        # a static dim before a ragged one: the elements in row-major order first (the packed
+        # values are not), and each element's inverse back at its own place
+        order = None if _ragged_lead(input) else _logical_order(input, v, every=True)
+        flat = v.reshape(-1) if order is None else v.reshape(-1).index_select(0, order)
+        out = torch.unique_consecutive(flat, return_inverse=return_inverse, return_counts=return_counts)
         if not return_inverse:
             return out
         values, inverse, *counts = out
+        if order is not None:
+            inverse = torch.empty_like(inverse).index_copy(0, order, inverse)
         return (values, MJT(inverse.reshape(v.shape), p, input._ragged_dims), *counts)
     d = canonical_dim("unique_consecutive", len(input._size), dim)
     if input._ragged_dims != (1,) or d != 1:
