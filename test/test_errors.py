@@ -311,6 +311,7 @@ _ONE_VALUE_USES = {
     "int mod it": lambda n: 6 % n,
     "int to its power": lambda n: 2**n,
     "int minus it": lambda n: 0 - n,
+    "times a negative int": lambda n: n * -2,
 }
 
 
@@ -345,6 +346,8 @@ def test_a_ragged_size_plus_zero_and_abs_are_itself():
     n = x.shape[1]
     for m in (0 + n, n + 0, n - 0, abs(n)):
         assert m == n and x.new_zeros(2 * 0 + 3, m, 4).shape == x.shape
+    # times 0: every sample's 0, a plain int (a dense dim of that size)
+    assert type(n * 0) is int and n * 0 == 0 == 0 * n and torch.zeros(n * 0, 4).shape == (0, 4)
 
 
 @pytest.mark.parametrize("lengths, expected", [

@@ -169,7 +169,12 @@ class _RaggedSizeNode(NestedIntNode):
 
     def mul(self, other):
         if other.is_constant():
-            return _RaggedSizeNode(self.t_id, self.coeff * other.constant_int())
+            c = other.constant_int()
+            if c == 0:
+                return ConstantIntNode(0)  # every sample's size times 0
+            if c < 0:
+                self._no_value("a product with a negative int")  # as negation: no size is negative
+            return _RaggedSizeNode(self.t_id, self.coeff * c)
         flat = EXTENTS.product_extent(self, other)
         if flat is not None:
             return _RaggedSizeNode(flat.nested_int.node.t_id, self.coeff * other.coeff)
