@@ -730,7 +730,7 @@ def test_a_stale_copy_refuses_to_be_saved_copied_or_read_as_values(read, copy_ki
         fresh(s)
 
 
-@pytest.mark.parametrize("batch_index", ["arange column", "permuted"])
+@pytest.mark.parametrize("batch_index", ["arange column", "permuted", "one sample (1, 1)", "one sample 0-d"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
 def test_rows_by_a_multi_jagged_index_per_sample(batch_index, dtype):
     """``x[torch.arange(B)[:, None], keep]`` (token selection with a per-sample index): sample i
@@ -741,15 +741,16 @@ def test_rows_by_a_multi_jagged_index_per_sample(batch_index, dtype):
     if dtype.is_floating_point:
         leaves = [t.requires_grad_() for t in leaves]
     x = tmj.as_nested_tensor(leaves)
-    b = torch.arange(3)[:, None] if batch_index == "arange column" else torch.tensor([2, 0, 0])
+    b = {"arange column": torch.arange(3)[:, None], "permuted": torch.tensor([2, 0, 0]),
+         "one sample (1, 1)": torch.tensor([[2]]), "one sample 0-d": torch.tensor(2)}[batch_index]
     keep = [torch.tensor([0, 2, -1]), torch.zeros(0, dtype=torch.int64), torch.tensor([4, 1, 1, -5])]
-    if batch_index == "permuted":
+    if batch_index != "arange column":
         keep = [torch.tensor([4, -1]), torch.tensor([1, 0]), torch.zeros(0, dtype=torch.int64)]
     index = tmj.nested_tensor(keep)
     out = x[b, index]
     assert out.shape[1] is index.shape[1] and tuple(out.shape[2:]) == (2, 3)
     assert torch.equal(x[b, index, :, :].values(), out.values())
-    refs = [leaves[int(s)][k] for s, k in zip(b.reshape(-1), keep)]
+    refs = [leaves[int(s)][k] for s, k in zip(b.reshape(-1).expand(3), keep)]  # one batch entry broadcasts
     for o, r in zip(out.unbind(), refs):
         assert torch.equal(o, r)
     if dtype.is_floating_point:

@@ -494,7 +494,7 @@ def table_lookup(table: torch.Tensor, index: MJT) -> MJT:
 
 def rows_by_index(x: MJT, batch_index: torch.Tensor, index: MJT) -> MJT:
     """``x[b, index]``: ``x`` ``(B, j0, *static)``, a dense integer batch index ``b`` of one entry
-    per sample of ``index`` (``torch.arange(B)[:, None]``, or ``(B',)``) and a multi_jagged integer
+    per sample of ``index`` (``torch.arange(B)[:, None]``, or ``(B',)``; one entry broadcasts) and a multi_jagged integer
     ``index`` ``(B', j1)``: sample i holds rows ``index_i`` of ``x``'s sample ``b_i``, as dense
     ``x[b, index]`` of a padded batch reads them (token selection: ``x[arange(B)[:, None],
     keep]``). The index's structure with ``x``'s static dims after it; indices count from the
@@ -510,6 +510,8 @@ def rows_by_index(x: MJT, batch_index: torch.Tensor, index: MJT) -> MJT:
             # (dense torch reads a byte or bool index as a mask; per-sample masks are x[mask])
             raise IndexError(f"{op}(): x[b, index] takes int64 or int32 index tensors for {_LAYOUT}, got {t.dtype} ({what})")
     nb = index._partition.batch
+    if batch_index.dim() <= 2 and batch_index.numel() == 1:
+        batch_index = batch_index.reshape(1).expand(nb)  # one sample for every index sample: broadcast, as dense
     if tuple(batch_index.shape) not in ((nb,), (nb, 1)):
         raise IndexError(f"{op}(): shape mismatch: the batch index {tuple(batch_index.shape)} does not give one sample "
                          f"per sample of the index {describe(index)}")

@@ -99,6 +99,9 @@ def _as_int(i):
 def _getitem(input, index):
     if isinstance(index, tuple) and len(index) == 1:
         index = index[0]
+    if (not isinstance(input, MJT) and isinstance(index, tuple) and index and isinstance(index[0], MJT)
+            and all(isinstance(i, slice) and _whole(i) for i in index[1:])):
+        index = index[0]  # ``table[idx, :, :]``: the rows of the table, as ``table[idx]``
     if not isinstance(input, MJT) and isinstance(index, MJT):
         return table_lookup(input, index)
     if isinstance(input, MJT):
