@@ -722,3 +722,31 @@ def test_scatter_with_the_deprecated_reduce_keyword(reduce, dim):
             torch.testing.assert_close(got, c.scatter(dim - 1, i, 0.5, reduce=reduce))
     with pytest.raises(RuntimeError, match="reduce argument must be either add or multiply"):
         x.scatter(dim, index, source, reduce="mean")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool], ids=str)
+@pytest.mark.parametrize("lengths", [(0, 40, 70), (3, 0, 2, 5, 1), (300, 0, 1)], ids=str)
+@pytest.mark.parametrize("shape", ["seq", "seq_c", "pair", "static_lead"])
+def test_nonzero_per_sample_long_and_short(shape, lengths, dtype):
+    """``nonzero`` / ``argwhere`` / ``nonzero(as_tuple=True)`` per sample on long samples (each its
+    own dense ``nonzero`` into its rows of the output) and short ones (one ``nonzero`` of the packed
+    values), a zero-length sample, NaN counted as nonzero as dense counts it, and layouts whose
+    ragged dim does not lead or that have two."""
+    g = torch.Generator().manual_seed(len(lengths))
+    make = {"seq": lambda n: (n * 64,), "seq_c": lambda n: (n, 64), "pair": lambda n: (n, n, 3), "static_lead": lambda n: (2, n, 40)}[shape]
+    ragged = {"seq": (1,), "seq_c": (1,), "pair": (1, 2), "static_lead": (2,)}[shape]
+    comps = []
+    for n in lengths:
+        t = torch.randint(-1, 2, make(n), generator=g)
+        if dtype == torch.float32:
+            t = torch.where(torch.rand(t.shape, generator=g) < 0.1, torch.full(t.shape, float("nan")), t.float())
+        comps.append(t.to(dtype))
+    x = mj.nested_tensor(comps, ragged_dims=ragged)
+    for f in (torch.nonzero, torch.argwhere):
+        got = f(x)
+        assert got.shape[0] == len(comps)
+        for a, c in zip(got.unbind(), comps):
+            assert torch.equal(a, f(c))
+    for j, col in enumerate(torch.nonzero(x, as_tuple=True)):
+        for a, c in zip(col.unbind(), comps):
+            assert torch.equal(a, torch.nonzero(c, as_tuple=True)[j])

@@ -12,6 +12,7 @@ import torch
 from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
+from torch_multijagged.ops.reductions.segment_ops import segment_path
 from _reference import LAYOUTS, SEQ, SQUARE, few, seeds, structures
 from _structures import bit_equal
 
@@ -34,10 +35,18 @@ def _with_nans(comps, seed):
     return out
 
 
+@pytest.mark.parametrize("path", [None, "per_length", "index_map"], ids=str)
+def test_quantile_along_each_dim_per_sample(path):
+    """Eagerly the dense quantile per segment (NOTE [ Dense ops on segments ]: per sample, per
+    length by the rule, or forced per length); the index-map path (``torch.compile``'s) forced."""
+    with segment_path(path):
+        _quantile_along_each_dim_per_sample()
+
+
 @few(25)
 @given(structures(SEQ, min_batch=1) | structures(SQUARE) | structures(LAYOUTS[3]), seeds, st.floats(0, 1),
        st.sampled_from(MODES), st.booleans(), st.booleans(), st.booleans())
-def test_quantile_along_each_dim_per_sample(s, seed, q, mode, ignore_nan, keepdim, nans):
+def _quantile_along_each_dim_per_sample(s, seed, q, mode, ignore_nan, keepdim, nans):
     if not _nonempty(s):
         return  # dense quantile refuses an empty tensor whatever the dim (test_empty_sample_raises)
     f = torch.nanquantile if ignore_nan else torch.quantile
@@ -71,19 +80,22 @@ def test_quantile_over_every_element_and_several_q():
         torch.quantile(x, qs.view(3, 1), dim=1)
 
 
+@pytest.mark.parametrize("path", [None, "index_map"], ids=str)
 @pytest.mark.parametrize("f", [torch.quantile, torch.nanquantile])
 @pytest.mark.parametrize("keepdim", [False, True])
 @pytest.mark.parametrize("mode", MODES)
-def test_several_q_along_the_only_ragged_dim_lead_a_dense_result(f, keepdim, mode):
+def test_several_q_along_the_only_ragged_dim_lead_a_dense_result(f, keepdim, mode, path):
     """``quantile(x, q, dim)`` with a 1-D ``q`` along the batch's only ragged dim is dense ``(Q, B, …)``,
-    as ``torch.stack`` of each sample's dense result along dim 1; gradients to every element."""
+    as ``torch.stack`` of each sample's dense result along dim 1; gradients to every element (eagerly,
+    and on the index-map path ``torch.compile`` traces)."""
     g = torch.Generator().manual_seed(4)
     comps = [torch.randn(n, 3, dtype=F64, generator=g) for n in (4, 1, 6)]
     comps[2][1, 0] = math.nan
     leaves = [c.clone().requires_grad_() for c in comps]
     x = mj.as_nested_tensor(leaves)
     qs = torch.tensor([0.1, 0.5, 0.9, 0.5], dtype=F64)
-    out = f(x, qs, dim=1, keepdim=keepdim, interpolation=mode)
+    with segment_path(path):
+        out = f(x, qs, dim=1, keepdim=keepdim, interpolation=mode)
     want = torch.stack([f(c, qs, dim=0, keepdim=keepdim, interpolation=mode) for c in leaves], 1)
     assert type(out) is torch.Tensor and out.shape == want.shape
     torch.testing.assert_close(out, want, equal_nan=True)
@@ -104,7 +116,13 @@ def test_empty_sample_and_integer_dtype_raise_as_dense():
         torch.quantile(x, 0.5, dim=1, interpolation="cubic")
 
 
-def test_quantile_golden():
+@pytest.mark.parametrize("path", [None, "index_map"], ids=str)
+def test_quantile_golden(path):
+    with segment_path(path):
+        _quantile_golden()
+
+
+def _quantile_golden():
     # sample 0 = [4, 1, 3, 2] (sorted 1 2 3 4), sample 1 = [7, nan, 5]
     x = torch.nested.nested_tensor([torch.tensor([4.0, 1.0, 3.0, 2.0]), torch.tensor([7.0, math.nan, 5.0])],
                                    layout=mj.multi_jagged)

@@ -53,6 +53,10 @@ key                                   value (method that builds it)
                                       of one extent (ops/shape/views.py)
 ``("all_nan_median", k, dtype)``      per length along ragged dim k: dense ``nanmedian``'s index in a
                                       column that is all nan (ops/reductions/order.py)
+``("segment_blocks", k)``             host plan of the segments along ragged dim k: per sample its rows and
+                                      ``(outer, n, inner)`` (ops/reductions/segment_ops.py)
+``("segment_groups", k)``             the rows regrouped by length along ragged dim k and back
+                                      (``kernels/along.py``: ``length_order``; segment_ops.py)
 ``("row_counts", b, red, dtype, dev)`` rows reduced into each output row of a reduction (``mean``'s
                                       divisor; ops/reductions/reduce.py ``_Plan.count``)
 ``("reduce_plan", ndim, rd, dims)``   a reduction's plan over ``dims`` (reduce.py ``plan_cached``,

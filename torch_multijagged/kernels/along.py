@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["packed_rows", "slice_bounds", "segment_order"]
+__all__ = ["packed_rows", "slice_bounds", "segment_order", "segment_blocks", "length_order"]
 
 
 def packed_rows(offsets: torch.Tensor, sizes: torch.Tensor, sample: torch.Tensor, coords: torch.Tensor) -> torch.Tensor:
@@ -54,3 +54,48 @@ def segment_order(segment: torch.Tensor, keys: torch.Tensor, descending: bool) -
     seg = segment.unsqueeze(1).expand_as(by_key).gather(0, by_key)
     _, by_segment = torch.sort(seg, dim=0, stable=True)
     return by_key.gather(0, by_segment)
+
+
+def segment_blocks(sizes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(outer, n, inner)`` (B,) each: sample ``s``'s packed rows, read as ``(outer, n, inner)``,
+    hold its segments along ragged dim ``k`` — ``n = sizes[s, k]`` long, ``outer`` the product of
+    the extents before ``k``, ``inner`` of those after. ``sizes``: (B, R) per-sample extents."""
+    outer = sizes[:, :k].prod(1)
+    inner = sizes[:, k + 1:].prod(1)
+    return outer, sizes[:, k], inner
+
+
+def length_order(sizes: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Packed rows regrouped so that every segment along ragged dim ``k`` is ``n`` consecutive
+    rows and the segments of one length ``n`` are consecutive: samples ordered by ``n`` (stably),
+    each sample's segments in its own order. ``sizes``: (B, R) per-sample extents (any device).
+
+    Returns ``(gather (T,), place (T,), cell_place (cells,), lengths (G,))``: row ``j`` of the
+    regrouped rows is packed row ``gather[j]``; packed row ``r`` is regrouped row ``place[r]``
+    (``gather``'s inverse); segment ``c`` (the rows of the partition without dim ``k``, in their
+    packed order) is regrouped segment ``cell_place[c]``; ``lengths`` (L, 2) lists, in the
+    regrouped order, each distinct length that has rows and how many regrouped rows it holds."""
+    outer, n, inner = segment_blocks(sizes, k)
+    rows, cells = outer * n * inner, outer * inner
+    b = sizes.shape[0]
+    order = torch.sort(n, stable=True).indices
+    new_row0 = torch.empty_like(rows)
+    new_row0[order] = torch.cumsum(rows[order], 0) - rows[order]
+    new_cell0 = torch.empty_like(cells)
+    new_cell0[order] = torch.cumsum(cells[order], 0) - cells[order]
+    sample = torch.repeat_interleave(torch.arange(b, device=sizes.device), rows)
+    local = torch.arange(sample.shape[0], device=sizes.device) - (torch.cumsum(rows, 0) - rows)[sample]
+    ni, i_, nn = (n * inner)[sample], inner[sample], n[sample]
+    o, rem = torch.div(local, ni, rounding_mode="floor"), torch.remainder(local, ni)
+    a, i = torch.div(rem, i_, rounding_mode="floor"), torch.remainder(rem, i_)
+    place = new_row0[sample] + o * ni + i * nn + a
+    gather = torch.empty_like(place)
+    gather[place] = torch.arange(place.shape[0], device=sizes.device)
+    cell_sample = torch.repeat_interleave(torch.arange(b, device=sizes.device), cells)
+    cell_place = new_cell0[cell_sample] + torch.arange(cell_sample.shape[0], device=sizes.device) - (
+        torch.cumsum(cells, 0) - cells)[cell_sample]
+    busy = order[rows[order] > 0]
+    ns = torch.unique_consecutive(n[busy])
+    per = torch.zeros_like(ns)
+    per.index_add_(0, torch.searchsorted(ns, n[busy]), rows[busy])
+    return gather, place, cell_place, torch.stack([ns, per], 1)

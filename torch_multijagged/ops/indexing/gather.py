@@ -250,15 +250,54 @@ def _masked_select(input, mask, *, out=None):
 @route(torch.nonzero, torch.Tensor.nonzero, torch.argwhere, torch.Tensor.argwhere)
 def _nonzero(input, *, out=None, as_tuple=False):
     """``(B, j, D)``: each sample's nonzero positions (its ``D`` dims), in its row-major order, as
-    dense ``nonzero`` per sample — every dim's coordinate (a ``cumsum`` of ones) selected with
-    ``masked_select``. ``as_tuple=True`` gives the ``D`` columns ``(B, j)``."""
+    dense ``nonzero`` per sample (``_nonzero_positions``). ``as_tuple=True`` gives the ``D``
+    columns ``(B, j)``."""
     if not isinstance(input, MJT) or out is not None:
         return NotImplemented
-    mask = input != 0
-    ones = torch.ones_like(input, dtype=torch.int64)
-    cols = [torch.masked_select(ones.cumsum(d) - 1, mask) for d in range(1, input.dim())]
-    out = torch.stack(cols, -1)
+    out = _nonzero_positions(input)
     return out.unbind(-1) if as_tuple else out  # (the columns on one extent)
+
+
+# Samples of at least this many elements on average run one dense ``nonzero`` each, straight into
+# their rows of the output; smaller ones share one ``nonzero`` of the packed values (measured,
+# docs/design.md §21)
+_ELEMENTS_PER_SAMPLE = 2048
+
+
+def _nonzero_positions(x: MJT) -> MJT:
+    """``(B, j, D)``: the coordinates of every nonzero element of each sample (its ``D`` dims), in
+    its row-major order. With one leading ragged dim and long samples, dense ``nonzero`` of each
+    sample's rows (its component) writes into its rows of the output, after a count per sample;
+    otherwise one ``nonzero`` of the packed values gives each element's packed row and static
+    coordinates, its ragged coordinates are its row's (``Partition.row_coords``), and the count
+    per sample is where the samples' first rows fall among the (sorted) rows."""
+    v = x._values
+    p = x._partition
+    if p.nragged == 1 and _ragged_lead(x) and v.is_cpu and v.numel() >= _ELEMENTS_PER_SAMPLE * max(p.batch, 1):
+        pieces = v.split_with_sizes(p.extents[0].host_lengths().tolist())
+        counts = [int(torch.count_nonzero(q)) for q in pieces]  # SYNC: none — CPU tensors
+        out = torch.empty(sum(counts), v.dim(), dtype=torch.int64, device=v.device)
+        for q, o in zip(pieces, out.split_with_sizes(counts)):
+            if o.shape[0]:
+                torch.nonzero(q, out=o)
+        extent = RaggedExtent.from_lengths(torch.tensor(counts, dtype=torch.int64), v.device)
+        return wrap(out, partition_for([extent]), (1,))
+    # SYNC: the number of nonzeros sizes the output (dense ``nonzero`` syncs for it too)
+    at = v.nonzero()
+    row = at[:, 0]
+    # SYNC: the output's extent, the count per sample (as dense ``nonzero``)
+    counts = torch.searchsorted(row, p.offsets).diff().cpu()
+    if p.nragged == 1:  # the row's column becomes the ragged coordinate
+        out = at
+        out[:, 0] = p.row_coords()[1][:, 0].index_select(0, row)
+    else:
+        out = torch.cat([p.row_coords()[1].index_select(0, row), at[:, 1:]], 1)
+    if not _ragged_lead(x):  # the logical order of the dims, then of the elements
+        statics = [d for d in range(1, len(x._size)) if d not in x._ragged_dims]
+        order = [x._ragged_dims.index(d) if d in x._ragged_dims else len(x._ragged_dims) + statics.index(d)
+                 for d in range(1, len(x._size))]
+        out = out[:, order][_logical_order(x, v != 0)]
+    return wrap(out, partition_for([RaggedExtent.from_lengths(counts, v.device)]), (1,))
 
 
 @route(torch.where)

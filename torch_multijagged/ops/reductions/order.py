@@ -6,22 +6,31 @@ NOTE [ Order statistics along ragged dims ]
 
 Along ragged dim k the elements that one dense call would order are a *segment*: the cells of one
 sample that share every other coordinate (the rows ``Partition.map_to_sub`` maps to one row of
-the partition without dim k), one column per static element. ``sort`` orders every column of
-every segment at once (``kernels/along.py``: ``segment_order``, a stable sort by value and then
-by segment) and writes the order into the segment's own rows; ``kthvalue`` / ``median`` /
-``nanmedian`` pick one position of that order per segment and column (the lower median;
-``median`` gives the first NaN of a column that has one, ``nanmedian`` the median of the rest,
-as dense torch, and for a column that is all NaN the index dense torch's selection gives, which
-only dense torch knows: ``_all_nan_place``); ``quantile`` / ``nanquantile`` pick the two places around ``q · (n − 1)`` and
-interpolate them as aten's ``quantile_impl`` does; ``topk`` takes the first k. ``cummax`` / ``cummin`` are a scan by doubling
-(``log₂ max n`` steps) whose combine keeps dense torch's rules: the later index on ties, and every
-NaN takes over (the latest NaN so far; no number displaces a NaN). Only indices are computed this
-way (without autograd); values are gathered from the input with them, so the gradient is dense
-torch's: each output's gradient goes to the element it came from.
+the partition without dim k), one column per static element.
 
-Ties keep their order (``stable=True`` in dense terms, also for ``topk``, whose order dense torch
-leaves unspecified). ``topk``'s and ``kthvalue``'s k must fit every sample, and ``median`` needs
-a non-empty dim, or they raise naming the sample, as dense torch raises for it.
+Eagerly every one of these ops is the dense op itself on each segment (``segment_ops.py``, NOTE
+[ Dense ops on segments ]): per sample on a view of its rows, or regrouped by length, so values,
+indices — dense's own tie order, stable or not, ``topk`` sorted or not, the tied element a
+selection returns — and gradients are dense torch's on the sample. ``cummax`` / ``cummin`` are
+eager only (a graph break under ``torch.compile``).
+
+Traced (``torch.compile``), the rest run on *index maps*, with no host sizes: ``sort`` orders
+every column of every segment at once (``kernels/along.py``: ``segment_order``, a stable sort by
+value and then by segment) and writes the order into the segment's own rows; ``kthvalue`` /
+``median`` / ``nanmedian`` pick one position of that order per segment and column (the lower
+median; ``median`` gives the first NaN of a column that has one, ``nanmedian`` the median of the
+rest, as dense torch, and for a column that is all NaN the index dense torch's selection gives,
+which only dense torch knows: ``_all_nan_place``); ``quantile`` / ``nanquantile`` pick the two
+places around ``q · (n − 1)`` and interpolate them as aten's ``quantile_impl`` does; ``topk``
+takes the first k. Only indices are computed this way (without autograd); values are gathered
+from the input with them (``_gather_values``: an ``index_select`` of the flat values, which
+saves only the index, as dense saves only its indices), so the gradient is dense torch's: each
+output's gradient goes to the element it came from. There ties keep their order (``stable=True``
+in dense terms, also for ``sort(stable=False)`` and ``topk``, whose order dense torch leaves
+unspecified); values agree with dense, and the index among tied elements may be another one.
+
+``topk``'s and ``kthvalue``'s k must fit every sample, and ``median`` needs a non-empty dim, or
+they raise naming the sample, as dense torch raises for it.
 """
 
 from __future__ import annotations
@@ -36,6 +45,7 @@ from .._common import MJT, canonical_dim, component_rows, describe, static_dims,
 from ...structure import _is_traced, partition_for
 from .._routing import route
 from ..indexing.along import check_samples, eager, eager_or_traced, ragged_dim, take_static
+from .segment_ops import eager_segments, run_segments, shortest
 
 rt = torch.return_types
 
@@ -69,13 +79,36 @@ def _sorted_rows(x: MJT, k: int, descending: bool) -> torch.Tensor:
 
 
 def _gather_values(x: MJT, rows: torch.Tensor) -> torch.Tensor:
-    """Values of ``x`` at input rows ``rows`` ((N, S)), differentiable: (N, *static)."""
+    """Values of ``x`` at input rows ``rows`` ((N, S)), differentiable: (N, *static). An
+    ``index_select`` of the flat values, whose backward keeps only the index and the size (a
+    ``gather`` would save the input: writing it in place after the op would break the backward,
+    where dense's order statistics keep only their indices)."""
     v = values_of(x)
-    return _columns(v).gather(0, rows).reshape(rows.shape[0], *v.shape[1:])
+    cols = _columns(v)
+    flat = rows * cols.shape[1] + torch.arange(cols.shape[1], device=rows.device)
+    return cols.reshape(-1).index_select(0, flat.reshape(-1)).reshape(rows.shape[0], *v.shape[1:])
+
+
+def _wrap(t: torch.Tensor, x: MJT) -> MJT:
+    """Values ``t`` of ``x``'s structure; differentiable when they carry a gradient."""
+    return wrap_values(t, x._partition, x._ragged_dims) if t.requires_grad else wrap(t, x._partition, x._ragged_dims)
+
+
+def _sub(x: MJT, k: int):
+    """The partition without ragged dim ``k`` (the batch's when it is the only one)."""
+    p = x._partition
+    return p.map_to_sub(tuple(i for i in range(p.nragged) if i != k))[1]
 
 
 @eager_or_traced
-def sort_ragged(op: str, x: MJT, k: int, descending: bool):
+def sort_ragged(op: str, x: MJT, k: int, descending: bool, stable: bool = True):
+    if eager_segments(x):
+        def dense(t, d, out=None):
+            return torch.sort(t, dim=d, descending=descending, stable=stable, out=out)
+
+        out = run_segments(x, k, dense, "keep", sort_like=True, contiguous=True)
+        if out is not None:
+            return _wrap(out[0], x), wrap(out[1], x._partition, x._ragged_dims)
     src = _sorted_rows(x, k, descending)
     _, coord, _, _ = _segments(x, k)
     values = wrap_values(_gather_values(x, src), x._partition, x._ragged_dims)
@@ -108,7 +141,7 @@ def _without(x: MJT, k: int, sub, t: torch.Tensor, differentiable: bool = True):
         return t
     d = x._ragged_dims[k]
     ragged = tuple(r - (r > d) for r in x._ragged_dims if r != d)
-    return wrap_values(t, sub, ragged) if differentiable else wrap(t, sub, ragged)
+    return wrap_values(t, sub, ragged) if differentiable and t.requires_grad else wrap(t, sub, ragged)
 
 
 def _pick(op: str, x: MJT, k: int, src: torch.Tensor, position: torch.Tensor):
@@ -118,6 +151,14 @@ def _pick(op: str, x: MJT, k: int, src: torch.Tensor, position: torch.Tensor):
     values = _gather_values(x, rows)
     indices = coord[rows].reshape(values.shape)
     return _without(x, k, sub, values), _without(x, k, sub, indices, False)
+
+
+def _remove(x: MJT, k: int, out):
+    """``run_segments``' per-segment ``(values, indices)`` as the result without dim k."""
+    if out is None:
+        return None
+    sub = _sub(x, k)
+    return _without(x, k, sub, out[0]), _without(x, k, sub, out[1], False)
 
 
 def _seg_lengths(x: MJT, k: int) -> torch.Tensor:
@@ -140,8 +181,15 @@ def kthvalue_ragged(op: str, x: MJT, k: int, kth: int, keepdim: bool):
             raise IndexError(f"{op}(): Expected reduction dim {x._ragged_dims[k]} to have non-zero size in sample {s} of {describe(x)}")
         raise RuntimeError(f"{op}(): selected number k = {kth} out of range for sample {s} of {describe(x)} (size {n})")
 
-    check_samples(x, k, lambda n: (n < kth) | torch.full_like(n, kth < 1, dtype=torch.bool), fail,
-                  f"{op}(): selected number k = {kth} out of range for a sample")
+    eager = eager_segments(x)
+    if not (eager and 1 <= kth <= shortest(x, k)):  # eagerly, every sample long enough: nothing to name
+        check_samples(x, k, lambda n: (n < kth) | torch.full_like(n, kth < 1, dtype=torch.bool), fail,
+                      f"{op}(): selected number k = {kth} out of range for a sample")
+    if eager:
+        out = _remove(x, k, run_segments(x, k, lambda t, d, out=None: torch.kthvalue(t, kth, d, out=out), "remove",
+                                         contiguous=True))
+        if out is not None:
+            return _keepdim(out, x._ragged_dims[k], keepdim)
     src = _sorted_rows(x, k, False)
     position = torch.full((_seg_lengths(x, k).shape[0], src.shape[1]), kth - 1, dtype=torch.int64, device=src.device)
     return _keepdim(_pick(op, x, k, src, position), x._ragged_dims[k], keepdim)
@@ -184,7 +232,14 @@ def median_ragged(op: str, x: MJT, k: int, keepdim: bool, ignore_nan: bool):
     def empty(s, n):
         raise IndexError(f"{op}(): Expected reduction dim {x._ragged_dims[k]} to have non-zero size in sample {s} of {describe(x)}")
 
-    check_samples(x, k, lambda n: n == 0, empty, f"{op}(): Expected reduction dim to have non-zero size in every sample")
+    eager = eager_segments(x)
+    if not (eager and shortest(x, k) > 0):
+        check_samples(x, k, lambda n: n == 0, empty, f"{op}(): Expected reduction dim to have non-zero size in every sample")
+    if eager:
+        dense = torch.nanmedian if ignore_nan else torch.median
+        out = _remove(x, k, run_segments(x, k, lambda t, d, out=None: dense(t, d, out=out), "remove"))
+        if out is not None:
+            return _keepdim(out, x._ragged_dims[k], keepdim)
     src = _sorted_rows(x, k, False)
     length, nans = _nan_counts(x, k)
     if ignore_nan:
@@ -209,7 +264,16 @@ def quantile_ragged(op: str, x: MJT, k: int, q: float, keepdim: bool, interpolat
 
     if not x.dtype.is_floating_point or x.dtype in (torch.float16, torch.bfloat16):
         raise RuntimeError(f"{op}() input tensor must be either float or double dtype")
-    check_samples(x, k, lambda n: n == 0, empty, f"{op}(): input tensor must be non-empty in every sample")
+    eager = eager_segments(x)
+    if not (eager and shortest(x, k) > 0):
+        check_samples(x, k, lambda n: n == 0, empty, f"{op}(): input tensor must be non-empty in every sample")
+    if eager:
+        dense = torch.nanquantile if ignore_nan else torch.quantile
+        seg = run_segments(x, k, lambda t, d, out=None: dense(t, q, dim=d, interpolation=interpolation, out=out),
+                           "remove", indexed=False)
+        if seg is not None:
+            out = _without(x, k, _sub(x, k), seg[0])
+            return out.unsqueeze(x._ragged_dims[k]) if keepdim else out
     src = _sorted_rows(x, k, False)
     length, nans = _nan_counts(x, k)
     qt = torch.tensor(q, dtype=x.dtype, device=nans.device)
@@ -235,46 +299,49 @@ def quantile_ragged(op: str, x: MJT, k: int, q: float, keepdim: bool, interpolat
     return out.unsqueeze(x._ragged_dims[k]) if keepdim else out
 
 
+def _as_static(x: MJT, k: int, sub, t: torch.Tensor, differentiable: bool = True):
+    """Per-segment results ``(segments, size, *static)`` as ragged dim k made static of ``size``
+    (the layout ``take_static`` gives); ``sub``: the partition without dim k."""
+    d = x._ragged_dims[k]
+    statics = sorted(static_dims(len(x._size), x._ragged_dims) + (d,))
+    t = t.movedim(1, 1 + statics.index(d))
+    if not sub.nragged:
+        return t
+    ragged = tuple(r for r in x._ragged_dims if r != d)
+    return wrap_values(t, sub, ragged) if differentiable and t.requires_grad else wrap(t, sub, ragged)
+
+
 @eager_or_traced
-def topk_ragged(op: str, x: MJT, k: int, kk: int, largest: bool):
+def topk_ragged(op: str, x: MJT, k: int, kk: int, largest: bool, sorted: bool = True):
     def short(s, n):
         raise RuntimeError(f"{op}(): selected index k = {kk} out of range for sample {s} of {describe(x)} (size {n})")
 
-    # k < 0 fits no sample
-    check_samples(x, k, lambda n: (n < kk) | torch.full_like(n, kk < 0, dtype=torch.bool), short,
-                  f"{op}(): selected index k = {kk} out of range for a sample")
-    values, indices = sort_ragged(op, x, k, largest)
+    eager = eager_segments(x)
+    if not (eager and 0 <= kk <= shortest(x, k)):  # k < 0 fits no sample
+        check_samples(x, k, lambda n: (n < kk) | torch.full_like(n, kk < 0, dtype=torch.bool), short,
+                      f"{op}(): selected index k = {kk} out of range for a sample")
+    if eager and kk > 0:
+        out = run_segments(x, k, lambda t, d, out=None: torch.topk(t, kk, d, largest, sorted, out=out), "static",
+                           width=kk)
+        if out is not None:
+            sub = _sub(x, k)
+            return _as_static(x, k, sub, out[0]), _as_static(x, k, sub, out[1], False)
     table = torch.arange(kk, device=x._partition.offsets.device)
+    if kk == 0:  # nothing to select: the empty static dim (no sort)
+        return take_static(x, k, 0, table), take_static(wrap(torch.zeros_like(x._values, dtype=torch.int64),
+                                                             x._partition, x._ragged_dims), k, 0, table)
+    values, indices = sort_ragged(op, x, k, largest)
     return take_static(values, k, kk, table), take_static(indices, k, kk, table)
-
-
-def _scan_indices(x: MJT, k: int, is_max: bool) -> torch.Tensor:
-    """(T, S) coordinate along k of the running max (min) of every segment, dense torch's rules."""
-    seg, coord, _, stride = _segments(x, k)
-    v = _columns(x._values.detach())
-    idx = coord.unsqueeze(1).expand_as(v).clone()
-    nan = v.isnan() if v.is_floating_point() else torch.zeros_like(v, dtype=torch.bool)
-    longest = int(x._partition.extents[k].max)
-    step = 1
-    while step < longest:
-        has = coord >= step
-        earlier = torch.where(has, torch.arange(v.shape[0], device=v.device) - step * stride, torch.zeros_like(coord))
-        ev, ei, en = v[earlier], idx[earlier], nan[earlier]
-        # dense torch's step ``isnan(x) || (!isnan(out) && x >= out)``: a later NaN always wins
-        later_wins = nan | (~en & ((v >= ev) if is_max else (v <= ev)))
-        take = has.unsqueeze(1) & ~later_wins
-        v, idx, nan = torch.where(take, ev, v), torch.where(take, ei, idx), torch.where(take, en, nan)
-        step *= 2
-    return idx
 
 
 @eager
 def scan_ragged(op: str, x: MJT, k: int, is_max: bool):
-    idx = _scan_indices(x, k, is_max)
-    _, coord, _, stride = _segments(x, k)
-    rows = torch.arange(idx.shape[0], device=idx.device).unsqueeze(1) + (idx - coord.unsqueeze(1)) * stride.unsqueeze(1)
-    values = wrap_values(_gather_values(x, rows), x._partition, x._ragged_dims)
-    return values, wrap(idx.reshape(x._values.shape), x._partition, x._ragged_dims)
+    dense = torch.cummax if is_max else torch.cummin
+    out = run_segments(x, k, lambda t, d, out=None: dense(t, d, out=out), "keep")
+    if out is None:  # no packed rows: nothing to scan
+        v = values_of(x)
+        out = v.clone(), torch.zeros(v.shape, dtype=torch.int64, device=v.device)
+    return _wrap(out[0], x), wrap(out[1], x._partition, x._ragged_dims)
 
 
 # ----------------------------------------------------------------------------- static dims
@@ -287,7 +354,7 @@ def _static(op: str, x: MJT, d: int, fn, removes: bool):
 
 
 def _dim(op: str, x: MJT, dim):
-    d = canonical_dim(op, x.dim(), dim)
+    d = canonical_dim(op, len(x._size), dim)
     if d == 0:
         raise NotImplementedError(f"{op}(): along the batch dim of {describe(x)} for layout torch.multi_jagged")
     return d, ragged_dim(op, x, d)
@@ -303,9 +370,10 @@ def _sort(input, dim=-1, descending=False, stable=False, *, out=None):
     if hit is None:
         # dim= by keyword: with stable=, torch.sort takes only its keyword-only overload (a
         # positional dim is a TypeError)
-        v, i = _static("sort", input, d, lambda v, vd: torch.sort(v, dim=vd, descending=descending, stable=True), False)
+        v, i = _static("sort", input, d, lambda v, vd: torch.sort(v, dim=vd, descending=descending, stable=bool(stable)),
+                       False)
     else:
-        v, i = sort_ragged("sort", input, hit[1], bool(descending))
+        v, i = sort_ragged("sort", input, hit[1], bool(descending), bool(stable))
     return rt.sort((v, i))
 
 
@@ -331,7 +399,7 @@ def _topk(input, k, dim=-1, largest=True, sorted=True, *, out=None):
     if hit is None:
         v, i = _static("topk", input, d, lambda v, vd: torch.topk(v, k, vd, largest, sorted), False)
     else:
-        v, i = topk_ragged("topk", input, hit[1], int(k), bool(largest))
+        v, i = topk_ragged("topk", input, hit[1], int(k), bool(largest), bool(sorted))
     return rt.topk((v, i))
 
 
