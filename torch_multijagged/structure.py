@@ -49,6 +49,11 @@ key                                   value (method that builds it)
 ``"segments"``                        ``(cu, seg_sample)`` along the last ragged dim (``segments``)
 ``("size_stride", rd, shape, st)``    a wrapper's logical (size, stride) (``logical_size_stride``)
 ``("padded_pos", maxes)``             flat padded position of every row (ops/shape/padded.py, ``derived``)
+``("envelope", k, right)``            ``((pos, segment, cell), segments, max n)``: every row's cell in the
+                                      envelope of the segments along ragged dim k, left- or
+                                      right-aligned (ops/_along.py)
+``("length_one", k)``                 (T,) bool: the row's segment along ragged dim k has one cell
+                                      (ops/_along.py)
 ``("diagonal_rows", full, off, a, b)`` each row's diagonal cell in ``full``, over its ragged dims ``a``, ``b``
                                       of one extent (ops/shape/views.py)
 ``("all_nan_median", k, dtype)``      per length along ragged dim k: dense ``nanmedian``'s index in a

@@ -51,6 +51,7 @@ from .attention import sdpa as _att
 from .contractions import einsum as _ein, pair_mm as _pm
 from .elementwise import pointwise as _pw
 from .reductions import reduce as _red
+from . import _along
 from .shape import views as _views
 from .shape.reshape import _unflat_sizes
 from ._common import static_dims
@@ -403,10 +404,16 @@ def _softmax_fn(log: bool):
         v = values(input)
         if dtype is not None:
             v = v.to(dtype)
-        if d in input._ragged_dims:
+        if d in input._ragged_dims or _along.ragged_after(input, d):
             if not v.is_floating_point():
                 return NotImplemented
             x = input if v is input._values else MJT(v, input._partition, input._ragged_dims)
+            per_sample = d not in input._ragged_dims or not _along.padded_form(x, d, v, False)
+            if per_sample and v.requires_grad and _grad_enabled():
+                # sample by sample, aten's kernel writes into the packed result in both directions
+                # on the general path; recorded here, the samples' results would be packed by a
+                # cat forward and their gradients by another backward (measured: docs/design.md)
+                return NotImplemented
             return _finish(_red._softmax_default(aten_op, x, d, False))
         vd = _values_dim(input, d)
         return result(dense(v, vd), input._partition, input._ragged_dims)

@@ -9,10 +9,14 @@ NOTE [ Ops over ragged dims in nn ]
   (``reduce_backward``), so gradients of any order and ``torch.compile`` work (``torch.jagged``'s
   backward raises). ``weight``/``bias`` would need the ragged shape: a ``ValueError`` (``torch.jagged``
   ignores them silently).
-* ``cumsum``/``cumprod``/``logcumsumexp`` along any non-batch dim: Hillis–Steele scans of
-  ``multijagged::shift`` (NOTE [ Scans by shifting ] in compile/shift.py) combining with ``+``,
-  ``*`` or ``logaddexp``, per sample along a ragged dim; ``logcumsumexp``'s gradient is dense
-  torch's formula, a scan from the end (``_LogCumSumExp``), so its nans beside ``±inf`` are dense's.
+* ``cumsum``/``cumprod``/``logcumsumexp`` along any non-batch dim: eagerly dense torch's own scan
+  on the packed values under dense autograd — along a static dim the values' dim, along a ragged
+  dim every segment (NOTE [ Dense ops along a ragged dim ] in kernels/dense_along.py) — so values
+  (its accumulation type and rounding), dtypes and gradients (every order, nans beside ``±inf``
+  included) are dense's. Traced (no host sizes): Hillis–Steele scans of ``multijagged::shift``
+  (NOTE [ Scans by shifting ] in compile/shift.py) combining with ``+``, ``*`` or ``logaddexp``;
+  ``logcumsumexp``'s gradient there is dense torch's formula, a scan from the end
+  (``_LogCumSumExp``), so its nans beside ``±inf`` are dense's.
 * ``F.normalize(x, p, dim)``: ``x / max(‖x‖_p, eps)`` with the norm over ``dim`` per sample
   (the routed ``vector_norm``), gathered back to ``x``'s elements.
 * Pooling (``avg_pool1d``, ``max_pool1d``, ``adaptive_*_pool1d``) over a last ragged dim of
@@ -32,6 +36,8 @@ NOTE [ Ops over ragged dims in nn ]
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 
@@ -44,6 +50,7 @@ from ...structure import RaggedExtent, extent_of, mapped_extent, partition_for
 from .._table import register_multi_jagged_func
 from .._common import MJT, canonical_dim, canonical_dims, describe, eager_route, static_dims, wrap
 from .._routing import _call, _needs_grad, in_place_route, route
+from .. import _along as along
 
 __all__ = ["covers_ragged", "layer_norm_ragged"]
 
@@ -104,16 +111,43 @@ def _scan(op: str, input, dim, dtype):
             f"{op}(): along the batch dim of layout torch.multi_jagged (samples have different shapes); "
             "scan a ragged or static dim"
         )
+    if op == "logcumsumexp" and dtype is None and not (input.dtype.is_floating_point or input.dtype.is_complex):
+        raise RuntimeError(f"logcumsumexp(): expected floating point or complex input, got {input.dtype}")
+    if along.eager(input):
+        return _dense_scan(op, input, d, dtype)
     if dtype is not None:
         input = input.to(dtype)
-    elif op == "logcumsumexp":
-        if not (input.dtype.is_floating_point or input.dtype.is_complex):
-            raise RuntimeError(f"logcumsumexp(): expected floating point or complex input, got {input.dtype}")
     elif not (input.dtype.is_floating_point or input.dtype.is_complex):
         input = input.to(torch.int64)  # dense torch's integer promotion for cumsum/cumprod
     if op == "logcumsumexp" and input.is_floating_point() and input.requires_grad:
         return _LogCumSumExp.apply(input, d)
     return _rounds_of(op, input, d)
+
+
+# the fill of a scan's envelope: its combine's identity
+_FILL = {"cumsum": 0, "cumprod": 1, "logcumsumexp": float("-inf")}
+
+
+def _dense_scan(op: str, input: MJT, d: int, dtype) -> MJT:
+    """The dense scan on the packed values under dense autograd (NOTE [ Dense ops along a ragged
+    dim ] in kernels/dense_along.py): along a static dim the values' own dim, along a ragged dim
+    every segment. ``cumprod`` pads before the segments: its backward sums ``output · grad``
+    over the cells after each one, which a trailing fill after an infinite product would make nan."""
+    v = values_of(input)
+    fn = getattr(torch, op)
+    if op == "logcumsumexp":
+        v = v if dtype is None else v.to(dtype)
+        out_dtype = v.dtype
+    else:
+        # integers accumulate in int64, as dense
+        out_dtype = dtype or (v.dtype if v.dtype.is_floating_point or v.dtype.is_complex else torch.int64)
+        fn = functools.partial(fn, dtype=dtype)
+    if d not in input._ragged_dims:
+        out = fn(v, static_dims(input.dim(), input._ragged_dims).index(d) + 1)
+    else:
+        out, = along.dense_along(fn, input, d, [v], [_FILL[op]], right=op == "cumprod", length_one=op == "cumprod",
+                                 fn_out=lambda t, dim, o: fn(t, dim, out=o), out_dtypes=[out_dtype])
+    return wrap_values(out, input._partition, input._ragged_dims)
 
 
 def _rounds_of(op: str, input, d: int, reverse: bool = False):

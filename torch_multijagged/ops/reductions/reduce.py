@@ -38,6 +38,7 @@ from ...kernels import reference as ref
 from ...structure import building
 from .._table import op_name, register_multi_jagged_func
 from .._common import MJT, canonical_dim, canonical_dims, describe, static_dims, wrap
+from .. import _along as along
 
 aten = torch.ops.aten
 mj = torch.ops.multijagged
@@ -224,11 +225,18 @@ def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str 
     if kind == "mean":
         k = _forward_k(plan, x, v, "sum") / plan.count(x, v.dtype, v)
     elif kind == "logsumexp":
+        if low is not None:
+            # dense torch's steps: ``x - max`` and ``exp`` in the input's dtype, their sum
+            # accumulated in float32 and rounded once, ``log`` and ``+ max`` in the input's dtype
+            v = v.to(low)
         m = _forward_k(plan, x, v.detach(), "amax")
         # an empty segment's max is the lowest value, as is a real one of masked entries
         # (``finfo.min``): only the empty ones (and infinite maxima) shift by 0
         m = torch.where(torch.isinf(m) | (plan.count(x, m.dtype, v) == 0), torch.zeros_like(m), m)
-        k = _forward_k(plan, x, (v - _to_rows(plan, m)).exp(), "sum").log() + m
+        e = (v - _to_rows(plan, m)).exp()
+        s = _forward_k(plan, x, e if low is None else e.float(), "sum")
+        k = (s if low is None else s.to(low)).log() + m
+        low = None
     else:
         k = _forward_k(plan, x, v, kind)
     return _to_output(plan, x, k if low is None else k.to(low), keepdim)
@@ -404,14 +412,29 @@ def _softmax_segments(func, x, dim):
 @register_multi_jagged_func([aten._softmax.default, aten._log_softmax.default], "self: mjt, dim: any, half_to_float: any")
 def _softmax_default(func, x, dim, half_to_float):
     log = func is aten._log_softmax.default
-    d, index, sub = _softmax_segments(func, x, dim)
-    if index is None:
-        vd = static_dims(len(x._size), x._ragged_dims).index(d) + 1
+    n = len(x._size)
+    if isinstance(dim, int) and -n <= dim < n and dim % n:
+        d = dim % n
+    else:  # raises dense torch's error for a dim out of range, ours for the batch dim
+        d = _softmax_segments(func, x, dim)[0]
+    if d not in x._ragged_dims:
+        if along.ragged_after(x, d) and along.eager(x):
+            out, = along.per_sample(lambda t, dim: func(t, dim, half_to_float), x, d, [x._values])
+            return wrap(out, x._partition, x._ragged_dims)
+        vd = static_dims(n, x._ragged_dims).index(d) + 1
         return wrap(func(x._values, vd, half_to_float), x._partition, x._ragged_dims)
     if not x._values.is_floating_point():
         # Dense torch has no integer / bool softmax kernel: raise its own error (a one-element
         # probe; an empty tensor would skip the kernel's dtype check).
         func(x._values.new_zeros(1), 0, half_to_float)
+    if along.eager(x):  # NOTE [ Dense ops along a ragged dim ]: aten's kernel on every segment
+        dt = torch.float32 if half_to_float else x.dtype
+        dense = torch._log_softmax if log else torch._softmax  # torch's bindings: less call overhead than ``func``
+        out, = along.dense_along(lambda t, dim: dense(t, dim, half_to_float), x, d, [x._values], [float("-inf")],
+                                 by_lines=False, out_dtypes=[dt],
+                                 fn_out=lambda t, dim, o: dense(t, dim, half_to_float, out=o))
+        return wrap(out, x._partition, x._ragged_dims)
+    _, index, sub = _softmax_segments(func, x, d)
     return wrap(seg.segment_softmax(x._values, index, sub.rows, log=log), x._partition, x._ragged_dims)
 
 
@@ -423,8 +446,19 @@ def _softmax_backward_data_default(func, grad, out, dim, input_dtype):
     log = func is aten._log_softmax_backward_data.default
     d, index, sub = _softmax_segments(func, out, dim)
     if index is None:
+        if along.ragged_after(out, d) and along.eager(out):
+            gi, = along.per_sample(lambda g, y, dim: func(g, y, dim, input_dtype), out, d, [grad._values, out._values])
+            return wrap(gi, out._partition, out._ragged_dims)
         vd = static_dims(len(out._size), out._ragged_dims).index(d) + 1
         return wrap(func(grad._values, out._values, vd, input_dtype), out._partition, out._ragged_dims)
+    if along.eager(out):
+        dense = torch._log_softmax_backward_data if log else torch._softmax_backward_data
+        key = "out" if log else "grad_input"  # the out= argument's name in each schema
+        # the output's fill: softmax's 0, log_softmax's -inf (exp(-inf) = 0 again)
+        gi, = along.dense_along(lambda g, y, dim: dense(g, y, dim, input_dtype), out, d, [grad._values, out._values],
+                                [0.0, float("-inf") if log else 0.0], by_lines=False, out_dtypes=[input_dtype],
+                                fn_out=lambda g, y, dim, o: dense(g, y, dim, input_dtype, **{key: o}))
+        return wrap(gi, out._partition, out._ragged_dims)
     gi = seg.segment_softmax_backward(grad._values, out._values, index, sub.rows, log=log)
     return wrap(gi, out._partition, out._ragged_dims)
 

@@ -1,0 +1,158 @@
+"""Dense ops along one ragged dim, computed by dense torch itself: sample by sample on views of
+the packed rows, or once on a padded envelope of the dim's segments.
+
+NOTE [ Dense ops along a ragged dim ]
+
+``softmax`` / ``log_softmax`` (and their backward) and ``cumsum`` / ``cumprod`` / ``logcumsumexp``
+along a ragged dim are the dense op applied to every *segment* (the
+cells of one sample that share every other coordinate). Eagerly they run as the dense kernel
+itself, in one of two forms, so that every row sees dense torch's own sequence of operations
+(its accumulation type, its rounding, its NaN and tie rules) and autograd records dense ops
+(dense torch's own derivative formulas, of every order):
+
+* ``by_sample``: the dense op on each sample's component, a view of its packed rows laid out as
+  ``x.unbind()`` gives it (the user's loop). Where no gradient is recorded the results are
+  written into the packed result (aten's out= kernels into contiguous views; a permuted result
+  is copied in, since ``_softmax.out`` writes a permuted ``out=`` wrong); else one ``cat`` packs
+  them. Exactly the per-sample computation, also for kernels whose result depends on the length
+  (the vector lanes of a last-dim softmax, ``cumprod``'s backward for a length of 1 or a zero in
+  the sample). It costs a few dense calls and a few µs of Python per sample.
+* ``padded``: the segments written into an envelope ``(segments, max n, *static)`` filled with
+  the op's neutral element (``-inf`` for a softmax, 0 for a sum, 1 for a product), the dense op
+  along it once, the real cells read back. A scan reads only the cells before each one, so a
+  fill after the segments changes nothing (``cumprod``, whose backward reads the cells after
+  each one, puts it before them); a softmax's fill adds ``exp(-inf) = 0`` to its sum. Pays the
+  envelope's empty cells (1/ρ) and two copies, but one call for the batch. A softmax takes it
+  only where the envelope gives every line the kernel path the sample's own call gives it
+  (``ops/_along.py``: ``same_lines``).
+
+``use_padded`` picks the form by the average elements per sample (``PADDED_BELOW``), measured
+(``docs/design.md`` §16). Both need host sizes, so they are eager only; traced code keeps the
+segment formulations of ``reference.py`` and ``ops/nn/ragged.py``.
+
+Plain tensors in and out; sizes arrive as host tensors and ints.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from .reference import storage_perm
+
+__all__ = ["PADDED_BELOW", "use_padded", "by_sample", "padded_positions_along", "padded"]
+
+# Below this many elements per sample (rows · static elements / B) one padded call beats a dense
+# call per sample (measured, docs/design.md).
+PADDED_BELOW = 2048
+
+
+def use_padded(rows: int, static: int, batch: int) -> bool:
+    """Whether the padded form is the faster one for ``rows`` packed rows of ``static`` elements
+    each over ``batch`` samples."""
+    return batch > 1 and rows * static < PADDED_BELOW * batch
+
+
+def _as_tuple(out) -> tuple[torch.Tensor, ...]:
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_sizes: torch.Tensor,
+              ragged_dims: tuple[int, ...], dim: int, fn_out: Optional[Callable[..., object]] = None,
+              out_dtypes: Sequence[torch.dtype] = ()) -> tuple[torch.Tensor, ...]:
+    """``fn(*components, dim)`` for every sample (``dim``: the op's dim in a component), each
+    result (or tuple of results, shaped as the components) packed back into rows.
+
+    ``tensors``: packed values ``(T, *static)`` of one partition, whose (B, R) host sizes are
+    ``host_sizes``. Samples without elements are skipped (their results have no rows). Where no
+    gradient is recorded and a sample's component is its rows as they lie (the ragged dims lead,
+    in order), ``fn_out(*components, dim, *outs)`` writes each sample's results straight into
+    views of the packed results (``out_dtypes``, one per result) instead of a ``cat`` of them
+    (aten's out= kernels, which write a contiguous ``out`` correctly: a permuted one can come out
+    wrong, as for ``_softmax.out``); where the component is a permuted view of the rows, the
+    functional op's result is copied into the same permuted view of the packed result."""
+    r = len(ragged_dims)
+    ndim = r + tensors[0].dim()
+    to_storage, to_logical = storage_perm(ndim, ragged_dims)
+    identity = to_storage == sorted(to_storage)
+    # SYNC: none — host sizes
+    sizes = host_sizes.tolist()
+    counts = [math.prod(ns) for ns in sizes]
+    pieces = [t.split(counts, 0) for t in tensors]
+    recording = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
+    if out_dtypes and not recording and not identity:
+        # a sample's result is a permuted view of the packed result: the functional op, copied in
+        rows, static = tensors[0].shape[0], tensors[0].shape[1:]
+        outs_packed = [tensors[0].new_empty((rows, *static), dtype=dt) for dt in out_dtypes]
+        out_pieces = [o.split(counts, 0) for o in outs_packed]
+        for i, ns in enumerate(sizes):
+            if counts[i]:
+                res = _as_tuple(fn(*[p[i].view(*ns, *p[i].shape[1:]).permute(to_logical) for p in pieces], dim))
+                for o, y in zip(out_pieces, res):
+                    o[i].view(*ns, *static).permute(to_logical).copy_(y)
+        return tuple(outs_packed)
+    if fn_out is not None and identity and not recording:
+        rows, static = tensors[0].shape[0], tensors[0].shape[1:]
+        outs_packed = [tensors[0].new_empty((rows, *static), dtype=dt) for dt in out_dtypes]
+        out_pieces = [o.split(counts, 0) for o in outs_packed]
+        if r == 1:  # a sample's rows are its component: no views to make (the common case, kept lean)
+            for args in zip(*pieces, *out_pieces):
+                if args[0].shape[0]:
+                    fn_out(*args[:len(pieces)], dim, *args[len(pieces):])
+            return tuple(outs_packed)
+        for i, ns in enumerate(sizes):
+            if counts[i]:
+                fn_out(*[p[i].view(*ns, *p[i].shape[1:]) for p in pieces], dim,
+                       *[o[i].view(*ns, *static) for o in out_pieces])
+        return tuple(outs_packed)
+    outs: list[list[torch.Tensor]] = []
+    for i, ns in enumerate(sizes):
+        if counts[i] == 0:
+            continue
+        comps = []
+        for p in pieces:
+            c = p[i].view(*ns, *p[i].shape[1:])
+            comps.append(c if identity else c.permute(to_logical))
+        outs.append(list(_as_tuple(fn(*comps, dim))))
+    if not outs:  # no element anywhere: the op on an empty component, for its dtype and shapes
+        comps = [t.reshape(*([0] * r), *t.shape[1:]).permute(to_logical) for t in tensors]
+        outs.append(list(_as_tuple(fn(*comps, dim))))
+    packed = []
+    for j in range(len(outs[0])):
+        rows_j = []
+        for o in outs:
+            c = o[j] if identity else o[j].permute(to_storage)
+            n = math.prod(c.shape[:r])
+            rows_j.append(c.reshape(n, *c.shape[r:]))  # an explicit row count: a static size may be 0
+        packed.append(rows_j[0] if len(rows_j) == 1 else torch.cat(rows_j, 0))
+    return tuple(packed)
+
+
+def padded_positions_along(segment: torch.Tensor, coord: torch.Tensor, seg_len: torch.Tensor, m: int,
+                           right: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(pos, segment, cell)``: the flat cell ``pos`` (T,) of every packed row in an envelope of
+    ``(segments, m)`` cells, its segment ``segment`` (T,) and its cell ``cell`` (T,) along the
+    dim. ``coord`` (T,): the row's coordinate along the dim; ``right`` aligns each segment (of
+    ``seg_len`` (segments,) cells) to the envelope's end instead of its start."""
+    cell = coord + (m - seg_len).index_select(0, segment) if right else coord
+    return segment * m + cell, segment, cell
+
+
+def padded(fn: Callable[..., object], tensors: Sequence[torch.Tensor], fills: Sequence, place, segments: int,
+           m: int) -> tuple[torch.Tensor, ...]:
+    """``fn(*envelopes, 1)`` on envelopes ``(segments, m, *static)`` holding each packed tensor's
+    rows at their cells ``place`` (from ``padded_positions_along``) and its fill elsewhere; every
+    result read back at those cells as packed rows. Differentiable (dense autograd: the fill gets
+    no gradient, the read-back's gradient is scattered into the envelope)."""
+    pos = place[0]
+    envs = []
+    for t, fill in zip(tensors, fills):
+        static = t.shape[1:]
+        env = t.new_full((segments * m, *static), fill)
+        env.index_copy_(0, pos, t)
+        envs.append(env.view(segments, m, *static))
+    outs = _as_tuple(fn(*envs, 1))
+    # flatten, not reshape(-1, …): with a zero-size static dim, -1 is ambiguous
+    return tuple(o.flatten(0, 1).index_select(0, pos) for o in outs)
