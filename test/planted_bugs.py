@@ -919,6 +919,15 @@ BUGS = [
         "out = fn(v, static_dims(input.dim(), input._ragged_dims).index(d))", ("test_dense_along.py",)),
     Bug("float16 logsumexp exponentiates in float32", "ops/reductions/reduce.py",
         "            v = v.to(low)\n", "            pass\n", ("test_dense_along.py",)),
+    Bug("ragged matmul leaves the padding of y's contracted dim unzeroed", "kernels/ragged_mm.py",
+        "b.masked_fill_(ky.to(dev).view(-1, *[1] * (b.dim() - 1)), 0)", "pass", ("test_ragged_matmul.py",)),
+    Bug("ragged matmul's backward forgets the conjugate", "kernels/ragged_mm.py",
+        "yc = _conj(y)", "yc = y", ("test_ragged_matmul.py",)),
+    Bug("ragged matmul's per-sample views stride every sample's rows by the first's length", "kernels/ragged_mm.py",
+        "acc *= dims[lab][b]", "acc *= dims[lab][0]", ("test_ragged_matmul.py",)),
+    Bug("ragged matmul's backward of a transposed x transposes y the other way", "kernels/ragged_mm.py",
+        "else mm(yc, grad, sy, so, sx, ty, True)", "else mm(yc, grad, sy, so, sx, not ty, True)",
+        ("test_ragged_matmul.py",)),
 ]
 
 

@@ -22,11 +22,11 @@ import torch
 import torch.nn.functional as F
 
 from ..bridge import values_of, wrap_values, wrap_values_like
-from ..kernels import reference as ref
-from ..structure import Partition
+from ..kernels import ragged_mm as kmm, reference as ref
+from ..structure import Partition, partition_for
 from ._common import MJT
 
-__all__ = ["linear", "layer_norm", "rms_norm", "group_norm", "einsum", "conv", "sample", "samples"]
+__all__ = ["linear", "layer_norm", "rms_norm", "group_norm", "einsum", "conv", "sample", "samples", "ragged_matmul"]
 
 
 def samples(input: MJT) -> tuple[torch.Tensor, ...]:
@@ -81,3 +81,14 @@ def einsum(equation: str, operands, partition: Partition, ragged_dims: tuple[int
     and ``ragged_dims``."""
     values = torch.einsum(equation, *[values_of(o) if isinstance(o, MJT) else o for o in operands])
     return wrap_values(values, partition, ragged_dims)
+
+
+def ragged_matmul(a: MJT, b: MJT, spec, extents, ragged_dims: tuple[int, ...]):
+    """The per-sample product of ``kernels/ragged_mm.py`` (NOTE [ Ragged matmul contract ]; the
+    operands and ``spec`` from ``contractions/ragged_mm.py``'s ``product_spec``) on the packed
+    values, wrapped with the output's ragged dims of ``extents`` — or, with none, the dense
+    ``(B, …, m, n)`` result itself."""
+    grad = torch.is_grad_enabled() and (a.requires_grad or b.requires_grad)
+    va, vb = (values_of(a), values_of(b)) if grad else (a._values, b._values)
+    out = kmm.ragged_matmul(va, vb, spec)
+    return wrap_values(out, partition_for(extents), ragged_dims) if extents else out

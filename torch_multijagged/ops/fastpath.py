@@ -48,7 +48,9 @@ from ..errors import StructureError
 from ..tensor import MultiJaggedTensor, _ValuesOf
 from ..writes import WRITE_CLOCK, check_not_written_through_alias, written_since
 from .attention import sdpa as _att
-from .contractions import einsum as _ein, pair_mm as _pm
+from ..kernels import ragged_mm as _kmm
+from ..structure import partition_for
+from .contractions import einsum as _ein, pair_mm as _pm, ragged_mm as _rmm
 from .elementwise import pointwise as _pw
 from .reductions import reduce as _red
 from . import _along
@@ -640,10 +642,31 @@ def _einsum(equation, *operands):
     if torch.is_autocast_enabled(operands[0].device.type):
         return NotImplemented  # the route casts as dense autocast does
     product = _pm.pair_product(list(terms), list(operands), out, mm=_pair_mm)
-    return NotImplemented if product is None else product
+    if product is not None:
+        return product
+    return _ragged_product(_rmm.product_spec(operands[0], terms[0], operands[1], terms[1], out))
+
+
+def _ragged_product(plan):
+    """A product of NOTE [ Matmul between multi_jagged tensors ] on the values (``plan`` from
+    ``product_spec``; None: not one)."""
+    if plan is None:
+        return NotImplemented
+    x, y, spec, extents, ragged_dims = plan
+    if x._values.dtype != y._values.dtype or torch.is_autocast_enabled(x._values.device.type):
+        return NotImplemented  # the route raises as dense does, or casts as autocast does
+    out = _kmm.ragged_matmul(values(x), values(y), spec)
+    return result(out, partition_for(extents), ragged_dims) if extents else out
+
+
+def _matmul(input, other):
+    if not (isinstance(input, MJT) and isinstance(other, MJT)):
+        return NotImplemented
+    return _ragged_product(_rmm.matmul_spec(input, other))
 
 
 FAST[torch.einsum] = _einsum
+FAST[torch.matmul] = FAST[torch.Tensor.matmul] = FAST[torch.Tensor.__matmul__] = _matmul
 
 
 # --------------------------------------------------------------------------- metadata

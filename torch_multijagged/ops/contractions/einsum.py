@@ -1,7 +1,10 @@
-"""``einsum``: contractions of static dims on the packed values, diagonals of square pairs, and
-(through ``pair_product``) contractions of a ragged dim of square pairs."""
+"""``einsum``: contractions of static dims on the packed values, diagonals of square pairs,
+(through ``pair_product``) contractions of a ragged dim of square pairs, and (through
+``product_spec``, eagerly) two-operand products of matmul's shape as per-sample matmuls."""
 
 from __future__ import annotations
+
+import functools
 
 import torch
 
@@ -10,6 +13,7 @@ from .._common import MJT, autocast_lower, describe, same_partition
 from .._routing import route
 from ..shape.diagonal import square_extent
 from .pair_mm import pair_product
+from .ragged_mm import product_spec
 
 _LAYOUT = "layout torch.multi_jagged"
 
@@ -44,21 +48,29 @@ def _explicit(equation: str, operands) -> tuple[list[str], str]:
     letters the equation does not use (right-aligned across operands, as broadcasting), and an
     implicit output made explicit as dense torch does (the ellipsis dims, then the subscripts
     that appear once, in alphabetical order)."""
+    ndims = tuple(len(o._size) if isinstance(o, MJT) else o.dim() for o in operands)
+    terms, out = _explicit_dims(equation, ndims)
+    return list(terms), out
+
+
+@functools.lru_cache(maxsize=256)
+def _explicit_dims(equation: str, ndims: tuple[int, ...]) -> tuple[tuple[str, ...], str]:
+    """``_explicit`` of operands with ``ndims`` dims (cached: parsed once per equation and ranks)."""
     lhs, arrow, out = equation.replace(" ", "").partition("->")
     terms = lhs.split(",")
-    if len(terms) != len(operands):
-        raise ValueError(f"einsum(): expected {len(terms)} operands for {equation!r}, got {len(operands)}")
+    if len(terms) != len(ndims):
+        raise ValueError(f"einsum(): expected {len(terms)} operands for {equation!r}, got {len(ndims)}")
     free = [c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba" if c not in equation]
-    widths = [o.dim() - (len(t) - 3) if "..." in t else 0 for t, o in zip(terms, operands)]
+    widths = [nd - (len(t) - 3) if "..." in t else 0 for t, nd in zip(terms, ndims)]
     ell = free[: max(widths, default=0)][::-1]
     if any(w < 0 for w in widths) or len(ell) < max(widths, default=0):
         raise ValueError(f"einsum(): an ellipsis covers more dims than operand has in {equation!r}")
     terms = [t.replace("...", "".join(ell[len(ell) - w:])) for t, w in zip(terms, widths)]
-    for k, (term, o) in enumerate(zip(terms, operands)):
-        if len(term) != o.dim() or not (term.isalpha() or not term):  # '' is a 0-d operand's term
+    for k, (term, nd) in enumerate(zip(terms, ndims)):
+        if len(term) != nd or not (term.isalpha() or not term):  # '' is a 0-d operand's term
             raise ValueError(
                 f"einsum(): the number of subscripts in the equation ({len(term)}) does not match the number "
-                f"of dimensions ({o.dim()}) for operand {k} in {equation!r}"
+                f"of dimensions ({nd}) for operand {k} in {equation!r}"
             )
     if not arrow:
         once = sorted(c for c in set("".join(terms)) if "".join(terms).count(c) == 1 and c not in ell)
@@ -67,7 +79,7 @@ def _explicit(equation: str, operands) -> tuple[list[str], str]:
         out = out.replace("...", "".join(ell))
         if not out.isalpha() and out:
             raise ValueError(f"einsum(): invalid output subscripts {out!r} in {equation!r}")
-    return terms, out
+    return tuple(terms), out
 
 
 @route(torch.einsum)
@@ -89,6 +101,10 @@ def _einsum(equation, *operands):
     product = pair_product(terms, operands, out)  # NOTE [ Contracting a ragged dim ]
     if product is not None:
         return product
+    if len(operands) == 2 and operands[0].dtype == operands[1].dtype:
+        plan = product_spec(operands[0], terms[0], operands[1], terms[1], out)
+        if plan is not None:  # NOTE [ Matmul between multi_jagged tensors ]
+            return bridged.ragged_matmul(*plan)
     for k, o in enumerate(operands):
         if isinstance(o, MJT):
             operands[k], terms[k] = _diagonals(o, terms[k], equation)
@@ -140,8 +156,9 @@ def _broadcast_einsum(equation: str, terms: list, operands: list, out: str):
     the ragged dims the output needs (``bhid,bhjd->bhij``: ``(B, H, j0, 1, D) · (B, H, 1, j0, D)``
     is a pair, NOTE [ Broadcasting over ragged dims ]) and summing contracts them, ragged ones
     included (``bij,bjd->bid``). It materialises the product (``Π`` of every subscript's size per
-    sample), as ``matmul`` between multi_jagged tensors does; the pair product and the static-dim
-    contraction above are the fast paths. Every multi_jagged operand has the batch subscript at
+    sample); the pair product, the static-dim contraction and (eagerly) the per-sample matmul of
+    NOTE [ Matmul between multi_jagged tensors ] above are the fast paths, and traced code keeps
+    this one (Inductor fuses the product into the sum). Every multi_jagged operand has the batch subscript at
     dim 0, and the output starts with it."""
     batch = {t[0] for t, o in zip(terms, operands) if isinstance(o, MJT)}
     if len(batch) != 1:

@@ -7,8 +7,10 @@ to ``matmul``, ``bmm`` and broadcast products.
 eagerly with gradients, the values bridge: NOTE [ Bridged computations ]). ``matmul`` with a dense
 per-sample operand goes to ``bmm``'s handler (``indexing/gather.py``, NOTE [ Batched matmul with
 a dense per-sample operand ]), or to ``einsum`` with more batch dims; between square pairs that contract a ragged dim, to
-``multijagged::pair_matmul`` (``pair_mm.py``, NOTE [ Contracting a ragged dim ]); otherwise, as the
-broadcast product summed over the contracted dim.
+``multijagged::pair_matmul`` (``pair_mm.py``, NOTE [ Contracting a ragged dim ]); between other
+multi_jagged tensors whose ragged dims are matrix dims, eagerly, to per-sample products of the
+packed values (``ragged_mm.py``, NOTE [ Matmul between multi_jagged tensors ]); otherwise (and
+traced) as the broadcast product summed over the contracted dim.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from .._common import MJT, autocast_lower, describe, wrap
 from .._routing import _call, _dense, _needs_grad, route
 from .._table import register_multi_jagged_func
 from .pair_mm import pair_product
+from .ragged_mm import matmul_spec
 
 mj = torch.ops.multijagged
 
@@ -97,9 +100,13 @@ def _matmul(input, other, *, out=None):
         if product is not None:
             return product
         # Batched matmul whose row, column or contracted dims may be ragged (attention:
-        # (B, j0, C) @ (B, C, j0) → (B, j0, j0); (B, j0, j0) @ (B, j0, C) → (B, j0, C)), as the
-        # broadcast product summed over the contracted dim. Eagerly this materialises
-        # (…, n, k, m); compiled, Inductor fuses the gather, product and sum.
+        # (B, j0, C) @ (B, C, j0) → (B, j0, j0); (B, j0, j0) @ (B, j0, C) → (B, j0, C)): eagerly,
+        # per-sample products of the packed values (NOTE [ Ragged matmul contract ] in
+        # kernels/ragged_mm.py); traced, the broadcast product summed over the contracted dim,
+        # which Inductor fuses (eagerly it would materialise (…, n, k, m)).
+        plan = matmul_spec(input, other) if input.dtype == other.dtype else None
+        if plan is not None:
+            return bridged.ragged_matmul(*plan)
         return (input.unsqueeze(-1) * other.unsqueeze(-3)).sum(-2)
     return NotImplemented
 

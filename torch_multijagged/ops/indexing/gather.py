@@ -40,6 +40,8 @@ from ...structure import Partition, RaggedExtent, partition_for
 from .._table import register_multi_jagged_func
 from .._common import MJT, canonical_dim, describe, wrap
 from ..shape.padded import _padded_positions
+from .. import bridged
+from ..contractions.ragged_mm import matmul_spec
 from .._routing import _needs_grad, route
 
 aten = torch.ops.aten
@@ -688,6 +690,10 @@ def _bmm(input, mat2, *, out=None):
     ``input``'s (NOTE [ Equal sizes, different nested ints ] in ops/_routing.py; the automatic
     relabelling only pairs extents at the same logical dim), so that each operand's gradient
     comes back with its own nested int."""
+    if out is None and isinstance(input, MJT) and isinstance(mat2, MJT) and input.dim() == mat2.dim() == 3:
+        plan = matmul_spec(input, mat2) if input.dtype == mat2.dtype else None
+        if plan is not None:  # NOTE [ Matmul between multi_jagged tensors ] in ops/contractions/ragged_mm.py
+            return bridged.ragged_matmul(*plan)
     if (out is None and isinstance(input, MJT) and isinstance(mat2, MJT) and input._partition is not mat2._partition
             and input._partition.nragged == mat2._partition.nragged == 1 and input._partition.same_as(mat2._partition)):
         return torch.bmm(input, relabel(mat2, input._partition))
