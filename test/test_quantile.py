@@ -73,6 +73,11 @@ def test_quantile_over_every_element_and_several_q():
     x = torch.nested.nested_tensor(comps, layout=mj.multi_jagged)
     qs = torch.tensor([0.0, 0.25, 1.0], dtype=F64)
     torch.testing.assert_close(torch.quantile(x, qs), torch.quantile(torch.cat(comps), qs))
+    # keepdim without dim: every dim kept as 1 (after the q dim), as dense torch's
+    for q, shape in ((0.25, (1, 1)), (qs, (3, 1, 1))):
+        kept = torch.nanquantile(x, q, keepdim=True)
+        assert kept.shape == shape
+        torch.testing.assert_close(kept.reshape(-1), torch.nanquantile(torch.cat(comps), q).reshape(-1))
     # a pair keeps a ragged dim: the leading q dim would come before the batch
     with pytest.raises(NotImplementedError, match="several q"):
         torch.quantile(x.unsqueeze(-1) + x.unsqueeze(-2), qs, dim=1)

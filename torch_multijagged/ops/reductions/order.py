@@ -442,12 +442,9 @@ def _quantile_route(name: str, ignore_nan: bool):
         if interpolation not in _QUANTILE_MODES:
             raise ValueError(f"{name}() interpolation must be one of {', '.join(_QUANTILE_MODES)}. Got {interpolation}")
         if dim is None:
-            if keepdim:
-                raise NotImplementedError(
-                    f"{name}(dim=None, keepdim=True) of {describe(input)}: every dim would be kept as 1, the batch's too "
-                    "(layout torch.multi_jagged)"
-                )
-            return dense(values_of(input), q, interpolation=interpolation)  # every element, as sum() is
+            # every element, as sum() is; with keepdim every dim kept as 1 (after a q dim), as dense
+            out = dense(values_of(input), q, interpolation=interpolation)
+            return out.reshape(*out.shape, *([1] * input.dim())) if keepdim else out
         d, hit = _dim(name, input, dim)
         if isinstance(q, torch.Tensor) and q.dim() > 0:
             if q.dim() > 1:
