@@ -314,7 +314,7 @@ def _static_pairs(input, items: tuple):
     flat = None
     for k, i in zip(adv, idx):
         size = int(input._size[k])
-        if bool(((i < -size) | (i >= size)).any()):  # SYNC: none — host index tensors (dense checks too)
+        if bool(((i < -size) | (i >= size)).any()):  # SYNC: one read of a device index (dense indexing checks its bounds too)
             raise IndexError(f"index {int(i[(i < -size) | (i >= size)][0])} is out of bounds for dimension {k} with size {size}")
         i = torch.where(i < 0, i + size, i)
         flat = i if flat is None else flat * size + i
