@@ -173,6 +173,23 @@ def test_empty_batch_and_all_empty_samples():
     assert torch.equal(z, torch.stack([torch.zeros(3, 2), torch.full((3, 2), 2.0)]))
 
 
+def test_operands_of_other_dtypes_raise_as_dense():
+    """Dense matmul, bmm and a contracting einsum promote nothing: two batches of other dtypes
+    raise (a product without a contraction promotes, as dense einsum's does); autocast casts
+    both first."""
+    x = mj.nested_tensor([torch.randn(n, 4, dtype=torch.float64) for n in (3, 0, 2)])
+    y = mj.nested_tensor([torch.randn(n, 4) for n in (3, 0, 2)])
+    with pytest.raises(RuntimeError, match="same dtype"):
+        x @ y.mT
+    with pytest.raises(RuntimeError, match="expected scalar type"):
+        torch.bmm(x, y.mT)
+    with pytest.raises(RuntimeError, match="expected scalar type"):
+        torch.einsum("bic,bjc->bij", x, y)
+    assert torch.einsum("bic,bic->bic", x, y).dtype == torch.float64
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert (x.float() @ y.bfloat16().mT).dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("plan", PLANS)
 def test_no_leakage(plan):
     """A sample's result depends on its own values only (bit for bit), whatever the plan groups;

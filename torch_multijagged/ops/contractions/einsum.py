@@ -101,6 +101,10 @@ def _einsum(equation, *operands):
     product = pair_product(terms, operands, out)  # NOTE [ Contracting a ragged dim ]
     if product is not None:
         return product
+    if len(operands) == 2 and operands[0].dtype != operands[1].dtype and set(terms[0]) & set(terms[1]) - set(out):
+        # a contraction is a bmm in dense einsum, which promotes nothing (a product alone does)
+        raise RuntimeError(f"einsum(): expected scalar type {operands[0].dtype} but found {operands[1].dtype} "
+                           f"(contracting {equation!r})")
     if len(operands) == 2 and operands[0].dtype == operands[1].dtype:
         plan = product_spec(operands[0], terms[0], operands[1], terms[1], out)
         if plan is not None:  # NOTE [ Matmul between multi_jagged tensors ]

@@ -104,7 +104,9 @@ def _matmul(input, other, *, out=None):
         # per-sample products of the packed values (NOTE [ Ragged matmul contract ] in
         # kernels/ragged_mm.py); traced, the broadcast product summed over the contracted dim,
         # which Inductor fuses (eagerly it would materialise (…, n, k, m)).
-        plan = matmul_spec(input, other) if input.dtype == other.dtype else None
+        if input.dtype != other.dtype:  # dense matmul promotes nothing (a broadcast product would)
+            raise RuntimeError(f"matmul(): expected m1 and m2 to have the same dtype, but got: {input.dtype} != {other.dtype}")
+        plan = matmul_spec(input, other)
         if plan is not None:
             return bridged.ragged_matmul(*plan)
         return (input.unsqueeze(-1) * other.unsqueeze(-3)).sum(-2)

@@ -691,7 +691,9 @@ def _bmm(input, mat2, *, out=None):
     relabelling only pairs extents at the same logical dim), so that each operand's gradient
     comes back with its own nested int."""
     if out is None and isinstance(input, MJT) and isinstance(mat2, MJT) and input.dim() == mat2.dim() == 3:
-        plan = matmul_spec(input, mat2) if input.dtype == mat2.dtype else None
+        if input.dtype != mat2.dtype and not torch.is_autocast_enabled(input.device.type):  # dense bmm promotes nothing
+            raise RuntimeError(f"bmm(): expected scalar type {input.dtype} but found {mat2.dtype}")
+        plan = matmul_spec(input, mat2)
         if plan is not None:  # NOTE [ Matmul between multi_jagged tensors ] in ops/contractions/ragged_mm.py
             return bridged.ragged_matmul(*plan)
     if (out is None and isinstance(input, MJT) and isinstance(mat2, MJT) and input._partition is not mat2._partition
