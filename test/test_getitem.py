@@ -486,6 +486,7 @@ def test_several_index_tensors_pair_up_as_dense(name, index, pair):
     (slice(None), [0, 1], [2, 3]), (slice(None), torch.tensor([[0, 1], [1, -1]])), (slice(None), [0, -1], [2, 3], slice(None)),
     (slice(None), [1], torch.tensor([[0], [3]])), (Ellipsis, [0, -1], [1, 2]),
     (slice(None), slice(None), torch.tensor([[0], [3]]), torch.tensor([1, -5])),
+    (Ellipsis, torch.tensor([[0, 5], [3, -1]])), (slice(None), slice(None), torch.tensor([[0], [3]])),
 ], ids=str)
 def test_index_tensors_after_the_whole_batch_pair_up_per_sample(index):
     """``x[:, a, b]`` and ``x[:, idx2d]`` (the batch whole, index tensors on adjacent dims, a ragged
@@ -511,6 +512,14 @@ def test_index_tensors_after_the_whole_batch_pair_up_per_sample(index):
         want = c.detach().clone()
         want[per] = 7.0
         torch.testing.assert_close(t, want)
+
+
+def test_a_slice_after_paired_index_tensors_is_not_read_as_theirs():
+    """``x[:, a, b, 1:]``: the slice is the last dim's, which the paired form does not take: it
+    raises rather than slice the index's dims."""
+    x = tmj.nested_tensor([torch.randn(n, 2, 4) for n in (3, 2)])
+    with pytest.raises(NotImplementedError):
+        x[:, [0, 1], [0, 1], 1:]
 
 
 def test_several_index_tensors_errors_and_round_trip():

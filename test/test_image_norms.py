@@ -417,6 +417,13 @@ def test_adaptive_pool2d_static_side_none_keeps_it_and_global_pool_is_dense():
             assert out.ragged_dims == (3,)
     x = mj.nested_tensor(comps, ragged_dims=rd)
     assert F.adaptive_avg_pool2d(x, (2, None)).shape[3] == x.shape[3]  # the input's nested int
+    # tied maxima: the first takes the whole gradient, as dense
+    ties = [torch.ones(2, 3, w, dtype=DT, requires_grad=True) for w in (3, 1)]
+    out = F.adaptive_max_pool2d(mj.as_nested_tensor(ties, ragged_dims=(3,)), (2, None))
+    got = torch.autograd.grad(sum(t.sum() for t in out.unbind()), ties)
+    want = torch.autograd.grad(sum(F.adaptive_max_pool2d(t[None], (2, None)).sum() for t in ties), ties)
+    for a, b in zip(got, want):
+        assert torch.equal(a, b)
     with pytest.raises(NotImplementedError, match=r"adaptive_max_pool2d.*return_indices"):
         F.adaptive_max_pool2d(x, (2, None), return_indices=True)
     both, rd2 = fixed("rect")  # both sides ragged: one kept, the other pooled to a size, is not supported

@@ -278,6 +278,12 @@ def test_circular_pad_that_crops_one_side_wraps_what_is_left(pad):
     check(lambda x: F.pad(x, pad, mode="circular"), lambda t: F.pad(t, pad, mode="circular"), comps, ragged)
     statics = [torch.randn(n, 2, 5, generator=g, dtype=F64) for n in (3, 0, 2)]  # the padded dims static
     check(lambda x: F.pad(x, pad[:2], mode="circular"), lambda t: F.pad(t, pad[:2], mode="circular"), statics, (1,))
+    if len(pad) == 2 and min(pad) == -1:
+        # a sample cropped to nothing with something to wrap around: dense reads outside the
+        # tensor there (a torch bug); ours raises, naming it, rather than read the next sample
+        short = mj.nested_tensor([torch.randn(2, 1, dtype=F64), torch.randn(2, 4, dtype=F64)], ragged_dims=(2,))
+        with pytest.raises(RuntimeError, match="sample 0"):
+            F.pad(short, pad, mode="circular")
 
 
 def test_pad_errors_are_dense_errors_naming_the_sample():

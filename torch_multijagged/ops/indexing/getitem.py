@@ -281,6 +281,8 @@ def _batch_index_for(input, items: tuple) -> tuple | None:
     adv = [k for k, it in enumerate(items) if _index_tensor(it) is not None]
     if not adv or adv != list(range(adv[0], adv[-1] + 1)):
         return None
+    if not all(isinstance(it, slice) and _whole(it) for it in items[adv[-1] + 1:]):
+        return None  # (dims after the index tensors are not the index's: pairwise_index's own rule)
     idx = [_index_tensor(items[k]) for k in adv]
     if len(idx) == 1 and idx[0].dim() == 1:
         return None
@@ -294,16 +296,18 @@ def _batch_index_for(input, items: tuple) -> tuple | None:
 
 
 def _static_pairs(input, items: tuple):
-    """``x[..., a, b]``: index tensors on adjacent static dims after every ragged dim, the other
-    dims whole. Each row pairs them up as dense indexing does (their broadcast dims in their
+    """``x[..., a, b]`` (or one index tensor of several dims, ``x[..., idx2d]``): index tensors on
+    adjacent static dims after every ragged dim, the other dims whole. Each row pairs them up as dense indexing does (their broadcast dims in their
     place): one index into those dims flattened (``a · size_b + b``), whose dims unflatten back.
     None for anything else."""
     if not items or any(i is None for i in items):
         return None
     items = _expand_ellipsis(input, items)
     adv = [k for k, it in enumerate(items) if _index_tensor(it) is not None]
-    if len(adv) < 2 or adv != list(range(adv[0], adv[-1] + 1)) or adv[0] <= max(input._ragged_dims, default=0):
+    if not adv or adv != list(range(adv[0], adv[-1] + 1)) or adv[0] <= max(input._ragged_dims, default=0):
         return None
+    if len(adv) == 1 and _index_tensor(items[adv[0]]).dim() == 1:
+        return None  # one 1-d index: the single advanced index's own path
     if not all(isinstance(it, slice) and _whole(it) for k, it in enumerate(items) if k not in adv):
         return None
     idx = [_index_tensor(items[k]) for k in adv]

@@ -437,8 +437,9 @@ def _keeping_ragged(op: str, x: MJT, sizes: tuple, kind: str):
             count = torch.tensor([max(b - a, 0) for a, b in zip(start, stop)], dtype=w.dtype, device=x.device)
             pooled = torch.where(real, w, torch.zeros((), dtype=w.dtype, device=x.device)).sum(-1) / count
             pooled = pooled.to(rows.dtype) if low else pooled
-        else:  # max: a window's repeated last member changes nothing; a NaN propagates, as dense
-            pooled = rows.amax(-1)
+        else:  # max: the first maximum of a window takes the gradient (amax would share it among
+            # ties), a NaN propagates, as dense; a window's repeated last member changes nothing
+            pooled = rows.max(-1).values
         out = pooled.movedim(-1, d)
     return out
 
