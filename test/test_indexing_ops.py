@@ -337,6 +337,21 @@ def test_masked_select_with_a_dense_mask(mask):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("mask", [torch.tensor([True, False, True]), torch.tensor(True)], ids=str)
+def test_masked_scatter_with_a_dense_mask(mask):
+    """A dense boolean mask broadcasts over every sample, as dense ``masked_scatter`` per sample
+    (each sample reading the dense source from its start), with the gradients."""
+    comps = [torch.randn(n, 3, dtype=torch.float64, requires_grad=True) for n in (2, 0, 4)]
+    src = torch.randn(20, dtype=torch.float64, requires_grad=True)
+    out = mj.as_nested_tensor(comps).masked_scatter(mask, src)
+    ref = [c.masked_scatter(mask, src) for c in comps]
+    _components_equal(out.detach(), [r.detach() for r in ref])
+    got = torch.autograd.grad(sum((t * t).sum() for t in out.unbind()), comps + [src])
+    want = torch.autograd.grad(sum((r * r).sum() for r in ref), comps + [src])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
 def test_masked_select_matches_njt_and_errors():
     comps = [torch.randn(3), torch.randn(0), torch.randn(4)]
     masks = [c > 0 for c in comps]

@@ -325,7 +325,11 @@ def _masked_scatter(input, mask, source):
     """On the values under autograd (``_scattered``): the gradients of ``input`` and of the source
     are dense ops' (a ``where`` and a gather), aten's ``masked_scatter_backward`` pads to the
     source's concrete sizes, which a multi_jagged source does not have."""
-    if not isinstance(input, MJT) or not isinstance(mask, MJT) or not isinstance(source, torch.Tensor):
+    if not isinstance(input, MJT) or not isinstance(source, torch.Tensor):
+        return NotImplemented
+    if isinstance(mask, torch.Tensor) and not isinstance(mask, MJT) and mask.dtype == torch.bool:
+        mask = torch.zeros_like(input, dtype=torch.bool) | mask  # a dense mask broadcast over every sample
+    if not isinstance(mask, MJT):
         return NotImplemented
     sv = values_of(source) if isinstance(source, MJT) else source
     return wrap_values(_scattered(input, mask, source, values_of(input), sv), input._partition, input._ragged_dims)
