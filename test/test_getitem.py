@@ -296,6 +296,12 @@ def test_dense_table_indexed_by_a_multi_jagged_index():
         (exp,) = torch.autograd.grad(sum((r * c).sum() for r, c in zip(refs, cot)), table)
         torch.testing.assert_close(got, exp)
     assert (x + torch.randn(10, 4)[tmj.position_ids(x)]).shape == x.shape
+    # basic indices after the index: the rows' own dims, as dense indexing (``table[idx, 0]``)
+    pos = tmj.position_ids(x)
+    for rest in ((0,), (Ellipsis,), (slice(1, 3),), (None, 1), (2, -1)):
+        out = table[(pos, *rest)]
+        for a, i in zip(out.unbind(), pos.unbind()):
+            torch.testing.assert_close(a, table[(i, *rest)])
     with pytest.raises(IndexError, match="must hold integers"):
         table[tmj.position_ids(x).double()]
     with pytest.raises(IndexError, match="out of bounds"):

@@ -100,8 +100,10 @@ def _getitem(input, index):
     if isinstance(index, tuple) and len(index) == 1:
         index = index[0]
     if (not isinstance(input, MJT) and isinstance(index, tuple) and index and isinstance(index[0], MJT)
-            and all(isinstance(i, slice) and _whole(i) for i in index[1:])):
-        index = index[0]  # ``table[idx, :, :]``: the rows of the table, as ``table[idx]``
+            and not any(isinstance(i, (torch.Tensor, list)) for i in index[1:])):
+        # ``table[idx, 0]``, ``table[idx, :, 1:]``: basic indices after the rows index the rows' own
+        # dims, as ``table[:, 0][idx]`` (dense indexing's result: the index's dims, then the rest)
+        input, index = (input[(slice(None), *index[1:])] if len(index) > 1 else input), index[0]
     if not isinstance(input, MJT) and isinstance(index, MJT):
         return table_lookup(input, index)
     if isinstance(input, MJT):
