@@ -306,6 +306,15 @@ def test_causal_attention_weights(average):
                                             average_attn_weights=average)[1][0])
 
 
+def test_a_batch_handed_to_the_sequence_first_module_says_how_to_call_it():
+    """``nn.MultiheadAttention(batch_first=False)(x, x, x)`` with a batch-first multi_jagged ``x``:
+    a clear error naming the two ways (not dense's reading of the ragged dim as the batch)."""
+    m = nn.MultiheadAttention(E, H, dtype=DT)
+    x = tmj.nested_tensor(_comps((3, 2)))
+    with pytest.raises(TypeError, match="batch_first=True, or pass x.transpose"):
+        m(x, x, x)
+
+
 def test_batch_second_token():
     x = tmj.nested_tensor(_comps((3, 2)))
     t = x.transpose(0, 1)

@@ -183,6 +183,19 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
     return (out.transpose(0, 1) if dense_q else BatchSecond(out)), weights
 
 
+@route(F.multi_head_attention_forward)
+def _mha_batch_first_given(query, key, value, *args, **kwargs):
+    """A multi_jagged ``(B, j, E)`` batch handed straight to the sequence-first function
+    (``nn.MultiheadAttention(batch_first=False)(x, x, x)``): dense reads it as ``(L, N, E)``, the
+    ragged dim as the batch, which no sample means; say how to call it."""
+    if isinstance(query, MJT) and not isinstance(query, BatchMoved):
+        raise TypeError(
+            f"{_OP}(): got a multi_jagged batch {describe(query)}, which is batch-first; this function (and "
+            "nn.MultiheadAttention(batch_first=False)) reads (L, N, E): use batch_first=True, or pass x.transpose(0, 1)"
+        )
+    return NotImplemented
+
+
 @route(torch._native_multi_head_attention, torch.ops.aten._native_multi_head_attention.default)
 def _native_mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, proj_weight, proj_bias, mask=None,
                 need_weights=True, average_attn_weights=True, mask_type=None):
