@@ -117,6 +117,8 @@ def test_diag_errors():
         torch.diagflat(mj.nested_tensor([torch.ones(2, 3), torch.ones(0, 3)]))
     with pytest.raises(RuntimeError, match="trace"):
         torch.trace(v)  # a batch of vectors
+    with pytest.raises(NotImplementedError, match="Bool"):
+        torch.trace(mj.nested_tensor([torch.ones(2, 2, dtype=torch.bool)], ragged_dims=(1, 2)))
 
 
 @pytest.mark.parametrize("k", [0, 1, 2, 3, -1])

@@ -74,6 +74,8 @@ def _trace(input):
     if not isinstance(input, MJT):
         return NotImplemented
     _sample_dims("trace", input, (2,))
+    if input.dtype == torch.bool:
+        raise NotImplementedError("\"trace\" not implemented for 'Bool'")  # as dense (a sum would count)
     return torch.diagonal(input, 0, 1, 2).sum(-1)
 
 
