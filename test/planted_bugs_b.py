@@ -457,4 +457,6 @@ BUGS_B = [
     Bug("index tensors after the whole batch are lifted with a partial slice after them", "ops/indexing/getitem.py",
         "    if not all(isinstance(it, slice) and _whole(it) for it in items[adv[-1] + 1:]):\n        return None  # (dims",
         "    if False:\n        return None  # (dims", ("test_getitem.py",)),
+    Bug("a pad's cached rows are keyed without its mode", "ops/indexing/joins.py",
+        'key=("pad", mode, tuple(ragged.items()))', 'key=("pad", tuple(ragged.items()))', ("test_ragged_indexing.py",)),
 ]

@@ -80,6 +80,11 @@ def check_samples(x: MJT, k: int, bad_of, fail, traced_message: str) -> None:
 def _gather_rows(x: MJT, sample: torch.Tensor, coords: torch.Tensor, valid=None, fill=None) -> torch.Tensor:
     p = x._partition
     rows = packed_rows(p.offsets, p.device_sizes(), sample, coords)
+    return _take_rows(x, rows if valid is None else torch.where(valid, rows, torch.zeros_like(rows)), valid, fill)
+
+
+def _take_rows(x: MJT, rows: torch.Tensor, valid=None, fill=None) -> torch.Tensor:
+    """``x``'s packed rows ``rows`` (0 where ``valid`` is false), the ``fill`` there."""
     v = values_of(x)
     if valid is None:
         return v.index_select(0, rows)
@@ -88,7 +93,7 @@ def _gather_rows(x: MJT, sample: torch.Tensor, coords: torch.Tensor, valid=None,
         if v.requires_grad:  # still a function of the input, as dense pad's output is
             out = out + v.sum() * 0
     else:
-        out = v.index_select(0, torch.where(valid, rows, torch.zeros_like(rows)))
+        out = v.index_select(0, rows)
     mask = valid.reshape(-1, *([1] * (v.dim() - 1)))
     # the fill as a 0-d tensor of out's dtype (what dense pad casts its value to): broadcast, not a
     # full-size buffer
@@ -101,19 +106,27 @@ def keep_along(
     source: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     valid: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
     fill=None,
+    key=None,
 ) -> MJT:
     """``x`` with ragged extents ``extents`` (storage order): the output cell of sample ``s`` at
     ragged coordinates ``a`` (T, R) reads ``x``'s cell at ``source(s, a)`` (T, R); where
-    ``valid(s, a)`` is false it holds ``fill`` instead."""
+    ``valid(s, a)`` is false it holds ``fill`` instead. ``key``: names what ``source`` and
+    ``valid`` compute (a function of the structure alone), so that the rows read are cached on
+    the output's partition (NOTE [ Derived maps ] in structure.py) and a call on a structure
+    seen before costs one gather."""
     p = x._partition
     same = len(extents) == p.nragged and all(a is b for a, b in zip(extents, p.extents))
     out = p if same else partition_for(extents)  # sizes kept: the input's own partition (and maps)
-    sample, coords = out.row_coords()
-    src = source(sample, coords)
-    ok = valid(sample, coords) if valid is not None else None
-    if ok is not None:
-        src = torch.where(ok.unsqueeze(1), src, torch.zeros_like(src))
-    return wrap_values(_gather_rows(x, sample, src, ok, fill), out, x._ragged_dims)
+
+    def plan(out):
+        sample, coords = out.row_coords()
+        src = source(sample, coords)
+        ok = valid(sample, coords) if valid is not None else None
+        rows = packed_rows(p.offsets, p.device_sizes(), sample, src)
+        return (rows, None) if ok is None else (torch.where(ok, rows, torch.zeros_like(rows)), ok)
+
+    rows, ok = plan(out) if key is None else out.derived(("keep_along", p, x._ragged_dims, key), plan)
+    return wrap_values(_take_rows(x, rows, ok, fill), out, x._ragged_dims)
 
 
 def drop_along(x: MJT, k: int, position: torch.Tensor):

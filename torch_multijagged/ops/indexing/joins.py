@@ -251,7 +251,7 @@ def pad_ragged(op: str, x: MJT, pad: list, pads: dict, mode: str, value):
             ok = ok & (q >= 0) & (q < n[sample, k])
         return ok
 
-    out = keep_along(x, extents, source, valid, value) if ragged else x
+    out = keep_along(x, extents, source, valid, value, key=("pad", mode, tuple(ragged.items()))) if ragged else x
     statics = {d: pads[d] for d in pads if d not in x._ragged_dims}
     if not statics:
         return out
