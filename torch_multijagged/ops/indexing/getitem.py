@@ -272,12 +272,12 @@ def _getitem_static(input, items):
     return out
 
 
-def _batch_index_for(input, items: tuple) -> tuple | None:
-    """``x[:, a, b]`` (index tensors on adjacent dims after the whole batch) or ``x[:, idx2d]``: as
-    dense indexing places their broadcast dims where they stand, after the batch dim, the same as
-    ``x[arange(B)[:, None…], a, b]`` — the batch index leading, which ``pairwise_index`` takes.
-    None for anything else (one 1-d index keeps its own path: per-sample negative positions)."""
-    if not items or not (isinstance(items[0], slice) and _whole(items[0])) or any(i is None for i in items):
+def _index_run(input, items: tuple):
+    """``(items, adv, idx)`` where ``items`` (no ``None``; an Ellipsis expanded) hold index tensors
+    ``idx`` at the adjacent positions ``adv`` — several, or one of several dims — with only whole
+    slices after them: the forms whose index dims stand where the index tensors do. None for
+    anything else (one 1-d index keeps its own path: per-sample negative positions)."""
+    if not items or any(i is None for i in items):
         return None
     items = _expand_ellipsis(input, items)
     adv = [k for k, it in enumerate(items) if _index_tensor(it) is not None]
@@ -288,6 +288,18 @@ def _batch_index_for(input, items: tuple) -> tuple | None:
     idx = [_index_tensor(items[k]) for k in adv]
     if len(idx) == 1 and idx[0].dim() == 1:
         return None
+    return items, adv, idx
+
+
+def _batch_index_for(input, items: tuple) -> tuple | None:
+    """``x[:, a, b]`` (index tensors on adjacent dims after the whole batch, ``_index_run``) or
+    ``x[:, idx2d]``: as dense indexing places their broadcast dims where they stand, after the
+    batch dim, the same as ``x[arange(B)[:, None…], a, b]`` — the batch index leading, which
+    ``pairwise_index`` takes. None for anything else."""
+    run = _index_run(input, items) if items and isinstance(items[0], slice) and _whole(items[0]) else None
+    if run is None:
+        return None
+    items, adv, idx = run
     try:
         shape = torch.broadcast_shapes(*(i.shape for i in idx))
     except RuntimeError:
@@ -299,20 +311,16 @@ def _batch_index_for(input, items: tuple) -> tuple | None:
 
 def _static_pairs(input, items: tuple):
     """``x[..., a, b]`` (or one index tensor of several dims, ``x[..., idx2d]``): index tensors on
-    adjacent static dims after every ragged dim, the other dims whole. Each row pairs them up as dense indexing does (their broadcast dims in their
-    place): one index into those dims flattened (``a · size_b + b``), whose dims unflatten back.
-    None for anything else."""
-    if not items or any(i is None for i in items):
+    adjacent static dims after every ragged dim (``_index_run``), the other dims whole. Each row
+    pairs them up as dense indexing does (their broadcast dims in their place): one index into
+    those dims flattened (``a · size_b + b``), whose dims unflatten back. None for anything else."""
+    run = _index_run(input, items)
+    if run is None:
         return None
-    items = _expand_ellipsis(input, items)
-    adv = [k for k, it in enumerate(items) if _index_tensor(it) is not None]
-    if not adv or adv != list(range(adv[0], adv[-1] + 1)) or adv[0] <= max(input._ragged_dims, default=0):
+    items, adv, idx = run
+    if adv[0] <= max(input._ragged_dims, default=0) or not all(
+            isinstance(it, slice) and _whole(it) for it in items[:adv[0]]):
         return None
-    if len(adv) == 1 and _index_tensor(items[adv[0]]).dim() == 1:
-        return None  # one 1-d index: the single advanced index's own path
-    if not all(isinstance(it, slice) and _whole(it) for k, it in enumerate(items) if k not in adv):
-        return None
-    idx = [_index_tensor(items[k]) for k in adv]
     try:
         idx = list(torch.broadcast_tensors(*idx))
     except RuntimeError:
