@@ -278,10 +278,10 @@ BUGS_A = [
         "return n + index if index < 0 else torch.full_like(n, index)",
         "return n.max() + index if index < 0 else torch.full_like(n, index)", ("test_ragged_indexing.py",)),
     Bug("cat: the second piece starts at the first's offset, not after it", "ops/indexing/joins.py",
-        "        start = start + n\n", "        start = start\n", ("test_ragged_indexing.py",)),
+        "        start = start + n\n", "        start = start\n", ("test_ragged_indexing.py", "test_ragged_pad.py",)),
     Bug("reflect padding mirrors about the edge cell's outer side", "ops/indexing/joins.py",
         "return torch.where(r >= n, 2 * (n - 1) - r, r), None", "return torch.where(r >= n, 2 * n - 1 - r, r), None",
-        ("test_ragged_indexing.py",)),
+        ("test_ragged_indexing.py", "test_ragged_pad.py",)),
     Bug("gather's index range not checked per sample", "ops/indexing/slicing.py",
         "    if bool(bad.any()):", "    if False:", ("test_ragged_indexing.py", "test_reduction_grads.py")),
     # ------------------------------------------------------------------ contractions and batch-moved tokens

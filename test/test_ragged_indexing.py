@@ -253,62 +253,6 @@ def test_prepend_class_token():
     torch.testing.assert_close(pooled, cls[0].expand(3, 4))
 
 
-@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
-@pytest.mark.parametrize("pad", [(1, 1), (2, 1), (0, 2), (1, 2, 2, 1)], ids=str)
-def test_pad_modes_on_signals_and_images(mode, pad):
-    """Every mode, every sample long enough for it: signals (B, C, j0) and images (B, C, j0, j1)."""
-    g = torch.Generator().manual_seed(len(pad) + pad[0])
-    if len(pad) == 2:
-        comps, ragged = [torch.randn(2, n, generator=g, dtype=F64) for n in (3, 4, 5)], (2,)
-    else:
-        comps, ragged = [torch.randn(2, h, w, generator=g, dtype=F64) for h, w in ((3, 4), (5, 3), (4, 4))], (2, 3)
-    check(lambda x: F.pad(x, pad, mode=mode), lambda t: F.pad(t, pad, mode=mode), comps, ragged)
-
-
-@pytest.mark.parametrize("pad", [(-1, 1), (1, -1), (-1, 2), (2, -1), (-2, 1, 1, -1)], ids=str)
-def test_circular_pad_that_crops_one_side_wraps_what_is_left(pad):
-    """Dense circular padding crops first (a negative pad) and wraps around the cropped length;
-    the wrap read the uncropped sample before. Static dims follow the same rule."""
-    g = torch.Generator().manual_seed(len(pad) + pad[0])
-    if len(pad) == 2:
-        sizes, ragged = [(2, n) for n in (3, 4, 5)], (2,)
-    else:
-        sizes, ragged = [(2, h, w) for h, w in ((3, 4), (5, 3), (4, 4))], (2, 3)
-    comps = [torch.randn(*s, generator=g, dtype=F64) for s in sizes]
-    check(lambda x: F.pad(x, pad, mode="circular"), lambda t: F.pad(t, pad, mode="circular"), comps, ragged)
-    statics = [torch.randn(n, 2, 5, generator=g, dtype=F64) for n in (3, 0, 2)]  # the padded dims static
-    check(lambda x: F.pad(x, pad[:2], mode="circular"), lambda t: F.pad(t, pad[:2], mode="circular"), statics, (1,))
-    if len(pad) == 2 and min(pad) == -1:
-        # a sample cropped to nothing with something to wrap around: dense reads outside the
-        # tensor there (a torch bug); ours raises, naming it, rather than read the next sample
-        short = mj.nested_tensor([torch.randn(2, 1, dtype=F64), torch.randn(2, 4, dtype=F64)], ragged_dims=(2,))
-        with pytest.raises(RuntimeError, match="sample 0"):
-            F.pad(short, pad, mode="circular")
-
-
-def test_pads_of_one_batch_in_every_mode_and_size_read_their_own_rows():
-    """The rows a pad along a ragged dim reads are cached per structure, mode and pads: one batch
-    padded in turn in every mode, with other pads, and again, gives each call dense's result."""
-    g = torch.Generator().manual_seed(3)
-    comps = [torch.randn(2, n, generator=g, dtype=F64) for n in (3, 5, 4)]
-    x = mj.nested_tensor(comps, ragged_dims=(2,))
-    for _ in range(2):
-        for mode in ("constant", "reflect", "replicate", "circular"):
-            for pad in ((1, 2), (2, 1), (-1, 2)):
-                if mode == "reflect" and pad == (-1, 2):
-                    continue  # (dense refuses a reflection that crops and pads past the rest)
-                out = F.pad(x, pad, mode=mode)
-                for a, c in zip(out.unbind(), comps):
-                    assert torch.equal(a, F.pad(c, pad, mode=mode)), (mode, pad)
-
-
-def test_pad_errors_are_dense_errors_naming_the_sample():
-    x = mj.nested_tensor([torch.randn(3, 4), torch.randn(3, 1)], ragged_dims=(2,))
-    with pytest.raises(RuntimeError, match="sample 1"):
-        F.pad(x, (1, 1), mode="reflect")  # reflect padding must be below each sample's size
-    assert torch.equal(x.flip(0).unbind()[0], x.unbind()[1])  # the samples in reverse order
-
-
 # ----------------------------------------------------------------------------- properties
 @pytest.mark.parametrize("case", ["slice(1, None, None)", "flip", "cat(x,x[1:])", "pad(1, 2)-constant", "roll(1)", "x[-1]"])
 @given(s=structures(SEQ, min_batch=2), seed=seeds, j=st.integers(0, 10))
@@ -604,84 +548,6 @@ def test_repeat_interleave_other_forms_and_errors():
         pair.repeat_interleave(2, dim=1)
 
 
-@pytest.mark.parametrize("right", [False, True])
-@pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
-def test_searchsorted_with_per_sample_boundaries(right, dtype):
-    """Each sample's values searched among its own sorted boundaries (a multi_jagged ``(B, j0)``),
-    values multi_jagged of another extent or dense ``(B, M)``; ties, values past the end, an empty
-    boundary list, and for floats ``inf``."""
-    g = torch.Generator().manual_seed(0)
-    bounds = [torch.tensor([1, 3, 3, 7]), torch.zeros(0, dtype=torch.int64), torch.tensor([2, 5])]
-    values = [torch.tensor([0, 3, 7, 8, 3]), torch.tensor([4, 9]), torch.tensor([5, 1, 9])]  # 9: past every boundary
-    bounds = [b.to(dtype) for b in bounds]
-    values = [v.to(dtype) for v in values]
-    if dtype.is_floating_point:
-        values[0][-1] = float("inf")
-    s = torch.nested.nested_tensor(bounds, layout=mj.multi_jagged)
-    v = torch.nested.nested_tensor(values, layout=mj.multi_jagged)
-    out = torch.searchsorted(s, v, right=right)
-    for o, b, x in zip(out.unbind(), bounds, values):
-        assert torch.equal(o, torch.searchsorted(b, x, right=right))
-    dense = torch.randint(0, 9, (3, 4), generator=g).to(dtype)
-    got = torch.searchsorted(s, dense, right=right)
-    for i, b in enumerate(bounds):
-        assert torch.equal(got[i], torch.searchsorted(b, dense[i], right=right))
-    with pytest.raises(ValueError, match="same batch"):
-        torch.searchsorted(s, torch.zeros(2, 3, dtype=dtype))
-
-
-@pytest.mark.parametrize("right", [False, True])
-def test_searchsorted_nan_boundaries_stay_in_their_sample(right):
-    """A sample whose last boundaries are NaN (sorted last, as torch.sort puts them) leaves the
-    other samples' searches alone: each sample's values as dense searches them, and changing one
-    sample's boundaries changes no other sample's result."""
-    nan = float("nan")
-    bounds = [torch.tensor([nan, nan]), torch.tensor([0.0]), torch.tensor([1.0, nan]), torch.zeros(0)]
-    values = [torch.tensor([0.0, nan]), torch.tensor([-1.0, 0.0, 2.0]), torch.tensor([0.5, 3.0, nan]), torch.tensor([1.0])]
-    out = torch.searchsorted(mj.as_nested_tensor(bounds), mj.as_nested_tensor(values), right=right)
-    for o, b, x in zip(out.unbind(), bounds, values):
-        assert torch.equal(o, torch.searchsorted(b, x, right=right))
-    calm = torch.searchsorted(mj.as_nested_tensor([torch.tensor([5.0, 6.0])] + bounds[1:]), mj.as_nested_tensor(values),
-                              right=right)
-    for a, b in list(zip(out.unbind(), calm.unbind()))[1:]:
-        assert torch.equal(a, b)
-    # a NaN inside a sample's boundaries: dense's own probes decide, whatever the other samples' lengths
-    mid = torch.tensor([0.0, 1.0, nan, 2.0])
-    queries = torch.tensor([-1.0, 0.5, 1.5, 5.0, nan])
-    for other in (torch.arange(3.0), torch.arange(9.0)):
-        got = torch.searchsorted(mj.as_nested_tensor([mid, other]), mj.as_nested_tensor([queries, other]), right=right)
-        assert torch.equal(got.unbind()[0], torch.searchsorted(mid, queries, right=right))
-
-
-@pytest.mark.parametrize("side", ["left", "right"])
-def test_searchsorted_with_a_per_sample_sorter_and_one_value(side):
-    """``sorter=`` of the boundaries' structure (each sample's ``argsort``) and one number searched
-    in every sample (a dense ``(B,)`` of dense's 0-d answers), as dense per sample; ``out_int32``."""
-    g = torch.Generator().manual_seed(1)
-    bounds = [torch.randint(0, 9, (n,), generator=g).double() for n in (5, 0, 3, 1)]
-    values = [torch.randint(-1, 10, (m,), generator=g).double() for m in (4, 2, 0, 3)]
-    order = [b.argsort() for b in bounds]
-    b, v, s = (mj.as_nested_tensor(t) for t in (bounds, values, order))
-    out = torch.searchsorted(b, v, side=side, sorter=s, out_int32=True)
-    for o, bi, vi, si in zip(out.unbind(), bounds, values, order):
-        assert torch.equal(o, torch.searchsorted(bi, vi, side=side, sorter=si, out_int32=True))
-    sorted_b = mj.as_nested_tensor([t.sort().values for t in bounds])
-    one = torch.searchsorted(sorted_b, 4.0, side=side)
-    assert one.shape == (4,)
-    for o, bi in zip(one, bounds):
-        assert torch.equal(o, torch.searchsorted(bi.sort().values, 4.0, side=side))
-    with pytest.raises(ValueError, match="sorter"):
-        torch.searchsorted(b, v, sorter=mj.as_nested_tensor([t[:1] for t in order]))
-
-
-def test_searchsorted_with_per_sample_boundaries_compiles_into_one_graph():
-    s = torch.nested.nested_tensor([torch.tensor([1.0, 3.0, 7.0]), torch.tensor([2.0])], layout=mj.multi_jagged)
-    v = torch.nested.nested_tensor([torch.tensor([0.0, 4.0, 9.0]), torch.tensor([5.0, 1.0])], layout=mj.multi_jagged)
-    torch._dynamo.reset()
-    out = torch.compile(lambda a, b: torch.searchsorted(a, b), backend="aot_eager", fullgraph=True)(s, v)
-    assert [t.tolist() for t in out.unbind()] == [[0, 2, 3], [1, 0]]
-
-
 def test_gather_along_a_ragged_dim_with_a_static_number_of_positions():
     """k nearest neighbours (EGNN): ``d.gather(2, idx)`` / ``take_along_dim`` / ``scatter`` with the
     indices ``topk`` gives ``(B, j0, k)`` over a pair ``(B, j0, j0)`` (and over pair features
@@ -766,18 +632,6 @@ def test_slices_bounded_by_a_ragged_size():
         x.narrow(-1, 0, y.shape[-1])  # longer than every sample
     with pytest.raises(TypeError, match="ragged size of the same batch"):
         x[..., :mj.nested_tensor([torch.randn(2)]).shape[1]]
-
-
-def test_constant_pad_with_a_zero_pair_for_the_batch_dim():
-    """``F.pad(x, [0, 0, 0, 1, 0, 0])`` (MobileBERT's trigram input): the last pair is the batch
-    dim's, ``(0, 0)`` as dense accepts; each sample padded by the rest."""
-    comps = [torch.randn(n, 3, dtype=torch.float64) for n in (4, 1, 0)]
-    x = mj.nested_tensor(comps)
-    y = F.pad(x, [0, 0, 0, 1, 0, 0], value=2.0)
-    for a, c in zip(y.unbind(), comps):
-        torch.testing.assert_close(a, F.pad(c, [0, 0, 0, 1], value=2.0))
-    with pytest.raises(NotImplementedError, match="batch dim"):
-        F.pad(x, [0, 0, 0, 1, 1, 0])
 
 
 # ----------------------------------------------------------------------------- arguments as torch names them

@@ -1,0 +1,83 @@
+"""``F.pad`` along ragged dims (ops/indexing/joins.py): every mode on signals and images, circular
+padding that crops one side, pads of one batch in every mode (its cached rows), dense's errors
+naming the sample, and a zero pair for the batch dim — per sample, with gradients."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_multijagged as mj
+
+from test_ragged_indexing import check
+
+F64 = torch.float64
+
+
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("pad", [(1, 1), (2, 1), (0, 2), (1, 2, 2, 1)], ids=str)
+def test_pad_modes_on_signals_and_images(mode, pad):
+    """Every mode, every sample long enough for it: signals (B, C, j0) and images (B, C, j0, j1)."""
+    g = torch.Generator().manual_seed(len(pad) + pad[0])
+    if len(pad) == 2:
+        comps, ragged = [torch.randn(2, n, generator=g, dtype=F64) for n in (3, 4, 5)], (2,)
+    else:
+        comps, ragged = [torch.randn(2, h, w, generator=g, dtype=F64) for h, w in ((3, 4), (5, 3), (4, 4))], (2, 3)
+    check(lambda x: F.pad(x, pad, mode=mode), lambda t: F.pad(t, pad, mode=mode), comps, ragged)
+
+
+@pytest.mark.parametrize("pad", [(-1, 1), (1, -1), (-1, 2), (2, -1), (-2, 1, 1, -1)], ids=str)
+def test_circular_pad_that_crops_one_side_wraps_what_is_left(pad):
+    """Dense circular padding crops first (a negative pad) and wraps around the cropped length;
+    the wrap read the uncropped sample before. Static dims follow the same rule."""
+    g = torch.Generator().manual_seed(len(pad) + pad[0])
+    if len(pad) == 2:
+        sizes, ragged = [(2, n) for n in (3, 4, 5)], (2,)
+    else:
+        sizes, ragged = [(2, h, w) for h, w in ((3, 4), (5, 3), (4, 4))], (2, 3)
+    comps = [torch.randn(*s, generator=g, dtype=F64) for s in sizes]
+    check(lambda x: F.pad(x, pad, mode="circular"), lambda t: F.pad(t, pad, mode="circular"), comps, ragged)
+    statics = [torch.randn(n, 2, 5, generator=g, dtype=F64) for n in (3, 0, 2)]  # the padded dims static
+    check(lambda x: F.pad(x, pad[:2], mode="circular"), lambda t: F.pad(t, pad[:2], mode="circular"), statics, (1,))
+    if len(pad) == 2 and min(pad) == -1:
+        # a sample cropped to nothing with something to wrap around: dense reads outside the
+        # tensor there (a torch bug); ours raises, naming it, rather than read the next sample
+        short = mj.nested_tensor([torch.randn(2, 1, dtype=F64), torch.randn(2, 4, dtype=F64)], ragged_dims=(2,))
+        with pytest.raises(RuntimeError, match="sample 0"):
+            F.pad(short, pad, mode="circular")
+
+
+def test_pads_of_one_batch_in_every_mode_and_size_read_their_own_rows():
+    """The rows a pad along a ragged dim reads are cached per structure, mode and pads: one batch
+    padded in turn in every mode, with other pads, and again, gives each call dense's result."""
+    g = torch.Generator().manual_seed(3)
+    comps = [torch.randn(2, n, generator=g, dtype=F64) for n in (3, 5, 4)]
+    x = mj.nested_tensor(comps, ragged_dims=(2,))
+    for _ in range(2):
+        for mode in ("constant", "reflect", "replicate", "circular"):
+            for pad in ((1, 2), (2, 1), (-1, 2)):
+                if mode == "reflect" and pad == (-1, 2):
+                    continue  # (dense refuses a reflection that crops and pads past the rest)
+                out = F.pad(x, pad, mode=mode)
+                for a, c in zip(out.unbind(), comps):
+                    assert torch.equal(a, F.pad(c, pad, mode=mode)), (mode, pad)
+
+
+def test_pad_errors_are_dense_errors_naming_the_sample():
+    x = mj.nested_tensor([torch.randn(3, 4), torch.randn(3, 1)], ragged_dims=(2,))
+    with pytest.raises(RuntimeError, match="sample 1"):
+        F.pad(x, (1, 1), mode="reflect")  # reflect padding must be below each sample's size
+    assert torch.equal(x.flip(0).unbind()[0], x.unbind()[1])  # the samples in reverse order
+
+
+def test_constant_pad_with_a_zero_pair_for_the_batch_dim():
+    """``F.pad(x, [0, 0, 0, 1, 0, 0])`` (MobileBERT's trigram input): the last pair is the batch
+    dim's, ``(0, 0)`` as dense accepts; each sample padded by the rest."""
+    comps = [torch.randn(n, 3, dtype=torch.float64) for n in (4, 1, 0)]
+    x = mj.nested_tensor(comps)
+    y = F.pad(x, [0, 0, 0, 1, 0, 0], value=2.0)
+    for a, c in zip(y.unbind(), comps):
+        torch.testing.assert_close(a, F.pad(c, [0, 0, 0, 1], value=2.0))
+    with pytest.raises(NotImplementedError, match="batch dim"):
+        F.pad(x, [0, 0, 0, 1, 1, 0])
