@@ -600,22 +600,6 @@ def test_compiled_sort_along_ragged_dim_is_one_graph():
     torch._dynamo.reset()
 
 
-def test_compiled_cummax_along_ragged_dim_is_a_graph_break():
-    """``cummax`` scans ``log₂ max n`` steps, a number read on the host: a graph break (the
-    regions around it compile), with fullgraph=True an error naming the op."""
-    torch._dynamo.reset()
-
-    def f(t):
-        return torch.cummax(t * 2, dim=1).values.sum(-1) * 3
-
-    comps = comps_for([(3, 2), (1, 2)], 0)
-    out = torch.compile(f, backend="aot_eager")(mj.nested_tensor(comps, ragged_dims=(1,)))
-    assert bit_equal(out.values(), f(mj.nested_tensor(comps, ragged_dims=(1,))).values())
-    torch._dynamo.reset()
-    with pytest.raises(Exception, match=r"cummax\(\) along a ragged dim reads per-sample sizes on the host"):
-        torch.compile(f, backend="aot_eager", fullgraph=True)(mj.nested_tensor(comps, ragged_dims=(1,)))
-
-
 # ----------------------------------------------------------------------------- token pruning
 @few(10)
 @given(st.lists(st.integers(0, 6), min_size=1, max_size=4), st.integers(1, 3), st.integers(0, 5), seeds, st.booleans())

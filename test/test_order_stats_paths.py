@@ -1,6 +1,7 @@
 """Order statistics along ragged dims, the eager paths (NOTE [ Dense ops on segments ] in
 ops/reductions/segment_ops.py): dense CPU's own tie order on long samples, the 1-d integer radix
-sort, an input written in place after the op, and the rule that regroups samples by length.
+sort, an input written in place after the op, the rule that regroups samples by length, and
+``cummax`` (eager only) at a compiled region's edge.
 The ops and their per-sample checks: test_order_stats.py."""
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from torch_multijagged.ops.reductions import segment_ops
 from torch_multijagged.ops.reductions.segment_ops import segment_path
 
 from _reference import build
-from _structures import bit_equal, per_sample_outputs
+from _structures import bit_equal, comps_for, per_sample_outputs
 
 F64 = torch.float64
 NAN = math.nan
@@ -181,3 +182,20 @@ def test_the_rule_regroups_many_samples_of_few_lengths():
     finally:
         segment_ops._per_length = real
     assert calls == [1, 0, 0]
+
+
+def test_compiled_cummax_along_ragged_dim_is_a_graph_break():
+    """``cummax`` runs the dense op per segment (NOTE [ Dense ops on segments ]), on sizes read on
+    the host: a graph break (the regions around it compile), with fullgraph=True an error naming
+    the op."""
+    torch._dynamo.reset()
+
+    def f(t):
+        return torch.cummax(t * 2, dim=1).values.sum(-1) * 3
+
+    comps = comps_for([(3, 2), (1, 2)], 0)
+    out = torch.compile(f, backend="aot_eager")(mj.nested_tensor(comps, ragged_dims=(1,)))
+    assert bit_equal(out.values(), f(mj.nested_tensor(comps, ragged_dims=(1,))).values())
+    torch._dynamo.reset()
+    with pytest.raises(Exception, match=r"cummax\(\) along a ragged dim reads per-sample sizes on the host"):
+        torch.compile(f, backend="aot_eager", fullgraph=True)(mj.nested_tensor(comps, ragged_dims=(1,)))
