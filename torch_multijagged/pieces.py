@@ -48,7 +48,7 @@ from torch import Tensor
 
 from .structure import Partition
 from .kernels.per_image import pack_images as pack
-from .tensor import MultiJaggedTensor, values_of
+from .tensor import MultiJaggedTensor, _new_wrapper, values_of
 from .writes import _eager
 
 __all__ = ["wrapper_version", "wrapper_requires_grad", "holds_pieces", "split", "pack", "from_pieces", "map_pieces",
@@ -163,10 +163,8 @@ def _wrapper(partition: Partition, ragged_dims: tuple[int, ...], channels: int, 
         standin = torch.empty((partition.rows, channels), device="meta")
         hit = partition.cache[key] = partition.logical_size_stride(standin, ragged_dims)
     size, stride = hit
-    r = torch.Tensor._make_wrapper_subclass(
-        MJT, size, stride, 0, torch.contiguous_format, dtype, torch.strided, device, False, False, "strides", False,
-        False, storage_size=0,
-    )
+    with _DisableTF():  # NOTE [ Building a wrapper ] in tensor.py
+        r = _new_wrapper(MJT, size, stride, dtype, device, False)
     r._partition, r._ragged_dims, r._size, r._strides = partition, ragged_dims, size, stride
     return r
 

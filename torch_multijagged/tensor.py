@@ -95,6 +95,45 @@ def _known_extent(offsets: torch.Tensor, carriers) -> Optional[RaggedExtent]:
     return e
 
 
+# NOTE [ Building a wrapper ]
+#
+# Every op of the eager values path builds a wrapper, so its construction is part of every op's
+# host cost. ``_make_wrapper_subclass`` reads the new tensor's ``device`` attribute through Python,
+# which on our class is a ``__torch_function__`` call (≈ 2.5 µs of a ≈ 8 µs construction): it runs
+# with subclass torch functions disabled. What remains is mostly C++ parsing the nested ints of the
+# size and stride: five calls into each Python node (``is_int`` thrice, ``maybe_as_int``,
+# ``clone``). Storing torch's C++ nested ints of the same ids instead (``torch._C._get_nested_int``)
+# was measured and rejected: C++ compares a C++ nested int with a Python one as unequal (its
+# ``nested_int()`` is not asked of a Python node), so autograd's gradient shape checks fail
+# wherever a wrapper with C++ sizes meets one whose sizes had to stay Python (two ragged dims: C++
+# cannot multiply nested ints, which a view's geometry does).
+
+_DisableTF = torch._C.DisableTorchFunctionSubclass
+
+
+def _new_wrapper(cls, size, stride, dtype, device, requires_grad):
+    return torch.Tensor._make_wrapper_subclass(
+        cls,
+        size,
+        stride,
+        0,
+        torch.contiguous_format,
+        dtype,
+        torch.strided,
+        device,
+        False,
+        requires_grad,
+        # sizes, dim and numel are answered in C++ from the stored size; strides and
+        # contiguity come from Python (NOTE [ Subclass mechanism ]). numel, which C++ would
+        # compute as a product of nested ints, is routed in __torch_function__ (ops/_routing.py).
+        "strides",
+        False,
+        False,
+        # The wrapper owns no storage; a size computed from nested-int sizes would fail.
+        storage_size=0,
+    )
+
+
 class _PackOnRead:
     """``_values`` of a wrapper that holds per-image pieces instead (NOTE [ Per-image pieces ] in
     ``pieces.py``): packed on first read, stored, and the pieces forgotten. A non-data
@@ -157,26 +196,8 @@ class MultiJaggedTensor(torch.Tensor):
     def __new__(cls, values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...], *,
                 requires_grad: bool = False):
         size, stride = partition.logical_size_stride(values, ragged_dims)
-        r = torch.Tensor._make_wrapper_subclass(
-            cls,
-            size,
-            stride,
-            0,
-            torch.contiguous_format,
-            values.dtype,
-            torch.strided,
-            values.device,
-            False,
-            requires_grad,
-            # sizes, dim and numel are answered in C++ from the stored size; strides and
-            # contiguity come from Python (NOTE [ Subclass mechanism ]). numel, which C++ would
-            # compute as a product of nested ints, is routed in __torch_function__ (ops/_routing.py).
-            "strides",
-            False,
-            False,
-            # The wrapper owns no storage; a size computed from nested-int sizes would fail.
-            storage_size=0,
-        )
+        with _DisableTF():  # NOTE [ Building a wrapper ]
+            r = _new_wrapper(cls, size, stride, values.dtype, values.device, requires_grad)
         r._values = values
         r._partition = partition
         r._ragged_dims = ragged_dims
