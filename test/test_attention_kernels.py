@@ -587,3 +587,35 @@ def test_inference_attention_per_sample_and_without_leakage(backend):
     changed = run([comps[0], comps[1], comps[2] * 3, comps[3]])
     for i in (0, 1, 3):
         assert torch.equal(changed[i], outs[i])
+
+
+@pytest.mark.parametrize("fused", [True, False])
+@pytest.mark.parametrize("name", sorted(BACKENDS))
+def test_a_non_finite_output_gradient_stays_in_its_segment(name, fused):
+    """An output gradient that is inf / NaN in one segment (a loss that overflowed there) gives
+    that segment non-finite gradients, as dense attention of that sample alone does, and leaves
+    every other segment's gradients those of the segment alone: padded query slots of a bucket
+    read some segment's rows and must add nothing (0 · inf is NaN), whatever those rows hold."""
+    g = torch.Generator().manual_seed(3)
+    lq = [3, 1, 4, 2, 0, 4]
+    hq = 2
+    q, k, v = (torch.randn(sum(lq), hq, 3, generator=g, dtype=torch.float64) for _ in range(3))
+    cu = _cu(lq)
+    go = torch.randn(sum(lq), hq, 3, generator=g, dtype=torch.float64)
+    go[0, 0, 1] = float("inf")  # the first query row of segment 0: where padded slots point
+    go[1, 1, 0] = float("nan")
+    fwd, bwd = BACKENDS[name]
+    # one bucket of every segment: each shorter segment's padded slots point at row 0
+    kw = {"buckets": [torch.arange(len(lq))], "fused": fused} if name == "bucketed" else {}
+    if name != "bucketed" and not fused:
+        pytest.skip("one path")
+    out, lse = fwd(q, k, v, cu, cu, None, None, None, False, None, 0.0, **kw)
+    dq, dk, dv, _ = bwd(go, q, k, v, out, lse, cu, cu, None, None, None, False, None, 0.0, False, **kw)
+    for s in range(1, len(lq)):
+        a, b = int(cu[s]), int(cu[s + 1])
+        leaves = [t[a:b].clone().requires_grad_() for t in (q, k, v)]
+        ref = oracle(*leaves, _cu([b - a]), _cu([b - a]), None, None, None, False, None, 0.0)
+        want = torch.autograd.grad(ref, leaves, go[a:b], allow_unused=True) if b > a else [t[a:b] for t in (q, k, v)]
+        for got, w in zip((dq, dk, dv), want):
+            torch.testing.assert_close(got[a:b], torch.zeros_like(got[a:b]) if w is None else w)
+    assert not bool(torch.isfinite(dq[:3]).all())  # segment 0's own gradients are non-finite, as dense
