@@ -162,9 +162,9 @@ def _wrapper(partition: Partition, ragged_dims: tuple[int, ...], channels: int, 
     if hit is None:
         standin = torch.empty((partition.rows, channels), device="meta")
         hit = partition.cache[key] = partition.logical_size_stride(standin, ragged_dims)
-    size, stride = hit
+    size, stride, stored = hit
     with _DisableTF():  # NOTE [ Building a wrapper ] in tensor.py
-        r = _new_wrapper(MJT, size, stride, dtype, device, False)
+        r = _new_wrapper(MJT, size, stored, dtype, device, False)
     r._partition, r._ragged_dims, r._size, r._strides = partition, ragged_dims, size, stride
     return r
 

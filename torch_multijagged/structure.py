@@ -541,17 +541,22 @@ class Partition:
         return self.derived("segments", _segments)
 
     def logical_size_stride(self, values: torch.Tensor, ragged_dims: tuple[int, ...]):
-        """The logical ``(size, stride)`` of a wrapper of ``values`` with this partition, cached:
-        every op builds one, and computing the nested ints (a weak-dict lookup each) dominated the
-        construction cost. Strides of ragged dims are the packed row stride (plain ints; nested
-        ints cannot be multiplied together)."""
+        """The logical ``(size, stride, stored_stride)`` of a wrapper of ``values`` with this
+        partition, cached: every op builds one, and computing the nested ints (a weak-dict lookup
+        each) dominated the construction cost. Strides of ragged dims are the packed row stride
+        (plain ints; nested ints cannot be multiplied together). ``stored_stride`` is the stride
+        with plain ints only, which the wrapper's C++ fields hold (NOTE [ Building a wrapper ] in
+        tensor.py)."""
         key = ("size_stride", ragged_dims, values.shape[1:], values.stride())
         try:
             hit = self.cache.get(key)
         except TypeError:  # symbolic sizes while tracing are unhashable; tracing is not hot
-            return _size_stride(self, values, ragged_dims)
+            size, stride = _size_stride(self, values, ragged_dims)
+            return size, stride, stride
         if hit is None:
-            hit = self.cache[key] = _size_stride(self, values, ragged_dims)
+            size, stride = _size_stride(self, values, ragged_dims)
+            stored = tuple(values.stride()[0] if isinstance(s, torch.SymInt) else s for s in stride) if values.dim() else stride
+            hit = self.cache[key] = (size, stride, stored)
         return hit
 
 
