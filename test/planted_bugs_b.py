@@ -459,4 +459,9 @@ BUGS_B = [
         "    if False:\n        return None  # (dims", ("test_getitem.py",)),
     Bug("a pad's cached rows are keyed without its mode", "ops/indexing/joins.py",
         'key=("pad", mode, tuple(ragged.items()))', 'key=("pad", tuple(ragged.items()))', ("test_ragged_indexing.py", "test_ragged_pad.py",)),
+    Bug("ctc targets concatenated: a wrong target length reads the next sample's labels", "ops/nn/losses.py",
+        "targets = targets.to_padded_tensor(0)", "targets = targets.values()", ("test_losses.py",)),
+    Bug("ctc input lengths past a sample's steps read its padding", "ops/nn/losses.py",
+        "        if g > n:\n            raise RuntimeError(f\"ctc_loss()", "        if g > n + 1:\n            raise RuntimeError(f\"ctc_loss()",
+        ("test_losses.py",)),
 ]

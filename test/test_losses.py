@@ -524,3 +524,31 @@ def test_ctc_loss_per_sample_log_probs_and_ragged_targets(reduction, form):
         torch.testing.assert_close(a, b)
     with pytest.raises(mj.StructureError, match=r"\(B, j0, C\)"):
         F.ctc_loss(mj.as_nested_tensor([torch.randn(2, n) for n in (3, 1)], ragged_dims=(2,)), y, il[:2], tl[:2])
+
+
+def test_ctc_loss_lengths_read_each_samples_own_labels_and_steps():
+    """Each sample reads the first ``target_lengths[i]`` of its *own* labels and the first
+    ``input_lengths[i]`` of its own steps, as its own dense call does; a length past what the
+    sample has raises, naming it (the concatenated targets would read the next sample's labels,
+    the padded log-probabilities the padding). No sample's loss depends on another's labels."""
+    g = torch.Generator().manual_seed(1)
+    steps = (9, 8, 0, 12)
+    leaves = [torch.randn(t, 6, dtype=torch.float64, generator=g).log_softmax(-1).requires_grad_() for t in steps]
+    labels = [torch.tensor([1, 2, 3]), torch.tensor([4, 5, 1]), torch.tensor([], dtype=torch.int64), torch.tensor([2, 2])]
+    x, y = mj.as_nested_tensor(leaves), mj.nested_tensor(labels)
+    for il, tl in [((9, 8, 0, 12), (2, 3, 0, 2)), ((7, 8, 0, 5), (3, 1, 0, 0)), ((9, 6, 0, 12), (0, 2, 0, 1))]:
+        got = F.ctc_loss(x.transpose(0, 1), y, torch.tensor(il), torch.tensor(tl), reduction="none", zero_infinity=True)
+        # a sample without steps or labels: probability 1, loss 0 (its dense call refuses an empty input)
+        each = torch.stack([F.ctc_loss(lp, t[:m], (n,), (m,), reduction="none", zero_infinity=True) if n
+                            else lp.sum() * 0 for lp, t, n, m in zip(leaves, labels, il, tl)])
+        torch.testing.assert_close(got, each)
+        for a, b in zip(torch.autograd.grad(got.sum(), leaves), torch.autograd.grad(each.sum(), leaves)):
+            torch.testing.assert_close(a, b)
+        # another sample's labels changed: this sample's loss is unchanged
+        other = mj.nested_tensor([labels[0], labels[1] % 5 + 1, labels[2], labels[3]])
+        again = F.ctc_loss(x.transpose(0, 1), other, torch.tensor(il), torch.tensor(tl), reduction="none", zero_infinity=True)
+        assert torch.equal(again[[0, 2, 3]], got[[0, 2, 3]])
+    with pytest.raises(RuntimeError, match=r"target_lengths\[1\] = 4 exceeds sample 1's number of labels, 3"):
+        F.ctc_loss(x.transpose(0, 1), y, torch.tensor(steps), torch.tensor([2, 4, 0, 1]))
+    with pytest.raises(RuntimeError, match=r"input_lengths\[0\] = 10 exceeds sample 0's length, 9"):
+        F.ctc_loss(x, y, (10, 8, 0, 12), (3, 3, 0, 2))

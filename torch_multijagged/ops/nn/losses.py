@@ -523,7 +523,10 @@ def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduct
     ``(T, N, C)`` — and targets dense or multi_jagged ``(B, j1)`` (each sample's labels; their
     concatenation is the dense call's 1-d form). The log-probabilities are padded to the longest
     sample: CTC reads no step past a sample's input length, so the padding never enters the loss
-    or its gradient."""
+    or its gradient — an input length past the sample's own length raises, as the sample's own
+    dense call does. Multi_jagged targets are padded to ``(B, S)``, the dense call's padded form:
+    each sample reads the first ``target_lengths[i]`` of its own labels, and a target length past
+    them raises (the concatenated form would read the next sample's labels)."""
     if isinstance(log_probs, BatchMoved):
         if log_probs._perm != (1, 0, 2):
             return NotImplemented
@@ -533,12 +536,29 @@ def _ctc_loss(log_probs, targets, input_lengths, target_lengths, blank=0, reduct
     if isinstance(log_probs, MJT):
         if log_probs.dim() != 3 or log_probs._ragged_dims != (1,):
             raise StructureError(f"ctc_loss(): expected log-probabilities (B, j0, C), got {describe(log_probs)}")
+        _check_lengths("input_lengths", input_lengths, log_probs, "length")
         log_probs = log_probs.to_padded_tensor(0.0).transpose(0, 1)
     if isinstance(targets, MJT):
         if targets.dim() != 2:
             raise StructureError(f"ctc_loss(): expected targets (B, j1) (each sample's labels), got {describe(targets)}")
-        targets = targets.values()
+        _check_lengths("target_lengths", target_lengths, targets, "number of labels")
+        targets = targets.to_padded_tensor(0)
     return F.ctc_loss(log_probs, targets, input_lengths, target_lengths, blank, reduction, zero_infinity)
+
+
+def _check_lengths(name: str, lengths, x: MJT, what: str) -> None:
+    """Each of ``lengths`` (a tensor or a sequence of ints, one per sample) at most its sample's
+    length along ``x``'s ragged dim, as each sample's own dense call requires. Eager only."""
+    if torch.compiler.is_compiling():
+        return
+    # SYNC: lengths given as a device tensor are read once (the dense call reads them too)
+    given = torch.as_tensor(lengths).reshape(-1).tolist() if not isinstance(lengths, int) else None
+    own = x.sizes()[:, 0].tolist()
+    if given is None or len(given) != len(own):
+        return  # the dense call's own error names the mismatch
+    for i, (g, n) in enumerate(zip(given, own)):
+        if g > n:
+            raise RuntimeError(f"ctc_loss(): {name}[{i}] = {g} exceeds sample {i}'s {what}, {n}")
 
 
 route(F.ctc_loss)(_ctc_loss)
