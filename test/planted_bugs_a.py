@@ -286,7 +286,7 @@ BUGS_A = [
         "    if bool(bad.any()):", "    if False:", ("test_ragged_indexing.py", "test_reduction_grads.py")),
     # ------------------------------------------------------------------ contractions and batch-moved tokens
     Bug("einsum by broadcasting sums only the last contracted subscript", "ops/contractions/einsum.py",
-        "product = product.sum(dim=list(range(len(out), len(order))))", "product = product.sum(dim=len(order) - 1)",
+        "product = product.sum(dim=list(range(len(out), len(order))), dtype=", "product = product.sum(dim=len(order) - 1, dtype=",
         ("test_contractions.py",)),
     Bug("einsum by broadcasting aligns operands in their own order", "ops/contractions/einsum.py",
         "perm = sorted(range(len(t)), key=lambda i: order.index(t[i]))", "perm = list(range(len(t)))",

@@ -192,6 +192,18 @@ def test_a_mask_of_another_length_than_its_dim_raises(index):
         torch.testing.assert_close(a, c[..., torch.tensor([True, False, True])])
 
 
+@pytest.mark.parametrize("index", [True, False, (True,), (False,)], ids=str)
+def test_a_python_bool_is_a_mask_not_a_sample_number(index):
+    """``x[True]`` is a 0-d mask in dense indexing (a new leading dim of size 1 or 0), which a
+    batch cannot have before its batch dim: it raises, as ``x[torch.tensor(True)]`` does, and
+    never reads sample 1 or 0 (``True`` is an ``int`` to Python)."""
+    _, x = _batch_of((3, 0, 5))
+    with pytest.raises(StructureError, match="before the batch dim"):
+        x[index]
+    with pytest.raises(StructureError, match="before the batch dim"):
+        x[torch.tensor(True)]
+
+
 @pytest.mark.parametrize("index", [[0, 2], [2, 0, 2], torch.tensor([1, -1]), torch.tensor([True, False, True])], ids=str)
 def test_one_index_list_along_a_static_or_ragged_dim(index):
     """``x[..., [0, 2]]`` (features) and ``x[:, [0, 1]]`` (positions in every sample: a static dim

@@ -199,3 +199,19 @@ def test_compiled_cummax_along_ragged_dim_is_a_graph_break():
     torch._dynamo.reset()
     with pytest.raises(Exception, match=r"cummax\(\) along a ragged dim reads per-sample sizes on the host"):
         torch.compile(f, backend="aot_eager", fullgraph=True)(mj.nested_tensor(comps, ragged_dims=(1,)))
+
+
+@pytest.mark.parametrize("op", ["median", "nanmedian"])
+def test_median_of_an_expanded_dim_reads_only_its_sample(op):
+    """torch's CPU ``median`` / ``nanmedian`` along a dim of an expanded (stride-0) tensor read
+    memory outside it (torch 2.13), which in a packed batch is the next sample's rows: the values
+    are materialised first, so every sample's median is its own elements' (the dense op on the
+    sample made contiguous), whether the reduced dim is static or ragged."""
+    comps = [torch.tensor([[3.0], [1.0], [2.0]]), torch.tensor([[5.0], [4.0]]), torch.zeros(0, 1)]
+    for t in (False, True):  # the static dim reduced; the ragged one (each sample non-empty there)
+        x = mj.nested_tensor(comps[:2] if t else comps).expand(-1, -1, 3)
+        y = x.transpose(1, 2) if t else x
+        got = getattr(y, op)(2)
+        for v, i, c in zip(got.values.unbind(), got.indices.unbind(), y.unbind()):
+            want = getattr(c.contiguous(), op)(1)
+            assert torch.equal(v, want.values) and torch.equal(i, want.indices)

@@ -188,6 +188,12 @@ def test_operands_of_other_dtypes_raise_as_dense():
     assert torch.einsum("bic,bic->bic", x, y).dtype == torch.float64
     with torch.autocast("cpu", dtype=torch.bfloat16):
         assert (x.float() @ y.bfloat16().mT).dtype == torch.bfloat16
+        for out in (x.float() @ y.mT, torch.bmm(y, y.mT), torch.bmm(x.float(), y.bfloat16().mT),
+                    torch.einsum("bic,bjc->bij", y, y.bfloat16())):
+            assert out.dtype == torch.bfloat16
+        # each sample's product is dense autocast's bmm of that sample
+        for a, c in zip(torch.bmm(y, y.mT).unbind(), y.unbind()):
+            assert torch.equal(a, torch.bmm(c[None], c.mT[None])[0])
 
 
 @pytest.mark.parametrize("plan", PLANS)
@@ -306,3 +312,28 @@ def test_kernel_every_layout(ragged, lead, plan):
             want = torch.autograd.grad((expected * cot).sum(), xs + ys)
             assert_close(gx, _pack(want[:len(lens)], sx, dims, lead), f"grad x, tx={tx} ty={ty}")
             assert_close(gy, _pack(want[len(lens):], sy, dims, lead), f"grad y, tx={tx} ty={ty}")
+
+
+def test_integer_products_by_broadcasting_keep_their_dtype_and_bool_raises():
+    """Where the product is the broadcast product summed (a ragged dim among the lead dims; traced
+    code), an integer matmul / einsum keeps the operands' dtype, as dense's does (a sum would
+    accumulate into int64), bit for bit per sample; bool has no matmul kernel, as in dense torch."""
+    g = torch.Generator().manual_seed(0)
+    z = mj.nested_tensor([torch.randint(-3, 4, (n, n, 3), dtype=torch.int8, generator=g) for n in (3, 0, 2)])
+    w = mj.nested_tensor([torch.randint(-3, 4, (n, 3, 2), dtype=torch.int8, generator=g) for n in (3, 0, 2)])
+    for out, ref in ((z @ w, lambda c, d: c @ d),
+                     (torch.einsum("bijc,bicd->bijd", z, w), lambda c, d: torch.einsum("ijc,icd->ijd", c, d))):
+        assert out.dtype == torch.int8
+        for a, c, d in zip(out.unbind(), z.unbind(), w.unbind()):
+            assert torch.equal(a, ref(c, d))
+    b = mj.nested_tensor([torch.rand(n, 2, n, generator=g) > 0.5 for n in (3, 2)])
+    with pytest.raises(RuntimeError, match="not implemented for 'Bool'"):
+        b @ b.mT
+    with pytest.raises(RuntimeError, match="not implemented for 'Bool'"):
+        torch.einsum("bikj,bilj->bkl", b, b)
+    x = mj.nested_tensor([torch.randint(0, 5, (n, 4), dtype=torch.int32, generator=g) for n in (3, 0, 5)])
+    f = torch.compile(lambda a: a @ a.mT, backend="aot_eager", fullgraph=True)
+    out = f(x)
+    assert out.dtype == torch.int32
+    for a, c in zip(out.unbind(), x.unbind()):
+        assert torch.equal(a, c @ c.mT)

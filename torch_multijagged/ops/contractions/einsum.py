@@ -191,7 +191,11 @@ def _broadcast_einsum(equation: str, terms: list, operands: list, out: str):
                 have = have[:pos] + c + have[pos:]
         product = o if product is None else product * o
     if contracted:
-        product = product.sum(dim=list(range(len(out), len(order))))
+        # dense einsum contracts with bmm: an integer result keeps its dtype (a sum would
+        # accumulate into int64), and bmm has no bool kernel
+        if product.dtype == torch.bool:
+            raise RuntimeError('einsum(): "bmm" not implemented for \'Bool\'')
+        product = product.sum(dim=list(range(len(out), len(order))), dtype=product.dtype)
     return product
 
 

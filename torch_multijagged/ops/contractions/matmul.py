@@ -109,8 +109,17 @@ def _matmul(input, other, *, out=None):
         plan = matmul_spec(input, other)
         if plan is not None:
             return bridged.ragged_matmul(*plan)
-        return (input.unsqueeze(-1) * other.unsqueeze(-3)).sum(-2)
+        return broadcast_matmul(input, other)
     return NotImplemented
+
+
+def broadcast_matmul(input: MJT, other: MJT) -> MJT:
+    """``input @ other`` as the broadcast product summed over the contracted dim, in the operands'
+    dtype as dense matmul gives it (an integer sum would accumulate into int64); bool has no
+    matmul kernel, as in dense torch."""
+    if input.dtype == torch.bool:
+        raise RuntimeError('matmul(): "bmm" not implemented for \'Bool\'')
+    return (input.unsqueeze(-1) * other.unsqueeze(-3)).sum(-2, dtype=input.dtype)
 
 
 def _tensorwise(op: str, x: MJT, scales) -> None:

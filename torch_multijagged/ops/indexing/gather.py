@@ -38,9 +38,10 @@ from ...bridge import relabel
 from ...tensor import values_of, wrap_values
 from ...structure import Partition, RaggedExtent, partition_for
 from .._table import register_multi_jagged_func
-from .._common import MJT, canonical_dim, describe, wrap
+from .._common import MJT, autocast_lower, canonical_dim, describe, wrap
 from ..shape.padded import _padded_positions
 from .. import bridged
+from ..contractions.matmul import broadcast_matmul
 from ..contractions.ragged_mm import matmul_spec
 from .._routing import _needs_grad, route
 
@@ -654,7 +655,7 @@ def bmm_default(func, x, other):
         px, _ = _padded(x)
         po, _ = _padded(other)
         return torch.bmm(px.transpose(1, 2), po)  # zero padding adds nothing to the sums
-    return (x.unsqueeze(-1) * other.unsqueeze(-3)).sum(-2)
+    return broadcast_matmul(x, other)
 
 
 @route(torch._grouped_mm)
@@ -695,7 +696,9 @@ def _bmm(input, mat2, *, out=None):
     relabelling only pairs extents at the same logical dim), so that each operand's gradient
     comes back with its own nested int."""
     if out is None and isinstance(input, MJT) and isinstance(mat2, MJT) and input.dim() == mat2.dim() == 3:
-        if input.dtype != mat2.dtype and not torch.is_autocast_enabled(input.device.type):  # dense bmm promotes nothing
+        if torch.is_autocast_enabled(input.device.type):
+            input, mat2 = autocast_lower(input, mat2)  # as dense autocast casts bmm's operands
+        if input.dtype != mat2.dtype:  # dense bmm promotes nothing
             raise RuntimeError(f"bmm(): expected scalar type {input.dtype} but found {mat2.dtype}")
         plan = matmul_spec(input, mat2)
         if plan is not None:  # NOTE [ Matmul between multi_jagged tensors ] in ops/contractions/ragged_mm.py

@@ -99,6 +99,8 @@ def _as_int(i):
 def _getitem(input, index):
     if isinstance(index, tuple) and len(index) == 1:
         index = index[0]
+    if isinstance(index, bool):  # a 0-d mask (a new leading dim), as dense reads it: not a sample number
+        index = torch.tensor(index)
     if (not isinstance(input, MJT) and isinstance(index, tuple) and index and isinstance(index[0], MJT)
             and not any(isinstance(i, (torch.Tensor, list)) for i in index[1:])):
         # ``table[idx, 0]``, ``table[idx, :, 1:]``: basic indices after the rows index the rows' own

@@ -227,6 +227,13 @@ def _all_nan_place(x: MJT, k: int, length: torch.Tensor) -> torch.Tensor:
     return x._partition.derived(("all_nan_median", k, dtype), compute)[length]
 
 
+def _materialised(t: torch.Tensor) -> torch.Tensor:
+    """``t``, copied where a stride is 0 (an ``expand``): torch's CPU ``median`` / ``nanmedian``
+    along a dim of such a tensor read memory outside it (torch 2.13: ``tensor([[3.], [1.]])
+    .expand(-1, 3).median(1)`` is not ``[3, 1]``), which in a packed batch is another sample's rows."""
+    return t.contiguous() if 0 in t.stride() else t
+
+
 @eager_or_traced
 def median_ragged(op: str, x: MJT, k: int, keepdim: bool, ignore_nan: bool):
     def empty(s, n):
@@ -237,7 +244,7 @@ def median_ragged(op: str, x: MJT, k: int, keepdim: bool, ignore_nan: bool):
         check_samples(x, k, lambda n: n == 0, empty, f"{op}(): Expected reduction dim to have non-zero size in every sample")
     if eager:
         dense = torch.nanmedian if ignore_nan else torch.median
-        out = _remove(x, k, run_segments(x, k, lambda t, d, out=None: dense(t, d, out=out), "remove"))
+        out = _remove(x, k, run_segments(x, k, lambda t, d, out=None: dense(_materialised(t), d, out=out), "remove"))
         if out is not None:
             return _keepdim(out, x._ragged_dims[k], keepdim)
     src = _sorted_rows(x, k, False)
@@ -425,7 +432,7 @@ def _median_route(name: str, ignore_nan: bool, result):
             return dense(values_of(input))  # over every element of the batch, as sum() is
         d, hit = _dim(name, input, dim)
         if hit is None:
-            v, i = _static(name, input, d, lambda v, vd: dense(v, vd, keepdim), not keepdim)
+            v, i = _static(name, input, d, lambda v, vd: dense(_materialised(v), vd, keepdim), not keepdim)
         else:
             v, i = median_ragged(name, input, hit[1], bool(keepdim), ignore_nan)
         return result((v, i))
