@@ -127,3 +127,33 @@ def test_a_ragged_size_under_torch_compile():
         out = cf(mj.nested_tensor(comps))
         for got, c in zip(out.unbind(), comps):
             torch.testing.assert_close(got, ref(c))
+
+
+COMPARISONS = {
+    "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
+    "torch.eq": torch.eq, "torch.ne": torch.ne, "torch.lt": torch.lt, "torch.greater_equal": torch.greater_equal,
+}
+
+
+@pytest.mark.parametrize("name", list(COMPARISONS))
+def test_comparisons_with_a_ragged_size_are_per_sample_masks(name):
+    """``pos + 1 == n`` (the last position of each sample), ``pos < n // 2`` and the reversed
+    forms compare each sample with its own size — a mask, never Python's identity answer
+    (``False``), whatever operand comes first; so ``x * (pos + 1 != n)`` zeroes each last row."""
+    op = COMPARISONS[name]
+    lengths = (5, 2, 0, 8, 1)
+    x = mj.nested_tensor([torch.randn(n, 3) for n in lengths])
+    pos, n = mj.position_ids(x), x.shape[1]
+    for size, k in ((n, 1), (n // 2, 2), (2 * n, None)):
+        each = [n_i // k if k == 2 else 2 * n_i if k is None else n_i for n_i in lengths]
+        for a, b, flip in ((pos + 1, size, False), (size, pos, True)):
+            if flip and name.startswith("torch."):
+                continue  # torch functions take the tensor first
+            got = op(a, b)
+            assert isinstance(got, mj.MultiJaggedTensor), type(got)
+            for g, p, s in zip(got.unbind(), pos.unbind(), each):
+                want = op(torch.tensor(s), p) if flip else op(p + 1, torch.tensor(s))
+                assert g.dtype == want.dtype and torch.equal(g, want)
+    kept = x * (pos + 1 != n).unsqueeze(-1)
+    for k_i, c in zip(kept.unbind(), x.unbind()):
+        assert torch.equal(k_i[:-1], c[:-1]) and not bool(k_i[-1:].any())

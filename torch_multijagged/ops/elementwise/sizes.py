@@ -1,4 +1,5 @@
-"""Arithmetic with a ragged size: ``x / x.shape[1]``, each sample by its own size.
+"""Arithmetic and comparisons with a ragged size: ``x / x.shape[1]``, ``pos == n - 1``, each sample
+by its own size.
 
 NOTE [ Ragged sizes as numbers ]
 
@@ -11,6 +12,8 @@ a multiple of one, ``2 * n``), the arithmetic ops here use each sample's own siz
 becomes a dense ``(B, 1, …, 1)`` operand of the tensor's rank, which applies per sample
 (NOTE [ Broadcasting over ragged dims ]), in the dtype a Python int would give
 (``torch.result_type(x, 1)``), so the result's dtype is the one dense torch gives for a number.
+Comparisons (``==``, ``<``, ``torch.eq``, …) go the same way: a mask per sample, where Python
+would otherwise answer ``pos == n`` by identity (``False``).
 A nested int of another batch raises. A dense tensor combined with a nested int never reaches
 this package (``x.sum(1) / x.shape[1]``, where ``x.sum(1)`` is dense): torch's placeholder
 stands; ``x.mean(1)`` is what to write.
@@ -26,8 +29,10 @@ from .._common import MJT, describe
 from .._routing import route
 
 _NAMES = ("add", "sub", "mul", "div", "true_divide", "floor_divide", "remainder", "fmod", "pow", "subtract",
-          "multiply", "divide", "rsub")
-_DUNDERS = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "div")
+          "multiply", "divide", "rsub",
+          # comparisons (``pos + 1 == n``: the last position of every sample)
+          "eq", "ne", "lt", "le", "gt", "ge", "greater", "greater_equal", "less", "less_equal", "not_equal")
+_DUNDERS = ("add", "sub", "mul", "truediv", "floordiv", "mod", "pow", "div", "eq", "ne", "lt", "le", "gt", "ge")
 
 
 def _functions():
