@@ -229,7 +229,8 @@ def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str 
             # dense torch's steps: ``x - max`` and ``exp`` in the input's dtype, their sum
             # accumulated in float32 and rounded once, ``log`` and ``+ max`` in the input's dtype
             v = v.to(low)
-        m = _forward_k(plan, x, v.detach(), "amax")
+        # a complex input's shift is its real part's max, as dense logsumexp takes it
+        m = _forward_k(plan, x, v.detach().real if v.is_complex() else v.detach(), "amax")
         # an empty segment's max is the lowest value, as is a real one of masked entries
         # (``finfo.min``): only the empty ones (and infinite maxima) shift by 0
         m = torch.where(torch.isinf(m) | (plan.count(x, m.dtype, v) == 0), torch.zeros_like(m), m)
