@@ -66,7 +66,7 @@ BUGS_B = [
         "out = values.sum(0, keepdim=True, dtype=values.dtype)", "out = values.sum(0, keepdim=True)",
         ("test_reduction_dtypes.py",)),
     Bug("index assignment writes the selection's values in reverse order", "ops/indexing/scatter.py",
-        "at[flat] = torch.arange(flat.numel(), device=v.device)", "at[flat] = torch.arange(flat.numel(), device=v.device).flip(0)",
+        "index_put((flat,), src_flat)", "index_put((flat,), src_flat.flip(0))",
         ("test_getitem.py",)),
     Bug("index assignment ignores the value's gradient", "ops/indexing/scatter.py",
         "src_flat = (values_of(src) if isinstance(src, MJT) else src).reshape(-1)",

@@ -192,6 +192,32 @@ def test_a_mask_of_another_length_than_its_dim_raises(index):
         torch.testing.assert_close(a, c[..., torch.tensor([True, False, True])])
 
 
+@pytest.mark.parametrize("index", ["paired", "static pair", "list"])
+def test_index_assignment_to_one_position_twice_as_dense(index):
+    """``x[:, a, b] = v`` naming one position twice: the last write stands and every row of ``v``
+    gets its gradient, as dense ``__setitem__`` (``index_put``) gives them; so does ``x``'s own."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, 3, 4, dtype=torch.float64, generator=g).requires_grad_() for n in (3, 2, 4)]
+    a, b = torch.tensor([0, 0]), torch.tensor([1, 1])
+    key = {"paired": (slice(None), a, b), "static pair": (Ellipsis, b, a), "list": (slice(None), [0, 0])}[index]
+    v = torch.randn({"paired": (2, 4), "static pair": (2,), "list": (2, 3, 4)}[index], dtype=torch.float64,
+                    generator=g).requires_grad_()
+    y = tmj.as_nested_tensor(xs) * 1
+    y[key] = v
+    refs = []
+    for t in xs:
+        r = t * 1
+        r[key if key[0] is Ellipsis else key[1:]] = v
+        refs.append(r)
+    for got, r in zip(y.unbind(), refs):
+        assert torch.equal(got, r)
+    w = [torch.randn(r.shape, dtype=torch.float64, generator=g) for r in refs]
+    got = torch.autograd.grad(y, [v, *xs], tmj.nested_tensor(w))
+    want = torch.autograd.grad(refs, [v, *xs], w)
+    for p, q in zip(got, want):
+        torch.testing.assert_close(p, q)
+
+
 @pytest.mark.parametrize("index", [True, False, (True,), (False,)], ids=str)
 def test_a_python_bool_is_a_mask_not_a_sample_number(index):
     """``x[True]`` is a 0-d mask in dense indexing (a new leading dim of size 1 or 0), which a

@@ -253,12 +253,11 @@ def assign_index(x: MJT, index, value, getitem):
     if flat.numel() == 0:
         return None
     src_flat = (values_of(src) if isinstance(src, MJT) else src).reshape(-1)
-    at = torch.zeros(v.numel(), dtype=torch.int64, device=v.device)  # each element's place in src_flat
-    at[flat] = torch.arange(flat.numel(), device=v.device)
-    selected = torch.zeros(v.numel(), dtype=torch.bool, device=v.device)
-    selected[flat] = True
-    spread = wrap_values(src_flat[at.view(v.shape)], x._partition, x._ragged_dims)
-    x.copy_(torch.where(wrap(selected.view(v.shape), x._partition, x._ragged_dims), spread, x))
+    # dense ``index_put`` on the packed values: where the selection names an element twice, the
+    # last write stands and every written element of ``value`` gets its gradient, as dense
+    # ``__setitem__``'s ``index_put`` gives them
+    new = values_of(x).reshape(-1).index_put((flat,), src_flat)
+    x.copy_(wrap_values(new.view(v.shape), x._partition, x._ragged_dims))
     return None
 
 
