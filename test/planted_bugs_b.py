@@ -479,4 +479,7 @@ BUGS_B = [
         '"eq", "ne", "lt", "le", "gt", "ge", "greater",', '"greater",', ("test_size_arithmetic.py",)),
     Bug("complex logsumexp shifts by the complex values", "ops/reductions/reduce.py",
         'v.detach().real if v.is_complex() else v.detach(), "amax")', 'v.detach(), "amax")', ("test_ragged_reductions.py",)),
+    Bug("per-sample searchsorted searches each sample's values among the next sample's boundaries", "ops/elementwise/pointwise.py",
+        "                    for bd, r, so in zip(bounds, rows, sorters)]", "                    for bd, r, so in zip(bounds[1:] + bounds[:1], rows, sorters)]",
+        ("test_searchsorted.py",)),
 ]

@@ -9,11 +9,20 @@ import pytest
 import torch
 
 import torch_multijagged as mj
+from torch_multijagged.ops.elementwise import pointwise
+
+
+@pytest.fixture(params=["per sample", "bisection"])
+def path(request, monkeypatch):
+    """Both eager forms: the dense op on each sample (small batches) and every row's bisection at
+    once (large ones)."""
+    monkeypatch.setattr(pointwise, "SEARCH_PER_SAMPLE_UP_TO", 1 << 30 if request.param == "per sample" else -1)
+    return request.param
 
 
 @pytest.mark.parametrize("right", [False, True])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int64])
-def test_searchsorted_with_per_sample_boundaries(right, dtype):
+def test_searchsorted_with_per_sample_boundaries(right, dtype, path):
     """Each sample's values searched among its own sorted boundaries (a multi_jagged ``(B, j0)``),
     values multi_jagged of another extent or dense ``(B, M)``; ties, values past the end, an empty
     boundary list, and for floats ``inf``."""
@@ -38,7 +47,7 @@ def test_searchsorted_with_per_sample_boundaries(right, dtype):
 
 
 @pytest.mark.parametrize("right", [False, True])
-def test_searchsorted_nan_boundaries_stay_in_their_sample(right):
+def test_searchsorted_nan_boundaries_stay_in_their_sample(right, path):
     """A sample whose last boundaries are NaN (sorted last, as torch.sort puts them) leaves the
     other samples' searches alone: each sample's values as dense searches them, and changing one
     sample's boundaries changes no other sample's result."""
@@ -61,7 +70,7 @@ def test_searchsorted_nan_boundaries_stay_in_their_sample(right):
 
 
 @pytest.mark.parametrize("side", ["left", "right"])
-def test_searchsorted_with_a_per_sample_sorter_and_one_value(side):
+def test_searchsorted_with_a_per_sample_sorter_and_one_value(side, path):
     """``sorter=`` of the boundaries' structure (each sample's ``argsort``) and one number searched
     in every sample (a dense ``(B,)`` of dense's 0-d answers), as dense per sample; ``out_int32``."""
     g = torch.Generator().manual_seed(1)
