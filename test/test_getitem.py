@@ -558,12 +558,47 @@ def test_index_tensors_after_the_whole_batch_pair_up_per_sample(index):
         torch.testing.assert_close(t, want)
 
 
-def test_a_slice_after_paired_index_tensors_is_not_read_as_theirs():
-    """``x[:, a, b, 1:]``: the slice is the last dim's, which the paired form does not take: it
-    raises rather than slice the index's dims."""
-    x = tmj.nested_tensor([torch.randn(n, 2, 4) for n in (3, 2)])
-    with pytest.raises(NotImplementedError):
-        x[:, [0, 1], [0, 1], 1:]
+_AFTER_PAIRS = {
+    "x[:, a, b, 1]": (slice(None), [0, 1], [1, 0], 1),
+    "x[:, a, b, 1:]": (slice(None), [0, 1], [2, 0], slice(1, None)),
+    "x[:, a, b, None]": (slice(None), [1, 0], [1, 0], None),
+    "x[:, idx2d, 1]": (slice(None), [[0, 1], [1, 0]], 1),
+    "x[:, :, a, b, None]": (slice(None), slice(None), [0, 1], [1, 3], None),
+    "x[:, a, b, ..., ::2]": (slice(None), [0, 1], [1, 0], Ellipsis, slice(None, None, 2)),
+    "x[..., a, b, None]": (Ellipsis, [0, 2], [1, 3], None),
+    "x[..., idx2d, 1:]": (Ellipsis, [[0, 2], [1, 0]], slice(1, None)),
+}
+
+
+@pytest.mark.parametrize("name", list(_AFTER_PAIRS))
+def test_basic_indices_after_paired_index_tensors_as_dense(name):
+    """``x[:, a, b, 1]``, ``x[:, a, b, 1:]``, ``x[:, idx2d, None]``: dense indexing places the
+    paired index's dims where the index tensors stand and applies the basic indices after them to
+    the dims after those (its integers are selects): per sample, reading (values and every
+    gradient) and writing, a sample too short for the index raising."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, 4, dtype=torch.float64, generator=g).requires_grad_() for n in (3, 2, 4)]
+    key = tuple(torch.tensor(i) if isinstance(i, list) else i for i in _AFTER_PAIRS[name])
+    x = tmj.as_nested_tensor(comps)
+    got = x[key]
+    per = key if key[0] is Ellipsis else key[1:]
+    refs = [c[per] for c in comps]
+    outs = got.unbind() if isinstance(got, tmj.MultiJaggedTensor) else list(got)
+    for a, r in zip(outs, refs):
+        assert a.shape == r.shape and torch.equal(a, r)
+    w = [torch.randn(r.shape, dtype=torch.float64, generator=g) for r in refs]
+    cot = tmj.nested_tensor(w) if isinstance(got, tmj.MultiJaggedTensor) else torch.stack(w)
+    for p, q in zip(torch.autograd.grad(got, comps, cot), torch.autograd.grad(refs, comps, w)):
+        torch.testing.assert_close(p, q)
+    y = x.detach().clone()
+    y[key] = 7.0
+    for a, c in zip(y.unbind(), comps):
+        c = c.detach().clone()
+        c[per] = 7.0
+        assert torch.equal(a, c)
+    if key[0] is not Ellipsis and isinstance(key[1], torch.Tensor):  # the index reads ragged dim 1: a short sample raises
+        with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+            tmj.nested_tensor([torch.randn(n, 3, 4) for n in (3, 1)])[key]
 
 
 def test_several_index_tensors_errors_and_round_trip():

@@ -209,6 +209,10 @@ def _getitem_static(input, items):
     indexing would compare slice bounds with the nested ints ("relation is indeterminate")."""
     if items and isinstance(items[0], int) and not isinstance(items[0], bool):
         return _getitem(input, items[0])[items[1:]]  # a sample, then dense indexing
+    split = _index_run_then_basic(_expand_ellipsis(input, items) if _leading_ellipsis(items) else items)
+    if split is not None:
+        head, lead, rest = split
+        return _getitem_static(input, head)[(slice(None),) * lead + rest]
     paired = _static_pairs(input, items)
     if paired is not None:
         return paired
@@ -272,6 +276,45 @@ def _getitem_static(input, items):
             start, stop, step = it.indices(out.shape[d])
             out, d = torch.ops.aten.slice.Tensor(out, d, start, stop, step), d + 1
     return out
+
+
+def _leading_ellipsis(items: tuple) -> bool:
+    """Whether an Ellipsis stands before the first index tensor of ``items`` (``x[..., a, b, 1]``)."""
+    for it in items:
+        if it is Ellipsis:
+            return True
+        if _index_tensor(it) is not None:
+            return False
+    return False
+
+
+def _index_run_then_basic(items: tuple):
+    """``(head, lead, rest)`` for ``x[:, a, b, 1]``, ``x[:, a, b, 1:3]``, ``x[:, idx2d, None]``:
+    index tensors on adjacent dims (several, or one of several dims) after whole slices only, then
+    basic indices (ints, slices, ``None``, an Ellipsis), not all whole slices. Dense indexing
+    places the index's broadcast dims where the index tensors stand and applies the basic indices
+    to the dims after them (its integers are selects), so ``x[head][(:,) * lead + rest]`` is the
+    same: ``head`` the items up to the index tensors, ``lead`` the result's dims before ``rest``'s.
+    None for anything else."""
+    adv = [k for k, it in enumerate(items) if _index_tensor(it) is not None]
+    if not adv or adv[0] == 0 or adv != list(range(adv[0], adv[-1] + 1)):
+        return None
+    if not all(isinstance(it, slice) and _whole(it) for it in items[:adv[0]]):
+        return None
+    rest = tuple(items[adv[-1] + 1:])
+    if not rest or all(isinstance(it, slice) and _whole(it) for it in rest):
+        return None
+    if not all(it is None or it is Ellipsis or isinstance(it, slice) or (isinstance(it, int) and not isinstance(it, bool))
+               for it in rest):
+        return None
+    idx = [_index_tensor(items[k]) for k in adv]
+    if len(idx) == 1 and idx[0].dim() == 1:
+        return None  # one 1-d index keeps its own path (per-sample negative positions)
+    try:
+        shape = torch.broadcast_shapes(*(i.shape for i in idx))
+    except RuntimeError:
+        return None  # pairwise_index raises dense's message
+    return tuple(items[:adv[-1] + 1]), adv[0] + len(shape), rest
 
 
 def _index_run(input, items: tuple):
