@@ -223,14 +223,17 @@ def pad_ragged(op: str, x: MJT, pad: list, pads: dict, mode: str, value):
     for d, (lo, hi) in ragged.items():
         k = x._ragged_dims.index(d)
         if mode == "circular" and (lo < 0 or hi < 0):
-            # a crop that leaves nothing to wrap around while the padded size is not 0: dense reads
-            # memory outside the sample there (a torch bug), so refuse it, naming the sample
+            # a crop that leaves less than a pad wraps around: dense reads memory outside the
+            # sample there (crop to nothing) or raises an overlap error (a torch quirk: with
+            # autograd on it returns values), so refuse it, naming the sample
             n_host = p.extents[k].host_lengths()  # SYNC: none — host lengths
-            bad = ((n_host - max(-lo, 0) - max(-hi, 0) <= 0) & (n_host + lo + hi > 0)).nonzero().flatten()
+            kept = n_host - max(-lo, 0) - max(-hi, 0)
+            bad = (((kept <= 0) & (n_host + lo + hi > 0)) | (kept < max(lo, hi, 0))).nonzero().flatten()
             if bad.numel():
                 i = int(bad[0])
                 raise RuntimeError(f"{op}(): circular padding ({lo}, {hi}) of ragged dim {d} crops sample {i} (size "
-                                   f"{int(n_host[i])}) to nothing and wraps around it (dense torch reads outside the tensor)")
+                                   f"{int(n_host[i])}) to {max(int(kept[i]), 0)} and wraps around it by more than that "
+                                   "(dense torch reads outside the tensor or raises)")
         extents[k] = mapped_extent(p.extents[k], ("pad", lo, hi), lambda n, lo=lo, hi=hi: n + lo + hi)
     n = p.device_sizes()
 
