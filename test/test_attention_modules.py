@@ -288,6 +288,36 @@ def test_bias_kv_and_zero_attn(bias_kv, zero_attn, need_weights):
         m(x, x, x, is_causal=True, attn_mask=torch.ones(3, 3, dtype=torch.bool).triu(1), need_weights=False)
 
 
+@pytest.mark.parametrize("bias_kv,zero_attn", [(True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_bias_kv_and_zero_attn_with_a_dense_query(bias_kv, zero_attn, need_weights):
+    """A dense query ``(B, L, E)`` (a decoder's object queries) over multi_jagged memory with
+    ``add_bias_kv`` / ``add_zero_attn``: each sample's queries over its own keys and the appended
+    ones, as dense per sample — an empty memory sample included — outputs, weights and the
+    gradients of the query, the memory and every parameter."""
+    g = torch.Generator().manual_seed(2)
+    m = nn.MultiheadAttention(E, H, batch_first=True, add_bias_kv=bias_kv, add_zero_attn=zero_attn, dtype=DT)
+    if bias_kv:
+        with torch.no_grad():
+            m.bias_k.normal_(generator=g), m.bias_v.normal_(generator=g)
+    mems = [c.requires_grad_() for c in _comps((3, 1, 0, 4))]
+    q = torch.randn(len(mems), 2, E, dtype=DT, generator=g, requires_grad=True)
+    out, w = m(q, tmj.as_nested_tensor(mems), tmj.as_nested_tensor(mems), need_weights=need_weights)
+    per = [m(q[i:i + 1], c[None], c[None], need_weights=need_weights) for i, c in enumerate(mems)]
+    ref = torch.cat([o for o, _ in per])
+    torch.testing.assert_close(out, ref)
+    leaves = [q, *mems, *m.parameters()]
+    cot = torch.randn(ref.shape, dtype=DT, generator=g)
+    for a, b in zip(torch.autograd.grad(out, leaves, cot, allow_unused=True),
+                    torch.autograd.grad(ref, leaves, cot, allow_unused=True)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b)
+    if need_weights:
+        for a, (_, wr) in zip(w.unbind(), per):
+            torch.testing.assert_close(a, wr[0])
+
+
 @pytest.mark.parametrize("average", [True, False])
 def test_causal_attention_weights(average):
     """``is_causal=True`` with the attention weights asked for (the module's default

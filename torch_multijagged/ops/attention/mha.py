@@ -102,10 +102,9 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
             raise NotImplementedError(f"{_OP}(): {name} is not supported for layout torch.multi_jagged")
     if (bias_k is None) != (bias_v is None):
         raise AssertionError(f"{_OP}(): bias_k and bias_v are given together")  # dense asserts it too
-    if (bias_k is not None or add_zero_attn) and (is_causal or dense_q):
+    if (bias_k is not None or add_zero_attn) and is_causal:
         raise NotImplementedError(
-            f"{_OP}(): bias_k / bias_v and add_zero_attn with is_causal=True or a dense query are not supported "
-            "for layout torch.multi_jagged"
+            f"{_OP}(): bias_k / bias_v and add_zero_attn with is_causal=True are not supported for layout torch.multi_jagged"
         )
     if key_padding_mask is not None:
         raise ValueError(
