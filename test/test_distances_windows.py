@@ -1,6 +1,7 @@
-"""``torch.cdist``, ``F.cosine_similarity``, ``F.prelu`` and ``Tensor.unfold`` of a static dim on
+"""``F.pdist``, ``F.cosine_similarity``, ``F.prelu`` and ``Tensor.unfold`` of a static dim on
 multi_jagged tensors, against the dense op on each sample: values, gradients to every input
-(second order where the op has one), a zero-length sample, the no-leakage property."""
+(second order where the op has one), a zero-length sample, the no-leakage property
+(``torch.cdist``: ``test_cdist.py``)."""
 
 from __future__ import annotations
 
@@ -15,36 +16,6 @@ from _reference import LAYOUTS, R, SEQ, few, per_sample_check, seeds, structures
 from _structures import bit_equal
 
 F64 = torch.float64
-
-
-@few(15)
-@given(structures(SEQ, min_c=1, max_c=3), structures(SEQ, min_c=1, max_c=3), seeds, st.sampled_from([0.0, 1.0, 2.0, 3.0, float("inf")]))
-def test_cdist_between_two_batches_per_sample(s, t, seed, p):
-    b = min(s.batch, t.batch)
-    a_comps = s.components(seed)[:b]
-    b_comps = [c[:, : s.c] if c.shape[1] >= s.c else torch.cat([c, c.new_zeros(c.shape[0], s.c - c.shape[1])], 1)
-               for c in t.components(seed + 1)[:b]]
-    # p < 1 and p = inf have no gradient at zero distance in dense torch either: values only there
-    per_sample_check(lambda x, y: torch.cdist(x, y, p=p), R(a_comps, (1,)), R(b_comps, (1,)), grad=p >= 1.0, seed=seed)
-
-
-@few(10)
-@given(structures(SEQ, min_c=1, max_c=3), seeds)
-def test_cdist_of_a_batch_with_itself_has_zero_diagonal_gradients(s, seed):
-    # the diagonal is a zero distance: dense torch's gradient there is 0, not nan
-    per_sample_check(lambda x: torch.cdist(x, x), R(s.components(seed), (1,)), seed=seed)
-
-
-def test_cdist_with_a_dense_batch_and_its_errors():
-    g = torch.Generator().manual_seed(0)
-    comps = [torch.randn(n, 3, dtype=F64, generator=g) for n in (2, 0, 4)]
-    y = torch.randn(3, 5, 3, dtype=F64, generator=g, requires_grad=True)
-    out = torch.cdist(mj.as_nested_tensor(comps), y)
-    for i, (o, c) in enumerate(zip(out.unbind(), comps)):
-        torch.testing.assert_close(o, torch.cdist(c, y[i]))
-    signals = mj.as_nested_tensor([torch.randn(2, n) for n in (3, 1)], ragged_dims=(2,))
-    with pytest.raises(StructureError, match="static last dim"):
-        torch.cdist(signals, signals)
 
 
 @few(15)

@@ -75,6 +75,11 @@ key                                   value (method that builds it)
 ``"rnn_time_major"``                  ``(rows, batch_sizes, order)``: a ``PackedSequence``'s
                                       time-major rows, host batch sizes and sample order
                                       (ops/nn/rnn.py)
+``"sample_rows"``                     ``(sizes, rows)``: each sample's ragged sizes and packed rows as Python
+                                      ints (ops/nn/distances.py)
+``("cdist_units", …)``                ``(p1, p2, units)``: ``cdist``'s samples stacked into one call, for
+                                      operands of partitions ``p1``, ``p2``, the last ones met, on the
+                                      output's partition (ops/nn/distances.py)
 ====================================  ===========================================================
 
 ``derived(key, compute)`` is the one get-or-compute: ``compute(partition)`` runs on the first
