@@ -497,4 +497,9 @@ BUGS_B = [
         "(p2 and (mode == 1 or (mode == 0 and (n > 25 or m > 25))))", "(p2 and mode == 1)", ("test_cdist.py",)),
     Bug("cdist's stacked results keep the result's dim order in storage", "ops/nn/distances.py",
         "        lead = [k + 1 for k in to_storage]", "        lead = [k + 1 for k in sorted(to_storage)]", ("test_cdist.py",)),
+    Bug("a conv with one ragged side reads each sample's rows as its component without moving the ragged dim", "ops/vision/conv.py",
+        "        comp = r.movedim(0, rd - 1).unsqueeze(0)", "        comp = r.unsqueeze(0)", ("test_canvas_paths.py",)),
+    Bug("a conv with one ragged side packs each output without moving its ragged dim back", "ops/vision/conv.py",
+        "        outs.append(out[0].movedim(rd - 1, 0))", "        outs.append(out[0].transpose(0, rd - 1))",
+        ("test_canvas_paths.py",)),
 ]

@@ -131,3 +131,24 @@ def monkeypatch_module():
     mp.setattr(per_image, "MIN_CHANNELS", 0)
     yield
     mp.undo()
+
+
+@pytest.mark.parametrize("form", ["per sample", "canvas"])
+@pytest.mark.parametrize("layout", ["(B, C, T, F)", "(B, C, H, j)"])
+@pytest.mark.parametrize("kw", [dict(stride=2), dict(padding=1), dict(padding="same", dilation=2),
+                                dict(stride=(2, 1), padding=(0, 2)), dict(groups=2, padding=1)], ids=str)
+def test_conv2d_with_one_ragged_side(form, layout, kw, monkeypatch):
+    """A batch with one ragged spatial dim and a static one (spectrograms, text lines): the dense
+    conv per sample (NOTE [ Convolutions with one ragged side ] in ops/vision/conv.py) or the
+    canvas, each as dense on every sample, an empty sample included, gradients of the input and
+    the parameters; both give the output one nested int per window rule."""
+    from torch_multijagged.ops.vision import conv as vconv
+    monkeypatch.setattr(vconv, "ONE_RAGGED_SIDE_PER_SAMPLE_UP_TO", 1 << 30 if form == "per sample" else -1)
+    sizes = [(n, 9) for n in (7, 3, 0, 12)] if layout == "(B, C, T, F)" else [(5, n) for n in (7, 3, 0, 12)]
+    comps = _images(sizes)
+    g = 2 if kw.get("groups") else 1
+    w, b = _params((4, comps[0].shape[0] // g, 3, 3), (4,))
+    y = _check(lambda x: F.conv2d(x, w, b, **kw), lambda x: F.conv2d(x, w, b, **kw), comps, [w, b])
+    assert len(y._ragged_dims) == 1
+    x = _batch(comps)
+    assert F.conv2d(x, w.detach(), None, **kw).shape == F.conv2d(x, w.detach(), b.detach(), **kw).shape  # one rule, one nested int

@@ -80,6 +80,8 @@ key                                   value (method that builds it)
 ``("cdist_units", …)``                ``(p1, p2, units)``: ``cdist``'s samples stacked into one call, for
                                       operands of partitions ``p1``, ``p2``, the last ones met, on the
                                       output's partition (ops/nn/distances.py)
+``("one_ragged_side_out", op, …)``    (B, 2) output sizes of a conv of a batch with one ragged spatial
+                                      dim, per window rule and static size (ops/vision/conv.py)
 ====================================  ===========================================================
 
 ``derived(key, compute)`` is the one get-or-compute: ``compute(partition)`` runs on the first
