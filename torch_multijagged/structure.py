@@ -72,6 +72,10 @@ key                                   value (method that builds it)
 ``("block_starts", rd_q, rd)``        ``(cu_q, cu_k, start)``: the first row of each attention
                                       segment's score block in a mask of this partition, for the
                                       latest segments (ops/attention/sdpa.py)
+``("index_rows", rd_x, rd, k)``       ``(p, plan)``: per row of an index of this partition, its sample and
+                                      the packed row, size and row stride along ragged dim k of a
+                                      tensor of partition ``p``, the latest ``p`` met (``gather`` /
+                                      ``scatter`` along a ragged dim; ops/indexing/slicing.py)
 ``"rnn_time_major"``                  ``(rows, batch_sizes, order)``: a ``PackedSequence``'s
                                       time-major rows, host batch sizes and sample order
                                       (ops/nn/rnn.py)

@@ -36,9 +36,10 @@ import torch
 
 from ...bridge import relabel
 from ...tensor import values_of, wrap_values
+from ...kernels.along import packed_rows
 from ...structure import Partition, RaggedExtent, partition_for
 from .._table import register_multi_jagged_func
-from .._common import MJT, autocast_lower, canonical_dim, describe, wrap
+from .._common import MJT, autocast_lower, canonical_dim, describe, eager_route, wrap
 from ..shape.padded import _padded_positions
 from .. import bridged
 from ..contractions.matmul import broadcast_matmul
@@ -539,36 +540,91 @@ def table_lookup(table: torch.Tensor, index: MJT) -> MJT:
 
 
 def rows_by_index(x: MJT, batch_index: torch.Tensor, index: MJT) -> MJT:
-    """``x[b, index]``: ``x`` ``(B, j0, *static)``, a dense integer batch index ``b`` of one entry
-    per sample of ``index`` (``torch.arange(B)[:, None]``, or ``(B',)``; one entry broadcasts) and a multi_jagged integer
-    ``index`` ``(B', j1)``: sample i holds rows ``index_i`` of ``x``'s sample ``b_i``, as dense
-    ``x[b, index]`` of a padded batch reads them (token selection: ``x[arange(B)[:, None],
-    keep]``). The index's structure with ``x``'s static dims after it; indices count from the
-    end when negative and are bounds-checked per sample; differentiable w.r.t. ``x``."""
+    """``x[b, index]``: a dense integer batch index ``b`` of one entry per sample of ``index``
+    (``torch.arange(B)[:, None]`` or ``[:, None, None]``, as many trailing 1s as dense
+    broadcasting wants, or ``(B',)``; one entry broadcasts) and a multi_jagged integer ``index``
+    of any structure: sample i is dense ``x_{b_i}[index_i]``, the index's dims then ``x``'s after
+    dim 1 (token selection ``x[arange(B)[:, None], keep]``, kNN neighbours ``f[b, idx]`` with
+    ``idx (B, j0, k)``, a class cost ``prob.transpose(1, 2)[b, labels]`` that indexes a static dim).
+    Indices count from the end when negative and are bounds-checked per sample; differentiable
+    w.r.t. ``x``. Where ``x`` has ragged dims after dim 1 they stay in the result, so each index
+    sample must read its own sample (``b_i = i``)."""
     op = "index"
-    if x._ragged_dims != (1,) or index._ragged_dims != (1,) or len(index._size) != 2:
-        raise NotImplementedError(
-            f"{op}(): x[b, index] with a multi_jagged index reads rows of a (B, j0, …) batch by a (B, j1) index, "
-            f"got {describe(x)} and {describe(index)} for {_LAYOUT}"
-        )
     for what, t in (("batch index", batch_index), ("index", index)):
         if t.dtype not in (torch.int64, torch.int32):
             # (dense torch reads a byte or bool index as a mask; per-sample masks are x[mask])
             raise IndexError(f"{op}(): x[b, index] takes int64 or int32 index tensors for {_LAYOUT}, got {t.dtype} ({what})")
-    nb = index._partition.batch
-    if batch_index.dim() <= 2 and batch_index.numel() == 1:
+    q = index._partition
+    nb = q.batch
+    if batch_index.dim() <= index.dim() and batch_index.numel() == 1:
         batch_index = batch_index.reshape(1).expand(nb)  # one sample for every index sample: broadcast, as dense
-    if tuple(batch_index.shape) not in ((nb,), (nb, 1)):
+    if batch_index.dim() == 0 or batch_index.dim() > index.dim() or batch_index.shape[0] != nb or any(
+            n != 1 for n in batch_index.shape[1:]):
         raise IndexError(f"{op}(): shape mismatch: the batch index {tuple(batch_index.shape)} does not give one sample "
                          f"per sample of the index {describe(index)}")
     p = x._partition
     b = _check_in_range(op, batch_index.reshape(-1).to(torch.int64), torch.tensor(p.batch, device=batch_index.device),
                         "the batch dim")
-    src = b[index._partition.row_sample()]
-    rows = p.offsets[src] + _check_in_range(op, index._values.to(torch.int64), p.extents[0].lengths()[src], "a ragged dim")
-    if _needs_grad(x):
-        return wrap_values(values_of(x).index_select(0, rows), index._partition, index._ragged_dims)
-    return wrap(x._values.index_select(0, rows), index._partition, index._ragged_dims)
+    iv = index._values.to(torch.int64)
+    lead = (-1, *([1] * (iv.dim() - 1)))
+    v = values_of(x) if _needs_grad(x) else x._values
+    made = wrap_values if _needs_grad(x) else wrap
+    if x._ragged_dims == (1,):  # rows of the samples: one row per index element
+        src = b[q.row_sample()]
+        rows = p.offsets[src].view(lead) + _check_in_range(op, iv, p.extents[0].lengths()[src].view(lead), "a ragged dim")
+        return made(v.index_select(0, rows.reshape(-1)).view(*iv.shape, *v.shape[1:]), q, index._ragged_dims)
+    return _elements_by_index(x, b, index, iv, v, made)
+
+
+@eager_route("index(): x[b, index] whose ragged dims after dim 1 stay in the result makes a partition of the index's "
+             "extents and those on the host: a graph break under torch.compile")
+def _elements_by_index(x: MJT, b: torch.Tensor, index: MJT, iv: torch.Tensor, v: torch.Tensor, made) -> MJT:
+    """``rows_by_index`` where dim 1 of ``x`` is static or other ragged dims follow it: every
+    element of the result reads one element of ``x``'s values (row-major), at the row of its
+    sample and ragged coordinates — the index value along dim 1 — and its static coordinates."""
+    op = "index"
+    p, q = x._partition, index._partition
+    rest = [r for r in x._ragged_dims if r != 1]  # x's ragged dims the result keeps
+    if rest:
+        if q.batch != p.batch:
+            raise NotImplementedError(
+                f"{op}(): x[b, index] of {describe(x)}, whose ragged dims after dim 1 stay in the result, needs an index of "
+                f"its batch size, one sample per sample (b = arange(B)), got {describe(index)} for {_LAYOUT}")
+        torch._assert_async((b == torch.arange(p.batch, device=b.device)).all(),
+                            f"{op}(): x[b, index] of a batch whose ragged dims after dim 1 stay in the result reads each "
+                            "sample from itself: b must be arange(B)")
+        out_p = partition_for([*q.extents, *(p.extents[x._ragged_dims.index(r)] for r in rest)])
+        sample, coords = out_p.row_coords()
+        na = len(q.extents)
+        iv = iv.index_select(0, packed_rows(q.offsets, q.device_sizes(), sample, coords[:, :na]))
+        src, c = sample, coords[:, na:]
+    else:
+        out_p = q
+        sample = q.row_sample()
+        src, c = b[sample], sample.new_zeros(sample.shape[0], 0)
+    statics = [e for e in range(1, x.dim()) if e not in x._ragged_dims]
+    sizes = [x.shape[e] for e in statics]
+    strides = [math.prod(sizes[j + 1:]) for j in range(len(sizes))]  # of x's values, row-major
+    lead = (-1, *([1] * (iv.dim() - 1)))
+    if 1 in x._ragged_dims:  # the index names rows: offset + a · (rows per position along dim 1) + the rest's
+        n = p.device_sizes()[src]
+        iv = _check_in_range(op, iv, n[:, 0].view(lead), "a ragged dim")
+        first = packed_rows(p.offsets, p.device_sizes(), src, torch.cat([torch.zeros_like(c[:, :1]), c], 1))
+        pos = (first.view(lead) + iv * n[:, 1:].prod(1).view(lead)) * math.prod(sizes)
+        kept = list(zip(statics, strides))
+    else:  # the index names a position along static dim 1 of the row at the rest's coordinates
+        iv = _check_in_range(op, iv, torch.tensor(x.shape[1], device=iv.device), "dim 1")
+        first = packed_rows(p.offsets, p.device_sizes(), src, c)
+        pos = first.view(lead) * math.prod(sizes) + iv * strides[0]
+        kept = list(zip(statics[1:], strides[1:]))
+    pos = pos.reshape(*pos.shape, *([1] * len(kept)))
+    for j, (e, st) in enumerate(kept):
+        at = [1] * pos.dim()
+        at[iv.dim() + j] = -1
+        pos = pos + torch.arange(x.shape[e], device=pos.device).view(at) * st
+    out = v.reshape(-1).index_select(0, pos.reshape(-1)).view(pos.shape)
+    shift = index.dim() - 2
+    return made(out, out_p, (*index._ragged_dims, *(r + shift for r in rest)))
 
 
 def mask_index(x: MJT, mask: MJT) -> torch.Tensor:

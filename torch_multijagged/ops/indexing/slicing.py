@@ -2,9 +2,14 @@
 ``narrow``, ``index_select``, ``gather`` / ``take_along_dim`` / ``scatter`` / ``scatter_add`` /
 ``scatter_reduce`` (message passing over a batch of graphs), ``flip``, ``roll``, ``rot90``,
 ``unfold`` (sliding windows) (NOTE [ Indexing along ragged dims ] in ``along.py``: which results are ragged, static or dense).
-Along static dims these ops act on the values."""
+Along static dims these ops act on the values; ``gather`` / ``scatter*`` along a static dim by an
+index ragged along it (each sample's own number of positions) read and write the values' elements
+(``_static_places``)."""
 
 from __future__ import annotations
+
+import math
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -13,8 +18,8 @@ from ... import constructors
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import packed_rows, slice_bounds
-from ...structure import _is_traced, extent_of, mapped_extent, same_extent
-from .._common import MJT, canonical_dim, component_rows, describe, static_dims
+from ...structure import _is_traced, building, extent_of, mapped_extent, same_extent
+from .._common import MJT, canonical_dim, describe, static_dims
 from .._routing import in_place_route, route
 from ..shape.views import _mark_reorder_copy, mark_view_copy
 from .scatter import gather_from_dense, same_shape, scatter_into_dense
@@ -168,81 +173,128 @@ def _wrapped(index_values: torch.Tensor, n_rows: torch.Tensor) -> torch.Tensor:
     return torch.where(n > 0, torch.remainder(index_values, n.clamp_min(1)), index_values)
 
 
-def _index_rows(op: str, x: MJT, d: int, k: int, index, wrap: bool = False):
-    """For ``gather`` / ``scatter`` along ragged dim ``d``: ``(rows, wrap)`` — the packed row of
-    ``x`` that every element of ``index`` names (shaped as ``index``'s values, or as a dense
-    index moved to ``(B·m, *static)``) and a function that gives a result of ``index``'s shape
-    from values of that shape. ``wrap``: indices modulo the sample's size (``_wrapped``), where
-    gather and scatter refuse any outside ``[0, n)``."""
+def _distinct(v: torch.Tensor) -> torch.Tensor:
+    """``v`` (index values ``(R, *static)``) without its broadcast dims: size 1 where its stride is
+    0 (an ``expand``ed index, ``dst.unsqueeze(-1).expand(-1, -1, C)``), so that the arithmetic on
+    it runs once per distinct element; ``.expand(v.shape)`` gives the whole back as a view."""
+    at = tuple(slice(0, 1) if st == 0 and sz != 1 else slice(None) for st, sz in zip(v.stride()[1:], v.shape[1:]))
+    return v[(slice(None),) + at] if any(s != slice(None) for s in at) else v
+
+
+def _rows_of(op: str, x: MJT, d: int, first: torch.Tensor, idx: torch.Tensor, stride, n: torch.Tensor,
+             sample: torch.Tensor, wrap: bool) -> torch.Tensor:
+    """The packed row ``first + idx · stride`` of ``x`` that each element of the index values
+    ``idx`` ``(R, *static)`` names (``first``, ``stride``, ``n``, ``sample``: per index row; stride
+    None is 1), checked to lie in ``[0, n)`` (``wrap``: taken modulo ``n`` first). The arithmetic
+    and the check run once per distinct element (``_distinct``): an expanded index keeps its
+    stride-0 dims, which dense ``gather`` / ``scatter`` read fastest."""
+    shape = idx.shape
+    idx = _distinct(idx).to(torch.int64)
+    idx = _wrapped(idx, n) if wrap else idx
+    _check_index_range(op, x, d, idx, n, sample)
+    lead = (-1, *([1] * (idx.dim() - 1)))
+    rows = first.reshape(lead) + (idx if stride is None else idx * stride.reshape(lead))
+    return rows.expand(shape)
+
+
+def _index_row_plan(p, q, x_ragged: tuple, q_ragged: tuple, k: Optional[int]):
+    """``(sample, first, n, stride)`` per row of an index of partition ``q`` (ragged dims
+    ``q_ragged``) into a tensor of partition ``p`` (ragged dims ``x_ragged``) along its ragged dim
+    ``k``: the row's sample, the packed row of ``p`` at its coordinates with 0 along ``k``, the
+    sample's size along ``k`` and its row stride there (None: 1). ``k`` None (along a static dim):
+    the packed row at its coordinates, and no size or stride. A map of two structures: the
+    latest ``p`` is kept on ``q`` (NOTE [ Derived maps ] in structure.py), so the layers of a
+    model that index one batch alike build it once."""
+    key = ("index_rows", x_ragged, q_ragged, k)
+    hit = q.cache.get(key)
+    if hit is not None and hit[0] is p:
+        return hit[1]
+    with building():
+        sample, coords = q.row_coords()
+        first = coords[:, [q_ragged.index(r) for r in x_ragged]]  # p's coordinates (a copy)
+        if k is None:  # along a static dim: the row itself
+            plan = (sample, packed_rows(p.offsets, p.device_sizes(), sample, first), None, None)
+        else:
+            first[:, k] = 0
+            n = p.device_sizes()[sample]
+            stride = n[:, k + 1:].prod(1) if k + 1 < n.shape[1] else None
+            plan = (sample, packed_rows(p.offsets, p.device_sizes(), sample, first), n[:, k], stride)
+    if not _is_traced(p.offsets) and not _is_traced(q.offsets):
+        q.cache[key] = (p, plan)  # one entry per key: the latest p
+    return plan
+
+
+def _index_rows(op: str, x: MJT, d: int, k: int, index, wrap: bool = False, broadcast: bool = False):
+    """For ``gather`` / ``scatter`` along ragged dim ``d``: ``(rows, result, squeeze)`` — the packed
+    row of ``x`` that every element of ``index`` names (shaped as ``index``'s values, or as a dense
+    index moved to ``(B·m, *static)``), a function that gives a result of ``index``'s shape from
+    values of that shape, and the dims of ``x``'s values to squeeze before reading them.
+    ``wrap``: indices modulo the sample's size (``_wrapped``), where gather and scatter refuse any
+    outside ``[0, n)``. ``broadcast`` (``take_along_dim``): a static dim of size 1 of ``x`` where
+    the index has a ragged dim is read at its one position (``squeeze``), as dense broadcasting."""
     p = x._partition
     if isinstance(index, MJT) and d not in index._ragged_dims and index.dim() == x.dim():
-        return _static_index_rows(op, x, d, k, index, wrap)
+        return _static_index_rows(op, x, d, k, index, wrap, broadcast)
     if isinstance(index, MJT):
-        if index._ragged_dims != x._ragged_dims or any(
-            i != k and not same_extent(a, b) for i, (a, b) in enumerate(zip(index._partition.extents, p.extents))
-        ) or index.dim() != x.dim() or any(
-            index.shape[e] != x.shape[e] for e in static_dims(x.dim(), x._ragged_dims)
-        ):
+        statics = static_dims(x.dim(), x._ragged_dims)
+        spread = tuple(e for e in index._ragged_dims if e in statics and broadcast and x.shape[e] == 1)
+        if index.dim() != x.dim() or index._partition.batch != p.batch or index._ragged_dims != tuple(
+            sorted(x._ragged_dims + spread)
+        ) or any(
+            r != d and not same_extent(index._partition.extents[index._ragged_dims.index(r)], e)
+            for r, e in zip(x._ragged_dims, p.extents)
+        ) or any(index.shape[e] != x.shape[e] for e in statics if e not in spread):
             raise StructureError(
                 f"{op}(): expected an index with the ragged dims and static sizes of {describe(x)} (any extent "
                 f"along dim {d}), got {describe(index)}"
             )
         q = index._partition
-        sample, coords = q.row_coords()
-        idx = index._values.to(torch.int64)
-        base = coords.clone()
-        base[:, k] = 0
-        n = p.device_sizes()[sample]
-        stride = n[:, k + 1:].prod(1) if k + 1 < n.shape[1] else torch.ones_like(sample)
-        idx = _wrapped(idx, n[:, k]) if wrap else idx
-        _check_index_range(op, x, d, idx, n[:, k], sample)
-        shape = (-1, *([1] * (idx.dim() - 1)))
-        rows = packed_rows(p.offsets, p.device_sizes(), sample, base).reshape(shape) + idx * stride.reshape(shape)
-        return rows, lambda v: wrap_values(v, q, index._ragged_dims)
+        sample, first, n, stride = _index_row_plan(p, q, x._ragged_dims, index._ragged_dims, k)
+        rows = _rows_of(op, x, d, first, index._values, stride, n, sample, wrap)
+        return rows, lambda v: wrap_values(v, q, index._ragged_dims), tuple(statics.index(e) + 1 for e in spread)
     if x._ragged_dims != (d,) or index.dim() != x.dim() or index.shape[0] != p.batch:
         raise NotImplementedError(
             f"{op}(): a dense index along a ragged dim needs a tensor whose only ragged dim is {d} and an index "
             f"(B, …) of its rank, got {describe(x)} and {describe(index)}"
         )
-    idx = index.to(torch.int64).movedim(d, 1)  # (B, m, *static)
+    idx = index.movedim(d, 1)  # (B, m, *static)
     m = idx.shape[1]
     if tuple(idx.shape[2:]) != tuple(x._values.shape[1:]):
         raise NotImplementedError(f"{op}(): expected the index's static sizes to be those of {describe(x)}, got {describe(index)} for layout torch.multi_jagged")
     sample = torch.arange(p.batch, device=p.offsets.device).repeat_interleave(m)
-    flat = idx.reshape(p.batch * m, *idx.shape[2:])
-    flat = _wrapped(flat, p.extents[0].lengths()[sample]) if wrap else flat
-    _check_index_range(op, x, d, flat, p.extents[0].lengths()[sample], sample)
-    rows = p.offsets[sample].reshape(-1, *([1] * (flat.dim() - 1))) + flat
-    return rows, lambda v: v.reshape(p.batch, m, *v.shape[1:]).movedim(1, d)
+    rows = _rows_of(op, x, d, p.offsets[sample], idx.reshape(p.batch * m, *idx.shape[2:]), None,
+                    p.extents[0].lengths()[sample], sample, wrap)
+    return rows, lambda v: v.reshape(p.batch, m, *v.shape[1:]).movedim(1, d), ()
 
 
-def _static_index_rows(op: str, x: MJT, d: int, k: int, index: MJT, wrap: bool):
+def _static_index_rows(op: str, x: MJT, d: int, k: int, index: MJT, wrap: bool, broadcast: bool = False):
     """``_index_rows`` for a multi_jagged index whose dim ``d`` is static (``m`` positions per
     cell: ``topk``'s indices of a pair, ``(B, j0, k)`` into ``(B, j0, j0)``) and whose other dims
-    are ``x``'s: its ``m`` positions are moved into the rows, ``(R·m, *static)``, each naming a row of
-    ``x`` in its cell's sample and coordinates."""
+    are ``x``'s (``broadcast``: or ragged where ``x`` has a static 1): its ``m`` positions are
+    moved into the rows, ``(R·m, *static)``, each naming a row of ``x`` in its cell's sample and
+    coordinates."""
     p = x._partition
     keep = tuple(r for r in x._ragged_dims if r != d)
     statics = static_dims(x.dim(), x._ragged_dims)
-    if index._ragged_dims != keep or any(
-        index.shape[e] != x.shape[e] for e in statics
-    ) or not all(same_extent(a, b) for a, b in zip(index._partition.extents, (e for i, e in enumerate(p.extents) if i != k))):
+    spread = tuple(e for e in index._ragged_dims if e in statics and broadcast and x.shape[e] == 1)
+    if index._ragged_dims != tuple(sorted(keep + spread)) or index._partition.batch != p.batch or any(
+        index.shape[e] != x.shape[e] for e in statics if e not in spread
+    ) or not all(same_extent(index._partition.extents[index._ragged_dims.index(r)], e)
+                 for r, e in zip(x._ragged_dims, p.extents) if r != d):
         raise StructureError(
             f"{op}(): expected an index with the ragged dims and static sizes of {describe(x)} (any extent, or a static "
             f"size, along dim {d}), got {describe(index)}"
         )
     q = index._partition
     at = static_dims(index.dim(), index._ragged_dims).index(d) + 1  # dim d among the index's values dims
-    idx = index._values.to(torch.int64).movedim(at, 1)  # (R, m, *static of x)
+    idx = index._values.movedim(at, 1)  # (R, m, *static of x)
     m = idx.shape[1]
     sample, coords = q.row_coords()
     n = p.device_sizes()[sample]
-    base = torch.cat([coords[:, :k], torch.zeros_like(coords[:, :1]), coords[:, k:]], 1)
+    mine = coords[:, [index._ragged_dims.index(r) for r in keep]]
+    base = torch.cat([mine[:, :k], torch.zeros_like(coords[:, :1]), mine[:, k:]], 1)
     stride = n[:, k + 1:].prod(1) if k + 1 < n.shape[1] else torch.ones_like(sample)
-    idx = _wrapped(idx, n[:, k]) if wrap else idx
-    _check_index_range(op, x, d, idx, n[:, k], sample)
-    shape = (-1, *([1] * (idx.dim() - 1)))
-    rows = packed_rows(p.offsets, p.device_sizes(), sample, base).reshape(shape) + idx * stride.reshape(shape)
+    rows = _rows_of(op, x, d, packed_rows(p.offsets, p.device_sizes(), sample, base), idx, stride, n[:, k], sample, wrap)
     rows = rows.reshape(-1, *idx.shape[2:])  # (R·m, *static of x)
     r = idx.shape[0]
 
@@ -253,15 +305,17 @@ def _static_index_rows(op: str, x: MJT, d: int, k: int, index: MJT, wrap: bool):
         return v.movedim(at, 1).reshape(-1, *v.shape[1:at], *v.shape[at + 1:])
 
     result.flat = flat  # type: ignore[attr-defined]
-    return rows, result
+    return rows, result, tuple(statics.index(e) + 1 for e in spread)
 
 
 @eager_or_traced
-def gather_ragged(op: str, x: MJT, d: int, k: int, index, wrap: bool = False):
+def gather_ragged(op: str, x: MJT, d: int, k: int, index, wrap: bool = False, broadcast: bool = False):
     """``x.gather(d, index)`` per sample: ``out[s][…, j, …] = x[s][…, index[s][…, j, …], …]``
-    (``wrap``: ``take_along_dim``'s indices, modulo the sample's size)."""
-    rows, result = _index_rows(op, x, d, k, index, wrap)
-    return result(values_of(x).gather(0, rows))
+    (``wrap``: ``take_along_dim``'s indices, modulo the sample's size; ``broadcast``: its
+    broadcasting of a size-1 dim of ``x``, ``_index_rows``)."""
+    rows, result, squeeze = _index_rows(op, x, d, k, index, wrap, broadcast)
+    v = values_of(x)
+    return result((v.squeeze(squeeze) if squeeze else v).gather(0, rows))
 
 
 @eager_or_traced
@@ -270,7 +324,7 @@ def scatter_ragged(op: str, x: MJT, d: int, k: int, index, src, add, include_sel
     ``add`` a reduction's name) per sample: ``out[s][…, index[s][…, j, …], …] = src[s][…, j, …]``;
     ``src`` has ``index``'s shape (a multi_jagged tensor of its structure, or a dense one for a
     dense index) or is a number."""
-    rows, shaped = _index_rows(op, x, d, k, index)
+    rows, shaped, _ = _index_rows(op, x, d, k, index)
     if isinstance(src, MJT) and not same_shape(src, index):
         # the packed rows alone could agree while the samples do not: each sample's src would
         # then be read from its neighbours' rows
@@ -289,6 +343,72 @@ def scatter_ragged(op: str, x: MJT, d: int, k: int, index, src, add, include_sel
     else:
         out = v.scatter_add(0, rows, s.to(v.dtype)) if add else v.scatter(0, rows, s.to(v.dtype))
     return wrap_values(out, x._partition, x._ragged_dims)
+
+
+def _static_places(op: str, x: MJT, d: int, index: MJT, broadcast: bool = False):
+    """``gather`` / ``scatter`` along static dim ``d`` of ``x`` with a multi_jagged index that is
+    ragged along it (a sample's own number of positions: DETR's class cost
+    ``prob.gather(2, labels (B, j0, j1))`` of ``prob (B, j0, K)``): the flat position in ``x``'s
+    values (row-major) of the element every element of the index's values names. The index has ``x``'s other ragged dims and static sizes
+    (``broadcast``: or a ragged dim where ``x`` has a static 1, read at its one position)."""
+    p, q = x._partition, index._partition
+    statics = static_dims(x.dim(), x._ragged_dims)
+    spread = tuple(e for e in index._ragged_dims if e != d and e in statics and broadcast and x.shape[e] == 1)
+    if index.dim() != x.dim() or q.batch != p.batch or index._ragged_dims != tuple(
+        sorted(x._ragged_dims + (d,) + spread)
+    ) or any(
+        not same_extent(q.extents[index._ragged_dims.index(r)], e) for r, e in zip(x._ragged_dims, p.extents)
+    ) or any(index.shape[e] != x.shape[e] for e in statics if e != d and e not in spread):
+        raise StructureError(
+            f"{op}(): expected an index with the ragged dims and static sizes of {describe(x)} (any extent, or a static "
+            f"size, along dim {d}), got {describe(index)}"
+        )
+    sample, first, _, _ = _index_row_plan(p, q, x._ragged_dims, index._ragged_dims, None)
+    sizes = [x.shape[e] for e in statics]
+    strides = [math.prod(sizes[j + 1:]) for j in range(len(sizes))]  # of x's values, row-major
+    idx = index._values.to(torch.int64)
+    size = x.shape[d]
+    _check_index_range(op, x, d, _distinct(idx), sample.new_full((1,), size), sample)
+    lead = (-1, *([1] * (idx.dim() - 1)))
+    pos = first.reshape(lead) * math.prod(sizes) + idx * strides[statics.index(d)]
+    for j, e in enumerate(static_dims(index.dim(), index._ragged_dims)):  # the index's values dims 1, 2, …
+        at = [1] * idx.dim()
+        at[j + 1] = -1
+        pos = pos + torch.arange(index.shape[e], device=pos.device).reshape(at) * strides[statics.index(e)]
+    return pos.expand(idx.shape)
+
+
+@eager_or_traced
+def gather_static(op: str, x: MJT, d: int, index: MJT, broadcast: bool = False):
+    """``x.gather(d, index)`` along static dim ``d`` with an index ragged along it, per sample
+    (``_static_places``): the index's structure."""
+    pos = _static_places(op, x, d, index, broadcast)
+    picked = values_of(x).reshape(-1).index_select(0, pos.reshape(-1))
+    return wrap_values(picked.view(pos.shape), index._partition, index._ragged_dims)
+
+
+@eager_or_traced
+def scatter_static(op: str, x: MJT, d: int, index: MJT, src, add, include_self: bool = True):
+    """``scatter`` / ``scatter_add`` / ``scatter_reduce`` (``add`` as for ``scatter_ragged``) along
+    static dim ``d`` with an index ragged along it, per sample (``_static_places``); ``src`` of the
+    index's shape, or a number."""
+    pos = _static_places(op, x, d, index)
+    if isinstance(src, MJT):
+        if not same_shape(src, index):
+            raise StructureError(f"{op}(): expected src with the shape of index {describe(index)}, got {describe(src)}")
+        s = values_of(src).reshape(-1)
+    elif isinstance(src, torch.Tensor):
+        raise NotImplementedError(f"{op}(): a dense src {tuple(src.shape)} with the multi_jagged index {describe(index)} "
+                                  "ragged along the scattered dim, for layout torch.multi_jagged: give a src of the index's shape")
+    else:
+        s = torch.full((pos.numel(),), src, dtype=x.dtype, device=pos.device)
+    v = values_of(x)
+    flat, at, s = v.reshape(-1), pos.reshape(-1), s.to(v.dtype)
+    if isinstance(add, str):
+        out = flat.scatter_reduce(0, at, s, add, include_self=include_self)
+    else:
+        out = flat.scatter_add(0, at, s) if add else flat.scatter(0, at, s)
+    return wrap_values(out.view(v.shape), x._partition, x._ragged_dims)
 
 
 @eager_or_traced
@@ -327,80 +447,6 @@ def _index_select(input, dim, index, *, out=None):
     return index_select_ragged("index_select", input, *hit, index)
 
 
-def _index_update_route(name: str):
-    """``index_add`` / ``index_copy`` / ``index_fill`` along a ragged dim: the dense op on each
-    sample, at positions within the sample (``source`` per sample: a multi_jagged tensor's
-    samples, or a dense ``(B, …)`` one's rows); along a static dim the op table's handler."""
-    dense = getattr(torch, name)
-    operand = "value" if name == "index_fill" else "source"  # as torch names it
-
-    def routed(input, dim, index, *args, **kwargs):
-        _refuse_dense_self(name, input, index)
-        if not isinstance(input, MJT) or kwargs.get("out") is not None or not isinstance(dim, int):
-            return NotImplemented
-        if len(args) != 1 and operand not in kwargs:
-            return NotImplemented  # dense's binding error
-        source = args[0] if args else kwargs.pop(operand)
-        hit = ragged_dim(name, input, dim)
-        if hit is None:
-            return NotImplemented
-        return _index_update_per_sample(name, dense, input, hit[0], index, source, kwargs)
-
-    return routed
-
-
-def _refuse_dense_self(name: str, input, index) -> None:
-    """A multi_jagged index into a dense ``self``: which sample's positions would name which
-    rows of ``self`` is not the op's (its index is one 1-d list for the whole tensor)."""
-    if isinstance(index, MJT) and isinstance(input, torch.Tensor) and not isinstance(input, MJT):
-        raise NotImplementedError(
-            f"{name}(): a multi_jagged index {describe(index)} into a dense self {tuple(input.shape)} for layout "
-            "torch.multi_jagged; supported: a multi_jagged self with a dense 1-d index (the same for every sample "
-            "along a static dim, each sample's own positions along a ragged dim). Each sample's positions in a dense "
-            "(B, …) tensor: scatter / scatter_add / scatter_reduce with the multi_jagged index"
-        )
-
-
-def _index_update_in_place(name: str):
-    """``x.index_add_(…)`` and its kin: ``in_place_route``, refusing a dense ``x`` with a
-    multi_jagged index as the out-of-place op does."""
-    inner = in_place_route(name)
-
-    def routed(input, *args, **kwargs):
-        _refuse_dense_self(name, input, args[1] if len(args) > 1 else kwargs.get("index"))
-        return inner(input, *args, **kwargs)
-
-    return routed
-
-
-@eager
-def _index_update_per_sample(name: str, dense, x: MJT, d: int, index, source, kwargs):
-    comps = x.unbind()
-    if isinstance(source, MJT):
-        sources = source.unbind()
-    elif isinstance(source, torch.Tensor) and source.dim() == x.dim():
-        sources = list(source.unbind(0)) if source.shape[0] == len(comps) else None
-        if sources is None:
-            raise RuntimeError(f"{name}(): a dense source of size {tuple(source.shape)} for {describe(x)}: expected "
-                               f"{len(comps)} samples along dim 0")
-    else:
-        sources = [source] * len(comps)  # a fill value
-    rag = [r - 1 for r in x._ragged_dims]
-    rows = []
-    for i, (c, src) in enumerate(zip(comps, sources)):
-        try:
-            rows.append(component_rows(dense(c, d - 1, index, src, **kwargs), rag))
-        except (RuntimeError, IndexError) as err:
-            raise type(err)(f"{name}(): sample {i} of {describe(x)}: {err}") from None
-    if not rows:
-        return x.clone()
-    return wrap_values(torch.cat(rows), x._partition, x._ragged_dims)
-
-
-for _name in ("index_add", "index_copy", "index_fill"):
-    route(getattr(torch, _name), getattr(torch.Tensor, _name))(_index_update_route(_name))
-
-
 def _static_values(x: MJT, fn):
     """``fn`` applied to the values of ``x`` (static dims only: the structure is kept)."""
     return wrap_values(fn(values_of(x)), x._partition, x._ragged_dims)
@@ -414,9 +460,20 @@ def _gather(input, dim, index, *, sparse_grad=False, out=None):
     if not isinstance(input, MJT) or out is not None or not isinstance(dim, int):
         return NotImplemented
     hit = ragged_dim("gather", input, dim)
+    if hit is None and _ragged_along(input, dim, index):
+        return gather_static("gather", input, canonical_dim("gather", input.dim(), dim), index)
     if hit is None or hit[0] == 0:
         return NotImplemented  # static dims: the op table's handler
     return gather_ragged("gather", input, *hit, index)
+
+
+def _ragged_along(input: MJT, dim: int, index) -> bool:
+    """Whether ``index`` is a multi_jagged index ragged along ``input``'s static dim ``dim``
+    (``gather_static`` / ``scatter_static``)."""
+    if not isinstance(index, MJT) or index.dim() != input.dim():
+        return False
+    d = canonical_dim("gather", input.dim(), dim)
+    return d != 0 and d not in input._ragged_dims and d in index._ragged_dims
 
 
 @route(torch.take_along_dim, torch.Tensor.take_along_dim)
@@ -424,23 +481,48 @@ def _take_along_dim(input, indices, dim=None, *, out=None):
     if not isinstance(input, MJT) or dim is None or out is not None:
         return NotImplemented
     hit = ragged_dim("take_along_dim", input, dim)
+    d = canonical_dim("take_along_dim", input.dim(), dim)
+    if isinstance(indices, MJT):
+        if indices.dim() != input.dim():
+            if hit is None:
+                return NotImplemented
+            raise RuntimeError(f"take_along_dim(): input and indices should have the same number of dimensions, but got "
+                               f"{input.dim()} dimensions for input, and {indices.dim()} dimensions for indices")
+        input, indices = _broadcast_along(input, indices, d)
     if hit is None:
         if not (isinstance(indices, MJT) and indices.dim() == input.dim()):
             return NotImplemented
-        # a static dim: gather's handler, with the indices broadcast over input's static dims
-        d = canonical_dim("take_along_dim", input.dim(), dim)
-        statics = static_dims(input.dim(), input._ragged_dims)
-        shape = [input.shape[e] if e in statics and e != d and indices.shape[e] == 1 else -1 for e in range(indices.dim())]
+        # a static dim: gather's handler (or ``gather_static`` for indices ragged along it)
         if input.shape[d] > 0:  # dense takes the indices modulo the size (``_wrapped``)
             indices = torch.remainder(indices, input.shape[d])
-        return torch.gather(input, dim, indices.expand(shape) if any(s != -1 for s in shape) else indices)
-    if isinstance(indices, MJT):
-        shape = [input.shape[e] if e in static_dims(input.dim(), input._ragged_dims) and indices.shape[e] == 1 else -1
-                 for e in range(indices.dim())]
-        indices = indices.expand(shape) if any(s != -1 for s in shape) else indices
-    elif indices.dim() == input.dim():
+        if d in indices._ragged_dims:
+            return gather_static("take_along_dim", input, d, indices, broadcast=True)
+        return torch.gather(input, dim, indices)
+    if not isinstance(indices, MJT) and indices.dim() == input.dim():
         indices = indices.expand(*[indices.shape[e] if e in (0, hit[0]) else input.shape[e] for e in range(input.dim())])
-    return gather_ragged("take_along_dim", input, *hit, indices, wrap=True)
+    return gather_ragged("take_along_dim", input, *hit, indices, wrap=True, broadcast=True)
+
+
+def _broadcast_along(input: MJT, indices: MJT, d: int):
+    """``take_along_dim``'s broadcasting of ``input`` and ``indices`` at every dim but ``d``, as
+    dense: a static 1 of ``indices`` expands to ``input``'s size there (static, or its ragged size:
+    a copy of the indices), a static 1 of ``input`` to the indices' static size (a view); a static 1
+    of ``input`` where the indices are ragged is read at its one position by the gather itself
+    (``broadcast=True``), with no copy of ``input``."""
+    statics = static_dims(input.dim(), input._ragged_dims)
+    grow, spread = [-1] * input.dim(), [-1] * input.dim()
+    for e in range(1, input.dim()):
+        if e == d or e in indices._ragged_dims:
+            continue
+        if indices.shape[e] == 1 and (e not in statics or input.shape[e] != 1):
+            grow[e] = input.shape[e]
+        elif e in statics and input.shape[e] == 1:
+            spread[e] = indices.shape[e]
+    if any(s != -1 for s in grow):
+        indices = indices.expand(grow)
+    if any(s != -1 for s in spread):
+        input = input.expand(spread)
+    return input, indices
 
 
 def _scatter_route(name: str, add: bool):
@@ -460,6 +542,8 @@ def _scatter_route(name: str, add: bool):
         if not isinstance(input, MJT) or out is not None or reduce is not None or not isinstance(dim, int):
             return NotImplemented
         hit = ragged_dim(name, input, dim)
+        if hit is None and _ragged_along(input, dim, index):
+            return scatter_static(name, input, canonical_dim(name, input.dim(), dim), index, value if src is None else src, add)
         if hit is None or hit[0] == 0:
             return NotImplemented  # static dims: the op table's handler
         return scatter_ragged(name, input, *hit, index, value if src is None else src, add)
@@ -476,10 +560,13 @@ def _scatter_reduce(input, dim, index, src, reduce, *, include_self=True, out=No
     if not isinstance(input, MJT) or out is not None or not isinstance(dim, int):
         return NotImplemented
     hit = ragged_dim("scatter_reduce", input, dim)
-    if hit is None or hit[0] == 0:
+    if hit is None and not _ragged_along(input, dim, index):
         return NotImplemented  # static dims: the op table's handler
     if reduce not in ("sum", "prod", "mean", "amax", "amin"):
         raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")
+    if hit is None:
+        d = canonical_dim("scatter_reduce", input.dim(), dim)
+        return scatter_static("scatter_reduce", input, d, index, src, reduce, bool(include_self))
     return scatter_ragged("scatter_reduce", input, *hit, index, src, reduce, bool(include_self))
 
 
@@ -491,8 +578,6 @@ for _name in ("scatter_", "scatter_add_", "scatter_reduce_"):
     # a dense self too: ``torch.zeros(B, E).scatter_add_(1, experts, ones)`` (NOTE [ Scattering a
     # batch into a dense tensor ] in scatter.py)
     route(getattr(torch.Tensor, _name))(in_place_route(_name, dense_self=True))
-for _name in ("index_fill_", "index_copy_", "index_add_"):
-    route(getattr(torch.Tensor, _name))(_index_update_in_place(_name))
 
 
 @route(torch.flip, torch.Tensor.flip, sequence="dims")
