@@ -537,4 +537,7 @@ BUGS_B = [
         "counts = torch.bincount(part.offsets[sample] + v,", "counts = torch.bincount(v,", ("test_per_sample_indices.py",)),
     Bug("bincount sizes a sample by its values alone, not minlength", "ops/indexing/index_updates.py",
         "bins = torch.clamp_min(top + 1, minlength).cpu()", "bins = (top + 1).cpu()", ("test_per_sample_indices.py",)),
+    Bug("bucketize with per-sample boundaries ignores right", "ops/elementwise/pointwise.py",
+        "    return _searchsorted(boundaries, input, out_int32=out_int32, right=right)",
+        "    return _searchsorted(boundaries, input, out_int32=out_int32)", ("test_searchsorted.py",)),
 ]

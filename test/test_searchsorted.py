@@ -96,3 +96,20 @@ def test_searchsorted_with_per_sample_boundaries_compiles_into_one_graph():
     torch._dynamo.reset()
     out = torch.compile(lambda a, b: torch.searchsorted(a, b), backend="aot_eager", fullgraph=True)(s, v)
     assert [t.tolist() for t in out.unbind()] == [[0, 2, 3], [1, 0]]
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_bucketize_with_per_sample_boundaries(right, path):
+    """``torch.bucketize(values, boundaries)`` with per-sample boundaries: each sample's values by
+    its own boundaries, as dense ``bucketize`` of the sample (ties, an empty boundary list, values
+    multi_jagged or dense ``(B, M)``), ``out_int32``."""
+    bounds = [torch.tensor([1.0, 3.0, 5.0]), torch.tensor([2.0]), torch.zeros(0)]
+    values = [torch.tensor([0.0, 3.0, 6.0, 5.0]), torch.tensor([2.0, 3.0]), torch.tensor([1.0])]
+    b, v = mj.nested_tensor(bounds), mj.nested_tensor(values)
+    out = torch.bucketize(v, b, right=right, out_int32=True)
+    for o, x, bd in zip(out.unbind(), values, bounds):
+        assert torch.equal(o, torch.bucketize(x, bd, right=right, out_int32=True))
+    dense = torch.tensor([[1.0, 4.0], [2.0, 0.0], [7.0, 1.0]])
+    got = torch.bucketize(dense, b, right=right)
+    for i, bd in enumerate(bounds):
+        assert torch.equal(got[i], torch.bucketize(dense[i], bd, right=right))

@@ -372,6 +372,18 @@ def bucketize_Tensor(func, x, boundaries, *args, **kwargs):
     return wrap(func(x._values, boundaries, *args, **kwargs), x._partition, x._ragged_dims)
 
 
+@route(torch.bucketize)
+def _bucketize(input, boundaries, *, out_int32=False, right=False, out=None):
+    """Per-sample boundaries (a multi_jagged ``(B, j0)``): each sample's values bucketed by its own
+    boundaries, as dense ``bucketize`` of the sample — ``searchsorted(boundaries, input, right=right)``,
+    which it is in dense torch."""
+    if not isinstance(boundaries, MJT):
+        return NotImplemented  # dense boundaries: the op table's elementwise handler
+    if out is not None:
+        raise NotImplementedError("bucketize(): out= with per-sample boundaries for layout torch.multi_jagged")
+    return _searchsorted(boundaries, input, out_int32=out_int32, right=right)
+
+
 @register_multi_jagged_func(aten.searchsorted.Tensor, "sorted_sequence: any, self: any, ...")
 def searchsorted_Tensor(func, sorted_sequence, x, *args, **kwargs):
     """``searchsorted(boundaries, x)`` with dense 1-D ``boundaries``: elementwise on ``x``'s
