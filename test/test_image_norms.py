@@ -598,3 +598,20 @@ def test_lp_pool_per_sample(kind, norm_type):
     comps = [c.abs() + 0.1 for c in comps]  # positive: the Lp norm's gradient is defined
     fn = (lambda x: F.lp_pool2d(x, norm_type, 2)) if kind == "rect" else (lambda x: F.lp_pool1d(x, norm_type, 2))
     check(fn, lambda cs: [fn(t.unsqueeze(0))[0] for t in cs], comps, KINDS[kind][1])
+
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.complex64], ids=str)
+@pytest.mark.parametrize("kind", ["signal", "rect"])
+def test_norms_refuse_the_dtypes_dense_refuses(kind, dtype):
+    """``group_norm`` and ``instance_norm`` of integers, bool or complex raise dense's own error
+    (its kernels take floating dtypes only), as they would for each sample."""
+    sizes = {"rect": [(4, 5), (2, 3), (6, 2)], "signal": [(5, 0), (2, 0), (7, 0)]}[kind]
+    comps = [c.to(dtype) for c in comps_of(kind, 4, sizes, 0)]
+    x = mj.nested_tensor(comps, ragged_dims=KINDS[kind][1])
+    for fn in (lambda t: F.group_norm(t, 2), lambda t: F.instance_norm(t)):
+        with pytest.raises(Exception) as dense:
+            fn(comps[0][None])
+        with pytest.raises(type(dense.value)) as ours:
+            fn(x)
+        assert str(dense.value).split(" not implemented")[0] in str(ours.value)

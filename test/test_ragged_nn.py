@@ -4,12 +4,15 @@
 with a zero-length sample, gradients to every input (first and second order), no_grad and
 inference_mode, the no-leakage property and one compiled test per family."""
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
+from torch_multijagged.kernels import canvas as cv
 
 from _reference import ALL_LAYOUTS, LAYOUTS, R, SEQ, SQUARE, assert_close, build, few, per_sample_check, seeds, structures
 from _structures import bit_equal, comps_for, per_sample_check_any_ints
@@ -487,6 +490,149 @@ def test_pool1d_of_one_geometry_shares_the_nested_int():
     for t, o in zip(x.unbind(), (a + b + c).unbind()):
         want = F.avg_pool1d(t, 2) + F.max_pool1d(t, 2) + F.conv1d(t, w, stride=2) if t.numel() else o
         assert_close(o, want, "sum")
+
+
+# ----------------------------------------------------------------------------- pooling: dtypes, canvas
+_POOL_DTYPES = [torch.int64, torch.int32, torch.uint8, torch.bool, torch.float16, torch.bfloat16, torch.float32,
+                torch.float64, torch.complex64]
+_DTYPE_POOLS = {
+    "avg_pool1d 3, 2, 1": lambda t: F.avg_pool1d(t, 3, 2, 1),
+    "avg_pool1d 3, 2, 1 counting no pad": lambda t: F.avg_pool1d(t, 3, 2, 1, False, False),
+    "avg_pool1d 2 ceil": lambda t: F.avg_pool1d(t, 2, ceil_mode=True),
+    "max_pool1d 3, 2, 1": lambda t: F.max_pool1d(t, 3, 2, 1),
+    "max_pool1d 3, 2, 1 indices": lambda t: F.max_pool1d(t, 3, 2, 1, return_indices=True),
+    "adaptive_avg_pool1d 3": lambda t: F.adaptive_avg_pool1d(t, 3),
+    "adaptive_avg_pool1d 1": lambda t: F.adaptive_avg_pool1d(t, 1),
+    "adaptive_max_pool1d 3": lambda t: F.adaptive_max_pool1d(t, 3, return_indices=True),
+    "adaptive_max_pool1d 1": lambda t: F.adaptive_max_pool1d(t, 1),
+    "lp_pool1d 2": lambda t: F.lp_pool1d(t, 2, 2),
+}
+# component shapes of each layout from a length n, and its ragged dims
+_POOL_LAYOUTS = {"(C, n)": (lambda n: (3, n), (2,)), "(S, C, n)": (lambda n: (2, 3, n), (3,)), "(n, C)": (lambda n: (n, 7), (1,))}
+
+
+def _dtype_values(shape, dtype, g):
+    """Integers with negative window sums (truncation and floor differ), floats that are not
+    integral (a second rounding shows)."""
+    t = torch.randint(-50, 50, shape, generator=g)
+    if dtype == torch.bool:
+        return t > 0
+    if dtype == torch.uint8:
+        return t.abs().to(dtype)
+    if dtype.is_floating_point or dtype.is_complex:
+        f = t.double() / 7 + torch.randn(shape, generator=g, dtype=torch.float64)
+        return (torch.complex(f, torch.randn(shape, generator=g, dtype=torch.float64)) if dtype.is_complex else f).to(dtype)
+    return t.to(dtype)
+
+
+def _samples(out, n: int):
+    if isinstance(out, tuple):
+        return list(zip(*(_samples(o, n) for o in out)))
+    return list(out.unbind()) if isinstance(out, mj.MultiJaggedTensor) else list(out.unbind(0))
+
+
+@pytest.mark.parametrize("dtype", _POOL_DTYPES, ids=str)
+@pytest.mark.parametrize("layout", _POOL_LAYOUTS)
+@pytest.mark.parametrize("pool", _DTYPE_POOLS)
+def test_pool1d_dtypes_are_dense(pool, layout, dtype):
+    """Every dtype as dense torch per sample: its dtype and values bit for bit (int64 average
+    pools truncate the window's sum, float16 / bfloat16 ones divide in float32 and round once),
+    or its own error where it refuses the dtype (``max_pool1d`` refuses integers but with
+    ``return_indices``; adaptive pools refuse integers and bool, and complex but for the mean
+    of size 1). A zero-length sample rides along (dense refuses it; ours pools it to nothing)."""
+    fn, (shape, rd) = _DTYPE_POOLS[pool], _POOL_LAYOUTS[layout]
+    g = torch.Generator().manual_seed(7)
+    comps = [_dtype_values(shape(n), dtype, g) for n in (7, 0, 4, 9)]
+    x = mj.nested_tensor(comps, ragged_dims=rd)
+    try:
+        want = [None if c.numel() == 0 else fn(c) for c in comps]
+    except Exception as e:  # dense refuses the dtype: ours raises its error (NOTE [ Error names ] renames it)
+        with pytest.raises(type(e)) as got:
+            fn(x)
+        assert _message(got.value) == _message(e)
+        return
+    for i, (o, w) in enumerate(zip(_samples(fn(x), len(comps)), want)):
+        if w is None:
+            continue
+        for a, b in zip(o, w) if isinstance(w, tuple) else [(o, w)]:
+            assert a.dtype == b.dtype, f"sample {i}: dtype {a.dtype} != dense {b.dtype}"
+            # adaptive average pooling to size 1 is the routed mean, which sums in another order
+            tol = {} if pool == "adaptive_avg_pool1d 1" else dict(rtol=0, atol=0)
+            torch.testing.assert_close(a, b, equal_nan=True, **tol, msg=lambda m, i=i: f"sample {i}: {m}")
+
+
+def _message(e: BaseException) -> str:
+    """An error's message without the op it names first and the aten op named last."""
+    return re.sub(r" \(in [\w.]+\)$", "", re.sub(r"^[\w.]+\(\): ", "", str(e)))
+
+
+def _a_window_misses(n: int, out: int, k: int, s: int, p: int, d: int) -> bool:
+    """Whether a dilated window of a length-n sample reads no position of it."""
+    return any(all(not 0 <= o * s - p + t * d < n for t in range(k)) for o in range(out))
+
+
+def test_max_pool1d_windows_of_only_the_lowest_value_index_like_dense():
+    """A window whose values are all the dtype's lowest value (``-inf``, ``iinfo.min``) keeps the
+    dense kernel's first position in the sample, beside padding too: its index, and the gradient
+    goes there (on the canvas that first position could be a gutter cell)."""
+    inf = float("inf")
+    comps = [torch.tensor([[-inf, -inf, 1.0, -inf, -inf, -inf, -inf]], dtype=DT), torch.zeros(1, 0, dtype=DT),
+             torch.tensor([[-inf]], dtype=DT), torch.tensor([[-inf, 2.0, -inf, -inf, -inf]], dtype=DT),
+             torch.tensor([[-inf, -inf, -inf, 5.0]], dtype=DT)]  # not first on the canvas: a gutter before it
+    for k, s, p, d in [(3, 2, 1, 1), (3, 1, 1, 1), (2, 2, 1, 1), (4, 3, 2, 1), (3, 1, 0, 2), (2, 1, 1, 2)]:
+        fn = lambda t: F.max_pool1d(t, k, s, p, d, return_indices=True)  # noqa: E731
+        x, leaves = build(comps, (2,), requires_grad=True)
+        out, idx = fn(x)
+        grads = torch.autograd.grad(out.values().sum(), leaves)
+        for i, (c, o, j, gr) in enumerate(zip(comps, out.unbind(), idx.unbind(), grads)):
+            if _a_window_misses(c.shape[-1], o.shape[-1], k, s, p, d):
+                # dense torch reads outside the sample there: ours reads the lowest value, no
+                # other sample (sample 3's gradient above would show it)
+                assert o.isneginf().all() and not gr.any(), f"{(k, s, p, d)} sample {i}"
+                continue
+            try:
+                leaf = c.clone().requires_grad_()
+                ro, rj = fn(leaf)
+            except RuntimeError:  # too short for this window (or empty): pooled to nothing
+                assert o.numel() == 0 and j.numel() == 0 and not gr.any()
+                continue
+            assert torch.equal(o, ro) and torch.equal(j, rj), f"{(k, s, p, d)} sample {i}: {j.tolist()} != {rj.tolist()}"
+            assert torch.equal(gr, torch.autograd.grad(ro.sum(), leaf)[0]), f"{(k, s, p, d)} sample {i}: gradient"
+    low = torch.iinfo(torch.int64).min
+    ints = [torch.tensor([[low, low, 3, low, low]]), torch.tensor([[low, low]])]
+    out, idx = F.max_pool1d(mj.nested_tensor(ints, ragged_dims=(2,)), 3, 2, 1, return_indices=True)
+    for c, o, j in zip(ints, out.unbind(), idx.unbind()):
+        ro, rj = F.max_pool1d(c, 3, 2, 1, return_indices=True)
+        assert torch.equal(o, ro) and torch.equal(j, rj), (j.tolist(), rj.tolist())
+
+
+@pytest.mark.parametrize("args", [(3, 2, 1, 1, False), (2, 2, 0, 1, False), (4, 3, 2, 1, True), (3, 1, 0, 2, False), (5, 2, 2, 1, True)],
+                         ids=str)
+def test_max_pool1d_of_many_samples_matches_per_sample(args):
+    """64 signals of 0–60 steps (the canvas then spans several pages, each sample's index
+    relative to its own page): values, indices with ties and NaNs, and gradients per sample."""
+    k, s, p, d, ceil = args
+    g = torch.Generator().manual_seed(k * 10 + s)
+    lengths = torch.randint(0, 61, (64,), generator=g).tolist()
+    lengths[5] = 0
+    comps = [(torch.randn(5, n, generator=g, dtype=DT) * 2).round() / 2 for n in lengths]  # ties
+    comps[3][1, 2:4] = float("nan")
+    fn = lambda t: F.max_pool1d(t, k, s, p, d, ceil, return_indices=True)  # noqa: E731
+    x, leaves = build(comps, (2,), requires_grad=True)
+    out, idx = fn(x)
+    key = ("canvas", 1, (cv.Window(k, s, p, p, d, ceil_mode=ceil),), (2,), ())
+    assert x._partition.derived(key, None).pages > 1  # what this test is about
+    cot = [torch.randn(o.shape, generator=g, dtype=DT) for o in out.unbind()]
+    grads = torch.autograd.grad(sum((o * c).sum() for o, c in zip(out.unbind(), cot)), leaves)
+    for i, (c, o, j, ct, gr) in enumerate(zip(comps, out.unbind(), idx.unbind(), cot, grads)):
+        if c.shape[-1] < d * (k - 1) + 1 - 2 * p or c.shape[-1] == 0:
+            assert o.numel() == 0 and not gr.any(), f"sample {i}"
+            continue
+        leaf = c.clone().requires_grad_()
+        ro, rj = fn(leaf)
+        assert_close(o, ro, f"sample {i}", rtol=0, atol=0)
+        assert torch.equal(j, rj), f"sample {i}: indices"
+        assert_close(gr, torch.autograd.grad((ro * ct).sum(), leaf)[0], f"grad of sample {i}")
 
 
 @pytest.mark.parametrize("center", [True, False])

@@ -4,6 +4,8 @@ naming the sample, and a zero pair for the batch dim — per sample, with gradie
 
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -87,3 +89,34 @@ def test_constant_pad_with_a_zero_pair_for_the_batch_dim():
         torch.testing.assert_close(a, F.pad(c, [0, 0, 0, 1], value=2.0))
     with pytest.raises(NotImplementedError, match="batch dim"):
         F.pad(x, [0, 0, 0, 1, 1, 0])
+
+
+_PAD_DTYPES = [torch.bool, torch.uint8, torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.complex64]
+
+
+@pytest.mark.parametrize("dtype", _PAD_DTYPES, ids=str)
+@pytest.mark.parametrize("mode", ["constant", "reflect", "replicate", "circular"])
+@pytest.mark.parametrize("pad", [(1, 1), (0, 2, 1, 0)], ids=str)
+def test_pad_dtypes_are_dense(pad, mode, dtype):
+    """Every dtype as dense torch per sample: its values, or its own error where its kernel
+    refuses the dtype (reflection padding of bool), along ragged and static dims, with a
+    zero-size sample riding along for the pads that keep it empty."""
+    g = torch.Generator().manual_seed(3)
+    if len(pad) == 4:  # images: both dims ragged, or the width static
+        shapes, raggeds = [(2, 2, 4), (2, 3, 4), (2, 4, 4)], ((2, 3), (2,))
+    else:  # signals (B, C, j0), and tokens (B, j0, C) padded along their static dim
+        shapes, raggeds = [(2, 4), (2, 3), (2, 5)], ((2,),)
+    cases = [([(torch.randn(*sz, generator=g) * 5).to(dtype) for sz in shapes], rd) for rd in raggeds]
+    if len(pad) == 2:
+        lengths = (2, 0, 4) if mode == "constant" else (2, 1, 4)  # dense pads no empty dim but with constants
+        cases.append(([(torch.randn(n, 3, generator=g) * 5).to(dtype) for n in lengths], (1,)))
+    for comps, ragged in cases:
+        x = mj.nested_tensor(comps, ragged_dims=ragged)
+        try:
+            want = [F.pad(c, pad, mode=mode) for c in comps]
+        except Exception as e:
+            with pytest.raises(type(e), match=re.escape(str(e).split("(): ")[-1][:30])):
+                F.pad(x, pad, mode=mode)
+            continue
+        for a, w in zip(F.pad(x, pad, mode=mode).unbind(), want):
+            assert a.dtype == w.dtype and torch.equal(a, w), (mode, pad, ragged)

@@ -182,6 +182,28 @@ def test_dtypes_as_dense(dtype):
                 torch.testing.assert_close(o, fn(c[None])[0], **tol)
 
 
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.bool], ids=str)
+def test_integer_average_pools_as_dense(dtype):
+    """Average pooling of int64 images is int64, each window's sum divided truncating (dense's
+    integer kernel), padded windows and ``divisor_override`` too; other integer dtypes and bool
+    raise dense's own error. ``lp_pool2d`` of int64 reads those truncated averages."""
+    g = torch.Generator().manual_seed(4)
+    comps = [torch.randint(-40, 40, (2, h, w), generator=g).to(dtype) for h, w in [(7, 9), (5, 6), (0, 3), (9, 5)]]
+    x = _batch(comps)
+    for fn in (lambda t: F.avg_pool2d(t, 2), lambda t: F.avg_pool2d(t, 3, 2, 1, count_include_pad=False),
+               lambda t: F.avg_pool2d(t, 3, 2, 1, ceil_mode=True), lambda t: F.avg_pool2d(t, 2, divisor_override=3),
+               lambda t: F.lp_pool2d(t, 2, 2)):
+        try:
+            want = [fn(c[None])[0] if c.numel() else None for c in comps]
+        except (RuntimeError, NotImplementedError) as e:
+            with pytest.raises(type(e)):
+                fn(x)
+            continue
+        for i, (o, w) in enumerate(zip(fn(x).unbind(), want)):
+            if w is not None:
+                assert o.dtype == w.dtype and torch.equal(o, w), f"sample {i}: {o} != {w}"
+
 def test_keeps_nested_int_when_sizes_are_kept_and_shares_it_by_rule():
     x = _batch(_images(SIZES2))
     w3 = torch.randn(4, 4, 3, 3, dtype=F64)

@@ -86,6 +86,11 @@ key                                   value (method that builds it)
                                       output's partition (ops/nn/distances.py)
 ``("one_ragged_side_out", op, …)``    (B, 2) output sizes of a conv of a batch with one ragged spatial
                                       dim, per window rule and static size (ops/vision/conv.py)
+``"rnn_groups"``                      the non-empty samples grouped by length, each group's rows, and
+                                      the permutations back to sample order (ops/nn/rnn.py)
+``("canvas", s, windows, rd, static)`` the canvas plan of a windowed op over ``s`` spatial dims
+                                      (``kernels/canvas.py``: ``plan_canvas``; ops/vision/conv.py,
+                                      ``max_pool1d`` in ops/nn/ragged.py)
 ====================================  ===========================================================
 
 ``derived(key, compute)`` is the one get-or-compute: ``compute(partition)`` runs on the first

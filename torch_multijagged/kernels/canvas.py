@@ -49,7 +49,7 @@ from torch import Tensor
 
 from .reference import building
 
-__all__ = ["rows_conv", "onednn_safe_conv", "canvas_conv_applies", "Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "to_out_canvas", "from_canvas", "avg_divisor", "local_index"]
+__all__ = ["rows_conv", "onednn_safe_conv", "canvas_conv_applies", "Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "to_out_canvas", "from_canvas", "avg_divisor", "local_index", "max_pool1d_rows"]
 
 
 @dataclass(frozen=True)
@@ -371,18 +371,18 @@ def _block_view(buf: Tensor, dst: int, h: int, w: int, width: int) -> Tensor:
     return buf.as_strided((h, w, buf.shape[1]), (width * s0, s0, s1), buf.storage_offset() + dst * s0)
 
 
-def _where(plan: CanvasPlan, side: str, margin: int = 0) -> _Where:
+def _where(plan: CanvasPlan, side: str, margin: int = 0, blocks: bool = True) -> _Where:
     """The placement of the input (``side="in"``) or output (``"out"``) pixels, after ``margin``
-    zero rows and before as many (cached on the plan)."""
-    key = ("where", side, margin)
+    zero rows and before as many (cached on the plan); ``blocks=False``: the index path always."""
+    key = ("where", side, margin, blocks)
     hit = plan.cache.get(key)
     if hit is not None:
         return hit
     with building():
-        return _build_where(plan, side, margin, key)
+        return _build_where(plan, side, margin, key, blocks)
 
 
-def _build_where(plan: CanvasPlan, side: str, margin: int, key) -> _Where:
+def _build_where(plan: CanvasPlan, side: str, margin: int, key, by_blocks: bool = True) -> _Where:
     index, shape, sizes, origins = ((plan.in_index, plan.shape, plan.in_sizes, plan.origins) if side == "in" else
                                     (plan.out_index, plan.out_shape, plan.out_sizes, plan.out_origins))
     page = math.prod(shape)
@@ -392,7 +392,7 @@ def _build_where(plan: CanvasPlan, side: str, margin: int, key) -> _Where:
     counts = sizes.prod(1) if sizes.shape[1] else torch.zeros(sizes.shape[0], dtype=torch.int64)
     b, rows = counts.shape[0], int(counts.sum())
     blocks = None
-    if plan.page_of is not None and b and rows >= BLOCK_ROWS * b and sizes.shape[1] in (1, 2):
+    if by_blocks and plan.page_of is not None and b and rows >= BLOCK_ROWS * b and sizes.shape[1] in (1, 2):
         width = shape[-1] if sizes.shape[1] == 2 else 1
         starts = (torch.cumsum(counts, 0) - counts).tolist()
         blocks = []
@@ -497,6 +497,66 @@ def local_index(canvas_index: Tensor, plan: CanvasPlan) -> Tensor:
     cy = torch.div(canvas_index, wc, rounding_mode="floor") - org[:, :1]
     cx = canvas_index % wc - org[:, 1:]
     return cy * w.unsqueeze(1) + cx
+
+
+def max_pool1d_rows(rows: Tensor, plan: CanvasPlan, window: Window, low: float,
+                    index: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """Dense ``max_pool1d_with_indices`` of every 1-d image of ``rows (P, C)``: the output rows
+    ``(P', C)`` and, with ``index``, each one's index in its image.
+
+    The canvas's gutters hold ``low`` (the dtype's lowest value), which never beats a value of
+    the image, so the index is the dense kernel's own (its first maximum, its last NaN) except
+    in a window whose values are all ``low``: the kernel keeps its first position, which on the
+    canvas may be a gutter cell left of the image; there it becomes the window's first position
+    in the image, as on the image alone. The canvas op runs without autograd; where ``rows``
+    requires grad the outputs are read from ``rows`` at those indices (a gather, so the gradient
+    goes where dense's does, to every order). A dilated window that misses its image (dense
+    torch reads outside the tensor there) is ``low``, with dense's index and no gradient."""
+    c = rows.shape[1]
+    grad = rows.requires_grad
+    with torch.no_grad():
+        # by index: on 1-d images one index_copy beats a copy per image (B = 4–16 signals of
+        # 20–300 rows, 40 channels: 1.7–2.8× faster)
+        canvas = _scatter(rows.detach(), _where(plan, "in", blocks=False), low)
+        canvas = canvas.view(plan.pages, plan.shape[0], c).movedim(-1, 1)
+        # channels last: the CPU kernel vectorises over the channels (10× a contiguous canvas)
+        out, idx = torch.max_pool1d_with_indices(canvas, window.kernel, window.stride, window.pad_l, window.dilation)
+        where = _where(plan, "out", blocks=False)
+        out = _gather(out.movedim(1, -1).reshape(-1, c), where)
+        if not (index or grad):
+            return out, None
+        origin, first, start, miss = _max_pool_maps(plan, window)
+        local = _gather(idx.movedim(1, -1).reshape(-1, c), where) - origin
+        local = torch.where(local < 0, first, local)
+    if grad:
+        if miss is None:
+            out = rows.gather(0, local + start)
+        else:
+            out = torch.where(miss, out, rows.gather(0, torch.where(miss, start, local + start)))
+    return out, local
+
+
+def _max_pool_maps(plan: CanvasPlan, window: Window) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
+    """``(P', 1)`` per output row: its image's origin on the canvas, the first position of its
+    window inside the image (dense pooling's initial index), the image's first input row, and
+    whether the window misses the image (None where none does)."""
+    key = ("max_pool_maps", window)
+    hit = plan.cache.get(key)
+    if hit is not None:
+        return hit
+    with building():
+        outs, dev = plan.out_sizes[:, 0], plan.in_index.device
+        sample = torch.repeat_interleave(torch.arange(outs.shape[0]), outs)
+        o = torch.arange(sample.shape[0]) - (torch.cumsum(outs, 0) - outs)[sample]
+        lo = o * window.stride - window.pad_l
+        d = window.dilation
+        first = torch.where(lo < 0, lo + torch.div(-lo + d - 1, d, rounding_mode="floor") * d, lo)
+        n = plan.in_sizes[:, 0]
+        miss = first >= n[sample]
+        maps = [t.unsqueeze(1).to(dev) for t in (plan.origins[sample, 0], first, (torch.cumsum(n, 0) - n)[sample], miss)]
+        hit = (*maps[:3], maps[3] if bool(miss.any()) else None)
+        plan.cache[key] = hit
+    return hit
 
 
 def avg_divisor(plan: CanvasPlan, windows: Sequence[Window], count_include_pad: bool,

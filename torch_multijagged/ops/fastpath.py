@@ -54,7 +54,7 @@ from .contractions import einsum as _ein, pair_mm as _pm, ragged_mm as _rmm
 from .elementwise import pointwise as _pw
 from .reductions import reduce as _red
 from . import _along
-from .shape import views as _views
+from .shape import leading as _leading, views as _views
 from .shape.reshape import _unflat_sizes
 from ._common import static_dims
 
@@ -682,7 +682,10 @@ def _size(self, dim=None):
     n = len(self._size)
     if not -n <= dim < n:
         return NotImplemented
-    return self._size[dim]
+    s = self._size[dim]
+    if type(s) is not int:  # a ragged size: NOTE [ Recurrent layers given the other time layout ]
+        _leading.refuse_recurrent_batch_read(self)
+    return s
 
 
 def _shape(self):

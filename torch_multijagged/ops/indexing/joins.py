@@ -216,6 +216,14 @@ def _pad_error(x: MJT, pad: list, mode: str, value, row: list) -> Exception | No
 @eager
 def pad_ragged(op: str, x: MJT, pad: list, pads: dict, mode: str, value):
     """``F.pad`` of each sample: ``pads`` maps logical dims to ``(before, after)``."""
+    if mode != "constant" and not x.is_floating_point() and len(pad) // 2 < x.dim():
+        # dense torch's own dtype check, which every sample fails alike (a meta tensor's is not
+        # its kernel's: another type and message): the pad of a small sample of this dtype
+        # (reflection and replication pads refuse bool; constant padding takes every dtype)
+        shape = [1] * (x.dim() - 1)
+        for i in range(len(pad) // 2):
+            shape[-1 - i] = abs(pad[2 * i]) + abs(pad[2 * i + 1]) + 1
+        F.pad(torch.zeros(shape, dtype=x.dtype, device=x.device), pad, mode=mode)
     _check_pad(op, x, pad, mode, value)
     p = x._partition
     ragged = {d: pads[d] for d in pads if d in x._ragged_dims}

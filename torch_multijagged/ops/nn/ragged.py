@@ -25,11 +25,17 @@ NOTE [ Ops over ragged dims in nn ]
   < 1; a zero-length sample pools to nothing). New lengths are new per-sample extents, built on
   the host from the host copy of the input's lengths (no device sync), so these run eagerly
   only (under ``torch.compile`` a graph break, NOTE [ Eager-only routes ] in ``_common.py``);
-  ``adaptive_*_pool1d(x, 1)`` is a reduction and compiles. Windows are gathered from the
-  packed rows (no padded envelope) and reduced under torch's autograd on the values. A max pool
-  reads the first maximum of a window, or its *last* NaN where it holds one (the dense kernels'
-  scan ``val > max || isnan(val)``, as the 2-d pools of ``vision/norms.py``): index and gradient
-  go there, also for ``adaptive_max_pool1d(x, 1)``, whose ``max`` reduction reads the first NaN.
+  ``adaptive_*_pool1d(x, 1)`` is a reduction and compiles. Average and adaptive windows are
+  gathered from the packed rows (no padded envelope) and reduced under torch's autograd on the
+  values, as dense's kernels compute: int64 sums divide truncating (an int64 result), float16 /
+  bfloat16 sums divide in float32 and round once. ``max_pool1d`` runs dense's own kernel once on
+  a canvas of every sample (NOTE [ Canvas ] in kernels/canvas.py, ``max_pool1d_rows``) and
+  gathers the values at its indices. A max pool reads the first maximum of a window, or its
+  *last* NaN where it holds one (the dense kernels' scan ``val > max || isnan(val)``, as the 2-d
+  pools of ``vision/norms.py``): index and gradient go there, also for
+  ``adaptive_max_pool1d(x, 1)``, whose ``max`` reduction reads the first NaN. Dtypes are dense's:
+  each route first runs the dense kernel the dense call would (``max_pool1d`` without indices
+  refuses integers, ``max_pool1d_with_indices`` takes them) on a small input of the dtype.
 * ``torch.stft`` of waveforms ``(B, j0)``: each sample's spectrogram ``(B, F, j_frames)``, its frame
   count (dense torch's) a new extent of the same kind; one dense call per sample, eager only.
 """
@@ -37,6 +43,7 @@ NOTE [ Ops over ragged dims in nn ]
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -389,28 +396,46 @@ def _avg_pool1d_ragged(x, k, stride, pad, ceil_mode, count_include_pad):
     rows, ok, pos, start, n = _windows(x, part, lambda o, n: o * stride - pad, k, 1)
     v = _values(x)
     w, m = _gather(v, rows, ok)
-    total = torch.where(m, w, torch.zeros_like(w)).sum(1)
     end = torch.minimum(start + k, n + pad)
     if count_include_pad:
         div = end - start
     else:
         div = torch.minimum(end, n) - start.clamp_min(0)
-    div = div.clamp_min(1).view(-1, *([1] * (v.dim() - 1))).to(v.dtype)
-    return _out(total / div, part, x._ragged_dims, v.requires_grad)
+    div = div.clamp_min(1).view(-1, *([1] * (v.dim() - 1)))
+    return _out(_window_mean(w, m, div), part, x._ragged_dims, v.requires_grad)
 
 
-def _max_pool1d_ragged(x, k, stride, pad, dilation, ceil_mode):
-    part = _out_partition(x, cv.Window(k, stride, pad, pad, dilation, ceil_mode=bool(ceil_mode)))
-    rows, ok, pos, _, _ = _windows(x, part, lambda o, n: o * stride - pad, k, dilation)
+def _window_mean(w: torch.Tensor, m: torch.Tensor, div: torch.Tensor) -> torch.Tensor:
+    """The sum of every window's valid members over ``div``, as dense torch's average pools
+    compute it: integers sum in int64 and divide truncating (``avg_pool1d`` of int64 is int64),
+    float16 / bfloat16 sum and divide in float32 and round once."""
+    total = torch.where(m, w, torch.zeros_like(w))
+    if not (w.is_floating_point() or w.is_complex()):
+        return torch.div(total.sum(1), div, rounding_mode="trunc").to(w.dtype)
+    if w.dtype in (torch.float16, torch.bfloat16):
+        return (total.sum(1, dtype=torch.float32) / div.to(torch.float32)).to(w.dtype)
+    return total.sum(1) / div.to(w.dtype)
+
+
+def _max_pool1d_ragged(x, k, stride, pad, dilation, ceil_mode, return_indices):
+    """Max pooling along the ragged last dim on a canvas (NOTE [ Canvas ] in kernels/canvas.py):
+    dense ``max_pool1d_with_indices`` once over every sample, so its index rules (the first
+    maximum of a window, or its last NaN) hold by construction; with autograd the values are
+    gathered from the packed rows at those indices (``canvas.max_pool1d_rows``)."""
+    window = cv.Window(k, stride, pad, pad, dilation, ceil_mode=bool(ceil_mode))
+    part = _out_partition(x, window)
     v = _values(x)
-    w, m = _gather(v, rows, ok)
-    low = torch.finfo(v.dtype).min if v.is_floating_point() else torch.iinfo(v.dtype).min
-    masked = torch.where(m, w, torch.full_like(w, float("-inf") if v.is_floating_point() else low))
-    # the first maximum (or the last NaN) takes the whole gradient, as dense max_pool1d's index
-    arg = _window_arg(masked)
-    out = masked.gather(1, arg).squeeze(1)
-    idx = pos.view(*pos.shape, *([1] * (v.dim() - 1))).expand_as(w).gather(1, arg).squeeze(1)
-    return _out(out, part, x._ragged_dims, v.requires_grad), wrap(idx, part, x._ragged_dims)
+    flat = v.reshape(v.shape[0], math.prod(v.shape[1:]))  # (T, S·C): every channel pools on its own
+    # the plan of a conv1d of the same window over this extent (ops/vision/conv.py, ``_plan``)
+    key = ("canvas", 1, (window,), x._ragged_dims, ())
+    plan = x._partition.derived(key, lambda q: cv.plan_canvas(q.extents[0].host_lengths().unsqueeze(1), (window,), v.device))
+    low = float("-inf") if v.is_floating_point() else float(torch.iinfo(v.dtype).min)
+    out, idx = cv.max_pool1d_rows(flat, plan, window, low, return_indices)
+    if v.requires_grad and not v.shape[0]:
+        out = out + flat.sum() * 0  # no row at all: still on v's graph
+    shape = (part.rows, *v.shape[1:])
+    out = _out(out.view(shape), part, x._ragged_dims, v.requires_grad)
+    return (out, wrap(idx.view(shape), part, x._ragged_dims)) if return_indices else out
 
 
 def _static_last(x, fn, two: bool = False):
@@ -444,12 +469,14 @@ def _max_pool1d_impl(input, kernel_size, stride, padding, dilation, ceil_mode, r
     k = _one(op, kernel_size, "kernel_size")
     s = k if stride is None or (isinstance(stride, (list, tuple)) and len(stride) == 0) else _one(op, stride, "stride")
     p, d = _one(op, padding, "padding"), _one(op, dilation, "dilation")
-    torch.max_pool1d_with_indices(input._values.new_zeros(1, 1, d * (k - 1) + 1), k, s, p, d, ceil_mode)
+    # dense torch's own argument and dtype checks, of the kernel the dense call runs (``max_pool1d``
+    # refuses integers, ``max_pool1d_with_indices`` takes them)
+    dense = torch.max_pool1d_with_indices if return_indices else torch.max_pool1d
+    dense(input._values.new_zeros(1, 1, d * (k - 1) + 1), k, s, p, d, ceil_mode)
     if _pooled(op, input) == "static":
         out, idx = _static_last(input, lambda v: torch.max_pool1d_with_indices(v, k, s, p, d, ceil_mode), two=True)
-    else:
-        out, idx = _max_pool1d_ragged(input, k, s, p, d, ceil_mode)
-    return (out, idx) if return_indices else out
+        return (out, idx) if return_indices else out
+    return _max_pool1d_ragged(input, k, s, p, d, ceil_mode, return_indices)
 
 
 def _max_pool1d_route(always_indices: bool):
@@ -479,6 +506,12 @@ def _adaptive_windows(x: MJT, size: int):
     return rows, ok, pos, b
 
 
+def _adaptive_probe(fn, x: MJT, size: int) -> None:
+    """Dense torch's own dtype and argument checks: its adaptive pool on a one-channel input of
+    ``x``'s dtype (its kernels refuse integers, bool and, but for the mean of size 1, complex)."""
+    fn(torch.zeros((1, 1, max(size, 1)), dtype=x.dtype, device=x.device), size)
+
+
 def _to_dense(v, b: int, size: int):
     """Out rows ``(B·L, *static)`` as dense ``(B, *static, L)``."""
     return v.reshape(b, size, *v.shape[1:]).movedim(1, -1)
@@ -491,6 +524,7 @@ def _adaptive_avg_pool1d(input, output_size):
         return NotImplemented
     op = "adaptive_avg_pool1d"
     size = _one(op, output_size, "output_size")
+    _adaptive_probe(torch.adaptive_avg_pool1d, input, size)
     kind = _pooled(op, input)
     if kind == "ragged" and size == 1:
         return input.mean(-1, keepdim=True)  # a reduction: dense (B, *static, 1); compiles
@@ -498,13 +532,13 @@ def _adaptive_avg_pool1d(input, output_size):
         return _static_last(input, lambda v: torch.adaptive_avg_pool1d(v, size))
     rows, ok, _, b = _adaptive_windows(input, size)
     w, m = _gather(_values(input), rows, ok)
-    cnt = ok.sum(1).view(-1, *([1] * (w.dim() - 2))).to(w.dtype)
-    return _to_dense(torch.where(m, w, torch.zeros_like(w)).sum(1) / cnt, b, size)
+    return _to_dense(_window_mean(w, m, ok.sum(1).view(-1, *([1] * (w.dim() - 2)))), b, size)
 
 
 def _adaptive_max(input, output_size, return_indices):
     op = "adaptive_max_pool1d"
     size = _one(op, output_size, "output_size")
+    _adaptive_probe(torch.adaptive_max_pool1d, input, size)
     kind = _pooled(op, input)
     if kind == "ragged" and size == 1:
         out, idx = torch.max(input, -1, keepdim=True)  # the first maximum takes the gradient; compiles

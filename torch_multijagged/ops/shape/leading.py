@@ -26,9 +26,12 @@ message, and ``fullgraph=True`` raises it.
 
 from __future__ import annotations
 
+import sys
+
 import torch
 
-from .._common import MJT, canonical_dim, canonical_dims
+from ...errors import StructureError
+from .._common import MJT, canonical_dim, canonical_dims, describe
 from .._routing import route
 
 __all__ = ["BatchMoved", "token_op", "batch_transpose"]
@@ -116,7 +119,10 @@ class BatchMoved(torch.Tensor):
                 return out
         if is_metadata(func):
             with torch._C.DisableTorchFunctionSubclass():
-                return func(*args, **kwargs)
+                out = func(*args, **kwargs)
+            if func is torch.Tensor.size and type(out) is torch.SymInt:  # a ragged size
+                refuse_recurrent_batch_read(self)
+            return out
         perm = next((t._perm for t in _tokens(list(args) + list(kwargs.values()))), None)
         raise NotImplementedError(
             f"{getattr(func, '__name__', func)}(): a multi_jagged tensor whose batch dim is not at dim 0 (dims "
@@ -128,6 +134,45 @@ class BatchMoved(torch.Tensor):
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
         return token_dispatch(func, args, "batch-moved", "BatchMoved")
+
+
+# NOTE [ Recurrent layers given the other time layout ]
+#
+# ``nn.RNN`` / ``nn.LSTM`` / ``nn.GRU`` read their batch size as ``input.size(0 if batch_first else
+# 1)`` and build their zero state with it (or check a given one against it) before ``torch.lstm``
+# (routed in ops/nn/rnn.py, whose error says what to pass) sees the input. Given a batch-first
+# multi_jagged batch ``(B, j0, C)`` with ``batch_first=False``, or its sequence-first token
+# ``x.transpose(0, 1)`` with ``batch_first=True``, that read is the time dim's nested int, and
+# torch fails on it with an internal message ("SymIntArrayRef expected to contain only concrete
+# integers"). So a ragged size read through ``size(dim)`` — a multi_jagged tensor's (the values
+# path's ``Tensor.size``) or a token's — looks at its caller, and from one of those forwards raises
+# the layout error instead: a few frames walked only where a ragged size is read by ``size``,
+# nothing on any other call.
+_RECURRENT_FORWARDS = {torch.nn.RNN.forward.__code__, torch.nn.LSTM.forward.__code__, torch.nn.GRU.forward.__code__}
+
+
+def refuse_recurrent_batch_read(x) -> None:
+    """Raise the layout error where a recurrent layer's forward reads its batch size from ``x``'s
+    ragged dim (NOTE [ Recurrent layers given the other time layout ])."""
+    frame = sys._getframe(1)
+    for _ in range(5):
+        frame = frame.f_back
+        if frame is None:
+            return
+        if frame.f_code in _RECURRENT_FORWARDS:
+            break
+    else:
+        return
+    layer = type(frame.f_locals.get("self")).__name__  # no "name(): " prefix: the user called the module
+    if isinstance(x, BatchMoved):
+        raise StructureError(
+            f"{layer}(batch_first=True) takes a batch-first input (B, T, C); {describe(x._mjt)}.transpose(0, 1) is "
+            "sequence-first: pass the multi_jagged batch itself, or build the layer with batch_first=False"
+        )
+    raise StructureError(
+        f"{layer}(batch_first=False) takes a sequence-first input (T, B, C); a multi_jagged batch {describe(x)} is "
+        "batch-first: pass x.transpose(0, 1), or build the layer with batch_first=True"
+    )
 
 
 def is_metadata(func) -> bool:
@@ -460,8 +505,20 @@ _FORWARDED = {**dict.fromkeys(_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAS
               **dict.fromkeys(_DIM, "dim"), **dict.fromkeys(_REDUCE, "reduce"), **dict.fromkeys(_DIM_AT, "dim1"),
               **dict.fromkeys(_DIMS_AT, "dims")}
 
+def _index_select(input, dim, index):
+    """``index_select`` along the token's batch dim: samples picked from the batch-first tensor
+    (``pack_padded_sequence(x.transpose(0, 1), lengths, enforce_sorted=False)`` sorts them)."""
+    if not isinstance(input, BatchMoved) or not isinstance(dim, int):
+        return NotImplemented
+    d = canonical_dim("index_select", len(input._perm), dim)
+    if input._perm[d] != 0:
+        return NotImplemented
+    return _settle(input._mjt.index_select(0, index), input._perm)
+
+
 _TOKEN_OPS = {
     torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
+    torch.index_select: _index_select, torch.Tensor.index_select: _index_select,
     torch.unbind: _unbind, torch.Tensor.unbind: _unbind,
     torch.Tensor.__getitem__: _getitem,
     torch.select: _select, torch.Tensor.select: _select,

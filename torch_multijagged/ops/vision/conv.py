@@ -488,8 +488,10 @@ def _pool_pieces(op: str, x: MJT, windows, fn) -> MJT:
 
 
 def _divide(out: MJT, div: torch.Tensor, input: MJT, windows, nspatial: int, out_sizes) -> MJT:
-    """``out / div`` with ``div`` given per output pixel row (sample-major, row-major)."""
-    return out / _wrap_pixels(input, div, out_sizes, windows, nspatial, False)
+    """``out / div`` with ``div`` given per output pixel row (sample-major, row-major); integers
+    divide truncating, as dense average pooling of int64 (an int64 result)."""
+    d = _wrap_pixels(input, div, out_sizes, windows, nspatial, False)
+    return out / d if out.is_floating_point() or out.is_complex() else torch.div(out, d, rounding_mode="trunc")
 
 
 @register_multi_jagged_func(

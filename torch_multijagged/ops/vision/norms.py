@@ -182,6 +182,8 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
         return NotImplemented
     op = "instance_norm"
     input, c = _norm_input(op, input, weight, bias, running_mean, running_var)
+    if not input.is_floating_point():  # dense torch's own dtype check (its kernels take floats only)
+        F.instance_norm(torch.zeros((1, c, 2), dtype=input.dtype, device=input.device))
     if not use_input_stats:
         # the running statistics normalise every pixel alike: batch_norm in eval mode on the values
         if running_mean is None or running_var is None:
@@ -228,6 +230,8 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
         raise ValueError(f"{op}(): expected the number of channels ({c}) to be divisible by num_groups, got {num_groups}")
     _check_param(op, "weight", weight, c)
     _check_param(op, "bias", bias, c)
+    if not input.is_floating_point():  # dense torch's own dtype check (its kernels take floats only)
+        F.group_norm(torch.zeros((1, c, 2), dtype=input.dtype, device=input.device), num_groups)
     if pieces.holds_pieces(input) or (input._ragged_dims == (2, 3) and len(input._size) == 4
                                       and pim.per_image_applies(input._partition.host_sizes(), max(c, pim.MIN_CHANNELS))):
         # images held one by one, or large enough for the convolutions to go image by image
@@ -553,19 +557,28 @@ def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
 # Python composites of ``torch.nn.functional`` that a multi_jagged input would run with its
 # routes switched off (the composite is itself a torch function): written again here, dense
 # torch's formula over the routed ops.
-@route(F.lp_pool1d, F.lp_pool2d, F.lp_pool3d)
-def _lp_pool(input, norm_type, kernel_size, stride=None, ceil_mode=False):
-    if not isinstance(input, MJT) or input.dim() not in (3, 4, 5):
-        return NotImplemented
-    if input.dim() == 3:
-        window = kernel_size if isinstance(kernel_size, int) else kernel_size[0]
-        out = F.avg_pool1d(input.pow(norm_type), kernel_size, stride, 0, ceil_mode)
-    else:
-        nsp = input.dim() - 2
-        window = kernel_size ** nsp if isinstance(kernel_size, int) else math.prod(kernel_size)
-        avg = F.avg_pool2d if nsp == 2 else F.avg_pool3d
+def _lp_pool_route(nsp: int):
+    """``F.lp_pool{nsp}d``: dense torch's formula over the routed average pool of as many
+    spatial dims, whatever the rank (``lp_pool1d`` of ``(B, S, C, j0)`` pools ``j0`` alone)."""
+    avg = {1: F.avg_pool1d, 2: F.avg_pool2d, 3: F.avg_pool3d}[nsp]
+
+    def routed(input, norm_type, kernel_size, stride=None, ceil_mode=False):
+        if not isinstance(input, MJT) or input.dim() not in (nsp + 2, nsp + 3):
+            return NotImplemented
+        if isinstance(kernel_size, int):
+            window = kernel_size ** nsp
+        else:
+            window = math.prod(kernel_size)
         out = avg(input.pow(norm_type), kernel_size, stride, 0, ceil_mode)
-    return (torch.sign(out) * F.relu(torch.abs(out))).mul(window).pow(1.0 / norm_type)
+        return (torch.sign(out) * F.relu(torch.abs(out))).mul(window).pow(1.0 / norm_type)
+
+    routed.__name__ = f"lp_pool{nsp}d"
+    return routed
+
+
+route(F.lp_pool1d)(_lp_pool_route(1))
+route(F.lp_pool2d)(_lp_pool_route(2))
+route(F.lp_pool3d)(_lp_pool_route(3))
 
 
 @route(F.local_response_norm)
