@@ -366,3 +366,22 @@ def test_compiled_cdist_keeps_the_traced_formula(_fresh_dynamo):
         gb, = torch.autograd.grad(b.values().sum(), y)
         assert torch.equal(ga.values(), gb.values())
     assert counter.frame_count == 1
+
+
+def test_compiled_cdist_of_two_batches_with_lengths_that_meet(_fresh_dynamo):
+    """``torch.cdist(a, b)`` of two batches in a compiled function (not fullgraph: a pair of two
+    extents is built outside a graph) trains over calls whose lengths differ and then coincide —
+    the output then is a square — values and gradients of both inputs as dense per sample."""
+    f = torch.compile(lambda a, b: torch.cdist(a, b).sum(-1), backend="aot_eager")
+    for l1, l2 in [((3, 0, 5), (2, 2, 4)), ((2, 2, 2), (2, 2, 2)), ((4, 1, 2), (3, 3, 1))]:
+        g = torch.Generator().manual_seed(sum(l1))
+        xs = [torch.randn(n, 4, dtype=F64, generator=g).requires_grad_() for n in l1]
+        ys = [torch.randn(n, 4, dtype=F64, generator=g).requires_grad_() for n in l2]
+        out = f(mj.as_nested_tensor(xs), mj.as_nested_tensor(ys))
+        refs = [torch.cdist(x, y).sum(-1) for x, y in zip(xs, ys)]
+        for o, r in zip(out.unbind(), refs):
+            torch.testing.assert_close(o, r)
+        got = torch.autograd.grad(out.values().sum(), xs + ys)
+        want = torch.autograd.grad(sum(r.sum() for r in refs), xs + ys, allow_unused=True)
+        for p, q in zip(got, want):
+            torch.testing.assert_close(p, torch.zeros_like(p) if q is None else q)

@@ -71,25 +71,27 @@ def _cdist(x1, x2, p=2.0, compute_mode="use_mm_for_euclid_dist_if_necessary"):
         return NotImplemented
     if torch.is_autocast_enabled(x1.device.type):
         x1, x2 = autocast_float32(x1, x2)  # on dense autocast's float32 list
-    a, b = _cdist_operands(x1, x2)
+    _cdist_operands(x1, x2)
     if p < 0:
         raise RuntimeError(f"cdist only supports non-negative p values, got {p}")
     if compute_mode not in _MODES:
         raise ValueError(f"{compute_mode} is not a valid value for compute_mode")
-    partition, out_dims = _out_structure("cdist", (a, b))[:2]
-    if partition.batch and _eager_operands(x1, x2):
-        return _cdist_by_sample(x1, x2, float(p), compute_mode, partition, out_dims)
-    return _cdist_traced(x1, x2, a, b, p)
+    if _eager_operands(x1, x2):  # (traced, the output structure is the broadcast's own: no host read here)
+        partition, out_dims = _out_structure("cdist", (x1.unsqueeze(-2), x2.unsqueeze(-3)))[:2]
+        if partition.batch:
+            return _cdist_by_sample(x1, x2, float(p), compute_mode, partition, out_dims)
+    _traced_dtypes(x1, x2)
+    if p != math.inf:  # (inline, as one expression: a graph break inside it starts from the operands)
+        return torch.linalg.vector_norm(x1.unsqueeze(-2) - x2.unsqueeze(-3), p, -1)
+    return _inf_norm_of_differences(x1.unsqueeze(-2) - x2.unsqueeze(-3))
 
 
 _SPELT = {torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float", torch.float64: "Double"}
 
 
-def _cdist_traced(x1, x2, a, b, p):
-    """Traced (no host sizes) or without samples: the norm of the pairs of differences ``a - b``
-    (which Inductor fuses), with dense ``cdist``'s dtype rules. Dense torch's matmul form for
-    p = 2 rounds otherwise; for p = inf the gradient is dense's rule, the full sign of the
-    difference to every coordinate that ties for the largest (the norm's own would share it)."""
+def _traced_dtypes(x1, x2) -> None:
+    """Dense ``cdist``'s dtype rules, for the traced form (the norm of the pairs of differences,
+    which Inductor fuses; dense torch's matmul form for p = 2 rounds otherwise)."""
     for name, t in (("X1", x1), ("X2", x2)):
         if not t.dtype.is_floating_point:
             raise RuntimeError(f"cdist only supports floating-point dtypes, {name} got: "
@@ -98,9 +100,11 @@ def _cdist_traced(x1, x2, a, b, p):
         raise RuntimeError(f"expected scalar type {_SPELT.get(x1.dtype)} but found {_SPELT.get(x2.dtype)}")
     if x1.device.type == "cpu" and x1.dtype in (torch.float16, torch.bfloat16):
         raise NotImplementedError(f'"cdist" not implemented for \'{_SPELT[x1.dtype]}\'')
-    diff = a - b
-    if p != math.inf:
-        return torch.linalg.vector_norm(diff, p, -1)
+
+
+def _inf_norm_of_differences(diff):
+    """The p = inf norm over the last dim with dense ``cdist``'s gradient rule: the full sign of the
+    difference to every coordinate that ties for the largest (the norm's own would share it)."""
     size = diff.abs()
     dist = size.amax(-1).detach()
     # each coordinate at the largest size carries its own difference (finite ones: ``t - t``
@@ -109,29 +113,29 @@ def _cdist_traced(x1, x2, a, b, p):
     return dist + (tied - tied.detach())
 
 
-def _cdist_operands(x1, x2):
-    """``x1`` and ``x2`` with a dim of size 1 for the other's rows (``(B, …, j0, 1, C)`` and
-    ``(B, …, 1, j1, C)``), checked: row vectors along a static last dim, at least 2-d per sample,
-    a dense operand no wider than the batch, one batch size and one number of columns."""
-    nd = len((x1 if isinstance(x1, MJT) else x2)._size)
+def _cdist_operands(x1, x2) -> None:
+    """``x1`` and ``x2`` checked: row vectors along a static last dim, at least 2-d per sample, a
+    dense operand no wider than the batch, one batch size and one number of columns."""
+    # public metadata only (dim, shape, ragged_dims): read under torch.compile, where the
+    # wrapper's private fields are not
+    nd = (x1 if isinstance(x1, MJT) else x2).dim()
     for t in (x1, x2):
         if isinstance(t, MJT):
-            if len(t._size) < 3 or t._ragged_dims[-1] == len(t._size) - 1:
+            if t.dim() < 3 or t._ragged_dims[-1] == t.dim() - 1:
                 raise StructureError(
                     f"cdist(): expected batches of row vectors (B, …, j0, C) (a static last dim), got {describe(t)}"
                 )
         elif t.dim() < 2 or t.dim() > nd:
             raise StructureError(f"cdist(): expected a dense operand of 2 to {nd} dims (the batch's or fewer), got "
                                  f"{describe(t)} with {describe(x1 if t is x2 else x2)}")
-    batch = (x1 if isinstance(x1, MJT) else x2)._partition.batch
+    batch = (x1 if isinstance(x1, MJT) else x2).shape[0]
     for t in (x1, x2):
         if not isinstance(t, MJT) and t.dim() == nd and t.shape[0] not in (1, batch):
             raise StructureError(f"cdist(): a dense operand {describe(t)} with the batch's dims needs size {batch} "
                                  f"or 1 along the batch dim")
-    c1, c2 = (t._size[-1] if isinstance(t, MJT) else t.shape[-1] for t in (x1, x2))
+    c1, c2 = (t.shape[-1] for t in (x1, x2))
     if c1 != c2:
         raise RuntimeError(f"X1 and X2 must have the same number of columns. X1: {c1} X2: {c2}")
-    return x1.unsqueeze(-2), x2.unsqueeze(-3)
 
 
 def _eager_operands(*ts) -> bool:
