@@ -1,0 +1,94 @@
+"""Indexing forms as dense indexing reads them: basic indices after paired index tensors
+(``x[:, a, b, 1]``), a Python bool as a 0-d mask (``x[True]``), and an assignment naming one
+position twice — per sample, values and every gradient, reading and writing."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_multijagged as tmj
+from torch_multijagged.errors import StructureError
+
+from test_getitem import _batch_of
+
+
+_AFTER_PAIRS = {
+    "x[:, a, b, 1]": (slice(None), [0, 1], [1, 0], 1),
+    "x[:, a, b, 1:]": (slice(None), [0, 1], [2, 0], slice(1, None)),
+    "x[:, a, b, None]": (slice(None), [1, 0], [1, 0], None),
+    "x[:, idx2d, 1]": (slice(None), [[0, 1], [1, 0]], 1),
+    "x[:, :, a, b, None]": (slice(None), slice(None), [0, 1], [1, 3], None),
+    "x[:, a, b, ..., ::2]": (slice(None), [0, 1], [1, 0], Ellipsis, slice(None, None, 2)),
+    "x[..., a, b, None]": (Ellipsis, [0, 2], [1, 3], None),
+    "x[..., idx2d, 1:]": (Ellipsis, [[0, 2], [1, 0]], slice(1, None)),
+}
+
+
+@pytest.mark.parametrize("name", list(_AFTER_PAIRS))
+def test_basic_indices_after_paired_index_tensors_as_dense(name):
+    """``x[:, a, b, 1]``, ``x[:, a, b, 1:]``, ``x[:, idx2d, None]``: dense indexing places the
+    paired index's dims where the index tensors stand and applies the basic indices after them to
+    the dims after those (its integers are selects): per sample, reading (values and every
+    gradient) and writing, a sample too short for the index raising."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, 4, dtype=torch.float64, generator=g).requires_grad_() for n in (3, 2, 4)]
+    key = tuple(torch.tensor(i) if isinstance(i, list) else i for i in _AFTER_PAIRS[name])
+    x = tmj.as_nested_tensor(comps)
+    got = x[key]
+    per = key if key[0] is Ellipsis else key[1:]
+    refs = [c[per] for c in comps]
+    outs = got.unbind() if isinstance(got, tmj.MultiJaggedTensor) else list(got)
+    for a, r in zip(outs, refs):
+        assert a.shape == r.shape and torch.equal(a, r)
+    w = [torch.randn(r.shape, dtype=torch.float64, generator=g) for r in refs]
+    cot = tmj.nested_tensor(w) if isinstance(got, tmj.MultiJaggedTensor) else torch.stack(w)
+    for p, q in zip(torch.autograd.grad(got, comps, cot), torch.autograd.grad(refs, comps, w)):
+        torch.testing.assert_close(p, q)
+    y = x.detach().clone()
+    y[key] = 7.0
+    for a, c in zip(y.unbind(), comps):
+        c = c.detach().clone()
+        c[per] = 7.0
+        assert torch.equal(a, c)
+    if key[0] is not Ellipsis and isinstance(key[1], torch.Tensor):  # the index reads ragged dim 1: a short sample raises
+        with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
+            tmj.nested_tensor([torch.randn(n, 3, 4) for n in (3, 1)])[key]
+
+
+@pytest.mark.parametrize("index", ["paired", "static pair", "list"])
+def test_index_assignment_to_one_position_twice_as_dense(index):
+    """``x[:, a, b] = v`` naming one position twice: the last write stands and every row of ``v``
+    gets its gradient, as dense ``__setitem__`` (``index_put``) gives them; so does ``x``'s own."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, 3, 4, dtype=torch.float64, generator=g).requires_grad_() for n in (3, 2, 4)]
+    a, b = torch.tensor([0, 0]), torch.tensor([1, 1])
+    key = {"paired": (slice(None), a, b), "static pair": (Ellipsis, b, a), "list": (slice(None), [0, 0])}[index]
+    v = torch.randn({"paired": (2, 4), "static pair": (2,), "list": (2, 3, 4)}[index], dtype=torch.float64,
+                    generator=g).requires_grad_()
+    y = tmj.as_nested_tensor(xs) * 1
+    y[key] = v
+    refs = []
+    for t in xs:
+        r = t * 1
+        r[key if key[0] is Ellipsis else key[1:]] = v
+        refs.append(r)
+    for got, r in zip(y.unbind(), refs):
+        assert torch.equal(got, r)
+    w = [torch.randn(r.shape, dtype=torch.float64, generator=g) for r in refs]
+    got = torch.autograd.grad(y, [v, *xs], tmj.nested_tensor(w))
+    want = torch.autograd.grad(refs, [v, *xs], w)
+    for p, q in zip(got, want):
+        torch.testing.assert_close(p, q)
+
+
+@pytest.mark.parametrize("index", [True, False, (True,), (False,)], ids=str)
+def test_a_python_bool_is_a_mask_not_a_sample_number(index):
+    """``x[True]`` is a 0-d mask in dense indexing (a new leading dim of size 1 or 0), which a
+    batch cannot have before its batch dim: it raises, as ``x[torch.tensor(True)]`` does, and
+    never reads sample 1 or 0 (``True`` is an ``int`` to Python)."""
+    _, x = _batch_of((3, 0, 5))
+    with pytest.raises(StructureError, match="before the batch dim"):
+        x[index]
+    with pytest.raises(StructureError, match="before the batch dim"):
+        x[torch.tensor(True)]
