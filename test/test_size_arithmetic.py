@@ -129,6 +129,25 @@ def test_a_ragged_size_under_torch_compile():
             torch.testing.assert_close(got, ref(c))
 
 
+
+def test_a_static_size_made_dynamic_under_torch_compile_is_a_number():
+    """``x + x.size(2)`` compiled with the static dim dynamic (``dynamic=True``, or after a call
+    with another static size): a plain number, as eagerly (it recursed in the size route). A
+    ragged size times such a size raises there rather than read torch's placeholder."""
+    f = torch.compile(lambda x: x + x.size(2) + x.stride(1) + x.shape[1], backend="aot_eager")
+    for c in (4, 6, 5):
+        comps = [torch.randn(n, c, dtype=torch.float64) for n in (2, 0, 7)]
+        out = f(mj.nested_tensor(comps))
+        for got, t in zip(out.unbind(), comps):
+            torch.testing.assert_close(got, t + 2 * c + t.shape[0])
+    h = torch.compile(lambda x: x + x.stride(1) * x.shape[1], backend="aot_eager", dynamic=True)
+    with pytest.raises(Exception, match="combines a ragged size|unsupported operand"):
+        h(mj.nested_tensor([torch.randn(n, 6) for n in (2, 3)]))
+    g = torch.compile(lambda x: x - x.size(-1), backend="aot_eager", dynamic=True)
+    comps = [torch.randn(n, 6, dtype=torch.float64) for n in (3, 1)]
+    for got, t in zip(g(mj.nested_tensor(comps)).unbind(), comps):
+        torch.testing.assert_close(got, t - 6)
+
 COMPARISONS = {
     "==": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt, ">=": operator.ge,
     "torch.eq": torch.eq, "torch.ne": torch.ne, "torch.lt": torch.lt, "torch.greater_equal": torch.greater_equal,

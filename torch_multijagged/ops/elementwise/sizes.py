@@ -71,6 +71,17 @@ def _traced_per_sample(size, like: MJT, op) -> torch.Tensor:
     return size
 
 
+def _involves_ragged(size, like: MJT) -> bool:
+    """Whether the traced ``size`` is an expression in one of ``like``'s ragged sizes."""
+    mine = set()
+    for d in like._ragged_dims:
+        s = like._size[d]
+        if isinstance(s, torch.SymInt):
+            mine |= s.node.expr.free_symbols
+    expr = getattr(size.node, "expr", None)
+    return expr is None or bool(expr.free_symbols & mine)
+
+
 def _multiple(size, ragged) -> "int | None":
     """``k`` where the symbolic ``size`` is provably ``k`` times the symbolic ``ragged`` (``2 * n``)."""
     if not (isinstance(size, torch.SymInt) and isinstance(ragged, torch.SymInt)):
@@ -87,9 +98,16 @@ def _route(func):
         if like is None or not any(isinstance(a, torch.SymInt) for a in (*args, *kwargs.values())):
             return NotImplemented
         per_sample = _traced_per_sample if torch.compiler.is_compiling() else _per_sample
-        args = tuple(per_sample(a, like, op) if isinstance(a, torch.SymInt) else a for a in args)
-        kwargs = {k: per_sample(v, like, op) if isinstance(v, torch.SymInt) else v for k, v in kwargs.items()}
-        return func(*args, **kwargs)
+        new_args = tuple(per_sample(a, like, op) if isinstance(a, torch.SymInt) else a for a in args)
+        new_kwargs = {k: per_sample(v, like, op) if isinstance(v, torch.SymInt) else v for k, v in kwargs.items()}
+        if all(a is b for a, b in zip(new_args, args)) and all(new_kwargs[k] is v for k, v in kwargs.items()):
+            for a in (*args, *kwargs.values()):
+                if isinstance(a, torch.SymInt) and _involves_ragged(a, like):
+                    raise TypeError(f"{op}(): the traced size {a} combines a ragged size of {describe(like)} with "
+                                    "another symbol (a dynamic static size): only a ragged size and its int "
+                                    "multiples are read per sample under torch.compile")
+            return NotImplemented  # traced sizes of static dims (``x + x.size(2)``, dynamic): plain numbers
+        return func(*new_args, **new_kwargs)
 
     return routed
 
