@@ -594,4 +594,6 @@ BUGS_B = [
     Bug("a traced static size sent back to the size route", "ops/elementwise/sizes.py",
         "            return NotImplemented  # traced sizes of static dims", "            pass  # traced sizes of static dims",
         ("test_size_arithmetic.py",)),
+    Bug("an assignment through an advanced index casts the value", "ops/indexing/getitem.py",
+        "and any(isinstance(i, (torch.Tensor, list)) for i in items)):", "and False):", ("test_getitem_forms.py",)),
 ]

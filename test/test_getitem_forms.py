@@ -92,3 +92,27 @@ def test_a_python_bool_is_a_mask_not_a_sample_number(index):
         x[index]
     with pytest.raises(StructureError, match="before the batch dim"):
         x[torch.tensor(True)]
+
+
+@pytest.mark.parametrize("key", ["paired", "list", "mask", "slice"])
+def test_assignment_through_an_advanced_index_casts_nothing(key):
+    """``x[:, a, b] = v`` with ``v`` of another dtype raises dense ``index_put_``'s error (an
+    advanced index casts nothing); a Python number, or a slice (``copy_``), casts as dense does."""
+    x = tmj.nested_tensor([torch.randn(n, 3, 4, dtype=torch.float64) for n in (3, 2)])
+    a, b = torch.tensor([0, 1]), torch.tensor([1, 0])
+    index = {"paired": (slice(None), a, b), "list": (slice(None), [0, 1]),
+             "mask": (slice(None), slice(None), torch.tensor([True, False, True])), "slice": (slice(None), slice(1, None))}[key]
+    value = torch.ones(1)
+    y = x.clone()
+    if key == "slice":
+        y[index] = value
+        assert y.dtype == torch.float64 and bool((y[index] == 1).all())
+    else:
+        with pytest.raises(RuntimeError, match="Index put requires the source and destination dtypes match, got Double "
+                                               "for the destination and Float for the source"):
+            y[index] = value
+    y[index] = 2.0
+    for got, c in zip(y.unbind(), x.unbind()):
+        c = c.clone()
+        c[index[1:]] = 2.0
+        assert torch.equal(got, c)

@@ -143,6 +143,11 @@ def _setitem(input, index, value):
                 for i in items)
     if not isinstance(input, MJT) or not plain or not items:
         return NotImplemented
+    if (isinstance(value, torch.Tensor) and value.dtype != input.dtype
+            and any(isinstance(i, (torch.Tensor, list)) for i in items)):
+        # an advanced index writes with ``index_put_``, which casts nothing
+        raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
+                           f"{_dtype_name(input.dtype)} for the destination and {_dtype_name(value.dtype)} for the source.")
     lead = next((i for i in items if i is not None), slice(None))
     if _advanced(lead) is not None:
         # samples by index or mask: integer index tensors alone (``x[b, k] = v``) are ``index_put_``'s
@@ -157,6 +162,13 @@ def _setitem(input, index, value):
     if not (lead is Ellipsis or isinstance(lead, slice)):
         return NotImplemented  # a sample (``x[i] = v``): ``select`` and ``copy_``
     return assign_index(input, index, value, _getitem)
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    """The dtype as torch's messages spell it (``Double``, ``Float``, ``Long``, ``ComplexFloat``)."""
+    return {torch.float64: "Double", torch.float32: "Float", torch.float16: "Half", torch.bfloat16: "BFloat16",
+            torch.int64: "Long", torch.int32: "Int", torch.int16: "Short", torch.int8: "Char", torch.uint8: "Byte",
+            torch.bool: "Bool", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble"}.get(dtype, str(dtype))
 
 
 def _advanced(it, size=None, dim: int = 0) -> torch.Tensor | None:
