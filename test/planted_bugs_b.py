@@ -596,4 +596,9 @@ BUGS_B = [
         ("test_size_arithmetic.py",)),
     Bug("an assignment through an advanced index casts the value", "ops/indexing/getitem.py",
         "and any(isinstance(i, (torch.Tensor, list)) for i in items)):", "and False):", ("test_getitem_forms.py",)),
+    Bug("2-d max pooling keeps the canvas's gutter index for windows of the lowest value", "ops/vision/conv.py",
+        "        if nspatial == 2 and bool((out._values == low).any()):", "        if False:", ("test_canvas_paths.py",)),
+    Bug("2-d max pooling maps only the windows that miss their image", "ops/vision/conv.py",
+        "        local = torch.where(lowest | miss, first.expand_as(local), local)", "        local = torch.where(miss, first.expand_as(local), local)",
+        ("test_canvas_paths.py",)),
 ]

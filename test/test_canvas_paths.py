@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 
 from torch_multijagged.kernels import canvas, norms, per_image
+import torch_multijagged as mj
+from torch_multijagged import multi_jagged
 from test_spatial import SIZES1, SIZES2, _batch, _check, _images
 
 F64 = torch.float64
@@ -152,3 +154,47 @@ def test_conv2d_with_one_ragged_side(form, layout, kw, monkeypatch):
     assert len(y._ragged_dims) == 1
     x = _batch(comps)
     assert F.conv2d(x, w.detach(), None, **kw).shape == F.conv2d(x, w.detach(), b.detach(), **kw).shape  # one rule, one nested int
+
+
+@pytest.mark.parametrize("dtype", [F64, torch.int64])
+@pytest.mark.parametrize("kw", [dict(kernel_size=2, stride=2, padding=1), dict(kernel_size=3, stride=1, padding=1),
+                                dict(kernel_size=2, stride=1, padding=1, dilation=2), dict(kernel_size=3, stride=2, ceil_mode=True)],
+                         ids=str)
+@pytest.mark.parametrize("layout", ["images", "one static side"])
+def test_max_pool2d_of_windows_holding_only_the_lowest_value(dtype, kw, layout):
+    """A window whose every cell holds the dtype's lowest value (``-inf`` masks) beside padding:
+    dense keeps the window's first cell in the image as its index (and gradient), where the
+    canvas's gutters — the lowest value too — would give a gutter cell. Values, indices and
+    gradients of every image as dense's, an image of mixed values beside."""
+    low = float("-inf") if dtype.is_floating_point else torch.iinfo(dtype).min
+    sizes = [(3, 4), (5, 2), (0, 0), (2, 3)] if layout == "images" else [(n, 4) for n in (3, 5, 0, 2)]
+    g = torch.Generator().manual_seed(5)
+    comps = []
+    for i, (h, w) in enumerate(sizes):
+        c = (torch.randn(2, h, w, generator=g, dtype=F64) * 4).to(dtype)
+        if i != 1:
+            c[:] = low
+        else:
+            c[:, 0, 0] = low
+        comps.append(c)
+    if dtype.is_floating_point:
+        leaves = [c.clone().requires_grad_() for c in comps]
+        x = mj.as_nested_tensor(leaves)
+    else:
+        leaves, x = comps, _batch(comps)
+    out, idx = F.max_pool2d(x, return_indices=True, **kw)
+    refs = []
+    for o, i, c in zip(out.unbind(), idx.unbind(), leaves):
+        if not c.numel():
+            continue
+        ro, ri = F.max_pool2d(c[None], return_indices=True, **kw)
+        refs.append(ro[0])
+        assert torch.equal(o, ro[0]) and torch.equal(i, ri[0])
+    if dtype.is_floating_point:
+        live = [c for c in leaves if c.numel()]
+        w = [torch.randn(r.shape, generator=g, dtype=F64) for r in refs]
+        cot = [w.pop(0) if c.numel() else torch.zeros(o.shape, dtype=F64) for c, o in zip(leaves, out.unbind())]
+        got = torch.autograd.grad(out, leaves, torch.nested.nested_tensor(cot, layout=multi_jagged))
+        want = torch.autograd.grad(refs, live, [c for c, l in zip(cot, leaves) if l.numel()])
+        for a, b in zip([g for g, c in zip(got, leaves) if c.numel()], want):
+            assert torch.equal(a, b)
