@@ -49,7 +49,7 @@ from torch import Tensor
 
 from .reference import building
 
-__all__ = ["rows_conv", "onednn_safe_conv", "canvas_conv_applies", "Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "to_out_canvas", "from_canvas", "avg_divisor", "local_index", "max_pool1d_rows"]
+__all__ = ["rows_conv", "onednn_safe_conv", "canvas_conv_applies", "Window", "CanvasPlan", "output_sizes", "plan_canvas", "to_canvas", "to_out_canvas", "from_canvas", "avg_divisor", "local_index", "max_pool1d_rows", "max_pool2d_rows"]
 
 
 @dataclass(frozen=True)
@@ -537,26 +537,78 @@ def max_pool1d_rows(rows: Tensor, plan: CanvasPlan, window: Window, low: float,
 
 
 def _max_pool_maps(plan: CanvasPlan, window: Window) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-    """``(P', 1)`` per output row: its image's origin on the canvas, the first position of its
-    window inside the image (dense pooling's initial index), the image's first input row, and
-    whether the window misses the image (None where none does)."""
+    """``(P', 1)`` per output row of a 1-d canvas: its image's origin on the canvas, then
+    ``_first_cells``'s first position, first input row and miss."""
     key = ("max_pool_maps", window)
+    hit = plan.cache.get(key)
+    if hit is None:
+        with building():
+            outs = plan.out_sizes[:, 0]
+            sample = torch.repeat_interleave(torch.arange(outs.shape[0]), outs)
+            origin = plan.origins[sample, 0].unsqueeze(1).to(plan.in_index.device)
+        hit = plan.cache[key] = (origin, *_first_cells(plan, (window,)))
+    return hit
+
+
+def _first_cells(plan: CanvasPlan, windows: Sequence[Window]) -> tuple[Tensor, Tensor, Optional[Tensor]]:
+    """``(P', 1)`` per output row: the flat index in its image (row-major) of its window's first
+    cell inside the image — dense pooling's initial index, each axis's first tap at or after 0 —,
+    the image's first input row, and whether the window misses the image (None where none does)."""
+    key = ("max_pool_first", tuple(windows))
     hit = plan.cache.get(key)
     if hit is not None:
         return hit
     with building():
-        outs, dev = plan.out_sizes[:, 0], plan.in_index.device
-        sample = torch.repeat_interleave(torch.arange(outs.shape[0]), outs)
-        o = torch.arange(sample.shape[0]) - (torch.cumsum(outs, 0) - outs)[sample]
-        lo = o * window.stride - window.pad_l
-        d = window.dilation
-        first = torch.where(lo < 0, lo + torch.div(-lo + d - 1, d, rounding_mode="floor") * d, lo)
-        n = plan.in_sizes[:, 0]
-        miss = first >= n[sample]
-        maps = [t.unsqueeze(1).to(dev) for t in (plan.origins[sample, 0], first, (torch.cumsum(n, 0) - n)[sample], miss)]
-        hit = (*maps[:3], maps[3] if bool(miss.any()) else None)
+        outs = plan.out_sizes
+        counts = outs.prod(1)
+        sample = torch.repeat_interleave(torch.arange(outs.shape[0]), counts)
+        local = torch.arange(sample.shape[0]) - (torch.cumsum(counts, 0) - counts)[sample]
+        coords = [local] if len(windows) == 1 else [torch.div(local, outs[sample, 1], rounding_mode="floor"),
+                                                    local % outs[sample, 1]]
+        first = torch.zeros_like(local)
+        miss = torch.zeros_like(local, dtype=torch.bool)
+        for a, w in enumerate(windows):
+            lo = coords[a] * w.stride - w.pad_l
+            d = w.dilation
+            f = torch.where(lo < 0, lo + torch.div(-lo + d - 1, d, rounding_mode="floor") * d, lo)
+            n = plan.in_sizes[sample, a]
+            miss |= f >= n
+            first = first * n + f
+        pixels = plan.in_sizes.prod(1)
+        dev = plan.in_index.device
+        maps = [t.unsqueeze(1).to(dev) for t in (first, (torch.cumsum(pixels, 0) - pixels)[sample], miss)]
+        hit = (maps[0], maps[1], maps[2] if bool(miss.any()) else None)
         plan.cache[key] = hit
     return hit
+
+
+def max_pool2d_rows(rows: Tensor, plan: CanvasPlan, windows: Sequence[Window], low: float,
+                    index: bool) -> tuple[Tensor, Optional[Tensor]]:
+    """Dense ``max_pool2d_with_indices`` of every image of ``rows (P, C)`` (pixel rows): the
+    output rows ``(P', C)`` and, with ``index``, each one's flat index in its image — as
+    ``max_pool1d_rows``: the kernel on the canvas without autograd (its rules by construction;
+    gutters of the lowest value), a window of the lowest value only given the window's first cell
+    in the image (the kernel may keep a gutter cell there), and the values read from ``rows`` at
+    the indices where ``rows`` requires grad (the gradient goes where dense's does, any order). A
+    dilated window that misses its image is the lowest value, without gradient."""
+    k = tuple(w.kernel for w in windows)
+    s = tuple(w.stride for w in windows)
+    p = tuple(w.pad_l for w in windows)
+    d = tuple(w.dilation for w in windows)
+    grad = rows.requires_grad
+    with torch.no_grad():
+        out, idx = F.max_pool2d(to_canvas(rows.detach(), plan, low), k, s, p, d, False, True)
+        out = from_canvas(out, plan)
+        if not (index or grad):
+            return out, None
+        first, start, miss = _first_cells(plan, windows)
+        local = torch.where(out == low, first, local_index(from_canvas(idx, plan), plan))
+    if grad:
+        if miss is None:
+            out = rows.gather(0, local + start)
+        else:
+            out = torch.where(miss, out, rows.gather(0, torch.where(miss, start, local + start)))
+    return out, local
 
 
 def avg_divisor(plan: CanvasPlan, windows: Sequence[Window], count_include_pad: bool,

@@ -467,9 +467,12 @@ def pool(op: str, nspatial: int, input: MJT, kernel_size, stride=None, padding=0
 
         low = _low(input.dtype)
         out, plan, out_sizes, idx = _run(op, input, windows, nspatial, low, dense)
-        # SYNC: one read — whether any window holds only the lowest value (eager path)
+        # SYNC: one read — whether any window holds only the lowest value. There the canvas
+        # kernel may keep a gutter cell as the index (and the gradient); such a batch runs again
+        # by ``max_pool2d_rows``, which maps those windows into their images and reads the values
+        # from the pixel rows. Autograd through the canvas kernel is 2× faster where it is right.
         if nspatial == 2 and bool((out._values == low).any()):
-            return _max_pool2d_lowest(op, input, windows, k, s, p, d, return_indices, low)
+            return _max_pool2d_by_rows(op, input, windows, low, return_indices)
         if not return_indices:
             return out
         local = cv.local_index(cv.from_canvas(idx, plan), plan)
@@ -485,48 +488,18 @@ def pool(op: str, nspatial: int, input: MJT, kernel_size, stride=None, padding=0
     return _divide(out, div, input, windows, nspatial, out_sizes)
 
 
-def _max_pool2d_lowest(op: str, x: MJT, windows, k, s, p, d, return_indices: bool, low: float):
-    """2-d max pooling where some window holds only the dtype's lowest value (``-inf`` for a
-    float): the canvas's gutters hold that value too, so the kernel's first position there may be
-    a gutter cell, where dense pooling of the image alone keeps the window's first cell in the
-    image (its initial index: ``val > maxval`` never holds). The kernel runs without autograd,
-    those windows' indices become that cell, and the outputs are read from the pixel rows at the
-    indices (a gather: the gradient goes where dense's does, to every order). A dilated window
-    that misses its image keeps the lowest value, with no gradient (dense reads outside the
-    tensor there)."""
-    sizes = _sizes(x, 2)
-    grad = _needs_grad(x)
-    with torch.no_grad():
-        _, out_sizes, plan = _plan(op, x, windows, 2)
-        pooled, idx = F.max_pool2d(cv.to_canvas(_pixel_rows(x, x._values, 2, sizes), plan, low), k, s, p, d, False, True)
-        lowest = cv.from_canvas(pooled, plan) == low
-        local = cv.local_index(cv.from_canvas(idx, plan), plan)
-        # per output pixel row: its sample, its (oh, ow), its window's first cell in the image
-        n_out = out_sizes.prod(1)
-        dev = local.device
-        sample = torch.repeat_interleave(torch.arange(sizes.shape[0]), n_out).to(dev)
-        first_row = (torch.cumsum(n_out, 0) - n_out).to(dev)
-        within = torch.arange(local.shape[0], device=dev) - first_row[sample]
-        wo = out_sizes[:, 1].to(dev)[sample]
-        hw = sizes.to(dev)[sample]
-        starts = []
-        for a, pos in enumerate((torch.div(within, wo, rounding_mode="floor"), within % wo)):
-            st = pos * windows[a].stride - windows[a].pad_l
-            dil = windows[a].dilation
-            starts.append(torch.where(st < 0, st + torch.div(-st + dil - 1, dil, rounding_mode="floor") * dil, st))
-        miss = ((starts[0] >= hw[:, 0]) | (starts[1] >= hw[:, 1])).unsqueeze(1)
-        first = (starts[0] * hw[:, 1] + starts[1]).unsqueeze(1)
-        at = (torch.cumsum(sizes.prod(1), 0) - sizes.prod(1)).to(dev)[sample].unsqueeze(1)
-        local = torch.where(lowest | miss, first.expand_as(local), local)
-    v = values_of(x) if grad else x._values
-    rows = _pixel_rows(x, v, 2, sizes)
-    safe = torch.where(miss, at, local + at) if rows.shape[0] else local
-    vals = rows.gather(0, safe) if rows.shape[0] else rows.new_zeros(local.shape)
-    vals = torch.where(miss, torch.full_like(vals, low), vals)
-    out = _wrap_pixels(x, vals, out_sizes, windows, 2, grad or vals.requires_grad)
-    if not return_indices:
-        return out
-    return out, _wrap_pixels(x, local, out_sizes, windows, 2, False)
+def _max_pool2d_by_rows(op: str, x: MJT, windows, low: float, return_indices: bool):
+    """2-d max pooling by ``canvas.max_pool2d_rows``: dense's indices and gradient also for a
+    window that holds only the lowest value (``-inf`` masks)."""
+    found = []
+
+    def rows_op(rows, plan):
+        res, local = cv.max_pool2d_rows(rows, plan, windows, low, return_indices)
+        found.append(local)
+        return res
+
+    out, _, out_sizes, _ = _run(op, x, windows, 2, low, None, rows_op)
+    return (out, _wrap_pixels(x, found[0], out_sizes, windows, 2, False)) if return_indices else out
 
 
 def _pool_pieces(op: str, x: MJT, windows, fn) -> MJT:
