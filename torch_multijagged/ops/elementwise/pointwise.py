@@ -23,6 +23,8 @@ combine: extents are compared, not row counts.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from ...compile.kernel_choice import use_triton
@@ -469,7 +471,7 @@ def _search_each(sorted_sequence: MJT, sorter, input, right: bool, out_int32: bo
     if isinstance(input, MJT):
         sizes = input._partition.host_sizes().tolist()
         static = input._values.shape[1:]
-        rows = input._values.split([_prod(s) for s in sizes])
+        rows = input._values.split([math.prod(s) for s in sizes])
         if len(sizes[0] if sizes else ()) == 1:  # one ragged dim: a sample's rows are its component
             outs = [torch.searchsorted(bd, r, right=right, sorter=so, out_int32=out_int32)
                     for bd, r, so in zip(bounds, rows, sorters)]
@@ -484,13 +486,6 @@ def _search_each(sorted_sequence: MJT, sorter, input, right: bool, out_int32: bo
                            device=input.device)
     out = torch.stack(outs)
     return out.reshape(-1) if scalar else out
-
-
-def _prod(sizes) -> int:
-    p = 1
-    for s in sizes:
-        p *= s
-    return p
 
 
 def _bisect(bounds: torch.Tensor, n: torch.Tensor, values: torch.Tensor, right: bool) -> torch.Tensor:
