@@ -32,8 +32,10 @@ def test_basic_indices_after_paired_index_tensors_as_dense(name):
     the dims after those (its integers are selects): per sample, reading (values and every
     gradient) and writing, a sample too short for the index raising."""
     g = torch.Generator().manual_seed(0)
-    comps = [torch.randn(n, 3, 4, dtype=torch.float64, generator=g).requires_grad_() for n in (3, 2, 4)]
     key = tuple(torch.tensor(i) if isinstance(i, list) else i for i in _AFTER_PAIRS[name])
+    reads_ragged = key[0] is not Ellipsis and isinstance(key[1], torch.Tensor)  # an empty sample would be out of bounds
+    lengths = (3, 2, 4) if reads_ragged else (3, 0, 2, 4)
+    comps = [torch.randn(n, 3, 4, dtype=torch.float64, generator=g).requires_grad_() for n in lengths]
     x = tmj.as_nested_tensor(comps)
     got = x[key]
     per = key if key[0] is Ellipsis else key[1:]
@@ -51,7 +53,7 @@ def test_basic_indices_after_paired_index_tensors_as_dense(name):
         c = c.detach().clone()
         c[per] = 7.0
         assert torch.equal(a, c)
-    if key[0] is not Ellipsis and isinstance(key[1], torch.Tensor):  # the index reads ragged dim 1: a short sample raises
+    if reads_ragged:  # a sample too short for the index raises
         with pytest.raises((IndexError, RuntimeError), match="out of bounds"):
             tmj.nested_tensor([torch.randn(n, 3, 4) for n in (3, 1)])[key]
 
