@@ -406,8 +406,9 @@ def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=
     1-d boundaries, or unsorted with a per-sample ``sorter`` of the same structure) with values of
     the same batch — multi_jagged ``(B, j1, …)``, dense ``(B, …)`` or one number for every sample
     (a dense ``(B,)``) —, each value searched among its own sample's boundaries as the dense op
-    searches (``_bisect``: its very probes, so boundaries holding NaN, which no sort order
-    places, give dense's answer and nothing of another sample)."""
+    searches: by the dense op on each sample up to ``SEARCH_PER_SAMPLE_UP_TO`` samples, above
+    that every row at once by ``_bisect`` (its very probes, so boundaries holding NaN, which no
+    sort order places, give dense's answer and nothing of another sample)."""
     if not isinstance(sorted_sequence, MJT):
         return NotImplemented  # dense boundaries: the op table's elementwise handler
     if out is not None:
