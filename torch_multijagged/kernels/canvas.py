@@ -537,8 +537,7 @@ def max_pool1d_rows(rows: Tensor, plan: CanvasPlan, window: Window, low: float,
 
 
 def _max_pool_maps(plan: CanvasPlan, window: Window) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
-    """``(P', 1)`` per output row of a 1-d canvas: its image's origin on the canvas, then
-    ``_first_cells``'s first position, first input row and miss."""
+    """Per output row of a 1-d canvas: its image's origin on the canvas, then ``_first_cells``."""
     key = ("max_pool_maps", window)
     hit = plan.cache.get(key)
     if hit is None:
@@ -591,10 +590,7 @@ def max_pool2d_rows(rows: Tensor, plan: CanvasPlan, windows: Sequence[Window], l
     in the image (the kernel may keep a gutter cell there), and the values read from ``rows`` at
     the indices where ``rows`` requires grad (the gradient goes where dense's does, any order). A
     dilated window that misses its image is the lowest value, without gradient."""
-    k = tuple(w.kernel for w in windows)
-    s = tuple(w.stride for w in windows)
-    p = tuple(w.pad_l for w in windows)
-    d = tuple(w.dilation for w in windows)
+    k, s, p, d = (tuple(getattr(w, f) for w in windows) for f in ("kernel", "stride", "pad_l", "dilation"))
     grad = rows.requires_grad
     with torch.no_grad():
         out, idx = F.max_pool2d(to_canvas(rows.detach(), plan, low), k, s, p, d, False, True)
