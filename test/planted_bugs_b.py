@@ -604,4 +604,12 @@ BUGS_B = [
         "            first = first * n + f", "            first = first + f", ("test_canvas_paths.py",)),
     Bug("2-d max pooling never reruns a batch with windows of the lowest value", "ops/vision/conv.py",
         "        if nspatial == 2 and bool((out._values == low).any()):", "        if False:", ("test_canvas_paths.py",)),
+    Bug("per-image calls run in image order, whatever the op", "pieces.py",
+        "                   reverse=not largest_last)", "                   reverse=False)", ("test_pieces.py",)),
+    Bug("per-image convolutions run the largest image first", "ops/vision/conv.py",
+        "                                ps, largest_last=True)", "                                ps, largest_last=False)",
+        ("test_pieces.py",)),
+    Bug("global mean of images held as pieces divides by the height only", "pieces.py",
+        "        return p.sum((2, 3), keepdim=True) / (p.shape[2] * p.shape[3])",
+        "        return p.sum((2, 3), keepdim=True) / p.shape[2]", ("test_pieces.py",)),
 ]

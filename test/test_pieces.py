@@ -399,3 +399,68 @@ def test_channel_cat_of_images_holding_pieces(small_images_go_image_by_image):
         return F.conv2d(c, torch.cat([P["w2"], P["w2"], P["w2"]], 1), padding=1)
 
     _per_image_check(f, f, comps, [P["w1"], P["w2"]])
+
+
+@pytest.mark.parametrize("largest_last", [True, False])
+def test_in_size_order_calls_by_size_and_returns_in_image_order(largest_last):
+    """The per-image calls run by image size (which sets the order of their backwards, and so
+    the backward's peak memory); the results stay in image order."""
+    parts = [torch.zeros(1, 2, h, w) for h, w in [(4, 4), (1, 1), (9, 2), (2, 3)]] + [None]
+    calls: list[int] = []
+
+    def fn(i):
+        calls.append(i)
+        return None if parts[i] is None else parts[i] + i
+
+    out = pieces.in_size_order(fn, parts, largest_last=largest_last)
+    by_size = [4, 1, 3, 0, 2]  # increasing numel, the image without pixels first
+    assert calls == (by_size if largest_last else by_size[::-1])
+    assert out[4] is None and all(bool((o == i).all()) for i, o in enumerate(out[:4]))
+
+
+def test_backward_runs_the_largest_image_s_convolution_first(small_images_go_image_by_image):
+    """A convolution's per-image backwards start with the largest image, an elementwise op's with
+    the smallest (``pieces.in_size_order``): the order in which the backward calls aten's
+    ``convolution_backward`` and ``threshold_backward`` (ReLU's), read from the images' sizes."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    sizes = [(3, 4), (9, 8), (0, 2), (5, 5)]
+    seen: list[tuple[str, tuple[int, int]]] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func in (torch.ops.aten.convolution_backward.default, torch.ops.aten.threshold_backward.default):
+                seen.append((func.__name__, tuple(args[0].shape[-2:])))
+            return func(*args, **(kwargs or {}))
+
+    x = _batch(_images(sizes, 2))
+    y = F.relu(F.conv2d(x, _params(2)["w1"], padding=1))
+    loss = y.mean((-2, -1)).sum()
+    with Record():
+        loss.backward()
+    assert [hw for f, hw in seen if f.startswith("threshold")] == [(3, 4), (5, 5), (9, 8)]
+    assert [hw for f, hw in seen if f.startswith("convolution")] == [(9, 8), (5, 5), (3, 4)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+def test_global_mean_of_pieces_is_aten_mean_bit_for_bit(small_images_go_image_by_image, dtype):
+    """``mean`` over both spatial dims of a tensor holding pieces is aten's ``mean`` of each image
+    bit for bit (float32 / float64 take the sum over the pixel count, which is what aten's CPU
+    mean computes), and its gradient is dense's."""
+    comps = _images([(7, 5), (0, 3), (16, 13)], 4, dtype=dtype)
+    P = _params(4, dtype=dtype)
+    x = _batch(comps)
+    y = F.conv2d(x, P["w1"], padding=1)
+    assert pieces.holds_pieces(y)
+    out = y.mean((-2, -1))
+    g = torch.randn(out.shape, dtype=F64).to(dtype)
+    (gx,) = torch.autograd.grad(out, x, g)
+    parts = pieces.split(y)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=1e-12, atol=1e-12) if dtype == F64 else {}
+    for i in (0, 2):
+        assert torch.equal(out[i], parts[i].detach().mean((-2, -1))[0]), i  # aten's mean of the same image
+        leaf = comps[i].detach().clone().requires_grad_()
+        ref = F.conv2d(leaf[None], P["w1"], padding=1).mean((-2, -1))[0]
+        torch.testing.assert_close(out[i], ref, **tol)
+        (gref,) = torch.autograd.grad(ref, leaf, g[i])
+        torch.testing.assert_close(gx.unbind()[i], gref, **tol)

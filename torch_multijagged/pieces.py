@@ -52,7 +52,7 @@ from .tensor import MultiJaggedTensor, _new_wrapper, values_of
 from .writes import _eager
 
 __all__ = ["wrapper_version", "wrapper_requires_grad", "holds_pieces", "split", "pack", "from_pieces", "map_pieces",
-           "zip_pieces", "rewrite", "rewrite_with", "reduce_images", "image_sizes"]
+           "zip_pieces", "rewrite", "rewrite_with", "reduce_images", "image_sizes", "in_size_order"]
 
 MJT = MultiJaggedTensor
 _DisableTF = torch._C.DisableTorchFunctionSubclass
@@ -182,9 +182,32 @@ def from_pieces(pieces: list[Optional[Tensor]], partition: Partition, ragged_dim
     return y
 
 
+def in_size_order(fn: Callable[[int], Optional[Tensor]], parts: list[Optional[Tensor]], *,
+                  largest_last: bool) -> list[Optional[Tensor]]:
+    """``[fn(i) for i in range(len(parts))]``, called in order of ``parts[i]``'s size (increasing
+    with ``largest_last``, else decreasing).
+
+    The order sets the peak memory of the backward. The engine runs the most recently recorded
+    of the ready nodes first, so an op's per-image backwards run in the reverse of this order,
+    all of them before the previous op's (layer by layer, where a loop goes sample by sample).
+    A convolution's or pooling's backward allocates more than it frees (its input's gradient, and
+    transients a few times its image): the largest image's should run first, while the fewest of
+    the op's input gradients are live (``largest_last``). An elementwise op's or a norm's backward
+    frees about what it allocates (its output's gradient and what it saved): the smallest should
+    run first, so that the largest allocates after they freed theirs. On the benchmarks' skewed
+    GroupNorm CNN (B = 16) the two orders took the peak from 1.25× to 1.1× the loop's."""
+    order = sorted(range(len(parts)), key=lambda i: 0 if parts[i] is None else parts[i].numel(),
+                   reverse=not largest_last)
+    out: list[Optional[Tensor]] = [None] * len(parts)
+    for i in order:
+        out[i] = fn(i)
+    return out
+
+
 def map_pieces(fn: Callable[[Tensor], Tensor], x: MJT, channels: Optional[int] = None) -> MJT:
     """``fn`` on each image of ``x`` (pieces in, pieces out; the structure kept)."""
-    out = [None if p is None else fn(p) for p in split(x)]
+    ps = split(x)
+    out = in_size_order(lambda i: None if ps[i] is None else fn(ps[i]), ps, largest_last=False)
     live = [p for p in out if p is not None]
     c = live[0].shape[1] if live else (channels if channels is not None else x.shape[1])
     dtype = live[0].dtype if live else x.dtype
@@ -193,7 +216,8 @@ def map_pieces(fn: Callable[[Tensor], Tensor], x: MJT, channels: Optional[int] =
 
 def zip_pieces(fn: Callable[[Tensor, Tensor], Tensor], a: MJT, b: MJT) -> MJT:
     """``fn`` on each pair of images of ``a`` and ``b`` (one partition)."""
-    out = [None if p is None else fn(p, q) for p, q in zip(split(a), split(b))]
+    ps, qs = split(a), split(b)
+    out = in_size_order(lambda i: None if ps[i] is None else fn(ps[i], qs[i]), ps, largest_last=False)
     live = [p for p in out if p is not None]
     dtype = live[0].dtype if live else torch.promote_types(a.dtype, b.dtype)
     return from_pieces(out, a._partition, a._ragged_dims, live[0].shape[1] if live else a.shape[1], dtype, a.device)
@@ -221,13 +245,15 @@ def rewrite(fn: Callable[[Tensor], Tensor], x: MJT) -> MJT:
     each image, out of place — the old pieces may be saved for a backward, and stay as they were —
     then ``x`` holds the new ones, with its history rebased onto them as an in-place op's (a leaf
     that requires grad refuses, as dense). The same object is returned."""
-    return _rewritten(x, [None if p is None else fn(p) for p in split(x)])
+    ps = split(x)
+    return _rewritten(x, in_size_order(lambda i: None if ps[i] is None else fn(ps[i]), ps, largest_last=False))
 
 
 def rewrite_with(fn: Callable[[Tensor, Tensor], Tensor], x: MJT, other: MJT) -> MJT:
     """``x`` after an in-place op with ``other`` (``out += identity``; one partition, both holding
     pieces): ``fn`` on each pair of images, as ``rewrite``."""
-    return _rewritten(x, [None if p is None else fn(p, q) for p, q in zip(split(x), split(other))])
+    ps, qs = split(x), split(other)
+    return _rewritten(x, in_size_order(lambda i: None if ps[i] is None else fn(ps[i], qs[i]), ps, largest_last=False))
 
 
 def _rewritten(x: MJT, out: list[Optional[Tensor]]) -> MJT:
@@ -253,6 +279,17 @@ def reduce_images(kind: str, x: MJT, keepdim: bool, dtype: Optional[torch.dtype]
         if p is None:
             rows.append(torch.full((1, c, 1, 1), 0.0 if kind == "sum" else float("nan"), dtype=out_dtype, device=x.device))
         else:
-            rows.append(fn(p, (2, 3), keepdim=True, dtype=dtype))
+            rows.append(_image_mean(p, dtype) if kind == "mean" else fn(p, (2, 3), keepdim=True, dtype=dtype))
     out = torch.cat(rows) if rows else torch.empty((0, c, 1, 1), dtype=out_dtype, device=x.device)
     return out if keepdim else out.flatten(1)
+
+
+def _image_mean(p: Tensor, dtype: Optional[torch.dtype]) -> Tensor:
+    """``p.mean((2, 3), keepdim=True)``; in float32 / float64 as the sum divided by the pixel count,
+    which is what aten's CPU mean computes (bit for bit), but whose backward is an expanded view
+    of one ``(1, C, 1, 1)`` gradient instead of a new gradient the size of the image: the engine
+    runs every image's pooling backward before the first convolution's, so those gradients would
+    all be live at once (+8 % of the skewed GroupNorm CNN's peak)."""
+    if p.dtype in (torch.float32, torch.float64) and dtype in (None, p.dtype):
+        return p.sum((2, 3), keepdim=True) / (p.shape[2] * p.shape[3])
+    return p.mean((2, 3), keepdim=True, dtype=dtype)

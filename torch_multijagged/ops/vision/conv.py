@@ -357,8 +357,10 @@ def _conv_per_image(op: str, x: MJT, sizes, windows, weight, bias, stride, paddi
     in ``pieces.py``), read by the next image-by-image op without packing."""
     out_sizes = cv.output_sizes(op, sizes, windows)
     # SYNC: none — host sizes (the extents' host lengths)
-    outs = [None if p is None or ho * wo == 0 else cv.onednn_safe_conv(p, weight, bias, stride, padding, dilation, groups)
-            for p, (ho, wo) in zip(pieces.split(x), out_sizes.tolist())]
+    ps, hw = pieces.split(x), out_sizes.tolist()
+    outs = pieces.in_size_order(lambda i: None if ps[i] is None or hw[i][0] * hw[i][1] == 0
+                               else cv.onednn_safe_conv(ps[i], weight, bias, stride, padding, dilation, groups),
+                                ps, largest_last=True)
     live = [o for o in outs if o is not None]
     if not live:
         raise ValueError(f"{op}(): expected an image with output pixels")
@@ -504,7 +506,9 @@ def _max_pool2d_by_rows(op: str, x: MJT, windows, low: float, return_indices: bo
 
 def _pool_pieces(op: str, x: MJT, windows, fn) -> MJT:
     out_sizes = cv.output_sizes(op, _sizes(x, 2), windows)  # raises for an image whose output would be empty
-    outs = [None if t is None or ho * wo == 0 else fn(t) for t, (ho, wo) in zip(pieces.split(x), out_sizes.tolist())]
+    ps, hw = pieces.split(x), out_sizes.tolist()
+    outs = pieces.in_size_order(lambda i: None if ps[i] is None or hw[i][0] * hw[i][1] == 0 else fn(ps[i]), ps,
+                                largest_last=True)
     return pieces.from_pieces(outs, _mapped_partition(x, windows), x._ragged_dims, x._size[1], x.dtype, x.device)
 
 
