@@ -612,4 +612,11 @@ BUGS_B = [
     Bug("global mean of images held as pieces divides by the height only", "pieces.py",
         "        return p.sum((2, 3), keepdim=True) / (p.shape[2] * p.shape[3])",
         "        return p.sum((2, 3), keepdim=True) / p.shape[2]", ("test_pieces.py",)),
+    Bug("a dense operand spanning the batch and requiring grad leaves the values path", "ops/fastpath.py",
+        "    return aten_op is not None and not kwargs and isinstance(t, torch.Tensor) and t.requires_grad",
+        "    return False and aten_op is not None and not kwargs and isinstance(t, torch.Tensor) and t.requires_grad",
+        ("test_double_backward.py",)),
+    Bug("a dense operand on the left of a batch, as rows, swaps the operands", "ops/fastpath.py",
+        "                return result(func(va, values(b)), b._partition, b._ragged_dims)",
+        "                return result(func(values(b), va), b._partition, b._ragged_dims)", ("test_double_backward.py",)),
 ]

@@ -212,6 +212,50 @@ def test_gradgrad_dense_operand_requiring_grad(fn):
     assert gradgrad(f, "lead", _p(*shape))
 
 
+# (structure, fn, the dense operand's shape or None): a dense operand with the batch dim, or
+# size 1 at the ragged dims — statistics over the ragged dims (keepdim) broadcast back, the
+# normalisation / variance patterns — that requires grad
+_BATCH_SPANNING = {
+    "x - x.mean(1, keepdim=True)": ("seq", lambda x: (x - x.mean(1, keepdim=True)) ** 3, None),
+    "x / x.sum(1, keepdim=True)": ("seq", lambda x: (x / x.sum(1, keepdim=True)).tanh(), None),
+    "x * x.amax(2, keepdim=True)": ("lead", lambda x: (x * x.amax(2, keepdim=True)).sin(), None),
+    "x * w, w (B, 1, C)": ("seq", lambda x, w: (x * w).tanh(), (3, 1, 3)),
+    "w - x, w (B, 1, C)": ("seq", lambda x, w: (w - x) ** 3, (3, 1, 3)),
+    "x / w, w (B, 1, 1)": ("seq", lambda x, w: (x / (w * w + 1)).sin(), (3, 1, 1)),
+    "x + w, w (1, 1, 1, C)": ("rect", lambda x, w: ((x + w) ** 2).tanh(), (1, 1, 1, 2)),
+}
+
+
+@pytest.mark.parametrize("case", list(_BATCH_SPANNING))
+def test_gradgrad_dense_operand_spanning_the_batch(case):
+    """A dense operand with a batch dim (or size-1 dims at the ragged dims) broadcast over the
+    ragged dims, requiring grad, differentiated twice: the eager values path broadcasts it as
+    rows (``pointwise.dense_operand_rows``), so that its gradient is differentiable again."""
+    struct, fn, shape = _BATCH_SPANNING[case]
+    assert gradgrad(fn, struct) if shape is None else gradgrad(fn, struct, _p(*shape))
+
+
+@pytest.mark.parametrize("op", ["sub", "rsub", "div", "rdiv", "mul", "maximum"])
+def test_dense_operand_spanning_the_batch_matches_each_sample(op):
+    """The rows path of a dense ``(B, 1, C)`` operand requiring grad, on either side: values and
+    gradients of both operands as dense on each sample with its own row of the operand."""
+    f = {"sub": lambda a, b: a - b, "rsub": lambda a, b: b - a, "div": lambda a, b: a / b,
+         "rdiv": lambda a, b: b / a, "mul": lambda a, b: a * b, "maximum": torch.maximum}[op]
+    comps = [c.detach().abs() + 0.5 for c in STRUCTS["seq"][0]]
+    x = mj.nested_tensor(comps).requires_grad_()
+    w = (comps_for([(3, 1, 3)], 9)[0].abs() + 0.5).requires_grad_()
+    out = f(x, w)
+    cot = [torch.randn(c.shape, dtype=D) for c in comps]
+    gx, gw = torch.autograd.grad(out, (x, w), mj.nested_tensor(cot))
+    leaves = [c.clone().requires_grad_() for c in comps]
+    refs = [f(c, w[i]) for i, c in enumerate(leaves)]
+    want = torch.autograd.grad(refs, [*leaves, w], cot)
+    for i, (o, r) in enumerate(zip(out.unbind(), refs)):
+        torch.testing.assert_close(o, r, msg=lambda m: f"sample {i}: {m}")
+        torch.testing.assert_close(gx.unbind()[i], want[i], msg=lambda m: f"grad of sample {i}: {m}")
+    torch.testing.assert_close(gw, want[-1])
+
+
 @pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
     "known limitation off the eager values path: a dense operand *requiring grad* broadcast over "
     "ragged dims gets its first-order gradient from the autograd engine's sum_to (a sum over the "

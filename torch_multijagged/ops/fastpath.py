@@ -217,6 +217,13 @@ def _dense_ok(t: torch.Tensor, like: MJT) -> bool:
     return t.dim() <= _trailing(like)
 
 
+def _rows_of_dense(t, aten_op, kwargs) -> bool:
+    """Whether a dense operand that spans the batch or sits at ragged dims goes through the values
+    path as rows (``pointwise.dense_operand_rows``): when it requires grad, so that its gradient
+    is differentiable again."""
+    return aten_op is not None and not kwargs and isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled()
+
+
 def _binary(func, aten_op=None, reverse: bool = False):
     """``func(a, b)``; ``reverse``: the dunder's operands are swapped by Python (``__rsub__``)."""
 
@@ -239,11 +246,19 @@ def _binary(func, aten_op=None, reverse: bool = False):
                 if "_pieces" in a.__dict__ and _scalar(b) and _pieces.holds_pieces(a):
                     return _pieces.map_pieces(lambda p: func(p, b, **kwargs), a)
                 return result(func(values(a), b, **kwargs), like._partition, like._ragged_dims)
+            if _rows_of_dense(b, aten_op, kwargs):
+                vb = _pw.dense_operand_rows(aten_op, a, b, (a, b))
+                if vb is not None:
+                    return result(func(values(a), vb), a._partition, a._ragged_dims)
             return NotImplemented
         if isinstance(b, MJT) and (_scalar(a) or (isinstance(a, torch.Tensor) and _dense_ok(a, b))):
             if "_pieces" in b.__dict__ and _scalar(a) and _pieces.holds_pieces(b):
                 return _pieces.map_pieces(lambda q: func(a, q, **kwargs), b)
             return result(func(a, values(b), **kwargs), b._partition, b._ragged_dims)
+        if isinstance(b, MJT) and _rows_of_dense(a, aten_op, kwargs):
+            va = _pw.dense_operand_rows(aten_op, b, a, (a, b))
+            if va is not None:
+                return result(func(va, values(b)), b._partition, b._ragged_dims)
         return NotImplemented
 
     return impl

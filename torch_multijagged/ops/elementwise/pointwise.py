@@ -129,6 +129,19 @@ def broadcast_values(func, a: MJT, b: MJT, va: torch.Tensor, vb: torch.Tensor) -
     return wrap(func(*aligned), partition, ragged_dims)
 
 
+def dense_operand_rows(func, x: MJT, t: torch.Tensor, args) -> torch.Tensor | None:
+    """A dense operand ``t`` of ``func(*args)`` that spans the batch or has size-1 dims at ``x``'s
+    ragged dims (``x - x.mean(1, keepdim=True)``: ``(B, 1, C)``), as rows lined up with ``x``'s
+    values (``_align_dense``), where the result keeps ``x``'s ragged dims; None otherwise. The eager values path computes such a broadcast with these rows, so that autograd
+    records it as dense ops on ``t`` (an ``index_select``, whose derivative is an ``index_add``):
+    differentiable twice, where the autograd engine's own un-broadcasting of ``t``'s gradient (a
+    ``sum`` whose derivative expands a dense tensor to nested-int sizes) is not."""
+    partition, out_dims, out_static = _out_structure(func, args)
+    if partition is not x._partition or out_dims != x._ragged_dims:
+        return None
+    return _align_dense(func, args, t, partition, len(x._size), out_static, partition.batch)
+
+
 def _static_sizes(m: MJT) -> tuple:
     return tuple(s for d, s in enumerate(m._size) if d and d not in m._ragged_dims)
 
