@@ -52,6 +52,27 @@ def test_channel_dropout_identity_cases_and_errors(fn):
     assert fn(y, 1.0, True, inplace=True) is y and all(bool((c == 0).all()) for c in y.unbind())
     with pytest.raises(ValueError, match="between 0 and 1"):
         fn(x, 1.5, True)
-    tokens = torch.nested.nested_tensor([torch.randn(2, 3), torch.randn(1, 3)], layout=mj.multi_jagged)
+    pairs = torch.nested.nested_tensor([torch.randn(2, 2, 3), torch.randn(1, 1, 3)], layout=mj.multi_jagged)
     with pytest.raises(ValueError, match="channel dim"):
-        F.dropout1d(tokens, 0.5, True)
+        F.dropout2d(pairs, 0.5, True)
+
+
+@pytest.mark.parametrize("p", [0.5, 1.0])
+def test_dropout1d_of_tokens_drops_each_sample_s_rows_whole(p):
+    """``(B, j0, C)``: a sample ``(n, C)`` is dense dropout1d's unbatched input of n channels, so
+    each row (token) is dropped whole or kept scaled, its gradient the same mask; eval mode and
+    ``nn.Dropout1d().eval()`` are the identity."""
+    torch.manual_seed(1)
+    comps = [torch.rand(n, 3, dtype=F64) + 0.5 for n in (6, 0, 7)]
+    leaves = [c.clone().requires_grad_() for c in comps]
+    x = mj.as_nested_tensor(leaves)
+    assert F.dropout1d(x, p, False) is x and torch.nn.Dropout1d(p).eval()(x) is x
+    out = F.dropout1d(x, p, True)
+    grads = torch.autograd.grad(out.sum(), leaves)
+    kept = []
+    for o, c, g in zip(out.unbind(), comps, grads):
+        dropped = (o == 0).all(1)
+        torch.testing.assert_close(o[~dropped], c[~dropped] / (1 - p) if p < 1 else c[~dropped])
+        torch.testing.assert_close(g, (~dropped).to(F64)[:, None].expand_as(c) / (1 - p if p < 1 else 1))
+        kept += (~dropped).tolist()
+    assert not any(kept) if p == 1.0 else (any(kept) and not all(kept))

@@ -169,3 +169,22 @@ def test_mean_of_integers_raises_like_dense(op):
         fn(comps[0])  # the per-sample reference raises …
     with pytest.raises(RuntimeError, match="mean"):
         fn(mj.nested_tensor(comps))  # … and so must the batch
+
+
+@pytest.mark.parametrize("op", ["amax", "amin", "max", "min", "argmax"])
+@pytest.mark.parametrize("batch", ["B=0", "all samples empty", "C=0"])
+def test_whole_reduction_of_a_batch_without_elements_raises_as_dense(op, batch):
+    """Over every dim of a batch holding no element there is no sample extent for the
+    empty-extent rule to give a value to: dense torch raises, and so do we; along a dim the rule
+    applies (each sample's lowest / highest value)."""
+    comps = {"B=0": None, "all samples empty": [torch.randn(0, 4), torch.randn(0, 4)],
+             "C=0": [torch.randn(2, 0), torch.randn(3, 0)]}[batch]
+    if comps is None:
+        x = torch.nested.nested_tensor([torch.randn(3, 4), torch.randn(2, 4)], layout=mj.multi_jagged)[0:0]
+    else:
+        x = torch.nested.nested_tensor(comps, layout=mj.multi_jagged)
+    with pytest.raises((RuntimeError, IndexError), match="Expected reduction dim"):
+        getattr(x, op)()
+    if batch == "all samples empty" and op in ("amax", "amin"):
+        lowest = torch.finfo(x.dtype).min if op == "amax" else torch.finfo(x.dtype).max
+        assert torch.equal(getattr(x, op)(dim=1), torch.full((2, 4), lowest))

@@ -144,12 +144,17 @@ def _channel_dropout(name: str, ndim: int):
             return NotImplemented
         if p < 0.0 or p > 1.0:
             raise ValueError(f"dropout probability has to be between 0 and 1, but got {p}")
-        if 1 in input._ragged_dims:
+        tokens = input._ragged_dims == (1,) and ndim == 3
+        if 1 in input._ragged_dims and not tokens:
             raise ValueError(f"{name}(): the channel dim (dim 1) of {describe(input)} must be static")
         if not training or p == 0.0:
             return input
         if p == 1.0:
             noise = input.new_zeros(())
+        elif tokens:
+            # (B, j0, C): each sample's rows are its channels, as dense dropout1d of the sample
+            # (n, C) zeroes whole rows; a noise value per packed row
+            noise = torch.empty_like(input[:, :, :1]).bernoulli_(1 - p).div_(1 - p)
         else:
             shape = (input.shape[0], input.shape[1], *([1] * (ndim - 2)))
             noise = torch.empty(shape, dtype=input.dtype, device=input.device).bernoulli_(1 - p).div_(1 - p)
