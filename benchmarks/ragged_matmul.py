@@ -7,7 +7,14 @@ Forms: ``x @ x.mT`` (B, j0, 64); ``q @ k.mT`` and ``attn @ v`` with 4 heads of 1
 heads). Regimes: B ∈ {4, 32} × lengths (uniform 8–200, near-uniform 40–48, short 2–16, skewed
 one of 200 and the rest 8–14).
 
-    python benchmarks/ragged_matmul.py [--quick] [--backward] [--plans] [--only FORM] [--json PATH]
+``--sample-forms`` runs instead the forms of NOTE [ Contractions sample by sample ] and the
+``einsum`` forms in matmul's shape of permuted operands, at the sizes of the models that write them
+(B = 8, lengths 7–40, and B = 4, lengths 64–128; 4 heads of 8): triangle attention's ``q @ kᵀ``
+and ``attn @ v`` on a pair ``(B, j0, H, j0, d)``, the outer-product mean (MSA depth 4 and 16, 8
+channels), attention with the heads between the rows (``bihd,bjhd->bhij``, ``bhij,bjhd->bihd``)
+and pair-weighted averaging (``bhij,bhsjd->bhsid``).
+
+    python benchmarks/ragged_matmul.py [--quick] [--backward] [--plans] [--sample-forms] [--only FORM] [--json PATH]
 
 ``--plans`` adds ours with every product forced to one matmul per sample (``ours-loop``) and to
 one zero-padded group (``ours-padded``): the two ends of the cost rule (NOTE [ Ragged matmul
@@ -42,6 +49,9 @@ def _lengths(regime: str, b: int, g: torch.Generator) -> list[int]:
         return torch.randint(40, 49, (b,), generator=g).tolist()
     if regime == "short 2-16":
         return torch.randint(2, 17, (b,), generator=g).tolist()
+    if regime in ("7-40", "64-128"):
+        low, high = map(int, regime.split("-"))
+        return torch.randint(low, high + 1, (b,), generator=g).tolist()
     return [200] + torch.randint(8, 15, (b - 1,), generator=g).tolist()
 
 
@@ -51,9 +61,9 @@ def _time(fns: dict, repeats: int) -> dict:
         f()
     for _ in range(repeats):
         for k, f in fns.items():
-            t = time.perf_counter()
+            t = time.thread_time()  # this thread's CPU time: other processes on the machine do not count
             f()
-            best[k] = min(best[k], time.perf_counter() - t)
+            best[k] = min(best[k], time.thread_time() - t)
     return best
 
 
@@ -75,11 +85,44 @@ def _cases(lens, g, backward: bool):
     }
 
 
+def _sample_cases(lens, g, backward: bool):
+    h, d, c = 4, 8, 8
+
+    def batch(shape, ragged):
+        return mj.nested_tensor([torch.randn(shape(n), generator=g) for n in lens], ragged_dims=ragged)
+
+    def share(x, *others):  # one structure (a model projects q, k, v from one tensor): leaves of x's extents
+        return [(t + 0 * x).detach().requires_grad_(backward) for t in (x, *others)]
+
+    q, k = share(batch(lambda n: (n, h, n, d), (1, 3)), batch(lambda n: (n, h, n, d), (1, 3)))
+    attn = torch.softmax(q @ k.transpose(-1, -2), -1).detach().requires_grad_(backward)
+    rows_q, rows_k = share(batch(lambda n: (n, h, d), (1,)), batch(lambda n: (n, h, d), (1,)))
+    scores = torch.einsum("bihd,bjhd->bhij", rows_q, rows_k).softmax(-1).detach().requires_grad_(backward)
+    msa = {s: share(batch(lambda n, s=s: (n, s, c), (1,)), batch(lambda n, s=s: (n, s, c), (1,))) for s in (4, 16)}
+    vs = batch(lambda n: (h, 4, n, d), (3,)).detach().requires_grad_(backward)
+    opm = "...bac,...dae->...bdce"
+
+    def ein(eq):
+        per = ",".join(t[1:] for t in eq.split("->")[0].split(",")) + "->" + eq.split("->")[1][1:]
+        return (lambda *xs: torch.einsum(eq, *xs)), (lambda *xs: torch.einsum(per, *xs))
+
+    return {
+        "pair q @ k.mT": ((q, k), lambda q, k: q @ k.transpose(-1, -2), lambda q, k: q @ k.transpose(-1, -2)),
+        "pair attn @ v": ((attn, k), lambda a, v: a @ v, lambda a, v: a @ v),
+        "outer mean S=4": ((*msa[4],), lambda a, b: torch.einsum(opm, a, b), lambda a, b: torch.einsum(opm, a, b)),
+        "outer mean S=16": ((*msa[16],), lambda a, b: torch.einsum(opm, a, b), lambda a, b: torch.einsum(opm, a, b)),
+        "bihd,bjhd->bhij": ((rows_q, rows_k), *ein("bihd,bjhd->bhij")),
+        "bhij,bjhd->bihd": ((scores, rows_k), *ein("bhij,bjhd->bihd")),
+        "bhij,bhsjd->bhsid": ((scores, vs), *ein("bhij,bhsjd->bhsid")),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--backward", action="store_true")
     ap.add_argument("--plans", action="store_true")
+    ap.add_argument("--sample-forms", action="store_true", help="the forms run sample by sample, at model sizes")
     ap.add_argument("--only", default="", help="only the forms whose name contains this")
     ap.add_argument("--json", default=None, help="write the figures here")
     args = ap.parse_args()
@@ -91,34 +134,38 @@ def main() -> None:
     if args.plans and kmm is not None:
         plans.update({"ours-loop": "loop", "ours-padded": "padded"})
     print(f"{'form':22s} {'B':>3s} {'lengths':20s} {'loop ms':>8s} " + " ".join(f"{p:>12s}" for p in plans))
-    for b in (4, 32):
-        for regime in ("uniform 8-200", "near-uniform 40-48", "short 2-16", "skewed 200 + 8-14"):
-            lens = _lengths(regime, b, g)
-            for name, (inputs, ours, per) in _cases(lens, g, args.backward).items():
-                if args.only and args.only not in name:
-                    continue
+    if args.sample_forms:
+        regimes = [(8, "7-40"), (4, "64-128")]
+    else:
+        regimes = [(b, r) for b in (4, 32) for r in ("uniform 8-200", "near-uniform 40-48", "short 2-16", "skewed 200 + 8-14")]
+    for b, regime in regimes:
+        lens = _lengths(regime, b, g)
+        cases = _sample_cases if args.sample_forms else _cases
+        for name, (inputs, ours, per) in cases(lens, g, args.backward).items():
+            if args.only and args.only not in name:
+                continue
 
-                def loop(inputs=inputs, per=per):
-                    out = torch.cat([per(*s).reshape(-1) for s in zip(*(t.unbind() for t in inputs))])
+            def loop(inputs=inputs, per=per):
+                out = torch.cat([per(*s).reshape(-1) for s in zip(*(t.unbind() for t in inputs))])
+                if args.backward:
+                    out.sum().backward()
+                return out
+
+            def run(strategy, inputs=inputs, ours=ours):
+                ctx = kmm.force_plan(strategy) if kmm is not None else contextlib.nullcontext()
+                with ctx:
+                    out = ours(*inputs)
                     if args.backward:
                         out.sum().backward()
-                    return out
+                return out
 
-                def run(strategy, inputs=inputs, ours=ours):
-                    ctx = kmm.force_plan(strategy) if kmm is not None else contextlib.nullcontext()
-                    with ctx:
-                        out = ours(*inputs)
-                        if args.backward:
-                            out.sum().backward()
-                    return out
-
-                fns = {"per-sample": loop}
-                fns.update({p: (lambda s=s: run(s)) for p, s in plans.items()})
-                t = _time(fns, repeats)
-                rows.append({"form": name, "B": b, "lengths": regime, "loop_ms": t["per-sample"] * 1e3,
-                             **{f"{p}_x_loop": t[p] / t["per-sample"] for p in plans}})
-                print(f"{name:22s} {b:3d} {regime:20s} {t['per-sample'] * 1e3:8.2f} "
-                      + " ".join(f"{t[p] / t['per-sample']:12.2f}" for p in plans), flush=True)
+            fns = {"per-sample": loop}
+            fns.update({p: (lambda s=s: run(s)) for p, s in plans.items()})
+            t = _time(fns, repeats)
+            rows.append({"form": name, "B": b, "lengths": regime, "loop_ms": t["per-sample"] * 1e3,
+                         **{f"{p}_x_loop": t[p] / t["per-sample"] for p in plans}})
+            print(f"{name:22s} {b:3d} {regime:20s} {t['per-sample'] * 1e3:8.2f} "
+                  + " ".join(f"{t[p] / t['per-sample']:12.2f}" for p in plans), flush=True)
 
     h.write_json(args.json, {"backward": args.backward, "rows": rows})
 

@@ -625,4 +625,9 @@ BUGS_B = [
     Bug("dropout1d of tokens draws one noise value per sample", "ops/nn/norms.py",
         "            noise = torch.empty_like(input[:, :, :1]).bernoulli_(1 - p).div_(1 - p)",
         "            noise = torch.empty_like(input[:, :1, :1]).bernoulli_(1 - p).div_(1 - p)", ("test_channel_dropout.py",)),
+    Bug("a contraction sample by sample stores the output's ragged dims in reverse", "ops/contractions/sample_einsum.py",
+        '    out_term = "".join(out[d] for d in out_rd) + ', '    out_term = "".join(out[d] for d in reversed(out_rd)) + ',
+        ("test_sample_einsum.py",)),
+    Bug("an einsum in matmul's form of permuted operands permutes the product by the inverse", "ops/contractions/ragged_mm.py",
+        "[out2.index(c) for c in out])", "[out.index(c) for c in out2])", ("test_sample_einsum.py",)),
 ]

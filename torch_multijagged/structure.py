@@ -80,7 +80,7 @@ key                                   value (method that builds it)
                                       time-major rows, host batch sizes and sample order
                                       (ops/nn/rnn.py)
 ``"sample_rows"``                     ``(sizes, rows)``: each sample's ragged sizes and packed rows as Python
-                                      ints (ops/nn/distances.py)
+                                      ints (ops/_common.py: ``sample_rows``)
 ``("cdist_units", …)``                ``(p1, p2, units)``: ``cdist``'s samples stacked into one call, for
                                       operands of partitions ``p1``, ``p2``, the last ones met, on the
                                       output's partition (ops/nn/distances.py)

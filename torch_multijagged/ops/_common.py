@@ -4,6 +4,7 @@ cached index maps live in ``structure.py`` (NOTE [ Derived maps ])."""
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 
@@ -60,6 +61,17 @@ def component_rows(c: torch.Tensor, ragged: list[int]) -> torch.Tensor:
     first, row-major, then its static dims in order — how the values of a batch hold it."""
     order = list(ragged) + [d for d in range(c.dim()) if d not in ragged]
     return c.permute(order).reshape(-1, *[c.shape[d] for d in order[len(ragged):]])
+
+
+def sample_rows(p: Partition) -> tuple[list, list]:
+    """``(sizes, counts)``: each sample's ragged sizes and packed rows, as Python ints (NOTE
+    [ Derived maps ], key ``"sample_rows"``)."""
+    def compute(p: Partition):
+        # SYNC: none — host sizes
+        sizes = [tuple(ns) for ns in p.host_sizes().tolist()]
+        return sizes, [math.prod(ns) for ns in sizes]
+
+    return p.derived("sample_rows", compute)
 
 
 def same_partition(a: Partition, b: Partition) -> bool:

@@ -6,8 +6,9 @@ Some ops run best — or only — as the dense op on the packed ``(T, *static)``
 dense op's own C++ derivative (every order) instead of the wrapper-level formula: ``linear``
 with gradients (torch.library's Python autograd wrapper cost as much as the op on small inputs),
 ``layer_norm`` / ``rms_norm`` with gradients (NOTE [ Norms under double backward ] in nn.py),
-``group_norm`` (its decomposition reshapes across the ragged dim) and ``einsum`` over static
-dims (the packed rows stand in for the batch and ragged subscripts). Each function here crosses
+``group_norm`` (its decomposition reshapes across the ragged dim), ``einsum`` over static
+dims (the packed rows stand in for the batch and ragged subscripts) and ``einsum`` sample by
+sample on views of the packed rows (NOTE [ Contractions sample by sample ]). Each function here crosses
 to the values with ``bridge.values_of``, runs the dense op and crosses back with
 ``bridge.wrap_values``; gradients cross unchanged (NOTE [ Differentiable backward of the bridge ]).
 
@@ -18,15 +19,18 @@ subclass's attributes), so the routes of ``linear`` and the norms take it eagerl
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
 
 from ..bridge import values_of, wrap_values, wrap_values_like
 from ..kernels import ragged_mm as kmm, reference as ref
 from ..structure import Partition, partition_for
-from ._common import MJT
+from ._common import MJT, sample_rows
 
-__all__ = ["linear", "layer_norm", "rms_norm", "group_norm", "einsum", "conv", "sample", "samples", "ragged_matmul"]
+__all__ = ["linear", "layer_norm", "rms_norm", "group_norm", "einsum", "conv", "sample", "samples", "ragged_matmul",
+           "sample_einsum"]
 
 
 def samples(input: MJT) -> tuple[torch.Tensor, ...]:
@@ -92,3 +96,56 @@ def ragged_matmul(a: MJT, b: MJT, spec, extents, ragged_dims: tuple[int, ...]):
     va, vb = (values_of(a), values_of(b)) if grad else (a._values, b._values)
     out = kmm.ragged_matmul(va, vb, spec)
     return wrap_values(out, partition_for(extents), ragged_dims) if extents else out
+
+
+def sample_einsum(equation: str, operands: list, extents: list, ragged_dims: tuple[int, ...]):
+    """NOTE [ Contractions sample by sample ]: dense ``einsum(equation, …)`` on each sample's
+    operands (views of the packed rows in storage order; a dense operand whole), the results
+    packed into the rows of the output, whose ragged dims ``ragged_dims`` have ``extents`` (none:
+    a dense ``(B, …)`` result, the samples stacked)."""
+    batch = next(o for o in operands if isinstance(o, MJT))._partition.batch
+    grad = torch.is_grad_enabled() and any(o.requires_grad for o in operands)
+    per_operand = []
+    for o in operands:
+        if not isinstance(o, MJT):
+            per_operand.append([o] * batch)
+            continue
+        sizes, counts = sample_rows(o._partition)
+        v = values_of(o) if grad else o._values
+        static = v.shape[1:]
+        pieces = v.split(counts, 0)
+        if len(o._ragged_dims) == 1:
+            per_operand.append(pieces)  # a sample's rows are its tensor
+        else:
+            per_operand.append([p.view(*ns, *static) for p, ns in zip(pieces, sizes)])
+    results = [torch.einsum(equation, *xs) for xs in zip(*per_operand)]
+    if not extents:
+        return torch.stack(results)
+    if len(ragged_dims) == 1:
+        values = results[0].contiguous() if batch == 1 else torch.cat(results)
+    else:
+        values = _Pack.apply(len(ragged_dims), *results)
+    return wrap_values(values, partition_for(extents), ragged_dims)
+
+
+class _Pack(torch.autograd.Function):
+    """Samples' results ``(*ragged sizes, *static)`` (any strides) written into packed rows ``(T,
+    *static)`` with one copy each: ``cat`` would need their ragged dims merged first, a second copy
+    where a result's storage order is not its own (a permuted ``einsum`` result). The backward hands
+    each result the view of its rows (differentiable: any order)."""
+
+    @staticmethod
+    def forward(ctx, r: int, *results):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.shapes = [t.shape for t in results]
+        ctx.counts = [math.prod(t.shape[:r]) for t in results]
+        out = results[0].new_empty((sum(ctx.counts), *results[0].shape[r:]))
+        for t, rows in zip(results, out.split(ctx.counts, 0)):
+            rows.view(t.shape).copy_(t)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return (None,) * (len(ctx.shapes) + 1)
+        return (None, *(g.reshape(shape) for g, shape in zip(grad.split(ctx.counts, 0), ctx.shapes)))

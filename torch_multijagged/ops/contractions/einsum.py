@@ -1,6 +1,8 @@
 """``einsum``: contractions of static dims on the packed values, diagonals of square pairs,
-(through ``pair_product``) contractions of a ragged dim of square pairs, and (through
-``product_spec``, eagerly) two-operand products of matmul's shape as per-sample matmuls."""
+(through ``pair_product``) contractions of a ragged dim of square pairs, (through
+``product_spec`` and ``matmul_form``, eagerly) two-operand products of matmul's shape in any
+subscript order as per-sample matmuls, and (through ``sample_spec``, eagerly) other contractions
+as dense ``einsum`` per sample; the broadcast product otherwise."""
 
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ from .._common import MJT, autocast_lower, describe, same_partition
 from .._routing import route
 from ..shape.diagonal import square_extent
 from .pair_mm import pair_product
-from .ragged_mm import product_spec
+from .ragged_mm import matmul_form, product_spec
+from .sample_einsum import sample_spec
 
 _LAYOUT = "layout torch.multi_jagged"
 
@@ -109,6 +112,9 @@ def _einsum(equation, *operands):
         plan = product_spec(operands[0], terms[0], operands[1], terms[1], out)
         if plan is not None:  # NOTE [ Matmul between multi_jagged tensors ]
             return bridged.ragged_matmul(*plan)
+        product = _permuted_product(terms, operands, out)
+        if product is not None:
+            return product
     for k, o in enumerate(operands):
         if isinstance(o, MJT):
             operands[k], terms[k] = _diagonals(o, terms[k], equation)
@@ -122,11 +128,11 @@ def _einsum(equation, *operands):
             letters = term[0] + "".join(term[d] for d in op._ragged_dims)
             ragged_letters = ragged_letters or letters
             if letters != ragged_letters or op._ragged_dims != ref._ragged_dims or not same_partition(op._partition, ref._partition):
-                return _broadcast_einsum(equation, terms, operands, out)
+                return _general_einsum(equation, terms, operands, out)
     dense_terms = [t for t, o in zip(terms, operands) if not isinstance(o, MJT)]
     positions = [out.find(c) for c in ragged_letters]
     if any(c in t for t in dense_terms for c in ragged_letters) or -1 in positions or positions != sorted(positions) or positions[0] != 0:
-        return _broadcast_einsum(equation, terms, operands, out)
+        return _general_einsum(equation, terms, operands, out)
     used = set("".join(terms) + out)  # (an ellipsis' letters too, which the equation does not show)
     row = next(c for c in "ZYXWVUTSRQPONMLKJIHGFEDCBAzyxwvutsrqponmlkjihgfedcba" if c not in used)
 
@@ -135,6 +141,34 @@ def _einsum(equation, *operands):
 
     packed_eq = ",".join(packed(t) if isinstance(o, MJT) else t for t, o in zip(terms, operands)) + "->" + packed(out)
     return bridged.einsum(packed_eq, operands, ref._partition, tuple(positions[1:]))
+
+
+def _permuted_product(terms: list, operands: list, out: str):
+    """A per-sample matmul (NOTE [ Matmul between multi_jagged tensors ]) in another subscript order:
+    the operands permuted into matmul's (``matmul_form``), the product permuted into ``out``'s; None
+    where the permuted operands are not one either."""
+    if torch.compiler.is_compiling() or not all(isinstance(o, MJT) for o in operands):
+        return None  # (traced: product_spec takes none; no permutes into the graph)
+    form = matmul_form(terms[0], terms[1], out)
+    if form is None:
+        return None
+    pa, pb, (ta, tb, out2), po = form
+    a, b = operands[0].permute(pa), operands[1].permute(pb)
+    plan = product_spec(a, ta, b, tb, out2)
+    if plan is None:
+        return None
+    res = bridged.ragged_matmul(*plan)
+    return res if po == sorted(po) else res.permute(po)
+
+
+def _general_einsum(equation: str, terms: list, operands: list, out: str):
+    """A contraction no packed-values form takes: eagerly dense ``einsum`` sample by sample where
+    the broadcast product would be large (NOTE [ Contractions sample by sample ]), else the
+    broadcast product (NOTE [ einsum by broadcasting ])."""
+    spec = sample_spec(terms, operands, out)
+    if spec is not None:
+        return bridged.sample_einsum(spec[0], operands, *spec[1:])
+    return _broadcast_einsum(equation, terms, operands, out)
 
 
 def _squeeze_dense_broadcasts(terms: list, operands: list) -> None:

@@ -9,8 +9,9 @@ per-sample operand goes to ``bmm``'s handler (``indexing/gather.py``, NOTE [ Bat
 a dense per-sample operand ]), or to ``einsum`` with more batch dims; between square pairs that contract a ragged dim, to
 ``multijagged::pair_matmul`` (``pair_mm.py``, NOTE [ Contracting a ragged dim ]); between other
 multi_jagged tensors whose ragged dims are matrix dims, eagerly, to per-sample products of the
-packed values (``ragged_mm.py``, NOTE [ Matmul between multi_jagged tensors ]); otherwise (and
-traced) as the broadcast product summed over the contracted dim.
+packed values (``ragged_mm.py``, NOTE [ Matmul between multi_jagged tensors ]); with a ragged lead
+dim, eagerly, as dense ``matmul`` per sample (``sample_einsum.py``, NOTE [ Contractions sample by
+sample ]); otherwise (and traced) as the broadcast product summed over the contracted dim.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from .._routing import _call, _dense, _needs_grad, route
 from .._table import register_multi_jagged_func
 from .pair_mm import pair_product
 from .ragged_mm import matmul_spec
+from .sample_einsum import sample_spec
 
 mj = torch.ops.multijagged
 
@@ -109,6 +111,12 @@ def _matmul(input, other, *, out=None):
         plan = matmul_spec(input, other)
         if plan is not None:
             return bridged.ragged_matmul(*plan)
+        # a ragged lead dim (triangle attention's (B, j0, H, j0, d) @ (B, j0, H, d, j0)): eagerly, dense
+        # matmul sample by sample where the broadcast product would be large (NOTE [ Contractions sample
+        # by sample ] in ops/contractions/sample_einsum.py)
+        spec = sample_spec([lead + "ik", lead + "kj"], [input, other], lead + "ij")
+        if spec is not None:
+            return bridged.sample_einsum(spec[0], [input, other], *spec[1:])
         return broadcast_matmul(input, other)
     return NotImplemented
 

@@ -15,7 +15,10 @@ names the operand that holds the output's rows ``x`` and gives ``kernels/ragged_
 per-sample sizes are the extents' host lengths. Eager only: traced, the host lengths do not
 exist, and the broadcast product summed over the contracted dim (which Inductor fuses) stays.
 Square pairs times square pairs contracting a ragged dim stay ``pair_matmul``'s (NOTE
-[ Contracting a ragged dim ]): they are recognised first.
+[ Contracting a ragged dim ]): they are recognised first. An ``einsum`` whose subscripts have
+that shape in another order (the heads between the rows, ``bihd,bjhd->bhij`` and
+``bhij,bjhd->bihd``) is the same product of permuted operands (views: a permute moves no packed
+row), its result permuted into the output's order (``matmul_form``).
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ import torch
 from ...structure import RaggedExtent, _is_traced, same_extent
 from .._common import MJT
 
-__all__ = ["product_spec", "matmul_spec"]
+__all__ = ["product_spec", "matmul_spec", "matmul_form"]
 
 _functorch = torch._C._are_functorch_transforms_active
 
@@ -104,3 +107,30 @@ def matmul_spec(a, b):
     spec = (("i", "k"), ("k", "j"), ("i", "j"), False, False, dims, tuple(a._size[1:-2]))
     ragged = [(d, e) for d, e in ((nd - 2, m), (nd - 1, n)) if isinstance(e, RaggedExtent)]
     return a, b, spec, [e for _, e in ragged], tuple(d for d, _ in ragged)
+
+
+def matmul_form(ta: str, tb: str, out: str):
+    """``(perm_a, perm_b, (ta', tb', out'), perm_out)`` when ``einsum(f"{ta},{tb}->{out}")`` is a
+    batched matmul in another subscript order: one batch subscript leading every term, lead
+    subscripts in both operands and the output, one contracted subscript, one free subscript per
+    operand and no other. ``ta'``/``tb'``/``out'`` are the terms of matmul's order (batch, the lead
+    subscripts as the output orders them, then the matrix pair), ``perm_a``/``perm_b`` the
+    operands' permutations into them and ``perm_out`` the product's into ``out``; None otherwise,
+    or where every term already has that order (``product_spec`` has seen it)."""
+    if not (ta and tb and out) or ta[0] != tb[0] or out[0] != ta[0]:
+        return None
+    if len(set(ta)) != len(ta) or len(set(tb)) != len(tb) or len(set(out)) != len(out):
+        return None
+    lead = [c for c in out[1:] if c in ta and c in tb]
+    kk = [c for c in ta[1:] if c in tb and c not in out]
+    row = [c for c in ta[1:] if c not in tb and c in out]
+    col = [c for c in tb[1:] if c not in ta and c in out]
+    if len(kk) != 1 or len(row) != 1 or len(col) != 1 or len(ta) != len(lead) + 3 or len(tb) != len(lead) + 3:
+        return None
+    if len(out) != len(lead) + 3:
+        return None
+    b, mid = ta[0], "".join(lead)
+    ta2, tb2, out2 = b + mid + row[0] + kk[0], b + mid + kk[0] + col[0], b + mid + row[0] + col[0]
+    if (ta2, tb2, out2) == (ta, tb, out):
+        return None
+    return ([ta.index(c) for c in ta2], [tb.index(c) for c in tb2], (ta2, tb2, out2), [out2.index(c) for c in out])

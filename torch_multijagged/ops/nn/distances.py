@@ -45,7 +45,7 @@ from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.reference import storage_perm
 from ...structure import Partition, _is_traced, mapped_extent, partition_for
-from .._common import MJT, autocast_float32, describe, eager_route
+from .._common import MJT, autocast_float32, describe, eager_route, sample_rows
 from .._routing import route
 from ..elementwise.pointwise import _out_structure
 from .losses import _involved
@@ -144,17 +144,6 @@ def _eager_operands(*ts) -> bool:
                                                          for t in ts)
 
 
-def _sample_rows(p: Partition):
-    """``(sizes, counts)``: each sample's ragged sizes and packed rows, as Python ints (NOTE
-    [ Derived maps ], key ``"sample_rows"``)."""
-    def compute(p: Partition):
-        # SYNC: none — host sizes
-        sizes = [tuple(ns) for ns in p.host_sizes().tolist()]
-        return sizes, [math.prod(ns) for ns in sizes]
-
-    return p.derived("sample_rows", compute)
-
-
 class _Operand:
     """One operand of ``cdist`` per sample: ``kind`` ``"rows"`` (a batch's packed rows), ``"dense"``
     (a dense ``(B, …)``: sample i's slice) or ``"shared"`` (one dense tensor for every sample)."""
@@ -165,7 +154,7 @@ class _Operand:
         self.t, self.batch = t, batch
         if isinstance(t, MJT):
             self.kind = "rows"
-            self.sizes, self.counts = _sample_rows(t._partition)
+            self.sizes, self.counts = sample_rows(t._partition)
             self.static = tuple(t._values.shape[1:])
             _, self.to_logical = storage_perm(nd, t._ragged_dims)
             self.identity = self.to_logical == sorted(self.to_logical)
