@@ -630,4 +630,9 @@ BUGS_B = [
         ("test_sample_einsum.py",)),
     Bug("an einsum in matmul's form of permuted operands permutes the product by the inverse", "ops/contractions/ragged_mm.py",
         "[out2.index(c) for c in out])", "[out.index(c) for c in out2])", ("test_sample_einsum.py",)),
+    Bug("broadcasting into new ragged dims per sample transposes each sample's result", "ops/elementwise/per_sample.py",
+        "        outs.append(o.reshape(n, *o.shape[r:]))", "        outs.append(o.transpose(0, r - 1).reshape(n, *o.shape[r:]))",
+        ("test_broadcast_per_sample.py",)),
+    Bug("broadcasting into new ragged dims per sample without a graph drops the first sample", "ops/elementwise/per_sample.py",
+        "        parts[0].view_as(first).copy_(first)", "        pass", ("test_broadcast_per_sample.py",)),
 ]

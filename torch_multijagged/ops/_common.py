@@ -56,14 +56,7 @@ def wrap(values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...
     return MultiJaggedTensor(values, partition, ragged_dims)
 
 
-def component_rows(c: torch.Tensor, ragged: list[int]) -> torch.Tensor:
-    """A sample's tensor (no batch dim) as packed rows: its ragged dims ``ragged`` (its own dims)
-    first, row-major, then its static dims in order — how the values of a batch hold it."""
-    order = list(ragged) + [d for d in range(c.dim()) if d not in ragged]
-    return c.permute(order).reshape(-1, *[c.shape[d] for d in order[len(ragged):]])
-
-
-def sample_rows(p: Partition) -> tuple[list, list]:
+def sample_rows(p: Partition) -> tuple[list[tuple[int, ...]], list[int]]:
     """``(sizes, counts)``: each sample's ragged sizes and packed rows, as Python ints (NOTE
     [ Derived maps ], key ``"sample_rows"``)."""
     def compute(p: Partition):
@@ -72,6 +65,13 @@ def sample_rows(p: Partition) -> tuple[list, list]:
         return sizes, [math.prod(ns) for ns in sizes]
 
     return p.derived("sample_rows", compute)
+
+
+def component_rows(c: torch.Tensor, ragged: list[int]) -> torch.Tensor:
+    """A sample's tensor (no batch dim) as packed rows: its ragged dims ``ragged`` (its own dims)
+    first, row-major, then its static dims in order — how the values of a batch hold it."""
+    order = list(ragged) + [d for d in range(c.dim()) if d not in ragged]
+    return c.permute(order).reshape(-1, *[c.shape[d] for d in order[len(ragged):]])
 
 
 def same_partition(a: Partition, b: Partition) -> bool:

@@ -17,6 +17,8 @@ So ``(B, j0, 1, C) + (B, 1, j0, C)`` creates the square pair ``(B, j0, j0, C)`` 
 carry the operands' extent ``j0``), and ``(B, j0, 1, C) * (B, 1, j1, C)`` the rectangular one.
 An operand whose ragged dims are a subset of the output's is *gathered* into the output rows
 with the cached row map (``Partition.map_to_sub``); its size-1 dims at the new ragged positions vanish.
+Eagerly on the CPU, large samples take a per-sample loop instead (NOTE [ Broadcasting into new
+ragged dims per sample ] in ``per_sample.py``).
 Two tensors that merely pack to the same number of rows — ``(2, 6, C)`` and ``(3, 4, C)`` — never
 combine: extents are compared, not row counts.
 """
@@ -30,6 +32,7 @@ import torch
 from ...compile.kernel_choice import use_triton
 from ...structure import _is_traced, broadcast_extent, partition_for, same_extent
 from .._common import MJT, describe, static_dims, wrap
+from . import per_sample as _per_sample
 from ...errors import TRACED_EXTENTS, StructureError
 from .._routing import in_place_route, route
 from .._table import op_name, register_multi_jagged_func, register_pointwise_fallback
@@ -117,7 +120,8 @@ def broadcast_values(func, a: MJT, b: MJT, va: torch.Tensor, vb: torch.Tensor) -
     """``func(a, b)`` for a functional binary op of two multi_jagged operands, computed on values
     ``va``/``vb`` standing for a's and b's (the eager values path's, which carry their gradients):
     the checks, structure and values of ``pointwise`` without building wrappers around them. The
-    output structure is cached per pair of structures (``_out_structure_cached``)."""
+    output structure is cached per pair of structures (``_out_structure_cached``); large samples
+    on the CPU are computed one by one (``per_sample.pays``), the rest by gathering rows."""
     if _same_layout(a, b):
         return wrap(func(va, vb), a._partition, a._ragged_dims)
     partition, ragged_dims, out_static = _out_structure_cached(func, a, b)
@@ -125,6 +129,10 @@ def broadcast_values(func, a: MJT, b: MJT, va: torch.Tensor, vb: torch.Tensor) -
         out = _pair_kernel(func, (a, b), partition, ragged_dims, out_static, (va, vb))
         if out is not None:
             return out
+    if _per_sample.pays(a, b, va, vb, partition, ragged_dims, out_static):
+        # NOTE [ Broadcasting into new ragged dims per sample ] in per_sample.py
+        return wrap(_per_sample.broadcast_per_sample(func, a, b, va, vb, partition, ragged_dims, out_static),
+                    partition, ragged_dims)
     aligned = (_align_mjt(m, partition, ragged_dims, out_static, vals=v) for m, v in ((a, va), (b, vb)))
     return wrap(func(*aligned), partition, ragged_dims)
 
