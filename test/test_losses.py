@@ -355,7 +355,7 @@ def test_class_loss_errors():
         F.cross_entropy(x, t.unsqueeze(-1))
     with pytest.raises(RuntimeError, match=r"weight tensor should be defined"):
         F.cross_entropy(x, t, weight=torch.ones(3, dtype=torch.float64))
-    with pytest.raises(RuntimeError, match=r"out of bounds"):
+    with pytest.raises(IndexError, match=r"out of bounds"):  # dense torch's own error (the packed values' call)
         F.cross_entropy(x, t + 5)
     with pytest.raises(RuntimeError, match=r"label_smoothing must be between"):
         F.cross_entropy(x, t, label_smoothing=1.5)
@@ -466,6 +466,110 @@ def test_class_losses_compile():
             + F.kl_div(xv.log_softmax(-1), xv.detach().cos().softmax(-1), reduction="sum") / 3)
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad(got, x)[0].values(), torch.autograd.grad(want, xv)[0])
+
+
+def _graph_names(out):
+    seen, todo, names = set(), [out.grad_fn], set()
+    while todo:
+        n = todo.pop()
+        if n is None or n in seen:
+            continue
+        seen.add(n)
+        names.add(type(n).__name__)
+        todo.extend(f for f, _ in n.next_functions)
+    return names
+
+
+def _seg_case(dtype, probs=False, ignore=-100):
+    """Segmentation logits (B, K, j0, j1) with an empty image, targets (B, j0, j1) (a few
+    ignored) or class probabilities (B, K, j0, j1)."""
+    g = torch.Generator().manual_seed(5)
+    sides = [(3, 5), (0, 4), (6, 2), (4, 4)]
+    xs = [torch.randn(5, h, w, generator=g).to(dtype) for h, w in sides]
+    if probs:
+        ts = [torch.randn(5, h, w, generator=g).softmax(0).to(dtype) for h, w in sides]
+    else:
+        ts = [torch.randint(0, 5, (h, w), generator=g).masked_fill(torch.rand(h, w, generator=g) < 0.2, ignore) for h, w in sides]
+    return xs, ts
+
+
+CLASS_KW = [{}, {"weight": True}, {"ignore_index": 2}, {"label_smoothing": 0.2},
+            {"weight": True, "ignore_index": 2, "label_smoothing": 0.3}]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("reduction", ["none", "sum", "mean"])
+@pytest.mark.parametrize("kw", range(len(CLASS_KW)))
+@pytest.mark.parametrize("probs", [False, True], ids=["indices", "probs"])
+def test_class_losses_are_one_dense_call_on_packed_values(dtype, reduction, kw, probs):
+    """Segmentation logits (B, K, j0, j1): cross_entropy (and nll_loss) is dense torch's own
+    call on the packed values (NOTE [ Class losses on the packed values ]): one NllLoss node in
+    the graph, each image's 'none' loss dense torch's on that image, 'sum'/'mean' dense torch's
+    over the concatenated pixels (the weighted mean divides by the weights of every counted
+    pixel of the batch), gradients of input and probabilities, float32/float64/bfloat16."""
+    args = dict(CLASS_KW[kw])
+    if probs and args.pop("ignore_index", None) is not None:
+        args["ignore_index"] = -100  # dense torch refuses ignore_index >= 0 with probabilities
+    if args.get("weight"):
+        args["weight"] = torch.tensor([0.5, 2.0, 1.5, 0.25, 1.0], dtype=dtype)
+    xs, ts = _seg_case(dtype, probs, args.get("ignore_index", -100))
+    x = mj.nested_tensor(xs, ragged_dims=(2, 3), requires_grad=True)
+    t = mj.nested_tensor(ts, ragged_dims=(2, 3) if probs else (1, 2), requires_grad=probs)
+    rx = [a.detach().clone().requires_grad_() for a in xs]
+    rt = [a.detach().clone().requires_grad_() for a in ts] if probs else ts
+    leaves, ref_leaves = ([x, t], [*rx, *rt]) if probs else ([x], rx)
+    out = F.cross_entropy(x, t, reduction=reduction, **args)
+    assert _graph_names(out) & {"NllLossBackward0", "NllLoss2DBackward0", "NllLossNdBackward0"} or probs
+    assert "GatherBackward0" not in _graph_names(out)
+    if reduction == "none":
+        ref = [F.cross_entropy(a[None], b[None], reduction="none", **args)[0] for a, b in zip(rx, rt)]
+        assert out.dtype == dtype and out.ragged_dims == (1, 2)
+        for o, r in zip(out.unbind(), ref):
+            torch.testing.assert_close(o, r)
+        cot = [torch.rand(r.shape, dtype=dtype) for r in ref]
+        got = torch.autograd.grad(sum((o * k).sum() for o, k in zip(out.unbind(), cot)), leaves)
+        want = torch.autograd.grad(sum((r * k).sum() for r, k in zip(ref, cot)), ref_leaves)
+        want_x = torch.cat([g.flatten(1).t() for g in want[:len(rx)]])
+        torch.testing.assert_close(_rows(got[0]), want_x, **_grad_tol(dtype))
+    else:
+        cat = torch.cat([a.flatten(1) for a in rx], 1)[None]
+        cat_t = torch.cat([b.flatten(1) for b in rt], 1)[None] if probs else torch.cat([b.flatten() for b in rt])[None]
+        ref = F.cross_entropy(cat, cat_t, reduction=reduction, **args)
+        assert out.dtype == ref.dtype == dtype
+        torch.testing.assert_close(out, ref)
+        got = torch.autograd.grad(out, leaves)
+        want = torch.autograd.grad(ref, ref_leaves)
+        torch.testing.assert_close(_rows(got[0]), torch.cat([g.flatten(1).t() for g in want[:len(rx)]]), **_grad_tol(dtype))
+        if probs:
+            torch.testing.assert_close(_rows(got[1]), torch.cat([g.flatten(1).t() for g in want[len(rx):]]),
+                                       **_grad_tol(dtype))
+
+
+def _grad_tol(dtype):
+    """bfloat16 gradients: dense torch's kernels for (N, K) and (1, K, h, w) round differently."""
+    return {"atol": 4e-3, "rtol": 4e-2} if dtype == torch.bfloat16 else {}
+
+
+def _rows(g):
+    """A (B, K, j0, j1) gradient as pixel rows (P, K), image after image."""
+    return torch.cat([a.flatten(1).t() for a in g.unbind()])
+
+
+def test_class_losses_take_the_dense_call_for_token_logits():
+    """Token logits ``x.transpose(1, 2)`` and nll_loss: one dense call on the packed tokens, equal
+    to dense torch on the concatenated tokens, in the forward and the gradient."""
+    xs, ts = _tokens()
+    x = mj.nested_tensor(xs, requires_grad=True)
+    t = mj.nested_tensor(ts)
+    w = torch.tensor([0.5, 2.0, 1.0, 3.0], dtype=torch.float64)
+    xv = torch.cat(xs).requires_grad_()
+    for fn in (lambda a, b: F.cross_entropy(a, b, weight=w, label_smoothing=0.1),
+               lambda a, b: F.nll_loss(a, b, weight=w)):
+        out = fn(x.transpose(1, 2), t)
+        assert "NllLossBackward0" in _graph_names(out) and "GatherBackward0" not in _graph_names(out)
+        want = fn(xv, torch.cat(ts))
+        torch.testing.assert_close(out, want)
+        torch.testing.assert_close(torch.autograd.grad(out, x)[0].values(), torch.autograd.grad(want, xv)[0])
 
 
 def test_losses_under_autocast_are_float32():

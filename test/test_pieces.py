@@ -395,7 +395,8 @@ def test_channel_cat_of_images_holding_pieces(small_images_go_image_by_image):
         u = F.interpolate(F.max_pool2d(a, 2, ceil_mode=True), size=a.shape[-2:])
         c = torch.cat([a, u, t], 1)
         if isinstance(c, mj.MultiJaggedTensor):
-            assert pieces.holds_pieces(a) and not pieces.holds_pieces(u) and pieces.holds_pieces(c)
+            # u: interpolate of pieces goes image by image (NOTE [ Resampling image by image ]); t: pixel rows
+            assert pieces.holds_pieces(a) and pieces.holds_pieces(u) and not pieces.holds_pieces(t) and pieces.holds_pieces(c)
         return F.conv2d(c, torch.cat([P["w2"], P["w2"], P["w2"]], 1), padding=1)
 
     _per_image_check(f, f, comps, [P["w1"], P["w2"]])

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from hypothesis import example, given, strategies as st
 
 import torch_multijagged as mj
+from torch_multijagged import pieces
 from _reference import empty_batch, few, grid, seeds
 from _structures import assert_samples_and_grads, bit_equal, comps_for, packed_args
 
@@ -291,6 +292,60 @@ def test_interpolate_nested_ints_follow_the_size_rule():
     assert F.interpolate(x, scale_factor=(2.0, 0.5)).sizes().tolist() == [[8, 2], [14, 3], [0, 0]]
     up = nn.Upsample(scale_factor=2, mode="nearest")(x)
     assert up.shape[2] == F.interpolate(x, scale_factor=2.0, mode="bilinear").shape[2]
+
+
+# NOTE [ Resampling image by image ]: outputs averaging at least 128 (linear) / 2,048 (nearest)
+# pixels per image run dense torch on each image and hold their images as pieces.
+_LARGE = [(40, 61), (0, 5), (57, 44), (66, 70)]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16], ids=str)
+@pytest.mark.parametrize("c", [2, 5])
+@pytest.mark.parametrize("kw", [dict(scale_factor=2.0, mode="nearest"), dict(scale_factor=2.0001, mode="nearest"),
+                                dict(scale_factor=(1.0001, 2.0), mode="nearest"), dict(scale_factor=1.3, mode="nearest-exact"),
+                                dict(scale_factor=2.0, mode="nearest", recompute_scale_factor=True),
+                                dict(scale_factor=2.0, mode="bilinear"), dict(scale_factor=(0.6, 1.7), mode="bilinear", align_corners=True)],
+                         ids=str)
+def test_interpolate_large_images_image_by_image(kw, c, dtype):
+    """Large images, one empty: dense torch per image (nearest bit for bit, gradients those of the
+    forward's picks, also where aten's nearest kernels differ: C > 3, out_h + out_w > 128, a scale
+    whose shortcut differs), gradients; the result holds per-image pieces where it runs image by
+    image and adds to another mode's result (one nested int per size rule)."""
+    leaves, x = _images(_LARGE, c, 1, dtype)
+    exact = kw["mode"].startswith("nearest")
+    tol = {torch.float32: 1e-5, torch.float64: 1e-7, torch.bfloat16: 2e-2}[dtype]
+    # image by image: bilinear, and nearest where aten's two index rules agree (here ×2, float32 /
+    # bfloat16); the others stay on the gather (reading the values packs pieces: check first)
+    by_image = kw["mode"] == "bilinear" or (kw["mode"] == "nearest" and kw["scale_factor"] == 2.0 and dtype != torch.float64)
+    assert pieces.holds_pieces(F.interpolate(x, **kw)) == by_image
+    out = _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x, exact=exact,
+                 rtol=tol, atol=tol)
+    with torch.no_grad():
+        assert (out + F.interpolate(x, **dict(kw, mode="bilinear", align_corners=False))).shape == out.shape
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear"])
+def test_interpolate_large_images_to_sizes_and_from_pieces(mode):
+    """``size=`` (a dense batch) and ``size=skip.shape[-2:]`` (the skip's nested ints) image by
+    image; an input that holds pieces (a per-image conv's output) stays image by image."""
+    leaves, x = _images([(40, 61), (57, 44)], 16, 2, torch.float32)
+    _check(lambda t: F.interpolate(t, size=(90, 70), mode=mode), lambda t: _dense_interp(t, size=(90, 70), mode=mode),
+           leaves, x, exact=mode == "nearest", rtol=1e-5, atol=1e-5, dense_out=True)
+    _, skip = _images([(80, 122), (114, 88)], 1, 3, torch.float32, requires_grad=False)
+    targets = iter([(80, 122), (114, 88)])
+    assert pieces.holds_pieces(F.interpolate(x, size=skip.shape[-2:], mode=mode))
+    out = _check(lambda t: F.interpolate(t, size=skip.shape[-2:], mode=mode),
+                 lambda t: _dense_interp(t, size=next(targets), mode=mode), leaves, x, exact=mode == "nearest",
+                 rtol=1e-5, atol=1e-5)
+    assert out.shape[2] is skip.shape[2]
+    w = torch.randn(16, 16, 3, 3, dtype=torch.float32)
+    y = F.conv2d(x, w, padding=1)
+    assert pieces.holds_pieces(y)
+    got = F.interpolate(y, scale_factor=0.5, mode=mode)
+    assert pieces.holds_pieces(got)
+    for o, leaf in zip(got.unbind(), leaves):
+        torch.testing.assert_close(o, _dense_interp(F.conv2d(leaf[None], w, padding=1)[0], scale_factor=0.5, mode=mode),
+                                   rtol=1e-4, atol=1e-4)
 
 
 def test_interpolate_downscale_to_zero_is_empty():

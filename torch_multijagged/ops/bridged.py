@@ -27,10 +27,10 @@ import torch.nn.functional as F
 from ..bridge import values_of, wrap_values, wrap_values_like
 from ..kernels import ragged_mm as kmm, reference as ref
 from ..structure import Partition, partition_for
-from ._common import MJT, sample_rows
+from ._common import MJT, sample_rows, wrap
 
 __all__ = ["linear", "layer_norm", "rms_norm", "group_norm", "einsum", "conv", "sample", "samples", "ragged_matmul",
-           "sample_einsum"]
+           "sample_einsum", "class_loss"]
 
 
 def samples(input: MJT) -> tuple[torch.Tensor, ...]:
@@ -149,3 +149,25 @@ class _Pack(torch.autograd.Function):
         if grad is None:
             return (None,) * (len(ctx.shapes) + 1)
         return (None, *(g.reshape(shape) for g, shape in zip(grad.split(ctx.counts, 0), ctx.shapes)))
+
+
+def class_loss(fn, input: MJT, target: MJT, **kwargs):
+    """``fn`` (``F.cross_entropy`` or ``F.nll_loss``) of a ``(B, C, …)`` input, class dim static,
+    on the packed values: they are ``(T, C, *rest)``, dense torch's ``(N, C, d…)`` with the rows as
+    its batch, and the target's — class indices ``(T, *rest)`` or probabilities of the input's
+    shape — hold the same rows in the same order (NOTE [ Class losses on the packed values ] in
+    nn/losses.py). ``reduction="none"`` gives the loss with the target's structure (indices) or
+    the input's without dim 1 (probabilities)."""
+    grad = torch.is_grad_enabled()
+    x = values_of(input) if grad and input.requires_grad else input._values
+    if target.dtype.is_floating_point:
+        t = values_of(target) if grad and target.requires_grad else target._values
+        like = input
+    else:
+        t = target._values if target.dtype == torch.int64 else target._values.long()
+        like = target
+    out = fn(x, t, **kwargs)
+    if kwargs["reduction"] != "none":
+        return out
+    ragged_dims = tuple(d - 1 for d in input._ragged_dims)
+    return (wrap_values if out.requires_grad else wrap)(out, like._partition, ragged_dims)

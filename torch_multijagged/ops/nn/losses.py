@@ -17,6 +17,22 @@ exactly: a multi_jagged ``(B, C, j0)`` input takes ``(B, j0)`` class indices (pe
 torch on ``(1, C, n)``). Token logits are usually ``(B, j0, C)``, whose dim 1 is the ragged dim:
 no class dim can be ragged, so that call raises and says to pass ``logits.transpose(1, 2)``
 (a view), as dense code does for ``(N, d, C)`` logits — never a silent reinterpretation.
+
+NOTE [ Class losses on the packed values ]
+
+The class dim is static and the first static dim, so the packed values of a ``(B, C, …)`` input
+are ``(T, C, *rest)``: dense torch's ``(N, C, d…)`` with the T rows of every sample as its
+batch. Class indices ``(B, …)`` of the same extents pack their rows in the same order,
+``(T, *rest)``, and probabilities of the input's shape are ``(T, C, *rest)`` too. So
+``cross_entropy`` / ``nll_loss`` are exactly the dense op on the packed values — every option
+(weight, ignore_index, label_smoothing, probabilities, each reduction) is dense torch's own on
+the concatenated samples, the weighted mean included — and run as one dense call
+(``bridged.class_loss``) with its C++ backward of every order, where the composite below costs
+about ten wrapper ops and their backward (5–10× a per-sample loop on token logits). The
+composite stays where the bridge cannot go: under ``torch.compile`` (Dynamo cannot trace the
+bridge), targets whose extents differ (its elementwise ops name the mismatch), and a weight
+that needs a gradient (aten's ``nll_loss`` has no derivative for ``weight``; the composite
+gives one).
 """
 
 from __future__ import annotations
@@ -28,6 +44,8 @@ import torch
 import torch.nn.functional as F
 
 from ...errors import StructureError
+from ...structure import same_extent
+from .. import bridged
 from .._common import MJT, describe
 from .._routing import route
 from ..shape.leading import BatchMoved, token_op
@@ -194,6 +212,19 @@ def _nll_terms(op: str, logp, target, wv, ignore_index: int):
     return loss, w_t, ignored
 
 
+def _packed(input, target, weight) -> bool:
+    """Whether a class loss runs as the dense op on the packed values (NOTE [ Class losses on
+    the packed values ]): eager, a multi_jagged target with the input's extents, no gradient
+    for ``weight``."""
+    if torch.compiler.is_compiling() or not isinstance(target, MJT):
+        return False
+    if weight is not None and weight.requires_grad and torch.is_grad_enabled():
+        return False
+    a, b = input._partition, target._partition
+    return a is b or (a.batch == b.batch and len(a.extents) == len(b.extents)
+                      and all(same_extent(e, f) for e, f in zip(a.extents, b.extents)))
+
+
 def _weighted(loss, w_t, reduction: str):
     if reduction == "none":
         return loss
@@ -210,7 +241,11 @@ def _nll_loss(input, target, weight=None, size_average=None, ignore_index=-100, 
     _check_reduction("nll_loss", reduction)
     input, weight = _autocast_fp32(input, weight)
     c = _class_input("nll_loss", input)
-    loss, w_t, _ = _nll_terms("nll_loss", input, target, _class_weight("nll_loss", weight, c, input.dim()), ignore_index)
+    wv = _class_weight("nll_loss", weight, c, input.dim())
+    if _packed(input, target, weight):
+        _check_indices("nll_loss", input, target)
+        return bridged.class_loss(F.nll_loss, input, target, weight=weight, ignore_index=ignore_index, reduction=reduction)
+    loss, w_t, _ = _nll_terms("nll_loss", input, target, wv, ignore_index)
     return _weighted(loss, w_t, reduction)
 
 
@@ -230,6 +265,11 @@ def _cross_entropy(input, target, weight=None, size_average=None, ignore_index=-
     input, target, weight = _autocast_fp32(input, target, weight)
     c = _class_input(op, input)
     wv = _class_weight(op, weight, c, input.dim())
+    if _packed(input, target, weight):
+        if not _same_shape(input, target):
+            _check_indices(op, input, target)
+        return bridged.class_loss(F.cross_entropy, input, target, weight=weight, ignore_index=ignore_index,
+                                  reduction=reduction, label_smoothing=label_smoothing)
     logp = input.log_softmax(1)
     if _same_shape(input, target):  # dense torch's rule: probabilities when the shapes agree
         return _cross_entropy_probs(logp, target, wv, ignore_index, reduction, label_smoothing)

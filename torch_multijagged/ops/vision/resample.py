@@ -37,19 +37,48 @@ Every sample is resampled on its own, exactly as the dense op resamples that ima
   runs on each image (a view of its packed rows), a loop over the samples whose values and
   gradients are dense torch's own; sizes and extents follow the rules above, so their results
   combine with the packed modes'.
+* Images image by image: see NOTE [ Resampling image by image ].
 * ``pixel_shuffle(x, r)``: ``(B, C·r², j0, j1) → (B, C, j0·r, j1·r)`` (extent key
   ``("scale", r)``); ``pixel_unshuffle(x, r)`` the inverse, extent key ``("div", r)``; every
   sample's sides must be divisible by ``r`` (else a ValueError naming the sample, as dense
   raises). One gather each, zero-size samples stay empty.
+
+NOTE [ Resampling image by image ]
+
+The gather above computes its index math with tensor ops over every output pixel and tap, ~20
+ops over ``T_out`` entries whatever C is; a user's loop pays one dense call per image instead.
+So 2-d images of the packed modes whose *output* holds at least ``_PER_IMAGE_PIXELS[kind]``
+pixels per image on average (or that already hold per-image pieces) run dense ``F.interpolate``
+on each image — a channels-last view ``(1, C, h, w)`` of its pixel rows, or its piece — and the
+result holds its images as pieces (NOTE [ Per-image pieces ] in ``pieces.py``: no packing
+until something reads the values; the next conv or pool reads them as they are). Measured (one
+thread, fp32, ×2, forward / forward + backward, image by image over the gather): bilinear, B = 64,
+C = 16, sides 4–12 (≈ 260 output pixels per image) 0.34 / 0.59, B = 32, C = 4, sides 8–16
+(≈ 580 px) 0.30 / 0.59, while at B = 128, sides 2–4 (≈ 40 px) the gather takes 0.7 / 0.4 of a
+per-image loop; nearest, whose gather has one tap and little index math: B = 8, C = 16, sides
+16–64 (≈ 6,400 px) 0.35 / 0.75, while at ≈ 260 px the gather takes 0.9 / 0.6 of the loop and
+image by image costs more than the loop (its backward). Many tiny images stay on the gather,
+which wins there.
+
+Channels-last views change which of aten's CPU kernels runs: ``bilinear`` then takes its
+channels-last kernel (equal to rounding), and ``nearest`` / ``nearest-exact`` take the
+per-channel kernel for C > 3 whatever the output size, where an NCHW image of
+``out_h + out_w > 128`` takes the generic one, which may pick other pixels (NOTE [ Resampling
+ragged images ]); aten's nearest backward, whatever the layout, follows the per-channel rule,
+so even an NCHW copy would not give the forward's gradient there. A nearest batch runs image by
+image only where the two rules pick the same pixels for every image (``_same_picks``: a
+``nearest`` float32 ×2 or to given sizes, say); otherwise it stays on the gather.
 """
 
 from __future__ import annotations
 
 import math
+import struct
 
 import torch
 import torch.nn.functional as F
 
+from ... import pieces
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...structure import extent_of, mapped_extent, partition_for
@@ -62,6 +91,8 @@ _LAYOUT = "layout torch.multi_jagged"
 _MODES = ("nearest", "nearest-exact", "linear", "bilinear")
 _PER_SAMPLE_MODES = ("bicubic", "area")  # and antialias=True: a dense call per image
 _VEC_LIMIT = 128  # aten's _use_vectorized_kernel_cond_2d: out_h + out_w <= 128
+# average output pixels per image from which 2-d images run one by one (NOTE [ Resampling image by image ])
+_PER_IMAGE_PIXELS = {"linear": 128, "nearest": 2048}
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -80,7 +111,8 @@ def _spatial(op: str, x: MJT, nsp_allowed: tuple[int, ...]) -> int:
     """The number of spatial dims of ``x`` — ``(B, C, j0)`` or ``(B, C, j0, j1)``, every spatial
     dim ragged, C static — or an error naming ``op``."""
     nsp = x.dim() - 2
-    if nsp in nsp_allowed and x._ragged_dims == tuple(range(2, 2 + nsp)) and x._values.dim() == 2:
+    # (the channel dim the only static one: read from the sizes, so that pieces stay unpacked)
+    if nsp in nsp_allowed and x._ragged_dims == tuple(range(2, 2 + nsp)):
         return nsp
     shapes = " or ".join({1: "(B, C, j0)", 2: "(B, C, j0, j1)"}[n] for n in nsp_allowed)
     raise NotImplementedError(
@@ -239,9 +271,9 @@ def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_cor
             )
     elif not all(isinstance(s, (int, float)) and math.isfinite(s) and s > 0 for s in vals):
         raise ValueError(f"{op}(): expected scale_factor to be positive finite numbers, got {scale_factor}")
-    c = input._values.shape[1]
-    F.interpolate(input._values.new_zeros((1, c) + (1,) * nsp), size=(1,) * nsp, mode=mode, align_corners=align_corners,
-                  antialias=antialias)
+    c = input._size[1]
+    F.interpolate(torch.zeros((1, c) + (1,) * nsp, dtype=input.dtype, device=input.device), size=(1,) * nsp, mode=mode,
+                  align_corners=align_corners, antialias=antialias)
     if extents is not None:
         return None, None, extents
     return (vals, None, None) if size is not None else (None, [float(s) for s in vals], None)
@@ -275,6 +307,11 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         _check_own_sizes(op, input, own)
     if mode in _PER_SAMPLE_MODES or antialias:
         return _interpolate_per_sample(input, sizes, scales, own, mode, align_corners, recompute_scale_factor, antialias)
+    if nsp == 2:
+        targets = _image_targets(input, sizes, scales, own)
+        if _per_image_applies(input, mode, targets[1]) and (
+                not mode.startswith("nearest") or _same_picks(input, mode, targets[1], scales, recompute_scale_factor)):
+            return _interpolate_images(input, targets, scales, mode, align_corners, recompute_scale_factor)
     if sizes is not None:
         offs = [torch.arange(b + 1, device=dev) * m for m in sizes]
         totals = [b * m for m in sizes]
@@ -305,6 +342,74 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     if sizes is None:
         return _finish(out, out_p, input._ragged_dims)
     return out.view(b, *sizes, out.shape[1]).movedim(-1, 1).contiguous()
+
+
+def _image_targets(input: MJT, sizes, scales, own):
+    """``(extents, [(H, W)] per image)``: the output's extents (None for ``size=``, a dense
+    batch) and each image's output size, on the host."""
+    p = input._partition
+    if sizes is not None:
+        return None, [tuple(sizes)] * p.batch
+    ext = own if own is not None else _scaled_extents(p, scales)
+    # SYNC: none — host lengths
+    return ext, [tuple(hw) for hw in torch.stack([e.host_lengths() for e in ext], 1).tolist()]
+
+
+def _per_image_applies(input: MJT, mode: str, targets) -> bool:
+    """NOTE [ Resampling image by image ]: images that hold pieces, or whose outputs average at
+    least ``_PER_IMAGE_PIXELS`` pixels."""
+    total = sum(h * w for h, w in targets)
+    kind = "nearest" if mode.startswith("nearest") else "linear"
+    return total > 0 and (pieces.holds_pieces(input) or total >= _PER_IMAGE_PIXELS[kind] * len(targets))
+
+
+def _interpolate_images(input: MJT, targets, scales, mode, align_corners, recompute_scale_factor):
+    """Dense ``F.interpolate`` on each image (NOTE [ Resampling image by image ]): pieces out on
+    the output extents, or the dense ``(B, C, h, w)`` batch for ``size=``."""
+    ext, out_sizes = targets
+    c = input._size[1]
+    outs = []
+    for img, (h, w) in zip(pieces.split(input), out_sizes):
+        if img is None or h * w == 0:
+            outs.append(None)
+            continue
+        if scales is None:  # to given sizes: dense torch's scales from the sizes
+            outs.append(F.interpolate(img, size=(h, w), mode=mode, align_corners=align_corners))
+        else:
+            outs.append(F.interpolate(img, scale_factor=scales, mode=mode, align_corners=align_corners,
+                                      recompute_scale_factor=recompute_scale_factor))
+    if ext is None:
+        return torch.cat(outs).contiguous()
+    live = [o for o in outs if o is not None]
+    return pieces.from_pieces(outs, partition_for(ext), input._ragged_dims, c, live[0].dtype, live[0].device)
+
+
+def _f32(x: float) -> float:
+    return struct.unpack("f", struct.pack("f", x))[0]
+
+
+def _same_picks(input: MJT, mode: str, out_sizes, scales, recompute_scale_factor) -> bool:
+    """Whether dense nearest on each image's channels-last view, forward and backward, picks the
+    pixels the NCHW image's forward picks (NOTE [ Resampling image by image ]). aten's backward
+    and its per-channel forward kernel use one index rule (float32 scale; shortcuts ``out == in``:
+    copy, ``out == 2·in``: ``dst >> 1``); the generic forward, which an NCHW image of
+    ``out_h + out_w > 128`` takes, computes ``floor(dst · scale)`` in opmath with no shortcut.
+    For such images the two agree where opmath is float32, the mode ``nearest`` and the
+    shortcuts' scales exactly 1 or 0.5 — always when the scale comes from the sizes."""
+    large = [k for k, (h, w) in enumerate(out_sizes) if h + w > _VEC_LIMIT]
+    if not large:
+        return True
+    if mode != "nearest" or input.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+        return False
+    if scales is None or recompute_scale_factor:
+        return True
+    inv = [_f32(1.0 / sc) for sc in scales]
+    in_sizes = pieces.image_sizes(input._partition)
+    for k in large:
+        for n_in, n_out, i in zip(in_sizes[k], out_sizes[k], inv):
+            if (n_out == n_in and i != 1.0) or (n_out == 2 * n_in and i != 0.5):
+                return False
+    return True
 
 
 def _scaled_extents(p, scales):
