@@ -639,4 +639,11 @@ BUGS_B = [
         "reduction=reduction, label_smoothing=label_smoothing)", "reduction=reduction)", ("test_losses.py",)),
     Bug("nearest image by image ignores the shortcuts of aten's per-channel kernel", "ops/vision/resample.py",
         "if (n_out == n_in and i != 1.0) or (n_out == 2 * n_in and i != 0.5):", "if False:", ("test_resample.py",)),
+    Bug("a static size equal to every sample's ragged size moves into the rows without moving its dim first",
+        "bridge.py", "    rows = v.movedim(vd, 1)\n", "    rows = v\n", ("test_broadcast.py",)),
+    Bug("a join that gives back the sizes of the extent its pieces were sliced from makes a new nested int",
+        "structure.py", "        if src is None or (src.total == total and torch.equal(src.host_lengths(), lengths)):",
+        "        if src is None:", ("test_structure_ops.py",)),
+    Bug("view / reshape relabel onto an equal-sized nested int only when several extents fit", "ops/_routing.py",
+        "        if len({id(e) for e in fits}) == 1:", "        if len({id(e) for e in fits}) > 1:", ("test_structure_ops.py",)),
 ]

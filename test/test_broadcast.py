@@ -633,3 +633,105 @@ def test_size_one_in_some_samples_self_of_an_in_place_op_raises():
     b = mj.nested_tensor([torch.ones(3, 2), torch.ones(2, 2)])
     with pytest.raises(mj.StructureError, match="cannot change the structure of self"):
         a.add_(b)
+
+
+# ----------------------------------------------------------------------------- static sizes equal to a ragged dim
+# ``torch.nested.nested_tensor`` of one sample, or of samples of one length, makes a dim static
+# where the sizes agree: ``(1, j0, n, C)``. NOTE [ Static sizes equal to a ragged dim ].
+_UNIFORM = {  # name: (static operand's component shapes and ragged dims, ragged operand's)
+    "one pair": ([(6, 6, 2)], (1,), (1, 2)),
+    "equal pairs": ([(4, 4, 2)] * 3, (1,), (1, 2)),
+    "an empty pair": ([(0, 0, 2)], (1,), (1, 2)),
+    "static before ragged": ([(5, n, 2) for n in (3, 0, 4)], (2,), (1, 2)),
+    "static last": ([(n, 3, 3) for n in (3, 3)], (1,), (1, 3)),
+}
+_UNIFORM_OPS = {k: OPS[k] for k in ("add", "sub", "mul", "div", "where", "lt", "lerp")}
+
+
+@pytest.mark.parametrize("op", list(_UNIFORM_OPS))
+@pytest.mark.parametrize("case", list(_UNIFORM))
+def test_static_size_equal_to_every_ragged_size_broadcasts_as_it(op, case):
+    """Eagerly, a static dim whose size is every sample's size of the other operand's ragged dim
+    combines with it as dense does per sample (either operand first), the result ragged there;
+    gradients reach both operands in their own shapes."""
+    f = _UNIFORM_OPS[op]
+    shapes, sd, rd = _UNIFORM[case]
+    s, r = R(components(shapes, 0), sd), R(components(shapes, 1), rd)
+    # the static operand first: the result carries its nested ints (and makes its static dim ragged)
+    assert per_sample_check(f, s, r, new_ragged=True).ragged_dims == rd
+    assert per_sample_check(f, r, s).ragged_dims == rd
+
+
+def test_static_size_equal_to_a_ragged_dim_keeps_one_nested_int_and_dtypes():
+    """A square pair stays one nested int; double backward; the dtypes dense takes."""
+    z = mj.as_nested_tensor([torch.randn(3, 3, 2, dtype=torch.float64)])  # (1, j0, 3, 2)
+    x = torch.einsum("bikc,bjkc->bijc", z, z)  # (1, j0, j0, 2)
+    assert (z * x).shape == x.shape and (z * x).shape[2] is z.shape[1]
+    zp, xp = (packed_args(list(t.unbind()), rd) for t, rd in ((z, (1,)), (x, (1, 2))))
+
+    def f(zv, xv):
+        a, b = mj.from_packed(zv, *zp[1:], (1,)), mj.from_packed(xv, *xp[1:], (1, 2))
+        return (a * b * a + b).values()
+
+    assert torch.autograd.gradgradcheck(f, (zp[0].requires_grad_(), xp[0].requires_grad_()), fast_mode=True)
+    for dtype in (torch.int64, torch.float16, torch.bool):
+        a, b = x.to(dtype), z.to(dtype)
+        out = a | b if dtype is torch.bool else a + b
+        want = a.unbind()[0] | b.unbind()[0] if dtype is torch.bool else a.unbind()[0] + b.unbind()[0]
+        assert out.dtype == dtype and out.ragged_dims == (1, 2)
+        assert torch.equal(out.unbind()[0], want)
+
+
+def test_static_size_equal_to_a_ragged_dim_in_place():
+    """The written self keeps its shape: a ragged self reads the static operand as ragged; a static
+    self reads the other's ragged dim as static (values and gradients as dense), as a dense operand
+    where that was its only ragged dim (Boltz's triangle attention ``a += b``)."""
+    zc = components([(4, 4, 2)] * 2, 0)
+    z = mj.as_nested_tensor(zc)  # (2, j0, 4, 2)
+    x = torch.einsum("bikc,bjkc->bijc", z, z)  # (2, j0, j0, 2)
+    xc = list(x.unbind())
+    for self_, other, sc, oc in ((x, z, xc, zc), (z, x, zc, xc)):
+        leaf, w = other.clone().requires_grad_(), self_.clone().requires_grad_()
+        y = w.clone()
+        y.mul_(leaf)
+        assert y.shape == self_.shape
+        gw, gl = torch.autograd.grad((y * y).sum(), (w, leaf))
+        ws = [c.clone().requires_grad_() for c in sc]
+        ls = [c.clone().requires_grad_() for c in oc]
+        ys = [a * b for a, b in zip(ws, ls)]
+        want = torch.autograd.grad(sum((t * t).sum() for t in ys), ws + ls)
+        for got, exp in zip([*gw.unbind(), *gl.unbind(), *y.unbind()], [*want, *ys]):
+            assert_close(got, exp)
+    bias, a = components([(1, 2, 3, 3)] * 2, 2), components([(3, 2, 3, 3)] * 2, 3)
+
+    def add_(s, b):
+        s = s * 1.0
+        s += b
+        return s
+
+    # (B, j, 2, 3, 3) += (B, 1, 2, j, 3), every length 3
+    per_sample_check(add_, R(a, (1,)), R(bias, (3,)), ref=lambda s, b: s + b)
+    # the bias made from self: one partition at another dim
+    x = mj.as_nested_tensor(a)
+    b = x.transpose(1, 3)[:, :1] * 2.0
+    y = x.clone()
+    y += b
+    assert y.shape == x.shape and torch.equal(y.unbind()[0], a[0] + b.unbind()[0])
+    assert torch.equal((x + b).unbind()[1], a[1] + b.unbind()[1])
+
+
+def test_static_size_not_every_ragged_size_raises():
+    z = mj.as_nested_tensor([torch.randn(4, 4, 2), torch.randn(5, 4, 2)])  # (2, j0, 4, 2)
+    x = mj.as_nested_tensor([torch.randn(4, 4, 2), torch.randn(5, 5, 2)], ragged_dims=(1, 2))
+    with pytest.raises(mj.StructureError, match="dim 2 is ragged in one operand and static of size 4"):
+        x * z
+
+
+def test_static_size_equal_to_a_ragged_dim_raises_under_compile():
+    """Under torch.compile the sizes are symbols: the operands do not combine, and the error says
+    what eager does and what to write instead."""
+    z = mj.as_nested_tensor([torch.randn(3, 3, 2)])
+    x = torch.einsum("bikc,bjkc->bijc", z, z)
+    f = torch.compile(lambda a, b: a * b, backend="eager", fullgraph=True)
+    with pytest.raises(Exception, match="under torch.compile the sizes are symbols"):
+        f(x, z)

@@ -78,10 +78,12 @@ def test_triangle_attention_per_sample_with_gradients():
 
 def test_a_merge_that_is_not_one_raises_or_stays():
     z = mj.nested_tensor(comps_for(SQUARE, 5), ragged_dims=(1, 2))
-    other = mj.nested_tensor(comps_for(SQUARE, 7), ragged_dims=(1, 2))
+    other = mj.nested_tensor(comps_for([(2, 2, 4), (0, 0, 4), (3, 3, 4), (1, 1, 4)], 7), ragged_dims=(1, 2))
     with pytest.raises(mj.StructureError):
-        z.reshape(-1, other.shape[2], 4)  # another batch's ragged size
+        z.reshape(-1, other.shape[2], 4)  # another batch's ragged size (other lengths)
     rows = z.reshape(-1, z.shape[2], 4)
+    twin = mj.nested_tensor(comps_for(SQUARE, 7), ragged_dims=(1, 2))  # built apart, equal lengths: as z's own
+    assert torch.equal(z.reshape(-1, twin.shape[2], 4).values(), rows.values())
     with pytest.raises(mj.StructureError):
         rows.reshape(z.shape[0], other.shape[1], rows.shape[1], 4)
     x = mj.nested_tensor(comps_for([(3, 4), (2, 4)], 6))

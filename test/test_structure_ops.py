@@ -621,3 +621,49 @@ def test_stack_shorthands_join_as_cat(op):
         torch.testing.assert_close(gr, 2 * t)
     pair = mj.as_nested_tensor([torch.ones(n, n, 2) for n in (2, 1)], ragged_dims=(1, 2))
     assert [t.shape for t in torch.dstack([pair, pair]).unbind()] == [torch.Size([2, 4, 2]), torch.Size([1, 2, 2])]
+
+
+# ----------------------------------------------------------------------------- extents put back together
+@pytest.mark.parametrize("case", ["head and rest", "prefix token", "middle cut", "pad back"])
+def test_joins_that_give_back_a_source_extent_keep_its_nested_int(case):
+    """A cat (or pad) along a ragged dim whose per-sample sizes are those of the extent its pieces
+    were sliced from has that extent's nested int: timm's ``cat([x[:, :, :1], rope(x[:, :, 1:])], 2)``
+    reshaped with ``N = x.shape[2]``. Values and gradients are dense torch's per sample."""
+    F = torch.nn.functional
+    fs = {
+        "head and rest": (lambda t: torch.cat([t[:, :, :1], t[:, :, 1:] * 2.0], 2),
+                          lambda c: torch.cat([c[:, :1], c[:, 1:] * 2.0], 1)),
+        "prefix token": (lambda t: torch.cat([torch.ones(t.shape[0], 2, 1, 3, dtype=t.dtype), t[:, :, 1:]], 2),
+                         lambda c: torch.cat([torch.ones(2, 1, 3, dtype=c.dtype), c[:, 1:]], 1)),
+        "middle cut": (lambda t: torch.cat([t[:, :, :2], t[:, :, 2:]], 2), lambda c: torch.cat([c[:, :2], c[:, 2:]], 1)),
+        "pad back": (lambda t: F.pad(t[:, :, 1:], (0, 0, 1, 0)), lambda c: F.pad(c[:, 1:], (0, 0, 1, 0))),
+    }
+    f, ref = fs[case]
+    lens = (3, 5, 2) if case == "middle cut" else (3, 1, 4)
+    comps = components([(2, n, 3) for n in lens], 0)
+    out = per_sample_check(f, R(comps, (2,)), ref=ref)
+    x = mj.as_nested_tensor(comps, ragged_dims=(2,))
+    assert f(x).shape[2] is x.shape[2]
+    assert f(x).transpose(1, 2).reshape(3, x.shape[2], 6).shape[1] is x.shape[2]
+    assert out.ragged_dims == (2,)
+    assert torch.cat([x[:, :, :1], x[:, :, :1]], 2).shape[2] is not x.shape[2]  # other sizes: a new extent
+
+
+def test_view_and_reshape_take_an_equal_sized_nested_int():
+    """A nested int of a tensor built apart from the same lengths names the ragged dim in ``view`` /
+    ``reshape`` (as binary ops combine such tensors): the result has the shape asked for, and
+    gradients come back with the input's own nested ints. Other lengths still raise."""
+    comps = components([(n, 4, 2) for n in (3, 0, 5)], 0)
+    twin = mj.as_nested_tensor([torch.zeros(n, 1) for n in (3, 0, 5)])
+    n = twin.shape[1]
+    for op in ("view", "reshape"):
+        out = per_sample_check(lambda t: getattr(t * 1.0, op)(3, n, 8), R(comps, (1,)), ref=lambda c: c.reshape(-1, 8),
+                               new_ragged=True)
+        assert out.shape[1] is n
+        x = mj.as_nested_tensor(comps).requires_grad_()
+        g, = torch.autograd.grad(getattr(x * 1.0, op)(3, n, 8).sum(), x)
+        assert g.shape == x.shape and g.shape[1] is x.shape[1]
+    assert mj.as_nested_tensor(comps).transpose(1, 2).reshape(3, 4, n, 2).shape[2] is n
+    other = mj.as_nested_tensor([torch.zeros(n, 1) for n in (3, 1, 4)])
+    with pytest.raises(mj.StructureError, match="not a ragged size"):
+        mj.as_nested_tensor(comps).reshape(3, other.shape[1], 8)

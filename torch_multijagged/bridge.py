@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import torch
 
-from .structure import Partition
+from .structure import Partition, RaggedExtent, partition_for
 from .tensor import MultiJaggedTensor, _graph, _ValuesOf, values_of, wrap_values
 
-__all__ = ["values_of", "wrap_values", "wrap_values_like", "relabel", "assume_relabel", "expand_ragged"]
+__all__ = ["values_of", "wrap_values", "wrap_values_like", "relabel", "assume_relabel", "expand_ragged",
+           "static_as_ragged", "ragged_as_static"]
 
 
 class _Adopt(torch.autograd.Function):
@@ -109,6 +110,46 @@ def expand_ragged(x: MultiJaggedTensor, partition: Partition) -> MultiJaggedTens
     whose backward sums the rows a size-1 row was read into)."""
     index = partition.broadcast_map(x._partition, tuple(range(partition.nragged)))
     return wrap_values(values_of(x).index_select(0, index), partition, x._ragged_dims)
+
+
+def _static_vdim(x: MultiJaggedTensor, d: int) -> int:
+    """Values dim of ``x``'s static logical dim ``d``."""
+    return sum(1 for e in range(1, d) if e not in x._ragged_dims) + 1
+
+
+def static_as_ragged(x: MultiJaggedTensor, d: int, extent: RaggedExtent) -> MultiJaggedTensor:
+    """``x`` with static dim ``d`` made a ragged dim of ``extent``, whose size is ``x``'s size there in
+    every sample (NOTE [ Static sizes equal to a ragged dim ] in ops/_routing.py): the same elements
+    with that dim moved into the packed rows (then put in row-major order of the ragged dims where
+    ``d`` is not the last of them); differentiable, to any order."""
+    v = values_of(x)
+    vd = _static_vdim(x, d)
+    rows = v.movedim(vd, 1)
+    rows = rows.reshape(v.shape[0] * v.shape[vd], *rows.shape[2:])
+    dims = (*x._ragged_dims, d)
+    grown = partition_for([*x._partition.extents, extent])
+    order = tuple(sorted(range(len(dims)), key=dims.__getitem__))
+    if order == tuple(range(len(dims))):
+        return wrap_values(rows, grown, dims)
+    index, out = grown.reorder_rows(order)
+    return wrap_values(rows.index_select(0, index), out, tuple(sorted(dims)))
+
+
+def ragged_as_static(x: MultiJaggedTensor, d: int, size: int) -> torch.Tensor:
+    """``x`` with ragged dim ``d``, of size ``size`` in every sample, made a static dim of that size
+    (the inverse of ``static_as_ragged``): a dense ``(B, …)`` tensor where ``d`` was its only ragged
+    dim; differentiable, to any order."""
+    k = x._ragged_dims.index(d)
+    p, v = x._partition, values_of(x)
+    kept = tuple(r for r in x._ragged_dims if r != d)
+    if not kept:
+        return v.reshape(p.batch, size, *v.shape[1:]).movedim(1, d)
+    if k != p.nragged - 1:  # d's coordinate last in the row order, then folded into the values
+        index, _ = p.reorder_rows((*(i for i in range(p.nragged) if i != k), k))
+        v = v.index_select(0, index)
+    sub = partition_for([e for i, e in enumerate(p.extents) if i != k])
+    vd = sum(1 for e in range(1, d) if e not in kept) + 1
+    return wrap_values(v.reshape(sub.rows, size, *v.shape[1:]).movedim(1, vd), sub, kept)
 
 
 def wrap_values_like(values: torch.Tensor, like: MultiJaggedTensor) -> MultiJaggedTensor:

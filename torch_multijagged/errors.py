@@ -6,7 +6,7 @@ extents, batch sizes, or an op over the batch dim that the layout cannot express
 raises for the same mistakes, so code written against NJT keeps catching it).
 """
 
-__all__ = ["StructureError", "TRACED_EXTENTS"]
+__all__ = ["StructureError", "TRACED_EXTENTS", "STATIC_TRACED"]
 
 
 class StructureError(ValueError, RuntimeError):
@@ -39,4 +39,10 @@ TRACED_EXTENTS = (
     "equal, and only one nested int combines with itself; build one on the other's offsets "
     "(mj.nested_tensor_from_jagged(values, x.offsets())) or from the other (x.new_zeros(x.shape) + ..., "
     "a linear projection of it), outside or inside the compiled function"
+)
+
+STATIC_TRACED = (
+    " (eagerly a static size that is every sample's size of the ragged dim broadcasts as that dim; under "
+    "torch.compile the sizes are symbols and it does not: build the tensor with that dim ragged, "
+    "mj.as_nested_tensor(samples, ragged_dims=...))"
 )

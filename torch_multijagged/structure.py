@@ -103,7 +103,9 @@ be hashed: ``derived`` then computes without caching — traced partitions are r
 anyway. The canonical partition of given extents is cached the same way on its first extent
 (``RaggedExtent.cache``, key ``("partition", *ids of the extents)``): ``partition_for``; the
 extent also keeps its nested int and, per packed-row size, the batch stride ``nested_int · row``
-of a wrapper (key ``("batch_stride", row)``), so a new wrapper does no nested-int arithmetic.
+of a wrapper (key ``("batch_stride", row)``), so a new wrapper does no nested-int arithmetic,
+the extents mapped from it by a size rule (``("mapped", key)``, ``mapped_extent``) and, on a
+mapped extent, a weak reference to the extent it was mapped from (``("source",)``).
 
 This module builds maps with the pure-torch formulas of ``kernels/reference.py`` and knows
 nothing of the subclass or the op table.
@@ -610,16 +612,34 @@ def mapped_extent(e: RaggedExtent, key, lengths_of) -> RaggedExtent:
     tensor), cached on ``e`` under ``("mapped", key)``: ``key`` names the size map (e.g. a
     strided window's ``(kernel, stride, padding, dilation)``), so two ops that map the same extent
     by the same rule give one nested int (a strided conv and a pooling of the same geometry can be
-    added). A map that keeps every size returns ``e`` itself. Eager only (host lengths)."""
+    added). A map that keeps every size returns ``e`` itself, and one that gives back the sizes of
+    an extent ``e`` was mapped from returns that extent (``_source_with``: ``cat([x[:, :1],
+    x[:, 1:]], 1)`` has ``x``'s nested int). Eager only (host lengths)."""
     k = ("mapped", key)
     hit = e.cache.get(k)
     if hit is None:
         with building():
             host = e.host_lengths()
             out = lengths_of(host).to(torch.int64)
-            hit = e if torch.equal(out, host) else RaggedExtent.from_lengths(out, e.offsets.device)
+            hit = e if torch.equal(out, host) else _source_with(e, out)
+            if hit is None:
+                hit = RaggedExtent.from_lengths(out, e.offsets.device)
+                hit.cache[("source",)] = weakref.ref(e)
         e.cache[k] = hit
     return hit
+
+
+def _source_with(e: RaggedExtent, lengths: torch.Tensor) -> Optional[RaggedExtent]:
+    """The nearest of the (at most 16) extents that ``e`` was mapped from, through the weak
+    ``("source",)`` links of ``mapped_extent`` while their tensors live, whose sizes are
+    ``lengths``; else None. Totals (the carriers' ints) are compared before host lengths."""
+    link, total = e.cache.get(("source",)), int(lengths.sum())
+    for _ in range(16):  # a long chain (a cache grown by cats) is not walked whole
+        src = link() if link is not None else None
+        if src is None or (src.total == total and torch.equal(src.host_lengths(), lengths)):
+            return src
+        link = src.cache.get(("source",))
+    return None
 
 
 def flat_extent(p: Partition) -> RaggedExtent:

@@ -25,10 +25,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..bridge import assume_relabel, expand_ragged, relabel
+from ..bridge import assume_relabel, expand_ragged, ragged_as_static, relabel, static_as_ragged
 from ..compile import library  # noqa: F401  (defines the multijagged:: ops that routes call)
 from ..errors import StructureError
-from ..structure import _is_traced, broadcast_extent, partition_for, same_extent
+from ..structure import _is_traced, broadcast_extent, extent_of, partition_for, same_extent
 from ._common import MJT, canonical_dim
 from ._table import dispatch as _dispatch
 
@@ -169,6 +169,28 @@ def unify_extents(args: tuple, keep_first: bool = False) -> tuple:
     return args if out is None else tuple(out)
 
 
+def unify_shape(x: MJT, shape) -> MJT:
+    """``x`` relabelled onto the nested ints of a ``view`` / ``reshape`` ``shape`` that are not
+    ``x``'s own but have the per-sample sizes of one of its extents (NOTE [ Equal sizes, different
+    nested ints ]: ``y.reshape(B, N, C)`` with ``N = x.shape[1]`` and ``y`` built apart from ``x``'s
+    lengths), so the result has the shape asked for; ``x`` itself where nothing is relabelled, where
+    an extent of ``x`` could take several of them, and under tracing (identity alone there)."""
+    own = [x._size[d] for d in x._ragged_dims]
+    named = [s for s in shape if isinstance(s, torch.SymInt) and not any(s is n for n in own)]
+    if not named or torch.compiler.is_compiling() or _is_traced(x._partition.offsets):
+        return x
+    extents = x._partition.extents
+    wanted = [e for e in (extent_of(s) for s in named) if e is not None and all(e is not f for f in extents)]
+    swap = {}
+    for w in wanted:
+        fits = [e for e in extents if id(e) not in swap and same_extent(e, w)]
+        if len({id(e) for e in fits}) == 1:
+            swap[id(fits[0])] = w
+    if not swap:
+        return x
+    return relabel(x, partition_for([swap.get(id(e), e) for e in extents]))
+
+
 # Functions whose tensor arguments are held by identity (see the NOTE above).
 _HELD = {torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward}
 NEVER, OPERANDS, INPLACE = 0, 1, 2
@@ -240,6 +262,8 @@ def unify_call(func, args: tuple, kwargs: dict | None):
     if len(args) > 1 or (args and isinstance(args[0], (list, tuple)) and len(args[0]) > 1):
         # a single list argument too: ``torch.cat([x, y], dim=-1)`` has no second positional one
         args = unify_extents(args, keep_first)
+        if func in _ALIGNED and func not in _CLASS_TARGET:
+            args = static_sizes_as_ragged(args, keep_first)
         if func in _BROADCASTING and _needs_grad(*args):
             args = _expand_broadcasts(args, keep_first)
         if func in _ALIGNED or func in _MASK_ALIGNED:
@@ -341,6 +365,65 @@ def _expand_broadcasts(args: tuple, keep_first: bool) -> tuple:
         if (isinstance(a, MJT) and a._partition is not partition and not (keep_first and i == 0) and _needs_grad(a)
                 and not all(same_extent(w, e) for w, e in zip(wide, a._partition.extents))):
             out[i] = expand_ragged(a, partition)
+    return tuple(out)
+
+
+# NOTE [ Static sizes equal to a ragged dim ]
+#
+# A batch of one sample, or of samples of one length, built by ``torch.nested.nested_tensor`` has a
+# static dim wherever the samples' sizes agree: a pair ``(n, n, C)`` becomes ``(1, j0, n, C)``. The
+# first contraction gives ``(1, j0, j0, C)``, and every sample would combine the two as dense
+# tensors of one shape. So eagerly, where one operand of an elementwise function (``_ALIGNED``) is
+# ragged at a dim and another is static there of a size s ≠ 1 that is every sample's size of the
+# ragged one, the static dim broadcasts as that ragged dim: the operand is first made ragged there
+# (``static_as_ragged``, differentiable: its gradient comes back in its own static shape), and the
+# result keeps the ragged dim and its nested int. The one exception is the written ``self`` of an
+# in-place op, which must keep its shape as dense torch's does: if it is the static one, the other
+# operands' ragged dim becomes static instead (``ragged_as_static``; an operand with no ragged dim
+# left becomes a dense ``(B, …)`` tensor, which applies per sample). torch.jagged has one ragged dim whose
+# nested int never equals an int, so it raises for all of these. Under tracing the sizes are
+# symbols, and a guard on every sample's length would recompile per batch: there the operands do
+# not combine, and the op raises a ``StructureError`` that says so.
+def _uniform(e, s: int) -> bool:
+    """Whether every sample's size of the eager extent ``e`` is ``s`` (from the shape carriers: no
+    tensor op)."""
+    return not _is_traced(e.offsets) and e.max == s and e.total == s * e.batch
+
+
+def static_sizes_as_ragged(args: tuple, keep_first: bool) -> tuple:
+    """``args`` with each multi_jagged operand's static dim made ragged where another operand is
+    ragged there with that size in every sample, or, for an in-place op whose ``self`` is the
+    static one, the others' ragged dim made static (NOTE [ Static sizes equal to a ragged dim ])."""
+    ms = [a for a in args if isinstance(a, MJT)]
+    if len(ms) < 2:
+        return args
+    rd = ms[0]._ragged_dims
+    for m in ms:
+        if m._ragged_dims != rd:
+            break
+    else:  # the common call (operands of one layout): nothing to look at
+        return args
+    if torch.compiler.is_compiling():
+        return args
+    ndim = len(ms[0]._size)
+    if any(len(m._size) != ndim or m._partition.batch != ms[0]._partition.batch for m in ms):
+        return args
+    out = list(args)
+    for d in sorted({d for m in ms for d in m._ragged_dims}):
+        owner = next((m for m in out if isinstance(m, MJT) and d in m._ragged_dims), None)
+        stat = [i for i, a in enumerate(out) if isinstance(a, MJT) and d not in a._ragged_dims and a._size[d] != 1]
+        if owner is None or not stat:  # (its one ragged operand made dense at an earlier dim)
+            continue
+        e = owner._partition.extents[owner._ragged_dims.index(d)]
+        if not all(_uniform(e, out[i]._size[d]) for i in stat) or len({out[i]._size[d] for i in stat}) > 1:
+            continue
+        if keep_first and stat[0] == 0:  # (an operand left with no ragged dim is dense: (B, …))
+            for i in [i for i, a in enumerate(out) if isinstance(a, MJT) and d in a._ragged_dims]:
+                out[i] = ragged_as_static(out[i], d, out[0]._size[d])
+        else:
+            for i in stat:  # a square pair stays one nested int: the operand's own equal extent first
+                own = next((f for f in out[i]._partition.extents if same_extent(f, e)), e)
+                out[i] = static_as_ragged(out[i], d, own)
     return tuple(out)
 
 

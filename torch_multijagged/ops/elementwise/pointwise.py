@@ -8,7 +8,9 @@ Operands are aligned on logical dims (dense operands right-aligned, as in torch)
   with the same extent (same nested int, or equal sizes) or static of size 1, and dense operands
   must have size 1 there; the output is ragged with that extent. Eagerly, two extents whose
   sizes broadcast in every sample (equal, or one of them 1: ``x[:, :1] + x``) broadcast too, when
-  the result's sizes are one operand's: the other's rows are read at coordinate 0 there;
+  the result's sizes are one operand's: the other's rows are read at coordinate 0 there; and a
+  static size that is every sample's size there is made that ragged dim before the op (NOTE
+  [ Static sizes equal to a ragged dim ] in ops/_routing.py);
 * otherwise the usual dense broadcasting of static sizes applies;
 * at the batch dim, multi_jagged operands need equal B; a dense operand that spans it with size B
   is gathered per packed row (its sample's slice).
@@ -33,7 +35,7 @@ from ...compile.kernel_choice import use_triton
 from ...structure import _is_traced, broadcast_extent, partition_for, same_extent
 from .._common import MJT, describe, static_dims, wrap
 from . import per_sample as _per_sample
-from ...errors import TRACED_EXTENTS, StructureError
+from ...errors import STATIC_TRACED, TRACED_EXTENTS, StructureError
 from .._routing import in_place_route, route
 from .._table import op_name, register_multi_jagged_func, register_pointwise_fallback
 
@@ -219,7 +221,10 @@ def _out_structure(func, args):
         for t in tensors:
             if isinstance(t, MJT):
                 if d not in t._ragged_dims and t._size[d] != 1:
-                    raise _error(func, args, f"dim {d} is ragged in one operand and static of size {t._size[d]} in another")
+                    why = f"dim {d} is ragged in one operand and static of size {t._size[d]} in another"
+                    if _is_traced(ext.offsets):  # NOTE [ Static sizes equal to a ragged dim ] in ops/_routing.py
+                        why += STATIC_TRACED
+                    raise _error(func, args, why)
             else:
                 dd = d - (ndim - t.dim())
                 if dd >= 0 and t.shape[dd] != 1:

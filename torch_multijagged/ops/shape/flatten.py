@@ -45,7 +45,7 @@ from ...errors import StructureError
 from ...structure import (_is_traced, Partition, RaggedExtent, extent_of, flat_extent, floordiv_of, mapped_extent, partition_for,
                           same_extent, same_product)
 from .._common import MJT, describe, eager_route, static_dims, wrap
-from .._routing import _needs_grad, route
+from .._routing import _needs_grad, route, unify_shape
 from . import merged, rows, tokens
 from ...kernels.along import packed_rows
 from .views import check_view_shape
@@ -690,6 +690,9 @@ def _view(input, *shape, dtype=None):
     ``view`` (ops/shape/views.py)."""
     if not isinstance(input, MJT) or not shape or isinstance(shape[0], torch.dtype) or dtype is not None:
         return NotImplemented
+    relabelled = unify_shape(input, _normalize(shape))  # equal sizes, other nested ints
+    if relabelled is not input:
+        return relabelled.view(_normalize(shape))  # the view (possibly aten's) of the relabelled tensor
     if tokens.flat_request(input, _normalize(shape)):  # NOTE [ Flattening the batch dim ] in tokens.py
         return tokens.flatten_batch("view", input, _normalize(shape))
     if merged.merge_request(input, _normalize(shape)):  # NOTE [ Batch-merged tokens ] in merged.py

@@ -15,7 +15,7 @@ import torch
 from ... import constructors
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
-from .._routing import _needs_grad, _static_dim, route
+from .._routing import _needs_grad, _static_dim, route, unify_shape
 from ...structure import extent_of
 from ..indexing.slicing import narrow_ragged, slice_ragged
 from .views import check_view_shape
@@ -59,6 +59,7 @@ def reshape_as(op: str, input: MJT, shape) -> MJT:
 def _reshape(input, *shape):
     if not isinstance(input, MJT):
         return NotImplemented
+    input = unify_shape(input, _normalize_shape(shape))  # equal sizes, other nested ints
     if tokens.flat_request(input, _normalize_shape(shape)):  # NOTE [ Flattening the batch dim ]
         return tokens.flatten_batch("reshape", input, _normalize_shape(shape))
     if merged.merge_request(input, _normalize_shape(shape)):  # NOTE [ Batch-merged tokens ] in merged.py
