@@ -646,4 +646,17 @@ BUGS_B = [
         "        if src is None:", ("test_structure_ops.py",)),
     Bug("view / reshape relabel onto an equal-sized nested int only when several extents fit", "ops/_routing.py",
         "        if len({id(e) for e in fits}) == 1:", "        if len({id(e) for e in fits}) > 1:", ("test_structure_ops.py",)),
+
+
+    Bug("matmul of two integer vectors accumulates into int64", "ops/contractions/matmul.py",
+        "* other).sum(-1, dtype=input.dtype)", "* other).sum(-1)", ("test_matmul.py",)),
+    Bug("linalg.vecdot of complex operands does not conjugate x", "ops/contractions/linalg.py",
+        "return ((x.conj() if x.is_complex() else x) * y).sum(dim)", "return (x * y).sum(dim)", ("test_linalg.py",)),
+    Bug("kron interleaves the dense operand's dims before the multi_jagged one's", "ops/elementwise/pointwise.py",
+        "b = other.reshape([s for bs in b_sizes for s in (1, bs)])", "b = other.reshape([s for bs in b_sizes for s in (bs, 1)])",
+        ("test_broadcast.py",)),
+    Bug("meshgrid with indexing='xy' keeps the operands' order", "ops/elementwise/pointwise.py",
+        "        where[0], where[1] = 1, 0", "        where[0], where[1] = 0, 1", ("test_broadcast.py",)),
+    Bug("a regrouping reshape with a static dim before the ragged one takes the view path", "ops/shape/regroup.py",
+        "if i == d and tuple(size[1:d]) == tuple(before):", "if i == d:", ("test_reshape_regroup.py",)),
 ]

@@ -735,3 +735,43 @@ def test_static_size_equal_to_a_ragged_dim_raises_under_compile():
     f = torch.compile(lambda a, b: a * b, backend="eager", fullgraph=True)
     with pytest.raises(Exception, match="under torch.compile the sizes are symbols"):
         f(x, z)
+
+
+@pytest.mark.parametrize("indexing", ["ij", "xy"])
+def test_meshgrid_per_sample(indexing):
+    """``torch.meshgrid`` of multi_jagged vectors ``(B, jᵢ)``: per sample, dense meshgrid of the
+    samples' vectors (one ragged dim per operand, the first two swapped for ``"xy"``), the list
+    form too, gradients of every operand; a dense operand is refused."""
+    g = torch.Generator().manual_seed(0)
+    vs = [[torch.randn(n, dtype=torch.float64, generator=g) for n in ns] for ns in ((3, 0, 2), (1, 2, 4), (2, 2, 1))]
+    for k in (1, 2, 3):
+        for i in range(k):
+            def fn(*ts, i=i):
+                return torch.meshgrid(*ts, indexing=indexing)[i]
+
+            per_sample_check(fn, *(R(v, (1,)) for v in vs[:k]))
+    a, b = (mj.nested_tensor(v) for v in vs[:2])
+    listed = torch.meshgrid([a, b], indexing=indexing)
+    for got, want in zip(listed, torch.meshgrid(a, b, indexing=indexing)):
+        assert all(torch.equal(x, y) for x, y in zip(got.unbind(), want.unbind()))
+    with pytest.raises(NotImplementedError, match=r"meshgrid\(\): expected multi_jagged operands of 1-D samples"):
+        torch.meshgrid(a, torch.ones(3, dtype=torch.float64), indexing=indexing)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.meshgrid(a, b.float(), indexing=indexing)
+
+
+@pytest.mark.parametrize("other_shape", [(1, 2), (2, 3), (3,), (2, 1, 2), ()])
+def test_kron_with_a_dense_other_per_sample(other_shape):
+    """``torch.kron(x, w)`` of a multi_jagged ``x`` and a dense ``w``: per sample, dense kron
+    (a ragged dim times a static one is a new ragged size), gradients of both, the dtypes dense
+    kron promotes to; a multi_jagged ``other`` is refused."""
+    g = torch.Generator().manual_seed(1)
+    xs = [torch.randn(n, 4, dtype=torch.float64, generator=g) for n in (3, 0, 5)]
+    w = torch.randn(other_shape, dtype=torch.float64, generator=g)
+    per_sample_check(torch.kron, R(xs, (1,)), w, new_ragged=True)
+    ints = mj.nested_tensor([t.round().int() for t in xs])
+    out = torch.kron(ints, torch.ones(other_shape, dtype=torch.int64))
+    assert out.dtype == torch.int64
+    x = mj.nested_tensor(xs)
+    with pytest.raises(NotImplementedError, match=r"kron\(\): .* not supported for layout torch.multi_jagged"):
+        torch.kron(w, x)

@@ -222,7 +222,7 @@ def test_the_package_installs_the_op_table_once():
 
 
 # Modules that hold routes only (NOTE [ Routes ]); a family's other modules mix routes with handlers.
-ROUTE_MODULES = ["_routing.py", "shape/reshape.py", "indexing/getitem.py", "reductions/routes.py",
+ROUTE_MODULES = ["_routing.py", "shape/reshape.py", "shape/regroup.py", "indexing/getitem.py", "reductions/routes.py",
                  "contractions/einsum.py", "elementwise/signs.py"]
 
 

@@ -11,7 +11,7 @@ from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
 from torch_multijagged import StructureError
-from _reference import R, few, per_sample_check, seeds
+from _reference import R, complex_grad_check, few, per_sample_check, seeds
 
 F64 = torch.float64
 
@@ -247,3 +247,26 @@ def test_one_rectangular_matrix_per_sample(name, transposed):
     # a norm of an empty matrix is a constant 0 in dense (no gradient: zeros)
     for a, b, c in zip(gx.unbind(), torch.autograd.grad(rtotal, leaves, allow_unused=True), comps):
         torch.testing.assert_close(a, torch.zeros_like(c) if b is None else b)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.complex128])
+def test_vecdot_along_a_ragged_or_static_dim(dtype):
+    """``linalg.vecdot`` per sample along the ragged dim (a dense ``(B, C)``) or a static one,
+    gradients of both operands included (complex ones through ``complex_grad_check``)."""
+    ns = (3, 0, 5)
+    g = torch.Generator().manual_seed(0)
+    xs, ys = ([torch.randn(n, 3, dtype=dtype, generator=g) for n in ns] for _ in range(2))
+    for dim in (1, 2, -1):
+        ref = lambda a, b, d=dim: torch.linalg.vecdot(a, b, dim=d - 1 if d > 0 else d)  # noqa: E731
+        fn = lambda a, b, d=dim: torch.linalg.vecdot(a, b, dim=d)  # noqa: E731
+        if dtype.is_complex:
+            complex_grad_check(fn, R(xs, (1,)), R(ys, (1,)), ref=ref)
+        else:
+            tol = 1e-5 if dtype == torch.float32 else 1e-7
+            per_sample_check(fn, R(xs, (1,)), R(ys, (1,)), ref=ref, dense_out=dim == 1, share=True, rtol=tol, atol=tol)
+    x = mj.nested_tensor(xs)
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.linalg.vecdot(x, x.to(torch.complex64 if dtype.is_complex else torch.float16), dim=1)
+    ints = mj.nested_tensor([torch.ones(2, 3, dtype=torch.long)])
+    with pytest.raises(RuntimeError, match="floating point or complex"):
+        torch.linalg.vecdot(ints, ints, dim=1)

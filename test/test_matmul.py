@@ -142,7 +142,16 @@ PRODUCTS = {
     "addmm_beta0": lambda x, v, s, w, m: torch.addmm(torch.where(m > 1e9, m, float("nan")), x, w, beta=0),  # nan ignored
     "addr": lambda x, v, s, w, m: torch.addr(m, v, w[0], alpha=0.5),
     "baddbmm": lambda x, v, s, w, m: torch.baddbmm(s, x, x.transpose(1, 2), beta=2.0),
+    "matmul_matrix_vector": lambda x, v, s, w, m: s @ v,
+    "matmul_vector_matrix": lambda x, v, s, w, m: torch.matmul(v, s),
+    "matmul_vector_vector": lambda x, v, s, w, m: v @ v.sin(),
+    "matmul_vector_rows": lambda x, v, s, w, m: v @ x,
+    "matmul_rows_vector": lambda x, v, s, w, m: x.mT @ v,
+    "addmv": lambda x, v, s, w, m: torch.addmv(w[:, 0], x.mT, v, beta=0.5, alpha=2.0),
 }
+# per sample a scalar, or a static vector: a dense (B,) or (B, C)
+_DENSE_RESULTS = ("dot", "vdot", "mm_contract_ragged", "matmul_vector_vector", "matmul_vector_rows",
+                  "matmul_rows_vector", "addmv")
 
 
 @pytest.mark.parametrize("name", PRODUCTS)
@@ -172,8 +181,8 @@ def test_matrix_products_per_sample(name):
         refs = [[t.clone().requires_grad_() for t in cs] for cs in comps]
         wr = w.clone().requires_grad_()
         expected = [ref(*(r[i] for r in refs[:3]), wr, refs[3][i]) for i in range(len(ns))]
-        got = list(out.unbind(0)) if name in ("dot", "vdot", "mm_contract_ragged") else list(out.unbind())
-        if name in ("dot", "vdot", "mm_contract_ragged"):
+        got = list(out.unbind(0)) if name in _DENSE_RESULTS else list(out.unbind())
+        if name in _DENSE_RESULTS:
             assert not isinstance(out, mj.MultiJaggedTensor)
         assert len(got) == len(expected)
         cot = [torch.randn(e.shape, dtype=e.dtype, generator=torch.Generator().manual_seed(seed + i)) for i, e in enumerate(expected)]
@@ -188,6 +197,35 @@ def test_matrix_products_per_sample(name):
             assert_close(zero if a is None else a, zero if b is None else b, f"grad of leaf {k}")
 
     check()
+
+
+def test_matmul_with_a_vector_broadcasts_and_keeps_the_dtype():
+    """A multi_jagged vector ``(B, j0)`` against samples of three dims broadcasts their leading dim
+    as dense matmul does, ``(H, n, n) @ (n,) → (H, n)``; integer products stay in their dtype."""
+    ns = (3, 0, 2)
+    hs = [torch.randn(2, n, n, dtype=torch.float64, requires_grad=True) for n in ns]
+    vs = [torch.randn(n, dtype=torch.float64, requires_grad=True) for n in ns]
+    h, v = mj.as_nested_tensor(hs, ragged_dims=(2, 3)), mj.as_nested_tensor(vs)
+    for f in (lambda a, b: a @ b, lambda a, b: b @ a):
+        got = f(h, v).unbind()
+        expected = [f(a, b) for a, b in zip(hs, vs)]
+        for a, e in zip(got, expected):
+            assert_close(a, e)
+        g = torch.autograd.grad(sum(a.sum() for a in got), hs + vs)
+        g_ref = torch.autograd.grad(sum(e.sum() for e in expected), hs + vs)
+        for a, e in zip(g, g_ref):
+            assert_close(a, e)
+    ints = [torch.arange(n, dtype=torch.int32) for n in ns]
+    vi = mj.nested_tensor(ints)
+    out = vi @ vi
+    assert out.dtype == torch.int32 and torch.dot(vi, vi).dtype == torch.int32
+    assert out.tolist() == [int(a @ a) for a in ints]
+    with pytest.raises(RuntimeError, match="same dtype"):
+        vi @ vi.double()
+    with pytest.raises(RuntimeError, match="Bool"):
+        vi.bool() @ vi.bool()
+    with pytest.raises(RuntimeError, match=r"matmul\(\): the 1-D samples .* dense operand"):
+        vi @ torch.ones(3, dtype=torch.int32)
 
 
 def test_matrix_product_errors():

@@ -111,6 +111,9 @@ def test_view_errors_name_the_size():
     with pytest.raises(StructureError, match=r"^view\(\).*only one dimension can be inferred"):
         x.view(-1, x.shape[1], -1, -1)
     with pytest.raises(StructureError, match=r"^view\(\).*regroup between ragged dims.*\(5,\) at dims \(2,\)"):
+        x.view(-1, x.shape[1], 5)
+    # a -1 there regroups each sample's elements across the ragged dim, as dense (regroup.py): 3 · 4 into rows of 5
+    with pytest.raises(RuntimeError, match=r"^view\(\): sample 0 of .* 12 elements .* not a multiple of 5"):
         x.view(-1, -1, 5)
     other = mj.nested_tensor(_seq([1, 1, 1]))
     with pytest.raises(StructureError, match=r"^view\(\).*size j\d+ at dim 1 is not a ragged size"):

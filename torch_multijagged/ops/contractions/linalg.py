@@ -270,3 +270,17 @@ def _cross(input, other, *, dim=-1, out=None):
         raise StructureError(f"linalg.cross(): expected a static dim of {describe(input)}, got dim {dim}")
     vd = static_dims(input.dim(), input._ragged_dims).index(d) + 1
     return wrap_values(torch.linalg.cross(values_of(input), values_of(other), dim=vd), input._partition, input._ragged_dims)
+
+
+@route(torch.linalg.vecdot)
+def _vecdot(x, y, *, dim=-1, out=None):
+    """``linalg.vecdot`` as the product ``x̄ · y`` summed over ``dim``, ragged or static: aten's
+    composite would reach the same sum, but its derivative expands the gradient to the operands'
+    sizes, nested ints included, which needs concrete sizes."""
+    if out is not None or not (isinstance(x, MJT) or isinstance(y, MJT)):
+        return NotImplemented
+    if not (x.is_floating_point() or x.is_complex()):
+        raise RuntimeError(f"linalg.vecdot(): expected a floating point or complex tensor as input, got {x.dtype}")
+    if x.dtype != y.dtype:
+        raise RuntimeError(f"linalg.vecdot(): expected x and y to have the same dtype, but found {x.dtype} and {y.dtype}")
+    return ((x.conj() if x.is_complex() else x) * y).sum(dim)

@@ -1,6 +1,6 @@
 """``linear`` and ``matmul`` / ``@`` on multi_jagged operands: the routes that pick the
 contraction, and the handlers of ``multijagged::linear`` (and its parameter gradients); ``mm``,
-``mv``, ``outer``, ``dot``, ``inner`` and ``addmm`` / ``addr`` / ``baddbmm`` per sample, as routes
+``mv``, ``outer``, ``dot``, ``inner`` and ``addmm`` / ``addmv`` / ``addr`` / ``baddbmm`` per sample, as routes
 to ``matmul``, ``bmm`` and broadcast products.
 
 ``linear`` and ``x @ W`` with a dense 2-D ``W`` act on the packed rows (``multijagged::linear``;
@@ -48,6 +48,8 @@ def _linear(input, weight, bias=None):
 
 @route(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
 def _matmul(input, other, *, out=None):
+    if out is None and (_is_vector(input) or _is_vector(other)):
+        return _vector_matmul(input, other)
     if out is None and isinstance(input, MJT) and _dense(other) and other.dim() == 1:
         # (B, …, n, k) @ (k,): dense matmul's rule for a vector (a column, then dropped)
         return torch.matmul(input, other.unsqueeze(-1)).squeeze(-1)
@@ -119,6 +121,40 @@ def _matmul(input, other, *, out=None):
             return bridged.sample_einsum(spec[0], [input, other], *spec[1:])
         return broadcast_matmul(input, other)
     return NotImplemented
+
+
+def _is_vector(t) -> bool:
+    """A multi_jagged tensor of 1-D samples ``(B, j0)``."""
+    return isinstance(t, MJT) and t.dim() == 2
+
+
+# NOTE [ Matmul with a multi_jagged vector ]
+# A multi_jagged ``(B, j0)`` holds one vector per sample, and ``matmul`` applies dense matmul's
+# vector rule per sample: two vectors are a dot product (one scalar per sample: a dense ``(B,)``,
+# as ``torch.dot`` gives it); a vector on the left is a row ``(1, n)`` and on the right a column
+# ``(n, 1)``, whose added dim the result drops. The row or column takes leading dims of size 1 up
+# to the other operand's batch dims, so that the matrix-matrix product broadcasts them as dense
+# matmul does, ``(H, n, n) @ (n,) → (H, n)``. A vector's only dim is ragged and contracted, which a
+# dense operand, of one size for every sample, cannot match: that is an error.
+def _vector_matmul(input, other):
+    """``input @ other`` where a multi_jagged operand has 1-D samples (NOTE [ Matmul with a
+    multi_jagged vector ])."""
+    if not (isinstance(input, MJT) and isinstance(other, MJT)):
+        raise RuntimeError(f"matmul(): the 1-D samples of {describe(input if _is_vector(input) else other)} contract "
+                           f"their ragged dim, which a dense operand {describe(other if _is_vector(input) else input)} "
+                           "cannot match (layout torch.multi_jagged)")
+    a, b = _per_sample_dim(input), _per_sample_dim(other)
+    if a == 1 and b == 1:
+        return _dot_product("matmul", input, other, conj=False)
+    if b == 1:
+        column = other.unsqueeze(-1)
+        for _ in range(a - 2):
+            column = column.unsqueeze(1)
+        return torch.matmul(input, column).squeeze(-1)
+    row = input.unsqueeze(-2)
+    for _ in range(b - 2):
+        row = row.unsqueeze(1)
+    return torch.matmul(row, other).squeeze(-2)
 
 
 def broadcast_matmul(input: MJT, other: MJT) -> MJT:
@@ -256,7 +292,10 @@ def _dot_product(op: str, input, other, conj: bool):
     _check_dims(op, (1, 1), input, other)
     if input.dtype != other.dtype:
         raise RuntimeError(f"{op}(): expected both vectors to have the same dtype, but found {input.dtype} and {other.dtype}")
-    return ((input.conj() if conj and input.is_complex() else input) * other).sum(-1)
+    if input.dtype == torch.bool:
+        raise RuntimeError(f"{op}(): \"dot\" not implemented for 'Bool'")
+    # in the operands' dtype, as dense dot gives it (an integer sum would accumulate into int64)
+    return ((input.conj() if conj and input.is_complex() else input) * other).sum(-1, dtype=input.dtype)
 
 
 @route(torch.dot, torch.Tensor.dot)
@@ -295,6 +334,13 @@ def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
     if out is not None or not _involves(input, mat1, mat2):
         return NotImplemented
     return _scaled_sum(input, _mm(mat1, mat2), beta, alpha)
+
+
+@route(torch.addmv, torch.Tensor.addmv)
+def _addmv(input, mat, vec, *, beta=1, alpha=1, out=None):
+    if out is not None or not _involves(input, mat, vec):
+        return NotImplemented
+    return _scaled_sum(input, _mv(mat, vec), beta, alpha)
 
 
 @route(torch.addr, torch.Tensor.addr)

@@ -1,4 +1,5 @@
-"""Pointwise ops (the ``torch.Tag.pointwise`` fallback) and their broadcasting.
+"""Pointwise ops (the ``torch.Tag.pointwise`` fallback) and their broadcasting; ``broadcast_tensors``,
+``meshgrid`` and ``kron`` with a dense operand, which are broadcasts.
 
 NOTE [ Broadcasting over ragged dims ]
 
@@ -561,6 +562,64 @@ def _broadcast_tensors(*tensors):
         z = torch.zeros_like(t, dtype=torch.bool).detach()
         mask = z if mask is None else mask | z
     return tuple(torch.where(mask, t, t) for t in tensors)
+
+
+@route(torch.meshgrid, torch._C._VariableFunctions.meshgrid)
+def _meshgrid(*tensors, indexing=None):
+    """Per sample, dense ``meshgrid`` of the samples' vectors: multi_jagged ``(B, jᵢ)`` operands,
+    each viewed along its own dim of ``(B, j₀, j₁, …)`` (the first two swapped for ``"xy"``) and
+    broadcast to the common shape (copies, where dense torch returns views). A dense operand,
+    one vector for every sample, would be broadcast against the batch dim: refused."""
+    if len(tensors) == 1 and isinstance(tensors[0], (list, tuple)):
+        tensors = tuple(tensors[0])
+    if not any(isinstance(t, MJT) for t in tensors):
+        return NotImplemented
+    if not all(isinstance(t, MJT) and t.dim() == 2 for t in tensors):
+        raise NotImplementedError(
+            f"meshgrid(): expected multi_jagged operands of 1-D samples (B, j0), got {', '.join(describe(t) for t in tensors)} "
+            "(dense operands with multi_jagged ones are not supported for layout torch.multi_jagged)")
+    if indexing not in (None, "ij", "xy"):
+        raise RuntimeError(f'torch.meshgrid: indexing must be one of "xy" or "ij", but received: {indexing}')
+    if any(t.dtype != tensors[0].dtype for t in tensors):
+        raise RuntimeError("meshgrid(): expected all tensors to have the same dtype")
+    k = len(tensors)
+    where = list(range(k))
+    if indexing == "xy" and k > 1:
+        where[0], where[1] = 1, 0
+    shaped = []
+    for t, pos in zip(tensors, where):
+        for _ in range(pos):
+            t = t.unsqueeze(1)
+        for _ in range(k - 1 - pos):
+            t = t.unsqueeze(-1)
+        shaped.append(t)
+    return _broadcast_tensors(*shaped)
+
+
+@route(torch.kron, torch.Tensor.kron)
+def _kron(input, other, *, out=None):
+    """Per sample, dense ``kron`` of a multi_jagged ``input`` and a dense ``other`` (shared by every
+    sample): the dims interleaved, ``(a₀, b₀, a₁, b₁, …)``, as a broadcast product, then each pair
+    flattened (a ragged ``aᵢ`` times a static ``bᵢ`` is a new ragged size, ``bᵢ`` its inner dim as
+    in dense kron). The shorter operand takes leading dims of size 1, as in dense kron."""
+    if out is not None or not (isinstance(input, MJT) or isinstance(other, MJT)):
+        return NotImplemented
+    if not isinstance(input, MJT) or isinstance(other, MJT):
+        raise NotImplementedError(
+            f"kron(): {describe(input)} and {describe(other)} are not supported for layout torch.multi_jagged "
+            "(supported: a multi_jagged input and a dense other)")
+    nd = max(input.dim() - 1, other.dim())
+    a = input
+    for _ in range(nd - (input.dim() - 1)):
+        a = a.unsqueeze(1)
+    for i in reversed(range(nd)):  # per-sample dim i sits at i + 1: a size-1 dim after each
+        a = a.unsqueeze(i + 2)
+    b_sizes = (1,) * (nd - other.dim()) + tuple(other.shape)
+    b = other.reshape([s for bs in b_sizes for s in (1, bs)])
+    product = a * b
+    for i in range(nd):
+        product = product.flatten(i + 1, i + 2)
+    return product
 
 
 @route(torch.Tensor.expand_as)

@@ -45,8 +45,7 @@ from ...errors import StructureError
 from ...structure import (_is_traced, Partition, RaggedExtent, extent_of, flat_extent, floordiv_of, mapped_extent, partition_for,
                           same_extent, same_product)
 from .._common import MJT, describe, eager_route, static_dims, wrap
-from .._routing import _needs_grad, route, unify_shape
-from . import merged, rows, tokens
+from .._routing import _needs_grad
 from ...kernels.along import packed_rows
 from .views import check_view_shape
 
@@ -676,34 +675,6 @@ def _plan_eagerly(op: str, x: MJT, size) -> MJT:
     if plan is not None:
         return plan()
     return x.reshape(size) if op == "reshape" else x.view(size)
-
-
-def _normalize(shape) -> tuple:
-    if len(shape) == 1 and isinstance(shape[0], (list, tuple, torch.Size)):
-        return tuple(shape[0])
-    return tuple(shape)
-
-
-@route(torch.Tensor.view, sequence="size")
-def _view(input, *shape, dtype=None):
-    """``view`` that merges or splits ragged dims (``view_plan``); anything else goes on to aten's
-    ``view`` (ops/shape/views.py)."""
-    if not isinstance(input, MJT) or not shape or isinstance(shape[0], torch.dtype) or dtype is not None:
-        return NotImplemented
-    relabelled = unify_shape(input, _normalize(shape))  # equal sizes, other nested ints
-    if relabelled is not input:
-        return relabelled.view(_normalize(shape))  # the view (possibly aten's) of the relabelled tensor
-    if tokens.flat_request(input, _normalize(shape)):  # NOTE [ Flattening the batch dim ] in tokens.py
-        return tokens.flatten_batch("view", input, _normalize(shape))
-    if merged.merge_request(input, _normalize(shape)):  # NOTE [ Batch-merged tokens ] in merged.py
-        return merged.merge_batch("view", input, _normalize(shape))
-    rows_op = rows.rows_request(input, _normalize(shape))  # NOTE [ Rows as samples ] in rows.py
-    if rows_op is not None:
-        return rows_op("view", input)
-    plan = view_plan("view", input, _normalize(shape))
-    if plan is not None:
-        return plan()
-    return traced_static_view("view", input, _normalize(shape))
 
 
 def traced_static_view(op: str, x: MJT, shape):

@@ -1,4 +1,4 @@
-"""``__torch_function__`` routes of the shape family: ``reshape`` / ``flatten`` / ``unflatten``,
+"""``__torch_function__`` routes of the shape family: ``reshape`` / ``view`` / ``flatten`` / ``unflatten``,
 the ``split`` family, ``narrow``, ``squeeze()``, ``channel_shuffle``, ``view_copy`` (NOTE [ Routes ]
 in ``ops/_routing.py`` says what a route may do).
 
@@ -20,7 +20,7 @@ from ...structure import extent_of
 from ..indexing.slicing import narrow_ragged, slice_ragged
 from .views import check_view_shape
 from . import flatten as ragged_flatten
-from . import merged, rows, tokens
+from . import merged, regroup, rows, tokens
 
 
 # ----------------------------------------------------------------------------- reshape family
@@ -68,7 +68,41 @@ def _reshape(input, *shape):
     if rows_op is not None:
         return rows_op("reshape", input)
     plan = ragged_flatten.view_plan("reshape", input, _normalize_shape(shape))  # merging / splitting ragged dims
-    return plan() if plan is not None else reshape_as("reshape", input, _normalize_shape(shape))
+    if plan is not None:
+        return plan()
+    if torch.compiler.is_compiling():
+        return reshape_as("reshape", input, _normalize_shape(shape))
+    try:
+        return reshape_as("reshape", input, _normalize_shape(shape))
+    except StructureError:
+        # elements regrouped across a ragged dim: NOTE [ Regrouping across a ragged dim ] in regroup.py
+        plan = regroup.regroup_plan("reshape", input, _normalize_shape(shape))
+        if plan is None:
+            raise
+        return plan()
+
+
+@route(torch.Tensor.view, sequence="size")
+def _view(input, *shape, dtype=None):
+    """``view`` that merges or splits ragged dims (``view_plan`` in flatten.py) or regroups elements
+    across one (``regroup.py``); anything else goes on to aten's ``view`` (ops/shape/views.py)."""
+    if not isinstance(input, MJT) or not shape or isinstance(shape[0], torch.dtype) or dtype is not None:
+        return NotImplemented
+    size = _normalize_shape(shape)
+    relabelled = unify_shape(input, size)  # equal sizes, other nested ints
+    if relabelled is not input:
+        return relabelled.view(size)  # the view (possibly aten's) of the relabelled tensor
+    if tokens.flat_request(input, size):  # NOTE [ Flattening the batch dim ] in tokens.py
+        return tokens.flatten_batch("view", input, size)
+    if merged.merge_request(input, size):  # NOTE [ Batch-merged tokens ] in merged.py
+        return merged.merge_batch("view", input, size)
+    rows_op = rows.rows_request(input, size)  # NOTE [ Rows as samples ] in rows.py
+    if rows_op is not None:
+        return rows_op("view", input)
+    plan = ragged_flatten.view_plan("view", input, size) or regroup.regroup_plan("view", input, size)
+    if plan is not None:
+        return plan()
+    return ragged_flatten.traced_static_view("view", input, size)
 
 
 def _like_route(method: str):
