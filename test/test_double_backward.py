@@ -148,6 +148,8 @@ UNARY = {
     "hardtanh": F.hardtanh,
     "clamp": lambda x: x.clamp(-0.5, 0.5) * x,
     "erf": torch.erf,
+    "i0e": torch.special.i0e,  # aten's derivatives record sgn (signs.py)
+    "i1e": torch.special.i1e,
 }
 
 
@@ -273,6 +275,50 @@ def test_dense_operand_double_backward_raises_a_clear_error():
     gx, gw = torch.autograd.grad(torch.atan2(x, w).values().pow(2).sum(), (x, w), create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward .* dense operand"):
         torch.autograd.grad(gw.sum() + gx.values().sum(), (x, w))
+
+
+@pytest.mark.parametrize("struct", ["seq", "lead", "sq"])
+def test_gradgrad_glu_along_a_static_dim(struct):
+    """aten's ``glu_backward`` derivative asks for concrete sizes: under autograd ``glu`` along a
+    static dim is composed (``ops/indexing/slicing.py``)."""
+    assert gradgrad(lambda x: F.glu(torch.cat([x, x.sin()], -1), -1), struct)
+
+
+SIGN_GG = {
+    "abs_flip_static": lambda x: (x - x.flip(-1)).abs(),
+    "abs_flip_dim1": lambda x: (x + x.flip(1 if isinstance(x, mj.MultiJaggedTensor) else 0)).abs(),
+    "abs_roll": lambda x: (x - x.roll(1, -1)).abs(),
+    "abs_index": lambda x: (x - x[..., [2, 1, 0]]).abs(),
+    "l1_loss": lambda x: F.l1_loss(x, x.flip(-1) * 0.5, reduction="none"),
+}
+
+
+@pytest.mark.parametrize("scaled", [False, True])
+@pytest.mark.parametrize("struct", ["seq", "lead"])
+@pytest.mark.parametrize("name", SIGN_GG)
+def test_second_order_through_zero_derivatives_matches_dense(name, struct, scaled):
+    """``sgn``'s derivative is aten's zero tensor (no storage); under a double backward it reaches
+    the packed values of a gradient (NOTE [ Zero tensors never become values ]): second-order
+    gradients as dense per sample (the process crashed on a null read)."""
+    fn = (lambda t: SIGN_GG[name](t) * t) if scaled else SIGN_GG[name]
+    comps = [c.clone().requires_grad_() for c in STRUCTS[struct][0]]
+    want = []
+    for c in comps:
+        (g,) = torch.autograd.grad(fn(c).sum(), c, create_graph=True)
+        (gg,) = torch.autograd.grad((g * g).sum(), c)
+        want.append(gg)
+    x = mj.as_nested_tensor(comps)
+    gs = torch.autograd.grad(fn(x).sum(), comps, create_graph=True)
+    got = torch.autograd.grad(sum((g * g).sum() for g in gs), comps, allow_unused=True)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(torch.zeros_like(b) if a is None else a, b)
+
+
+def test_zero_tensor_values_are_materialised():
+    x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 9))
+    z = mj.MultiJaggedTensor(torch._efficientzerotensor(x.values().shape, dtype=D), x._partition, x._ragged_dims)
+    assert not z.values()._is_zerotensor()
+    torch.testing.assert_close((z + x).values(), x.values())
 
 
 # ----------------------------------------------------------------------------- nn

@@ -423,3 +423,33 @@ def test_one_hot_out_of_range_raises_as_dense(classes, num_classes, message):
     ok = mj.nested_tensor([torch.tensor([1, 0]), torch.tensor([], dtype=torch.int64), torch.tensor([2])])
     assert [t.tolist() for t in F.one_hot(ok, 3).unbind()] == [F.one_hot(c, 3).tolist() for c in ok.unbind()]
     assert F.one_hot(ok).shape[-1] == 3  # num_classes=-1: the batch's largest class + 1, as torch.jagged
+
+
+_PW = torch.rand(3, dtype=torch.float64)
+DENSE_REFUSES = {
+    "cumsum_bool_in_place": lambda t, d: t.bool().cumsum_(d),
+    "cumprod_bool_in_place": lambda t, d: t.bool().cumprod_(d),
+    "cumsum_in_place_other_dtype": lambda t, d: t.clone().cumsum_(d, dtype=torch.float32),
+    "trapezoid_bool_ragged": lambda t, d: torch.trapezoid(t.bool(), dim=d),
+    "trapezoid_bool_static": lambda t, d: torch.trapezoid(t.bool(), dim=-1),
+    "cumulative_trapezoid_bool_ragged": lambda t, d: torch.cumulative_trapezoid(t.bool(), dim=d),
+    "cumulative_trapezoid_bool_static": lambda t, d: torch.cumulative_trapezoid(t.bool(), dim=-1),
+    "nansum_complex": lambda t, d: torch.nansum(t.to(torch.complex128)),
+    "nansum_complex_dim": lambda t, d: torch.nansum(t.to(torch.complex128), d),
+    "bce_logits_pos_weight_requiring_grad": lambda t, d: F.binary_cross_entropy_with_logits(
+        t, t.sigmoid().detach(), pos_weight=_PW.clone().requires_grad_()),
+    "bce_logits_weight_requiring_grad": lambda t, d: F.binary_cross_entropy_with_logits(
+        t, t.sigmoid().detach(), weight=_PW.clone().requires_grad_()),
+}
+
+
+@pytest.mark.parametrize("name", DENSE_REFUSES)
+def test_ops_refuse_what_dense_refuses(name):
+    """Where dense torch refuses every sample (a dtype its kernel lacks, an input its derivative
+    does not cover), ours refuses with dense's exception type, instead of an answer dense never gives."""
+    comps = [torch.randn(n, 3, dtype=torch.float64) for n in (3, 1, 2)]
+    f = DENSE_REFUSES[name]
+    with pytest.raises((RuntimeError, NotImplementedError)) as dense:
+        f(comps[0], 0)
+    with pytest.raises(type(dense.value)):
+        f(mj.nested_tensor(comps), 1)

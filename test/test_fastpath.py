@@ -412,3 +412,29 @@ def test_non_contiguous_gradient_through_a_view_outside_the_values_path(case):
         r = c.detach().clone().requires_grad_()
         (b,) = grads(r.unsqueeze(0), [r], lambda t: t)
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("path", ["fast", "general"])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32, torch.float64])
+def test_reflected_division_is_dense_rdiv(dtype, path):
+    """``other / x`` by Python's reflected operator is dense ``Tensor.__rtruediv__``:
+    ``x.reciprocal() * other`` — its dtype (an integer ``x`` with a 0-dim float64 ``other`` gives
+    float32) and its rounding, bit for bit, with gradients."""
+    cs = [(torch.randint(1, 9, (n, 3)) if dtype == torch.int64 else torch.rand(n, 3, dtype=dtype) + 0.5)
+          for n in (2, 0, 3)]
+    if dtype.is_floating_point:
+        cs = [c.requires_grad_() for c in cs]
+    x = mj.as_nested_tensor(cs)
+    for other in (torch.tensor(2.5, dtype=torch.float64), 3.0, torch.tensor([0.7, 1.3, 3.1], dtype=DT)):
+        with contextlib.nullcontext() if path == "fast" else general_path():
+            got = [x.__rtruediv__(other), x.__rdiv__(other)]
+        for y in got:
+            want = [c.__rtruediv__(other) for c in cs]
+            assert y.dtype == want[0].dtype
+            for a, b in zip(y.unbind(), want):
+                assert torch.equal(a, b)
+        if dtype.is_floating_point:
+            ga = torch.autograd.grad(got[0].values().sum(), cs)
+            gb = torch.autograd.grad(sum(c.__rtruediv__(other).sum() for c in cs), cs)
+            for a, b in zip(ga, gb):
+                torch.testing.assert_close(a, b)

@@ -81,6 +81,32 @@ def test_view_shares_the_values_and_reshape_of_a_static_lead_copies():
     torch.testing.assert_close(lead.reshape(-1, 3), torch.cat([c.reshape(-1, 3) for c in lead.unbind()]))
 
 
+FLAT_WRITES = {
+    "flatten_mul_": lambda t: t.flatten(0, 2).mul_(2),
+    "reshape_mul_": lambda t: t.reshape(-1).mul_(2),
+    "slice_fill_": lambda t: t.reshape(-1, 3)[:, :1].fill_(7),
+    "setitem": lambda t: t.reshape(-1).__setitem__(0, 5.0),
+    "relu_inplace": lambda t: F.relu(t.reshape(-1), inplace=True),
+    "out": lambda t: torch.add(t.reshape(-1), 1, out=t.reshape(-1)),
+}
+
+
+@pytest.mark.parametrize("name", FLAT_WRITES)
+def test_writes_into_a_copied_flat_batch_refuse(name):
+    """``(B, S, j0, C).reshape(-1)`` concatenates the samples' elements, which the packed rows do
+    not hold in that order: a copy where dense reshape of a contiguous batch is a view, so an
+    in-place op on it (or on a view of it) raises instead of silently missing the original. A
+    result computed from it, and a flat batch that views the values, write freely."""
+    lead = mj.as_nested_tensor([torch.ones(2, n, 3) for n in (3, 0, 2)], ragged_dims=(2,))
+    with pytest.raises(NotImplementedError, match="copy for layout torch.multi_jagged"):
+        FLAT_WRITES[name](lead)
+    assert all(bool((c == 1).all()) for c in lead.unbind())
+    (lead.reshape(-1) * 1).mul_(2)
+    seq = mj.nested_tensor([torch.ones(n, 3) for n in (3, 0, 2)])
+    seq.reshape(-1).mul_(2)  # a view of the values: as dense
+    assert all(bool((c == 2).all()) for c in seq.unbind())
+
+
 @pytest.mark.parametrize(
     "call, match",
     [

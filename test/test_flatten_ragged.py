@@ -633,3 +633,32 @@ def test_grids_with_the_factor_outside_the_part(pattern):
     want = torch.autograd.grad(sum((r * r).sum() + (c * c).sum() for r, c in zip(refs, leaves)), leaves)
     for a, w in zip(got.unbind(), want):
         torch.testing.assert_close(a, w)
+
+
+WRITES = {
+    "flatten_mul_": lambda t: t.flatten(-2).mul_(2),
+    "reshape_mul_": lambda t: t.reshape(t.shape[0], t.shape[1], -1).mul_(2),
+    "slice_fill_": lambda t: t.flatten(-2)[..., :1].fill_(7),
+    "setitem": lambda t: t.flatten(-2).__setitem__((slice(None), 0), 5.0),
+}
+
+
+@pytest.mark.parametrize("name", WRITES)
+def test_writes_into_a_merge_stored_apart_refuse(name):
+    """``(B, S, j0, C).flatten(-2)`` gathers each sample's ``(S, nᵢ·C)`` (a static dim sits before
+    the ragged one in the rows): dense reshape of a contiguous sample is a view, so an in-place op
+    on the copy would silently miss the original — it raises, as a reordering of ragged dims does.
+    Reads and a merge stored next to its rows (``(B, j0, k, C).flatten(1, 2)``, a view) write as dense."""
+    _, x = _batch([(2, 3, 3), (2, 0, 3), (2, 2, 3)], (2,))
+    before = x.values().clone()
+    with pytest.raises(NotImplementedError, match="copy for layout torch.multi_jagged"):
+        WRITES[name](x)
+    torch.testing.assert_close(x.values(), before)
+    for a, c in zip(x.flatten(-2).unbind(), x.unbind()):  # reads are the dense reshape's
+        torch.testing.assert_close(a, c.flatten(-2))
+    y = x.flatten(-2).clone()
+    y.mul_(2)  # a clone writes freely
+    comps, z = _batch([(3, 2, 3), (0, 2, 3), (2, 2, 3)], (1,))
+    z.flatten(1, 2).mul_(2)  # a view of the rows: writes through as dense
+    for a, c in zip(z.unbind(), comps):
+        torch.testing.assert_close(a, c * 2)

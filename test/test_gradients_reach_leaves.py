@@ -42,6 +42,8 @@ OPS = {
     "hypot": lambda a, b: torch.hypot(a, b + 3),
     "lerp": lambda a, b: torch.lerp(a, b, 0.3),
     "addcmul": lambda a, b: torch.addcmul(a, a, b, value=0.5),
+    "copysign": torch.copysign,  # zero derivative in b: dense gives zeros, not None
+    "nextafter": torch.nextafter,
 }
 
 
@@ -343,3 +345,27 @@ def test_multi_grad_hook_receives_every_gradient():
     for a, b, c in zip(gy.unbind(), plain[0].unbind(), comps):
         torch.testing.assert_close(a, b)
         torch.testing.assert_close(a, w.detach().expand_as(c))
+
+
+@pytest.mark.parametrize("op", ["copysign", "nextafter"])
+@pytest.mark.parametrize("wshape", [(3,), (1, 3), (2, 1, 3)])
+def test_dense_operand_broadcast_over_ragged_dims_with_a_zero_derivative_other(op, wshape):
+    """``copysign(w, x)`` / ``nextafter(w, x)``, ``w`` dense with an explicit size-1 dim broadcast
+    over the ragged dim: ``w``'s gradient and ``x``'s (zeros, as dense's) per sample; and with
+    only ``x`` requiring grad the result still requires grad, as dense's."""
+    f = getattr(torch, op)
+    shapes = [(2, n, 3) for n in (3, 0, 2)] if len(wshape) == 3 else [(n, 3) for n in (3, 0, 2)]
+    comps = [c.requires_grad_() for c in comps_for(shapes, 5)]
+    w = comps_for([wshape], 6)[0].requires_grad_()
+    x = mj.as_nested_tensor(comps)
+    out = f(w, x)
+    for a, c in zip(out.unbind(), comps):
+        assert torch.equal(a, f(w, c))
+    got = torch.autograd.grad((out * out).values().sum(), [w, *comps])
+    want = torch.autograd.grad(sum((f(w, c) ** 2).sum() for c in comps), [w, *comps])
+    for a, b in zip(got, want):
+        assert_close(a, b, op)
+    only_x = f(w.detach(), x)
+    assert only_x.requires_grad
+    for g in torch.autograd.grad(only_x.values().sum(), comps):
+        assert not g.any()

@@ -84,6 +84,20 @@ def test_linear_wrong_features():
         F.linear(x, torch.zeros(4, 5))
 
 
+@pytest.mark.parametrize("grad", ["none", "input", "weight", "module"])
+def test_linear_refuses_a_ragged_last_dim(grad):
+    """(B, C, j0) with C = weight.shape[-1]: per sample, dense linear contracts the ragged last dim
+    (and raises unless its length happens to equal C), never C — with or without gradients."""
+    comps = [_dense(n, 3, n).requires_grad_(grad == "input") for n in (3, 4, 2)]
+    x = mj.as_nested_tensor(comps)  # differentiable in the components
+    w = _dense(0, 5, 3).requires_grad_(grad == "weight")
+    with pytest.raises(RuntimeError):
+        F.linear(comps[1], w)  # the dense op on a sample
+    f = torch.nn.Linear(3, 5, dtype=D) if grad == "module" else (lambda t: F.linear(t, w))
+    with pytest.raises(ValueError, match="linear.*last dim of input to be static"):
+        f(x)
+
+
 # ----------------------------------------------------------------------------- norms
 NORMS = {
     "layer_norm_affine": lambda x, w, b: F.layer_norm(x, (x.shape[-1],), w, b, eps=1e-5),

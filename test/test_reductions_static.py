@@ -188,3 +188,59 @@ def test_whole_reduction_of_a_batch_without_elements_raises_as_dense(op, batch):
     if batch == "all samples empty" and op in ("amax", "amin"):
         lowest = torch.finfo(x.dtype).min if op == "amax" else torch.finfo(x.dtype).max
         assert torch.equal(getattr(x, op)(dim=1), torch.full((2, 4), lowest))
+
+
+@pytest.mark.parametrize("dx", [None, 0.5])
+@pytest.mark.parametrize("dim", [1, 3, -1])
+def test_cumulative_trapezoid_along_a_static_dim_per_sample(dim, dx):
+    """``cumulative_trapezoid`` along a static dim of ``(B, S, j0, C)`` (and ``trapezoid`` beside
+    it): dense's terms per sample, bit for bit, with gradients; an empty sample included."""
+    kw = {} if dx is None else {"dx": dx}
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(2, n, 3, dtype=D, generator=g).requires_grad_() for n in (3, 0, 2)]
+    x = mj.as_nested_tensor(comps, ragged_dims=(2,))
+    dd = dim - 1 if dim > 0 else dim
+    for f in (torch.cumulative_trapezoid, torch.trapezoid):
+        out = f(x, dim=dim, **kw)
+        refs = [f(c, dim=dd, **kw) for c in comps]
+        for a, r in zip(out.unbind(), refs):
+            assert torch.equal(a, r)
+        got = torch.autograd.grad((out * out).values().sum(), comps)
+        want = torch.autograd.grad(sum((r * r).sum() for r in refs), comps)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
+
+RENORM_LAYOUTS = {
+    "lead": ([(2, n, 3) for n in (3, 0, 2)], (2,)),
+    "seq": ([(n, 3) for n in (3, 0, 2)], (1,)),
+    "rect": ([(n, m, 2) for n, m in ((3, 1), (0, 2), (2, 3))], (1, 2)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16, torch.complex128])
+@pytest.mark.parametrize("p", [2, 1, 0.5])
+@pytest.mark.parametrize("layout", RENORM_LAYOUTS)
+def test_renorm_along_every_dim_per_sample(layout, p, dtype):
+    """``renorm`` along a static or a ragged dim: each sample's sub-tensors along it (the norm over
+    every other dim of the sample, ragged ones included) scaled as dense's, with gradients; the
+    batch dim and a one-dimensional sample raise."""
+    shapes, rd = RENORM_LAYOUTS[layout]
+    g = torch.Generator().manual_seed(1)
+    comps = [(torch.randn(*s, dtype=dtype, generator=g) * 2).requires_grad_(dtype == D) for s in shapes]
+    x = mj.as_nested_tensor(comps, ragged_dims=rd)
+    for d in range(1, x.dim()):
+        out = torch.renorm(x, p, d, 1.0)
+        refs = [torch.renorm(c, p, d - 1, 1.0) for c in comps]
+        for a, r in zip(out.unbind(), refs):
+            assert a.dtype == r.dtype
+            torch.testing.assert_close(a, r)
+        if dtype == D:
+            got = torch.autograd.grad((out * out).values().sum(), comps)
+            want = torch.autograd.grad(sum((r * r).sum() for r in refs), comps)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b)
+    with pytest.raises(NotImplementedError, match="renorm.*batch dim"):
+        torch.renorm(x, p, 0, 1.0)
+    with pytest.raises(RuntimeError, match="at least 2 dimensions"):
+        torch.renorm(mj.nested_tensor([torch.ones(2), torch.ones(1)]), p, 1, 1.0)

@@ -198,6 +198,8 @@ class MultiJaggedTensor(torch.Tensor):
     @staticmethod
     def __new__(cls, values: torch.Tensor, partition: Partition, ragged_dims: tuple[int, ...], *,
                 requires_grad: bool = False):
+        if values._is_zerotensor():  # NOTE [ Zero tensors never become values ]
+            values = torch.zeros(values.shape, dtype=values.dtype, device=values.device)
         size, stride, stored = partition.logical_size_stride(values, ragged_dims)
         with _DisableTF():  # NOTE [ Building a wrapper ]
             r = _new_wrapper(cls, size, stored, values.dtype, values.device, requires_grad)
@@ -742,6 +744,18 @@ def _rename(e: BaseException, func) -> None:
 def _graph(grad: torch.Tensor) -> bool:
     # In backward, grad mode is on only under create_graph=True.
     return torch.is_grad_enabled() and grad.requires_grad
+
+
+# NOTE [ Zero tensors never become values ]
+#
+# Dense autograd's formulas return ``at::_efficientzerotensor`` where a derivative is known to be
+# zero (``sgn``'s, reached by the double backward of ``abs`` or ``l1_loss``): a tensor with the
+# ZeroTensor dispatch key and no storage. A dense zero tensor passed to an op beside a wrapper is
+# harmless (the ZeroTensor key sits above Python and answers, or materialises it, before
+# ``__torch_dispatch__``), but one that crosses into a wrapper as its packed values (a gradient
+# through the bridge, an op on the values that returns one) would reach aten's kernels from inside
+# the handlers, below that key, as a null pointer. The wrapper's constructor materialises it: the
+# one place every wrapper's values pass, at the cost of one flag read per wrapper.
 
 
 def _resolved(values: torch.Tensor) -> torch.Tensor:

@@ -357,7 +357,9 @@ for _dunder, _f in [
     ("__radd__", lambda a, b: b + a),
     ("__rsub__", lambda a, b: b - a),
     ("__rmul__", lambda a, b: b * a),
-    ("__rtruediv__", lambda a, b: b / a),
+    # dense ``Tensor.__rtruediv__`` (``__rdiv__``) is ``self.reciprocal() * other``: its rounding, and
+    # its dtype (an integer self gives the default float dtype, which a 0-dim other does not promote)
+    ("__rtruediv__", lambda a, b: a.reciprocal() * b),
     ("__rpow__", lambda a, b: b ** a),
 ]:
     FAST[getattr(torch.Tensor, _dunder)] = _binary(_f, None)

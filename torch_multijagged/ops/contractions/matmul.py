@@ -42,6 +42,9 @@ def _linear(input, weight, bias=None):
         # Eagerly, with gradients, the values bridge lets the dense linear run under torch's own (C++) autograd:
         # cheaper than torch.library's Python autograd wrapper, on the op that dominates models.
         # Dynamo cannot trace the bridge (it reads the subclass's attributes), hence the op above.
+        # The bridge runs F.linear on the packed values, which would contract whatever static dim
+        # is last there: the handler's check first.
+        _check_linear_input(input, weight)
         return bridged.linear(input, weight, bias)
     return NotImplemented
 
@@ -217,15 +220,21 @@ def _scaled_grouped_mm(mat_a, mat_b, scale_a, recipe_a, swizzle_a, scale_b, reci
     return wrap_values(out, mat_a._partition, mat_a._ragged_dims)
 
 
-@register_multi_jagged_func(mj.linear.default, "x: mjt, weight: t, bias: t?")
-def linear_default(func, x, weight, bias=None):
+def _check_linear_input(x: MJT, weight: torch.Tensor) -> None:
+    """``linear`` contracts the last dim of each sample: it must be static (a ragged last dim is
+    not a packed-values dim) and match ``weight``."""
     v = x._values
     if v.dim() < 2 or x._ragged_dims[-1] == len(x._size) - 1 or v.shape[-1] != weight.shape[-1]:
         raise ValueError(
             f"linear(): expected the last dim of input to be static and equal to weight.shape[-1] = "
             f"{weight.shape[-1]}, got input shape {tuple(x.shape)}"
         )
-    return wrap(F.linear(v, weight, bias), x._partition, x._ragged_dims)
+
+
+@register_multi_jagged_func(mj.linear.default, "x: mjt, weight: t, bias: t?")
+def linear_default(func, x, weight, bias=None):
+    _check_linear_input(x, weight)
+    return wrap(F.linear(x._values, weight, bias), x._partition, x._ragged_dims)
 
 
 @register_multi_jagged_func(mj.linear_param_grads.default, "grad: mjt, x: mjt, weight: any, bias: any")

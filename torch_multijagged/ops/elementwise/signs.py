@@ -1,5 +1,7 @@
-"""``abs``, ``sgn`` and ``softsign`` with derivatives that need no concrete sizes: aten's formulas
-record ``sgn``, whose double backward builds zeros of the input's sizes (nested ints here)."""
+"""``abs``, ``sgn``, ``softsign``, ``special.i0e`` / ``i1e``, ``copysign`` and ``nextafter`` with
+derivatives that need no concrete sizes: aten's formulas record ``sgn``, whose double backward
+builds zeros of the input's sizes (nested ints here), and give ``copysign``'s / ``nextafter``'s
+``other`` a zero tensor of its sizes."""
 
 from __future__ import annotations
 
@@ -57,7 +59,47 @@ def _sgn_route(fn):
     return routed
 
 
+class _I0e(torch.autograd.Function):
+    """``special.i0e`` with aten's derivative ``grad · (i1e(x) − sgn(x) · i0e(x))``, its ``sgn``
+    taken on a detached x (see ``_AbsReal``); the backward's ``i0e`` / ``i1e`` are recorded, so
+    every order is differentiable."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x)
+        return torch.special.i0e(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return None
+        (x,) = ctx.saved_tensors
+        return grad * (torch.special.i1e(x) - x.detach().sgn() * torch.special.i0e(x))
+
+
+class _I1e(torch.autograd.Function):
+    """``special.i1e`` with aten's derivative (``i1e_backward``): ``grad / 2`` at 0, else
+    ``grad · (i0e(x) − i1e(x) · (sgn(x) + 1 / x))``, ``sgn`` on a detached x (see ``_I0e``)."""
+
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(x)
+        return torch.special.i1e(x)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return None
+        (x,) = ctx.saved_tensors
+        slope = torch.special.i0e(x) - torch.special.i1e(x) * (x.detach().sgn() + x.reciprocal())
+        return torch.where(x.detach() == 0, grad * 0.5, grad * slope)
+
+
 route(torch.abs, torch.Tensor.abs, torch.absolute, torch.Tensor.absolute)(_sgn_route(_AbsReal))
+route(torch.special.i0e)(_sgn_route(_I0e))
+route(torch.special.i1e)(_sgn_route(_I1e))
 route(torch.sgn, torch.Tensor.sgn)(_sgn_route(_SgnReal))
 
 
@@ -65,3 +107,37 @@ route(torch.sgn, torch.Tensor.sgn)(_sgn_route(_SgnReal))
 def _softsign(input):
     # F.softsign's body would call abs with the router off (aten's formula, see _AbsReal)
     return input / (input.abs() + 1) if isinstance(input, MJT) else NotImplemented
+
+
+class _ZeroDerivative(torch.autograd.Function):
+    """``out`` — the op computed from ``other`` detached — with ``other`` an input again, of zero
+    derivative: dense autograd's ``copysign`` / ``nextafter`` give ``other`` zeros of its sizes
+    (``at::_efficientzerotensor``, a factory that cannot take nested ints), here ``zeros_like``,
+    which the op table builds. The output requires grad whenever ``other`` does, as dense's."""
+
+    @staticmethod
+    def forward(ctx, out, other):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.other = other.detach()
+        return out.view_as(out)
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        return grad, torch.zeros_like(ctx.other)
+
+
+def _zero_derivative_route(fn):
+    """``fn(input, other)`` whose derivative in ``other`` is zero: ``other`` detached when it is
+    multi_jagged and requires grad (off the eager values path: a dense operand broadcast over
+    ragged dims, or an op the path does not take)."""
+
+    def routed(input, other, *, out=None):
+        if out is not None or not isinstance(other, MJT) or not _needs_grad(other) or torch.compiler.is_compiling():
+            return NotImplemented
+        return _ZeroDerivative.apply(fn(input, other.detach()), other)
+
+    return routed
+
+
+route(torch.copysign, torch.Tensor.copysign)(_zero_derivative_route(torch.copysign))
+route(torch.nextafter, torch.Tensor.nextafter)(_zero_derivative_route(torch.nextafter))

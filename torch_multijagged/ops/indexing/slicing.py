@@ -655,18 +655,24 @@ def _diff(input, n=1, dim=-1, prepend=None, append=None):
 @route(F.glu)
 def _glu(input, dim=-1):
     """``F.glu`` along a ragged dim: each sample's first half gated by its second,
-    ``x[:n/2] · σ(x[n/2:])`` along it, as dense; every sample's size there must be even."""
+    ``x[:n/2] · σ(x[n/2:])`` along it, as dense; every sample's size there must be even. Along an
+    even static dim under autograd, the same composition: aten's ``glu_backward`` has a derivative
+    that asks for concrete sizes (a second order would raise); otherwise the op table's handler."""
     if not isinstance(input, MJT):
         return NotImplemented
     d = canonical_dim("glu", input.dim(), dim)
-    if d not in input._ragged_dims or torch.compiler.is_compiling():
-        return NotImplemented  # a static dim: the op table's handler; traced: it names the ragged dim
-    n = _lengths(input, input._ragged_dims.index(d))
-    odd = (n % 2).nonzero()
-    if odd.numel():
-        s = int(odd[0])
-        raise RuntimeError(f"glu(): Halving dimension must be even, but dimension {d} is size {int(n[s])} "
-                           f"in sample {s} of {describe(input)}")
+    if torch.compiler.is_compiling():
+        return NotImplemented  # traced: the handler names the ragged dim
+    if d not in input._ragged_dims:
+        if not (torch.is_grad_enabled() and input.requires_grad and input.shape[d] % 2 == 0):
+            return NotImplemented  # the op table's handler (an odd size: aten's error)
+    else:
+        n = _lengths(input, input._ragged_dims.index(d))
+        odd = (n % 2).nonzero()
+        if odd.numel():
+            s = int(odd[0])
+            raise RuntimeError(f"glu(): Halving dimension must be even, but dimension {d} is size {int(n[s])} "
+                               f"in sample {s} of {describe(input)}")
     half = input.shape[d] // 2
     head = (slice(None),) * d
     return input[head + (slice(None, half),)] * torch.sigmoid(input[head + (slice(half, None),)])

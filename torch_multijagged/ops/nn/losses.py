@@ -134,6 +134,11 @@ def _bce_with_logits(input, target, weight=None, size_average=None, reduce=None,
     if not _involved(input, target, weight, pos_weight):
         return NotImplemented
     reduction = _legacy("binary_cross_entropy_with_logits", size_average, reduce, reduction)
+    for arg, t in (("weight", weight), ("pos_weight", pos_weight)):
+        if isinstance(t, torch.Tensor) and t.requires_grad and torch.is_grad_enabled():
+            # dense torch's refusal: its kernel has no derivative for the weights (the formula below would)
+            raise RuntimeError(f"The function 'binary_cross_entropy_with_logits' is not differentiable with respect to "
+                               f"argument '{arg}'. This input cannot have requires_grad True.")
     input, target, weight, pos_weight = _autocast_fp32(input, target, weight, pos_weight)
     # dense torch's stable form: (1 - y)·x + l·(log1p(exp(-|x|)) + max(-x, 0)), l = 1 + (p - 1)·y
     soft = torch.log1p(torch.exp(-input.abs())) + torch.clamp(-input, min=0)

@@ -218,8 +218,27 @@ route(torch.cumsum, torch.Tensor.cumsum)(_scan_route("cumsum"))
 route(torch.cumprod, torch.Tensor.cumprod)(_scan_route("cumprod"))
 route(torch.logcumsumexp, torch.Tensor.logcumsumexp)(_scan_route("logcumsumexp"))
 
-route(torch.Tensor.cumsum_)(in_place_route("cumsum_"))
-route(torch.Tensor.cumprod_)(in_place_route("cumprod_"))
+def _scan_in_place(name: str):
+    """``x.cumsum_`` / ``x.cumprod_``: the out-of-place scan written back (``in_place_route``),
+    refusing what the dense in-place scan refuses: a ``dtype=`` other than ``x``'s, and bool (the
+    out-of-place scan promotes it to int64; in place there is no bool kernel)."""
+    write = in_place_route(name)
+
+    def routed(input, *args, **kwargs):
+        if isinstance(input, MJT):
+            dtype = kwargs.get("dtype", args[1] if len(args) > 1 else None)
+            if dtype is not None and dtype != input.dtype:
+                raise RuntimeError(f"{name}(): bad in-place call: input tensor dtype {input.dtype} and output tensor "
+                                   f"dtype {dtype} should match")
+            if input.dtype == torch.bool:
+                raise NotImplementedError(f"{name}(): not implemented for 'Bool' (as dense torch's in-place scan)")
+        return write(input, *args, **kwargs)
+
+    return routed
+
+
+route(torch.Tensor.cumsum_)(_scan_in_place("cumsum_"))
+route(torch.Tensor.cumprod_)(_scan_in_place("cumprod_"))
 
 
 # ----------------------------------------------------------------------------- norms

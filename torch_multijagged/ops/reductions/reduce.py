@@ -113,12 +113,17 @@ def plan_cached(func, x: MJT, dims, name: str | None = None) -> _Plan:
     return hit
 
 
-def _static_reduce(v: torch.Tensor, vdims, kind: str) -> torch.Tensor:
+def _static_reduce(v: torch.Tensor, vdims, kind: str, empty=None) -> torch.Tensor:
+    """``v`` reduced over its static dims ``vdims`` (kept as size 1). ``empty``: what ``amax`` /
+    ``amin`` give over an empty dim where the caller has a value for it (``any``, ``all``, the
+    shift of ``logsumexp``); without one they raise as dense torch's."""
     if not vdims:
         return v
     if kind == "sum":  # in v's dtype: _reduce has promoted it already (or dtype= asked for it)
         return v.sum(vdims, keepdim=True, dtype=v.dtype)
     if kind in ("amax", "amin"):
+        if empty is not None and any(v.shape[d] == 0 for d in vdims):
+            return v.new_full([1 if d in vdims else n for d, n in enumerate(v.shape)], empty)
         return getattr(v, kind)(vdims, keepdim=True)
     for d in vdims:  # prod / any / all take one dim at a time
         v = v.prod(d, keepdim=True, dtype=v.dtype) if kind == "prod" else getattr(v, kind)(d, keepdim=True)
@@ -140,11 +145,14 @@ def _empty_value(kind: str, dtype: torch.dtype):
     return info.min if kind == "amax" else info.max
 
 
-def _forward_k(plan: _Plan, x: MJT, v: torch.Tensor, kind: str) -> torch.Tensor:
-    """Reduce values ``v`` (x's rows) to layout K."""
+def _forward_k(plan: _Plan, x: MJT, v: torch.Tensor, kind: str, empty_ok: bool = False) -> torch.Tensor:
+    """Reduce values ``v`` (x's rows) to layout K. ``empty_ok``: an ``amax`` / ``amin`` over an
+    empty static dim gives the empty segment's value instead of raising (``logsumexp``'s shift)."""
     if kind in ("any", "all"):
         v = v.to(torch.uint8) if v.dtype == torch.bool else (v != 0).to(torch.uint8)
-    v = _static_reduce(v, plan.vdims, {"any": "amax", "all": "amin"}.get(kind, kind))
+        empty_ok = True
+    empty = _empty_value(kind, v.dtype) if empty_ok else None
+    v = _static_reduce(v, plan.vdims, {"any": "amax", "all": "amin"}.get(kind, kind), empty)
     if plan.index is not None:
         v = seg.segment_reduce(v, plan.index, plan.rows, _SEGMENT[kind], empty=_empty_value(kind, v.dtype))
     if kind in ("any", "all"):  # bool, except uint8 in → uint8 out (dense torch's legacy rule)
@@ -230,7 +238,7 @@ def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str 
             # accumulated in float32 and rounded once, ``log`` and ``+ max`` in the input's dtype
             v = v.to(low)
         # a complex input's shift is its real part's max, as dense logsumexp takes it
-        m = _forward_k(plan, x, v.detach().real if v.is_complex() else v.detach(), "amax")
+        m = _forward_k(plan, x, v.detach().real if v.is_complex() else v.detach(), "amax", empty_ok=True)
         # an empty segment's max is the lowest value, as is a real one of masked entries
         # (``finfo.min``): only the empty ones (and infinite maxima) shift by 0
         m = torch.where(torch.isinf(m) | (plan.count(x, m.dtype, v) == 0), torch.zeros_like(m), m)

@@ -344,9 +344,12 @@ def _nan_zeroed(input):
 
 @route(torch.nansum, torch.Tensor.nansum)
 def _nansum(input, dim=None, keepdim=False, *, dtype=None):
-    """``sum`` with nan counted as 0, over any dims (aten's ``nansum`` has no handler)."""
+    """``sum`` with nan counted as 0, over any dims (aten's ``nansum`` has no handler); complex on
+    CPU refused, as dense's."""
     if not isinstance(input, MJT):
         return NotImplemented
+    if input.is_complex() and input.device.type == "cpu":
+        raise RuntimeError("nansum(): complex inputs are not supported on CPU (as dense torch's nansum)")
     return torch.sum(_nan_zeroed(input), dim, keepdim, dtype=dtype) if dim is not None else torch.sum(_nan_zeroed(input), dtype=dtype)
 
 
@@ -404,15 +407,19 @@ route(torch.var_mean)(_moments(False))
 route(torch.std_mean)(_moments(True))
 
 
-def _trapezoids(name: str, input, x, dx, dim):
-    """The trapezoids' areas along ragged ``dim`` of ``input`` (``(y[1:] + y[:-1]) · dx / 2``
-    per sample, one fewer along that dim), or None where dense's own kernel serves (a static dim,
-    sample points ``x`` given)."""
+def _trapezoids(name: str, input, x, dx, dim, static: bool = True):
+    """The trapezoids' areas along ``dim`` of ``input`` (``(y[1:] + y[:-1]) · dx / 2`` per sample,
+    one fewer along that dim; dense ``cumulative_trapezoid``'s terms), or None where dense's own
+    decomposition serves: sample points ``x`` given, the batch dim, a non-empty static dim unless
+    ``static`` (dense ``trapezoid``'s; of an empty one it builds zeros of the nested-int sizes, and
+    dense ``cumulative_trapezoid`` reaches no handler)."""
     if not isinstance(input, MJT) or x is not None:
         return None
     d = canonical_dims(name, input.dim(), [dim])[0]
-    if d not in input._ragged_dims:
+    if d == 0 or (d not in input._ragged_dims and not static and input._size[d] != 0):
         return None
+    if input.dtype == torch.bool:
+        raise RuntimeError(f"{name}: received a bool input for `y`, but bool is not supported")
     head = (slice(None),) * d
     spacing = 1.0 if dx is None else dx
     return (input[head + (slice(1, None),)] + input[head + (slice(None, -1),)]) * (spacing / 2), d
@@ -421,13 +428,46 @@ def _trapezoids(name: str, input, x, dx, dim):
 @route(torch.trapezoid, torch.trapz)
 def _trapezoid(y, x=None, *, dx=None, dim=-1):
     """The trapezoidal rule along a ragged dim, per sample (an empty or one-point sample: 0), as
-    the sum of the trapezoids; uniform spacing ``dx`` only."""
-    areas = _trapezoids("trapezoid", y, x, dx, dim)
+    the sum of the trapezoids; uniform spacing ``dx`` only. Along a static dim, dense torch's
+    decomposition (its rounding), unless the dim is empty (0, as dense's)."""
+    areas = _trapezoids("trapezoid", y, x, dx, dim, static=False)
     return NotImplemented if areas is None else areas[0].sum(areas[1])
 
 
 @route(torch.cumulative_trapezoid)
 def _cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
-    """Running trapezoidal rule along a ragged dim, per sample: one fewer point along it."""
-    areas = _trapezoids("cumulative_trapezoid", y, x, dx, dim)
+    """Running trapezoidal rule along any dim but the batch dim, per sample: one fewer point
+    along it."""
+    areas = _trapezoids("cumulative_trapezoid", y, x, dx, dim, static=True)
     return NotImplemented if areas is None else areas[0].cumsum(areas[1])
+
+
+@route(torch.renorm, torch.Tensor.renorm)
+def _renorm(input, p, dim, maxnorm, *, out=None):
+    """Each sample's sub-tensors along ``dim`` (a static or a ragged dim) scaled to a ``p``-norm of
+    at most ``maxnorm``, as dense ``renorm`` does per sample: the norm over every other dim of the
+    sample (ragged ones included) and dense's factor ``maxnorm / (norm + 1e-7)`` where the norm
+    exceeds ``maxnorm``. A trailing size-1 dim makes the reduced dims never empty (a sub-tensor of
+    one element, ``(B, j0)`` along ``j0``). Half precision takes the norm and factor in float32, as
+    dense's. The ``inf`` norm of a sample's empty sub-tensor is 0 (NOTE [ Norm of an empty
+    extent ]) where dense raises. The batch dim is no per-sample dim: it raises."""
+    if not isinstance(input, MJT) or out is not None:
+        return NotImplemented
+    if input.dim() < 3:
+        raise RuntimeError(f"renorm: input needs at least 2 dimensions, got {input.dim() - 1} dimensions")
+    if p <= 0:
+        raise RuntimeError("renorm: non-positive-norm not supported")
+    if maxnorm < 0:
+        raise RuntimeError(f"renorm: expected maxnorm to be >= 0 but got {maxnorm}")
+    d = canonical_dims("renorm", input.dim(), [dim])[0]
+    if d == 0:
+        raise NotImplementedError(
+            "renorm(): along the batch dim of a multi_jagged tensor a sub-tensor is a whole sample, which no "
+            "per-sample renorm gives for layout torch.multi_jagged; renorm along a dim of the samples"
+        )
+    low = input.dtype in (torch.float16, torch.bfloat16)
+    y = input.unsqueeze(-1)
+    others = [e for e in range(1, y.dim()) if e != d]
+    norm = torch.linalg.vector_norm(y, p, others, keepdim=True, dtype=torch.float32 if low else None).squeeze(-1)
+    factor = torch.where(norm > maxnorm, maxnorm / (norm + 1e-7), torch.ones_like(norm))
+    return input * (factor.to(input.dtype) if low else factor)

@@ -231,7 +231,8 @@ def _per_sample_grad(v, rows, work, fn, shape, width, indexed, contiguous, simpl
                 res_i = _untranspose(res_i, shape, like) if indexed else None
             else:
                 res_v, res_i = _pair(fn(t, 0), indexed)
-            lead = (-1,) if shape == "keep" else (1, width) if shape == "static" else (1,)
+            # row counts spelled out: with no static elements (s = 0) a -1 would be ambiguous
+            lead = (t.shape[0],) if shape == "keep" else (1, width) if shape == "static" else (1,)
             vals.append(res_v.reshape(*lead, s))
             if indexed:
                 idxs.append(res_i.reshape(*lead, s))
@@ -249,7 +250,7 @@ def _from_block(t, shape, outer, inner, width, s):
     """The op's result along dim 1 of ``(outer, n, inner, S)`` as packed rows ``(rows, S)``
     (``keep``), per segment ``(segments, width, S)`` (``static``) or ``(segments, S)``."""
     if shape == "keep":
-        return t.reshape(-1, s)
+        return t.reshape(outer * t.shape[1] * inner, s)
     if shape == "remove":
         return t.reshape(outer * inner, s)
     return t.transpose(1, 2).reshape(outer * inner, width, s)
@@ -277,7 +278,7 @@ def _per_length(v2: torch.Tensor, p: Partition, k: int, fn: Callable, shape: str
         t = groups[j].view(segs[j], n, *tail)
         if grad:
             res_v, res_i = _pair(fn(t, 1), indexed)
-            lead = (-1,) if shape == "keep" else (segs[j], width) if shape == "static" else (segs[j],)
+            lead = (segs[j] * n,) if shape == "keep" else (segs[j], width) if shape == "static" else (segs[j],)
             vals.append(res_v.reshape(*lead, s))
             if indexed:
                 idxs.append(res_i.reshape(*lead, s))

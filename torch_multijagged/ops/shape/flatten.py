@@ -173,19 +173,22 @@ def flatten_ragged_static(op: str, x: MJT, start: int, end: int) -> MJT:
     merged = [statics.index(d) + 1 for d in range(start + 1, end + 1)]  # their values dims
     v = v.movedim(merged, list(range(1, len(merged) + 1)))
     shape = (v.shape[0] * k, *v.shape[len(merged) + 1:])
-    if op == "view":
-        try:
-            new = v.view(shape)
-        except RuntimeError:
+    try:
+        new, copied = v.view(shape), False
+    except RuntimeError:
+        if op == "view":
             raise RuntimeError(
                 f"view(): cannot view {describe(x)} with dims {start}..{end} merged: the elements are not stored in "
                 "that order (a static dim before the ragged one); use .reshape(...) instead"
             ) from None
-    else:
-        new = v.reshape(shape)
-    if not _needs_grad(x):
-        return wrap(new, out, x._ragged_dims)
-    return wrap_values(new, out, x._ragged_dims)
+        new, copied = v.reshape(shape), True
+    y = wrap_values(new, out, x._ragged_dims) if _needs_grad(x) else wrap(new, out, x._ragged_dims)
+    if copied and new.numel():
+        # dense reshape of a contiguous sample is a view here: a write into the copy would be lost
+        from .views import _mark_reorder_copy
+
+        _mark_reorder_copy(y._values, "a reshape merging a ragged dim with static dims stored apart from it", base=x)
+    return y
 
 
 @eager_route(_WHY)

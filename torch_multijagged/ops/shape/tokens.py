@@ -45,6 +45,7 @@ from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...structure import Partition
 from .._common import MJT, describe, eager_route
+from .views import _mark_reorder_copy, guard_dense_write
 
 __all__ = ["FlatBatch", "flat_request", "flatten_batch"]
 
@@ -125,7 +126,13 @@ def flatten_batch(op: str, x: MJT, shape) -> "FlatBatch":
             "(a dim precedes a ragged dim); use .reshape(...) instead"
         )
     else:
-        flat = torch.cat([t.reshape(-1) for t in x.unbind()]).view(shape)
+        whole = torch.cat([t.reshape(-1) for t in x.unbind()])
+        if whole.numel():
+            # a copy where dense reshape gives a view: writes into it refuse. ``whole`` is registered,
+            # the base of every view of the result (``x.reshape(-1, C)[:, :1]``), which keeps it alive
+            _mark_reorder_copy(whole, "the batch dim flattened where the elements are not stored in the samples' "
+                               "order", base=x)
+        flat = whole.view(shape)
     return FlatBatch._mark(flat, x._partition, tuple(x._size[d] for d in x._ragged_dims))
 
 
@@ -170,6 +177,7 @@ _EAGER: list = []
 
 
 def _torch_function(func, types, args, kwargs):
+    guard_dense_write(func, args, kwargs)
     batch = _batch_of(args, kwargs)
     restore = _RESTORE.get(func)
     if restore is not None:

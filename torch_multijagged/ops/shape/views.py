@@ -159,7 +159,12 @@ def _permute(inp, perm):
 # give an ordinary, writable tensor, as ``.contiguous()`` does for a dense transpose.
 # Copies are recognised by their storage: a registry of storage pointer → weak reference to
 # the gathered values (a pointer only counts while that tensor lives, so reuse cannot confuse
-# it). Empty values have no storage to write and are not registered.
+# it). Empty values have no storage to write and are not registered. Other copies made where a
+# dense sample's op is a view register the same way: a merge of the last ragged dim with static
+# dims stored apart from it (``(B, S, j0, C).flatten(-2)``, ``flatten.py``), a split of ragged
+# dims into parts, and the batch dim flattened where the elements are not stored in the samples'
+# order (``(B, S, j0, C).reshape(-1)``, a dense ``FlatBatch`` whose in-place methods never reach
+# ``__torch_dispatch__``: ``guard_dense_write`` checks them at the function level).
 #
 # NOTE [ Slices of ragged dims write through ]
 #
@@ -367,6 +372,28 @@ def guard_write(func, args, kwargs) -> None:
                 f"{name}(): cannot write in place to {describe(x)}: it comes from {hit[1]}, which is a copy for layout "
                 f"torch.multi_jagged (not a view of the original), so the write would not reach the original; {how}, "
                 "or call .contiguous() to write to the copy deliberately"
+            )
+
+
+def guard_dense_write(func, args, kwargs) -> None:
+    """Raise when ``func``, called on a dense tensor (a ``FlatBatch``, which never reaches
+    ``__torch_dispatch__``), writes in place into a registered copy (NOTE [ Reordered ragged dims
+    are copies ]): the batch dim flattened where the elements are not stored in the samples'
+    order, which dense torch's ``reshape`` of a contiguous batch gives as a view."""
+    if not _REORDER_COPIES or not args:
+        return
+    out = kwargs.get("out") if kwargs else None
+    targets = [out] if isinstance(out, torch.Tensor) else []
+    if _writes_self(func) or (kwargs and kwargs.get("inplace") is True):
+        targets.append(args[0])
+    for t in targets:
+        hit = _REORDER_COPIES.get(_storage_ptr(t)) if isinstance(t, torch.Tensor) else None
+        if hit is not None and hit[0]() is not None:
+            name = getattr(func, "__name__", str(func)).split(".")[0]
+            raise NotImplementedError(
+                f"{name}(): cannot write in place to this tensor: it comes from {hit[1]}, which is a copy for layout "
+                "torch.multi_jagged (not a view of the original), so the write would not reach the original; "
+                "write to the original, or call .clone() to write to the copy deliberately"
             )
 
 
