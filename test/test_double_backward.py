@@ -158,6 +158,22 @@ def test_gradgrad_unary(name):
     assert gradgrad(UNARY[name], "seq")
 
 
+@pytest.mark.parametrize("fn", [torch.special.i0e, torch.special.i1e], ids=lambda f: f.__name__)
+def test_second_derivative_of_bessel_functions_at_zero_is_dense_s(fn):
+    """At x = 0 (aten's special case for i1e's slope, 1 / x in the branch it drops), the first and
+    second derivatives are dense torch's: finite, not 0 · inf = NaN."""
+    comps = [torch.tensor([[0.0, 0.5], [0.0, -1.0]], dtype=D), torch.zeros(1, 2, dtype=D)]
+    leaves = [c.clone().requires_grad_() for c in comps]
+    x = mj.as_nested_tensor(leaves)
+    g = torch.autograd.grad(fn(x).values().sum(), leaves, create_graph=True)
+    gg = torch.autograd.grad(sum(t.sum() for t in g), leaves)
+    dense = [c.clone().requires_grad_() for c in comps]
+    dg = torch.autograd.grad(sum(fn(c).sum() for c in dense), dense, create_graph=True)
+    dgg = torch.autograd.grad(sum(t.sum() for t in dg), dense)
+    for a, b in zip((*g, *gg), (*dg, *dgg)):
+        torch.testing.assert_close(a, b)
+
+
 BINARY = {
     "add": torch.add,
     "sub": torch.sub,

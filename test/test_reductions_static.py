@@ -185,6 +185,9 @@ def test_whole_reduction_of_a_batch_without_elements_raises_as_dense(op, batch):
         x = torch.nested.nested_tensor(comps, layout=mj.multi_jagged)
     with pytest.raises((RuntimeError, IndexError), match="Expected reduction dim"):
         getattr(x, op)()
+    if op in ("amax", "amin"):  # every dim named, the batch dim among them
+        with pytest.raises(RuntimeError, match="Expected reduction dim"):
+            getattr(x, op)(dim=(0, 1, 2))
     if batch == "all samples empty" and op in ("amax", "amin"):
         lowest = torch.finfo(x.dtype).min if op == "amax" else torch.finfo(x.dtype).max
         assert torch.equal(getattr(x, op)(dim=1), torch.full((2, 4), lowest))

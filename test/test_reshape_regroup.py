@@ -84,3 +84,18 @@ def test_regrouping_reshape_errors_and_the_empty_batch():
     for size, ragged, static in (((0, -1, 3), (1,), 2), ((0, 3, -1), (2,), 1)):
         out = empty.reshape(size)
         assert out.shape[0] == 0 and out.ragged_dims == ragged and out.shape[static] == 3 and out.dtype == empty.dtype
+
+
+def test_a_regrouping_copy_refuses_in_place_writes():
+    """Dense ``reshape`` of a contiguous sample is a view, so a write into our per-sample copy
+    would be lost: it raises instead (``view`` keeps refusing such a regrouping); the view-like
+    regrouping stays a view and writes through."""
+    x = mj.nested_tensor([torch.zeros(3, 2, 4), torch.zeros(3, 1, 4)], ragged_dims=(2,))  # (B, 3, j0, 4)
+    y = x.reshape(2, -1, 6)
+    with pytest.raises(NotImplementedError, match="regrouping elements across a ragged dim"):
+        y.add_(1)
+    torch.testing.assert_close(y.contiguous().add_(1).unbind()[0], torch.ones(4, 6))  # a deliberate copy
+    t = mj.nested_tensor([torch.zeros(2, 6), torch.zeros(1, 6)])
+    v = t.reshape(2, -1, 3)
+    v.add_(1)
+    assert all(bool((s == 1).all()) for s in t.unbind())

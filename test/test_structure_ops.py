@@ -667,3 +667,15 @@ def test_view_and_reshape_take_an_equal_sized_nested_int():
     other = mj.as_nested_tensor([torch.zeros(n, 1) for n in (3, 1, 4)])
     with pytest.raises(mj.StructureError, match="not a ragged size"):
         mj.as_nested_tensor(comps).reshape(3, other.shape[1], 8)
+
+
+@pytest.mark.parametrize("op", ["view", "reshape"])
+def test_a_square_pair_s_dims_named_apart_raise_clearly(op):
+    """``p.view(B, k, p.shape[2], C)`` with ``k`` another nested int of ``p``'s lengths names one
+    extent two ways: a clear error (relabelling both dims would make the other name foreign in
+    turn, without end)."""
+    lens = (2, 3)
+    p = mj.as_nested_tensor([torch.randn(n, n, 2) for n in lens], ragged_dims=(1, 2))
+    k = mj.as_nested_tensor([torch.zeros(n) for n in lens]).shape[1]
+    with pytest.raises(mj.StructureError, match="not a ragged size"):
+        getattr(p, op)(2, k, p.shape[2], 2)

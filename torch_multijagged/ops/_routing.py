@@ -181,9 +181,12 @@ def unify_shape(x: MJT, shape) -> MJT:
         return x
     extents = x._partition.extents
     wanted = [e for e in (extent_of(s) for s in named) if e is not None and all(e is not f for f in extents)]
+    # an extent the shape also names by its own nested int keeps it (a square pair's two dims
+    # named apart: relabelling both would make the other name foreign in turn)
+    kept = {id(e) for d, e in zip(x._ragged_dims, extents) if any(s is x._size[d] for s in shape)}
     swap = {}
     for w in wanted:
-        fits = [e for e in extents if id(e) not in swap and same_extent(e, w)]
+        fits = [e for e in extents if id(e) not in swap and id(e) not in kept and same_extent(e, w)]
         if len({id(e) for e in fits}) == 1:
             swap[id(fits[0])] = w
     if not swap:

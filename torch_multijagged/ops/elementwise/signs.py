@@ -93,8 +93,12 @@ class _I1e(torch.autograd.Function):
         if grad is None:
             return None
         (x,) = ctx.saved_tensors
-        slope = torch.special.i0e(x) - torch.special.i1e(x) * (x.detach().sgn() + x.reciprocal())
-        return torch.where(x.detach() == 0, grad * 0.5, grad * slope)
+        zero = x.detach() == 0
+        # 1 / x where x is 0 would be inf in the branch ``where`` drops, and its derivative
+        # (−1 / x²) would make the second derivative 0 · inf = NaN there: take 1 / 1 instead
+        safe = torch.where(zero, torch.ones_like(x), x)
+        slope = torch.special.i0e(x) - torch.special.i1e(x) * (x.detach().sgn() + safe.reciprocal())
+        return torch.where(zero, grad * 0.5, grad * slope)
 
 
 route(torch.abs, torch.Tensor.abs, torch.absolute, torch.Tensor.absolute)(_sgn_route(_AbsReal))

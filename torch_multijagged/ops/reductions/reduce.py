@@ -363,9 +363,9 @@ _KINDS = library.REDUCTIONS
 def reduce_default(func, x, kind, dim, keepdim):
     if kind not in _KINDS:
         raise ValueError(f"reduce(): expected kind in {_KINDS}, got {kind!r}")
-    if kind in ("amax", "amin") and not dim and x._values.numel() == 0:
-        # over every dim of a batch without elements: no sample's extent for the empty-extent
-        # rule to give a value to; dense torch (and our max()) raise
+    if kind in ("amax", "amin") and x._values.numel() == 0 and (not dim or any(d % len(x._size) == 0 for d in dim)):
+        # over every dim (or the batch dim) of a batch without elements: no sample's extent for
+        # the empty-extent rule to give a value to; dense torch (and our max()) raise
         raise RuntimeError(f"{kind}(): Expected reduction dim to be specified for input.numel() == 0. "
                            "Specify the reduction dim with the 'dim' argument.")
     return _reduce(func, x, dim, keepdim, kind, name=kind)

@@ -37,6 +37,7 @@ from ... import constructors
 from ...errors import StructureError
 from .._common import MJT, describe, eager_route
 from .flatten import flatten_ragged_static, unflatten_ragged_static
+from .views import mark_copy_of
 
 _WHY = ("{op}(): regrouping static elements across a ragged dim needs the per-sample sizes on the host (a new "
         "ragged extent), which torch.compile cannot trace for layout torch.multi_jagged: a graph break")
@@ -87,7 +88,9 @@ def _per_sample(op: str, x: MJT, size: tuple, i: int) -> MJT:
         except RuntimeError as e:
             raise RuntimeError(f"{op}(): cannot {op} sample {k} of {describe(x)} to {shape}: {e}") from None
     if parts:
-        return constructors.as_nested_tensor(parts, ragged_dims=(i,))
+        # dense reshape of a contiguous sample is a view: a write into this copy would be lost
+        return mark_copy_of(constructors.as_nested_tensor(parts, ragged_dims=(i,)),
+                            f"a {op} regrouping elements across a ragged dim", base=x)
     statics = [s for j, s in enumerate(shape) if j != i - 1]
     empty = torch.zeros(0, *statics, dtype=x.dtype, device=x.device)
     host = torch.zeros(0, 1, dtype=torch.int64)

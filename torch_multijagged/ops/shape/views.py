@@ -204,6 +204,14 @@ def _mark_reorder_copy(values: torch.Tensor, origin: str = _REORDERED, base=None
     _mark_copy(values, origin, base=base)
 
 
+def mark_copy_of(y: MJT, origin: str, base: MJT) -> MJT:
+    """``y`` (a batch copied from ``base`` where dense torch gives a view) registered as such a copy:
+    writes into it refuse (for the route modules, which do not read packed values)."""
+    if y._values.numel():
+        _mark_copy(y._values, origin, base=base)
+    return y
+
+
 def _state(base: MJT) -> list:
     """What a copy remembers of its base: its versions and the write clock (``_written``)."""
     return [_versions(base), WRITE_CLOCK[0]]
