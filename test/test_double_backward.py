@@ -241,6 +241,9 @@ _BATCH_SPANNING = {
     "w - x, w (B, 1, C)": ("seq", lambda x, w: (w - x) ** 3, (3, 1, 3)),
     "x / w, w (B, 1, 1)": ("seq", lambda x, w: (x / (w * w + 1)).sin(), (3, 1, 1)),
     "x + w, w (1, 1, 1, C)": ("rect", lambda x, w: ((x + w) ** 2).tanh(), (1, 1, 1, 2)),
+    "x ** w, w (B, 1, C)": ("seq", lambda x, w: (x * x + 0.5) ** w, (3, 1, 3)),
+    "torch.pow(x, m)": ("seq", lambda x: torch.pow(x * x + 0.5, x.mean(1, keepdim=True)), None),
+    "atan2(x, w), w (B, 1, C)": ("seq", lambda x, w: torch.atan2(x, w), (3, 1, 3)),
 }
 
 
@@ -280,7 +283,7 @@ def test_dense_operand_spanning_the_batch_matches_each_sample(op):
     "ragged dims); that sum's own derivative expands a dense tensor to nested-int sizes, which "
     "aten refuses"))
 def test_gradgrad_dense_operand_requiring_grad_known_limitation():
-    assert gradgrad(lambda x, w: torch.atan2(x, w), "lead", _p(3))
+    assert gradgrad(lambda x, w: torch.hypot(x, w), "lead", _p(3))
 
 
 def test_dense_operand_double_backward_raises_a_clear_error():
@@ -288,7 +291,7 @@ def test_dense_operand_double_backward_raises_a_clear_error():
     multi_jagged tensor, instead of aten's bare "concrete integers" error; first order works."""
     x = mj.nested_tensor(comps_for([(3, 4), (0, 4), (2, 4)], 7)).requires_grad_()
     w = torch.randn(4, dtype=x.dtype, requires_grad=True)
-    gx, gw = torch.autograd.grad(torch.atan2(x, w).values().pow(2).sum(), (x, w), create_graph=True)
+    gx, gw = torch.autograd.grad(torch.hypot(x, w).values().pow(2).sum(), (x, w), create_graph=True)
     with pytest.raises(NotImplementedError, match="double backward .* dense operand"):
         torch.autograd.grad(gw.sum() + gx.values().sum(), (x, w))
 

@@ -656,3 +656,16 @@ def test_ctc_loss_lengths_read_each_samples_own_labels_and_steps():
         F.ctc_loss(x.transpose(0, 1), y, torch.tensor(steps), torch.tensor([2, 4, 0, 1]))
     with pytest.raises(RuntimeError, match=r"input_lengths\[0\] = 10 exceeds sample 0's length, 9"):
         F.ctc_loss(x, y, (10, 8, 0, 12), (3, 3, 0, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int16, torch.uint8])
+def test_class_index_dtypes_as_dense(dtype):
+    """Class indices of a dtype dense refuses raise dense's error; uint8 works as dense."""
+    x = mj.nested_tensor([torch.randn(3, 4), torch.randn(2, 4)]).transpose(1, 2)
+    t = mj.nested_tensor([torch.tensor([0, 1, 2]), torch.tensor([1, 0])]).to(dtype)
+    if dtype == torch.uint8:
+        want = F.cross_entropy(torch.cat([c.T for c in x.unbind()]), torch.tensor([0, 1, 2, 1, 0]))
+        torch.testing.assert_close(F.cross_entropy(x, t), want)
+    else:
+        with pytest.raises(RuntimeError, match="expected target dtype"):
+            F.cross_entropy(x, t)

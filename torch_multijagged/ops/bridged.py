@@ -164,7 +164,7 @@ def class_loss(fn, input: MJT, target: MJT, **kwargs):
         t = values_of(target) if grad and target.requires_grad else target._values
         like = input
     else:
-        t = target._values if target.dtype == torch.int64 else target._values.long()
+        t = target._values  # int64 or uint8 as dense takes them; other dtypes raise dense's error
         like = target
     out = fn(x, t, **kwargs)
     if kwargs["reduction"] != "none":

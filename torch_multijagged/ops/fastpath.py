@@ -340,6 +340,7 @@ _BINARY = {
     # aten's derivative of ``other`` is ``zeros_like(other)``, which the general path cannot
     # build at nested-int sizes: on the values it is dense torch's own
     "copysign": aten.copysign.Tensor,
+    "atan2": aten.atan2.default,
 }
 for _name, _op in _BINARY.items():
     for _owner in (torch, torch.Tensor):
@@ -350,7 +351,7 @@ for _dunder, _op, _f in [
     ("__sub__", aten.sub.Tensor, operator.sub),
     ("__mul__", aten.mul.Tensor, operator.mul),
     ("__truediv__", aten.div.Tensor, operator.truediv),
-    ("__pow__", None, operator.pow),
+    ("__pow__", aten.pow.Tensor_Tensor, operator.pow),
 ]:
     FAST[getattr(torch.Tensor, _dunder)] = _binary(_f, _op)
 for _dunder, _f in [
@@ -363,7 +364,7 @@ for _dunder, _f in [
     ("__rpow__", lambda a, b: b ** a),
 ]:
     FAST[getattr(torch.Tensor, _dunder)] = _binary(_f, None)
-FAST[torch.pow] = FAST[torch.Tensor.pow] = _binary(torch.pow, None)
+FAST[torch.pow] = FAST[torch.Tensor.pow] = _binary(torch.pow, aten.pow.Tensor_Tensor)
 
 
 # --------------------------------------------------------------------------- row-wise nn ops
