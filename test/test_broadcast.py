@@ -775,3 +775,9 @@ def test_kron_with_a_dense_other_per_sample(other_shape):
     x = mj.nested_tensor(xs)
     with pytest.raises(NotImplementedError, match=r"kron\(\): .* not supported for layout torch.multi_jagged"):
         torch.kron(w, x)
+
+
+def test_kron_of_several_ragged_dims_raises_clearly():
+    p = mj.nested_tensor([torch.randn(2, 2), torch.randn(3, 3)], ragged_dims=(1, 2))
+    with pytest.raises(NotImplementedError, match="several ragged dims"):
+        torch.kron(p, torch.ones(2, 3))

@@ -99,3 +99,23 @@ def test_a_regrouping_copy_refuses_in_place_writes():
     v = t.reshape(2, -1, 3)
     v.add_(1)
     assert all(bool((s == 1).all()) for s in t.unbind())
+
+
+@pytest.mark.parametrize("layout", ["static_before", "pair"])
+def test_reshape_to_one_dim_per_sample(layout):
+    """``reshape(B, -1)`` flattens each sample, whatever its ragged dims' places: values and
+    gradients as dense on each sample, with a zero-length sample."""
+    if layout == "static_before":
+        comps = [torch.randn(3, n, 4, dtype=torch.float64) for n in (2, 0, 4)]
+        rd = (2,)
+    else:
+        comps = [torch.randn(n, n, 2, dtype=torch.float64) for n in (2, 0, 3)]
+        rd = (1, 2)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    x = mj.as_nested_tensor(leaves, ragged_dims=rd)
+    y = x.reshape(3, -1)
+    cot = [torch.randn(c.numel(), dtype=torch.float64) for c in comps]
+    got = torch.autograd.grad([(a * g).sum() for a, g in zip(y.unbind(), cot)], leaves)
+    for a, c, g, gc in zip(y.unbind(), comps, got, cot):
+        torch.testing.assert_close(a, c.reshape(-1))
+        torch.testing.assert_close(g, gc.reshape(c.shape))

@@ -608,6 +608,10 @@ def _kron(input, other, *, out=None):
         raise NotImplementedError(
             f"kron(): {describe(input)} and {describe(other)} are not supported for layout torch.multi_jagged "
             "(supported: a multi_jagged input and a dense other)")
+    if len(input._ragged_dims) > 1:
+        raise NotImplementedError(
+            f"kron(): an input with several ragged dims ({describe(input)}) is not supported for layout "
+            "torch.multi_jagged: each ragged dim would merge with a static one before the next ragged dim")
     nd = max(input.dim() - 1, other.dim())
     a = input
     for _ in range(nd - (input.dim() - 1)):

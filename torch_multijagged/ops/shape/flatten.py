@@ -632,7 +632,7 @@ def _static_merge_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
     times the static sizes (``src_len * k``)."""
     d = x._ragged_dims[-1]
     end = d + x.dim() - len(size)
-    if end <= d or not (_fits(size[:d], x.shape[:d]) and _fits(size[d + 1:], x.shape[end + 1:])):
+    if end <= d or d >= len(size) or not (_fits(size[:d], x.shape[:d]) and _fits(size[d + 1:], x.shape[end + 1:])):
         return None
     target = size[d]
     k = math.prod(x._size[d + 1:end + 1])
