@@ -366,8 +366,10 @@ def reduce_default(func, x, kind, dim, keepdim):
     if kind in ("amax", "amin") and x._values.numel() == 0 and (not dim or any(d % len(x._size) == 0 for d in dim)):
         # over every dim (or the batch dim) of a batch without elements: no sample's extent for
         # the empty-extent rule to give a value to; dense torch (and our max()) raise
-        raise RuntimeError(f"{kind}(): Expected reduction dim to be specified for input.numel() == 0. "
-                           "Specify the reduction dim with the 'dim' argument.")
+        if not dim:
+            raise RuntimeError(f"{kind}(): Expected reduction dim to be specified for input.numel() == 0. "
+                               "Specify the reduction dim with the 'dim' argument.")
+        raise IndexError(f"{kind}(): Expected reduction dim 0 to have non-zero size.")
     return _reduce(func, x, dim, keepdim, kind, name=kind)
 
 
