@@ -45,14 +45,15 @@ MIN_ELEMENTS = 16384
 def pays(a: MJT, b: MJT, va: torch.Tensor, vb: torch.Tensor, partition, out_dims, out_static) -> bool:
     """Whether ``broadcast_per_sample`` computes ``a ∘ b`` (NOTE [ Broadcasting into new ragged
     dims per sample ])."""
-    if va.device.type != "cpu" or vb.device.type != "cpu" or partition.batch == 0:
-        return False
-    if a._ragged_dims == out_dims and b._ragged_dims == out_dims:
-        return False
     static = 1
     for d in out_static:
         static *= a._size[d] if b._size[d] == 1 else b._size[d]
-    return sum(sample_rows(partition)[1]) * static >= MIN_ELEMENTS * partition.batch
+    # mean output rows per sample × static size first: the cheap test that small samples fail
+    if partition.batch == 0 or partition.rows * static < MIN_ELEMENTS * partition.batch:
+        return False
+    if a._ragged_dims == out_dims and b._ragged_dims == out_dims:
+        return False
+    return va.device.type == "cpu" and vb.device.type == "cpu"
 
 
 def _samples(m: MJT, v: torch.Tensor, out_dims, out_static) -> list[torch.Tensor]:
