@@ -118,3 +118,25 @@ def test_assignment_through_an_advanced_index_casts_nothing(key):
         c = c.clone()
         c[index[1:]] = 2.0
         assert torch.equal(got, c)
+
+
+@pytest.mark.parametrize("index", [(Ellipsis, slice(None, 4)), (slice(None), slice(None), slice(1, None)),
+                                   (slice(None), Ellipsis, slice(1, 2), slice(None)), (Ellipsis, slice(-3, None, 2))],
+                         ids=["...,:4", ":,:,1:", ":,...,1:2,:", "...,-3::2"])
+def test_slices_of_static_dims_per_sample_with_gradients(index):
+    """Slices of static dims alone (a packed projection split, ``x[..., 1:]``): each sample's own
+    slice, gradients, a zero-length sample; a negative step raises dense's error."""
+    comps = [torch.randn(n, 3, 8, dtype=torch.float64) for n in (2, 0, 3)]
+    leaves = [c.clone().requires_grad_() for c in comps]
+    x = tmj.as_nested_tensor(leaves)
+    y = x[index]
+    per = index[1:] if index[0] is not Ellipsis else index
+    cot = [torch.randn(c[per].shape, dtype=torch.float64) for c in comps]
+    got = torch.autograd.grad([(a * g).sum() for a, g in zip(y.unbind(), cot)], leaves)
+    for a, c, g, gc in zip(y.unbind(), comps, got, cot):
+        torch.testing.assert_close(a, c[per])
+        want = torch.zeros_like(c)
+        want[per] = gc
+        torch.testing.assert_close(g, want)
+    with pytest.raises(ValueError, match="step must be greater than zero"):
+        x[..., ::-1]

@@ -221,6 +221,11 @@ def _getitem_static(input, items):
     indexing would compare slice bounds with the nested ints ("relation is indeterminate")."""
     if items and isinstance(items[0], int) and not isinstance(items[0], bool):
         return _getitem(input, items[0])[items[1:]]  # a sample, then dense indexing
+    slices = _static_slices(input, items)
+    if slices is not None:  # ``qkv[..., :c]``, ``x[:, :, 1:]``: the loop below, without its checks
+        for d, it in slices:
+            input = torch.ops.aten.slice.Tensor(input, d, *it.indices(input._size[d]))
+        return input
     split = _index_run_then_basic(_expand_ellipsis(input, items) if _leading_ellipsis(items) else items)
     if split is not None:
         head, lead, rest = split
@@ -287,6 +292,33 @@ def _getitem_static(input, items):
         else:
             start, stop, step = it.indices(out.shape[d])
             out, d = torch.ops.aten.slice.Tensor(out, d, start, stop, step), d + 1
+    return out
+
+
+def _static_slices(input, items: tuple):
+    """``[(dim, slice)]`` of the partial slices when ``items`` are slices alone (and at most one
+    Ellipsis), the batch dim's whole and every partial one on a static dim with int bounds —
+    the commonest indexing (a packed projection split, ``x[..., 1:]``), which ``_getitem_static``'s
+    loop would reach after checks that cost several times the slice itself; None otherwise."""
+    ndim, at = len(input._size), None
+    for k, it in enumerate(items):
+        if it is Ellipsis and at is None:
+            at = k
+        elif type(it) is not slice:
+            return None
+    if at is not None:
+        items = items[:at] + (slice(None),) * (ndim - len(items) + 1) + items[at + 1:]
+    if not items or len(items) > ndim or not _whole(items[0]):
+        return None
+    out = []
+    for d, it in enumerate(items):
+        if _whole(it):
+            continue
+        if d in input._ragged_dims or any(b is not None and type(b) is not int for b in (it.start, it.stop, it.step)):
+            return None
+        if it.step is not None and it.step < 0:
+            raise ValueError("step must be greater than zero")  # dense indexing's error
+        out.append((d, it))
     return out
 
 
