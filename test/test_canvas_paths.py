@@ -198,3 +198,39 @@ def test_max_pool2d_of_windows_holding_only_the_lowest_value(dtype, kw, layout):
         want = torch.autograd.grad(refs, live, [c for c, l in zip(cot, leaves) if l.numel()])
         for a, b in zip([g for g, c in zip(got, leaves) if c.numel()], want):
             assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("case", ["conv1d", "conv1d stride 2", "conv2d", "conv2d per image"])
+def test_convolutions_under_autocast_as_dense_per_sample(case):
+    """Under CPU bfloat16 autocast a convolution runs in bfloat16 as dense autocast's: output
+    bfloat16, gradients of the float32 input and parameters in float32, values as the dense
+    autocast conv of each sample (the canvas path's own backward used to mix dtypes)."""
+    g = torch.Generator().manual_seed(0)
+    if case.startswith("conv1d"):
+        conv = torch.nn.Conv1d(16, 8, 3, stride=2 if "stride" in case else 1, padding=1)
+        comps = [torch.randn(16, n, generator=g) for n in (11, 20, 7)]
+    else:
+        conv = torch.nn.Conv2d(16, 8, 3, padding=1)
+        sides = [(40, 36), (33, 41), (38, 30)] if "per image" in case else [(5, 6), (7, 7), (4, 9)]
+        comps = [torch.randn(16, h, w, generator=g) for h, w in sides]
+    leaves = [c.clone().requires_grad_() for c in comps]
+    x = mj.as_nested_tensor(leaves)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = conv(x)
+    assert out.dtype == torch.bfloat16
+    params = list(conv.parameters())
+    got = torch.autograd.grad(out.values().float().sum(), [*leaves, *params])
+    refs = []
+    for c in comps:
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            refs.append(conv(c.unsqueeze(0).requires_grad_()))
+    for o, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(o, r[0], rtol=2e-2, atol=2e-2)
+    dense_leaves = [c.clone().requires_grad_() for c in comps]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        dense = [conv(c.unsqueeze(0)) for c in dense_leaves]
+    want = torch.autograd.grad(sum(d.float().sum() for d in dense), [*dense_leaves, *params])
+    for a, b in zip(got, want):
+        assert a.dtype == b.dtype == torch.float32
+        # bfloat16 sums over thousands of pixels in another order: an ulp of the largest entries
+        torch.testing.assert_close(a, b, rtol=5e-2, atol=1e-2 * float(b.abs().max()))

@@ -41,7 +41,7 @@ from ...kernels import canvas as cv
 from ...kernels import per_image as pim
 from ...structure import RaggedExtent, extent_of, flat_extent, mapped_extent, partition_for
 from .._table import register_multi_jagged_func
-from .._common import MJT, component_rows, describe, eager_route, wrap
+from .._common import MJT, autocast_lower, component_rows, describe, eager_route, wrap
 from .._routing import _needs_grad, route
 
 mj = torch.ops.multijagged
@@ -296,10 +296,26 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
         # one ragged side, the other static (a spectrogram (B, C, T, F)): the dense conv per sample
         return _conv_one_ragged_side(op, input, windows, weight, bias, s, pads, d, groups)
     # oneDNN's forward, a backward of per-tap GEMMs (NOTE [ Conv backward on the canvas ])
-    rows_op = None if not cv.canvas_conv_applies(input._values, weight, groups) else (
-        lambda rows, plan: cv.rows_conv(rows, plan, weight, bias, s, pad_canvas, d))
+    if not cv.canvas_conv_applies(input._values, weight, groups):
+        out, *_ = _run(op, input, windows, nspatial, 0.0,
+                       lambda canvas, plan: fn(canvas, weight, bias, s, pad_canvas, d, groups), None)
+        return out
+    device = input.device.type
+    if torch.is_autocast_enabled(device) and input.is_floating_point():
+        # dense autocast runs a conv in its lower precision: cast here (differentiable: the
+        # gradients reach the leaves in their dtypes), and compute without autocast, whose casts
+        # inside the rows' conv would leave its backward mixing the saved float32 rows and weight
+        # with a bfloat16 gradient
+        input, weight, bias = autocast_lower(input, weight, bias)
+        with torch.autocast(device, enabled=False):
+            return _rows_conv(op, input, windows, nspatial, fn, weight, bias, s, pad_canvas, d, groups)
+    return _rows_conv(op, input, windows, nspatial, fn, weight, bias, s, pad_canvas, d, groups)
+
+
+def _rows_conv(op: str, input: MJT, windows, nspatial: int, fn, weight, bias, s, pad_canvas, d, groups) -> MJT:
     out, *_ = _run(op, input, windows, nspatial, 0.0,
-                   lambda canvas, plan: fn(canvas, weight, bias, s, pad_canvas, d, groups), rows_op)
+                   lambda canvas, plan: fn(canvas, weight, bias, s, pad_canvas, d, groups),
+                   lambda rows, plan: cv.rows_conv(rows, plan, weight, bias, s, pad_canvas, d))
     return out
 
 
