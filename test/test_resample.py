@@ -624,3 +624,32 @@ def test_affine_grid_and_grid_sample_under_compile_break_the_graph_and_match_eag
     want = f(th, x, grid)
     for a, b in zip(got, want):
         torch.testing.assert_close(a.values(), b.values())
+
+
+@pytest.mark.parametrize("sizes", [[(6, 8), (5, 8), (0, 8)], [(8, 6), (8, 5)]], ids=["one width", "one height"])
+@pytest.mark.parametrize("kw", [dict(scale_factor=2.0, mode="nearest"), dict(scale_factor=2, mode="bilinear"),
+                                dict(scale_factor=0.5, mode="bilinear", align_corners=True),
+                                dict(size=(4, 4), mode="bilinear")], ids=["nearest x2", "bilinear x2", "bilinear /2", "size"])
+def test_interpolate_images_with_one_static_side(sizes, kw):
+    """Images sharing a width (or a height), whose shared side ``nested_tensor`` makes static:
+    each image's dense ``interpolate``, values and gradients, the static side static again."""
+    if "size" in kw and any(h * w == 0 for h, w in sizes):
+        sizes = [s for s in sizes if s[0] * s[1]]  # dense torch refuses to resize an empty image
+    comps = [torch.randn(3, h, w, dtype=torch.float64) for h, w in sizes]
+    leaves = [c.clone().requires_grad_() for c in comps]
+    x = mj.as_nested_tensor(leaves)
+    assert len(x.ragged_dims) == 1
+    y = F.interpolate(x, **kw)
+    outs = y.unbind() if isinstance(y, mj.MultiJaggedTensor) else list(y)
+    if isinstance(y, mj.MultiJaggedTensor):
+        assert y.ragged_dims == x.ragged_dims  # the shared side stays static
+    cot = [torch.randn(o.shape, dtype=torch.float64) for o in outs]
+    got = torch.autograd.grad([(o * g).sum() for o, g in zip(outs, cot)], leaves, allow_unused=True, materialize_grads=True)
+    for o, c, g, gc in zip(outs, comps, got, cot):
+        if c.numel() == 0:
+            assert o.numel() == 0
+            continue
+        leaf = c.clone().requires_grad_()
+        ref = F.interpolate(leaf[None], **kw)[0]
+        torch.testing.assert_close(o, ref)
+        torch.testing.assert_close(g, torch.autograd.grad((ref * gc).sum(), leaf)[0])

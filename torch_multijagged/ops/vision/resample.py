@@ -79,9 +79,9 @@ import torch
 import torch.nn.functional as F
 
 from ... import pieces
-from ...bridge import values_of, wrap_values
+from ...bridge import ragged_as_static, static_as_ragged, values_of, wrap_values
 from ...errors import StructureError
-from ...structure import extent_of, mapped_extent, partition_for
+from ...structure import RaggedExtent, extent_of, mapped_extent, partition_for
 from .._common import MJT, describe, eager_route, wrap
 from .._routing import _needs_grad, route
 
@@ -287,6 +287,10 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     if not isinstance(input, MJT):
         return NotImplemented
     op = "interpolate"
+    side = _static_side(input)
+    if side is not None:
+        return _interpolate_static_side(input, side, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                                        antialias)
     nsp = _spatial(op, input, (1, 2))
     sizes, scales, own = _check_interp_args(input, nsp, size, scale_factor, mode, align_corners, recompute_scale_factor,
                                             antialias)
@@ -416,6 +420,31 @@ def _scaled_extents(p, scales):
     """Each spatial extent of ``p`` scaled as dense torch sizes its output, ``floor(n·s)`` in
     double, keyed by the size rule (NOTE [ Resampling ragged images ])."""
     return [mapped_extent(e, ("scale", s), lambda n, s=s: (n.to(torch.float64) * s).floor()) for e, s in zip(p.extents, scales)]
+
+
+def _static_side(x: MJT):
+    """The static spatial dim of images ``(B, C, j0, W)`` / ``(B, C, H, j0)`` (every image of one
+    width, or of one height: ``nested_tensor`` makes a side whose sizes agree static), else None."""
+    if x.dim() != 4 or len(x._ragged_dims) != 1 or x._ragged_dims[0] not in (2, 3):
+        return None
+    return 5 - x._ragged_dims[0]
+
+
+def _interpolate_static_side(x: MJT, d: int, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                             antialias):
+    """Images with one static side (``_static_side``): that side made a ragged dim of equal sizes
+    (``bridge.static_as_ragged``), resampled as images, and made static again where every image's
+    new size is one (a scale), as dense torch's per-image sizes are; differentiable."""
+    b, n = x._partition.batch, int(x._size[d])
+    ext = RaggedExtent.from_lengths(torch.full((b,), n, dtype=torch.int64), x._partition.offsets.device)
+    out = F.interpolate(static_as_ragged(x, d, ext), size=size, scale_factor=scale_factor, mode=mode,
+                        align_corners=align_corners, recompute_scale_factor=recompute_scale_factor, antialias=antialias)
+    if not isinstance(out, MJT) or d not in out._ragged_dims:
+        return out
+    lengths = out._partition.extents[out._ragged_dims.index(d)].host_lengths()  # SYNC: none — host lengths
+    if b == 0 or not bool((lengths == lengths[0]).all()):
+        return out
+    return ragged_as_static(out, d, int(lengths[0]))
 
 
 def _interpolate_per_sample(input: MJT, sizes, scales, own, mode, align_corners, recompute_scale_factor, antialias):
