@@ -87,6 +87,24 @@ def parser(description: str) -> argparse.ArgumentParser:
     return p
 
 
+def case_parser(description: str) -> argparse.ArgumentParser:
+    """``parser`` with the options of the per-case benchmarks (one row per op and size, ours
+    against a per-sample loop): ``--only`` a substring of the case names, ``--rounds`` (0: the
+    benchmark's default)."""
+    p = parser(description)
+    p.add_argument("--only", default="", help="run the cases whose name holds this substring")
+    p.add_argument("--rounds", type=int, default=0)
+    return p
+
+
+def print_cases(header: Sequence[str], rows: list, started: float, malloc_note: Optional[str]) -> None:
+    """The per-case benchmarks' table of ``rows``, then the run's time, torch, clock and malloc."""
+    print()
+    print(format_table(list(header), rows))
+    print(f"\n{time.time() - started:.0f} s, torch {torch.__version__}, 1 thread, thread CPU time; "
+          f"{malloc_note or 'default malloc'}")
+
+
 def time_interleaved(
     fns: Mapping[str, Callable[[], Any]],
     *,

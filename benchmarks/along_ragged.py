@@ -101,9 +101,7 @@ def run_case(b, lk, shape, rd, d, op, rounds: int, backward: bool, g) -> dict[st
 
 
 def main() -> None:
-    p = h.parser(__doc__.splitlines()[0])
-    p.add_argument("--only", default="", help="run the cases whose name holds this substring")
-    p.add_argument("--rounds", type=int, default=0)
+    p = h.case_parser(__doc__.splitlines()[0])
     p.add_argument("--default-malloc", action="store_true", help="keep glibc's default mmap threshold")
     a = p.parse_args()
     h.set_one_thread()
@@ -121,9 +119,7 @@ def main() -> None:
         rows.append([name, h.fmt(fwd["loop_ms"], 3), h.fmt(fwd["ratio"], 2), h.fmt(fwd["ratio_packed"], 2),
                      h.fmt(bwd["loop_ms"], 3), h.fmt(bwd["ratio"], 2), h.fmt(bwd["ratio_packed"], 2)])
         print(" | ".join(str(c) for c in rows[-1]), flush=True)
-    print()
-    print(h.format_table(["case", "loop fwd ms", "/loop", "/packed", "loop fwd+bwd ms", "/loop", "/packed"], rows))
-    print(f"\n{time.time() - t0:.0f} s, torch {torch.__version__}, 1 thread, thread CPU time; {malloc_note or 'default malloc'}")
+    h.print_cases(["case", "loop fwd ms", "/loop", "/packed", "loop fwd+bwd ms", "/loop", "/packed"], rows, t0, malloc_note)
     h.write_json(a.json, {"results": results, "environment": h.environment()})
 
 

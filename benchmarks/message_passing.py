@@ -88,9 +88,7 @@ def run_case(b, lo, hi, op, ref, contiguous, rounds: int, backward: bool, g) -> 
 
 
 def main() -> None:
-    p = h.parser(__doc__.splitlines()[0])
-    p.add_argument("--only", default="", help="run the cases whose name holds this substring")
-    p.add_argument("--rounds", type=int, default=0)
+    p = h.case_parser(__doc__.splitlines()[0])
     a = p.parse_args()
     h.set_one_thread()
     malloc_note = h.retain_freed_memory()
@@ -112,9 +110,7 @@ def main() -> None:
             results[case] = {"forward": fwd, "forward_backward": bwd}
             rows.append([case, h.fmt(fwd["loop_ms"], 3), h.fmt(fwd["ratio"], 2), h.fmt(bwd["loop_ms"], 3), h.fmt(bwd["ratio"], 2)])
             print(" | ".join(str(c) for c in rows[-1]), flush=True)
-    print()
-    print(h.format_table(["case", "loop fwd ms", "/loop", "loop fwd+bwd ms", "/loop"], rows))
-    print(f"\n{time.time() - t0:.0f} s, torch {torch.__version__}, 1 thread, thread CPU time; {malloc_note or 'default malloc'}")
+    h.print_cases(["case", "loop fwd ms", "/loop", "loop fwd+bwd ms", "/loop"], rows, t0, malloc_note)
     h.write_json(a.json, {"results": results, "environment": h.environment()})
 
 

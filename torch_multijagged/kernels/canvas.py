@@ -528,12 +528,16 @@ def max_pool1d_rows(rows: Tensor, plan: CanvasPlan, window: Window, low: float,
         origin, first, start, miss = _max_pool_maps(plan, window)
         local = _gather(idx.movedim(1, -1).reshape(-1, c), where) - origin
         local = torch.where(local < 0, first, local)
-    if grad:
-        if miss is None:
-            out = rows.gather(0, local + start)
-        else:
-            out = torch.where(miss, out, rows.gather(0, torch.where(miss, start, local + start)))
-    return out, local
+    return (_from_rows(out, rows, local, start, miss) if grad else out), local
+
+
+def _from_rows(out: Tensor, rows: Tensor, local: Tensor, start: Tensor, miss: Optional[Tensor]) -> Tensor:
+    """The pooled values read from the pixel rows at the cells found (``start + local``), so that
+    their gradient reaches the rows; a window that holds no cell of its image (``miss``) keeps
+    ``out``'s value."""
+    if miss is None:
+        return rows.gather(0, local + start)
+    return torch.where(miss, out, rows.gather(0, torch.where(miss, start, local + start)))
 
 
 def _max_pool_maps(plan: CanvasPlan, window: Window) -> tuple[Tensor, Tensor, Tensor, Optional[Tensor]]:
@@ -599,12 +603,7 @@ def max_pool2d_rows(rows: Tensor, plan: CanvasPlan, windows: Sequence[Window], l
             return out, None
         first, start, miss = _first_cells(plan, windows)
         local = torch.where(out == low, first, local_index(from_canvas(idx, plan), plan))
-    if grad:
-        if miss is None:
-            out = rows.gather(0, local + start)
-        else:
-            out = torch.where(miss, out, rows.gather(0, torch.where(miss, start, local + start)))
-    return out, local
+    return (_from_rows(out, rows, local, start, miss) if grad else out), local
 
 
 def avg_divisor(plan: CanvasPlan, windows: Sequence[Window], count_include_pad: bool,

@@ -59,46 +59,45 @@ def _sgn_route(fn):
     return routed
 
 
-class _I0e(torch.autograd.Function):
-    """``special.i0e`` with aten's derivative ``grad · (i1e(x) − sgn(x) · i0e(x))``, its ``sgn``
-    taken on a detached x (see ``_AbsReal``); the backward's ``i0e`` / ``i1e`` are recorded, so
-    every order is differentiable."""
+def _scaled_bessel(fn, derivative):
+    """``fn`` (``special.i0e`` / ``i1e``) as a Function whose backward is ``derivative(grad, x)``:
+    aten's formula with its ``sgn`` taken on a detached x (see ``_AbsReal``), the rest recorded,
+    so that every order is differentiable."""
 
-    @staticmethod
-    def forward(ctx, x):  # type: ignore[override]
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x)
-        return torch.special.i0e(x)
+    class _Bessel(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):  # type: ignore[override]
+            ctx.set_materialize_grads(False)
+            ctx.save_for_backward(x)
+            return fn(x)
 
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        if grad is None:
-            return None
-        (x,) = ctx.saved_tensors
-        return grad * (torch.special.i1e(x) - x.detach().sgn() * torch.special.i0e(x))
+        @staticmethod
+        def backward(ctx, grad):  # type: ignore[override]
+            if grad is None:
+                return None
+            (x,) = ctx.saved_tensors
+            return derivative(grad, x)
+
+    return _Bessel
 
 
-class _I1e(torch.autograd.Function):
-    """``special.i1e`` with aten's derivative (``i1e_backward``): ``grad / 2`` at 0, else
-    ``grad · (i0e(x) − i1e(x) · (sgn(x) + 1 / x))``, ``sgn`` on a detached x (see ``_I0e``)."""
+def _i0e_grad(grad, x):
+    """``grad · (i1e(x) − sgn(x) · i0e(x))``."""
+    return grad * (torch.special.i1e(x) - x.detach().sgn() * torch.special.i0e(x))
 
-    @staticmethod
-    def forward(ctx, x):  # type: ignore[override]
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(x)
-        return torch.special.i1e(x)
 
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        if grad is None:
-            return None
-        (x,) = ctx.saved_tensors
-        zero = x.detach() == 0
-        # 1 / x where x is 0 would be inf in the branch ``where`` drops, and its derivative
-        # (−1 / x²) would make the second derivative 0 · inf = NaN there: take 1 / 1 instead
-        safe = torch.where(zero, torch.ones_like(x), x)
-        slope = torch.special.i0e(x) - torch.special.i1e(x) * (x.detach().sgn() + safe.reciprocal())
-        return torch.where(zero, grad * 0.5, grad * slope)
+def _i1e_grad(grad, x):
+    """aten's ``i1e_backward``: ``grad / 2`` at 0, else ``grad · (i0e(x) − i1e(x) · (sgn(x) + 1 / x))``."""
+    zero = x.detach() == 0
+    # 1 / x where x is 0 would be inf in the branch ``where`` drops, and its derivative
+    # (−1 / x²) would make the second derivative 0 · inf = NaN there: take 1 / 1 instead
+    safe = torch.where(zero, torch.ones_like(x), x)
+    slope = torch.special.i0e(x) - torch.special.i1e(x) * (x.detach().sgn() + safe.reciprocal())
+    return torch.where(zero, grad * 0.5, grad * slope)
+
+
+_I0e = _scaled_bessel(torch.special.i0e, _i0e_grad)
+_I1e = _scaled_bessel(torch.special.i1e, _i1e_grad)
 
 
 route(torch.abs, torch.Tensor.abs, torch.absolute, torch.Tensor.absolute)(_sgn_route(_AbsReal))
