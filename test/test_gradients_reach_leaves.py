@@ -369,3 +369,25 @@ def test_dense_operand_broadcast_over_ragged_dims_with_a_zero_derivative_other(o
     assert only_x.requires_grad
     for g in torch.autograd.grad(only_x.values().sum(), comps):
         assert not g.any()
+
+
+@pytest.mark.parametrize("kind", ["tokens", "pair", "images"])
+def test_accumulated_leaf_gradient_keeps_the_leafs_layout(kind):
+    # AccumulateGrad keeps a gradient whose strides agree with the leaf's (the gradient layout
+    # contract): a leaf of contiguous packed values is dense per sample, so its gradient keeps the
+    # packed layout across accumulations rather than being copied into torch.jagged's
+    # contiguous order (a transposing copy for channels-last images, which every later
+    # accumulation then read strided).
+    g = torch.Generator().manual_seed(3)
+    if kind == "tokens":
+        comps, rd = [torch.randn(n, 3, generator=g, dtype=DT) for n in (4, 0, 6)], (1,)
+    elif kind == "pair":
+        comps, rd = [torch.randn(n, n, 3, generator=g, dtype=DT) for n in (4, 0, 6)], (1, 2)
+    else:
+        comps, rd = [torch.randn(3, h, w, generator=g, dtype=DT) for h, w in ((4, 5), (0, 3), (6, 2))], (2, 3)
+    x = mj.nested_tensor(comps, ragged_dims=rd).requires_grad_()
+    for _ in range(2):
+        (x * x).sum().backward()
+    assert x.grad._values.stride() == x._values.stride()
+    for gi, ci in zip(x.grad.unbind(), comps):
+        assert_close(gi, 4 * ci)

@@ -19,8 +19,18 @@ FAST.update({
     aten.sym_numel.default: lambda x: x._values.numel(),
     aten.numel.default: lambda x: x._values.numel(),
     aten.sym_storage_offset.default: lambda x: x._values.storage_offset(),
-    aten.is_non_overlapping_and_dense.default: lambda x: False,
+    aten.is_non_overlapping_and_dense.default: lambda x: _non_overlapping_and_dense(x),
 })
+
+
+def _non_overlapping_and_dense(x: MJT) -> bool:
+    # What autograd's gradient layout contract asks of a leaf: with True, AccumulateGrad keeps a
+    # gradient of the leaf's own layout (its strides agree) instead of copying each one into
+    # torch.jagged's contiguous order (NOTE [ Contiguity as torch.jagged reports it ] in views.py),
+    # a transposing copy for channels-last images that every later accumulation then reads
+    # strided. Contiguous packed values are dense per sample; other layouts answer False as before.
+    v = x.__dict__.get("_values")  # per-image pieces are not packed (and not read here)
+    return v is not None and v.is_contiguous()
 
 
 @register_multi_jagged_func(
