@@ -46,6 +46,11 @@ CASES = {
                                         *_einsum("bihd,bjhd->bijh")),
     "contract rows bjhc,bjhd->bhcd": ([(lambda n: (n, H, 2), (1,)), (lambda n: (n, H, D), (1,))],
                                       *_einsum("bjhc,bjhd->bhcd")),
+    # a static size-1 dim broadcast against another size, as dense einsum broadcasts it
+    "msa weighted ...hqk,...hkc->...qhc": ([(lambda n: (1, H, n, n), (3, 4)), (lambda n: (S, H, n, D), (3,))],
+                                           *_einsum("...hqk,...hkc->...qhc")),
+    "msa weighted, ones on the right": ([(lambda n: (S, H, n, n), (3, 4)), (lambda n: (1, H, n, D), (3,))],
+                                        *_einsum("...hqk,...hkc->...qhc")),
 }
 
 
@@ -104,7 +109,7 @@ def test_per_sample_contraction(per_sample_only, case, dtype):
 
 
 @pytest.mark.parametrize("case", ["matmul ragged lead q @ kT", "outer mean ...bac,...dae->...bdce",
-                                  "pair weighted bhij,bhsjd->bhsid"])
+                                  "pair weighted bhij,bhsjd->bhsid", "msa weighted ...hqk,...hkc->...qhc"])
 def test_large_samples_take_the_per_sample_path(monkeypatch, case):
     """At sizes where the broadcast product is large, the cost rule picks the samples."""
     def refuse(*args, **kwargs):
@@ -124,7 +129,8 @@ def test_tiny_samples_keep_the_broadcast_product(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["matmul ragged lead q @ kT", "outer mean bsic,bsjd->bijcd",
-                                  "scores bihd,bjhd->bhij", "dense result bijc,bijc->bc"])
+                                  "scores bihd,bjhd->bhij", "dense result bijc,bijc->bc",
+                                  "msa weighted ...hqk,...hkc->...qhc"])
 def test_second_order(per_sample_only, case):
     specs, batched, _ = CASES[case]
     lens = (2, 0, 3)

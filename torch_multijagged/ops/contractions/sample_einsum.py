@@ -14,8 +14,10 @@ materialises ``Π`` of every subscript's size per sample before the sum — tens
 and memory of the contraction. ``sample_spec`` recognises a contraction that is the same dense
 ``einsum`` in every sample: every multi_jagged operand leads with the one batch subscript, which
 leads the output too; no subscript repeats within a term (a diagonal goes first); each subscript
-has one size wherever it appears (one ragged extent, ``same_extent``, or one static size: dense
-einsum's broadcasting of size-1 dims stays with the broadcast product); dense operands hold
+has one size wherever it appears (one ragged extent, ``same_extent``, or one static size, or
+static sizes 1 and one other, which each sample's einsum broadcasts as dense einsum does: the
+MSA's pair-weighted average ``...hqk,...hkc->...qhc`` of weights ``(B, 1, H, j0, j0)`` and values
+``(B, S, H, j0, c)``); dense operands hold
 neither the batch nor a ragged subscript (every sample's, passed whole); and at least one
 subscript is contracted (a plain product materialises nothing more than its output). Then
 ``bridged.sample_einsum`` runs dense ``einsum`` on each sample's views of the packed values — each
@@ -61,8 +63,13 @@ def _sizes_of(x, term: str, sizes: dict) -> bool:
             continue
         if isinstance(seen, RaggedExtent) != isinstance(s, RaggedExtent):
             return False
-        if not (same_extent(seen, s) if isinstance(s, RaggedExtent) else seen == s):
-            return False
+        if isinstance(s, RaggedExtent):
+            if not same_extent(seen, s):
+                return False
+        elif seen != s:
+            if seen != 1 and s != 1:
+                return False
+            sizes[c] = max(seen, s)  # a static size-1 dim broadcasts, in each sample's einsum too
     return True
 
 
