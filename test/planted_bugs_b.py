@@ -730,4 +730,7 @@ BUGS_B = [
         ("test_gradients_reach_leaves.py",)),
     Bug("a static size-1 dim against another size leaves the per-sample contraction", "ops/contractions/sample_einsum.py",
         "            if seen != 1 and s != 1:", "            if True:", ("test_sample_einsum.py",)),
+    Bug("unbind(0) of a batch-moved token selects each piece (a zero gradient of the whole per piece)",
+        "ops/shape/leading.py", "    return tuple(_settle(piece, perm) for piece in t._mjt.unbind(s))",
+        "    return tuple(t._select0(i) for i in range(t._size[0]))", ("test_batch_moved.py",)),
 ]

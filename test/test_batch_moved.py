@@ -197,3 +197,25 @@ def test_sequence_first_cat_with_a_dense_token_per_sample():
         torch.testing.assert_close(a, torch.cat([c, 2 * c], -1))
     with pytest.raises(NotImplementedError, match=r"^cat\(\).*permuted \(1, 0, 2\)"):
         torch.cat([t, t], 1)
+
+
+def test_unbind_of_the_leading_dim_is_one_unbind():
+    # q, k, v = qkv.unbind(0) backpropagates as dense unbind does: one node stacking the three
+    # gradients, not a select per piece whose backward scatters into a zero gradient of the whole
+    x = mj.nested_tensor([torch.randn(n, 12) for n in (3, 0, 5)]).requires_grad_()
+    qkv = x.reshape(3, x.shape[1], 3, 2, 2).permute(2, 0, 3, 1, 4)
+    pieces = qkv.unbind(0)
+
+    def nodes(t):
+        seen, todo = [], [t.grad_fn]
+        while todo:
+            f = todo.pop()
+            if f is not None and f not in seen:
+                seen.append(f)
+                todo += [g for g, _ in f.next_functions]
+        return seen
+
+    names = [[type(f).__name__ for f in nodes(p)] for p in pieces]
+    assert not any("Select" in n for ns in names for n in ns), names
+    unbinds = [{f for f in nodes(p) if "Unbind" in type(f).__name__} for p in pieces]
+    assert len(unbinds[0]) == 1 and unbinds[0] == unbinds[1] == unbinds[2], names

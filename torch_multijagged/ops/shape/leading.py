@@ -197,7 +197,11 @@ def _unbind(t: BatchMoved, dim=0):
             "unbind(0): the leading dim is ragged (each sample has its own length); index it with x[i] "
             "(per sample) or permute the batch back to dim 0"
         )
-    return tuple(t._select0(i) for i in range(t._size[0]))
+    # one unbind of the static dim: its backward stacks the gradients once, where a select per
+    # piece would scatter each into a zero gradient of the whole and add them up
+    s = t._perm[0]
+    perm = tuple(p - (p > s) for p in t._perm[1:])
+    return tuple(_settle(piece, perm) for piece in t._mjt.unbind(s))
 
 
 def _getitem(t: BatchMoved, index):
