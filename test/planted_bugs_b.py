@@ -733,4 +733,8 @@ BUGS_B = [
     Bug("unbind(0) of a batch-moved token selects each piece (a zero gradient of the whole per piece)",
         "ops/shape/leading.py", "    return tuple(_settle(piece, perm) for piece in t._mjt.unbind(s))",
         "    return tuple(t._select0(i) for i in range(t._size[0]))", ("test_batch_moved.py",)),
+    Bug("a sample's permuted result is packed in the component's order", "kernels/dense_along.py",
+        "            packed.append(pack_rows(r, [o[j].permute(to_storage) for o in outs]))",
+        "            packed.append(pack_rows(r, [o[j].reshape(o[j].permute(to_storage).shape) for o in outs]))",
+        ("test_dense_along.py",)),
 ]

@@ -42,7 +42,7 @@ import torch
 
 from .reference import storage_perm
 
-__all__ = ["PADDED_BELOW", "use_padded", "by_sample", "padded_positions_along", "padded"]
+__all__ = ["PADDED_BELOW", "use_padded", "by_sample", "pack_rows", "padded_positions_along", "padded"]
 
 # Below this many elements per sample (rows · static elements / B) one padded call beats a dense
 # call per sample (measured, docs/design.md).
@@ -57,6 +57,35 @@ def use_padded(rows: int, static: int, batch: int) -> bool:
 
 def _as_tuple(out) -> tuple[torch.Tensor, ...]:
     return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+class _PackRows(torch.autograd.Function):
+    """Samples' results ``(*ragged sizes, *static)`` (any strides) written into packed rows ``(T,
+    *static)`` with one copy each: ``cat`` would need their ragged dims merged first, a second copy
+    where a result's storage order is not its own (a permuted ``einsum`` result). The backward hands
+    each result the view of its rows (differentiable: any order)."""
+
+    @staticmethod
+    def forward(ctx, r: int, *results):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.shapes = [t.shape for t in results]
+        ctx.counts = [math.prod(t.shape[:r]) for t in results]
+        out = results[0].new_empty((sum(ctx.counts), *results[0].shape[r:]))
+        for t, rows in zip(results, out.split(ctx.counts, 0)):
+            rows.view(t.shape).copy_(t)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return (None,) * (len(ctx.shapes) + 1)
+        return (None, *(g.reshape(shape) for g, shape in zip(grad.split(ctx.counts, 0), ctx.shapes)))
+
+
+def pack_rows(r: int, results: Sequence[torch.Tensor]) -> torch.Tensor:
+    """Results ``(*ragged sizes, *static)`` of ``r`` ragged dims each, in any strides, as packed rows
+    ``(T, *static)``: one copy each, differentiably (``_PackRows``)."""
+    return _PackRows.apply(r, *results)
 
 
 def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_sizes: torch.Tensor,
@@ -121,11 +150,15 @@ def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_s
         outs.append(list(_as_tuple(fn(*comps, dim))))
     packed = []
     for j in range(len(outs[0])):
+        if not identity:
+            # a result in the component's order is not its rows: written into them with one copy,
+            # where merging its ragged dims (a copy) and then a ``cat`` (another) would take two
+            packed.append(pack_rows(r, [o[j].permute(to_storage) for o in outs]))
+            continue
         rows_j = []
         for o in outs:
-            c = o[j] if identity else o[j].permute(to_storage)
-            n = math.prod(c.shape[:r])
-            rows_j.append(c.reshape(n, *c.shape[r:]))  # an explicit row count: a static size may be 0
+            n = math.prod(o[j].shape[:r])
+            rows_j.append(o[j].reshape(n, *o[j].shape[r:]))  # an explicit row count: a static size may be 0
         packed.append(rows_j[0] if len(rows_j) == 1 else torch.cat(rows_j, 0))
     return tuple(packed)
 

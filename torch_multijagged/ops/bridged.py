@@ -19,13 +19,13 @@ subclass's attributes), so the routes of ``linear`` and the norms take it eagerl
 
 from __future__ import annotations
 
-import math
 
 import torch
 import torch.nn.functional as F
 
 from ..bridge import values_of, wrap_values, wrap_values_like
 from ..kernels import ragged_mm as kmm, reference as ref
+from ..kernels.dense_along import pack_rows
 from ..structure import Partition, partition_for
 from ._common import MJT, sample_rows, wrap
 
@@ -124,31 +124,8 @@ def sample_einsum(equation: str, operands: list, extents: list, ragged_dims: tup
     if len(ragged_dims) == 1:
         values = results[0].contiguous() if batch == 1 else torch.cat(results)
     else:
-        values = _Pack.apply(len(ragged_dims), *results)
+        values = pack_rows(len(ragged_dims), results)
     return wrap_values(values, partition_for(extents), ragged_dims)
-
-
-class _Pack(torch.autograd.Function):
-    """Samples' results ``(*ragged sizes, *static)`` (any strides) written into packed rows ``(T,
-    *static)`` with one copy each: ``cat`` would need their ragged dims merged first, a second copy
-    where a result's storage order is not its own (a permuted ``einsum`` result). The backward hands
-    each result the view of its rows (differentiable: any order)."""
-
-    @staticmethod
-    def forward(ctx, r: int, *results):  # type: ignore[override]
-        ctx.set_materialize_grads(False)
-        ctx.shapes = [t.shape for t in results]
-        ctx.counts = [math.prod(t.shape[:r]) for t in results]
-        out = results[0].new_empty((sum(ctx.counts), *results[0].shape[r:]))
-        for t, rows in zip(results, out.split(ctx.counts, 0)):
-            rows.view(t.shape).copy_(t)
-        return out
-
-    @staticmethod
-    def backward(ctx, grad):  # type: ignore[override]
-        if grad is None:
-            return (None,) * (len(ctx.shapes) + 1)
-        return (None, *(g.reshape(shape) for g, shape in zip(grad.split(ctx.counts, 0), ctx.shapes)))
 
 
 def class_loss(fn, input: MJT, target: MJT, **kwargs):
