@@ -302,16 +302,14 @@ _ONE_VALUE_USES = {
     "floordiv by a negative": lambda n: n // -2,  # (n // 2 is each sample's size halved)
     "floordiv by a ragged size": lambda n: n // n,
     "truediv": lambda n: n / 2,
-    "add": lambda n: n + 1,
-    "sub": lambda n: n - 1,
     "neg": lambda n: -n,
     "sym_max": lambda n: torch.sym_max(n, 3),
     "int over it": lambda n: 1 / n,
     "int floordiv by it": lambda n: 6 // n,
     "int mod it": lambda n: 6 % n,
     "int to its power": lambda n: 2**n,
-    "int minus it": lambda n: 0 - n,
     "times a negative int": lambda n: n * -2,
+    "plus another ragged size": lambda n: n + n,
 }
 
 
@@ -325,6 +323,15 @@ def test_a_ragged_size_used_as_one_number_says_what_to_write(use, which):
     assert isinstance(n, torch.SymInt) and n != x.shape[1] or which == "sequence"
     with pytest.raises(TypeError, match=r"no single value.*mj\.position_ids\(x\)"):
         _ONE_VALUE_USES[use](n)
+
+
+@pytest.mark.parametrize("use", ["n + 1", "n - 1", "1 + n", "4 - n"])
+def test_a_multiple_of_a_ragged_size_plus_an_int_says_what_to_write(use):
+    """``n ± k`` is each sample's size ± k (test_size_shifts.py); of a multiple (``3 * n + 1``) it
+    still has no single value."""
+    n = 3 * mj.nested_tensor([torch.randn(k, 4) for k in (2, 0, 3)]).shape[1]
+    with pytest.raises(TypeError, match=r"no single value.*mj\.position_ids\(x\)"):
+        eval(use, {"n": n})
 
 
 def test_a_ragged_size_keeps_its_comparisons_products_and_njt_identity():

@@ -58,6 +58,11 @@ class _RaggedSizeNode(NestedIntNode):
     def _no_value(self, use: str):
         raise TypeError(f"{use} with the nested int {self}: {_NO_VALUE}")
 
+    def _eager_only(self, use: str):
+        raise TypeError(f"{use} with the nested int {self} under torch.compile: each sample's result is a new ragged "
+                        "size, made from the sizes on the host, which a compiled region does not have; compute it "
+                        "eagerly, or per sample from x.sizes()")
+
     def int_(self):
         self._no_value("int(), range() or an index")
 
@@ -80,9 +85,49 @@ class _RaggedSizeNode(NestedIntNode):
     def add(self, other):
         if other.is_constant() and other.constant_int() == 0:
             return self  # ``n + 0``, ``0 + n`` and ``n - 0``: each sample's own size
+        if not other.is_constant():
+            self._arith(other)
+        return self._shifted(1, other.constant_int())
+
+    def sub(self, other):
+        if other.is_constant():
+            return self.add(_IntBesideRagged(-other.constant_int()))
         self._arith(other)
 
-    sub = add  # (``0 - n`` is a negation: refused)
+    # NOTE [ Ragged sizes plus an int ]
+    #
+    # ``n + k``, ``n - k`` and ``k - n`` for an int ``k`` have a meaning per sample: each sample's
+    # size plus or minus ``k`` (ToMe's ``(t - protected) // 2`` and ``t1 - r``, a class token's
+    # ``n + 1``, the padding ``max_len - n``). The answer is the nested int of a mapped extent
+    # (``structure.mapped_extent``) keyed as the op that makes those sizes from ``n``'s extent, so
+    # both name one nested int: ``n - k`` as the slice ``x[:, k:]`` (``("slice", k, None, 1)``),
+    # ``n + k`` as ``F.pad`` of ``k`` rows before (``("pad", k, 0)``), ``k - n`` by its own rule
+    # (``("rsub", k)``); a size rule that gives ``n``'s sizes back gives ``n`` (``(n - 1) + 1``).
+    # A ragged size holds sizes, so a sample whose value would be negative (``n - 1`` with an empty
+    # sample) raises, naming it: dense code would get a negative int there, which a shape refuses
+    # and a slice reads from the end — no clamping to 0 could stand for both. A multiple of a
+    # ragged size (``2 * n + 1``) and a traced nested int (torch's, under ``torch.compile``) keep
+    # torch's refusal.
+    def _shifted(self, sign: int, k: int):
+        """``sign * n + k`` per sample (``sign`` 1: ``n + k``, -1: ``k - n``): NOTE [ Ragged sizes
+        plus an int ]."""
+        e = EXTENTS.node_extent(self)
+        if e is not None and torch.compiler.is_compiling():
+            self._eager_only(f"{k} - n" if sign < 0 else f"n {'+' if k >= 0 else '-'} {abs(k)}")
+        if self.coeff != 1 or e is None:
+            if sign < 0:
+                self._no_value("negation")
+            self._arith(_IntBesideRagged(k))
+        sizes = e.host_lengths()
+        values = sizes * sign + k
+        negative = (values < 0).nonzero() if sign < 0 or k < 0 else values[:0]  # (n + k ≥ 0: no test)
+        if negative.numel():
+            i = int(negative[0, 0])
+            what = f"{self} {'+' if k >= 0 else '-'} {abs(k)}" if sign > 0 else f"{k} - {self}"
+            raise ValueError(f"{what} is negative in sample {i} (size {int(sizes[i])}, giving {int(values[i])}): a "
+                             f"ragged size holds no negative value (sizes {sizes.tolist()}); {_NO_VALUE}")
+        key = ("rsub", k) if sign < 0 else ("slice", -k, None, 1) if k < 0 else ("pad", k, 0)
+        return EXTENTS.mapped_extent(e, key, lambda n: n * sign + k).nested_int.node
 
     def abs(self):
         return self
@@ -147,6 +192,8 @@ class _RaggedSizeNode(NestedIntNode):
         # ``H // s`` (a stride's output grid): each sample's size floor-divided, a mapped extent
         # (the same nested int for ``H // 1``, one nested int per divisor)
         e = EXTENTS.node_extent(self)
+        if e is not None and torch.compiler.is_compiling():
+            self._eager_only("n // k")
         if isinstance(other, NestedIntNode) and e is not None:
             # ``(H * W) // W`` (einops recovering an axis from a flattened one): the other factors
             rest = EXTENTS.quotient(e, EXTENTS.node_extent(other)) if self.coeff == 1 and other.coeff == 1 else None
@@ -331,6 +378,11 @@ class _IntBesideRagged(ConstantIntNode):
         raise TypeError(f"arithmetic of {self} with {other}: {_NO_VALUE}")
 
     truediv = int_truediv = floordiv = int_floordiv = mod = pow = pow_by_natural = sym_min = sym_max = _refuse
+
+    def sub(self, other):
+        if isinstance(other, _RaggedSizeNode):
+            return other._shifted(-1, self.val)  # ``k - n``: NOTE [ Ragged sizes plus an int ]
+        return super().sub(other)
 
 
 def _node_sizes(node) -> "Optional[torch.Tensor]":

@@ -642,6 +642,17 @@ def _source_with(e: RaggedExtent, lengths: torch.Tensor) -> Optional[RaggedExten
     return None
 
 
+def mapped_from(e: RaggedExtent, extents: Sequence[RaggedExtent]) -> bool:
+    """Whether ``e`` was mapped (``mapped_extent``, through at most 16 live links) from one of
+    ``extents``: ``n - 1`` or ``n // 2`` of a batch's ``n``."""
+    for _ in range(16):
+        link = e.cache.get(("source",))
+        e = link() if link is not None else None
+        if e is None or any(e is f for f in extents):
+            return e is not None
+    return False
+
+
 def flat_extent(p: Partition) -> RaggedExtent:
     """The extent of ``p``'s ragged dims flattened into one (per-sample size Π_k n_k, offsets the
     partition's row offsets, so rows keep their order), cached on ``p``; its partition remembers

@@ -10,7 +10,7 @@ from ..shape import views
 from .._common import MJT, describe, same_partition, wrap
 from .pointwise import pointwise
 from .._routing import route
-from ...structure import partition_for
+from ...structure import extent_of, mapped_from, partition_for
 
 aten = torch.ops.aten
 
@@ -187,17 +187,19 @@ def new_zeros_default(func, inp, size, *args, **kwargs):
     if len(ragged) == len(mine) and all(size[d] == j for d, j in zip(ragged, mine)):
         return wrap(func(inp._values, [inp._values.shape[0], *static], *args, **kwargs), p, ragged)
     # Some of self's nested ints, e.g. a ragged dim set to 1 (a dropout mask shared along it,
-    # OpenFold's DropoutRowwise): per sample the size with each nested int read as that sample's
-    # extent, so the structure of those extents alone.
+    # OpenFold's DropoutRowwise), or sizes mapped from them (``n - 1``, ``n // 2`` of self's ``n``:
+    # NOTE [ Ragged sizes plus an int ] in ragged_sizes.py): per sample the size with each nested
+    # int read as that sample's extent, so the structure of those extents alone.
     picked = []
     for d in ragged:
         k = next((k for k, j in enumerate(mine) if size[d] == j), None)
-        if k is None:
+        e = p.extents[k] if k is not None else extent_of(size[d])
+        if e is None or (k is None and not mapped_from(e, p.extents)):
             raise NotImplementedError(
-                f"{op_name(func)}(): expected a size holding nested ints of self {describe(inp)}, "
-                f"got {tuple(size)} for layout torch.multi_jagged"
+                f"{op_name(func)}(): expected a size holding nested ints of self {describe(inp)} or sizes mapped "
+                f"from them (n - 1, n // 2), got {tuple(size)} for layout torch.multi_jagged"
             )
-        picked.append(p.extents[k])
+        picked.append(e)
     sub = partition_for(picked)
     return wrap(func(inp._values, [sub.rows, *static], *args, **kwargs), sub, ragged)
 

@@ -40,7 +40,7 @@ from typing import Callable, Optional
 import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int, statically_known_true
 
-from ...bridge import values_of, wrap_values
+from ...bridge import ragged_as_static, values_of, wrap_values
 from ...errors import StructureError
 from ...structure import (_is_traced, Partition, RaggedExtent, extent_of, flat_extent, floordiv_of, mapped_extent, partition_for,
                           same_extent, same_product)
@@ -265,10 +265,11 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
     # stand for ragged dims flattened; every other view goes straight to the ordinary path.
     syms = [s for s in size if isinstance(s, torch.SymInt)]
     several = len(x._ragged_dims) > 1
-    if not syms and _drops_ragged(x, size) and not torch.compiler.is_compiling() and unit_ragged(x, x._ragged_dims):
-        # every sample has size 1 along every ragged dim (a global pooling's output) and the size
-        # names none: dense sizes of 1 (``p.reshape(p.shape[:2])``)
-        return lambda: getattr(units_static(x, x._ragged_dims), op)(tuple(size))
+    if not syms and _drops_ragged(x, size) and not torch.compiler.is_compiling() and uniform_ragged(x, x._ragged_dims):
+        # every sample has one size along each ragged dim (a global pooling's 1 × 1, a prefix
+        # ``y[:, :k]``, equal-length tokens) and the size names none: dense sizes (NOTE [ Ragged
+        # dims of one size in every sample ])
+        return lambda: _static_view(op, as_static(x, x._ragged_dims), size)
     if not (syms or several) or torch.compiler.is_compiling():
         return None
     own = [x._size[d] for d in x._ragged_dims]
@@ -305,22 +306,60 @@ def _drops_ragged(x: MJT, size) -> bool:
     return not (len(size) == x.dim() and all(d in implied for d in x._ragged_dims))
 
 
+# NOTE [ Ragged dims of one size in every sample ]
+#
+# A ragged dim whose size is the same in every sample — a global pooling's ``1 × 1``, a prefix
+# ``y[:, :k]`` of samples that all hold ``k`` (einops' ``unpack`` of packed memory tokens), an
+# ``argsort(…)[:, :1]``, equal-length tokens a Swin block views as ``(B, 4, 4, C)`` — stays ragged:
+# the structure follows the op, not the lengths. Each sample's dense code sees a dim of that size,
+# so ``reshape`` / ``view`` to a size that names no ragged dim, ``expand`` of the dim to that size
+# and ``squeeze`` of a dim of size 1 take it as dense sizes do: the dim is made static first
+# (``as_static``: the values reshaped where it is the one ragged dim, else ``narrow(d, 0, s)``; a
+# dense tensor once no ragged dim is left), then the op runs as on that tensor. Eager only: the
+# test reads the extent's shape carriers (its largest size and total), which are symbols under
+# ``torch.compile`` — there a static size given for a ragged dim raises (a guard on every length
+# would recompile per batch), as NOTE [ Static sizes equal to a ragged dim ] in ``_routing.py``
+# rules for operands.
+def _static_view(op: str, t, size):
+    """``t.view(size)`` / ``t.reshape(size)`` of ``as_static``'s result, whose static dims may not be
+    in their dense order (``(B, C, j0)``'s rows are ``(n, C)``): a view then reads a contiguous copy."""
+    if op == "view" and not t.is_contiguous():
+        t = t.contiguous()
+    return getattr(t, op)(tuple(size))
+
+
+def common_size(x: MJT, d: int) -> Optional[int]:
+    """The size every sample of the (non-empty, eager) batch has along ragged dim ``d``, else None."""
+    e = x._partition.extents[x._ragged_dims.index(d)]
+    if x._partition.batch == 0 or _is_traced(e.offsets):
+        return None
+    # one size: the largest times B is the total (the shape carriers: no tensor op per reshape)
+    return e.max if e.max * e.batch == e.total else None
+
+
+def uniform_ragged(x: MJT, dims) -> bool:
+    """Whether every sample of the (non-empty, eager) batch has one size along each of ragged
+    ``dims`` (NOTE [ Ragged dims of one size in every sample ])."""
+    return bool(dims) and all(common_size(x, d) is not None for d in dims)
+
+
 def unit_ragged(x: MJT, dims) -> bool:
     """Whether every sample of the (non-empty) batch has size 1 along each of ragged ``dims``."""
-    if not dims or x._partition.batch == 0 or any(_is_traced(e.offsets) for e in x._partition.extents):
-        return False
-    # every size 1: the largest is 1 and they sum to B (the shape carriers: no tensor op per reshape)
-    ext = [x._partition.extents[x._ragged_dims.index(d)] for d in dims]
-    return all(e.max == 1 and e.total == e.batch for e in ext)
+    return bool(dims) and all(common_size(x, d) == 1 for d in dims)
 
 
-def units_static(x: MJT, dims):
-    """``x`` with ragged ``dims`` (size 1 in every sample: ``unit_ragged``) made static dims of size
-    1 — ``narrow(d, 0, 1)`` each, a dense tensor once no ragged dim is left."""
+def as_static(x: MJT, dims):
+    """``x`` with ragged ``dims`` (one size in every sample: ``uniform_ragged``) made static dims of
+    that size (NOTE [ Ragged dims of one size in every sample ]), a dense tensor once no ragged dim
+    is left; differentiable."""
     from ..indexing.slicing import narrow_ragged
 
     for d in sorted(dims, reverse=True):
-        x = narrow_ragged("view", x, d, x._ragged_dims.index(d), 0, 1)
+        s = common_size(x, d)
+        if len(x._ragged_dims) == 1:
+            x = ragged_as_static(x, d, s)  # the values reshaped: a view, as dense torch's
+        else:
+            x = narrow_ragged("view", x, d, x._ragged_dims.index(d), 0, s)
     return x
 
 

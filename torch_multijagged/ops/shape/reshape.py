@@ -105,6 +105,31 @@ def _view(input, *shape, dtype=None):
     return ragged_flatten.traced_static_view("view", input, size)
 
 
+@route(torch.Tensor.expand, sequence="size")
+def _expand(input, *size, implicit=False):
+    """``expand`` of a ragged dim to a static size that every sample has there (``argsort(…)[:, :1,
+    None].expand(B, 1, C)``): that dim made static first (NOTE [ Ragged dims of one size in every
+    sample ] in flatten.py); every other expand is aten's (ops/shape/views.py)."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    size = _normalize_shape(size)
+    fixed = [d for d in input._ragged_dims if d < len(size) and type(size[d]) is int and size[d] != -1]
+    if not fixed or len(size) != input.dim():
+        return NotImplemented
+    for d in fixed:
+        if torch.compiler.is_compiling():
+            raise StructureError(
+                f"expand(): ragged dim {d} of {describe(input)} cannot be expanded to the static size {size[d]} under "
+                "torch.compile: whether every sample has that size is known eagerly only; expand it to -1 (or its "
+                "ragged size), or take the size from a static dim"
+            )
+        if ragged_flatten.common_size(input, d) != size[d]:
+            sizes = input._partition.extents[input._ragged_dims.index(d)].host_lengths().tolist()
+            raise StructureError(f"expand(): ragged dim {d} of {describe(input)} cannot be expanded to {size[d]}: its "
+                                 f"size is not {size[d]} in every sample (sizes {sizes}); give -1 or its ragged size")
+    return ragged_flatten.as_static(input, fixed).expand(size, implicit=implicit)
+
+
 def _like_route(method: str):
     """``x.view_as(y)`` / ``x.reshape_as(y)`` as ``x.view(y.shape)`` / ``x.reshape(y.shape)``, so
     that the shape's nested ints are read as ``view`` reads them (``x.flatten(2)…view_as(x)`` of
@@ -374,7 +399,7 @@ def _squeeze(input, dim=None):
         units = [d for d in (canonical_dim("squeeze", input.dim(), w) for w in want) if d in input._ragged_dims]
         if units and ragged_flatten.unit_ragged(input, units):
             # ragged dims of size 1 in every sample squeeze as dense sizes of 1 do
-            return torch.squeeze(ragged_flatten.units_static(input, units), dim)
+            return torch.squeeze(ragged_flatten.as_static(input, units), dim)
         return NotImplemented
     dims = [d for d in range(1, input.dim()) if d not in input._ragged_dims and input.shape[d] == 1]
     return torch.squeeze(input, dims) if dims else input.view(input.shape)

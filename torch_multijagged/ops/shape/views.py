@@ -586,10 +586,20 @@ def check_view_shape(op: str, inp, size) -> tuple[list, tuple[int, ...]]:
     if not candidates:
         if len(size) == len(inp._size):
             d = next(d for d in inp._ragged_dims if not (size[d] == -1 or size[d] == inp._size[d]))
-            raise StructureError(f"{head()}: dim {d} must be the ragged size {inp._size[d]} or -1, got {size[d]}")
+            why = ""
+            if type(size[d]) is int and size[d] >= 0:  # NOTE [ Ragged dims of one size in every sample ] in flatten.py
+                why = (" (under torch.compile a static size cannot stand for a ragged dim: whether every sample has "
+                       "it is known eagerly only)" if torch.compiler.is_compiling() else
+                       f" (a static size stands for a ragged dim where every sample has it; sizes "
+                       f"{inp._partition.extents[inp._ragged_dims.index(d)].host_lengths().tolist()})")
+            raise StructureError(f"{head()}: dim {d} must be the ragged size {inp._size[d]} or -1, got {size[d]}{why}")
+        why = ""
+        if torch.compiler.is_compiling() and not any(is_nested_int(s) for s in size):
+            why = (" (under torch.compile static sizes cannot stand for ragged dims: whether every sample has them is "
+                   "known eagerly only)")
         raise StructureError(
             f"{head()}: the batch and ragged dims must stay: expected the ragged sizes "
-            f"({', '.join(str(n) for n in nested)}) in this order, each given as itself or -1"
+            f"({', '.join(str(n) for n in nested)}) in this order, each given as itself or -1{why}"
         )
     old_segs = _segments(inp._size, inp._ragged_dims)
     solved, problem = {}, None

@@ -1,0 +1,137 @@
+"""A ragged size plus or minus an int (``n - 1``, ``(t - 1) // 2``, ``k - n``): each sample's size
+shifted, a new ragged size that shapes, slices and expands take (NOTE [ Ragged sizes plus an int ]
+in ragged_sizes.py), against each sample's dense code."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_multijagged as mj
+
+from _reference import R, per_sample_check
+from _structures import comps_for
+
+TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: {}}
+
+
+def _shapes(t):
+    return [tuple(c.shape) for c in t.unbind()]
+
+
+def test_a_shifted_size_is_each_samples_size_shifted():
+    lengths = (3, 5, 0, 6)
+    x = mj.nested_tensor(comps_for([(k, 4) for k in lengths], 0))
+    n = x.shape[1]
+    cases = {
+        "n + 2": (lambda: n + 2, lambda k: k + 2),
+        "2 + n": (lambda: 2 + n, lambda k: 2 + k),
+        "n - -1": (lambda: n - -1, lambda k: k + 1),
+        "7 - n": (lambda: 7 - n, lambda k: 7 - k),
+        "(n + 3) // 2 - 1": (lambda: (n + 3) // 2 - 1, lambda k: (k + 3) // 2 - 1),
+    }
+    for name, (size, per_sample) in cases.items():
+        out = x.new_zeros(4, size(), 3)
+        assert _shapes(out) == [(per_sample(k), 3) for k in lengths], name
+        assert out.shape[1] == size(), name  # one nested int per rule and extent
+    one_row = mj.nested_tensor(comps_for([(k, 4) for k in (3, 5, 1, 6)], 1))
+    m = one_row.shape[1]
+    assert _shapes(one_row.new_zeros(4, m - 1, 2)) == [(k - 1, 2) for k in (3, 5, 1, 6)]
+    assert _shapes(one_row.new_ones(4, (m - 1) // 2, 2)) == [((k - 1) // 2, 2) for k in (3, 5, 1, 6)]
+
+
+def test_a_shifted_size_names_the_nested_int_of_the_op_that_shifts():
+    """``n - k`` is the nested int of ``x[:, k:]``, ``n + k`` that of ``F.pad`` by ``k`` rows before,
+    and a rule that gives the sizes back gives ``n`` itself."""
+    x = mj.nested_tensor(comps_for([(k, 4) for k in (3, 5, 1)], 2))
+    n = x.shape[1]
+    assert x[:, 1:].shape[1] == n - 1 and n - 1 == x[:, 1:].shape[1]
+    assert F.pad(x, (0, 0, 2, 0)).shape[1] == n + 2
+    assert (n - 1) + 1 == n and (n + 4) - 4 == n and n - 0 == n and 0 + n == n
+    # the slice's own size minus an int: the slice of the slice
+    assert x[:, 1:][:, 1:].shape[1] != n  # (another extent)
+    assert x.new_zeros(3, n - 1, 4).shape == x[:, 1:].shape
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_slices_and_expands_by_a_shifted_size(dtype):
+    comps = comps_for([(3, 4), (5, 4), (1, 4), (6, 4)], 3, dtype=dtype)
+    forms = [
+        (lambda x: x[:, : x.shape[1] - 1], lambda c: c[: c.shape[0] - 1]),
+        (lambda x: x[:, 1 : x.shape[1] + 1], lambda c: c[1 : c.shape[0] + 1]),
+        (lambda x: x[:, (x.shape[1] - 1) // 2 :], lambda c: c[(c.shape[0] - 1) // 2 :]),
+        (lambda x: x[:, 1:, :1].expand(x.shape[0], x.shape[1] - 1, 4), lambda c: c[1:, :1].expand(c.shape[0] - 1, 4)),
+        (lambda x: x[:, 1:] * x.new_ones(x.shape[0], x.shape[1] - 1, 4), lambda c: c[1:] * c.new_ones(c.shape[0] - 1, 4)),
+    ]
+    for fn, ref in forms:
+        per_sample_check(fn, R(comps, (1,)), ref=ref, new_ragged=True, **TOL[dtype])
+
+
+def test_a_negative_shifted_size_raises_naming_the_sample():
+    """A ragged size holds sizes: where a sample's would be negative the arithmetic raises (dense
+    code gets a negative int there, which a shape refuses) — never a size clamped to 0."""
+    x = mj.nested_tensor(comps_for([(k, 4) for k in (3, 0, 2)], 4))
+    n = x.shape[1]
+    with pytest.raises(ValueError, match=r"j\d+ - 1 is negative in sample 1 \(size 0, giving -1\).*sizes \[3, 0, 2\]"):
+        _ = n - 1
+    with pytest.raises(ValueError, match=r"2 - j\d+ is negative in sample 0 \(size 3, giving -1\)"):
+        _ = 2 - n
+    with pytest.raises(ValueError, match="is negative in sample 1"):
+        x.new_zeros(3, n - 1, 4)
+    assert _shapes(x.new_zeros(3, 3 - n, 1)) == [(0, 1), (3, 1), (1, 1)]  # 3 - n holds in every sample
+
+
+def test_a_size_shifted_from_another_batch_is_refused_by_new_zeros():
+    x = mj.nested_tensor(comps_for([(k, 4) for k in (3, 4)], 5))
+    other = mj.nested_tensor(comps_for([(k, 4) for k in (2, 6)], 6))
+    with pytest.raises(NotImplementedError, match="sizes mapped from them"):
+        x.new_zeros(2, other.shape[1] - 1, 4)
+
+
+def _merge(x, r):
+    """ToMe's bipartite soft matching and merge as written for dense ``(B, N, C)`` tokens (its
+    ``(t - protected) // 2`` bound, ``t1 - r`` kept tokens, gathers and a scatter-reduce)."""
+    t = x.shape[1]
+    r = min(r, (t - 1) // 2)
+    metric = x / x.norm(dim=-1, keepdim=True)
+    a, b = metric[..., ::2, :], metric[..., 1::2, :]
+    scores = a @ b.transpose(-1, -2)
+    node_max, node_idx = scores.max(dim=-1)
+    edge_idx = node_max.argsort(dim=-1, descending=True)[..., None]
+    unm_idx = edge_idx[..., r:, :]
+    src_idx = edge_idx[..., :r, :]
+    dst_idx = node_idx[..., None].gather(dim=-2, index=src_idx)
+    src, dst = x[..., ::2, :], x[..., 1::2, :]
+    n, t1, c = src.shape
+    unm = src.gather(dim=-2, index=unm_idx.expand(n, t1 - r, c))
+    src = src.gather(dim=-2, index=src_idx.expand(n, r, c))
+    dst = dst.scatter_reduce(-2, dst_idx.expand(n, r, c), src, reduce="sum")
+    return torch.cat([unm, dst], dim=1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_token_merging_written_for_dense_tokens(dtype):
+    comps = comps_for([(3, 4), (5, 4), (8, 4), (4, 4)], 7, dtype=dtype)
+    out = per_sample_check(lambda x: _merge(x, 1), R(comps, (1,)), ref=lambda c: _merge(c.unsqueeze(0), 1)[0],
+                           new_ragged=True, **TOL[dtype])
+    # no leakage: another sample 2 (values and length) leaves the others' merges as they were
+    changed = list(comps)
+    changed[2] = comps_for([(6, 4)], 8, dtype=dtype)[0]
+    again = _merge(mj.nested_tensor(changed), 1)
+    for i in (0, 1, 3):
+        torch.testing.assert_close(again.unbind()[i], out.unbind()[i])
+
+
+def test_merging_more_than_some_sample_allows_raises():
+    """``min(r, (t - 1) // 2)`` that differs per sample: each sample alone would merge a different
+    number of tokens — the comparison raises, naming it."""
+    x = mj.nested_tensor(comps_for([(3, 4), (7, 4)], 9))
+    with pytest.raises(ValueError, match="holds for some samples and not others"):
+        _merge(x, 3)
+
+
+def test_a_shifted_size_under_torch_compile_raises_saying_so():
+    torch._dynamo.reset()
+    x = mj.nested_tensor(comps_for([(3, 4), (5, 4)], 10))
+    for f in (lambda y: y.new_zeros(2, y.shape[1] - 1, 4), lambda y: y[:, : y.shape[1] - 1] * 2):
+        with pytest.raises(Exception, match=r"n - 1 with the nested int j\d+ under torch.compile"):
+            torch.compile(f, backend="aot_eager", fullgraph=True)(x)
