@@ -6,6 +6,7 @@ and the dense kernel of ``multijagged::reduce_backward`` against dense autograd.
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -115,6 +116,32 @@ def test_new_factories_with_some_of_selfs_nested_ints():
         z.new_ones([z.shape[1], 2])
     with pytest.raises(ValueError, match="batch size 3"):
         z.new_ones([2, 1, z.shape[2]])
+
+
+@pytest.mark.parametrize("op", ["new_zeros", "new_ones", "new_full", "new_empty"])
+def test_new_factories_with_a_leading_one_and_nested_ints(op):
+    """``x.new_zeros((1, H, n, n))`` as dense code writes for a batch of one, ``n`` read from
+    ``x.shape``: with B = 1 the 1 is the batch, and each sample's tensor is dense's ``(H, n, n)``
+    (a zero-length sample too), combining with ``x``; with more samples a ``(1, …)`` tensor of their
+    ragged sizes has no form, and the error names the size to write, which works."""
+    args = (2.0,) if op == "new_full" else ()
+    for lens in ((4,), (0,)):
+        x = mj.nested_tensor([torch.randn(2, n, n, dtype=D) for n in lens], ragged_dims=(2, 3))
+        h, n = x.shape[1], x.shape[2]
+        m = getattr(x, op)((1, h, n, n), *args)
+        assert m.shape == x.shape and m.dtype == D
+        want = getattr(x.unbind()[0], op)((h, lens[0], lens[0]), *args)
+        assert m.unbind()[0].shape == want.shape
+        if op != "new_empty":
+            assert torch.equal(m.unbind()[0], want)
+            assert torch.equal((x + m).unbind()[0], x.unbind()[0] + want)
+    x = mj.nested_tensor([torch.randn(2, n, n, dtype=D) for n in (3, 0, 2)], ragged_dims=(2, 3))
+    h, n = x.shape[1], x.shape[2]
+    for size, hint in (((1, h, n, n), "write (3, 2, j"), ((h, n, n), "write (3, 2, j"), ((n, n), "write (3, j")):
+        with pytest.raises((ValueError, NotImplementedError), match=re.escape(hint)):
+            getattr(x, op)(size, *args)
+    m = getattr(x, op)((x.shape[0], h, n, n), *args)  # the size the error names
+    assert [tuple(c.shape) for c in m.unbind()] == [(2, 3, 3), (2, 0, 0), (2, 2, 2)]
 
 
 def test_max_over_static_dim_backward_golden():

@@ -653,3 +653,43 @@ def test_interpolate_images_with_one_static_side(sizes, kw):
         ref = F.interpolate(leaf[None], **kw)[0]
         torch.testing.assert_close(o, ref)
         torch.testing.assert_close(g, torch.autograd.grad((ref * gc).sum(), leaf)[0])
+
+
+_ONE_SIDE = {"one width": ([(6, 8), (4, 8), (0, 8)], (2,)), "one height": ([(8, 6), (8, 4)], (3,))}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("case", list(_ONE_SIDE))
+def test_shuffles_unpool_and_flatten_of_images_with_one_static_side(case, dtype):
+    """Images sharing a width (or a height), whose shared side ``nested_tensor`` makes static:
+    ``pixel_shuffle`` / ``pixel_unshuffle`` (the side static again), ``max_unpool2d`` (with and
+    without ``output_size``) and ``flatten`` of both sides are each image's dense op, values and
+    gradients; ``view`` of both sides, which the packed order cannot give, names ``reshape``."""
+    from _reference import R, components, per_sample_check
+
+    sizes, rd = _ONE_SIDE[case]
+    # an empty image: dense pixel_shuffle's backward refuses it, dense pixel_unshuffle returns it
+    # unchanged (its own shape, not (C·r², 0, W/r)), dense max_pool2d refuses it
+    full = [s for s in sizes if s[0] * s[1]]
+    comps = components([(8, h, w) for h, w in sizes], 0, dtype)
+    for f, empty in ((lambda t: F.pixel_shuffle(t, 2), "forward"), (lambda t: F.pixel_unshuffle(t, 2), None),
+                     (lambda t: t.flatten(2), "both"), (lambda t: t.flatten(1) * 2.0, "both"),
+                     (lambda t: t.reshape(t.shape[0], 8, -1), "both")):
+        cases = [(components([(8, h, w) for h, w in full], 2, dtype), True)]
+        for cs, g in cases + ([(comps, empty == "both")] if empty else []):
+            out = per_sample_check(f, R(cs, rd), ref=lambda c, f=f: f(c[None])[0], new_ragged=True, grad=g)
+            if out.dim() == 4:
+                assert out.ragged_dims == rd  # the shared side static again
+    comps = components([(3, h, w) for h, w in full], 1, dtype)
+
+    def unpool(t, sized=False):
+        p, i = F.max_pool2d(t, 2, return_indices=True)
+        return F.max_unpool2d(p, i, 2, output_size=t.shape[-2:] if sized else None)
+
+    for sized in (False, True):
+        out = per_sample_check(lambda t: unpool(t, sized), R(comps, rd), ref=lambda c: unpool(c[None], sized)[0],
+                               new_ragged=not sized)
+        assert out.ragged_dims == rd
+    x = mj.as_nested_tensor(comps, ragged_dims=rd)
+    with pytest.raises(RuntimeError, match="reshape"):
+        x.view(x.shape[0], 3, -1)

@@ -258,8 +258,10 @@ def test_flatten_static_dims_before_a_ragged_dim():
 def test_view_errors():
     x = mj.nested_tensor(comps_for([(2, 3), (0, 3)], 0), ragged_dims=(1,))
     s = mj.nested_tensor(comps_for([(2, 4, n, 3) for n in (2, 0)], 0), ragged_dims=(3,))
-    with pytest.raises(ValueError, match=r"^flatten\(\).*static dims"):
-        s.flatten(2, 3)  # folds a static dim into the ragged one after it (the rows would reorder)
+    # a static dim folded into the ragged one after it: each sample's elements regrouped (a copy, as
+    # dense flatten's of a tensor it cannot view)
+    assert [tuple(c.shape) for c in s.flatten(2, 3).unbind()] == [(2, 8, 3), (2, 0, 3)]
+    assert all(torch.equal(a, c.flatten(1, 2)) for a, c in zip(s.flatten(2, 3).unbind(), s.unbind()))
     with pytest.raises(ValueError, match=r"^view\(\).*regroup between ragged dims"):
         s.view(s.shape[0], 2, s.shape[3], 12)  # 4 moved across the ragged dim
     with pytest.raises(ValueError, match=r"^view\(\)"):
@@ -679,3 +681,33 @@ def test_a_square_pair_s_dims_named_apart_raise_clearly(op):
     k = mj.as_nested_tensor([torch.zeros(n) for n in lens]).shape[1]
     with pytest.raises(mj.StructureError, match="not a ragged size"):
         getattr(p, op)(2, k, p.shape[2], 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=str)
+@pytest.mark.parametrize("op", ["view_as", "reshape_as"])
+def test_view_as_a_tensor_built_apart_takes_its_shape(op, dtype):
+    """``x.view_as(y)`` / ``x.reshape_as(y)`` with ``y`` built apart from the same lengths is
+    ``x.view(y.shape)``, as dense per sample: the result has ``y``'s shape, nested ints included,
+    also where the view flattens or unflattens ragged dims (an image batch's ``(H, W)`` and its
+    ``H·W`` tokens, a pair's ``n × n``); gradients come back in ``x``'s own shape."""
+    images = [(3, 4), (0, 2), (2, 5)]
+    chans = components([(2, h, w) for h, w in images], 0, dtype)
+    pairs = components([(n, n, 4) for n in (3, 0, 2)], 2, dtype)
+    cases = [  # (x's components and ragged dims, y's, x's transform, its per-sample reference)
+        (R(chans, (2, 3)), R(components([(2, h, w) for h, w in images], 3, dtype), (2, 3)),
+         lambda t: t.flatten(2), lambda c: c.flatten(1)),
+        (R(chans, (2, 3)), R(chans, (2, 3)), lambda t: t.flatten(2) * 2.0, lambda c: c.flatten(1) * 2.0),
+        (R(components([(n, 4) for n in (3, 0, 2)], 4, dtype), (1,)), R(components([(n, 2, 2) for n in (3, 0, 2)], 5, dtype), (1,)),
+         lambda t: t * 2.0, lambda c: c * 2.0),
+        (R(pairs, (1, 2)), R(components([(n, n, 2, 2) for n in (3, 0, 2)], 6, dtype), (1, 2)),
+         lambda t: t * 2.0, lambda c: c * 2.0),
+        (R(pairs, (1, 2)), R(components([(n, n, 4) for n in (3, 0, 2)], 7, dtype), (1, 2)),
+         lambda t: t.flatten(1, 2), lambda c: c.flatten(0, 1)),
+    ]
+    for rx, ry, pre, pre_ref in cases:
+        def fn(x, y):
+            out = getattr(pre(x), op)(y)
+            assert out.shape == y.shape and all(out.shape[d] is y.shape[d] for d in y.ragged_dims)
+            return out
+
+        per_sample_check(fn, rx, ry, ref=lambda c, d: getattr(pre_ref(c), op)(d), new_ragged=True)

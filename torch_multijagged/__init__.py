@@ -16,6 +16,7 @@ _install_op_table(
     dispatch=ops.dispatch,
     routes=ops.ROUTES,
     unify=ops.unify_call,
+    sized=ops.SIZED,
     guard_write=ops.guard_write,
     reorder_copies=ops.reorder_copies,
     writeback_target=ops.writeback_target,

@@ -27,7 +27,7 @@ from .structure import Partition, RaggedExtent, partition_for
 from .tensor import MultiJaggedTensor, _graph, _ValuesOf, values_of, wrap_values
 
 __all__ = ["values_of", "wrap_values", "wrap_values_like", "relabel", "assume_relabel", "expand_ragged",
-           "static_as_ragged", "ragged_as_static"]
+           "static_as_ragged", "ragged_as_static", "dense_as_ragged"]
 
 
 class _Adopt(torch.autograd.Function):
@@ -133,6 +133,23 @@ def static_as_ragged(x: MultiJaggedTensor, d: int, extent: RaggedExtent) -> Mult
         return wrap_values(rows, grown, dims)
     index, out = grown.reorder_rows(order)
     return wrap_values(rows.index_select(0, index), out, tuple(sorted(dims)))
+
+
+def dense_as_ragged(t: torch.Tensor, batch: int, ndim: int, extents: dict) -> MultiJaggedTensor:
+    """A dense operand ``t`` beside multi_jagged ones of ``ndim`` logical dims and ``batch`` samples
+    (right-aligned to them, as broadcasting aligns it: ``(B or 1, …)`` of that rank, or fewer dims
+    and no batch dim) made multi_jagged with ragged dims ``extents`` (logical dim → extent), whose
+    size there is ``t``'s in every sample (NOTE [ Static sizes equal to a ragged dim ] in
+    ops/_routing.py): each sample's elements are ``t``'s (its batch slice, where it has one), in
+    row-major order of the ragged dims; differentiable, to any order (its gradient comes back in
+    ``t``'s own shape)."""
+    t = t.reshape((1,) * (ndim - t.dim()) + tuple(t.shape))
+    t = t.expand(batch, *t.shape[1:])
+    dims = tuple(sorted(extents))
+    rest = tuple(d for d in range(1, ndim) if d not in extents)
+    rows = t.permute(0, *dims, *rest)
+    partition = partition_for([extents[d] for d in dims])
+    return wrap_values(rows.reshape(partition.rows, *rows.shape[1 + len(dims):]), partition, dims)
 
 
 def ragged_as_static(x: MultiJaggedTensor, d: int, size: int) -> torch.Tensor:

@@ -639,7 +639,7 @@ class MultiJaggedTensor(torch.Tensor):
             # The commonest call first, inline (a call level is ≈ 0.2 µs of a ≈ 10 µs op): a
             # values-path op without keywords whose operands need no relabelling.
             fast = _FAST.get(func)
-            if fast is not None and not kwargs and (len(args) < 2 or _nothing_to_unify(args)) and _fast_enabled():
+            if fast is not None and not kwargs and (len(args) < 2 or _nothing_to_unify(args, func)) and _fast_enabled():
                 result = fast(*args)
                 if result is not NotImplemented:
                     return result
@@ -652,7 +652,7 @@ class MultiJaggedTensor(torch.Tensor):
 
     @classmethod
     def _torch_function(cls, func, types, args, kwargs, fast=None):
-        if kwargs or (len(args) > 1 and not _nothing_to_unify(args)) or (args and type(args[0]) in (list, tuple)):
+        if kwargs or (len(args) > 1 and not _nothing_to_unify(args, func)) or (args and type(args[0]) in (list, tuple)):
             # Operands with equal sizes but other nested ints (a list's too: ``torch.dstack([a,
             # b])``) are relabelled onto the first's, except where a tensor is held by identity
             # (NOTE [ Equal sizes, different nested ints ] in ops/_routing.py).
@@ -845,7 +845,7 @@ def _no_op_table(func, args, kwargs):
     )
 
 
-def _nothing_to_unify(args) -> bool:
+def _nothing_to_unify(args, func=None) -> bool:
     """True for a binary call ``(a, b)`` with no second structure to relabel: ``b`` is no list
     and no multi_jagged tensor, or has ``a``'s very partition and no static size of one operand
     (other than 1) where the other is ragged (the same partition at other dims: NOTE [ Static sizes
@@ -857,6 +857,12 @@ def _nothing_to_unify(args) -> bool:
     if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
         return False
     if not isinstance(b, MultiJaggedTensor):
+        if func in _SIZED and isinstance(b, torch.Tensor) and isinstance(a, MultiJaggedTensor):
+            # a dense size along a ragged dim may be that dim's size in every sample (the same NOTE)
+            shift = len(a._size) - b.dim()
+            for d in a._ragged_dims:
+                if d >= shift and b.shape[d - shift] != 1:
+                    return False
         return True
     if not isinstance(a, MultiJaggedTensor) or a._partition is not b._partition:
         return False
@@ -871,6 +877,7 @@ def _unify_nothing(func, args, kwargs):
 
 
 _ROUTES: dict = {}
+_SIZED: frozenset = frozenset()  # functions whose dense operand may have a ragged dim's size (``_SIZED`` in ops/_routing.py)
 _FAST: dict = {}
 _fast_enabled = bool
 _dispatch = _no_op_table
@@ -900,11 +907,12 @@ _write_through = _run_it
 
 
 def install_op_table(*, dispatch, routes: dict, unify, guard_write, reorder_copies: dict, fast: Optional[dict] = None,
-                     fast_enabled=None, writeback_target=None, write_through=None) -> None:
+                     fast_enabled=None, writeback_target=None, write_through=None, sized=frozenset()) -> None:
     """Bind the op table's entry points (NOTE [ Handler lookup ]); called once by the package's
     ``__init__.py``. ``routes`` and ``reorder_copies`` are the live dicts, not copies."""
     global _ROUTES, _dispatch, _unify, _guard_write, _reorder_copies, _FAST, _fast_enabled
-    global _writeback_target, _write_through
+    global _writeback_target, _write_through, _SIZED
+    _SIZED = frozenset(sized)
     if fast is not None:
         _FAST, _fast_enabled = fast, fast_enabled
     if writeback_target is not None:

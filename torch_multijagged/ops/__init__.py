@@ -22,12 +22,12 @@ top of the families whose computations it reuses).
 from __future__ import annotations
 
 from ._table import MULTI_JAGGED_OPS, dispatch, op_name, register_multi_jagged_func
-from ._routing import ROUTES, unify_call
+from ._routing import _SIZED as SIZED, ROUTES, unify_call
 from . import elementwise, shape, indexing, reductions, contractions, nn, attention, vision  # noqa: F401  (register)
 from . import fastpath
 from .shape import views
 
-__all__ = ["register_multi_jagged_func", "dispatch", "MULTI_JAGGED_OPS", "op_name", "ROUTES", "unify_call", "fastpath", "views"]
+__all__ = ["register_multi_jagged_func", "dispatch", "MULTI_JAGGED_OPS", "op_name", "ROUTES", "unify_call", "SIZED", "fastpath", "views"]
 
 # The entry points the subclass needs (``tensor.install_op_table``; NOTE [ Handler lookup ] in
 # tensor.py), named once for the package's ``__init__``.

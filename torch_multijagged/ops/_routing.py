@@ -25,10 +25,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..bridge import assume_relabel, expand_ragged, ragged_as_static, relabel, static_as_ragged
+from ..bridge import assume_relabel, dense_as_ragged, expand_ragged, ragged_as_static, relabel, static_as_ragged
 from ..compile import library  # noqa: F401  (defines the multijagged:: ops that routes call)
 from ..errors import StructureError
-from ..structure import _is_traced, broadcast_extent, extent_of, partition_for, same_extent
+from ..structure import _factors, _is_traced, broadcast_extent, extent_of, flat_extent, partition_for, same_extent
 from ._common import MJT, canonical_dim
 from ._table import dispatch as _dispatch
 
@@ -190,12 +190,50 @@ def unify_shape(x: MJT, shape) -> MJT:
         if len({id(e) for e in fits}) == 1:
             swap[id(fits[0])] = w
     if not swap:
+        swap = _product_swap(extents, wanted, kept)
+    if not swap:
         return x
     return relabel(x, partition_for([swap.get(id(e), e) for e in extents]))
 
 
+def _product_swap(extents, wanted: list, kept: set) -> dict:
+    """Relabellings of ``x``'s extents (``unify_shape``) where the shape flattens or unflattens
+    them: ``x``'s dims onto the factors of a named nested int flattened from dims of equal sizes
+    (``x.view_as(y.flatten(2))``), or ``x``'s flattened dim onto the flattening of named nested
+    ints of its factors' sizes, in order (``x.flatten(2).view_as(y)``)."""
+    swap: dict = {}
+    for w in wanted:
+        fs = _factors(w)
+        if len(fs) < 2:
+            continue
+        pick: dict = {}  # id(factor) -> (an extent of x, the factor); a square pair's one factor once
+        for f in fs:
+            if id(f) not in pick:
+                taken = [p[0] for p in pick.values()]
+                e = next((e for e in extents if id(e) not in kept and id(e) not in swap and same_extent(e, f)
+                          and all(e is not t for t in taken)), None)
+                if e is None:
+                    break
+                pick[id(f)] = (e, f)
+        else:
+            swap.update((id(e), f) for e, f in pick.values())
+    for e in extents:
+        fs = _factors(e)
+        if len(fs) < 2 or id(e) in kept or id(e) in swap:
+            continue
+        for i in range(len(wanted) - len(fs) + 1):
+            run = wanted[i:i + len(fs)]
+            if all(same_extent(f, w) for f, w in zip(fs, run)):
+                swap[id(e)] = flat_extent(partition_for(run))
+                break
+    return {k: v for k, v in swap.items() if all(e is not v for e in extents)}
+
+
 # Functions whose tensor arguments are held by identity (see the NOTE above).
 _HELD = {torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward}
+# Functions that read only the other operand's shape, whose nested ints the result takes, as
+# ``x.view(y.shape)`` does (``unify_shape``): the other operand is not relabelled onto ``x``.
+_SHAPE_OF_OTHER = {torch.Tensor.view_as, torch.Tensor.reshape_as}
 NEVER, OPERANDS, INPLACE = 0, 1, 2
 _POLICY: dict = {}
 
@@ -212,6 +250,8 @@ def relabel_policy(func) -> int:
         return hit
     name = getattr(func, "__name__", "")
     if held or isinstance(func, (torch._ops.OpOverload, torch._ops.OpOverloadPacket)):
+        policy = NEVER
+    elif func in _SHAPE_OF_OTHER:
         policy = NEVER
     elif name.endswith("_") and not name.endswith("__"):
         policy = INPLACE
@@ -254,10 +294,14 @@ def unify_call(func, args: tuple, kwargs: dict | None):
             kwargs = _unify_cotangents(func, args, kwargs)
         return args, kwargs
     keep_first = policy == INPLACE
-    if kwargs and any(isinstance(v, MJT) or (isinstance(v, (list, tuple)) and v and isinstance(v[0], MJT))
+    sized = func in _SIZED
+    if kwargs and any(isinstance(v, MJT) or (sized and _dense(v) and _reaches_ragged(args, v))
+                      or (isinstance(v, (list, tuple)) and v and isinstance(v[0], MJT))
                       for k, v in kwargs.items() if k != "out"):
         names = [k for k in kwargs if k != "out"]
         unified = unify_extents((*args, *(kwargs[k] for k in names)), keep_first)
+        if sized:  # ``torch.clamp(x, min=t)``
+            unified = static_sizes_as_ragged(unified, keep_first)
         if func in _ALIGNED or func in _MASK_ALIGNED:
             unified = _assume_aligned(func, unified)
         kwargs = {**kwargs, **dict(zip(names, unified[len(args):]))}
@@ -265,7 +309,7 @@ def unify_call(func, args: tuple, kwargs: dict | None):
     if len(args) > 1 or (args and isinstance(args[0], (list, tuple)) and len(args[0]) > 1):
         # a single list argument too: ``torch.cat([x, y], dim=-1)`` has no second positional one
         args = unify_extents(args, keep_first)
-        if func in _ALIGNED and func not in _CLASS_TARGET:
+        if func in _SIZED:
             args = static_sizes_as_ragged(args, keep_first)
         if func in _BROADCASTING and _needs_grad(*args):
             args = _expand_broadcasts(args, keep_first)
@@ -340,6 +384,9 @@ _ALIGNED: set = _BROADCASTING | _elementwise_functions(
 ).split()}
 _CLASS_TARGET = {torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss}
 _MASK_ALIGNED: set = _elementwise_functions("masked_scatter", "")
+# The functions whose static sizes equal to a ragged dim broadcast as it (NOTE [ Static sizes equal
+# to a ragged dim ]): the aligned ones, and ``copy_``, whose ``src`` broadcasts to ``self``.
+_SIZED: set = (_ALIGNED - _CLASS_TARGET) | {torch.Tensor.copy_}
 
 
 def _expand_broadcasts(args: tuple, keep_first: bool) -> tuple:
@@ -383,7 +430,12 @@ def _expand_broadcasts(args: tuple, keep_first: bool) -> tuple:
 # result keeps the ragged dim and its nested int. The one exception is the written ``self`` of an
 # in-place op, which must keep its shape as dense torch's does: if it is the static one, the other
 # operands' ragged dim becomes static instead (``ragged_as_static``; an operand with no ragged dim
-# left becomes a dense ``(B, …)`` tensor, which applies per sample). torch.jagged has one ragged dim whose
+# left becomes a dense ``(B, …)`` tensor, which applies per sample). A dense operand is read the same
+# way: one of size s at such a dim (``(B or 1, n, n, C)`` or ``(n, n, C)``, the output of a
+# contraction over the pair's one ragged dim: OpenFold's incoming triangle update at equal lengths)
+# is first made multi_jagged there (``dense_as_ragged``, differentiable), each sample reading its
+# batch slice. Beside the elementwise functions, ``copy_``'s source and the operands of ``cat``
+# along another dim take this too (``_SIZED``; ``cat``'s route). torch.jagged has one ragged dim whose
 # nested int never equals an int, so it raises for all of these. Under tracing the sizes are
 # symbols, and a guard on every sample's length would recompile per batch: there the operands do
 # not combine, and the op raises a ``StructureError`` that says so.
@@ -393,10 +445,13 @@ def _uniform(e, s: int) -> bool:
     return not _is_traced(e.offsets) and e.max == s and e.total == s * e.batch
 
 
-def static_sizes_as_ragged(args: tuple, keep_first: bool) -> tuple:
+def static_sizes_as_ragged(args: tuple, keep_first: bool, skip: int | None = None) -> tuple:
     """``args`` with each multi_jagged operand's static dim made ragged where another operand is
     ragged there with that size in every sample, or, for an in-place op whose ``self`` is the
-    static one, the others' ragged dim made static (NOTE [ Static sizes equal to a ragged dim ])."""
+    static one, the others' ragged dim made static; a dense operand made multi_jagged at such dims
+    (NOTE [ Static sizes equal to a ragged dim ]). ``skip``: a dim left alone (``cat``'s)."""
+    if any(_dense(a) for a in args):
+        args = _dense_sizes_as_ragged(args, skip)
     ms = [a for a in args if isinstance(a, MJT)]
     if len(ms) < 2:
         return args
@@ -412,7 +467,7 @@ def static_sizes_as_ragged(args: tuple, keep_first: bool) -> tuple:
     if any(len(m._size) != ndim or m._partition.batch != ms[0]._partition.batch for m in ms):
         return args
     out = list(args)
-    for d in sorted({d for m in ms for d in m._ragged_dims}):
+    for d in sorted({d for m in ms for d in m._ragged_dims} - {skip}):
         owner = next((m for m in out if isinstance(m, MJT) and d in m._ragged_dims), None)
         stat = [i for i, a in enumerate(out) if isinstance(a, MJT) and d not in a._ragged_dims and a._size[d] != 1]
         if owner is None or not stat:  # (its one ragged operand made dense at an earlier dim)
@@ -427,6 +482,42 @@ def static_sizes_as_ragged(args: tuple, keep_first: bool) -> tuple:
             for i in stat:  # a square pair stays one nested int: the operand's own equal extent first
                 own = next((f for f in out[i]._partition.extents if same_extent(f, e)), e)
                 out[i] = static_as_ragged(out[i], d, own)
+    return tuple(out)
+
+
+def _reaches_ragged(args: tuple, t: torch.Tensor) -> bool:
+    """Whether the dense ``t`` has a size other than 1 along a ragged dim of the first multi_jagged
+    operand in ``args`` (aligned as broadcasting aligns it)."""
+    m = next((a for a in args if isinstance(a, MJT)), None)
+    if m is None:
+        return False
+    shift = len(m._size) - t.dim()
+    return any(d >= shift and t.shape[d - shift] != 1 for d in m._ragged_dims)
+
+
+def _dense_sizes_as_ragged(args: tuple, skip: int | None) -> tuple:
+    """``args`` with each dense operand that has a size other than 1 along a multi_jagged operand's
+    ragged dim, that size every sample's there, made multi_jagged at those dims (``dense_as_ragged``),
+    eagerly; unchanged otherwise (the op decides, or raises)."""
+    ms = [a for a in args if isinstance(a, MJT)]
+    if not ms or torch.compiler.is_compiling():
+        return args
+    ndim, batch = len(ms[0]._size), ms[0]._partition.batch
+    if any(len(m._size) != ndim or m._partition.batch != batch for m in ms):
+        return args
+    owned = {}  # ragged dim -> the first operand's extent there
+    for m in ms:
+        for d, e in zip(m._ragged_dims, m._partition.extents):
+            if d != skip:
+                owned.setdefault(d, e)
+    out = list(args)
+    for i, t in enumerate(args):
+        if not _dense(t) or t.dim() > ndim or (t.dim() == ndim and t.shape[0] not in (1, batch)):
+            continue
+        shift = ndim - t.dim()
+        dims = {d: e for d, e in owned.items() if d >= shift and t.shape[d - shift] != 1}
+        if dims and all(_uniform(e, t.shape[d - shift]) for d, e in dims.items()):
+            out[i] = dense_as_ragged(t, batch, ndim, dims)
     return tuple(out)
 
 

@@ -176,13 +176,15 @@ def new_zeros_default(func, inp, size, *args, **kwargs):
         return func(inp._values, size, *args, **kwargs)
     p = inp._partition
     mine = [e.nested_int for e in p.extents]
-    if ragged[0] == 0:
-        raise NotImplementedError(
-            f"{op_name(func)}(): expected the batch size at dim 0, got a nested int in {tuple(size)} "
-            "for layout torch.multi_jagged"
-        )
-    if size[0] != p.batch:
-        raise ValueError(f"{op_name(func)}(): expected batch size {p.batch} at dim 0, got {size[0]}")
+    if ragged[0] == 0 or size[0] != p.batch:
+        # The result holds every sample of self, its dim 0 the batch: a leading 1 (dense code's
+        # batch of one) is self's batch only where B = 1, and a (1, …) tensor of B samples' ragged
+        # sizes has no form. The size with B first broadcasts per sample as the 1 would.
+        want = [p.batch, *size[1:]] if size[0] == 1 else [p.batch, *size]
+        msg = (f"{op_name(func)}(): expected the batch size at dim 0 of a size holding nested ints, got "
+               f"{tuple(size)}: the result holds every sample of self (batch size {p.batch}); write {tuple(want)} "
+               "(self.shape[0] first), which each sample reads as its own")
+        raise (NotImplementedError if ragged[0] == 0 else ValueError)(msg)
     static = [s for d, s in enumerate(size) if d and d not in ragged]
     if len(ragged) == len(mine) and all(size[d] == j for d, j in zip(ragged, mine)):
         return wrap(func(inp._values, [inp._values.shape[0], *static], *args, **kwargs), p, ragged)

@@ -7,7 +7,7 @@ Operands are aligned on logical dims (dense operands right-aligned, as in torch)
 
 * if some multi_jagged operand is ragged there, every other multi_jagged operand must be ragged
   with the same extent (same nested int, or equal sizes) or static of size 1, and dense operands
-  must have size 1 there; the output is ragged with that extent. Eagerly, two extents whose
+  must have size 1 there (eagerly, or every sample's size there); the output is ragged with that extent. Eagerly, two extents whose
   sizes broadcast in every sample (equal, or one of them 1: ``x[:, :1] + x``) broadcast too, when
   the result's sizes are one operand's: the other's rows are read at coordinate 0 there; and a
   static size that is every sample's size there is made that ragged dim before the op (NOTE
@@ -229,7 +229,8 @@ def _out_structure(func, args):
             else:
                 dd = d - (ndim - t.dim())
                 if dd >= 0 and t.shape[dd] != 1:
-                    raise _error(func, args, f"a dense operand has size {t.shape[dd]} along ragged dim {d}")
+                    why = f"a dense operand has size {t.shape[dd]} along ragged dim {d}"
+                    raise _error(func, args, why + STATIC_TRACED if _is_traced(ext.offsets) else why)
         out_dims.append(d)
         extents.append(ext)
     out_dims = tuple(out_dims)

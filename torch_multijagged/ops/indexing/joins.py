@@ -14,7 +14,7 @@ from ...errors import StructureError
 from ...kernels.along import packed_rows
 from ...structure import RaggedExtent, mapped_extent, partition_for, same_extent
 from .._common import MJT, autocast_float32, canonical_dim, describe, static_dims
-from .._routing import route
+from .._routing import route, static_sizes_as_ragged
 from .along import eager, keep_along
 
 _MODES = ("constant", "reflect", "replicate", "circular")
@@ -115,6 +115,11 @@ def _cat(tensors, dim=0, *, out=None, axis=None):
         if all(isinstance(t, MJT) for t in tensors):
             return constructors.cat_batch(list(tensors))  # the batches' samples one after another
         raise RuntimeError("cat(): along the batch dim, expected only multi_jagged tensors (a dense tensor has no samples)")
+    # a static size (a dense operand's too) that is every sample's size of another's ragged dim
+    # joins as that dim (NOTE [ Static sizes equal to a ragged dim ] in ops/_routing.py)
+    joined = static_sizes_as_ragged(tuple(tensors), False, skip=d)
+    if any(a is not b for a, b in zip(joined, tensors)):
+        return torch.cat(list(joined), d)
     if d not in first._ragged_dims:
         return NotImplemented  # static dims: the op table's handler
     return cat_ragged("cat", list(tensors), d)

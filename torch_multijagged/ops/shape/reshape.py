@@ -167,10 +167,19 @@ def _flatten(input, start_dim=0, end_dim=-1):
     if start > 0 and all(d in input._ragged_dims for d in range(start, end + 1)):
         return ragged_flatten.flatten_ragged("flatten", input, start, end)  # NOTE [ Flattening ragged dims ]
     if start == 0 or any(start <= d <= end for d in input._ragged_dims):
-        raise StructureError(
+        error = StructureError(
             f"flatten(): only static dims or consecutive ragged dims of a multi_jagged tensor can be flattened, "
             f"got dims {start}..{end} of {describe(input)}"
         )
+        if start == 0 or torch.compiler.is_compiling():
+            raise error
+        # static dims before a ragged one (images of one height, ``(B, C, H, j0)``): each sample's
+        # elements regrouped, a copy as dense flatten's of a non-contiguous tensor (NOTE
+        # [ Regrouping across a ragged dim ] in regroup.py)
+        plan = regroup.regroup_plan("flatten", input, (*input.shape[:start], -1, *input.shape[end + 1:]))
+        if plan is None:
+            raise error
+        return plan()
     size = 1
     for d in range(start, end + 1):
         size *= input.shape[d]

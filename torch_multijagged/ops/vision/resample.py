@@ -430,21 +430,38 @@ def _static_side(x: MJT):
     return 5 - x._ragged_dims[0]
 
 
-def _interpolate_static_side(x: MJT, d: int, size, scale_factor, mode, align_corners, recompute_scale_factor,
-                             antialias):
-    """Images with one static side (``_static_side``): that side made a ragged dim of equal sizes
-    (``bridge.static_as_ragged``), resampled as images, and made static again where every image's
-    new size is one (a scale), as dense torch's per-image sizes are; differentiable."""
-    b, n = x._partition.batch, int(x._size[d])
-    ext = RaggedExtent.from_lengths(torch.full((b,), n, dtype=torch.int64), x._partition.offsets.device)
-    out = F.interpolate(static_as_ragged(x, d, ext), size=size, scale_factor=scale_factor, mode=mode,
-                        align_corners=align_corners, recompute_scale_factor=recompute_scale_factor, antialias=antialias)
+def equal_sizes(x: MJT, n: int) -> RaggedExtent:
+    """An extent of size ``n`` in each of ``x``'s samples."""
+    b = x._partition.batch
+    return RaggedExtent.from_lengths(torch.full((b,), n, dtype=torch.int64), x._partition.offsets.device)
+
+
+def static_side_as_ragged(xs, d: int) -> list:
+    """Images ``xs`` of one structure with one static side ``d`` (``_static_side``), that side made
+    a ragged dim of equal sizes (``bridge.static_as_ragged``; one extent for all, so that they keep
+    one structure); differentiable."""
+    ext = equal_sizes(xs[0], int(xs[0]._size[d]))
+    return [static_as_ragged(x, d, ext) for x in xs]
+
+
+def ragged_side_as_static(out, d: int):
+    """``out`` with ragged dim ``d`` made static again where every image's size there is one (as
+    dense torch's per-image sizes are), else ``out``; differentiable."""
     if not isinstance(out, MJT) or d not in out._ragged_dims:
         return out
     lengths = out._partition.extents[out._ragged_dims.index(d)].host_lengths()  # SYNC: none — host lengths
-    if b == 0 or not bool((lengths == lengths[0]).all()):
+    if out._partition.batch == 0 or not bool((lengths == lengths[0]).all()):
         return out
     return ragged_as_static(out, d, int(lengths[0]))
+
+
+def _interpolate_static_side(x: MJT, d: int, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                             antialias):
+    """Images with one static side (``_static_side``): that side made a ragged dim of equal sizes,
+    resampled as images, and made static again where every image's new size is one (a scale)."""
+    out = F.interpolate(static_side_as_ragged([x], d)[0], size=size, scale_factor=scale_factor, mode=mode,
+                        align_corners=align_corners, recompute_scale_factor=recompute_scale_factor, antialias=antialias)
+    return ragged_side_as_static(out, d)
 
 
 def _interpolate_per_sample(input: MJT, sizes, scales, own, mode, align_corners, recompute_scale_factor, antialias):
@@ -530,6 +547,9 @@ def _pixel_shuffle(input, upscale_factor):
     pixel ``(h, w)`` channel ``c·r² + i·r + j``, per sample as dense ``pixel_shuffle``."""
     if not isinstance(input, MJT):
         return NotImplemented
+    side = _static_side(input)
+    if side is not None:  # one static side: shuffled as a ragged one of equal sizes (as interpolate)
+        return ragged_side_as_static(F.pixel_shuffle(static_side_as_ragged([input], side)[0], upscale_factor), side)
     op = "pixel_shuffle"
     _spatial(op, input, (2,))
     r = _factor(op, "upscale_factor", upscale_factor)
@@ -554,6 +574,9 @@ def _pixel_unshuffle(input, downscale_factor):
     sides must be divisible by ``r``."""
     if not isinstance(input, MJT):
         return NotImplemented
+    side = _static_side(input)
+    if side is not None:  # one static side: as a ragged one of equal sizes (as interpolate)
+        return ragged_side_as_static(F.pixel_unshuffle(static_side_as_ragged([input], side)[0], downscale_factor), side)
     op = "pixel_unshuffle"
     _spatial(op, input, (2,))
     r = _factor(op, "downscale_factor", downscale_factor)

@@ -14,6 +14,7 @@ from ...structure import extent_of, mapped_extent, partition_for
 from .._common import MJT, describe, eager_route
 from .._routing import route
 from .conv import _WHY, _tuple
+from .resample import _static_side, equal_sizes, ragged_side_as_static, static_side_as_ragged
 
 
 def _unpool(op: str, nspatial: int, input, indices, kernel_size, stride=None, padding=0, output_size=None):
@@ -25,6 +26,14 @@ def _unpool(op: str, nspatial: int, input, indices, kernel_size, stride=None, pa
         return NotImplemented
     if not isinstance(indices, MJT) or indices._ragged_dims != input._ragged_dims or not indices._partition.same_as(input._partition):
         raise StructureError(f"{op}(): expected indices with the structure of {describe(input)}, got {describe(indices)}")
+    side = _static_side(input) if nspatial == 2 else None
+    if side is not None:  # images of one height or width: that side as a ragged one of equal sizes (as interpolate)
+        x, i = static_side_as_ragged([input, indices], side)
+        if output_size is not None and len(output_size) >= 2 and not isinstance(output_size[side - 4], torch.SymInt):
+            output_size = list(output_size)  # its static size there, every image's: an extent of that size
+            named = equal_sizes(input, int(output_size[side - 4]))  # (alive while its nested int is read)
+            output_size[side - 4] = named.nested_int
+        return ragged_side_as_static(_unpool(op, nspatial, x, i, kernel_size, stride, padding, output_size), side)
     if input.dim() != nspatial + 2 or input._ragged_dims != tuple(range(2, nspatial + 2)):
         raise StructureError(f"{op}(): expected (B, C, {', '.join(['j'] * nspatial)}) with every spatial dim ragged, got {describe(input)}")
     return _unpool_rows(op, input, indices, _tuple(op, kernel_size, nspatial, "kernel_size"),
