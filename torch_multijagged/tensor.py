@@ -877,7 +877,7 @@ def _unify_nothing(func, args, kwargs):
 
 
 _ROUTES: dict = {}
-_SIZED: frozenset = frozenset()  # functions whose dense operand may have a ragged dim's size (``_SIZED`` in ops/_routing.py)
+_SIZED: frozenset = frozenset()  # functions whose dense operand may have a ragged dim's size (``SIZED`` in ops/_routing.py)
 _FAST: dict = {}
 _fast_enabled = bool
 _dispatch = _no_op_table

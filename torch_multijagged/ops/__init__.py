@@ -22,7 +22,7 @@ top of the families whose computations it reuses).
 from __future__ import annotations
 
 from ._table import MULTI_JAGGED_OPS, dispatch, op_name, register_multi_jagged_func
-from ._routing import _SIZED as SIZED, ROUTES, unify_call
+from ._routing import ROUTES, SIZED, unify_call
 from . import elementwise, shape, indexing, reductions, contractions, nn, attention, vision  # noqa: F401  (register)
 from . import fastpath
 from .shape import views

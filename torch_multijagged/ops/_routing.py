@@ -294,7 +294,7 @@ def unify_call(func, args: tuple, kwargs: dict | None):
             kwargs = _unify_cotangents(func, args, kwargs)
         return args, kwargs
     keep_first = policy == INPLACE
-    sized = func in _SIZED
+    sized = func in SIZED
     if kwargs and any(isinstance(v, MJT) or (sized and _dense(v) and _reaches_ragged(args, v))
                       or (isinstance(v, (list, tuple)) and v and isinstance(v[0], MJT))
                       for k, v in kwargs.items() if k != "out"):
@@ -309,7 +309,7 @@ def unify_call(func, args: tuple, kwargs: dict | None):
     if len(args) > 1 or (args and isinstance(args[0], (list, tuple)) and len(args[0]) > 1):
         # a single list argument too: ``torch.cat([x, y], dim=-1)`` has no second positional one
         args = unify_extents(args, keep_first)
-        if func in _SIZED:
+        if func in SIZED:
             args = static_sizes_as_ragged(args, keep_first)
         if func in _BROADCASTING and _needs_grad(*args):
             args = _expand_broadcasts(args, keep_first)
@@ -386,7 +386,7 @@ _CLASS_TARGET = {torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss
 _MASK_ALIGNED: set = _elementwise_functions("masked_scatter", "")
 # The functions whose static sizes equal to a ragged dim broadcast as it (NOTE [ Static sizes equal
 # to a ragged dim ]): the aligned ones, and ``copy_``, whose ``src`` broadcasts to ``self``.
-_SIZED: set = (_ALIGNED - _CLASS_TARGET) | {torch.Tensor.copy_}
+SIZED: set = (_ALIGNED - _CLASS_TARGET) | {torch.Tensor.copy_}
 
 
 def _expand_broadcasts(args: tuple, keep_first: bool) -> tuple:
@@ -435,7 +435,7 @@ def _expand_broadcasts(args: tuple, keep_first: bool) -> tuple:
 # contraction over the pair's one ragged dim: OpenFold's incoming triangle update at equal lengths)
 # is first made multi_jagged there (``dense_as_ragged``, differentiable), each sample reading its
 # batch slice. Beside the elementwise functions, ``copy_``'s source and the operands of ``cat``
-# along another dim take this too (``_SIZED``; ``cat``'s route). torch.jagged has one ragged dim whose
+# along another dim take this too (``SIZED``; ``cat``'s route). torch.jagged has one ragged dim whose
 # nested int never equals an int, so it raises for all of these. Under tracing the sizes are
 # symbols, and a guard on every sample's length would recompile per batch: there the operands do
 # not combine, and the op raises a ``StructureError`` that says so.
