@@ -728,7 +728,7 @@ BUGS_B = [
     Bug("a dense operand of a ragged dim's size reads a square pair transposed", "bridge.py",
         "    rows = t.permute(0, *dims, *rest)", "    rows = t.permute(0, *dims[::-1], *rest)", ("test_static_equal_sizes.py",)),
     Bug("copy_'s dense source of a ragged dim's size is refused", "ops/_routing.py",
-        "_SIZED: set = (_ALIGNED - _CLASS_TARGET) | {torch.Tensor.copy_}", "_SIZED: set = _ALIGNED - _CLASS_TARGET",
+        "SIZED: set = (_ALIGNED - _CLASS_TARGET) | {torch.Tensor.copy_}", "SIZED: set = _ALIGNED - _CLASS_TARGET",
         ("test_static_equal_sizes.py",)),
     Bug("view_as relabels its other operand, the result keeping the input's nested ints", "ops/_routing.py",
         "    elif func in _SHAPE_OF_OTHER:", "    elif False:", ("test_structure_ops.py",)),
