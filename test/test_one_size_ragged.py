@@ -26,10 +26,12 @@ def test_a_prefix_every_sample_holds_reshapes_to_its_static_size(dtype):
     def read_back(x, m, op):
         return getattr(torch.cat([m, x], 1)[:, :2], op)(x.shape[0], 2, 4)
 
-    for op in ("reshape", "view"):
-        out = per_sample_check(lambda x, m: read_back(x, m, op) * 2, R(comps, (1,)), mem, dense_out=True,
-                               ref=lambda c, m: torch.cat([m, c], 0)[:2].reshape(2, 4) * 2, **TOL[dtype])
-        assert type(out) is torch.Tensor
+    out = per_sample_check(lambda x, m: read_back(x, m, "reshape") * 2, R(comps, (1,)), mem, dense_out=True,
+                           ref=lambda c, m: torch.cat([m, c], 0)[:2].reshape(2, 4) * 2, **TOL[dtype])
+    assert type(out) is torch.Tensor
+    # the slice is a copy standing for a view: a view of it could not write back, so view refuses
+    with pytest.raises(NotImplementedError, match="use reshape"):
+        read_back(mj.as_nested_tensor(comps, ragged_dims=(1,)), mem.t, "view")
     per_sample_check(lambda x, m: torch.cat([m, x], 1)[:, :2].reshape(3, 8), R(comps, (1,)), mem, dense_out=True,
                      ref=lambda c, m: torch.cat([m, c], 0)[:2].reshape(8), **TOL[dtype])
 
@@ -93,10 +95,22 @@ def test_equal_length_tokens_view_as_a_window_grid(dtype):
     per_sample_check(lambda x: windows(x).reshape(3, 4, 4, 3), R(comps, (1,)), dense_out=True,
                      ref=lambda c: windows(c.unsqueeze(0)), **TOL[dtype])
     channels = comps_for([(3, 16)] * 3, 8, dtype=dtype)
-    for op in ("view", "reshape"):
-        for size in ((3, 4, 4), (48,)):  # a split, and a merge of the channels with the tokens
-            per_sample_check(lambda x: getattr(x, op)(3, *size), R(channels, (2,)), dense_out=True,
-                             ref=lambda c: c.reshape(size), **TOL[dtype])
+    for op, size in (("view", (3, 4, 4)), ("reshape", (3, 4, 4)), ("reshape", (48,))):
+        # a split of the tokens, and a merge of the channels with them (a copy: the rows are (n, C))
+        per_sample_check(lambda x: getattr(x, op)(3, *size), R(channels, (2,)), dense_out=True,
+                         ref=lambda c: c.reshape(size), **TOL[dtype])
+    with pytest.raises(NotImplementedError, match="cannot be viewed so"):
+        mj.as_nested_tensor(channels, ragged_dims=(2,)).view(3, 48)
+
+
+def test_a_view_of_dense_sizes_writes_through_several_ragged_dims():
+    """Pairs of one size in every sample: the view is the values' own, writes and reads both ways."""
+    z = mj.nested_tensor([torch.zeros(3, 3, 2), torch.zeros(3, 3, 2)], ragged_dims=(1, 2))
+    v = z.view(2, 9, 2)
+    v.add_(1)
+    assert all(torch.equal(c, torch.ones(3, 3, 2)) for c in z.unbind())
+    z.add_(1)
+    assert torch.equal(v, torch.full((2, 9, 2), 2.0))
 
 
 def test_a_view_of_dense_sizes_writes_through_the_one_ragged_dim():

@@ -170,3 +170,18 @@ def test_dense_operand_of_every_ragged_size_raises_under_compile():
         f = torch.compile(fn, backend="eager", fullgraph=True)
         with pytest.raises(Exception, match="under torch.compile the sizes are symbols"):
             f(z, t)
+
+
+@pytest.mark.parametrize("op", ["add_", "mul_", "copy_", "iadd"])
+@pytest.mark.parametrize("shape", [(3, 2), (1, 3, 2)])
+def test_in_place_op_on_a_dense_self_of_the_ragged_size_raises(op, shape):
+    # dense refuses to write a (2, 3, 2) result into a (3, 2) self; the dense self is never
+    # made multi_jagged behind the caller's back (a write into that copy would be lost)
+    x = mj.nested_tensor([torch.ones(3, 2), 2 * torch.ones(3, 2)])
+    t = torch.zeros(shape)
+    with pytest.raises((RuntimeError, TypeError)):
+        if op == "iadd":
+            t += x
+        else:
+            getattr(t, op)(x)
+    assert type(t) is torch.Tensor and not t.any()

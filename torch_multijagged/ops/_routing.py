@@ -450,6 +450,8 @@ def static_sizes_as_ragged(args: tuple, keep_first: bool, skip: int | None = Non
     ragged there with that size in every sample, or, for an in-place op whose ``self`` is the
     static one, the others' ragged dim made static; a dense operand made multi_jagged at such dims
     (NOTE [ Static sizes equal to a ragged dim ]). ``skip``: a dim left alone (``cat``'s)."""
+    if keep_first and args and _dense(args[0]):
+        return args  # an in-place op writes into its dense ``self`` as it is: refused as before, as dense refuses
     if any(_dense(a) for a in args):
         args = _dense_sizes_as_ragged(args, skip)
     ms = [a for a in args if isinstance(a, MJT)]

@@ -47,6 +47,7 @@ from ...structure import (_is_traced, Partition, RaggedExtent, extent_of, flat_e
 from .._common import MJT, describe, eager_route, static_dims, wrap
 from .._routing import _needs_grad
 from ...kernels.along import packed_rows
+from . import views
 from .views import check_view_shape
 
 __all__ = ["flatten_ragged", "unflatten_ragged", "view_plan"]
@@ -269,7 +270,7 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
         # every sample has one size along each ragged dim (a global pooling's 1 × 1, a prefix
         # ``y[:, :k]``, equal-length tokens) and the size names none: dense sizes (NOTE [ Ragged
         # dims of one size in every sample ])
-        return lambda: _static_view(op, as_static(x, x._ragged_dims), size)
+        return lambda: _static_view(op, x, size)
     if not (syms or several) or torch.compiler.is_compiling():
         return None
     own = [x._size[d] for d in x._ragged_dims]
@@ -320,12 +321,34 @@ def _drops_ragged(x: MJT, size) -> bool:
 # ``torch.compile`` — there a static size given for a ragged dim raises (a guard on every length
 # would recompile per batch), as NOTE [ Static sizes equal to a ragged dim ] in ``_routing.py``
 # rules for operands.
-def _static_view(op: str, t, size):
-    """``t.view(size)`` / ``t.reshape(size)`` of ``as_static``'s result, whose static dims may not be
-    in their dense order (``(B, C, j0)``'s rows are ``(n, C)``): a view then reads a contiguous copy."""
-    if op == "view" and not t.is_contiguous():
-        t = t.contiguous()
-    return getattr(t, op)(tuple(size))
+def _static_view(op: str, x: MJT, size):
+    """``x.view(size)`` / ``x.reshape(size)`` where every ragged dim of ``x`` has one size in every
+    sample. ``reshape`` reads ``as_static``'s result (a copy where it must be one, as dense
+    ``reshape`` may be). ``view`` is a view of ``x``'s own values or refuses, as dense ``view``
+    does: the values, all samples of one shape, are a dense ``(B, *sizes, *static)`` tensor in
+    storage order, so the view is that tensor's, writes and all; ``x`` itself a copy standing for
+    a view (a slice along a ragged dim) or values whose order cannot give it (``(B, C, j0)``'s rows
+    are ``(n, C)``) refuse rather than return a copy whose writes would be lost."""
+    if op == "reshape":
+        return as_static(x, x._ragged_dims).reshape(tuple(size))
+    why = None
+    if views.is_copy(x):
+        why = "it is a copy (a slice along a ragged dim, or a reordering) that writes back only through multi_jagged ops"
+    else:
+        rd, n = x._ragged_dims, len(x._size)
+        v = values_of(x)
+        t = v.view(x._partition.batch, *(common_size(x, d) for d in rd), *v.shape[1:])
+        order = [0, *rd, *(d for d in range(1, n) if d not in rd)]  # t's dims: batch, ragged, static
+        t = t.permute([order.index(d) for d in range(n)])
+        try:
+            return t.view(tuple(size))
+        except RuntimeError:
+            why = "its packed values (ragged dims first, then static dims) cannot be viewed so"
+    raise NotImplementedError(
+        f"view(): {describe(x)} has one size in every sample along its ragged dims, but a view of shape "
+        f"{tuple(size)} would be a copy for layout torch.multi_jagged: {why}, so writes into it would be lost; "
+        "use reshape (a copy where it must be one, as dense reshape may be)"
+    )
 
 
 def common_size(x: MJT, d: int) -> Optional[int]:

@@ -285,6 +285,15 @@ def _check_slices_fresh(func, args) -> None:
                 )
 
 
+def is_copy(x: MJT) -> bool:
+    """Whether ``x``'s values are (a view of) a copy made where dense torch gives a view: a slice
+    along a ragged dim (written back through multi_jagged ops) or a copy that refuses writes."""
+    if not _REORDER_COPIES:
+        return False
+    hit = _registered(x)[1]
+    return hit is not None and hit[0]() is not None
+
+
 def is_reorder_copy(x: MJT) -> bool:
     """Whether ``x``'s values are (a view of) a copy that refuses writes (a reordering of ragged
     dims, windows; not a slice, which writes through)."""
