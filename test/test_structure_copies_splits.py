@@ -506,9 +506,11 @@ def test_reshape_family_errors_name_the_op():
         torch.reshape(x, (-1, 4))  # flattening the batch dim (test_flatten_batch.py), rows across samples
     with pytest.raises(ValueError, match=r"^view\(\)"):
         x.view(x.shape[0], x.shape[1], 4)
-    lead = mj.nested_tensor(comps_for([(2, 2, 6), (2, 0, 6)], 0), ragged_dims=(2,))
-    with pytest.raises(ValueError, match=r"^flatten\(\).*static dims"):
-        lead.flatten(1, 2)  # a static dim into the ragged one after it
+    lead_comps = comps_for([(2, 2, 6), (2, 0, 6)], 0)
+    lead = mj.nested_tensor(lead_comps, ragged_dims=(2,))
+    flat = lead.flatten(1, 2)  # a static dim into the ragged one after it: each sample regrouped (a copy)
+    assert [t.shape for t in flat.unbind()] == [(4, 6), (0, 6)]
+    assert all(torch.equal(a, c.flatten(0, 1)) for a, c in zip(flat.unbind(), lead_comps))
     with pytest.raises(ValueError, match=r"^unflatten\(\).*static dim"):
         x.unflatten(1, (1, -1))  # the ragged dim (was an internal AttributeError)
     with pytest.raises(ValueError, match=r"^unflatten\(\).*static dim"):
