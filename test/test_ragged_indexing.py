@@ -105,7 +105,8 @@ def _cases(d: int, x_ndim: int, lengths: list[int]):
     pad = [0, 0] * (x_ndim - 1 - d)
     for mode, lr in (("constant", (1, 2)), ("constant", (-1, 1)), ("reflect", (1, 1)), ("replicate", (2, 0)), ("circular", (1, 1))):
         pp = pad + list(lr)
-        cases[f"pad{lr}-{mode}"] = (lambda x, pp=pp, m=mode: F.pad(x, pp, mode=m), lambda t, pp=pp, m=mode: F.pad(t, pp, mode=m))
+        # each sample padded as a batch of one (the ranks a mode takes are a batch's)
+        cases[f"pad{lr}-{mode}"] = (lambda x, pp=pp, m=mode: F.pad(x, pp, mode=m), lambda t, pp=pp, m=mode: F.pad(t[None], pp, mode=m)[0])
     return cases
 
 

@@ -39,9 +39,9 @@ def test_circular_pad_that_crops_one_side_wraps_what_is_left(pad):
     else:
         sizes, ragged = [(2, h, w) for h, w in ((3, 4), (5, 3), (4, 4))], (2, 3)
     comps = [torch.randn(*s, generator=g, dtype=F64) for s in sizes]
-    check(lambda x: F.pad(x, pad, mode="circular"), lambda t: F.pad(t, pad, mode="circular"), comps, ragged)
-    statics = [torch.randn(n, 2, 5, generator=g, dtype=F64) for n in (3, 0, 2)]  # the padded dims static
-    check(lambda x: F.pad(x, pad[:2], mode="circular"), lambda t: F.pad(t, pad[:2], mode="circular"), statics, (1,))
+    check(lambda x: F.pad(x, pad, mode="circular"), lambda t: F.pad(t[None], pad, mode="circular")[0], comps, ragged)
+    statics = [torch.randn(n, 5, generator=g, dtype=F64) for n in (3, 0, 2)]  # the padded dim static
+    check(lambda x: F.pad(x, pad[:2], mode="circular"), lambda t: F.pad(t[None], pad[:2], mode="circular")[0], statics, (1,))
     if len(pad) == 2 and min(pad) == -1:
         # a sample cropped to nothing with something to wrap around: dense reads outside the
         # tensor there (a torch bug); ours raises, naming it, rather than read the next sample

@@ -39,7 +39,7 @@ from typing import Callable, Optional
 import torch
 
 from ...bridge import values_of, wrap_values
-from ...kernels.along import packed_rows
+from ...kernels.along import BLOCKS_MIN_ELEMENTS, gather_runs, packed_rows
 from ...structure import RaggedExtent, _is_traced, partition_for
 from .._common import MJT, canonical_dim, eager_route, static_dims
 
@@ -83,10 +83,25 @@ def _gather_rows(x: MJT, sample: torch.Tensor, coords: torch.Tensor, valid=None,
     return _take_rows(x, rows if valid is None else torch.where(valid, rows, torch.zeros_like(rows)), valid, fill)
 
 
-def _take_rows(x: MJT, rows: torch.Tensor, valid=None, fill=None) -> torch.Tensor:
-    """``x``'s packed rows ``rows`` (0 where ``valid`` is false), the ``fill`` there."""
+def by_blocks(x: MJT, numel: Optional[int] = None) -> bool:
+    """Whether ops along ``x``'s first ragged dim move its values as blocks of consecutive rows
+    (NOTE [ Blocks of consecutive rows ] in kernels/along.py): samples large enough (``numel``
+    elements in all, ``x``'s own by default), eagerly, on the CPU, outside dispatch modes and
+    functorch transforms."""
+    v, b = x._values, x._partition.batch
+    return (v.device.type == "cpu" and b > 0 and (v.numel() if numel is None else numel) >= b * BLOCKS_MIN_ELEMENTS
+            and not torch.compiler.is_compiling() and not torch._C._len_torch_dispatch_stack()
+            and not torch._C._are_functorch_transforms_active())
+
+
+def _take_rows(x: MJT, rows: torch.Tensor, valid=None, fill=None, runs=None) -> torch.Tensor:
+    """``x``'s packed rows ``rows`` (0 where ``valid`` is false), the ``fill`` there. ``runs``:
+    ``(back, dropped)`` of ``gather_runs`` when ``rows`` read runs of consecutive rows, each row
+    at most once (a slice)."""
     v = values_of(x)
     if valid is None:
+        if runs is not None and rows.shape[0] and by_blocks(x):
+            return gather_runs(v, rows, *runs)
         return v.index_select(0, rows)
     if v.shape[0] == 0:  # nothing to read: every output cell is the fill
         out = v.new_zeros((rows.shape[0], *v.shape[1:]))
@@ -107,13 +122,16 @@ def keep_along(
     valid: Optional[Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = None,
     fill=None,
     key=None,
+    runs: Optional[Callable[[], tuple]] = None,
 ) -> MJT:
     """``x`` with ragged extents ``extents`` (storage order): the output cell of sample ``s`` at
     ragged coordinates ``a`` (T, R) reads ``x``'s cell at ``source(s, a)`` (T, R); where
     ``valid(s, a)`` is false it holds ``fill`` instead. ``key``: names what ``source`` and
     ``valid`` compute (a function of the structure alone), so that the rows read are cached on
     the output's partition (NOTE [ Derived maps ] in structure.py) and a call on a structure
-    seen before costs one gather."""
+    seen before costs one gather. ``runs``: eagerly, ``(back, dropped)`` of ``gather_runs`` from
+    host sizes, where every row is read at most once and in runs of consecutive rows (NOTE
+    [ Blocks of consecutive rows ] in kernels/along.py), computed with the rows (cached alike)."""
     p = x._partition
     same = len(extents) == p.nragged and all(a is b for a, b in zip(extents, p.extents))
     out = p if same else partition_for(extents)  # sizes kept: the input's own partition (and maps)
@@ -123,31 +141,39 @@ def keep_along(
         src = source(sample, coords)
         ok = valid(sample, coords) if valid is not None else None
         rows = packed_rows(p.offsets, p.device_sizes(), sample, src)
-        return (rows, None) if ok is None else (torch.where(ok, rows, torch.zeros_like(rows)), ok)
+        blocks = runs() if runs is not None and not _is_traced(p.offsets) else None
+        return (rows, None, blocks) if ok is None else (torch.where(ok, rows, torch.zeros_like(rows)), ok, None)
 
-    rows, ok = plan(out) if key is None else out.derived(("keep_along", p, x._ragged_dims, key), plan)
-    return wrap_values(_take_rows(x, rows, ok, fill), out, x._ragged_dims)
+    cached = key is not None and not _is_traced(p.offsets)
+    rows, ok, blocks = out.derived(("keep_along", p, x._ragged_dims, key), plan) if cached else plan(out)
+    return wrap_values(_take_rows(x, rows, ok, fill, blocks), out, x._ragged_dims)
 
 
-def drop_along(x: MJT, k: int, position: torch.Tensor):
+def drop_along(x: MJT, k: int, position: Callable[[], torch.Tensor], key=None):
     """``x`` without its ragged dim ``k``: every remaining cell of sample ``s`` reads coordinate
-    ``position[s]`` along it ((B,) on the values' device). Dense ``(B, …)`` when no ragged dim
-    remains."""
+    ``position()[s]`` along it ((B,) on the values' device). Dense ``(B, …)`` when no ragged dim
+    remains. ``key``: names what ``position`` computes (a function of the structure alone), so
+    that the rows read are cached on the partition (NOTE [ Derived maps ] in structure.py)."""
     p = x._partition
     keep = tuple(i for i in range(p.nragged) if i != k)
     d = x._ragged_dims[k]
-    if keep:
-        sub = p.map_to_sub(keep)[1]
-        sample, coords = sub.row_coords()
-    else:
-        sample = torch.arange(p.batch, device=p.offsets.device)
-        coords = sample.new_zeros(p.batch, 0)
-    src = torch.cat([coords[:, :k], position[sample].unsqueeze(1), coords[:, k:]], 1)
-    v = _gather_rows(x, sample, src)
+
+    def plan(p):
+        if keep:
+            sub = p.map_to_sub(keep)[1]
+            sample, coords = sub.row_coords()
+        else:
+            sample = torch.arange(p.batch, device=p.offsets.device)
+            coords = sample.new_zeros(p.batch, 0)
+        src = torch.cat([coords[:, :k], position()[sample].unsqueeze(1), coords[:, k:]], 1)
+        return packed_rows(p.offsets, p.device_sizes(), sample, src)
+
+    rows = plan(p) if key is None or _is_traced(p.offsets) else p.derived(("drop_along", k, key), plan)
+    v = _take_rows(x, rows)
     if not keep:
         return v
     ragged = tuple(r - (r > d) for r in x._ragged_dims if r != d)
-    return wrap_values(v, sub, ragged)
+    return wrap_values(v, p.map_to_sub(keep)[1], ragged)
 
 
 def take_static(x: MJT, k: int, size: int, table: torch.Tensor):

@@ -221,6 +221,13 @@ def _getitem_static(input, items):
     indexing would compare slice bounds with the nested ints ("relation is indeterminate")."""
     if items and isinstance(items[0], int) and not isinstance(items[0], bool):
         return _getitem(input, items[0])[items[1:]]  # a sample, then dense indexing
+    along = _one_ragged_index(input, items)
+    if along is not None:  # ``x[:, 0]``, ``x[:, 1:]``: the loop below, without its checks
+        d, it = along
+        k = input._ragged_dims.index(d)
+        if type(it) is int:
+            return select_ragged("select", input, d, k, it)
+        return slice_ragged("slice", input, d, k, it.start, it.stop, 1 if it.step is None else it.step)
     slices = _static_slices(input, items)
     if slices is not None:  # ``qkv[..., :c]``, ``x[:, :, 1:]``: the loop below, without its checks
         for d, it in slices:
@@ -320,6 +327,26 @@ def _static_slices(input, items: tuple):
             raise ValueError("step must be greater than zero")  # dense indexing's error
         out.append((d, it))
     return out
+
+
+def _one_ragged_index(input, items: tuple):
+    """``(d, index)`` when ``items`` are whole slices but one int or slice with int bounds at a
+    ragged dim ``d`` (``x[:, 0]``, ``x[:, 1:]``, ``x[:, :, -1]`` of a pair): the commonest indexing
+    along a ragged dim, which ``_getitem_static``'s loop reaches after checks that cost more than
+    the op; None otherwise."""
+    if len(items) < 2 or len(items) > len(input._size) or type(items[0]) is not slice or not _whole(items[0]):
+        return None
+    hit = None
+    for d, it in enumerate(items[1:], 1):
+        if type(it) is slice and _whole(it):
+            continue
+        if hit is not None or d not in input._ragged_dims:
+            return None
+        if type(it) is int or (type(it) is slice and all(b is None or type(b) is int for b in (it.start, it.stop, it.step))):
+            hit = (d, it)
+        else:
+            return None
+    return hit
 
 
 def _leading_ellipsis(items: tuple) -> bool:

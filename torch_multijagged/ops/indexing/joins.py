@@ -1,9 +1,11 @@
 """Joins along ragged dims, per sample: ``torch.cat`` (sizes add; a dense ``(B, k, …)`` or
 ``(1, k, …)`` operand joins every sample — the class token), ``F.pad`` (constant, reflect,
-replicate, circular, as dense pads each sample; ``torch.constant_pad_nd`` too), ``repeat`` /
+replicate, circular, as dense pads each sample as a batch of one; ``torch.constant_pad_nd`` too), ``repeat`` /
 ``tile`` and ``repeat_interleave`` (by a number, or a count per position). The result's dim stays ragged (NOTE [ Indexing along ragged dims ] in ``along.py``)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -11,11 +13,11 @@ import torch.nn.functional as F
 from ... import constructors, pieces
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...kernels.along import packed_rows
-from ...structure import RaggedExtent, mapped_extent, partition_for, same_extent
-from .._common import MJT, autocast_float32, canonical_dim, describe, static_dims
+from ...kernels.along import join_blocks, packed_rows, plan_blocks
+from ...structure import Partition, RaggedExtent, mapped_extent, partition_for, same_extent
+from .._common import MJT, autocast_float32, canonical_dim, describe, sample_rows, static_dims
 from .._routing import route, static_sizes_as_ragged
-from .along import eager, keep_along
+from .along import by_blocks, eager, keep_along
 
 _MODES = ("constant", "reflect", "replicate", "circular")
 
@@ -42,7 +44,7 @@ def cat_ragged(op: str, tensors, d: int):
     first = next(t for t in tensors if isinstance(t, MJT))
     k = first._ragged_dims.index(d)
     p = first._partition
-    parts = []  # (values, offsets, sizes (B, R), lengths along d (B,) host or int)
+    parts = []  # (values, its partition or a dense operand's size along d, its extent along d or that size)
     for t in tensors:
         if isinstance(t, MJT):
             q = t._partition
@@ -52,33 +54,54 @@ def cat_ragged(op: str, tensors, d: int):
                 raise StructureError(
                     f"{op}(): expected tensors that differ only along dim {d}, got {describe(first)} and {describe(t)}"
                 )
-            parts.append((values_of(t), q.offsets, q.device_sizes(), q.extents[k].host_lengths(), q.extents[k]))
+            parts.append((values_of(t), q, q.extents[k]))
         elif isinstance(t, torch.Tensor):
             rows, m = _as_rows(op, t, first, d)
-            off = torch.arange(p.batch + 1, device=p.offsets.device) * m
-            sizes = torch.full((p.batch, 1), m, device=p.offsets.device, dtype=torch.int64)
-            parts.append((rows, off, sizes, torch.full((p.batch,), m), m))
+            parts.append((rows, m, m))
         else:
             raise TypeError(f"{op}(): expected tensors, got {type(t).__name__}")
     e = p.extents[k]
-    key = ("cat", tuple(part[4] if isinstance(part[4], int) else id(part[4]) for part in parts))
-    pinned = [part[4] for part in parts if not isinstance(part[4], int)]
-    out_e = mapped_extent(e, key, lambda n: sum(part[3] for part in parts))
+    key = ("cat", tuple(part[2] if isinstance(part[2], int) else id(part[2]) for part in parts))
+    pinned = [part[2] for part in parts if not isinstance(part[2], int)]
+    out_e = mapped_extent(e, key, lambda n: sum(part[2] if isinstance(part[2], int) else part[2].host_lengths() for part in parts))
     out_e.cache.setdefault(("cat_sources", key), pinned)  # keep the extents named by id alive
     extents = list(p.extents)
     extents[k] = out_e
     out = partition_for(extents)
-    sample, coords = out.row_coords()
-    a = coords[:, k]
     dtype = first.dtype
     for part in parts:
         dtype = torch.promote_types(dtype, part[0].dtype)
-    values = torch.cat([part[0].to(dtype) for part in parts], 0)
+    sources = [part[0].to(dtype) for part in parts]
+    if k == 0 and by_blocks(first, sum(v.numel() for v in sources)):
+        # each sample's rows of every operand, one after another: one cat of views (NOTE [ Blocks
+        # of consecutive rows ] in kernels/along.py)
+        plan = out.derived(("cat_blocks", key), lambda out: _cat_blocks(parts, p.batch))
+        return wrap_values(join_blocks(sources, plan), out, first._ragged_dims)
+    rows = out.derived(("cat_rows", key), lambda out: _cat_rows(out, k, parts))
+    return wrap_values(torch.cat(sources, 0).index_select(0, rows), out, first._ragged_dims)
+
+
+def _cat_blocks(parts, batch: int):
+    """The blocks of a ``cat`` along the first ragged dim: each sample's rows of every operand in
+    turn (a dense operand's, ``m`` rows per sample)."""
+    counts = [sample_rows(part[1])[1] if isinstance(part[1], Partition) else [part[1]] * batch for part in parts]
+    return plan_blocks([(j, c[s], True) for s in range(batch) for j, c in enumerate(counts)], len(parts))
+
+
+def _cat_rows(out: Partition, k: int, parts) -> torch.Tensor:
+    """The row of the operands' joined values (one after another) that each row of ``out`` reads."""
+    sample, coords = out.row_coords()
+    a = coords[:, k]
     base = 0
     start = torch.zeros_like(sample)
     rows = torch.zeros_like(sample)
-    for v, off, sizes, lengths, _ in parts:
-        n = lengths.to(sample.device)[sample]
+    for v, q, e in parts:
+        if isinstance(q, Partition):
+            off, sizes, n = q.offsets, q.device_sizes(), e.lengths().to(sample.device)[sample]
+        else:
+            off = torch.arange(out.batch + 1, device=out.offsets.device) * q
+            sizes = torch.full((out.batch, 1), q, device=out.offsets.device, dtype=torch.int64)
+            n = torch.full_like(sample, q)
         hit = (a >= start) & (a < start + n)
         local = coords.clone()
         local[:, k] = torch.where(hit, a - start, torch.zeros_like(a))
@@ -86,7 +109,7 @@ def cat_ragged(op: str, tensors, d: int):
         rows = torch.where(hit, src, rows)
         start = start + n
         base += v.shape[0]
-    return wrap_values(values.index_select(0, rows), out, first._ragged_dims)
+    return rows
 
 
 @route(torch.cat, torch.concat, torch.concatenate)
@@ -209,8 +232,10 @@ def _check_pad(op: str, x: MJT, pad: list, mode: str, value) -> None:
 
 
 def _pad_error(x: MJT, pad: list, mode: str, value, row: list) -> Exception | None:
-    """Dense ``F.pad``'s error on a meta sample of ragged sizes ``row``, or None."""
-    shape = [x.shape[d] if d not in x._ragged_dims else row[x._ragged_dims.index(d)] for d in range(1, x.dim())]
+    """Dense ``F.pad``'s error on a meta sample of ragged sizes ``row`` as a batch of one, ``(1,
+    …)`` — a batch's rank, so that the ranks a mode takes (a replicate pad of two dims: 3-d or
+    4-d input) are those of a dense batch; None where it has none."""
+    shape = [1] + [x.shape[d] if d not in x._ragged_dims else row[x._ragged_dims.index(d)] for d in range(1, x.dim())]
     try:
         F.pad(torch.empty(shape, device="meta", dtype=x.dtype), pad, mode=mode, value=value if mode == "constant" else None)
     except Exception as e:
@@ -223,14 +248,16 @@ def pad_ragged(op: str, x: MJT, pad: list, pads: dict, mode: str, value):
     """``F.pad`` of each sample: ``pads`` maps logical dims to ``(before, after)``."""
     if mode != "constant" and not x.is_floating_point() and len(pad) // 2 < x.dim():
         # dense torch's own dtype check, which every sample fails alike (a meta tensor's is not
-        # its kernel's: another type and message): the pad of a small sample of this dtype
-        # (reflection and replication pads refuse bool; constant padding takes every dtype)
-        shape = [1] * (x.dim() - 1)
+        # its kernel's: another type and message): the pad of a small sample of this dtype, as a
+        # batch of one (reflection and replication pads refuse bool; constant padding takes every dtype)
+        shape = [1] * x.dim()
         for i in range(len(pad) // 2):
             shape[-1 - i] = abs(pad[2 * i]) + abs(pad[2 * i + 1]) + 1
         F.pad(torch.zeros(shape, dtype=x.dtype, device=x.device), pad, mode=mode)
-    _check_pad(op, x, pad, mode, value)
     p = x._partition
+    # checked once per structure and pad (NOTE [ Derived maps ] in structure.py): it raises or holds
+    p.derived(("pad_checked", x._ragged_dims, tuple(x._values.shape[1:]), x.dtype, tuple(pad), mode, value),
+              lambda p: _check_pad(op, x, pad, mode, value) or True)
     ragged = {d: pads[d] for d in pads if d in x._ragged_dims}
     extents = list(p.extents)
     for d, (lo, hi) in ragged.items():
@@ -267,7 +294,20 @@ def pad_ragged(op: str, x: MJT, pad: list, pads: dict, mode: str, value):
             ok = ok & (q >= 0) & (q < n[sample, k])
         return ok
 
-    out = keep_along(x, extents, source, valid, value, key=("pad", mode, tuple(ragged.items()))) if ragged else x
+    out = x
+    if mode == "constant" and len(ragged) == 1 and x._ragged_dims[0] in ragged and by_blocks(x, 2 * x._values.numel()):
+        # fill blocks around each sample's rows, one cat (NOTE [ Blocks of consecutive rows ] in
+        # kernels/along.py; from half the size of the others: the maps' pad also writes the fill
+        # through a mask, a second pass)
+        lo, hi = ragged[x._ragged_dims[0]]
+        q = partition_for(extents)
+        plan = q.derived(("pad_blocks", p, lo, hi), lambda q: _pad_blocks(p, lo, hi))
+        if plan[0]:
+            v = values_of(x)
+            fill = v.new_empty((sum(plan[0][1]), *v.shape[1:])).fill_(torch.tensor(value).to(v.dtype))
+            out = wrap_values(join_blocks((v, fill), plan), q, x._ragged_dims)
+    if out is x and ragged:
+        out = keep_along(x, extents, source, valid, value, key=("pad", mode, tuple(ragged.items())))
     statics = {d: pads[d] for d in pads if d not in x._ragged_dims}
     if not statics:
         return out
@@ -289,6 +329,23 @@ def pad_ragged(op: str, x: MJT, pad: list, pads: dict, mode: str, value):
         else:
             v = v.index_select(vd, src)
     return wrap_values(v, out._partition, out._ragged_dims)
+
+
+def _pad_blocks(p: Partition, lo: int, hi: int):
+    """The blocks of a constant pad ``(lo, hi)`` of the first ragged dim (NOTE [ Blocks of
+    consecutive rows ] in kernels/along.py): per sample, ``lo`` fill rows, its own rows, ``hi`` fill
+    rows, per position along the dim (a negative pad crops the sample's rows instead); ``((), ())``
+    where a sample keeps fewer than none of its own (dense torch's rule then: the general path)."""
+    sizes, counts = sample_rows(p)
+    blocks = []
+    for ns, r in zip(sizes, counts):
+        inner = math.prod(ns[1:])  # rows per position along the dim
+        kept = ns[0] - max(-lo, 0) - max(-hi, 0)
+        if kept < 0:
+            return (), ()
+        blocks += [(1, max(lo, 0) * inner, True), (0, max(-lo, 0) * inner, False), (0, kept * inner, True),
+                   (0, max(-hi, 0) * inner, False), (1, max(hi, 0) * inner, True)]
+    return plan_blocks(blocks, 2)
 
 
 @route(F.pad, torch._C._nn.pad)

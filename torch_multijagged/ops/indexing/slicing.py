@@ -17,13 +17,13 @@ import torch.nn.functional as F
 from ... import constructors
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...kernels.along import packed_rows, slice_bounds
+from ...kernels.along import join_blocks, packed_rows, plan_blocks, slice_bounds
 from ...structure import _is_traced, building, extent_of, mapped_extent, same_extent
-from .._common import MJT, canonical_dim, describe, static_dims
+from .._common import MJT, canonical_dim, describe, sample_rows, static_dims
 from .._routing import in_place_route, route
 from ..shape.views import _mark_reorder_copy, mark_view_copy
 from .scatter import gather_from_dense, same_shape, scatter_into_dense
-from .along import check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
+from .along import by_blocks, check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
 
 __all__ = ["select_ragged", "slice_ragged", "narrow_ragged", "positions_ragged", "take_static"]
 
@@ -42,9 +42,10 @@ def select_ragged(op: str, x: MJT, d: int, k: int, index: int):
     def fail(s, n):
         raise IndexError(f"{op}(): index {index} is out of bounds for dimension {d} with size {n} in sample {s} of {describe(x)}")
 
-    check_samples(x, k, lambda n: (position(n) < 0) | (position(n) >= n), fail,
-                  f"{op}(): index {index} is out of bounds for dimension {d} of a sample")
-    out = drop_along(x, k, position(x._partition.extents[k].lengths()))
+    if ("drop_along", k, ("select", index)) not in x._partition.cache:  # (a hit was checked)
+        check_samples(x, k, lambda n: (position(n) < 0) | (position(n) >= n), fail,
+                      f"{op}(): index {index} is out of bounds for dimension {d} of a sample")
+    out = drop_along(x, k, lambda: position(x._partition.extents[k].lengths()), key=("select", index))
     return mark_view_copy(out, x, (slice(None),) * d + (index,))  # dense: a view
 
 
@@ -55,23 +56,36 @@ def slice_ragged(op: str, x: MJT, d: int, k: int, start, stop, step: int):
         raise ValueError("step must be greater than zero")
     e = x._partition.extents[k]
     (start, skey, _), (stop, tkey, named) = _bound(op, x, start), _bound(op, x, stop)
-    first, length = slice_bounds(e.host_lengths(), start, stop, step)
-    key = ("mapped", ("slice", skey, tkey, step))
-    if named is not None and key not in e.cache and torch.equal(length, named.host_lengths()):
-        # ``y[..., :n]`` with ``n`` another tensor's ragged size: where every sample keeps that
-        # size, the result has that nested int (a causal conv's output trimmed to its input's)
-        e.cache[key] = named
-    out = mapped_extent(e, ("slice", skey, tkey, step), lambda n: slice_bounds(n, start, stop, step)[1])
+    key = ("slice", skey, tkey, step)
+    out = e.cache.get(("mapped", key))
+    if out is None:  # (a slice seen before costs dict lookups: its extent and rows are cached)
+        if named is not None and torch.equal(slice_bounds(e.host_lengths(), start, stop, step)[1], named.host_lengths()):
+            # ``y[..., :n]`` with ``n`` another tensor's ragged size: where every sample keeps that
+            # size, the result has that nested int (a causal conv's output trimmed to its input's)
+            e.cache[("mapped", key)] = named
+        out = mapped_extent(e, key, lambda n: slice_bounds(n, start, stop, step)[1])
     extents = list(x._partition.extents)
     extents[k] = out
-    first = first.to(e.offsets.device)
 
     def source(sample, a):
+        first = slice_bounds(e.host_lengths(), start, stop, step)[0].to(e.offsets.device)
         a = a.clone()
         a[:, k] = first[sample] + a[:, k] * step
         return a
 
-    return mark_view_copy(keep_along(x, extents, source), x, (slice(None),) * d + (slice(start, stop, step),))
+    def runs():
+        # per sample, its rows before the slice, in it, after it: zero, gradient, zero blocks
+        sizes, counts = sample_rows(x._partition)
+        first, length = (t.tolist() for t in slice_bounds(e.host_lengths(), start, stop, step))
+        blocks = []
+        for ns, r, a, n in zip(sizes, counts, first, length):
+            inner = math.prod(ns[1:])  # rows per position along the dim
+            blocks += [(1, a * inner, True), (0, n * inner, True), (1, r - (a + n) * inner, True)]
+        back = plan_blocks(blocks, 2)
+        return back, sum(back[0][1])
+
+    out = keep_along(x, extents, source, key=("slice", k, skey, tkey, step), runs=runs if k == 0 and step == 1 else None)
+    return mark_view_copy(out, x, (slice(None),) * d + (slice(start, stop, step),))
 
 
 def _bound(op: str, x: MJT, v):
@@ -427,7 +441,27 @@ def flip_ragged(op: str, x: MJT, ragged: list[int], shifts=None):
                 a[:, k] = torch.remainder(a[:, k] - shifts[j], nk)
         return a
 
-    return keep_along(x, list(x._partition.extents), source)
+    if shifts is not None and ragged == [0] and by_blocks(x):
+        # each sample's last ``shift`` positions, then the rest: one cat (NOTE [ Blocks of
+        # consecutive rows ] in kernels/along.py)
+        plan = x._partition.derived(("roll_blocks", shifts[0]), lambda p: _roll_blocks(p, shifts[0]))
+        return wrap_values(join_blocks((values_of(x),), plan), x._partition, x._ragged_dims)
+    return keep_along(x, list(x._partition.extents), source, key=("flip", tuple(ragged), None if shifts is None else tuple(shifts)))
+
+
+def _roll_blocks(p, shift: int):
+    """The blocks of ``roll(shift)`` along the first ragged dim: per sample its rows from position
+    ``n - shift % n`` on, then those before."""
+    sizes, counts = sample_rows(p)
+    splits: list[int] = []
+    order = []
+    for ns, r in zip(sizes, counts):
+        inner = math.prod(ns[1:])  # rows per position along the dim
+        head = (ns[0] - shift % ns[0]) * inner if ns[0] else 0
+        first = len(splits)
+        splits += [c for c in (head, r - head) if c]
+        order += [(0, first + 1), (0, first)] if head and r - head else [(0, first)] if r else []
+    return [splits], order
 
 
 # ----------------------------------------------------------------------------- routes
