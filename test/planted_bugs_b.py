@@ -796,4 +796,10 @@ BUGS_B = [
     Bug("the rows of x[:, i] are cached without the index", "ops/indexing/slicing.py",
         "lambda: position(x._partition.extents[k].lengths()), key=(\"select\", index))",
         "lambda: position(x._partition.extents[k].lengths()), key=(\"select\",))", ("test_joins_blocks.py",)),
+    Bug("a derived ragged size that the samples compare differently takes torch's invariant", "ragged_sizes.py",
+        "            if (_derived(self) or _derived(other)) and not _asked_by_torch():",
+        "            if False:", ("test_size_shifts.py",)),
+    Bug("torch's own comparisons of derived sizes raise where the samples differ", "ragged_sizes.py",
+        "            if (_derived(self) or _derived(other)) and not _asked_by_torch():",
+        "            if _derived(self) or _derived(other):", ("test_size_shifts.py",)),
 ]

@@ -135,3 +135,27 @@ def test_a_shifted_size_under_torch_compile_raises_saying_so():
     for f in (lambda y: y.new_zeros(2, y.shape[1] - 1, 4), lambda y: y[:, : y.shape[1] - 1] * 2):
         with pytest.raises(Exception, match=r"n - 1 with the nested int j\d+ under torch.compile"):
             torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+
+
+def test_a_derived_size_the_samples_compare_differently_raises():
+    # n - 1 of lengths (3, 5, 1) is (2, 4, 0): min(2, n - 1) has no one answer (sample 2 holds no
+    # row); torch's invariant (a nested int is at least 2) would say 2 and take rows sample 2 lacks
+    x = mj.nested_tensor([torch.randn(k, 4) for k in (3, 5, 1)])
+    n = x.shape[1]
+    for use in (lambda: min(2, n - 1), lambda: bool(n - 1 > 0), lambda: (n - 1) // 2 < 1, lambda: max(x[:, 1:].shape[1], 2)):
+        with pytest.raises(ValueError, match="holds for some samples and not others"):
+            use()
+    assert min(5, n - 1) is not None and (n - 1 >= 0)  # every sample alike: answered
+    assert n > 1  # a size the batch was built with keeps torch.jagged's rule (Hugging Face's q_len > 1)
+    # torch's own code still gets the invariant: under a dispatch mode aten's derivatives run on the
+    # wrappers, and the engine compares the sliced sizes (2, 4, 0) with 1 in a double backward
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x = mj.nested_tensor([torch.randn(k, 6, dtype=torch.float64) for k in (3, 5, 1)]).requires_grad_()
+    y = x[:, 1:]
+    with FlopCounterMode(display=False):
+        z = y.unsqueeze(-2) * y.unsqueeze(-3)
+        p, _ = torch.split((z * z).unflatten(-1, (6, 1)), [2, 4], dim=-2)
+        (g,) = torch.autograd.grad(p.flatten(-2).values().pow(3).sum(), x, create_graph=True)
+        (gg,) = torch.autograd.grad(g.values().pow(2).sum(), x)
+    assert [tuple(t.shape) for t in gg.unbind()] == [(3, 6), (5, 6), (1, 6)]

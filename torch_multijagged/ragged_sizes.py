@@ -10,6 +10,8 @@ nodes without an import cycle.
 
 from __future__ import annotations
 
+import os
+import sys
 from typing import Any, Callable, Optional
 
 import torch
@@ -39,6 +41,27 @@ _NO_VALUE = (
     "shape from the batch itself (x.new_zeros(x.shape), torch.ones_like(x), x.new_full(x.shape, v)); "
     "each sample's positions are mj.position_ids(x); the sizes are x.sizes() or x.offsets()"
 )
+
+
+_TORCH_DIR = os.path.dirname(os.path.abspath(torch.__file__)) + os.sep
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# frames that only relay a comparison to the node (NOTE [ Comparing ragged sizes ])
+_RELAYS = frozenset(os.path.join(_TORCH_DIR, *p) for p in (("__init__.py",), ("fx", "experimental", "sym_node.py"),
+                                                            ("fx", "experimental", "_constant_symnode.py")))
+
+
+def _asked_by_torch() -> bool:
+    """Whether the comparison being answered was asked by torch's code or this package's (its
+    invariant then answers where the samples differ), not by a user's (NOTE [ Comparing ragged
+    sizes ])."""
+    f = sys._getframe(1)
+    here = os.path.abspath(__file__)
+    while f is not None:
+        name = os.path.abspath(f.f_code.co_filename)
+        if name != here and name not in _RELAYS:
+            return name.startswith((_TORCH_DIR, _PACKAGE_DIR))
+        f = f.f_back
+    return True
 
 
 class _RaggedSizeNode(NestedIntNode):
@@ -147,9 +170,18 @@ class _RaggedSizeNode(NestedIntNode):
     # an eager size of ours is compared per sample first and the common answer returned — also
     # where torch's invariant would answer otherwise: with one token per sample ``q_len > 1`` (the
     # decoding test of Hugging Face's attention) is False. Where the samples answer differently,
-    # torch's invariant answers if it can (the code torch runs on nested ints relies on it: ``n >=
-    # 1`` with an empty sample stays True), else the comparison raises, naming itself. Traced
-    # nested ints are torch's alone. The answer is a ``_DecidedBool`` either way.
+    # torch's invariant answers if it can — ``torch.jagged``'s rule, which code written for it relies
+    # on (Hugging Face's ``is_causal = q_len > 1`` with a one-token sample; the autograd engine asks
+    # ``n > 1`` of a batch holding an empty sample) — else the comparison raises, naming itself.
+    # A size this package derives (``n - 1``, ``n // 2``, a slice's or a strided window's: an
+    # extent with a source) has no such rule to honour, and is often 0 or 1, where the invariant
+    # is false: ``min(r, (t - 1) // 2)`` (ToMe) would take r rows of a sample holding fewer. So a
+    # comparison of a derived size that the samples answer differently raises — unless torch's
+    # own code asked it: the caller is found past the frames that only relay it to the node
+    # (``SymInt``'s operators, ``sym_node``'s magic methods, the constant node's reflection), and a
+    # caller in torch or in this package is torch's code (a C++ caller shows as the torch frame
+    # that entered C++). Traced nested ints are torch's alone. The answer is a ``_DecidedBool``
+    # either way.
     def _order(self, name: str, other, rule):
         mine = _node_sizes(self)
         theirs = other.constant_int() if other.is_constant() else _node_sizes(other)
@@ -161,6 +193,8 @@ class _RaggedSizeNode(NestedIntNode):
             if answer is not None:
                 return _DecidedBool(answer)
             split = f"{self} {symbol} {other} holds for some samples and not others (sizes {mine.tolist()})"
+            if (_derived(self) or _derived(other)) and not _asked_by_torch():
+                raise ValueError(f"{split}: code that branches on it would treat samples differently; {_NO_VALUE}")
         try:
             return _DecidedBool(rule(self, other))
         except ValueError:
@@ -383,6 +417,14 @@ class _IntBesideRagged(ConstantIntNode):
         if isinstance(other, _RaggedSizeNode):
             return other._shifted(-1, self.val)  # ``k - n``: NOTE [ Ragged sizes plus an int ]
         return super().sub(other)
+
+
+def _derived(node) -> bool:
+    """Whether an eager nested-int node of ours names a size this package derived from another
+    (shifted, divided, a slice's or a window's: its extent records a source), not one a batch
+    was built with (NOTE [ Comparing ragged sizes ])."""
+    e = EXTENTS.node_extent(node) if isinstance(node, NestedIntNode) else None
+    return e is not None and ("source",) in e.cache
 
 
 def _node_sizes(node) -> "Optional[torch.Tensor]":
