@@ -220,7 +220,7 @@ BUGS_A = [
         "out.append(None if h * w == 0 else r.view(1, h, w, c).permute(0, 3, 1, 2))",
         "out.append(None if h * w == 0 else r.view(1, w, h, c).permute(0, 3, 2, 1))",
         ("test_canvas_paths.py", "test_pieces.py")),
-    Bug("per-image conv path ignores the dilation", "ops/vision/conv.py",
+    Bug("per-image conv path ignores the dilation", "ops/vision/per_sample.py",
         "cv.onednn_safe_conv(ps[i], weight, bias, stride, padding, dilation, groups)",
         "cv.onednn_safe_conv(ps[i], weight, bias, stride, padding, (1, 1), groups)", ("test_canvas_paths.py",)),
     Bug("pieces: packing puts every image at the first rows", "kernels/per_image.py",

@@ -1,9 +1,9 @@
-"""Both ways of moving images on and off the canvas, convolutions image by image, and both
-group-norm kernels, against the per-sample dense op: the threshold rules
-(``kernels.canvas.BLOCK_ROWS``, ``kernels.per_image.PIXELS_PER_IMAGE``,
-``kernels.norms.ROWS_PER_SAMPLE_NATIVE``) pick one by the images' mean size, so each test forces
-each choice on the same small images (a zero-size image among them) — the suite's other images
-are small enough to take the index path and the segment norm only."""
+"""Both ways of moving images on and off the canvas, convolutions, pooling and 1-d convolutions
+sample by sample, and both group-norm kernels, against the per-sample dense op: the threshold
+rules (``kernels.canvas.BLOCK_ROWS``, ``kernels.per_image.PIXELS_PER_IMAGE``,
+``kernels.per_image.POOL_CALL_NS``, ``kernels.per_image.SIGNAL_CALL_NS``,
+``kernels.norms.ROWS_PER_SAMPLE_NATIVE``) pick one by the images' sizes, so each test forces
+each choice on the same small images (a zero-size image among them)."""
 
 from __future__ import annotations
 
@@ -25,6 +25,8 @@ def placement(request, monkeypatch):
     monkeypatch.setattr(canvas, "BLOCK_ROWS", 0 if request.param == "blocks" else 10**9)
     monkeypatch.setattr(per_image, "PIXELS_PER_IMAGE", 0 if request.param == "per-image" else 10**9)
     monkeypatch.setattr(per_image, "MIN_CHANNELS", 0)
+    monkeypatch.setattr(per_image, "POOL_CALL_NS", 0.0 if request.param == "per-image" else float("inf"))
+    monkeypatch.setattr(per_image, "SIGNAL_CALL_NS", 0.0 if request.param == "per-image" else float("inf"))
     return request.param
 
 
@@ -77,6 +79,8 @@ def test_group_norm(norm_kernel):
     w, b = _params((4,), (4,))
     _check(lambda x: F.group_norm(x, 2, w, b), lambda x: torch.group_norm(x, 2, w, b, 1e-5), _images(SIZES2), [w, b])
     _check(lambda x: F.group_norm(x, 4), lambda x: torch.group_norm(x, 4, None, None, 1e-5), _images(SIZES2))
+    # a channel per group, on signals too (the per-sample kernel reads them transposed)
+    _check(lambda x: F.group_norm(x, 4, w, b), lambda x: torch.group_norm(x, 4, w, b, 1e-5), _images(SIZES1), [w, b])
 
 
 def test_group_norm_second_order(norm_kernel):
@@ -200,11 +204,12 @@ def test_max_pool2d_of_windows_holding_only_the_lowest_value(dtype, kw, layout):
             assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("case", ["conv1d", "conv1d stride 2", "conv2d", "conv2d per image"])
-def test_convolutions_under_autocast_as_dense_per_sample(case):
+@pytest.mark.parametrize("case", ["conv1d", "conv1d stride 2", "conv1d per sample", "conv2d", "conv2d per image"])
+def test_convolutions_under_autocast_as_dense_per_sample(case, monkeypatch):
     """Under CPU bfloat16 autocast a convolution runs in bfloat16 as dense autocast's: output
     bfloat16, gradients of the float32 input and parameters in float32, values as the dense
     autocast conv of each sample (the canvas path's own backward used to mix dtypes)."""
+    monkeypatch.setattr(per_image, "SIGNAL_CALL_NS", 0.0 if "per sample" in case else float("inf"))
     g = torch.Generator().manual_seed(0)
     if case.startswith("conv1d"):
         conv = torch.nn.Conv1d(16, 8, 3, stride=2 if "stride" in case else 1, padding=1)

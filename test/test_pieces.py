@@ -118,7 +118,7 @@ def test_cnn_chain_per_image_with_gradients(sizes, seed):
 def test_cnn_chain_at_the_rule_s_default_thresholds():
     # large enough for the default rule (≥ 1,024 pixels per image on average, ≥ 16 channels)
     sizes = [(40, 40), (0, 7), (36, 45), (38, 34)]
-    assert per_image.per_image_applies(torch.tensor(sizes), 16)
+    assert per_image.per_image_applies(sizes, 16)
     _check_cnn(_images(sizes, 0, c=16), _params(0, c=16), rtol=1e-6, atol=1e-6)
 
 

@@ -86,6 +86,8 @@ key                                   value (method that builds it)
                                       output's partition (ops/nn/distances.py)
 ``("one_ragged_side_out", op, …)``    (B, 2) output sizes of a conv of a batch with one ragged spatial
                                       dim, per window rule and static size (ops/vision/conv.py)
+``("window_out_sizes", rules)``       ``[h', w']`` per image of a windowed op of these size rules over two
+                                      ragged spatial dims, as host ints (ops/vision/conv.py: image by image)
 ``"rnn_groups"``                      the non-empty samples grouped by length, each group's rows, and
                                       the permutations back to sample order (ops/nn/rnn.py)
 ``("canvas", s, windows, rd, static)`` the canvas plan of a windowed op over ``s`` spatial dims

@@ -227,7 +227,13 @@ def group_norm_rows(x: Tensor, lengths: list[int], groups: int, weight: Optional
     for xi, n in zip(x.split(lengths), lengths):
         if n == 0:
             outs.append(xi.new_empty(0, c))
-            continue
-        y, _, _ = torch.native_group_norm(xi.view(1, n, 1, c).permute(0, 3, 1, 2), weight, bias, 1, c, n, groups, eps)
-        outs.append(y.permute(0, 2, 3, 1).reshape(n, c))
+        elif groups == c:
+            # a channel per group: aten's channels-last kernel reads one channel at a time, its
+            # contiguous one is vectorised along the sample (measured, 32 channels, 800 rows,
+            # forward and backward: 0.22 ms in place, 0.11 ms on a transposed copy)
+            y, _, _ = torch.native_group_norm(xi.t().contiguous().view(1, c, n), weight, bias, 1, c, n, groups, eps)
+            outs.append(y[0].t())
+        else:
+            y, _, _ = torch.native_group_norm(xi.view(1, n, 1, c).permute(0, 3, 1, 2), weight, bias, 1, c, n, groups, eps)
+            outs.append(y.permute(0, 2, 3, 1).reshape(n, c))
     return torch.cat(outs)

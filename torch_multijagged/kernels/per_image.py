@@ -1,4 +1,5 @@
-"""Windowed ops image by image on views of the packed pixel rows.
+"""Windowed ops image by image (or signal by signal) on views of the packed rows: the rules that
+choose it over the canvas, and the per-sample adaptive pooling.
 
 NOTE [ Convolutions image by image ]
 
@@ -17,9 +18,9 @@ no copy), or on the images the previous op left as pieces. The result holds its 
 pieces too, packed into rows only when something reads them (NOTE [ Per-image pieces ] in
 ``pieces.py``). Everything is dense autograd on the pieces, so every order of gradients works.
 
-The rule (``per_image_applies``): an average of at least ``PIXELS_PER_IMAGE`` pixels per image
-and at least ``MIN_CHANNELS`` input channels; an input that already holds pieces goes image by
-image whatever its size. Measured (fp32, forward and backward, canvas time
+The rule (``per_image_applies``, on the host sizes): an average of at least ``PIXELS_PER_IMAGE``
+pixels per image and at least ``MIN_CHANNELS`` input channels; an input that already holds
+pieces goes image by image whatever its size. Measured (fp32, forward and backward, canvas time
 over per-image time, 1 thread): 32 input channels, B = 16: 0.91 at 150 px per image, 0.88–1.00
 at 300–600 px, 1.05 at 1,150 px, 1.15 at 2,300 px, 1.21 at 5,800 px, 1.38 at 8,900 px (2 threads:
 0.81 at 580 px, 1.04 at 1,270 px, 1.51 at 4,700 px); B = 64: 0.42 at 34 px, 0.82 at 560 px,
@@ -29,27 +30,91 @@ canvas. Taking them image by image so that the pieces start one layer earlier wa
 (the benchmarks' CNN, B = 4, one thread, × the loop): with GroupNorm 0.90–0.93 against 0.90–0.93
 on the canvas, with BatchNorm (which reads the packed values) 0.90–1.03 against 0.98–1.03.
 
+NOTE [ Pooling image by image ]
+
+2-d max and average pooling on the canvas copy every image onto it and the outputs back (and
+the gradients the same way), around a pooling kernel that costs less than those copies. Image
+by image, the dense pool reads each image's channels-last view of the rows, its output is
+channels last, so the output rows are views of it, concatenated once; the gradient comes back
+as views of rows too, in the format aten's pooling backward computes in without a transposing
+copy (so never through ``out[0]``, whose backward builds a contiguous gradient). Each image
+costs its dense calls (about ``POOL_CALL_NS`` forward and backward), the canvas a fixed cost and
+copies per pixel and channel (``pool_per_image_applies``). Measured (1 thread, fp32, forward and
+backward of ``avg_pool2d(x, 2)`` with a loss, ms, per image | canvas | the per-sample loop):
+B = 4, 32 channels, sides 16–48: 0.60 | 1.07 | 0.49; B = 8, 16 channels, sides 16–64: 0.98 | 1.52 |
+1.04 (``max_pool2d``: 0.96 | 1.28 | 1.28); B = 4, 64 channels, sides 64–160: 5.1 | 7.6 | 10.6;
+B = 32, 3 channels, sides 32–64: 2.3 | 3.2 | 2.4; the canvas kept: B = 64, 16 channels, sides
+8–24: 2.6 | 2.3 | 3.9; B = 1,024, 8 channels, sides 4–8: 29 | 2.4 | 49.
+
+NOTE [ Convolutions of signals sample by sample ]
+
+A 1-d convolution of signals ``(B, C, j0)`` on the canvas is one oneDNN call on a channels-last
+signal, with the canvas copies around it; few or long signals run faster as the dense conv of
+each: one input channel (waveforms) on the contiguous ``(1, 1, n)`` view of its rows, the
+outputs concatenated along the length and transposed into rows once; several as a 2-d conv of
+the channels-last ``(1, C, 1, n)`` view (oneDNN's 1-d conv of a channels-last view returns a
+contiguous output and is slower), whose channels-last output rows are views. The rule
+(``signals_per_sample_applies``): the samples' calls (``SIGNAL_CALL_NS`` each) against the
+canvas's fixed cost and its copies, which grow with the multiply-adds. Measured (1 thread, fp32,
+forward and backward with a loss, ms, per sample | canvas | the loop): 1 → 32 channels, kernel
+10, stride 5 (wav2vec2's first layer), 4 waveforms of 1,600–4,000: 0.95 | 1.24 | 0.48; 32 → 32,
+kernel 3, stride 2, B = 4 of 320–800: 1.03 | 1.80 | 0.78; 64 → 64, kernel 5, B = 8 of 100–300:
+2.3 | 3.3 | 1.7; the canvas kept: 32 → 32, B = 32 of 20–80: 2.0 | 1.5 | 2.2; 16 → 16, kernel 3,
+B = 128 of 10–40: 5.6 | 1.6 | 7.8. What remains at B = 4 is the transposition of a waveform
+conv's output into rows (and of its gradient back) and the op's fixed cost.
+
+NOTE [ Adaptive pooling sample by sample ]
+
+Adaptive pooling to a fixed size gives every sample the same dense output, so the dense kernel
+runs on each sample (a view of its rows, or its piece) and the outputs are concatenated
+(``adaptive_pool_each``): the loop's own calls (aten's channels-last kernels, whose sums may
+round differently from its contiguous ones in the last bit), its indices, its NaN rule.
+The alternative, every (pixel, window) pair gathered and summed at once, copies each pixel's
+channels into every window that may hold it (up to ``(⌈o/n⌉ + 1)`` per axis, 4 in 2-d for
+images larger than the output) and scatters as much back in backward: measured (1 thread,
+fp32, forward and backward of ``adaptive_avg_pool2d(x, 7)`` and a loss, × the loop) 12× for 4
+images of sides 64–160 with 64 channels, 4.8× for 32 of sides 16–64, 2.5× for 256 of sides
+8–32; sample by sample 0.98×, 0.58× and 0.47× (0.99× for 4 images of sides 16–48, where the
+pairs took 3.2×; ``adaptive_max_pool2d`` 0.68×, 0.41×, 0.40× against 46×, 20×, 6.8×). The pairs
+stay for an average over many tiny images with few channels (``adaptive_each_applies``: about
+``PAIR_NS`` + ``PAIR_CHANNEL_NS`` · C ns per pair against ``CALL_NS`` per sample; 256 images of
+sides 4–10 with 4 channels: pairs 4.1 ms, sample by sample 5.4 ms); the maximum's pairs (three
+scatters) never won. Signals ``(B, C,
+j0)``: there the gather reads every window at the width of the longest sample's
+(``⌈max n / o⌉ + 1`` rows), which is no blow-up for lengths alike, so they go sample by sample
+where the samples' calls cost less than the gather (``adaptive_signals_each_applies``: long or
+skewed samples, wide channels).
+
+A pooled view of channels-last pixel rows is channels last, and aten's CPU backward of the
+average pool, handed a gradient in another memory format (the expanded gradient of a ``sum``,
+the contiguous one of a ``flatten``), converts the whole input-sized gradient through a
+transposing copy: 7 ms instead of 0.4 ms for one 64-channel 150×130 image. The max pool's
+backward of a contiguous image does the same with an expanded gradient. So
+``adaptive_pool_each``'s output hands its gradient back in the stride order of the samples'
+outputs (``_GradInOrder``: a copy of the small pooled gradient at most).
+
 This module is pure torch on host sizes; it knows nothing of the subclass.
 """
 
 from __future__ import annotations
 
+from typing import Callable, Optional
+
 import torch
 from torch import Tensor
 
-__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "per_image_applies", "pack_images"]
+__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "per_image_applies", "pack_images", "pool_per_image_applies",
+           "signals_per_sample_applies", "adaptive_each_applies", "adaptive_signals_each_applies", "adaptive_pool_each"]
 
 PIXELS_PER_IMAGE = 1024
 MIN_CHANNELS = 16
 
 
-def per_image_applies(sizes: Tensor, channels: int) -> bool:
-    """``sizes (B, 2)``: host image sizes; ``channels``: input channels. Whether the per-image
-    path is the faster one (at least one pixel in all)."""
-    b = sizes.shape[0]
-    # SYNC: none — host sizes
-    return (b > 0 and sizes.shape[1] == 2 and channels >= MIN_CHANNELS
-            and int(sizes.prod(1).sum()) >= max(1, PIXELS_PER_IMAGE * b))
+def per_image_applies(sizes: list, channels: int) -> bool:
+    """``sizes``: host ``(hᵢ, wᵢ)`` per image; ``channels``: input channels. Whether the per-image
+    conv is the faster one (at least one pixel in all)."""
+    b = len(sizes)
+    return b > 0 and channels >= MIN_CHANNELS and sum(h * w for h, w in sizes) >= max(1, PIXELS_PER_IMAGE * b)
 
 
 def pack_images(images, rows: int, channels: int, dtype: torch.dtype, device: torch.device) -> Tensor:
@@ -65,3 +130,120 @@ def pack_images(images, rows: int, channels: int, dtype: torch.dtype, device: to
             out[o:o + h * w].view(h, w, channels).copy_(p[0].permute(1, 2, 0))
             o += h * w
     return out
+
+
+# NOTE [ Pooling image by image ]
+POOL_CALL_NS = 35_000.0
+POOL_CANVAS_NS = 500_000.0
+POOL_PIXEL_NS = 28.0
+POOL_CHANNEL_NS = 2.5
+
+
+def pool_per_image_applies(sizes: list, channels: int) -> bool:
+    """``sizes``: host ``(hᵢ, wᵢ)`` per image. Whether 2-d max / average pooling runs image by image:
+    the images' dense calls against the canvas's fixed cost and copies."""
+    pixels = sum(h * w for h, w in sizes)
+    return len(sizes) * POOL_CALL_NS < POOL_CANVAS_NS + pixels * (POOL_PIXEL_NS + POOL_CHANNEL_NS * channels)
+
+
+# NOTE [ Convolutions of signals sample by sample ]
+SIGNAL_CALL_NS = 40_000.0
+SIGNAL_CANVAS_NS = 500_000.0
+SIGNAL_MAC_NS = 0.05
+
+
+def signals_per_sample_applies(lengths: list, macs_per_position: int) -> bool:
+    """``lengths``: host length per signal; ``macs_per_position``: the conv's multiply-adds per
+    output position (``C_in · C_out · k / groups``). Whether a 1-d conv runs signal by signal."""
+    return len(lengths) * SIGNAL_CALL_NS < SIGNAL_CANVAS_NS + sum(lengths) * macs_per_position * SIGNAL_MAC_NS
+
+
+# NOTE [ Adaptive pooling sample by sample ]
+PAIR_NS = 25.0
+PAIR_CHANNEL_NS = 4.0
+PAIRS_NS = 500_000.0
+CALL_NS = 25_000.0
+
+
+def adaptive_each_applies(samples: int, pairs: int, channels: int) -> bool:
+    """Whether adaptive average pooling runs sample by sample: ``pairs`` (pixel, window) pairs of
+    ``channels`` each against ``samples`` samples' dense calls."""
+    return pairs * (PAIR_NS + PAIR_CHANNEL_NS * channels) + PAIRS_NS >= samples * CALL_NS
+
+
+EACH_NS = 400_000.0
+SIGNAL_EACH_NS = 30_000.0
+SIGNAL_VALUE_NS = 8.0
+GATHER_NS = 400_000.0
+
+
+def adaptive_signals_each_applies(samples: int, elements: int, rows: int, channels: int, average: bool) -> bool:
+    """Whether adaptive pooling of signals ``(B, C, j0)`` runs sample by sample: ``elements``
+    positions of ``channels`` each against the gather of ``rows`` window rows."""
+    each = EACH_NS + samples * SIGNAL_EACH_NS + elements * channels * SIGNAL_VALUE_NS
+    gather = GATHER_NS + rows * ((40.0 + 4.0 * channels) if average else (200.0 + 10.0 * channels))
+    return each < gather
+
+
+class _GradInOrder(torch.autograd.Function):
+    """The identity, whose backward hands the gradient on in the stride order ``order``
+    (outermost first): the memory format aten's pooling backward computes in without a
+    transposing copy of its input-sized gradient."""
+
+    @staticmethod
+    def forward(ctx, t: Tensor, order: tuple[int, ...]):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.order = order
+        return t.view_as(t)
+
+    @staticmethod
+    def backward(ctx, g):  # type: ignore[override]
+        if g is None:
+            return None, None
+        order = ctx.order
+        inverse = sorted(range(len(order)), key=order.__getitem__)
+        return g.permute(order).contiguous().permute(inverse), None
+
+
+def _stride_order(t: Tensor) -> tuple[int, ...]:
+    """Dim 0 first, then ``t``'s other dims from the largest stride to the smallest."""
+    return (0, *sorted(range(1, t.dim()), key=lambda d: -t.stride(d)))
+
+
+def adaptive_pool_each(parts: list[Optional[Tensor]], fn: Callable, shape: tuple[int, ...], fill: float,
+                       dtype: torch.dtype, device: torch.device, indices: bool = False,
+                       anchor: Optional[Callable[[], Tensor]] = None):
+    """``fn`` (a dense pooling to a fixed size) on each sample's dense input ``parts[i]`` (``None``:
+    a sample without elements, whose output is ``fill`` and whose index 0), each output viewed
+    as ``shape``; returns ``(B, *shape)`` (and the indices ``(B, *shape)`` int64 with ``indices``,
+    where ``fn`` returns ``(out, index)``). Where no sample reaches ``fn``, the output is still
+    on the graph of ``anchor()`` (the values) when that requires grad."""
+    outs: list[Optional[Tensor]] = []
+    idxs: list[Optional[Tensor]] = []
+    for p in parts:
+        if p is None:
+            outs.append(None)
+            idxs.append(None)
+            continue
+        r = fn(p)
+        if indices:
+            r, j = r
+            idxs.append(j.reshape(1, *shape))
+        # a reshape to the same shape would hand the gradient back with dim 0 restrided, which
+        # aten's channels-last test rejects (it does not skip dims of size 1)
+        outs.append(r if r.shape == (1, *shape) else r.reshape(1, *shape))
+    live = [r for r in outs if r is not None]
+    if live:
+        dtype = live[0].dtype
+    blank = torch.full((1, *shape), fill, dtype=dtype, device=device)
+    out = torch.cat([blank if r is None else r for r in outs]) if outs else blank[:0]
+    if live and out.requires_grad:
+        out = _GradInOrder.apply(out, _stride_order(live[0]))
+    elif not live and anchor is not None:
+        a = anchor()
+        if a.requires_grad:
+            out = out + a.sum() * 0
+    if not indices:
+        return out
+    zero = torch.zeros((1, *shape), dtype=torch.int64, device=device)
+    return out, torch.cat([zero if j is None else j for j in idxs]) if idxs else zero[:0]

@@ -25,7 +25,9 @@ NOTE [ Ops over ragged dims in nn ]
   < 1; a zero-length sample pools to nothing). New lengths are new per-sample extents, built on
   the host from the host copy of the input's lengths (no device sync), so these run eagerly
   only (under ``torch.compile`` a graph break, NOTE [ Eager-only routes ] in ``_common.py``);
-  ``adaptive_*_pool1d(x, 1)`` is a reduction and compiles. Average and adaptive windows are
+  ``adaptive_*_pool1d(x, 1)`` is a reduction and compiles. Adaptive pooling of few, long or
+  skewed samples runs the dense kernel on each sample's view of its rows (NOTE [ Adaptive
+  pooling sample by sample ] in kernels/per_image.py). Other average and adaptive windows are
   gathered from the packed rows (no padded envelope) and reduced under torch's autograd on the
   values, as dense's kernels compute: int64 sums divide truncating (an int64 result), float16 /
   bfloat16 sums divide in float32 and round once. ``max_pool1d`` runs dense's own kernel once on
@@ -51,11 +53,12 @@ import torch.nn.functional as F
 from ...bridge import values_of, wrap_values
 from ...compile import shift as _shift  # noqa: F401  (defines multijagged::shift)
 from ...kernels import canvas as cv
+from ...kernels import per_image as pim
 from ...kernels import reference as ref
 from ...errors import StructureError
 from ...structure import RaggedExtent, extent_of, mapped_extent, partition_for
 from .._table import register_multi_jagged_func
-from .._common import MJT, canonical_dim, canonical_dims, describe, eager_route, static_dims, wrap
+from .._common import MJT, canonical_dim, canonical_dims, describe, eager_route, sample_rows, static_dims, wrap
 from .._routing import _call, _needs_grad, in_place_route, route
 from .. import _along as along
 
@@ -525,6 +528,26 @@ def _adaptive_windows(x: MJT, size: int):
     return rows, ok, pos, b
 
 
+def _signals(x: MJT, size: int, average: bool):
+    """Each sample's input to the dense adaptive pool (``(1, C, n)`` or ``(S, C, n)``, a view of
+    its rows; ``None`` for a sample without elements) where pooling sample by sample is the
+    cheaper path, else ``None`` (NOTE [ Adaptive pooling sample by sample ] in
+    ``kernels/per_image.py``: the gather reads ``⌈max n / size⌉ + 1`` rows per window, so a
+    long sample makes every sample's windows that wide)."""
+    p = x._partition
+    lead = tuple(x.shape[1:-1])
+    channels = math.prod(lead)
+    if channels == 0:
+        return [None] * p.batch  # every output empty (dense max pooling refuses 0 channels)
+    _, lengths = sample_rows(p)  # SYNC: none — host sizes
+    k = -(-max(lengths, default=0) // size) + 1
+    if not pim.adaptive_signals_each_applies(p.batch, sum(lengths), p.batch * size * k, channels, average):
+        return None
+    comps = ref.unpack_components(_values(x), p.host_sizes(), x._ragged_dims)
+    return [None if n == 0 else c.unsqueeze(0) if len(lead) == 1 else c.flatten(0, len(lead) - 2)
+            for c, n in zip(comps, lengths)]
+
+
 def _adaptive_probe(fn, x: MJT, size: int) -> None:
     """Dense torch's own dtype and argument checks: its adaptive pool on a one-channel input of
     ``x``'s dtype (its kernels refuse integers, bool and, but for the mean of size 1, complex)."""
@@ -549,6 +572,10 @@ def _adaptive_avg_pool1d(input, output_size):
         return input.mean(-1, keepdim=True)  # a reduction: dense (B, *static, 1); compiles
     if kind == "static":
         return _static_last(input, lambda v: torch.adaptive_avg_pool1d(v, size))
+    parts = _signals(input, size, True)
+    if parts is not None:
+        return pim.adaptive_pool_each(parts, lambda p: torch.adaptive_avg_pool1d(p, size), (*input.shape[1:-1], size),
+                                      float("nan"), input.dtype, input.device, anchor=lambda: _values(input))
     rows, ok, _, b = _adaptive_windows(input, size)
     w, m = _gather(_values(input), rows, ok)
     return _to_dense(_window_mean(w, m, ok.sum(1).view(-1, *([1] * (w.dim() - 2)))), b, size)
@@ -570,6 +597,12 @@ def _adaptive_max(input, output_size, return_indices):
         return (out, idx) if return_indices else out
     if kind == "static":
         out, idx = _static_last(input, lambda v: torch.adaptive_max_pool1d(v, size), two=True)
+        return (out, idx) if return_indices else out
+    parts = _signals(input, size, False)
+    if parts is not None:
+        out, idx = pim.adaptive_pool_each(parts, lambda p: torch.adaptive_max_pool1d(p, size), (*input.shape[1:-1], size),
+                                          float("-inf"), input.dtype, input.device, indices=True,
+                                          anchor=lambda: _values(input))
         return (out, idx) if return_indices else out
     rows, ok, pos, b = _adaptive_windows(input, size)
     v = _values(input)

@@ -5,9 +5,12 @@ them; any spatial dim may also be static, e.g. ``(B, C, 32, j0)`` for text lines
 ``conv1d``/``conv2d`` (any kernel, stride, padding including ``"same"``, dilation, groups, bias),
 ``conv_transpose1d``/``conv_transpose2d``, ``max_pool2d`` (``return_indices`` too) and
 ``avg_pool2d``, per sample equal to the dense op on each image. They run as one dense op over a
-canvas that holds every image (NOTE [ Canvas ] in ``kernels/canvas.py``), except 2-d convolutions
-of large images with enough input channels, which run image by image on views of the packed rows
-(NOTE [ Convolutions image by image ] in ``kernels/per_image.py``), where that measured faster.
+canvas that holds every image (NOTE [ Canvas ] in ``kernels/canvas.py``), except where running
+the dense op on each sample's view of the packed rows measured faster (``per_sample.py``; the
+rules in ``kernels/per_image.py``): 2-d convolutions of large images with enough input channels
+(NOTE [ Convolutions image by image ]), 2-d max and average pooling of few or large images
+(NOTE [ Pooling image by image ]) and 1-d convolutions of few or long signals (NOTE
+[ Convolutions of signals sample by sample ]).
 Volumes ``(B, C, j0, j1, j2)``: ``conv3d``, ``conv_transpose3d``, ``max_pool3d`` (``return_indices``
 too), ``avg_pool3d`` run volume by volume (one dense call each on a view of its voxel rows; a 3-d
 canvas would be mostly gutter), the outputs packed back as voxel rows.
@@ -40,6 +43,7 @@ from ...errors import StructureError
 from ...kernels import canvas as cv
 from ...kernels import per_image as pim
 from ...structure import RaggedExtent, flat_extent, mapped_extent, partition_for
+from . import per_sample
 from .._table import register_multi_jagged_func
 from .._common import MJT, autocast_lower, component_rows, describe, eager_route, wrap
 from .._routing import _needs_grad, route
@@ -114,18 +118,6 @@ def _tuple(op: str, v, n: int, name: str) -> tuple[int, ...]:
 
 
 # ----------------------------------------------------------------------------- pixel rows
-def _sizes(x: MJT, nspatial: int) -> torch.Tensor:
-    """(B, S) host spatial sizes."""
-    b = x._partition.batch
-    cols = []
-    for d in range(2, 2 + nspatial):
-        if d in x._ragged_dims:
-            cols.append(x._partition.extents[x._ragged_dims.index(d)].host_lengths())
-        else:
-            cols.append(torch.full((b,), int(x.shape[d]), dtype=torch.int64))
-    return torch.stack(cols, 1) if cols else torch.zeros(b, 0, dtype=torch.int64)
-
-
 def _canonical(x: MJT, nspatial: int) -> bool:
     """Values are the pixel rows ``(P, C)`` themselves: every spatial dim ragged, in order."""
     return x._ragged_dims == tuple(range(2, 2 + nspatial))
@@ -169,22 +161,10 @@ def _pixel_rows(x: MJT, v: torch.Tensor, nspatial: int, sizes: torch.Tensor) -> 
     return v.movedim(1, -1).reshape(-1, v.shape[1]).index_select(0, inv)
 
 
-def _mapped_partition(x: MJT, windows):
-    """The partition of a windowed op's output: each ragged spatial dim gets the extent its
-    window's rule maps it to (``mapped_extent``)."""
-    p = x._partition
-    extents = []
-    for k, d in enumerate(x._ragged_dims):
-        w = windows[d - 2]
-        ext = p.extents[k]
-        extents.append(mapped_extent(ext, w.rule(), lambda n, w=w: torch.where(n == 0, n, w.out_len(n).clamp(min=0))))
-    return p if all(a is b for a, b in zip(extents, p.extents)) else partition_for(extents)
-
-
 def _wrap_pixels(x: MJT, rows: torch.Tensor, out_sizes: torch.Tensor, windows, nspatial: int, grad: bool) -> MJT:
     """The output tensor of pixel rows ``rows (P', C')``: each ragged spatial dim gets the
     extent its window's rule maps it to (``mapped_extent``), each static one its new size."""
-    part = _mapped_partition(x, windows)
+    part = per_sample.mapped_partition(x, windows)
     if _canonical(x, nspatial):
         return wrap_values(rows, part, x._ragged_dims) if grad else wrap(rows, part, x._ragged_dims)
     static = {d: int(out_sizes[0, d - 2]) if out_sizes.shape[0] else 0 for d in range(2, 2 + nspatial) if d not in x._ragged_dims}
@@ -203,7 +183,7 @@ _WHY = (
 
 
 def _plan(op: str, x: MJT, windows, nspatial: int):
-    sizes = _sizes(x, nspatial)
+    sizes = per_sample.spatial_sizes(x, nspatial)
     out_sizes = cv.output_sizes(op, sizes, windows)
     # the static spatial sizes too: one partition serves every width of a static dim
     # (``x`` and ``x[..., :1]`` of a ragged height), and each needs its own canvas
@@ -286,11 +266,15 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
     fn = _CONV[nspatial]
     pad_canvas = tuple(pl for pl, _ in pads)
     if nspatial == 2 and _canonical(input, 2) and all(pl == pr for pl, pr in pads):
-        sizes = _sizes(input, 2)
-        if pim.per_image_applies(sizes, c) or pieces.holds_pieces(input):
+        if pieces.holds_pieces(input) or pim.per_image_applies(pieces.image_sizes(input._partition), c):
             # large images: the dense op per image on views of the rows (NOTE [ Convolutions
             # image by image ] in kernels/per_image.py)
-            return _conv_per_image(op, input, sizes, windows, weight, bias, s, pad_canvas, d, groups)
+            return per_sample.conv_per_image(op, input, windows, weight, bias, s, pad_canvas, d, groups)
+    if (nspatial == 1 and _canonical(input, 1) and pads[0][0] == pads[0][1] and input._values.numel()
+            and pim.signals_per_sample_applies(per_sample.sample_lengths(input), c * weight.shape[0] * k[0] // groups)):
+        # signals few or long enough: the dense conv on each (NOTE [ Convolutions of signals
+        # sample by sample ] in kernels/per_image.py)
+        return per_sample.conv1d_per_sample(op, input, windows, weight, bias, s[0], pads[0][0], d[0], groups)
     if (nspatial == 2 and len(input._ragged_dims) == 1 and input._partition.batch <= ONE_RAGGED_SIDE_PER_SAMPLE_UP_TO
             and not torch.compiler.is_compiling() and input._values.numel()):
         # one ragged side, the other static (a spectrogram (B, C, T, F)): the dense conv per sample
@@ -342,7 +326,7 @@ def _conv_one_ragged_side(op: str, x: MJT, windows, weight, bias, stride, pads, 
     static = int(x.shape[5 - rd])  # the other spatial dim's size
     # raises where dense torch does, naming the sample (a failure is not cached)
     out_sizes = x._partition.derived(("one_ragged_side_out", op, rd, static, tuple(w.rule() for w in windows)),
-                                     lambda p: cv.output_sizes(op, _sizes(x, 2), windows))
+                                     lambda p: cv.output_sizes(op, per_sample.spatial_sizes(x, 2), windows))
     grad = _needs_grad(x)
     v = values_of(x) if grad else x._values
     symmetric = all(pl == pr for pl, pr in pads)
@@ -358,7 +342,7 @@ def _conv_one_ragged_side(op: str, x: MJT, windows, weight, bias, stride, pads, 
         else:
             out = cv.onednn_safe_conv(F.pad(comp, flat_pad), weight, bias, stride, (0, 0), dilation, groups)
         outs.append(out[0].movedim(rd - 1, 0))
-    part = _mapped_partition(x, windows)
+    part = per_sample.mapped_partition(x, windows)
     if outs:
         res = torch.cat(outs)
     else:  # no output row: still on the input's graph
@@ -368,27 +352,11 @@ def _conv_one_ragged_side(op: str, x: MJT, windows, weight, bias, stride, pads, 
     return wrap_values(res, part, x._ragged_dims) if grad else wrap(res, part, x._ragged_dims)
 
 
-def _conv_per_image(op: str, x: MJT, sizes, windows, weight, bias, stride, padding, dilation, groups) -> MJT:
-    """The conv image by image; the result holds its images as pieces (NOTE [ Per-image pieces ]
-    in ``pieces.py``), read by the next image-by-image op without packing."""
-    out_sizes = cv.output_sizes(op, sizes, windows)
-    # SYNC: none — host sizes (the extents' host lengths)
-    ps, hw = pieces.split(x), out_sizes.tolist()
-    outs = pieces.in_size_order(lambda i: None if ps[i] is None or hw[i][0] * hw[i][1] == 0
-                               else cv.onednn_safe_conv(ps[i], weight, bias, stride, padding, dilation, groups),
-                                ps, largest_last=True)
-    live = [o for o in outs if o is not None]
-    if not live:
-        raise ValueError(f"{op}(): expected an image with output pixels")
-    part = _mapped_partition(x, windows)
-    return pieces.from_pieces(outs, part, x._ragged_dims, weight.shape[0], live[0].dtype, live[0].device)
-
-
 def _per_volume(op: str, x: MJT, windows, channels: int, fn, indices: bool = False):
     """``fn`` on each volume ``(1, C, d, h, w)`` (a view of its voxel rows), the outputs packed
     back as voxel rows; an empty volume (or one whose output is empty) has no output voxel. With
     ``indices``, ``fn`` returns ``(out, flat index within the volume)``, packed alike."""
-    sizes = _sizes(x, 3)
+    sizes = per_sample.spatial_sizes(x, 3)
     out_sizes = cv.output_sizes(op, sizes, windows)  # raises where dense torch does, naming the sample
     grad = _needs_grad(x)
     v = values_of(x) if grad else x._values
@@ -474,9 +442,18 @@ def pool(op: str, nspatial: int, input: MJT, kernel_size, stride=None, padding=0
     if nspatial == 2 and not return_indices and pieces.holds_pieces(input):
         # images held one by one (NOTE [ Per-image pieces ]): the dense pool on each, as the loop
         if is_max:
-            return _pool_pieces(op, input, windows, lambda t: F.max_pool2d(t, k, s, p, d, bool(ceil_mode)))
-        return _pool_pieces(op, input, windows,
+            return per_sample.pool_pieces(op, input, windows, lambda t: F.max_pool2d(t, k, s, p, d, bool(ceil_mode)))
+        return per_sample.pool_pieces(op, input, windows,
                             lambda t: F.avg_pool2d(t, k, s, p, bool(ceil_mode), count_include_pad, divisor_override))
+    if nspatial == 2 and _canonical(input, 2) and pim.pool_per_image_applies(pieces.image_sizes(input._partition),
+                                                                             input._size[1]):
+        # the dense pool on each image's view of the rows, the outputs packed as rows (NOTE
+        # [ Pooling image by image ] in kernels/per_image.py)
+        if is_max:
+            return per_sample.pool_per_image(op, input, windows, lambda t: F.max_pool2d(t, k, s, p, d, bool(ceil_mode), return_indices),
+                                   return_indices)
+        return per_sample.pool_per_image(op, input, windows,
+                               lambda t: F.avg_pool2d(t, k, s, p, bool(ceil_mode), count_include_pad, divisor_override), False)
     if is_max:
         fn = F.max_pool2d if nspatial == 2 else F.max_pool1d
 
@@ -518,14 +495,6 @@ def _max_pool2d_by_rows(op: str, x: MJT, windows, low: float, return_indices: bo
 
     out, _, out_sizes, _ = _run(op, x, windows, 2, low, None, rows_op)
     return (out, _wrap_pixels(x, found[0], out_sizes, windows, 2, False)) if return_indices else out
-
-
-def _pool_pieces(op: str, x: MJT, windows, fn) -> MJT:
-    out_sizes = cv.output_sizes(op, _sizes(x, 2), windows)  # raises for an image whose output would be empty
-    ps, hw = pieces.split(x), out_sizes.tolist()
-    outs = pieces.in_size_order(lambda i: None if ps[i] is None or hw[i][0] * hw[i][1] == 0 else fn(ps[i]), ps,
-                                largest_last=True)
-    return pieces.from_pieces(outs, _mapped_partition(x, windows), x._ragged_dims, x._size[1], x.dtype, x.device)
 
 
 def _divide(out: MJT, div: torch.Tensor, input: MJT, windows, nspatial: int, out_sizes) -> MJT:
@@ -667,7 +636,7 @@ def _fractional(op: str, nsp: int, input: MJT, kernel_size, output_size=None, ou
     elif samples.dim() != 3 or samples.shape[0] != b:
         raise ValueError(f"{op}(): expected _random_samples of shape ({b}, {c}, {nsp}), got {tuple(samples.shape)}")
     k = _tuple(op, kernel_size, nsp, "kernel_size")
-    sizes = _sizes(x, nsp)
+    sizes = per_sample.spatial_sizes(x, nsp)
     if output_size is not None:
         fixed = _tuple(op, output_size, nsp, "output_size")
         out = torch.tensor(fixed, dtype=torch.int64).expand(b, nsp)

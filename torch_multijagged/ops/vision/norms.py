@@ -1,5 +1,5 @@
 """Normalisation and adaptive pooling over ragged spatial dims: ``batch_norm``, ``instance_norm``,
-``group_norm`` and ``adaptive_{avg,max}_pool{1,2}d`` of channels-first images ``(B, C, j0, j1)``,
+``group_norm`` and ``adaptive_{avg,max}_pool{2,3}d`` of channels-first images ``(B, C, j0, j1)``,
 signals ``(B, C, j0)`` and their variants (square ``(B, C, j0, j0)``, one static side
 ``(B, C, 32, j0)``).
 
@@ -22,15 +22,17 @@ pixel of the ragged sides (``(ΣHᵢWᵢ, C)`` for ``(B, C, j0, j1)``; ``(ΣWᵢ
   variances (each sample's variance with its own pixel count), samples without pixels left out
   (dense ``batch_norm`` of an empty input leaves them unchanged, as here when no sample has
   pixels). A sample of exactly one pixel raises in training, naming it, as the dense op does.
-* ``adaptive_{avg,max}_pool{1,2}d`` to a fixed size ``(h, w)``: a *dense* ``(B, C, h, w)``
+* ``adaptive_{avg,max}_pool{2,3}d`` to a fixed size ``(h, w)``: a *dense* ``(B, C, h, w)``
   result (every sample pooled to the same size) with PyTorch's windows
-  ``[⌊i·n/h⌋, ⌈(i+1)·n/h⌉)``. Each pixel is scattered into the (at most ``⌈h/n⌉ + 1`` per axis)
-  windows that hold it — ``index_add`` for the average, ``scatter_reduce`` for the maximum and
-  then for the first pixel (row-major scan order, as the dense kernel) that attains it, which
-  takes the whole gradient through a ``gather``. The last NaN of a window wins, as in the dense
-  kernel. Indices are dense's: the flat index ``h·W + w`` into the sample's image. A sample with
-  no pixels pools to NaN (average: the mean of nothing, as ``mean`` over an empty extent) and to
-  ``-inf`` with index 0 (maximum: the identity of max); dense torch raises for an empty image.
+  ``[⌊i·n/h⌋, ⌈(i+1)·n/h⌉)``. The dense kernel runs on each sample — a view of its rows, or its
+  piece — and the outputs are concatenated (NOTE [ Adaptive pooling sample by sample ] in
+  ``kernels/per_image.py``): the first maximum of a window (row-major scan order) takes the
+  whole gradient, its last NaN wins, and indices are dense's (the flat index ``h·W + w`` into the
+  sample's image). Only an average over many tiny images with few channels scatters instead each
+  pixel into the (at most ``⌈h/n⌉ + 1`` per axis) windows that hold it, by ``index_add``
+  (``adaptive_each_applies``). A sample with no pixels pools to NaN (average: the mean of
+  nothing, as ``mean`` over an empty extent) and to ``-inf`` with index 0 (maximum: the identity
+  of max); dense torch raises for an empty image.
   ``output_size`` entries of ``None`` keep a static side and raise for a ragged one. An output
   of size 1 on every side (global pooling) of the average is the routed ``mean`` (it compiles);
   other sizes build their window maps on the host from the partition's host sizes (no device
@@ -53,11 +55,12 @@ from ... import pieces
 from ...bridge import values_of, wrap_values, wrap_values_like
 from ...errors import StructureError
 from .. import bridged
-from .._common import MJT, describe, eager_route, static_dims, wrap
+from .._common import MJT, describe, eager_route, sample_rows, static_dims, wrap
 from .._routing import _dense, _needs_grad, route
 
 from ...kernels import norms as _kernels  # noqa: E402
 from ...kernels import per_image as pim  # noqa: E402
+from ...kernels import reference as ref  # noqa: E402
 from ...kernels.norms import batch_norm_train, group_norm_rows, segment_norm  # noqa: E402
 from .conv import as_spatial  # noqa: E402
 
@@ -233,7 +236,7 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     if not input.is_floating_point():  # dense torch's own dtype check (its kernels take floats only)
         F.group_norm(torch.zeros((1, c, 2), dtype=input.dtype, device=input.device), num_groups)
     if pieces.holds_pieces(input) or (input._ragged_dims == (2, 3) and len(input._size) == 4
-                                      and pim.per_image_applies(input._partition.host_sizes(), max(c, pim.MIN_CHANNELS))):
+                                      and pim.per_image_applies(pieces.image_sizes(input._partition), max(c, pim.MIN_CHANNELS))):
         # images held one by one, or large enough for the convolutions to go image by image
         # (NOTE [ Per-image pieces ]): aten's kernel on each image, as the loop, pieces out
         return pieces.map_pieces(lambda p: _group_norm_image(p, num_groups, weight, bias, eps), input)
@@ -331,16 +334,46 @@ class _Pixels:
         self.batch = p.batch
 
 
+def _sample_inputs(x: MJT, nsp: int, sizes: tuple[int, ...], average: bool):
+    """Each sample's input to the dense adaptive pool — ``(N, C, *spatial)``, a view of its rows or
+    its piece; ``None`` for a sample without pixels — unless the (pixel, window) pairs are the
+    cheaper path for an average (NOTE [ Adaptive pooling sample by sample ] in
+    ``kernels/per_image.py``): then ``None``."""
+    n = len(x._size)
+    lead = tuple(x.shape[1:n - nsp])
+    channels = math.prod(lead)
+    p = x._partition
+    if pieces.holds_pieces(x):
+        return pieces.split(x)
+    if channels == 0:
+        return [None] * p.batch  # every output empty (dense max pooling refuses 0 channels)
+    rd = x._ragged_dims
+    ragged_sizes, _ = sample_rows(p)  # SYNC: none — host sizes
+    ext = [[ns[rd.index(d)] if d in rd else int(x.shape[d]) for d in range(n - nsp, n)] for ns in ragged_sizes]
+    pixels = [math.prod(e) for e in ext]
+    if average:
+        pairs = sum(pixels)
+        for a, o in enumerate(sizes):
+            least = min((e[a] for e in ext if e[a]), default=0)
+            pairs *= min(o, -(-o // least) + 1) if least else 1
+        if not pim.adaptive_each_applies(p.batch, pairs, channels):
+            return None
+    if rd == (2, 3) and n == 4:
+        return pieces.split(x)  # views (1, C, h, w) of the pixel rows
+    comps = ref.unpack_components(_values(x), p.host_sizes(), rd)
+    shape = lambda c: c.unsqueeze(0) if len(lead) == 1 else c if len(lead) == 2 else c.flatten(0, len(lead) - 2)  # noqa: E731
+    return [shape(c) if k else None for c, k in zip(comps, pixels)]
+
+
 def _candidates(px: _Pixels, sizes: tuple[int, ...]):
-    """``(pix (M,), win (M,), loc (M,))``: for every pixel and every window that may hold it, the
-    pixel row, the window's row in ``(B·Πsizes + 1)`` (the last one collects the candidates that
-    are not in a window) and the pixel's row-major flat index in its image."""
+    """``(pix (M,), win (M,), nwin)``: for every pixel and every window that may hold it, the pixel
+    row and the window's row in ``(B·Πsizes + 1)`` (the last one collects the candidates that are
+    not in a window)."""
     nwin = px.batch * math.prod(sizes)
     n = px.pv.shape[0]
     dev = px.pv.device
     win = px.b.unsqueeze(1)
     ok = torch.ones(n, 1, dtype=torch.bool, device=dev)
-    loc = torch.zeros(n, dtype=torch.int64, device=dev)
     for c, e, he, o in zip(px.coord, px.ext, px.host_ext, sizes):
         ne = e.index_select(0, px.b)
         nz = he[he > 0]
@@ -350,11 +383,10 @@ def _candidates(px: _Pixels, sizes: tuple[int, ...]):
         inside = (i < o) & (i * ne.unsqueeze(1) < (c.unsqueeze(1) + 1) * o)
         win = (win.unsqueeze(-1) * o + i.view(n, *([1] * (win.dim() - 1)), k)).flatten(1)
         ok = (ok.unsqueeze(-1) & inside.view(n, *([1] * (ok.dim() - 1)), k)).flatten(1)
-        loc = loc * ne + c
     kk = win.shape[1]
     win = torch.where(ok, win, torch.full_like(win, nwin)).reshape(-1)
     pix = torch.arange(n, device=dev).repeat_interleave(kk)
-    return pix, win, loc.repeat_interleave(kk), nwin
+    return pix, win, nwin
 
 
 def _window_area(px: _Pixels, sizes: tuple[int, ...]) -> torch.Tensor:
@@ -377,37 +409,11 @@ def _dense_out(px: _Pixels, t: torch.Tensor, sizes) -> torch.Tensor:
 
 def _adaptive_avg(x: MJT, sizes) -> torch.Tensor:
     px = _Pixels(x, len(sizes))
-    pix, win, _, nwin = _candidates(px, sizes)
+    pix, win, nwin = _candidates(px, sizes)
     pv = _float(px.pv)
     total = pv.new_zeros(nwin + 1, pv.shape[1]).index_add(0, win, pv.index_select(0, pix))[:nwin]
     out = total / _window_area(px, sizes).to(pv.dtype).unsqueeze(1)
     return _dense_out(px, out.to(px.dtype), sizes)
-
-
-def _adaptive_max(x: MJT, sizes):
-    px = _Pixels(x, len(sizes))
-    pix, win, loc, nwin = _candidates(px, sizes)
-    pv = px.pv
-    n, c = pv.shape
-    if n == 0:
-        out = pv.new_full((nwin, c), float("-inf"))
-        return _dense_out(px, out, sizes), _dense_out(px, torch.zeros(nwin, c, dtype=torch.int64, device=pv.device), sizes)
-    cand = pv.detach().index_select(0, pix)  # (M, C')
-    wins = win.unsqueeze(1).expand(-1, c)
-    mx = cand.new_full((nwin + 1, c), float("-inf")).scatter_reduce(0, wins, cand, "amax")
-    # the first pixel (row-major) attaining the maximum, or the last NaN: key = flat index · N + row
-    key = (loc * n + pix).unsqueeze(1).expand(-1, c)
-    big = torch.iinfo(torch.int64).max
-    first = torch.full((nwin + 1, c), big, dtype=torch.int64, device=pv.device).scatter_reduce(
-        0, wins, torch.where(cand == mx.index_select(0, win), key, torch.full_like(key, big)), "amin")
-    last_nan = torch.full((nwin + 1, c), -1, dtype=torch.int64, device=pv.device).scatter_reduce(
-        0, wins, torch.where(cand.isnan(), key, torch.full_like(key, -1)), "amax")
-    sel = torch.where(last_nan >= 0, last_nan, first)[:nwin]
-    empty = sel == big  # windows of a sample without pixels
-    sel = torch.where(empty, torch.zeros_like(sel), sel)
-    out = pv.gather(0, sel % n)
-    out = torch.where(empty, torch.full_like(out, float("-inf")), out)
-    return _dense_out(px, out, sizes), _dense_out(px, sel // n, sizes)
 
 
 def _keeping_ragged(op: str, x: MJT, sizes: tuple, kind: str):
@@ -486,6 +492,11 @@ def _adaptive_avg_route(fn, nsp: int):
         if all(o == 1 for o in sizes):
             # global pooling: the routed mean over the spatial dims (dense (B, C, 1, 1); compiles)
             return input.mean(tuple(range(n - nsp, n)), keepdim=True)
+        parts = _sample_inputs(input, nsp, sizes, True)
+        if parts is not None:
+            # sample by sample (NOTE [ Adaptive pooling sample by sample ] in kernels/per_image.py)
+            return pim.adaptive_pool_each(parts, lambda p: fn(p, sizes), (*input.shape[1:n - nsp], *sizes),
+                                          float("nan"), input.dtype, input.device, anchor=lambda: _values(input))
         return _adaptive_avg(input, sizes)
 
     def traceable(input, output_size) -> bool:
@@ -520,8 +531,10 @@ def _adaptive_max_route(fn, nsp: int, always_indices: bool):
             v = _values(input)
             out, idx = fn(v, sizes)
             out, idx = _finish(input, out), wrap(idx, input._partition, input._ragged_dims)
-        else:
-            out, idx = _adaptive_max(input, sizes)
+        else:  # sample by sample (NOTE [ Adaptive pooling sample by sample ] in kernels/per_image.py)
+            out, idx = pim.adaptive_pool_each(_sample_inputs(input, nsp, sizes, False), lambda p: fn(p, sizes),
+                                              (*input.shape[1:len(input._size) - nsp], *sizes), float("-inf"),
+                                              input.dtype, input.device, indices=True, anchor=lambda: _values(input))
         return (out, idx) if return_indices or always_indices else out
 
     routed.__name__ = op
