@@ -445,10 +445,10 @@ def test_transformers_resnet_backbone_pooled():
     _run_module(model, lambda m, x: m(x).pooler_output, [_images(((32, 40), (16, 16), (24, 35)))])
 
 
-@pytest.mark.xfail(strict=True, raises=TypeError, reason=(
-    "ViTEmbeddings.interpolate_pos_encoding computes with the token count as a number "
-    "(embeddings.shape[1] - 1, then sqrt and interpolate to height // patch): a ragged size has "
-    "no single value (a TypeError that says so)"))
+@pytest.mark.xfail(strict=True, raises=RuntimeError, reason=(
+    "ViTEmbeddings.interpolate_pos_encoding resamples a dense table of positions to one size for the "
+    "batch (interpolate to (height // patch, width // patch)): with images of different sizes that "
+    "size is ragged, which torch's C++ refuses for a dense tensor before any Python hook runs"))
 def test_transformers_vit_model_interpolated_positions_on_images_of_different_sizes():
     _hf()
     from transformers import ViTConfig
