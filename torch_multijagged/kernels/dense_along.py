@@ -30,11 +30,16 @@ itself, in one of two forms, so that every row sees dense torch's own sequence o
 (``docs/design.md`` §16). Both need host sizes, so they are eager only; traced code keeps the
 segment formulations of ``reference.py`` and ``ops/nn/ragged.py``.
 
+Reductions over ragged dims of long samples take the per-sample form too
+(``reduce_by_sample``, and ``amax`` / ``amin``'s derivative ``extreme_backward_by_sample``;
+NOTE [ Reductions sample by sample ] in ``ops/reductions/reduce.py``).
+
 Plain tensors in and out; sizes arrive as host tensors and ints.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Optional, Sequence
 
@@ -42,7 +47,8 @@ import torch
 
 from .reference import storage_perm
 
-__all__ = ["PADDED_BELOW", "use_padded", "by_sample", "pack_rows", "padded_positions_along", "padded"]
+__all__ = ["PADDED_BELOW", "use_padded", "by_sample", "pack_rows", "reduce_by_sample", "extreme_backward_by_sample",
+           "padded_positions_along", "padded"]
 
 # Below this many elements per sample (rows · static elements / B) one padded call beats a dense
 # call per sample (measured, docs/design.md).
@@ -88,14 +94,21 @@ def pack_rows(r: int, results: Sequence[torch.Tensor]) -> torch.Tensor:
     return _PackRows.apply(r, *results)
 
 
-def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_sizes: torch.Tensor,
+@functools.lru_cache(maxsize=None)
+def _perm(ndim: int, ragged_dims: tuple[int, ...]) -> tuple[list[int], list[int], bool]:
+    """``storage_perm`` and whether it is the identity, per layout (callers do not mutate them)."""
+    to_storage, to_logical = storage_perm(ndim, ragged_dims)
+    return to_storage, to_logical, to_storage == sorted(to_storage)
+
+
+def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_sizes,
               ragged_dims: tuple[int, ...], dim: int, fn_out: Optional[Callable[..., object]] = None,
               out_dtypes: Sequence[torch.dtype] = ()) -> tuple[torch.Tensor, ...]:
     """``fn(*components, dim)`` for every sample (``dim``: the op's dim in a component), each
     result (or tuple of results, shaped as the components) packed back into rows.
 
     ``tensors``: packed values ``(T, *static)`` of one partition, whose (B, R) host sizes are
-    ``host_sizes``. Samples without elements are skipped (their results have no rows). Where no
+    ``host_sizes`` (a tensor, or its rows as Python ints). Samples without elements are skipped (their results have no rows). Where no
     gradient is recorded and a sample's component is its rows as they lie (the ragged dims lead,
     in order), ``fn_out(*components, dim, *outs)`` writes each sample's results straight into
     views of the packed results (``out_dtypes``, one per result) instead of a ``cat`` of them
@@ -103,19 +116,17 @@ def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_s
     wrong, as for ``_softmax.out``); where the component is a permuted view of the rows, the
     functional op's result is copied into the same permuted view of the packed result."""
     r = len(ragged_dims)
-    ndim = r + tensors[0].dim()
-    to_storage, to_logical = storage_perm(ndim, ragged_dims)
-    identity = to_storage == sorted(to_storage)
+    to_storage, to_logical, identity = _perm(r + tensors[0].dim(), ragged_dims)
     # SYNC: none — host sizes
-    sizes = host_sizes.tolist()
+    sizes = host_sizes.tolist() if isinstance(host_sizes, torch.Tensor) else host_sizes
     counts = [math.prod(ns) for ns in sizes]
-    pieces = [t.split(counts, 0) for t in tensors]
+    pieces = [t.split_with_sizes(counts) for t in tensors]
     recording = torch.is_grad_enabled() and any(t.requires_grad for t in tensors)
     if out_dtypes and not recording and not identity:
         # a sample's result is a permuted view of the packed result: the functional op, copied in
         rows, static = tensors[0].shape[0], tensors[0].shape[1:]
         outs_packed = [tensors[0].new_empty((rows, *static), dtype=dt) for dt in out_dtypes]
-        out_pieces = [o.split(counts, 0) for o in outs_packed]
+        out_pieces = [o.split_with_sizes(counts) for o in outs_packed]
         for i, ns in enumerate(sizes):
             if counts[i]:
                 res = _as_tuple(fn(*[p[i].view(*ns, *p[i].shape[1:]).permute(to_logical) for p in pieces], dim))
@@ -125,7 +136,7 @@ def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_s
     if fn_out is not None and identity and not recording:
         rows, static = tensors[0].shape[0], tensors[0].shape[1:]
         outs_packed = [tensors[0].new_empty((rows, *static), dtype=dt) for dt in out_dtypes]
-        out_pieces = [o.split(counts, 0) for o in outs_packed]
+        out_pieces = [o.split_with_sizes(counts) for o in outs_packed]
         if r == 1:  # a sample's rows are its component: no views to make (the common case, kept lean)
             for args in zip(*pieces, *out_pieces):
                 if args[0].shape[0]:
@@ -139,6 +150,9 @@ def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_s
     outs: list[list[torch.Tensor]] = []
     for i, ns in enumerate(sizes):
         if counts[i] == 0:
+            continue
+        if r == 1 and identity:  # a sample's rows are its component
+            outs.append(list(_as_tuple(fn(*[p[i] for p in pieces], dim))))
             continue
         comps = []
         for p in pieces:
@@ -161,6 +175,67 @@ def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_s
             rows_j.append(o[j].reshape(n, *o[j].shape[r:]))  # an explicit row count: a static size may be 0
         packed.append(rows_j[0] if len(rows_j) == 1 else torch.cat(rows_j, 0))
     return tuple(packed)
+
+
+def reduce_by_sample(values: torch.Tensor, sizes: Sequence[Sequence[int]], counts: Sequence[int],
+                     reduced: Sequence[int], vdims: Sequence[int], kind: str, empty) -> torch.Tensor:
+    """Dense torch's reduction ``kind`` (``"sum"``, ``"amax"`` or ``"amin"``) of every sample's
+    component, packed as rows: ``(Σ kept rows, *static with vdims as 1)``.
+
+    ``values``: packed rows ``(T, *static)`` whose sample i holds ``counts[i]`` rows of ragged
+    sizes ``sizes[i]`` (host ints); ``reduced``: the ragged dims reduced (their indices among the
+    ragged dims); ``vdims``: the static dims reduced (dims of ``values``), kept as size 1. A
+    sample's results are the rows of its kept ragged dims, row-major; where its reduced extents
+    hold nothing, they are ``empty`` (amax / amin have no identity)."""
+    static = list(values.shape[1:])
+    r = len(sizes[0]) if sizes else 0
+    dims = [*reduced, *(r - 1 + d for d in vdims)]
+    out_static = [1 if i + 1 in vdims else n for i, n in enumerate(static)]
+    op = getattr(torch.Tensor, kind)
+    outs = []
+    for piece, ns, n in zip(values.split_with_sizes(list(counts)), sizes, counts):
+        if n == 0:
+            kept = math.prod(m for k, m in enumerate(ns) if k not in reduced)
+            if kept:
+                outs.append(values.new_full((kept, *out_static), empty))
+            continue
+        y = op(piece.view(*ns, *static), dims, keepdim=True)
+        outs.append(y.view(-1, *out_static))  # n > 0: no size is 0
+    if not outs:
+        return values.new_full((0, *out_static), empty)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
+
+def extreme_backward_by_sample(grad: torch.Tensor, values: torch.Tensor, result: torch.Tensor,
+                               sizes: Sequence[Sequence[int]], counts: Sequence[int], reduced: Sequence[int],
+                               vdims: Sequence[int]) -> torch.Tensor:
+    """Dense torch's ``amax`` / ``amin`` derivative per sample (``(grad / ties) · (x == result)``:
+    ties share the gradient, a NaN result gives NaN) for ``reduce_by_sample``'s ``result`` and its
+    gradient ``grad`` (its rows and shape), as packed rows of ``values``. Written into the packed
+    gradient (out=) where nothing records; recorded, packed by one ``cat``."""
+    static = list(values.shape[1:])
+    r = len(sizes[0]) if sizes else 0
+    dims = [*reduced, *(r - 1 + d for d in vdims)]
+    out_static = list(result.shape[1:])
+    recording = torch.is_grad_enabled() and (grad.requires_grad or values.requires_grad or result.requires_grad)
+    kept = [math.prod(m for k, m in enumerate(ns) if k not in reduced) for ns in sizes]
+    gs, rs = grad.split_with_sizes(kept), result.split_with_sizes(kept)
+    gi = None if recording else values.new_empty(values.shape)
+    gis = None if gi is None else gi.split_with_sizes(list(counts))
+    outs = []
+    for i, (piece, ns, n) in enumerate(zip(values.split_with_sizes(list(counts)), sizes, counts)):
+        if n == 0:  # no rows (an empty reduced extent's results take no gradient)
+            continue
+        shape = [*(1 if k in reduced else m for k, m in enumerate(ns)), *out_static]
+        hit = piece.view(*ns, *static) == rs[i].view(shape)
+        scaled = gs[i].view(shape) / hit.sum(dims, keepdim=True)
+        if gis is None:
+            outs.append((scaled * hit).view(n, *static))
+        else:
+            torch.mul(scaled, hit, out=gis[i].view(*ns, *static))
+    if gi is not None:
+        return gi
+    return values.new_zeros(values.shape) if not outs else outs[0] if len(outs) == 1 else torch.cat(outs, 0)
 
 
 def padded_positions_along(segment: torch.Tensor, coord: torch.Tensor, seg_len: torch.Tensor, m: int,

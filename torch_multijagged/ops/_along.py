@@ -12,7 +12,7 @@ from ..compile.kernel_choice import use_triton
 from ..kernels import dense_along as da
 from ..kernels.reference import _is_traced
 from ..structure import Partition
-from ._common import MJT
+from ._common import MJT, sample_rows
 
 __all__ = ["eager", "dense_along", "per_sample", "padded_form", "same_lines", "ragged_after"]
 
@@ -63,7 +63,7 @@ def dense_along(fn: Callable[..., object], x: MJT, d: int, tensors: Sequence[tor
     # a complex product of one cell is not the cell (``1 · (inf + 0j)`` has a nan part), so a
     # complex ``length_one`` goes sample by sample
     if not padded_form(x, d, tensors[0], by_lines) or (length_one and tensors[0].is_complex()):
-        return da.by_sample(fn, tensors, p.host_sizes(), x._ragged_dims, d - 1, fn_out, out_dtypes)
+        return da.by_sample(fn, tensors, sample_rows(p)[0], x._ragged_dims, d - 1, fn_out, out_dtypes)
     k = x._ragged_dims.index(d)
     place, segments, m = _place(p, k, right)
     # SYNC: none — host lengths
@@ -86,7 +86,7 @@ def per_sample(fn: Callable[..., object], x: MJT, d: int, tensors: Sequence[torc
                ) -> tuple[torch.Tensor, ...]:
     """``fn(*components, dim)`` sample by sample along logical dim ``d`` (ragged or static) of
     ``x``'s structure (``kernels.dense_along.by_sample``). Eager only."""
-    return da.by_sample(fn, tensors, x._partition.host_sizes(), x._ragged_dims, d - 1, fn_out, out_dtypes)
+    return da.by_sample(fn, tensors, sample_rows(x._partition)[0], x._ragged_dims, d - 1, fn_out, out_dtypes)
 
 
 def ragged_after(x: MJT, d: int) -> bool:

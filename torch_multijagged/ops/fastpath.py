@@ -6,7 +6,7 @@ The general mechanism (NOTE [ Subclass mechanism ] in ``tensor.py``) runs every 
 derivative on wrappers, so each op costs a trip through the C++ autograd layer and
 ``__torch_dispatch__`` in the forward, and its derivative formula costs several more in the
 backward — all Python. For the ops that dominate models (elementwise arithmetic, ``linear``,
-``layer_norm``, ``softmax``, broadcasting into a pair, ``sum``/``mean``, ``unsqueeze``,
+``layer_norm``, ``softmax``, scans, broadcasting into a pair, reductions, ``unsqueeze``,
 ``chunk``/``split``, ``flatten``/``unflatten`` of static dims, ``einsum``'s pair product),
 eager ``__torch_function__`` computes the result here instead, directly on the packed values, so
 that torch's C++ autograd records *dense* ops (``index_select`` for a broadcast, ``index_add``
@@ -52,6 +52,7 @@ from ..kernels import ragged_mm as _kmm
 from ..structure import partition_for
 from .contractions import einsum as _ein, pair_mm as _pm, ragged_mm as _rmm
 from .elementwise import pointwise as _pw
+from .nn import ragged as _scans
 from .reductions import reduce as _red
 from . import _along
 from .shape import leading as _leading, views as _views
@@ -428,12 +429,12 @@ def _softmax_fn(log: bool):
             if not v.is_floating_point():
                 return NotImplemented
             x = input if v is input._values else MJT(v, input._partition, input._ragged_dims)
-            per_sample = d not in input._ragged_dims or not _along.padded_form(x, d, v, False)
-            if per_sample and v.requires_grad and _grad_enabled():
-                # sample by sample, aten's kernel writes into the packed result in both directions
-                # on the general path; recorded here, the samples' results would be packed by a
-                # cat forward and their gradients by another backward (measured: docs/design.md)
-                return NotImplemented
+            if v.requires_grad and _grad_enabled():
+                if d not in input._ragged_dims:
+                    return NotImplemented  # a static dim that ragged dims follow: per sample, on the general path
+                if _along.eager(input) and not _along.padded_form(x, d, v, False):
+                    # sample by sample, aten's kernels write into the packed buffers both ways
+                    return result(_red.SoftmaxAlong.apply(v, input, d, log), input._partition, input._ragged_dims)
             return _finish(_red._softmax_default(aten_op, x, d, False))
         vd = _values_dim(input, d)
         return result(dense(v, vd), input._partition, input._ragged_dims)
@@ -592,26 +593,27 @@ def _spatial_of_pieces(x: MJT, dims) -> bool:
 
 
 def _reduction(kind: str, aten_op):
+    extreme = kind in ("amax", "amin")
     def impl(input, dim=None, keepdim=False, *, dtype=None, out=None):
-        if not isinstance(input, MJT) or out is not None or not isinstance(keepdim, bool):
+        # amax / amin: dense's errors for ``dtype=``; every dim (``dim=()``): the route's empty rule
+        if (not isinstance(input, MJT) or out is not None or not isinstance(keepdim, bool)
+                or (extreme and (dtype is not None or dim is None))):
             return NotImplemented
         if ("_pieces" in input.__dict__ and dim is not None and not isinstance(dim, int) and _spatial_of_pieces(input, dim)
-                and input.dtype.is_floating_point and _pieces.holds_pieces(input)):
+                and input.dtype.is_floating_point and not extreme and _pieces.holds_pieces(input)):
             # global pooling of images held one by one: each image's own reduction, as the loop
             return _pieces.reduce_images(kind, input, keepdim, dtype)
         v = values(input)
-        if v.is_floating_point() or v.is_complex():
-            pass
-        else:
+        if not (v.is_floating_point() or (v.is_complex() and not extreme)):
             return NotImplemented  # integer promotion rules live in the general path
         if dim is None:
-            if keepdim:
-                return NotImplemented
-            return v.sum(dtype=dtype) if kind == "sum" else v.mean(dtype=dtype)
+            return NotImplemented if keepdim else v.sum(dtype=dtype) if kind == "sum" else v.mean(dtype=dtype)
         dims = (dim,) if isinstance(dim, int) else tuple(dim)
         if not dims or not all(isinstance(d, int) for d in dims):
             return NotImplemented
         plan = _red.plan_cached(aten_op, input, dims)
+        if extreme and not _red.extreme_on_values(plan, input, v, kind):
+            return NotImplemented
         return _finish(_red._reduce(aten_op, input, dims, keepdim, kind, dtype, values=v, plan=plan))
 
     return impl
@@ -619,6 +621,21 @@ def _reduction(kind: str, aten_op):
 
 FAST[torch.sum] = FAST[torch.Tensor.sum] = _reduction("sum", aten.sum.dim_IntList)
 FAST[torch.mean] = FAST[torch.Tensor.mean] = _reduction("mean", aten.mean.dim)
+FAST[torch.amax] = FAST[torch.Tensor.amax] = _reduction("amax", aten.amax.default)
+FAST[torch.amin] = FAST[torch.Tensor.amin] = _reduction("amin", aten.amin.default)
+
+
+def _scan(op: str):
+    def impl(input, dim, *, dtype=None):
+        n = len(input._size) if isinstance(input, MJT) else 0
+        if type(dim) is not int or not -n <= dim < n or dim % n == 0 or not _along.eager(input):
+            return NotImplemented  # the route: its errors, the traced scans
+        return result(_scans.scan_values(op, input, dim % n, dtype, values(input)), input._partition, input._ragged_dims)
+    return impl
+
+
+FAST[torch.cumsum] = FAST[torch.Tensor.cumsum] = _scan("cumsum")
+FAST[torch.cumprod] = FAST[torch.Tensor.cumprod] = _scan("cumprod")
 
 
 def _sdpa(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):

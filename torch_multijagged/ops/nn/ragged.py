@@ -139,11 +139,15 @@ _FILL = {"cumsum": 0, "cumprod": 1, "logcumsumexp": float("-inf")}
 
 
 def _dense_scan(op: str, input: MJT, d: int, dtype) -> MJT:
-    """The dense scan on the packed values under dense autograd (NOTE [ Dense ops along a ragged
-    dim ] in kernels/dense_along.py): along a static dim the values' own dim, along a ragged dim
-    every segment. ``cumprod`` pads before the segments: its backward sums ``output · grad``
-    over the cells after each one, which a trailing fill after an infinite product would make nan."""
-    v = values_of(input)
+    return wrap_values(scan_values(op, input, d, dtype, values_of(input)), input._partition, input._ragged_dims)
+
+
+def scan_values(op: str, input: MJT, d: int, dtype, v: torch.Tensor) -> torch.Tensor:
+    """The dense scan of ``input``'s values ``v`` under dense autograd (NOTE [ Dense ops along a
+    ragged dim ] in kernels/dense_along.py): along a static dim the values' own dim, along a ragged
+    dim every segment; eager only. ``cumprod`` pads before the segments: its backward sums
+    ``output · grad`` over the cells after each one, which a trailing fill after an infinite
+    product would make nan."""
     fn = getattr(torch, op)
     if op == "logcumsumexp":
         v = v if dtype is None else v.to(dtype)
@@ -153,11 +157,40 @@ def _dense_scan(op: str, input: MJT, d: int, dtype) -> MJT:
         out_dtype = dtype or (v.dtype if v.dtype.is_floating_point or v.dtype.is_complex else torch.int64)
         fn = functools.partial(fn, dtype=dtype)
     if d not in input._ragged_dims:
-        out = fn(v, static_dims(input.dim(), input._ragged_dims).index(d) + 1)
-    else:
-        out, = along.dense_along(fn, input, d, [v], [_FILL[op]], right=op == "cumprod", length_one=op == "cumprod",
-                                 fn_out=lambda t, dim, o: fn(t, dim, out=o), out_dtypes=[out_dtype])
-    return wrap_values(out, input._partition, input._ragged_dims)
+        return fn(v, static_dims(input.dim(), input._ragged_dims).index(d) + 1)
+    if op == "cumsum" and out_dtype == (dtype or v.dtype) and (out_dtype.is_floating_point or out_dtype.is_complex) \
+            and v.requires_grad and torch.is_grad_enabled():
+        return _CumsumAlong.apply(v if dtype is None else v.to(dtype), input, d)
+    out, = along.dense_along(fn, input, d, [v], [_FILL[op]], right=op == "cumprod", length_one=op == "cumprod",
+                             fn_out=lambda t, dim, o: fn(t, dim, out=o), out_dtypes=[out_dtype])
+    return out
+
+
+def _reversed_cumsum(t: torch.Tensor, dim: int) -> torch.Tensor:
+    return t.flip(dim).cumsum(dim).flip(dim)  # dense torch's ``cumsum`` derivative
+
+
+class _CumsumAlong(torch.autograd.Function):
+    """``cumsum`` of floating values ``v`` along ragged dim ``d`` of ``x``'s structure, where it
+    records: aten's scan writes every segment's result into the packed buffer (``out=``, no
+    ``cat``; NOTE [ Dense ops along a ragged dim ]), one node for the batch; backward dense's
+    derivative, the scan from the end, per segment (differentiable again: under ``create_graph``
+    its ops record). The fill after a segment in an envelope adds zeros to the reversed scan."""
+
+    @staticmethod
+    def forward(ctx, v, x, d):  # type: ignore[override]
+        ctx.set_materialize_grads(False)
+        ctx.structure, ctx.d = (x._partition, x._ragged_dims), d
+        out, = along.dense_along(torch.cumsum, x, d, [v], [0], fn_out=lambda t, dim, o: torch.cumsum(t, dim, out=o),
+                                 out_dtypes=[v.dtype])
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[override]
+        if grad is None:
+            return None, None, None
+        gi, = along.dense_along(_reversed_cumsum, MJT(grad.detach(), *ctx.structure), ctx.d, [grad], [0])
+        return gi, None, None
 
 
 def _rounds_of(op: str, input, d: int, reverse: bool = False):
