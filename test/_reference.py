@@ -7,6 +7,7 @@ expected value; the package is only ever the thing under test.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import re
 from dataclasses import dataclass
@@ -16,7 +17,7 @@ import torch
 from hypothesis import settings, strategies as st
 
 import torch_multijagged as mj
-from torch_multijagged import multi_jagged
+from torch_multijagged import multi_jagged, tensor as _tensor
 
 DTYPE = torch.float64
 #: every dtype the suite draws values for (every dtype torch supports for some op)
@@ -505,3 +506,15 @@ def complex_grad_check(fn: Callable[..., Any], *args: Any, ref: Optional[Callabl
         pull([gm[k] for k in keep], [gr[k] for k in keep],
              [torch.randn(gr[k].shape, generator=gen, dtype=gr[k].dtype) for k in keep], False)
     return out
+
+
+@contextlib.contextmanager
+def general_path():
+    """Every op takes the general mechanism (routes, handlers), not the eager values path
+    (``bool()`` is False: the subclass's ``_fast_enabled`` check)."""
+    prev = _tensor._fast_enabled
+    _tensor._fast_enabled = bool
+    try:
+        yield
+    finally:
+        _tensor._fast_enabled = prev

@@ -15,10 +15,9 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 import torch_multijagged as mj
-from torch_multijagged import tensor as _tensor
 from torch_multijagged.kernels import dense_along as da
 
-from _reference import assert_close
+from _reference import assert_close, general_path
 from _structures import bit_equal
 
 INF, NAN = float("inf"), float("nan")
@@ -44,16 +43,6 @@ def form(name: str):
         yield
     finally:
         da.PADDED_BELOW = prev
-
-
-@contextlib.contextmanager
-def general_path():
-    prev = _tensor._fast_enabled
-    _tensor._fast_enabled = bool  # every op takes the general mechanism
-    try:
-        yield
-    finally:
-        _tensor._fast_enabled = prev
 
 
 def _comps(layout: str, dtype, seed: int = 0, special: bool = False, lengths=LENGTHS):

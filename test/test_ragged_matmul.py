@@ -8,31 +8,19 @@ B = 0, float64 / float32 / bfloat16 / complex / integer values, and compiled."""
 
 from __future__ import annotations
 
-import contextlib
 
 import pytest
 import torch
 from hypothesis import given
 
 import torch_multijagged as mj
-from torch_multijagged import tensor as _tensor
 from torch_multijagged.kernels import ragged_mm as kmm
 
-from _reference import R, assert_close, complex_grad_check, empty_batch, few, per_sample_check, seeds
+from _reference import assert_close, complex_grad_check, empty_batch, few, general_path, per_sample_check, R, seeds
 from _structures import comps_for, length_pairs
 
 F64 = torch.float64
 PLANS = [None, "loop", "padded"]
-
-
-@contextlib.contextmanager
-def general_path():
-    prev = _tensor._fast_enabled
-    _tensor._fast_enabled = bool  # every op takes the general mechanism (routes, handlers)
-    try:
-        yield
-    finally:
-        _tensor._fast_enabled = prev
 
 
 def _t(x):

@@ -14,11 +14,10 @@ import pytest
 import torch
 
 import torch_multijagged as mj
-from torch_multijagged import tensor as _tensor
 from torch_multijagged.kernels import dense_along as da
 from torch_multijagged.ops.reductions import reduce as red
 
-from _reference import assert_close
+from _reference import assert_close, general_path
 from _structures import bit_equal, empty_aware, packed_args
 
 LENGTHS = (5, 0, 7, 1, 3)  # a zero-length sample, a sample of one
@@ -60,16 +59,6 @@ def form(which: str):
     finally:
         for n, v in zip(names, prev):
             setattr(red, n, v)
-
-
-@contextlib.contextmanager
-def general_path():
-    prev = _tensor._fast_enabled
-    _tensor._fast_enabled = bool  # every op takes the general mechanism
-    try:
-        yield
-    finally:
-        _tensor._fast_enabled = prev
 
 
 @contextlib.contextmanager

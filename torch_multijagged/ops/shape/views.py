@@ -285,22 +285,25 @@ def _check_slices_fresh(func, args) -> None:
                 )
 
 
+def _live_copy(x: MJT) -> Optional[tuple]:
+    """The registry entry of the copy ``x``'s values are (a view of), while it lives, else None."""
+    if not _REORDER_COPIES:
+        return None
+    hit = _registered(x)[1]
+    return hit if hit is not None and hit[0]() is not None else None
+
+
 def is_copy(x: MJT) -> bool:
     """Whether ``x``'s values are (a view of) a copy made where dense torch gives a view: a slice
     along a ragged dim (written back through multi_jagged ops) or a copy that refuses writes."""
-    if not _REORDER_COPIES:
-        return False
-    hit = _registered(x)[1]
-    return hit is not None and hit[0]() is not None
+    return _live_copy(x) is not None
 
 
 def is_reorder_copy(x: MJT) -> bool:
     """Whether ``x``'s values are (a view of) a copy that refuses writes (a reordering of ragged
     dims, windows; not a slice, which writes through)."""
-    if not _REORDER_COPIES:
-        return False
-    hit = _registered(x)[1]
-    return hit is not None and hit[2] is None and hit[0]() is not None
+    hit = _live_copy(x)
+    return hit is not None and hit[2] is None
 
 
 # in-place methods that change metadata or storage, not the elements: never written through
