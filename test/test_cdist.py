@@ -89,7 +89,11 @@ def cdist_check(a, b, p=2.0, mode=MODES[0], path=None, seed=0):
         if kind == "rows":
             assert bit_equal(gm, gr), f"gradient of component {k}: {gm} vs dense {gr}"
         elif kind == "dense":
-            assert torch.equal(gm, gr), f"gradient of the dense operand: {gm} vs dense {gr}"
+            # dense's bits where BLAS takes the same kernel for a sample's product alone and in the
+            # batch; some CPUs' BLAS picks another for the degenerate shapes (C = 1): a rounding apart
+            eps = torch.finfo(gr.dtype).eps
+            torch.testing.assert_close(gm, gr, rtol=8 * eps, atol=32 * eps * float(gr.abs().max()),
+                                       msg=lambda m: f"gradient of the dense operand: {m}")
         else:
             torch.testing.assert_close(gm, gr, rtol=1e-5, atol=1e-6)
     return out

@@ -151,8 +151,11 @@ def test_recurrent_layers_under_cpu_autocast_return_dense_dtypes(layer):
     xs = [torch.randn(4, 6), torch.randn(2, 6), torch.randn(3, 6)]
     with torch.autocast("cpu", dtype=torch.bfloat16), warnings.catch_warnings():
         warnings.simplefilter("ignore")  # oneDNN's notice about projections
+        try:
+            refs = [m(x[None]) for x in xs]
+        except RuntimeError as e:  # the dense layer itself: oneDNN without this CPU's bfloat16 primitive
+            pytest.skip(f"dense {layer} under bfloat16 autocast fails on this CPU: {str(e)[:80]}")
         out, states = m(mj.nested_tensor(xs))
-        refs = [m(x[None]) for x in xs]
     states = states if isinstance(states, tuple) else (states,)
     for i, (ro, rs) in enumerate(refs):
         rs = rs if isinstance(rs, tuple) else (rs,)

@@ -7,7 +7,8 @@ Where images are large, convolutions and group norms run image by image, as a us
 per-image outputs into packed pixel rows, only for the next op to split them again, cost a
 whole-batch copy per op and per direction. So the result of such an op *holds its pieces* — one
 dense ``(1, C, hᵢ, wᵢ)`` tensor per image (``None`` for an image without pixels), in whatever memory
-format the dense op gave (channels last when it read views of pixel rows) — and packs them into its
+format the dense op gave (channels last when it read views of pixel rows; group norm gives contiguous
+images, as a user's loop has, and the convolutions after it keep that) — and packs them into its
 values only when something reads them. A chain conv → norm → activation → conv then runs the
 loop's own dense calls, one layer at a time instead of one image at a time (on the benchmarks'
 GroupNorm CNN, B = 16, fwd + bwd, one thread, that order alone costs 2–6 % over the loop's, out of
@@ -48,7 +49,7 @@ from torch import Tensor
 
 from .structure import Partition
 from .kernels.per_image import pack_images as pack
-from .tensor import MultiJaggedTensor, _new_wrapper, values_of
+from .tensor import MultiJaggedTensor, _built, _new_wrapper, values_of
 from .writes import _eager
 
 __all__ = ["wrapper_version", "wrapper_requires_grad", "holds_pieces", "split", "pack", "from_pieces", "map_pieces",
@@ -157,14 +158,17 @@ def _wrapper(partition: Partition, ragged_dims: tuple[int, ...], channels: int, 
              device: torch.device) -> MJT:
     """A wrapper of pixel rows ``(P, channels)`` built as ``MultiJaggedTensor.__new__`` builds one,
     but without values: the caller stores its pieces, which the first read of ``_values`` packs."""
-    key = ("pieces_size_stride", ragged_dims, channels)
-    hit = partition.cache.get(key)
-    if hit is None:
+    def geometry():
         standin = torch.empty((partition.rows, channels), device="meta")
-        hit = partition.cache[key] = partition.logical_size_stride(standin, ragged_dims)
-    size, stride, stored = hit
-    with _DisableTF():  # NOTE [ Building a wrapper ] in tensor.py
-        r = _new_wrapper(MJT, size, stored, dtype, device, False)
+        return partition.logical_size_stride(standin, ragged_dims)
+
+    if _eager():  # NOTE [ Building a wrapper ] in tensor.py
+        key = ("pieces_wrapper", ragged_dims, channels, dtype, device, torch.is_inference_mode_enabled())
+        r, size, stride = _built(MJT, partition, key, geometry, dtype, device, False)
+    else:
+        size, stride, stored = geometry()
+        with _DisableTF():
+            r = _new_wrapper(MJT, size, stored, dtype, device, False)
     r._partition, r._ragged_dims, r._size, r._strides = partition, ragged_dims, size, stride
     return r
 
