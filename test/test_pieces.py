@@ -502,3 +502,39 @@ def test_group_norm_image_by_image_runs_on_channels_first_images(small_images_go
         assert torch.equal(gs.unbind()[i], gl[0]), i
         gw_ref += gwi
     torch.testing.assert_close(gw, gw_ref)
+
+
+@pytest.mark.parametrize("unused", [False, True], ids=["all_images", "an_image_unused"])
+def test_group_norm_of_pixel_rows_image_by_image_second_order(small_images_go_image_by_image, unused):
+    """Group norm reading pixel rows image by image (each image's view copied to a contiguous
+    image): first and second order gradients as the loop's, including an image whose output the
+    loss does not use (its rows' gradient is zero, not another image's)."""
+    comps = _images([(4, 5), (0, 2), (3, 3), (2, 6)], 7)
+    P = _params(7)
+    x = _batch(comps)
+    leaves = [c.detach().clone().requires_grad_() for c in comps]
+    skip = 2 if unused else -1
+
+    def loss(ys):
+        return sum((torch.tanh(y) ** 2).sum() for i, y in enumerate(ys) if y.numel() and i != skip)
+
+    def gn(t):
+        return F.group_norm(t, 2, P["gw"], P["gb"], eps=0.1)
+
+    y = gn(x)
+    assert pieces.holds_pieces(y)
+    gx, = torch.autograd.grad(loss(y.unbind()), [x], create_graph=True)
+    g2 = torch.autograd.grad((gx * gx).sum((1, 2, 3)).sum(), [x, P["gw"]])
+    live = [i for i, c in enumerate(leaves) if c.numel()]
+    refs = {i: torch.zeros_like(leaves[i]) if i == skip else torch.autograd.grad(
+        loss([gn(leaves[i][None])[0] if k == i else leaves[k].new_zeros(0) for k in range(len(comps))]), [leaves[i]],
+        create_graph=True)[0] for i in live}
+    want = torch.autograd.grad(sum((refs[i] * refs[i]).sum() for i in live if refs[i].requires_grad),
+                               [*(leaves[i] for i in live), P["gw"]], allow_unused=True)
+    for i in live:
+        torch.testing.assert_close(gx.unbind()[i], refs[i])
+    if unused:
+        assert not gx.unbind()[2].any()
+    for i, w in zip(live, want):
+        torch.testing.assert_close(g2[0].unbind()[i], torch.zeros_like(leaves[i]) if w is None else w)
+    torch.testing.assert_close(g2[1], want[-1])
