@@ -116,4 +116,13 @@ BUGS_C = [
         '"_alias_bumps", "_storage"})', '"_alias_bumps"})', ("test_wrapper_templates.py",)),
     Bug("group norm image by image runs aten's kernel on channels-last views", "ops/vision/norms.py",
         "    w = _float(p).contiguous()\n", "    w = _float(p)\n", ("test_pieces.py", "test_image_norms.py")),
+    Bug("expand of a ragged dim to another ragged size skips the per-sample size check", "ops/shape/reshape.py",
+        "        if broadcast_extent(e, t) is not t and not same_extent(e, t):",
+        "        if False:", ("test_expand_narrow_ragged.py",)),
+    Bug("expand of a ragged dim to another ragged size keeps the dim's own size", "ops/shape/reshape.py",
+        "        extents[k] = t\n    partition = partition_for(extents)",
+        "        extents[k] = e\n    partition = partition_for(extents)", ("test_expand_narrow_ragged.py",)),
+    Bug("narrow from an offset with a ragged length takes every sample to its end", "ops/shape/reshape.py",
+        "            if not torch.equal(out._partition.extents[k].host_lengths(), want.host_lengths()):",
+        "            if False:", ("test_expand_narrow_ragged.py",)),
 ]

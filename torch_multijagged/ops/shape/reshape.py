@@ -16,7 +16,7 @@ from ... import constructors
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, _static_dim, route, unify_shape
-from ...structure import extent_of
+from ...structure import broadcast_extent, extent_of, partition_for, same_extent
 from ..indexing.slicing import narrow_ragged, slice_ragged
 from .views import check_view_shape
 from . import flatten as ragged_flatten
@@ -113,6 +113,8 @@ def _expand(input, *size, implicit=False):
     if not isinstance(input, MJT):
         return NotImplemented
     size = _normalize_shape(size)
+    if len(size) == input.dim() and any(_wider(input, d, size[d]) for d in input._ragged_dims):
+        return _broadcast_ragged(input, size, implicit)
     fixed = [d for d in input._ragged_dims if d < len(size) and type(size[d]) is int and size[d] != -1]
     if not fixed or len(size) != input.dim():
         return NotImplemented
@@ -128,6 +130,41 @@ def _expand(input, *size, implicit=False):
             raise StructureError(f"expand(): ragged dim {d} of {describe(input)} cannot be expanded to {size[d]}: its "
                                  f"size is not {size[d]} in every sample (sizes {sizes}); give -1 or its ragged size")
     return ragged_flatten.as_static(input, fixed).expand(size, implicit=implicit)
+
+
+def _wider(input: MJT, d: int, s) -> bool:
+    """Whether ``s`` asks ragged dim ``d`` of ``input`` for another ragged size than its own."""
+    e = input._partition.extents[input._ragged_dims.index(d)]
+    return isinstance(s, torch.SymInt) and not (s is e.nested_int or s.node is e.nested_int.node)
+
+
+def _broadcast_ragged(input: MJT, size, implicit: bool):
+    """``expand`` of ragged dims to other ragged sizes (``x[:, :1].expand(-1, n, -1)``: each
+    sample's one row over its ``n``): where a dim has size 1 in a sample, that sample's row is
+    broadcast, as dense expand does; elsewhere the sizes must be equal. Computed as a product with
+    ones of the wider sizes (as ``expand_as``: exact for every value, a gather whose gradient sums
+    back); the rest of ``size`` is an ordinary ``expand`` of the result. Eager only: it reads the
+    sizes on the host."""
+    extents = list(input._partition.extents)
+    for k, d in enumerate(input._ragged_dims):
+        if not _wider(input, d, size[d]):
+            continue
+        e, t = extents[k], extent_of(size[d])
+        if t is None or torch.compiler.is_compiling() or t.batch != e.batch:
+            raise StructureError(f"expand(): ragged dim {d} of {describe(input)} cannot be expanded to {size[d]}: only "
+                                 "to a ragged size of a batch of as many samples, eagerly")
+        if broadcast_extent(e, t) is not t and not same_extent(e, t):
+            raise StructureError(
+                f"expand(): ragged dim {d} of {describe(input)} cannot be expanded to {size[d]}: a sample's size must "
+                f"be 1 or {size[d]}'s (sizes {e.host_lengths().tolist()} against {t.host_lengths().tolist()})")
+        extents[k] = t
+    partition = partition_for(extents)
+    statics = input.dim() - 1 - len(input._ragged_dims)
+    ones = MJT(torch.ones((partition.rows,) + (1,) * statics, dtype=input.dtype, device=input.device), partition,
+               input._ragged_dims)
+    out = input * ones
+    rest = [-1 if d in input._ragged_dims else s for d, s in enumerate(size)]
+    return out if all(s == -1 for s in rest) else out.expand(rest, implicit=implicit)
 
 
 def _like_route(method: str):
@@ -361,14 +398,21 @@ def _narrow(input, dim, start, length):
             # a ragged length (``y.narrow(-1, 0, x.shape[-1])``): each sample's own, which it must hold
             # (dense narrow's rule); the dim keeps that length's nested int
             n = input._partition.extents[k].host_lengths()
-            out = slice_ragged("narrow", input, d, k, start, length, 1) if start == 0 else None
-            if out is None:
-                raise TypeError(f"narrow(): a ragged length from start {start} along dim {d} of {describe(input)}: "
-                                "only from 0 for layout torch.multi_jagged")
-            kept = out._partition.extents[k].host_lengths()
-            if not torch.equal(kept, extent_of(length).host_lengths()) or bool((kept > n).any()):
+            want = extent_of(length)
+            if want is None or want.batch != input._partition.batch:
+                raise TypeError(f"narrow(): the ragged length {length} along dim {d} of {describe(input)} is not a "
+                                "ragged size of a batch of as many samples")
+            if bool((start + want.host_lengths() > n).any()):
                 raise RuntimeError(f"narrow(): start ({start}) + length ({length}) exceeds dimension size in a sample "
                                    f"of {describe(input)} at dim {d}")
+            if start == 0:
+                return slice_ragged("narrow", input, d, k, start, length, 1)
+            # from ``start`` to each sample's end (``x.narrow(1, 1, n - 1)``, ``x[:, 1:]``'s nested int)
+            out = slice_ragged("narrow", input, d, k, start, None, 1)
+            if not torch.equal(out._partition.extents[k].host_lengths(), want.host_lengths()):
+                raise TypeError(f"narrow(): a ragged length from start {start} along dim {d} of {describe(input)} that "
+                                "stops before a sample's end: only from 0, or to each sample's end, for layout "
+                                "torch.multi_jagged")
             return out
         return narrow_ragged("narrow", input, d, k, int(start), int(length))
     return NotImplemented
