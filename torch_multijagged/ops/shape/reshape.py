@@ -133,9 +133,12 @@ def _expand(input, *size, implicit=False):
 
 
 def _wider(input: MJT, d: int, s) -> bool:
-    """Whether ``s`` asks ragged dim ``d`` of ``input`` for another ragged size than its own."""
+    """Whether ``s`` asks ragged dim ``d`` of ``input`` for another ragged size than its own
+    (eagerly; compiled, every ragged ``expand`` is aten's, which keeps a dim's own size only)."""
+    if not isinstance(s, torch.SymInt) or torch.compiler.is_compiling():
+        return False
     e = input._partition.extents[input._ragged_dims.index(d)]
-    return isinstance(s, torch.SymInt) and not (s is e.nested_int or s.node is e.nested_int.node)
+    return not (s is e.nested_int or s.node is e.nested_int.node)
 
 
 def _broadcast_ragged(input: MJT, size, implicit: bool):
@@ -150,7 +153,7 @@ def _broadcast_ragged(input: MJT, size, implicit: bool):
         if not _wider(input, d, size[d]):
             continue
         e, t = extents[k], extent_of(size[d])
-        if t is None or torch.compiler.is_compiling() or t.batch != e.batch:
+        if t is None or t.batch != e.batch:
             raise StructureError(f"expand(): ragged dim {d} of {describe(input)} cannot be expanded to {size[d]}: only "
                                  "to a ragged size of a batch of as many samples, eagerly")
         if broadcast_extent(e, t) is not t and not same_extent(e, t):
