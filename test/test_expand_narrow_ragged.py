@@ -130,3 +130,6 @@ def test_narrow_refuses_what_dense_refuses():
     other = mj.nested_tensor(_comps((2, 2)))
     with pytest.raises(TypeError, match="as many samples"):
         x.narrow(1, 0, other.shape[1])
+    empty = mj.nested_tensor(_comps((3, 0, 2)))
+    with pytest.raises(ValueError, match="negative in sample 1"):
+        empty.narrow(1, 1, empty.shape[1] - 1)  # a sample without rows has no rows after the first
