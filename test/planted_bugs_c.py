@@ -101,7 +101,7 @@ BUGS_C = [
         "        return _softmax_backward_along(out, grad, y, ctx.d, ctx.log, ctx.dtype), None, None, None",
         "        return _softmax_backward_along(out, grad, y, ctx.d, not ctx.log, ctx.dtype), None, None, None",
         ("test_dense_along.py",)),
-    Bug("a wrapper copied from its structure's template shares the template's version counter", "tensor.py",
+    Bug("a wrapper copied from its structure's template shares the template's version counter", "wrappers.py",
         "    if hit is not None and hit[3] is not None:\n        with _BelowAutograd():\n",
         "    if hit is not None and hit[3] is not None:\n        with _DisableTF():\n",
         ("test_wrapper_templates.py",)),

@@ -14,7 +14,7 @@ import torch_multijagged as mj
 from torch_multijagged import ops, tensor
 
 PKG = pathlib.Path(mj.__file__).parent
-CORE = ["ragged_sizes.py", "structure.py", "serialization.py", "writes.py", "tensor.py", "bridge.py", "constructors.py", "jagged_views.py", "torch_nested.py", "layout.py", "errors.py", "packing.py"]
+CORE = ["ragged_sizes.py", "structure.py", "serialization.py", "writes.py", "tensor.py", "wrappers.py", "bridge.py", "constructors.py", "jagged_views.py", "torch_nested.py", "layout.py", "errors.py", "packing.py"]
 
 
 def _imported_modules(path: pathlib.Path):

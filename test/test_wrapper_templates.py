@@ -1,4 +1,4 @@
-"""Wrappers built from a cached template (NOTE [ Building a wrapper ] in tensor.py): every wrapper
+"""Wrappers built from a cached template (NOTE [ Building a wrapper ] in wrappers.py): every wrapper
 of one structure after the first is a shallow copy of a plain template tensor holding its nested
 ints. Each copy must still be a tensor of its own: its own version counter, no view of another, an
 empty storage of its own (``torch.compile`` treats inputs that share one as aliases), an inference
@@ -67,7 +67,7 @@ def test_templated_wrappers_match_wrappers_built_from_scratch():
     x = mj.nested_tensor(comps)
     first, second = _pairs(x)
     second = second * 1  # a copy of the template
-    from torch_multijagged.tensor import _new_wrapper
+    from torch_multijagged.wrappers import _new_wrapper
 
     size, stride, stored = second._partition.logical_size_stride(second._values, second._ragged_dims)
     with _DisableTF():

@@ -49,7 +49,8 @@ from torch import Tensor
 
 from .structure import Partition
 from .kernels.per_image import pack_images as pack
-from .tensor import MultiJaggedTensor, _built, _new_wrapper, values_of
+from .tensor import MultiJaggedTensor, values_of
+from .wrappers import _built, _new_wrapper
 from .writes import _eager
 
 __all__ = ["wrapper_version", "wrapper_requires_grad", "holds_pieces", "split", "pack", "from_pieces", "map_pieces",
@@ -162,7 +163,7 @@ def _wrapper(partition: Partition, ragged_dims: tuple[int, ...], channels: int, 
         standin = torch.empty((partition.rows, channels), device="meta")
         return partition.logical_size_stride(standin, ragged_dims)
 
-    if _eager():  # NOTE [ Building a wrapper ] in tensor.py
+    if _eager():  # NOTE [ Building a wrapper ] in wrappers.py
         key = ("pieces_wrapper", ragged_dims, channels, dtype, device, torch.is_inference_mode_enabled())
         r, size, stride = _built(MJT, partition, key, geometry, dtype, device, False)
     else:

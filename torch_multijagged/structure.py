@@ -48,6 +48,10 @@ key                                   value (method that builds it)
 ``("reorder", order)``                ``(index, partition)`` with ragged dims in ``order`` (``reorder_rows``)
 ``"segments"``                        ``(cu, seg_sample)`` along the last ragged dim (``segments``)
 ``("size_stride", rd, shape, st)``    a wrapper's logical (size, stride) (``logical_size_stride``)
+``("wrapper", rd, shape, st, …)``     (size, stride, C++ stride, template) of eager wrappers of values of this
+                                      shape, strides, dtype, device, class and inference mode (wrappers.py:
+                                      ``_built``, NOTE [ Building a wrapper ]; ``("pieces_wrapper", …)``:
+                                      pieces.py's wrappers without values)
 ``("padded_pos", maxes)``             flat padded position of every row (ops/shape/padded.py, ``derived``)
 ``("envelope", k, right)``            ``((pos, segment, cell), segments, max n)``: every row's cell in the
                                       envelope of the segments along ragged dim k, left- or
@@ -573,7 +577,7 @@ class Partition:
         each) dominated the construction cost. Strides of ragged dims are the packed row stride
         (plain ints; nested ints cannot be multiplied together). ``stored_stride`` is the stride
         with plain ints only, which the wrapper's C++ fields hold (NOTE [ Building a wrapper ] in
-        tensor.py)."""
+        wrappers.py)."""
         key = ("size_stride", ragged_dims, values.shape[1:], values.stride())
         try:
             hit = self.cache.get(key)
