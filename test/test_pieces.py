@@ -28,7 +28,6 @@ def _every_image_by_image(mp: pytest.MonkeyPatch) -> None:
     # the rule's thresholds are for speed; here every image goes image by image, so that small,
     # fast examples exercise the pieces
     mp.setattr(per_image, "PIXELS_PER_IMAGE", 0)
-    mp.setattr(per_image, "MIN_CHANNELS", 0)
 
 
 @pytest.fixture
@@ -116,9 +115,9 @@ def test_cnn_chain_per_image_with_gradients(sizes, seed):
 
 
 def test_cnn_chain_at_the_rule_s_default_thresholds():
-    # large enough for the default rule (≥ 1,024 pixels per image on average, ≥ 16 channels)
+    # large enough for the default rule (≥ 1,024 pixels per image on average)
     sizes = [(40, 40), (0, 7), (36, 45), (38, 34)]
-    assert per_image.per_image_applies(sizes, 16)
+    assert per_image.per_image_applies(sizes)
     _check_cnn(_images(sizes, 0, c=16), _params(0, c=16), rtol=1e-6, atol=1e-6)
 
 
@@ -250,21 +249,217 @@ def test_no_leakage_between_images(small_images_go_image_by_image):
     assert not torch.allclose(a[1], b[1])
 
 
-def test_batch_norm_and_compiled_code_read_the_packed_values(small_images_go_image_by_image):
+def test_compiled_code_reads_the_packed_values(small_images_go_image_by_image):
     comps = _images([(4, 5), (3, 3)], 7)
     P = _params(7)
     x = _batch(comps)
-    y = F.conv2d(x, P["w1"], padding=1)
-    assert pieces.holds_pieces(y)
-    bn = F.batch_norm(y, None, None, training=True)
-    cat = torch.cat([F.conv2d(c[None], P["w1"], padding=1).permute(0, 2, 3, 1).reshape(-1, C) for c in comps])
-    ref = F.batch_norm(cat.t()[None], None, None, training=True)[0].t()
-    torch.testing.assert_close(bn.values(), ref)
-    assert not pieces.holds_pieces(y), "batch norm read the packed values"
     z = torch.sin(F.conv2d(x, P["w1"], padding=1))
     assert pieces.holds_pieces(z)
     compiled = torch.compile(lambda t: (t * 2).sum((2, 3)), backend="aot_eager")
     torch.testing.assert_close(compiled(z), (z.detach() * 2).sum((2, 3)))
+
+
+# ----------------------------------------------------------------------------- batch norm
+def _pixels(img):
+    return img.flatten(1).t()  # (h·w, C)
+
+
+def _bn_over_pixels(images, rm, rv, w, b, training, momentum=0.1):
+    """Dense batch norm over the concatenated pixels of ``images`` ``(C, h, w)``, split back."""
+    out = F.batch_norm(torch.cat([_pixels(i) for i in images]), rm, rv, w, b, training, momentum)
+    return [o.t().reshape(i.shape) for o, i in zip(out.split([i.shape[1] * i.shape[2] for i in images]), images)]
+
+
+@pytest.mark.parametrize("from_rows", [True, False], ids=["rows", "pieces"])
+@pytest.mark.parametrize("training", [True, False], ids=["train", "eval"])
+@pytest.mark.parametrize("affine", [True, False], ids=["affine", "plain"])
+def test_batch_norm_image_by_image_is_dense_over_all_pixels(small_images_go_image_by_image, from_rows, training,
+                                                            affine):
+    """Batch norm of images held as pieces (a conv's) or large enough to go image by image reads
+    each image as held and gives contiguous pieces: the batch's statistics over every pixel, as
+    dense batch norm over the concatenated pixels, with the gradients of every input, the running
+    statistics moved as dense moves them, and an image without pixels."""
+    comps = _images([(4, 5), (0, 3), (3, 3), (2, 6)], 11)
+    P = _params(11)
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(C, generator=g, dtype=F64).requires_grad_() if affine else None
+    b = torch.randn(C, generator=g, dtype=F64).requires_grad_() if affine else None
+    rm, rv = torch.randn(C, generator=g, dtype=F64), torch.rand(C, generator=g, dtype=F64) + 0.5
+    rm_ref, rv_ref = rm.clone(), rv.clone()
+    x = _batch(comps)
+    src = x if from_rows else F.conv2d(x, P["w1"], padding=1)
+    y = F.batch_norm(src, rm, rv, w, b, training, 0.3)
+    assert pieces.holds_pieces(y)
+    parts = pieces.split(y)
+    assert parts[1] is None and all(t.is_contiguous() for t in parts if t is not None)
+    leaves = [c.detach().clone().requires_grad_() for c in comps]
+    live = [i for i, c in enumerate(comps) if c.numel()]
+    srcs = [leaves[i] if from_rows else F.conv2d(leaves[i][None], P["w1"], padding=1)[0] for i in live]
+    refs = _bn_over_pixels(srcs, rm_ref, rv_ref, w, b, training, 0.3)
+    outs = y.unbind()
+    for i, r in zip(live, refs):
+        torch.testing.assert_close(outs[i], r, msg=lambda m: f"image {i}: {m}")
+    assert outs[1].numel() == 0
+    torch.testing.assert_close(rm, rm_ref)
+    torch.testing.assert_close(rv, rv_ref)
+    cots = [torch.randn(r.shape, generator=g, dtype=F64) for r in refs]
+    params = [p for p in (w, b) if p is not None] + ([] if from_rows else [P["w1"]])
+    got = torch.autograd.grad(sum((outs[i] * c).sum() for i, c in zip(live, cots)), [x, *params])
+    want = torch.autograd.grad(sum((r * c).sum() for r, c in zip(refs, cots)), [*(leaves[i] for i in live), *params])
+    for i, a in zip(live, want):
+        torch.testing.assert_close(got[0].unbind()[i], a, msg=lambda m: f"grad of image {i}: {m}")
+    for k, (a, c) in enumerate(zip(got[1:], want[len(live):])):
+        torch.testing.assert_close(a, c, msg=lambda m: f"grad of parameter {k}: {m}")
+    if training:  # a loss of one image: the others' gradients come through the batch's statistics
+        y = F.batch_norm(src if from_rows else F.conv2d(x, P["w1"], padding=1), None, None, w, b, True)
+        refs = _bn_over_pixels([leaves[i] if from_rows else F.conv2d(leaves[i][None], P["w1"], padding=1)[0]
+                                for i in live], None, None, w, b, True)
+        got = torch.autograd.grad((y.unbind()[0] * cots[0]).sum(), [x])[0]
+        want = torch.autograd.grad((refs[0] * cots[0]).sum(), [leaves[i] for i in live])
+        for i, a in zip(live, want):
+            assert a.abs().max() > 0
+            torch.testing.assert_close(got.unbind()[i], a, msg=lambda m: f"grad of image {i}, one image's loss: {m}")
+
+
+@pytest.mark.parametrize("create_graph", [False, True], ids=["first_order", "recorded"])
+def test_batch_norm_images_kernel_gradient_of_images_without_one(create_graph):
+    """The kernel with an output no loss reads (its gradient None): that image's gradient still
+    comes through the batch's statistics, in both forms of the backward."""
+    from torch_multijagged.kernels.norms import batch_norm_images
+
+    g = torch.Generator().manual_seed(6)
+    imgs = [torch.randn(1, C, h, w, generator=g, dtype=F64).requires_grad_() for h, w in [(3, 4), (2, 5), (4, 4)]]
+    w, b = torch.rand(C, generator=g, dtype=F64) + 0.5, torch.randn(C, generator=g, dtype=F64)
+    outs, _, _ = batch_norm_images(imgs, w, b, 1e-5)
+    cot = torch.randn(outs[1].shape, generator=g, dtype=F64)
+    got = torch.autograd.grad((outs[1] * cot).sum(), imgs, create_graph=create_graph)
+    refs = _bn_over_pixels([i[0] for i in imgs], None, None, w, b, True)
+    want = torch.autograd.grad((refs[1] * cot[0]).sum(), imgs)
+    for k, (a, r) in enumerate(zip(got, want)):
+        assert r.abs().max() > 0
+        torch.testing.assert_close(a, r, msg=lambda m: f"image {k}: {m}")
+
+
+@pytest.mark.parametrize("from_rows", [True, False], ids=["rows", "pieces"])
+def test_batch_norm_image_by_image_second_order(small_images_go_image_by_image, from_rows):
+    """Second-order gradients of batch norm image by image (its backward's differentiable form),
+    with an image whose output the loss leaves out: its gradient still flows through the batch's
+    statistics."""
+    comps = _images([(3, 2), (0, 2), (2, 2), (1, 3)], 5)
+    P = _params(5)
+    w1 = P["w1"]
+    g = torch.Generator().manual_seed(4)
+    w = torch.randn(C, generator=g, dtype=F64).requires_grad_()
+    b = torch.randn(C, generator=g, dtype=F64).requires_grad_()
+    live = [i for i, c in enumerate(comps) if c.numel()]
+
+    def ours(*t):
+        x = mj.as_nested_tensor(list(t[:-3]), ragged_dims=(2, 3))
+        src = x if from_rows else F.conv2d(x, t[-1], padding=1)
+        y = F.batch_norm(src, None, None, t[-3], t[-2], True)
+        assert pieces.holds_pieces(y)
+        return (torch.tanh(y).unbind()[0] * 1.5).sum((1, 2)) + torch.sin(y.unbind()[2]).sum((1, 2))
+
+    leaves = [c.detach().clone().requires_grad_() for c in comps]
+    torch.autograd.gradgradcheck(ours, (*leaves, w, b, w1))
+
+    def ref(*t):
+        srcs = [t[i] if from_rows else F.conv2d(t[i][None], t[-1], padding=1)[0] for i in live]
+        ys = _bn_over_pixels(srcs, None, None, t[-3], t[-2], True)
+        return (torch.tanh(ys[0]) * 1.5).sum((1, 2)) + torch.sin(ys[1]).sum((1, 2))
+
+    args = (*leaves, w, b, w1)
+    cot = torch.randn(ours(*args).shape, generator=g, dtype=F64)
+    gs = torch.autograd.grad((ours(*args) * cot).sum(), args, create_graph=True, allow_unused=True)
+    rs = torch.autograd.grad((ref(*args) * cot).sum(), args, create_graph=True, allow_unused=True)
+    want = [torch.zeros_like(a) if r is None else r for a, r in zip(args, rs)]
+    gs = [torch.zeros_like(a) if r is None else r for a, r in zip(args, gs)]
+    for k, (a, r) in enumerate(zip(gs, want)):
+        torch.testing.assert_close(a, r, msg=lambda m: f"grad {k}: {m}")
+    g2 = torch.autograd.grad(sum((a * a).sum() for a in gs if a.requires_grad), args, allow_unused=True)
+    r2 = torch.autograd.grad(sum((r * r).sum() for r in want if r.requires_grad), args, allow_unused=True)
+    for k, (a, r) in enumerate(zip(g2, r2)):
+        z = torch.zeros_like(args[k])
+        torch.testing.assert_close(z if a is None else a, z if r is None else r, msg=lambda m: f"grad² {k}: {m}")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_batch_norm_image_by_image_dtypes(small_images_go_image_by_image, dtype):
+    """16-bit images are normalised in float32 (as the packed path) and come out in their dtype;
+    float32 within rounding of the float64 computation."""
+    comps = _images([(5, 6), (0, 2), (7, 3)], 0)
+    w, b = torch.rand(C, dtype=F64) + 0.5, torch.randn(C, dtype=F64)
+    x = _batch([c.to(dtype) for c in comps], grad=False)
+    y = F.batch_norm(x, None, None, w.to(dtype), b.to(dtype), True)
+    assert y.dtype == dtype and pieces.holds_pieces(y)
+    refs = _bn_over_pixels([comps[0], comps[2]], None, None, w, b, True)
+    tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2e-2, atol=2e-2)
+    for i, r in zip((0, 2), refs):
+        torch.testing.assert_close(y.unbind()[i].double(), r, **tol)
+
+
+def test_batch_norm_image_by_image_refuses_what_dense_refuses(small_images_go_image_by_image):
+    one = _batch([torch.randn(C, 1, 1, dtype=F64), torch.zeros(C, 0, 2, dtype=F64)])
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        F.batch_norm(one, None, None, training=True)
+    y = F.batch_norm(one, torch.zeros(C, dtype=F64), torch.ones(C, dtype=F64), training=False)  # eval: fine
+    torch.testing.assert_close(y.unbind()[0], one.unbind()[0].detach() / (1 + 1e-5) ** 0.5)
+    with pytest.raises(RuntimeError, match="running_mean must be defined"):
+        F.batch_norm(_batch(_images([(3, 3)], 0)), None, None, training=False)
+
+
+def test_batch_norm_cnn_image_by_image_equals_the_packed_path():
+    """A BatchNorm CNN (conv → batch norm → ReLU, twice, a strided conv, global mean) on large
+    images, image by image at the default thresholds, gives what the packed path gives (every
+    op over packed rows and the canvas), forward and gradients."""
+    sizes = [(40, 38), (0, 5), (37, 41), (44, 35)]
+    assert per_image.per_image_applies(sizes)
+    comps = _images(sizes, 3, c=3)
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),
+                              torch.nn.Conv2d(16, 16, 3, padding=1, bias=False), torch.nn.BatchNorm2d(16),
+                              torch.nn.ReLU(), torch.nn.Conv2d(16, 8, 3, stride=2, padding=1)).double()
+
+    def run():
+        for m in net:
+            if isinstance(m, torch.nn.BatchNorm2d):
+                m.reset_running_stats()
+        x = _batch(comps)
+        y = net(x)
+        held = pieces.holds_pieces(y)
+        out = y.mean((-2, -1))
+        grads = torch.autograd.grad((out * torch.arange(8.0, dtype=F64)).sum(), [x, *net.parameters()])
+        return held, out, grads, [m.running_var.clone() for m in net if isinstance(m, torch.nn.BatchNorm2d)]
+
+    held, out, grads, rvs = run()
+    assert held
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(per_image, "PIXELS_PER_IMAGE", 10**9)
+        held_p, out_p, grads_p, rvs_p = run()
+    assert not held_p
+    torch.testing.assert_close(out, out_p, equal_nan=True)  # the image without pixels: the mean of nothing
+    for k, (a, b) in enumerate(zip(grads, grads_p)):
+        torch.testing.assert_close(a, b, msg=lambda m: f"grad {k}: {m}")
+    for a, b in zip(rvs, rvs_p):
+        torch.testing.assert_close(a, b)
+
+
+def test_packed_gradient_reaches_contiguous_pieces_contiguous(small_images_go_image_by_image):
+    """A gradient read from packed rows is handed to contiguous pieces as contiguous images (an
+    elementwise backward mixing a channels-last gradient with a contiguous saved input is several
+    times slower), to channels-last pieces as it is, and an expanded one (a global mean's) is not
+    materialised."""
+    comps = _images([(4, 5), (0, 2), (3, 3)], 1)
+    grad = _batch(comps, grad=False)
+    got = pieces._grads_as(grad, [True, False])
+    assert got[0].is_contiguous() and torch.equal(got[0], grad.unbind()[0][None])
+    assert not got[1].is_contiguous() and got[1].is_contiguous(memory_format=torch.channels_last)
+    assert torch.equal(got[1], grad.unbind()[2][None])
+    expanded = torch.ones(1, C, 1, 1, dtype=F64).expand(1, C, 4, 5)
+    held = pieces.from_pieces([expanded, None, torch.ones(1, C, 3, 3, dtype=F64)], grad._partition, grad._ragged_dims,
+                              C, F64, grad.device)
+    got = pieces._grads_as(held, [True, True])
+    assert got[0].stride() == expanded.stride() and got[0].data_ptr() == expanded.data_ptr()
 
 
 @pytest.mark.parametrize("pool", [
@@ -474,7 +669,7 @@ def test_global_mean_of_pieces_is_aten_mean_bit_for_bit(small_images_go_image_by
 def test_group_norm_image_by_image_runs_on_channels_first_images(small_images_go_image_by_image, from_rows):
     """Group norm image by image hands aten each image in the contiguous (channels-first) format a
     user's loop has, whether it reads views of pixel rows (channels last) or a conv's pieces
-    (channels last too): its pieces come out contiguous, with the bits of dense group norm on each
+    (contiguous): its pieces come out contiguous, with the bits of dense group norm on each
     contiguous image, forward and backward (aten's channels-last kernel is another, slower one)."""
     comps = _images([(9, 7), (0, 3), (6, 11)], 5, dtype=torch.float32)
     P = _params(5, dtype=torch.float32)
@@ -482,7 +677,8 @@ def test_group_norm_image_by_image_runs_on_channels_first_images(small_images_go
     src = x if from_rows else F.conv2d(x, P["w1"], padding=1)
     assert pieces.holds_pieces(src) != from_rows
     images = [None if p is None else p.detach() for p in pieces.split(src)]
-    assert images[0] is not None and not images[0].is_contiguous()  # channels last either way
+    # views of pixel rows are channels last; a conv's pieces contiguous (it ran on contiguous images)
+    assert images[0] is not None and images[0].is_contiguous() != from_rows
     y = F.group_norm(src, 2, P["gw"], P["gb"])
     assert pieces.holds_pieces(y)
     parts = pieces.split(y)

@@ -6,10 +6,10 @@ Where images are large, convolutions and group norms run image by image, as a us
 (NOTE [ Convolutions image by image ] in ``kernels/per_image.py``). Concatenating each op's
 per-image outputs into packed pixel rows, only for the next op to split them again, cost a
 whole-batch copy per op and per direction. So the result of such an op *holds its pieces* — one
-dense ``(1, C, hᵢ, wᵢ)`` tensor per image (``None`` for an image without pixels), in whatever memory
-format the dense op gave (channels last when it read views of pixel rows; group norm gives contiguous
-images, as a user's loop has, and the convolutions after it keep that) — and packs them into its
-values only when something reads them. A chain conv → norm → activation → conv then runs the
+dense ``(1, C, hᵢ, wᵢ)`` tensor per image (``None`` for an image without pixels), in the memory
+format the dense op gave: contiguous, as a user's loop has its images (the ops that go image by
+image copy a view of pixel rows, which is channels last, to a contiguous image once) — and packs
+them into its values only when something reads them. A chain conv → norm → activation → conv then runs the
 loop's own dense calls, one layer at a time instead of one image at a time (on the benchmarks'
 GroupNorm CNN, B = 16, fwd + bwd, one thread, that order alone costs 2–6 % over the loop's, out of
 cache between layers; the nodes below add ≈ 60 µs per op).
@@ -25,6 +25,9 @@ cache between layers; the nodes below add ≈ 60 µs per op).
   per-piece gradients back as a wrapper *holding them as pieces*: every gradient of a tensor
   reaches its wrapper, so hooks, ``retain_grad``, ``torch.autograd.grad(…, inputs=x)`` and every
   order of gradients behave as on any tensor, and no gradient is packed unless something reads it.
+  A gradient that was packed (something read the values) reaches a contiguous piece as a
+  contiguous image: an elementwise backward given a channels-last gradient and a contiguous saved
+  input runs several times slower than on either format alone.
 * **Staleness.** Pieces are read only while the wrapper's version counter is unchanged (an
   in-place op through the wrapper packs and writes the values) and while the values were never
   packed; otherwise the consumer takes the values as any other op.
@@ -32,7 +35,7 @@ cache between layers; the nodes below add ≈ 60 µs per op).
   per piece.
 * **Scope.** Eager only (no compile, dispatch mode or transform: there the values are read), 2-d
   images with both spatial dims ragged (values ``(P, C)``). Pieces are made by the ops that go
-  image by image — conv and group norm over large images; max and average pooling, elementwise
+  image by image — conv, group norm and batch norm over large images; max and average pooling, elementwise
   ops and arithmetic between tensors that hold pieces (of one partition, or with a Python
   scalar), in place too (``relu_``, ``out += identity``: new pieces, the tensor's history
   rebased onto them as an in-place op's), and a channel ``cat`` of image batches of one partition
@@ -116,6 +119,24 @@ class _PiecesOf(torch.autograd.Function):
         return from_pieces(full, partition, ragged_dims, shapes[0][1], dtype, device), None
 
 
+def _planar(live) -> list[bool]:
+    """Which pieces are contiguous (channels first) images."""
+    return [p.is_contiguous() for p in live]
+
+
+def _grads_as(grad: MJT, planar: list[bool]) -> list[Tensor]:
+    """``grad``'s images, each in its piece's format: a gradient read from packed rows is a
+    channels-last view, and the elementwise backwards that meet it (with a contiguous saved input)
+    would mix two formats, several times slower than either; one copy per image avoids that (an
+    expanded gradient, a global mean's, stays as it is)."""
+    parts = [p for p in split(grad) if p is not None]
+    return [g.contiguous() if c and _channels_last(g) else g for g, c in zip(parts, planar)]
+
+
+def _channels_last(g: Tensor) -> bool:
+    return not g.is_contiguous() and g.is_contiguous(memory_format=torch.channels_last)
+
+
 class _AdoptPieces(torch.autograd.Function):
     """``box[0]``, a wrapper built around pieces, made the differentiable output of the pieces."""
 
@@ -123,13 +144,14 @@ class _AdoptPieces(torch.autograd.Function):
     def forward(ctx, box: list, *live):  # type: ignore[override]
         ctx.set_materialize_grads(False)
         ctx.n_live = len(live)
+        ctx.planar = _planar(live)
         return box[0]
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         if grad is None:
             return (None,) * (1 + ctx.n_live)
-        return (None, *[p for p in split(grad) if p is not None])
+        return (None, *_grads_as(grad, ctx.planar))
 
 
 def split(x: MJT) -> list[Optional[Tensor]]:
@@ -236,13 +258,14 @@ class _Rewrite(torch.autograd.Function):
         ctx.set_materialize_grads(False)
         ctx.mark_dirty(x)
         ctx.n_live = len(live)
+        ctx.planar = _planar(live)
         return x
 
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         if grad is None:
             return (None,) * (1 + ctx.n_live)
-        return (None, *[p for p in split(grad) if p is not None])
+        return (None, *_grads_as(grad, ctx.planar))
 
 
 def rewrite(fn: Callable[[Tensor], Tensor], x: MJT) -> MJT:

@@ -23,7 +23,7 @@ from typing import Optional
 import torch
 from torch import Tensor
 
-__all__ = ["batch_norm_train", "segment_norm", "group_norm_rows", "ROWS_PER_SAMPLE_NATIVE"]
+__all__ = ["batch_norm_train", "batch_norm_images", "segment_norm", "group_norm_rows", "ROWS_PER_SAMPLE_NATIVE"]
 
 
 def _stats(x: Tensor, dims: list[int], n: int, eps: float):
@@ -98,6 +98,119 @@ def batch_norm_train(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]
     """``(out, mean, biased var)``: training-mode batch norm of ``x (P, C, *rest)`` over every dim
     but 1 (NOTE [ Batch norm over packed pixels ])."""
     return _BatchNorm.apply(x, weight, bias, eps)
+
+
+# ----------------------------------------------------------------------------- image by image
+# NOTE [ Batch norm image by image ]
+#
+# Where images are large, the convolutions around a batch norm run image by image on images held
+# as pieces (NOTE [ Per-image pieces ] in ``pieces.py``). Batch norm over the packed rows would
+# pack them (a copy of the batch) and hand the next conv views of pixel rows, channels last; on
+# some CPUs oneDNN's channels-last weight gradient is much slower than the planar one the user's
+# loop runs (AMD EPYC, one thread, 16 images of 112–128 px a side, 32 → 32 channels: 126 against
+# 68 ms), on others faster. So batch norm of such images reads each image as it is held, and
+# writes each normalised image contiguous (channels first), the format of the user's own images:
+# the convolutions after it then run the loop's own kernels on every CPU.
+#
+# The statistics are the batch's, per channel over every pixel of every image: each image's
+# channel sums are added (cascade sums per image, a sum of B partial sums), the mean first,
+# then the variance of the centred pixels (two passes, as the packed path). The backward is the
+# packed path's formula with the same per-channel sums, one image at a time; the input is saved,
+# not the normalised output, and with a graph being recorded the backward is written with
+# differentiable ops (every order of gradients).
+
+
+def _channel_sum(t: Tensor) -> Tensor:
+    return t.sum((0, 2, 3))
+
+
+def _images_stats(images: list, n: int, eps: float):
+    """``(mean, biased var, σ⁻¹)`` per channel over the pixels of ``images``, differentiably."""
+    mean = sum(_channel_sum(x) for x in images) / n
+    m4 = mean.view(1, -1, 1, 1)
+    var = sum(_channel_sum((x - m4) * (x - m4)) for x in images) / n
+    return mean, var, torch.rsqrt(var + eps)
+
+
+class _BatchNormImages(torch.autograd.Function):
+    """Training-mode batch norm of images ``(1, C, hᵢ, wᵢ)`` over all their pixels: outputs
+    ``(mean, biased var, *normalised images)``, the images contiguous."""
+
+    @staticmethod
+    def forward(ctx, weight, bias, eps, *images):  # type: ignore[override]
+        n = sum(x.shape[2] * x.shape[3] for x in images)
+        c = images[0].shape[1]
+        mean = sum(_channel_sum(x) for x in images) / n
+        m4 = mean.view(1, c, 1, 1)
+        outs = []
+        sq = None
+        for x in images:
+            d = torch.empty_like(x)  # in the image's format (contiguous: the loop's)
+            torch.sub(x, m4, out=d)
+            s = _channel_sum(d * d)
+            sq = s if sq is None else sq + s
+            outs.append(d)
+        var = sq / n
+        invstd = torch.rsqrt(var + eps)
+        scale = (invstd if weight is None else invstd * weight).view(1, c, 1, 1)
+        for d in outs:
+            if bias is None:
+                d.mul_(scale)
+            else:
+                torch.addcmul(bias.view(1, c, 1, 1), d, scale, out=d)
+        ctx.save_for_backward(weight, mean, invstd, *images)
+        ctx.eps, ctx.n, ctx.has_bias = eps, n, bias is not None
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(mean, var)
+        return (mean, var, *outs)
+
+    @staticmethod
+    def backward(ctx, _gm, _gv, *grads):  # type: ignore[override]
+        weight, mean, invstd, *images = ctx.saved_tensors
+        n, c = ctx.n, mean.shape[0]
+        need_x = any(ctx.needs_input_grad[3:])
+        need_w = weight is not None and ctx.needs_input_grad[0]
+        need_b = ctx.has_bias and ctx.needs_input_grad[1]
+        live = [(x, g) for x, g in zip(images, grads) if g is not None]
+        if not live:
+            return (None,) * (3 + len(images))
+        if torch.is_grad_enabled():
+            mean, _, invstd = _images_stats(images, n, ctx.eps)
+        m4, r4 = mean.view(1, c, 1, 1), invstd.view(1, c, 1, 1)
+        gb = sum(_channel_sum(g) for _, g in live)
+        if torch.is_grad_enabled():
+            # differentiable: a graph of the backward is being recorded (higher orders)
+            xhats = [(x - m4) * r4 for x in images]
+            gw = sum(_channel_sum(g * xh) for xh, g in zip(xhats, grads) if g is not None)
+            gx = [None] * len(images)
+            if need_x:
+                scale = r4 if weight is None else r4 * weight.view(1, c, 1, 1)
+                for i, (xh, g) in enumerate(zip(xhats, grads)):
+                    gi = -gb.view(1, c, 1, 1) / n if g is None else g - gb.view(1, c, 1, 1) / n
+                    gx[i] = (gi - xh * (gw / n).view(1, c, 1, 1)) * scale
+        else:
+            # first order: Σ g·(x − μ) = ∂w / σ⁻¹ per channel, then one fused pass per image
+            gd = sum(_channel_sum(g * (x - m4)) for x, g in live)
+            gw = gd * invstd
+            gx = [None] * len(images)
+            if need_x:
+                scale = invstd if weight is None else invstd * weight
+                a = (-scale * invstd * invstd * gd / n).view(1, c, 1, 1)
+                b0 = (-scale * gb / n).view(1, c, 1, 1)
+                for i, (x, g) in enumerate(zip(images, grads)):
+                    d = torch.sub(x, m4)
+                    gi = torch.addcmul(b0, d, a, out=d)
+                    gx[i] = gi if g is None else gi.addcmul_(g, scale.view(1, c, 1, 1))
+        return (gw if need_w else None, gb if need_b else None, None,
+                *(gx if need_x else [None] * len(images)))
+
+
+def batch_norm_images(images: list, weight: Optional[Tensor], bias: Optional[Tensor], eps: float):
+    """``(outs, mean, biased var)``: training-mode batch norm over the pixels of ``images`` (at
+    least one, each ``(1, C, hᵢ, wᵢ)`` with pixels), ``outs`` contiguous (NOTE [ Batch norm image by
+    image ])."""
+    mean, var, *outs = _BatchNormImages.apply(weight, bias, eps, *images)
+    return outs, mean, var
 
 
 # ----------------------------------------------------------------------------- per-segment norms

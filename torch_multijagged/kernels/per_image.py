@@ -12,23 +12,33 @@ fp32, 16 images, 32 → 32 channels, 3×3 conv, forward and backward): sides 32�
 the canvas against 118 ms per image; sides 112–128, 431 ms against 275 ms (the per-sample loop
 over NCHW images: 118 and 250 ms).
 
-Here the dense op runs on each image as the user's loop would: on the image's pixel rows
-``(hᵢ·wᵢ, C)`` viewed as a channels-last ``(1, C, hᵢ, wᵢ)`` image (a ``split`` of the packed rows,
-no copy), or on the images the previous op left as pieces. The result holds its images as
-pieces too, packed into rows only when something reads them (NOTE [ Per-image pieces ] in
-``pieces.py``). Everything is dense autograd on the pieces, so every order of gradients works.
+Here the dense op runs on each image as the user's loop would, and on the image format the loop
+has: a contiguous (channels-first) ``(1, C, hᵢ, wᵢ)`` image — the images the previous op left as
+pieces, or a copy of the image's pixel rows ``(hᵢ·wᵢ, C)`` (a channels-last view, copied once; the
+ops after it keep the format). oneDNN's channels-last kernels are faster than its planar ones on
+some CPUs and slower on others: on one (Intel, one thread, a 120×120 image, 32 → 32 channels)
+forward 2.4 vs 3.8 ms, input gradient 2.1 vs 4.5, weight gradient 2.3 vs 3.9; on another (AMD
+EPYC, one thread, the 16 images of 112–128 px a side of ``benchmarks/images.py``) forward 48 vs
+53 ms, input gradient 47 vs 54, weight gradient 126 vs 68. The loop's own format is the one
+that is never slower than the loop. The result holds its images as pieces too, packed into rows
+only when something reads them (NOTE [ Per-image pieces ] in ``pieces.py``). Everything is dense
+autograd on the pieces, so every order of gradients works.
 
 The rule (``per_image_applies``, on the host sizes): an average of at least ``PIXELS_PER_IMAGE``
-pixels per image and at least ``MIN_CHANNELS`` input channels; an input that already holds
-pieces goes image by image whatever its size. Measured (fp32, forward and backward, canvas time
-over per-image time, 1 thread): 32 input channels, B = 16: 0.91 at 150 px per image, 0.88–1.00
-at 300–600 px, 1.05 at 1,150 px, 1.15 at 2,300 px, 1.21 at 5,800 px, 1.38 at 8,900 px (2 threads:
-0.81 at 580 px, 1.04 at 1,270 px, 1.51 at 4,700 px); B = 64: 0.42 at 34 px, 0.82 at 560 px,
-1.06 at 1,250 px. With 3 input channels the canvas's backward is oneDNN's own, and the two paths
-are within ±13 % of each other from 1,300 to 9,000 px (either way), so thin inputs stay on the
-canvas. Taking them image by image so that the pieces start one layer earlier was measured too
-(the benchmarks' CNN, B = 4, one thread, × the loop): with GroupNorm 0.90–0.93 against 0.90–0.93
-on the canvas, with BatchNorm (which reads the packed values) 0.90–1.03 against 0.98–1.03.
+pixels per image; an input that already holds pieces goes image by image whatever its size.
+Measured (fp32, forward and backward, canvas time over per-image time, 1 thread): 32 input
+channels, B = 16: 0.91 at 150 px per image, 0.88–1.00 at 300–600 px, 1.05 at 1,150 px, 1.15 at
+2,300 px, 1.21 at 5,800 px, 1.38 at 8,900 px (2 threads: 0.81 at 580 px, 1.04 at 1,270 px, 1.51 at
+4,700 px); B = 64: 0.42 at 34 px, 0.82 at 560 px, 1.06 at 1,250 px. Thin inputs (an RGB image's 3
+channels) go image by image too: alone, the canvas and the images were within ±13 % of each other
+either way (1,300 to 9,000 px, the canvas's backward being oneDNN's own), but the first conv
+image by image starts the pieces one layer earlier, and every op after it runs on images
+(``benchmarks/images.py``'s CNN, × the loop, near-uniform / moderate / skewed, one run each:
+BatchNorm, B = 4, 2 threads 0.89 / 0.87 / 0.89 on the canvas → 1.00 / 0.91 / 0.95; B = 16, one
+thread 0.92 / 0.96 / 0.94 → 0.98 / 0.99 / 0.98; GroupNorm, B = 4, 2 threads 0.90 / 0.85 / 0.84 →
+0.96 / 0.90 / 0.90; B = 16, one thread 0.96 / 0.91 / 0.97 → 0.92 / 1.02 / 1.01). Before the
+norms and convolutions ran on channels-first images this was a loss (BatchNorm 0.98–1.03 →
+0.90–1.03 at B = 4).
 
 NOTE [ Pooling image by image ]
 
@@ -103,18 +113,25 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "per_image_applies", "pack_images", "pool_per_image_applies",
+__all__ = ["PIXELS_PER_IMAGE", "CHANNELS_FIRST", "as_image", "per_image_applies", "pack_images", "pool_per_image_applies",
            "signals_per_sample_applies", "adaptive_each_applies", "adaptive_signals_each_applies", "adaptive_pool_each"]
 
 PIXELS_PER_IMAGE = 1024
-MIN_CHANNELS = 16
+# the format image-by-image convs and norms run on: contiguous (channels first), as a user's loop
+# has its images (NOTE [ Convolutions image by image ]); False keeps each image's format
+CHANNELS_FIRST = True
 
 
-def per_image_applies(sizes: list, channels: int) -> bool:
-    """``sizes``: host ``(hᵢ, wᵢ)`` per image; ``channels``: input channels. Whether the per-image
-    conv is the faster one (at least one pixel in all)."""
+def as_image(p: Tensor) -> Tensor:
+    """``p (1, C, h, w)`` in the format image-by-image convs and norms run on (``CHANNELS_FIRST``)."""
+    return p.contiguous() if CHANNELS_FIRST else p
+
+
+def per_image_applies(sizes: list) -> bool:
+    """``sizes``: host ``(hᵢ, wᵢ)`` per image. Whether convolutions and norms go image by image
+    (at least one pixel in all)."""
     b = len(sizes)
-    return b > 0 and channels >= MIN_CHANNELS and sum(h * w for h, w in sizes) >= max(1, PIXELS_PER_IMAGE * b)
+    return b > 0 and sum(h * w for h, w in sizes) >= max(1, PIXELS_PER_IMAGE * b)
 
 
 def pack_images(images, rows: int, channels: int, dtype: torch.dtype, device: torch.device) -> Tensor:

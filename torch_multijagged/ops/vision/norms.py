@@ -13,7 +13,10 @@ pixel of the ragged sides (``(ΣHᵢWᵢ, C)`` for ``(B, C, j0, j1)``; ``(ΣWᵢ
 * ``batch_norm``: statistics per channel over the valid pixels of the whole batch. On the
   values, dim 0 (pixel rows) is ``batch_norm``'s batch and dim 1 its channel, so
   ``F.batch_norm(values, …)`` is exactly it — running statistics included (the unbiased
-  variance counts the valid pixels) — under the dense op's own autograd (every order).
+  variance counts the valid pixels) — under the dense op's own autograd (every order). Images
+  held as pieces, or large enough for the convolutions to go image by image, are normalised
+  image by image with the batch's statistics, pieces out (NOTE [ Batch norm image by image ] in
+  ``kernels/norms.py``).
 * ``instance_norm`` / ``group_norm``: statistics per (sample, channel) / (sample, group), as
   segment sums over each sample's packed rows (``index_add`` by the row's sample) and a gather
   back; differentiable to any order by torch's autograd on the values. ``instance_norm``'s
@@ -61,7 +64,7 @@ from .._routing import _dense, _needs_grad, route
 from ...kernels import norms as _kernels  # noqa: E402
 from ...kernels import per_image as pim  # noqa: E402
 from ...kernels import reference as ref  # noqa: E402
-from ...kernels.norms import batch_norm_train, group_norm_rows, segment_norm  # noqa: E402
+from ...kernels.norms import batch_norm_images, batch_norm_train, group_norm_rows, segment_norm  # noqa: E402
 from .conv import as_spatial  # noqa: E402
 
 __all__ = ["group_norm", "spatial_layout"]
@@ -130,8 +133,41 @@ def _batch_norm(input, running_mean, running_var, weight=None, bias=None, traini
         return NotImplemented
     op = "batch_norm"
     input, c = _norm_input(op, input, weight, bias, running_mean, running_var)
+    if _image_by_image(input) and input.is_floating_point():
+        out = _batch_norm_images(input, c, running_mean, running_var, weight, bias, training, momentum, eps)
+        if out is not None:
+            return out
     return _finish(input, _batch_norm_values(_values(input), running_mean, running_var, weight, bias, training,
                                              momentum, eps))
+
+
+def _image_by_image(input: MJT) -> bool:
+    """Whether a norm of images ``(B, C, j0, j1)`` goes image by image: they are held as pieces, or
+    large enough for the convolutions around the norm to go image by image (NOTE [ Per-image
+    pieces ])."""
+    return pieces.holds_pieces(input) or (input._ragged_dims == (2, 3) and len(input._size) == 4
+                                          and pim.per_image_applies(pieces.image_sizes(input._partition)))
+
+
+def _batch_norm_images(x: MJT, c: int, running_mean, running_var, weight, bias, training, momentum, eps):
+    """Batch norm of images image by image, pieces out, each contiguous (NOTE [ Batch norm image by
+    image ] in kernels/norms.py); None where the packed path decides (no pixel, or one pixel in
+    training: dense's error)."""
+    ps = pieces.split(x)
+    live = [p for p in ps if p is not None]
+    n = sum(p.shape[2] * p.shape[3] for p in live)
+    if not live or (training and n <= 1):
+        return None
+    if not training:  # the running statistics: dense batch norm of each image, as the loop
+        return pieces.map_pieces(
+            lambda p: F.batch_norm(pim.as_image(p), running_mean, running_var, weight, bias, False, momentum, eps), x)
+    xs = [pim.as_image(_float(p)) for p in live]  # a view of pixel rows: copied to the loop's format
+    cast = lambda t: t if t is None else t.to(xs[0].dtype)  # noqa: E731
+    outs, mean, var = batch_norm_images(xs, cast(weight), cast(bias), eps)
+    _update_running_bn(n, mean, var, running_mean, running_var, momentum)
+    it = iter(outs)
+    full = [None if p is None else next(it).to(p.dtype) for p in ps]
+    return pieces.from_pieces(full, x._partition, x._ragged_dims, c, x.dtype, x.device)
 
 
 def _batch_norm_values(v, running_mean, running_var, weight, bias, training, momentum, eps):
@@ -143,14 +179,21 @@ def _batch_norm_values(v, running_mean, running_var, weight, bias, training, mom
     x = _float(v)
     cast = lambda t: t if t is None else t.to(x.dtype)  # noqa: E731
     out, mean, var = batch_norm_train(x, cast(weight), cast(bias), eps)
-    if running_mean is not None or running_var is not None:
-        with torch.no_grad():  # as dense batch_norm: the unbiased variance, over the same pixels
-            m = 0.1 if momentum is None else momentum
-            if running_mean is not None:
-                running_mean.mul_(1 - m).add_(mean.to(running_mean.dtype), alpha=m)
-            if running_var is not None:
-                running_var.mul_(1 - m).add_((var * (n / (n - 1))).to(running_var.dtype), alpha=m)
+    _update_running_bn(n, mean, var, running_mean, running_var, momentum)
     return out.to(v.dtype)
+
+
+def _update_running_bn(n: int, mean, var, running_mean, running_var, momentum) -> None:
+    """Running statistics as dense ``batch_norm`` moves them: the unbiased variance, over the same
+    ``n`` pixels."""
+    if running_mean is None and running_var is None:
+        return
+    with torch.no_grad():
+        m = 0.1 if momentum is None else momentum
+        if running_mean is not None:
+            running_mean.mul_(1 - m).add_(mean.to(running_mean.dtype), alpha=m)
+        if running_var is not None:
+            running_var.mul_(1 - m).add_((var * (n / (n - 1))).to(running_var.dtype), alpha=m)
 
 
 # ----------------------------------------------------------------------------- instance / group norm
@@ -235,8 +278,7 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     _check_param(op, "bias", bias, c)
     if not input.is_floating_point():  # dense torch's own dtype check (its kernels take floats only)
         F.group_norm(torch.zeros((1, c, 2), dtype=input.dtype, device=input.device), num_groups)
-    if pieces.holds_pieces(input) or (input._ragged_dims == (2, 3) and len(input._size) == 4
-                                      and pim.per_image_applies(pieces.image_sizes(input._partition), max(c, pim.MIN_CHANNELS))):
+    if _image_by_image(input):
         # images held one by one, or large enough for the convolutions to go image by image
         # (NOTE [ Per-image pieces ]): aten's kernel on each image, as the loop, pieces out
         return pieces.map_pieces(lambda p: _group_norm_image(p, num_groups, weight, bias, eps), input)
@@ -260,7 +302,7 @@ def _group_norm_image(p: torch.Tensor, groups: int, weight, bias, eps: float) ->
     channels-last group norm is slower, its backward 2–4× (0.7–0.9 ms against 0.2–0.4 ms for
     32 × 128 × 128, fp32, 2 threads), and the convolutions after it keep the format they are
     given. A view of pixel rows (the first image-by-image op of a network) is copied once here."""
-    w = _float(p).contiguous()
+    w = pim.as_image(_float(p))
     cast = (lambda t: t if t is None or t.dtype == w.dtype else t.to(w.dtype))
     return F.group_norm(w, groups, cast(weight), cast(bias), eps).to(p.dtype)
 

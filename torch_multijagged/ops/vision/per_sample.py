@@ -19,6 +19,7 @@ import torch
 from ... import pieces
 from ...bridge import values_of, wrap_values
 from ...kernels import canvas as cv
+from ...kernels import per_image as pim
 from ...structure import mapped_extent, partition_for
 from .._common import MJT, sample_rows, wrap
 from .._routing import _needs_grad
@@ -84,7 +85,8 @@ def conv_per_image(op: str, x: MJT, windows, weight, bias, stride, padding, dila
     hw = window_out_sizes(op, x, windows)
     ps = pieces.split(x)
     outs = pieces.in_size_order(lambda i: None if ps[i] is None or hw[i][0] * hw[i][1] == 0
-                               else cv.onednn_safe_conv(ps[i], weight, bias, stride, padding, dilation, groups),
+                               else cv.onednn_safe_conv(pim.as_image(ps[i]), weight, bias, stride, padding, dilation,
+                                                        groups),
                                 ps, largest_last=True)
     live = [o for o in outs if o is not None]
     if not live:
