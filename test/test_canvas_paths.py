@@ -24,6 +24,8 @@ F64 = torch.float64
 def placement(request, monkeypatch):
     monkeypatch.setattr(canvas, "BLOCK_ROWS", 0 if request.param == "blocks" else 10**9)
     monkeypatch.setattr(per_image, "PIXELS_PER_IMAGE", 0 if request.param == "per-image" else 10**9)
+    monkeypatch.setattr(per_image, "HELD_PIXELS_PER_IMAGE", 0 if request.param == "per-image" else 10**9)
+    monkeypatch.setattr(per_image, "MIN_CHANNELS", 0)
     monkeypatch.setattr(per_image, "POOL_CALL_NS", 0.0 if request.param == "per-image" else float("inf"))
     monkeypatch.setattr(per_image, "SIGNAL_CALL_NS", 0.0 if request.param == "per-image" else float("inf"))
     return request.param
@@ -133,6 +135,8 @@ def test_per_image_conv_random_geometries(monkeypatch_module, geo):
 def monkeypatch_module():
     mp = pytest.MonkeyPatch()
     mp.setattr(per_image, "PIXELS_PER_IMAGE", 0)
+    mp.setattr(per_image, "HELD_PIXELS_PER_IMAGE", 0)
+    mp.setattr(per_image, "MIN_CHANNELS", 0)
     yield
     mp.undo()
 

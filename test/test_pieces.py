@@ -28,6 +28,8 @@ def _every_image_by_image(mp: pytest.MonkeyPatch) -> None:
     # the rule's thresholds are for speed; here every image goes image by image, so that small,
     # fast examples exercise the pieces
     mp.setattr(per_image, "PIXELS_PER_IMAGE", 0)
+    mp.setattr(per_image, "HELD_PIXELS_PER_IMAGE", 0)
+    mp.setattr(per_image, "MIN_CHANNELS", 0)
 
 
 @pytest.fixture
@@ -115,10 +117,36 @@ def test_cnn_chain_per_image_with_gradients(sizes, seed):
 
 
 def test_cnn_chain_at_the_rule_s_default_thresholds():
-    # large enough for the default rule (≥ 1,024 pixels per image on average)
+    # large enough for the default rule (≥ 1,024 pixels per image on average, ≥ 16 channels)
     sizes = [(40, 40), (0, 7), (36, 45), (38, 34)]
-    assert per_image.per_image_applies(sizes)
+    assert per_image.per_image_applies(sizes, 16)
     _check_cnn(_images(sizes, 0, c=16), _params(0, c=16), rtol=1e-6, atol=1e-6)
+
+
+def test_pieces_of_images_made_small_go_back_to_the_canvas():
+    """Images held as pieces go on image by image while they are not small; a strided conv that
+    makes them small (below ``HELD_PIXELS_PER_IMAGE`` on average) runs on the canvas, its result
+    packed, as the same conv of pixel rows would: a network that shrinks its images batches its
+    small layers. The chain equals the dense ops on each image, with gradients."""
+    sizes = [(40, 40), (0, 9), (36, 44), (38, 35)]
+    assert per_image.per_image_applies(sizes, 16)
+    P = _params(4, c=16)
+    seen: list[bool] = []
+
+    def net(t, record=False):
+        def rec(u):
+            if record:  # before the next op reads it (reading the values packs the pieces)
+                seen.append(pieces.holds_pieces(u))
+            return u
+
+        a = rec(F.relu(F.conv2d(t, P["w1"], padding=1)))  # images of ~1,100 px on average: image by image
+        b = rec(F.conv2d(a, P["w1"], stride=2, padding=1))  # to ~280 px
+        c = rec(F.conv2d(torch.tanh(b), P["w1"], stride=2, padding=1))  # from ~280 px, held: image by image
+        d = rec(F.conv2d(c, P["w1"], padding=1))  # from ~70 px: the canvas
+        return d.mean((-2, -1))
+
+    _per_image_check(lambda t: net(t, True), net, _images(sizes, 2, c=16), [P["w1"]], rtol=1e-6, atol=1e-6)
+    assert seen == [True, True, True, False], seen
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
@@ -413,7 +441,7 @@ def test_batch_norm_cnn_image_by_image_equals_the_packed_path():
     images, image by image at the default thresholds, gives what the packed path gives (every
     op over packed rows and the canvas), forward and gradients."""
     sizes = [(40, 38), (0, 5), (37, 41), (44, 35)]
-    assert per_image.per_image_applies(sizes)
+    assert per_image.per_image_applies(sizes, 16)
     comps = _images(sizes, 3, c=3)
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Conv2d(3, 16, 3, padding=1), torch.nn.BatchNorm2d(16), torch.nn.ReLU(),

@@ -2,7 +2,7 @@
 
 NOTE [ Per-image pieces ]
 
-Where images are large, convolutions and group norms run image by image, as a user's loop would
+Where images are large, convolutions and norms run image by image, as a user's loop would
 (NOTE [ Convolutions image by image ] in ``kernels/per_image.py``). Concatenating each op's
 per-image outputs into packed pixel rows, only for the next op to split them again, cost a
 whole-batch copy per op and per direction. So the result of such an op *holds its pieces* — one

@@ -25,20 +25,21 @@ only when something reads them (NOTE [ Per-image pieces ] in ``pieces.py``). Eve
 autograd on the pieces, so every order of gradients works.
 
 The rule (``per_image_applies``, on the host sizes): an average of at least ``PIXELS_PER_IMAGE``
-pixels per image; an input that already holds pieces goes image by image whatever its size.
-Measured (fp32, forward and backward, canvas time over per-image time, 1 thread): 32 input
-channels, B = 16: 0.91 at 150 px per image, 0.88–1.00 at 300–600 px, 1.05 at 1,150 px, 1.15 at
-2,300 px, 1.21 at 5,800 px, 1.38 at 8,900 px (2 threads: 0.81 at 580 px, 1.04 at 1,270 px, 1.51 at
-4,700 px); B = 64: 0.42 at 34 px, 0.82 at 560 px, 1.06 at 1,250 px. Thin inputs (an RGB image's 3
-channels) go image by image too: alone, the canvas and the images were within ±13 % of each other
-either way (1,300 to 9,000 px, the canvas's backward being oneDNN's own), but the first conv
-image by image starts the pieces one layer earlier, and every op after it runs on images
-(``benchmarks/images.py``'s CNN, × the loop, near-uniform / moderate / skewed, one run each:
-BatchNorm, B = 4, 2 threads 0.89 / 0.87 / 0.89 on the canvas → 1.00 / 0.91 / 0.95; B = 16, one
-thread 0.92 / 0.96 / 0.94 → 0.98 / 0.99 / 0.98; GroupNorm, B = 4, 2 threads 0.90 / 0.85 / 0.84 →
-0.96 / 0.90 / 0.90; B = 16, one thread 0.96 / 0.91 / 0.97 → 0.92 / 1.02 / 1.01). Before the
-norms and convolutions ran on channels-first images this was a loss (BatchNorm 0.98–1.03 →
-0.90–1.03 at B = 4).
+pixels per image and at least ``MIN_CHANNELS`` input channels; an input that already holds
+pieces goes on image by image down to ``HELD_PIXELS_PER_IMAGE`` pixels per image on average (its
+pieces need no split, and packing them costs a copy), and below that to the canvas, whose batching
+wins on small images even after the copy (the measurements below) — a network that shrinks its
+images (strided convs, pooling) batches its small layers. Measured (fp32, forward and backward, canvas time
+over per-image time, 1 thread): 32 input channels, B = 16: 0.91 at 150 px per image, 0.88–1.00
+at 300–600 px, 1.05 at 1,150 px, 1.15 at 2,300 px, 1.21 at 5,800 px, 1.38 at 8,900 px (2 threads:
+0.81 at 580 px, 1.04 at 1,270 px, 1.51 at 4,700 px); B = 64: 0.42 at 34 px, 0.82 at 560 px,
+1.06 at 1,250 px. With 3 input channels the canvas's backward is oneDNN's own, and the two paths
+are within ±13 % of each other from 1,300 to 9,000 px (either way), so thin inputs stay on the
+canvas. Taking them image by image, so that the pieces start one layer earlier, gained 3–12 % on
+``benchmarks/images.py``'s CNN (which keeps its images large) but cost the networks that shrink
+them: every later op then goes image by image, where the canvas batches the small images —
+ResNet-18 on images of 32–64 px (``benchmarks/backbone.py``, 2 threads) fell from 1.8× the loop
+to 1.0×, the NaViT patch embedding from 2.2–2.3× to 1.8–2.0×.
 
 NOTE [ Pooling image by image ]
 
@@ -113,10 +114,12 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["PIXELS_PER_IMAGE", "CHANNELS_FIRST", "as_image", "per_image_applies", "pack_images", "pool_per_image_applies",
+__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "HELD_PIXELS_PER_IMAGE", "CHANNELS_FIRST", "as_image", "per_image_applies", "pack_images", "pool_per_image_applies",
            "signals_per_sample_applies", "adaptive_each_applies", "adaptive_signals_each_applies", "adaptive_pool_each"]
 
 PIXELS_PER_IMAGE = 1024
+MIN_CHANNELS = 16
+HELD_PIXELS_PER_IMAGE = 256
 # the format image-by-image convs and norms run on: contiguous (channels first), as a user's loop
 # has its images (NOTE [ Convolutions image by image ]); False keeps each image's format
 CHANNELS_FIRST = True
@@ -127,11 +130,14 @@ def as_image(p: Tensor) -> Tensor:
     return p.contiguous() if CHANNELS_FIRST else p
 
 
-def per_image_applies(sizes: list) -> bool:
-    """``sizes``: host ``(hᵢ, wᵢ)`` per image. Whether convolutions and norms go image by image
-    (at least one pixel in all)."""
+def per_image_applies(sizes: list, channels: int, held: bool = False) -> bool:
+    """``sizes``: host ``(hᵢ, wᵢ)`` per image; ``channels``: input channels; ``held``: the input
+    holds pieces. Whether the per-image conv is the faster one (at least one pixel in all)."""
     b = len(sizes)
-    return b > 0 and sum(h * w for h, w in sizes) >= max(1, PIXELS_PER_IMAGE * b)
+    px = sum(h * w for h, w in sizes)
+    if held:
+        return b > 0 and px >= max(1, HELD_PIXELS_PER_IMAGE * b)
+    return b > 0 and channels >= MIN_CHANNELS and px >= max(1, PIXELS_PER_IMAGE * b)
 
 
 def pack_images(images, rows: int, channels: int, dtype: torch.dtype, device: torch.device) -> Tensor:

@@ -266,7 +266,7 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
     fn = _CONV[nspatial]
     pad_canvas = tuple(pl for pl, _ in pads)
     if nspatial == 2 and _canonical(input, 2) and all(pl == pr for pl, pr in pads):
-        if pieces.holds_pieces(input) or pim.per_image_applies(pieces.image_sizes(input._partition)):
+        if pim.per_image_applies(pieces.image_sizes(input._partition), c, pieces.holds_pieces(input)):
             # large images: the dense op per image on views of the rows (NOTE [ Convolutions
             # image by image ] in kernels/per_image.py)
             return per_sample.conv_per_image(op, input, windows, weight, bias, s, pad_canvas, d, groups)

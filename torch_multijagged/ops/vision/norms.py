@@ -145,8 +145,10 @@ def _image_by_image(input: MJT) -> bool:
     """Whether a norm of images ``(B, C, j0, j1)`` goes image by image: they are held as pieces, or
     large enough for the convolutions around the norm to go image by image (NOTE [ Per-image
     pieces ])."""
-    return pieces.holds_pieces(input) or (input._ragged_dims == (2, 3) and len(input._size) == 4
-                                          and pim.per_image_applies(pieces.image_sizes(input._partition)))
+    if input._ragged_dims != (2, 3) or len(input._size) != 4:
+        return False
+    return pim.per_image_applies(pieces.image_sizes(input._partition), max(input._size[1], pim.MIN_CHANNELS),
+                                 pieces.holds_pieces(input))
 
 
 def _batch_norm_images(x: MJT, c: int, running_mean, running_var, weight, bias, training, momentum, eps):
