@@ -30,6 +30,7 @@ def _every_image_by_image(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(per_image, "PIXELS_PER_IMAGE", 0)
     mp.setattr(per_image, "HELD_PIXELS_PER_IMAGE", 0)
     mp.setattr(per_image, "MIN_CHANNELS", 0)
+    mp.setattr(per_image, "CHANNELS_FIRST_FROM", 0)
 
 
 @pytest.fixture
@@ -347,6 +348,30 @@ def test_batch_norm_image_by_image_is_dense_over_all_pixels(small_images_go_imag
         for i, a in zip(live, want):
             assert a.abs().max() > 0
             torch.testing.assert_close(got.unbind()[i], a, msg=lambda m: f"grad of image {i}, one image's loss: {m}")
+
+
+def test_few_channels_keep_each_image_s_format(small_images_go_image_by_image, monkeypatch):
+    """Below ``CHANNELS_FIRST_FROM`` channels, convolutions and batch norm image by image keep
+    each image's format (channels-last views of pixel rows stay channels last: oneDNN's
+    channels-last kernels are the faster ones there); group norm always runs on contiguous images.
+    The results are the dense ops' on each image either way."""
+    monkeypatch.setattr(per_image, "CHANNELS_FIRST_FROM", C + 1)
+    comps = _images([(4, 5), (0, 3), (3, 3)], 8)
+    P = _params(8)
+    x = _batch(comps, grad=False)
+    y = F.conv2d(x, P["w1"], padding=1)
+    z = F.batch_norm(x, None, None, training=True)
+    g = F.group_norm(x, 2)
+    for t, contiguous in ((y, False), (z, False), (g, True)):
+        parts = [p for p in pieces.split(t) if p is not None]
+        assert all(p.is_contiguous() == contiguous for p in parts)
+    for i in (0, 2):
+        torch.testing.assert_close(y.unbind()[i], F.conv2d(comps[i][None], P["w1"], padding=1)[0])
+    refs = _bn_over_pixels([comps[0], comps[2]], None, None, None, None, True)
+    for i, r in zip((0, 2), refs):
+        torch.testing.assert_close(z.unbind()[i], r)
+    monkeypatch.setattr(per_image, "CHANNELS_FIRST_FROM", C)
+    assert all(p.is_contiguous() for p in pieces.split(F.conv2d(x, P["w1"], padding=1)) if p is not None)
 
 
 @pytest.mark.parametrize("create_graph", [False, True], ids=["first_order", "recorded"])

@@ -8,8 +8,9 @@ per-image outputs into packed pixel rows, only for the next op to split them aga
 whole-batch copy per op and per direction. So the result of such an op *holds its pieces* — one
 dense ``(1, C, hᵢ, wᵢ)`` tensor per image (``None`` for an image without pixels), in the memory
 format the dense op gave: contiguous, as a user's loop has its images (the ops that go image by
-image copy a view of pixel rows, which is channels last, to a contiguous image once) — and packs
-them into its values only when something reads them. A chain conv → norm → activation → conv then runs the
+image copy a view of pixel rows, which is channels last, to a contiguous image once; below 32
+channels convolutions and batch norm keep the view's format, NOTE [ Convolutions image by image ])
+— and packs them into its values only when something reads them. A chain conv → norm → activation → conv then runs the
 loop's own dense calls, one layer at a time instead of one image at a time (on the benchmarks'
 GroupNorm CNN, B = 16, fwd + bwd, one thread, that order alone costs 2–6 % over the loop's, out of
 cache between layers; the nodes below add ≈ 60 µs per op).

@@ -109,8 +109,9 @@ def batch_norm_train(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor]
 # some CPUs oneDNN's channels-last weight gradient is much slower than the planar one the user's
 # loop runs (AMD EPYC, one thread, 16 images of 112–128 px a side, 32 → 32 channels: 126 against
 # 68 ms), on others faster. So batch norm of such images reads each image as it is held, and
-# writes each normalised image contiguous (channels first), the format of the user's own images:
-# the convolutions after it then run the loop's own kernels on every CPU.
+# writes each normalised image in the format the image-by-image convolutions run on
+# (``per_image.as_image``: contiguous, the format of the user's own images, from 32 channels):
+# the convolutions after it then run the loop's own kernels.
 #
 # The statistics are the batch's, per channel over every pixel of every image: each image's
 # channel sums are added (cascade sums per image, a sum of B partial sums), the mean first,

@@ -16,11 +16,15 @@ Here the dense op runs on each image as the user's loop would, and on the image 
 has: a contiguous (channels-first) ``(1, C, hᵢ, wᵢ)`` image — the images the previous op left as
 pieces, or a copy of the image's pixel rows ``(hᵢ·wᵢ, C)`` (a channels-last view, copied once; the
 ops after it keep the format). oneDNN's channels-last kernels are faster than its planar ones on
-some CPUs and slower on others: on one (Intel, one thread, a 120×120 image, 32 → 32 channels)
+some CPUs and slower on others: on one (an earlier machine, one thread, a 120×120 image, 32 → 32 channels)
 forward 2.4 vs 3.8 ms, input gradient 2.1 vs 4.5, weight gradient 2.3 vs 3.9; on another (AMD
 EPYC, one thread, the 16 images of 112–128 px a side of ``benchmarks/images.py``) forward 48 vs
 53 ms, input gradient 47 vs 54, weight gradient 126 vs 68. The loop's own format is the one
-that is never slower than the loop. The result holds its images as pieces too, packed into rows
+that is never slower than the loop — from ``CHANNELS_FIRST_FROM`` (32) channels: with 16, the
+channels-last kernels were the faster ones on that CPU too (forward + backward 5–25 % faster;
+a 16-channel CNN ran 1.0–1.15× the loop channels last, 0.87–0.95× contiguous), so an image of
+fewer channels keeps its format (group norm, whose channels-last kernel is the slow one, always
+copies). The result holds its images as pieces too, packed into rows
 only when something reads them (NOTE [ Per-image pieces ] in ``pieces.py``). Everything is dense
 autograd on the pieces, so every order of gradients works.
 
@@ -114,20 +118,23 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "HELD_PIXELS_PER_IMAGE", "CHANNELS_FIRST", "as_image", "per_image_applies", "pack_images", "pool_per_image_applies",
+__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "HELD_PIXELS_PER_IMAGE", "CHANNELS_FIRST", "CHANNELS_FIRST_FROM", "as_image", "per_image_applies", "pack_images", "pool_per_image_applies",
            "signals_per_sample_applies", "adaptive_each_applies", "adaptive_signals_each_applies", "adaptive_pool_each"]
 
 PIXELS_PER_IMAGE = 1024
 MIN_CHANNELS = 16
 HELD_PIXELS_PER_IMAGE = 256
-# the format image-by-image convs and norms run on: contiguous (channels first), as a user's loop
-# has its images (NOTE [ Convolutions image by image ]); False keeps each image's format
+# the format image-by-image convs and batch norms run on: contiguous (channels first), as a user's
+# loop has its images, from this many channels; below it each image keeps its format (NOTE
+# [ Convolutions image by image ]). Group norm always runs on contiguous images.
 CHANNELS_FIRST = True
+CHANNELS_FIRST_FROM = 32
 
 
-def as_image(p: Tensor) -> Tensor:
-    """``p (1, C, h, w)`` in the format image-by-image convs and norms run on (``CHANNELS_FIRST``)."""
-    return p.contiguous() if CHANNELS_FIRST else p
+def as_image(p: Tensor, always: bool = False) -> Tensor:
+    """``p (1, C, h, w)`` in the format image-by-image ops run on (``CHANNELS_FIRST``, from
+    ``CHANNELS_FIRST_FROM`` channels unless ``always``)."""
+    return p.contiguous() if CHANNELS_FIRST and (always or p.shape[1] >= CHANNELS_FIRST_FROM) else p
 
 
 def per_image_applies(sizes: list, channels: int, held: bool = False) -> bool:

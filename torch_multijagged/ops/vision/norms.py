@@ -304,7 +304,7 @@ def _group_norm_image(p: torch.Tensor, groups: int, weight, bias, eps: float) ->
     channels-last group norm is slower, its backward 2–4× (0.7–0.9 ms against 0.2–0.4 ms for
     32 × 128 × 128, fp32, 2 threads), and the convolutions after it keep the format they are
     given. A view of pixel rows (the first image-by-image op of a network) is copied once here."""
-    w = pim.as_image(_float(p))
+    w = pim.as_image(_float(p), always=True)
     cast = (lambda t: t if t is None or t.dtype == w.dtype else t.to(w.dtype))
     return F.group_norm(w, groups, cast(weight), cast(bias), eps).to(p.dtype)
 
