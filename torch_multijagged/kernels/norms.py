@@ -175,15 +175,15 @@ class _BatchNormImages(torch.autograd.Function):
         live = [(x, g) for x, g in zip(images, grads) if g is not None]
         if not live:
             return (None,) * (3 + len(images))
-        if torch.is_grad_enabled():
-            mean, _, invstd = _images_stats(images, n, ctx.eps)
-        m4, r4 = mean.view(1, c, 1, 1), invstd.view(1, c, 1, 1)
         gb = sum(_channel_sum(g) for _, g in live)
+        gx = [None] * len(images)
         if torch.is_grad_enabled():
-            # differentiable: a graph of the backward is being recorded (higher orders)
+            # differentiable, statistics recomputed from the images: a graph of the backward is
+            # being recorded (higher orders)
+            mean, _, invstd = _images_stats(images, n, ctx.eps)
+            m4, r4 = mean.view(1, c, 1, 1), invstd.view(1, c, 1, 1)
             xhats = [(x - m4) * r4 for x in images]
             gw = sum(_channel_sum(g * xh) for xh, g in zip(xhats, grads) if g is not None)
-            gx = [None] * len(images)
             if need_x:
                 scale = r4 if weight is None else r4 * weight.view(1, c, 1, 1)
                 for i, (xh, g) in enumerate(zip(xhats, grads)):
@@ -191,9 +191,11 @@ class _BatchNormImages(torch.autograd.Function):
                     gx[i] = (gi - xh * (gw / n).view(1, c, 1, 1)) * scale
         else:
             # first order: Σ g·(x − μ) = ∂w / σ⁻¹ per channel, then one fused pass per image
+            # (x − μ is formed twice per image rather than kept for every image at once: the
+            # backward's peak is the step's)
+            m4 = mean.view(1, c, 1, 1)
             gd = sum(_channel_sum(g * (x - m4)) for x, g in live)
             gw = gd * invstd
-            gx = [None] * len(images)
             if need_x:
                 scale = invstd if weight is None else invstd * weight
                 a = (-scale * invstd * invstd * gd / n).view(1, c, 1, 1)

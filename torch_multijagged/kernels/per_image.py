@@ -118,7 +118,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "HELD_PIXELS_PER_IMAGE", "CHANNELS_FIRST", "CHANNELS_FIRST_FROM", "as_image", "per_image_applies", "pack_images", "pool_per_image_applies",
+__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "HELD_PIXELS_PER_IMAGE", "CHANNELS_FIRST_FROM", "as_image", "per_image_applies", "pack_images", "pool_per_image_applies",
            "signals_per_sample_applies", "adaptive_each_applies", "adaptive_signals_each_applies", "adaptive_pool_each"]
 
 PIXELS_PER_IMAGE = 1024
@@ -127,14 +127,13 @@ HELD_PIXELS_PER_IMAGE = 256
 # the format image-by-image convs and batch norms run on: contiguous (channels first), as a user's
 # loop has its images, from this many channels; below it each image keeps its format (NOTE
 # [ Convolutions image by image ]). Group norm always runs on contiguous images.
-CHANNELS_FIRST = True
 CHANNELS_FIRST_FROM = 32
 
 
 def as_image(p: Tensor, always: bool = False) -> Tensor:
-    """``p (1, C, h, w)`` in the format image-by-image ops run on (``CHANNELS_FIRST``, from
-    ``CHANNELS_FIRST_FROM`` channels unless ``always``)."""
-    return p.contiguous() if CHANNELS_FIRST and (always or p.shape[1] >= CHANNELS_FIRST_FROM) else p
+    """``p (1, C, h, w)`` in the format image-by-image ops run on: contiguous from
+    ``CHANNELS_FIRST_FROM`` channels (or ``always``), else as it is."""
+    return p.contiguous() if always or p.shape[1] >= CHANNELS_FIRST_FROM else p
 
 
 def per_image_applies(sizes: list, channels: int, held: bool = False) -> bool:
