@@ -309,6 +309,65 @@ def test_triangle_attention(bk, bias, ns, seed):
     _check(fn, ref, *args, bk=bk)
 
 
+def _triangle(ns, seed, dtype=torch.float64):
+    """q, k, v ``(B, j0, j0, H, D)`` and a pair bias ``(B, j0, j0, H)``, leaves."""
+    q, k, v = (mj.nested_tensor(_comps([(n, n, H, D) for n in ns], seed + i, dtype), ragged_dims=(1, 2),
+                                requires_grad=True) for i in range(3))
+    b = mj.nested_tensor(_comps([(n, n, H) for n in ns], seed + 3, dtype), ragged_dims=(1, 2), requires_grad=True)
+    return q, k, v, b
+
+
+@pytest.mark.parametrize("keeps", ["bias grad", "no bias grad", "over the cap"])
+def test_triangle_attention_keeps_probabilities_for_the_backward(monkeypatch, keeps):
+    """NOTE [ Keeping the probabilities ]: eagerly, with a pair bias that needs a gradient, the
+    ``blocks`` forward keeps each sample's probabilities and the backward reads them (dense SDPA's
+    math path keeps them too); without a bias gradient, or beyond ``KEEP_PROBS_MAX`` entries, the
+    backward recomputes them. Outputs and every gradient equal the per-sample dense ones."""
+    from torch_multijagged.compile import attention as cattn
+    from torch_multijagged.kernels import attention as kattn_mod
+
+    calls = []
+    fwd, bwd = kattn_mod.attention_blocks, kattn_mod.attention_blocks_backward
+    monkeypatch.setattr(kattn_mod, "attention_blocks", lambda *a, **kw: calls.append(("fwd", kw.get("probs") is not None)) or fwd(*a, **kw))
+    monkeypatch.setattr(kattn_mod, "attention_blocks_backward", lambda *a, **kw: calls.append(("bwd", kw.get("probs") is not None)) or bwd(*a, **kw))
+    if keeps == "over the cap":
+        monkeypatch.setattr(cattn, "KEEP_PROBS_MAX", (2 * 2 * 2 + 4 * 4 * 4) * H - 1)
+    ns = [2, 0, 4]
+    q, k, v, b = _triangle(ns, 3)
+    leaves = [q, k, v] + ([b] if keeps != "no bias grad" else [])
+    if keeps == "no bias grad":
+        b = b.detach()
+    with backend("blocks"):
+        out = sdpa(_t(q), _t(k), _t(v), attn_mask=b.permute(0, 3, 1, 2).unsqueeze(1))
+        go = [torch.randn(o.shape, dtype=o.dtype) for o in out.unbind()]
+        grads = torch.autograd.grad(out, leaves, mj.nested_tensor(go, ragged_dims=(1, 3)))
+    kept = keeps == "bias grad"
+    assert calls == [("fwd", kept), ("bwd", kept)]
+    for i, n in enumerate(ns):
+        d = [x.unbind()[i].detach().requires_grad_() for x in leaves]
+        ref = sdpa(_t(d[0]), _t(d[1]), _t(d[2]), attn_mask=(d[3] if kept or keeps == "over the cap" else
+                                                             b.unbind()[i]).permute(2, 0, 1).unsqueeze(0))
+        torch.testing.assert_close(out.unbind()[i], ref)
+        for got, want in zip(grads, torch.autograd.grad(ref, d, go[i], allow_unused=True, materialize_grads=True)):
+            torch.testing.assert_close(got.unbind()[i], want)
+
+
+def test_triangle_attention_kept_probabilities_under_create_graph():
+    """A backward recording a graph takes the op's formula, which reads ``lse``: the forward that
+    kept the probabilities did not write it, so it is recomputed. The first-order gradients equal
+    the kept path's, and the double backward raises as it does without the kept probabilities."""
+    q, k, v, b = _triangle([3, 1, 2], 5)
+    with backend("blocks"):
+        out = sdpa(_t(q), _t(k), _t(v), attn_mask=b.permute(0, 3, 1, 2).unsqueeze(1))
+        loss = (out * out).sum()
+        first = torch.autograd.grad(loss, (q, k, v, b), retain_graph=True)
+        graphed = torch.autograd.grad(loss, (q, k, v, b), create_graph=True)
+        for a, c in zip(first, graphed):
+            torch.testing.assert_close(a.values(), c.values().detach(), rtol=1e-12, atol=1e-12)
+        with pytest.raises(NotImplementedError, match="double backward"):
+            torch.autograd.grad(graphed[0].values().sum(), (q, k, v, b))
+
+
 @pytest.mark.parametrize("bk", CPU_BACKENDS)
 @pytest.mark.parametrize("causal", [False, True])
 @few(5)

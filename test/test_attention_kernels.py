@@ -420,6 +420,63 @@ def test_blocks_backward_in_chunks_matches_oracle(chunk, ns, heads, hb_all, caus
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
 
 
+@few(12)
+@given(ns=st.lists(st.integers(0, 5), min_size=1, max_size=3).filter(any), heads=st.sampled_from([(1, 1), (2, 1), (2, 2)]),
+       hb_all=st.booleans(), causal=st.booleans(), hide=st.booleans(), need_lse=st.booleans(), seed=seeds)
+def test_blocks_keeping_probabilities_matches_oracle(ns, heads, hb_all, causal, hide, need_lse, seed):
+    """NOTE [ Keeping the probabilities ]: ``attention_blocks`` given a list appends one
+    ``(m, Hq, Lq, Lk)`` block of probabilities per run (the oracle's softmax), its output and
+    ``lse`` (when asked) equal the oracle's, and ``attention_blocks_backward`` reading them gives
+    the oracle's gradients — with GQA heads, causal masks, and a bias hiding every key of a row
+    (zero output row, zero probabilities, zero gradients, never nan)."""
+    cu, start, tb = _pair_rows(ns)
+    hq, hk = heads
+    g = torch.Generator().manual_seed(seed)
+    t = int(cu[-1])
+    q = torch.randn(t, hq, 3, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(t, hk, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    bias = torch.randn(tb, hq if hb_all else 1, generator=g, dtype=torch.float64)
+    n0 = next(n for n in ns if n)
+    if hide:  # the first sample's query row 0 sees no key (every head, when the bias has one)
+        bias[:n0] = float("-inf")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+    ref = oracle(*leaves[:3], cu, cu, leaves[3], start, None, causal, None, 0.0)
+    go = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    want = torch.autograd.grad(ref, leaves, go, allow_unused=True)
+    probs = []
+    out, lse = kattn.attention_blocks(q, k, v, cu, cu, bias, start, None, causal, None, need_lse=need_lse,
+                                      probs=probs)
+    runs = kattn.block_runs(cu, cu, start)
+    assert [tuple(p.shape) for p in probs] == [(m, hq, lq, lk) for _, m, lq, lk in runs]
+    torch.testing.assert_close(out, ref.detach(), rtol=1e-9, atol=1e-9)
+    if need_lse:
+        torch.testing.assert_close(lse, kattn.attention_reference(q, k, v, cu, cu, bias, start, None, causal, None)[1])
+    for p in probs:
+        assert torch.isfinite(p).all()
+    got = kattn.attention_blocks_backward(go, q, k, v, out, lse, cu, cu, bias, start, None, causal, None, 0.0, True,
+                                          probs=probs)
+    for what, a, b in zip(("dq", "dk", "dv", "dbias"), got, want):
+        b = torch.zeros_like(a) if b is None else b
+        torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
+    if hide:
+        rows = [int(cu[s]) for s in range(n0)]  # query row 0 of each of the first sample's segments
+        assert torch.equal(out[rows], torch.zeros_like(out[rows]))
+
+
+def test_blocks_kept_probabilities_must_match_the_runs():
+    cu, start, tb = _pair_rows([2, 3])
+    q = torch.randn(int(cu[-1]), 1, 2)
+    bias = torch.randn(tb, 1)
+    probs = []
+    out, lse = kattn.attention_blocks(q, q, q, cu, cu, bias, start, None, False, None, probs=probs)
+    with pytest.raises(ValueError, match="1 kept probabilities for 2 runs"):
+        kattn.attention_blocks_backward(out, q, q, q, out, lse, cu, cu, bias, start, None, False, None, 0.0, True,
+                                        probs=probs[:1])
+    with pytest.raises(ValueError, match="without dropout only"):
+        kattn.attention_blocks(q, q, q, cu, cu, bias, start, torch.ones(13, 1, dtype=torch.bool), False, None, 0.5,
+                               probs=[])
+
+
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
 def test_blocks_backward_rows_without_visible_key_and_half_types(dtype):
     """Pair rows (segments sharing their sample's bias block, one sample empty) where the bias

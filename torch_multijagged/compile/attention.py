@@ -396,10 +396,12 @@ def _varlen_setup(ctx, inputs, output):
     ctx.args = (max_q, max_k, causal, scale, dropout_p)
 
 
-def _varlen_backward(ctx, grad, _grad_lse):
+def _varlen_backward(ctx, grad, _grad_lse, lse_now=None):
+    """``lse_now``: the forward's ``lse`` when it was not written then."""
     if grad is None:
         return (None,) * 13
     q, k, v, out, lse, cu_q, cu_k, bias, bias_start, seed = ctx.saved_tensors
+    lse = lse if lse_now is None else lse_now
     max_q, max_k, causal, scale, dropout_p = ctx.args
     need_bias = bias is not None and ctx.needs_input_grad[7]
     dq, dk, dv, db = mj.varlen_attention_backward(grad, q, k, v, out, lse, cu_q, cu_k, max_q, max_k, bias,
@@ -417,25 +419,68 @@ torch.library.register_autograd(
 )
 
 
+# the most probabilities (score entries × heads) the eager formula keeps for the backward
+# (NOTE [ Keeping the probabilities ] in kernels/attention_blocks.py): 256 MiB in float32
+KEEP_PROBS_MAX = 1 << 26
+
+
+def keeps_probs(q, cu_q, cu_k, max_k, bias, needs_bias_grad: bool, dropout_p: float) -> bool:
+    """Whether the eager formula keeps the probabilities for its backward: the ``blocks``
+    backend with a bias that needs a gradient (dense SDPA's math path, which a per-sample loop
+    takes then, keeps them too), float32 or float64, up to ``KEEP_PROBS_MAX`` entries."""
+    if bias is None or not needs_bias_grad or dropout_p or q.dtype not in (torch.float32, torch.float64):
+        return False
+    if choose_backend(q, q, q, cu_q, cu_k, max_k, bias, dropout_p) != "blocks":
+        return False
+    # SYNC: none (the CPU's lengths are host tensors)
+    return int((cu_q.diff() * cu_k.diff()).sum()) * q.shape[1] <= KEEP_PROBS_MAX
+
+
 class _VarlenAttention(torch.autograd.Function):
     """``varlen_attention`` with its formula, for the eager values path (NOTE [ Eager values
     path ] in ops/fastpath.py: no dispatch mode, functorch transform or trace is active there),
     without the op's trip through the dispatcher and ``torch.library``'s autograd layer, whose
-    argument binding alone costs ≈ 20 µs a call. Traced code and everything else call the op."""
+    argument binding alone costs ≈ 20 µs a call. Traced code and everything else call the op.
+    It keeps the probabilities where ``keeps_probs`` says so; its ``lse`` output is then written
+    only when ``need_lse``, and a backward that records a graph (second order) recomputes it."""
 
     @staticmethod
-    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale, dropout_p):  # type: ignore[override]
-        out, lse = varlen_attention_impl(q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale,
-                                         dropout_p)
-        _varlen_setup(ctx, (q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale, dropout_p),
-                      (out, lse))
+    def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale, dropout_p,  # type: ignore[override]
+                need_lse=True):
+        args = (q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale, dropout_p)
+        ctx.probs = None
+        if keeps_probs(q, cu_q, cu_k, max_k, bias, ctx.needs_input_grad[7], dropout_p):
+            ctx.probs = []
+            out, lse = kattn.attention_blocks(q, k, v, cu_q, cu_k, bias, bias_start, None, causal, scale,
+                                              need_lse=need_lse, probs=ctx.probs)
+        else:
+            need_lse = True
+            out, lse = varlen_attention_impl(*args)
+        ctx.lse_written = need_lse
+        _varlen_setup(ctx, args, (out, lse))
         return out, lse
 
     @staticmethod
     def backward(ctx, grad, grad_lse):  # type: ignore[override]
-        return _varlen_backward(ctx, grad, grad_lse)
+        if grad is not None and ctx.probs is not None and not torch.is_grad_enabled():
+            q, k, v, out, lse, cu_q, cu_k, bias, bias_start, _ = ctx.saved_tensors
+            _, _, causal, scale, _ = ctx.args
+            n = ctx.needs_input_grad
+            dq, dk, dv, db = kattn.attention_blocks_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias, bias_start,
+                                                             None, causal, scale, 0.0, True, probs=ctx.probs)
+            return (dq if n[0] else None, dk if n[1] else None, dv if n[2] else None, None, None, None, None, db,
+                    None, None, None, None, None, None)
+        lse = None
+        if grad is not None and not ctx.lse_written:  # a backward recording a graph reads lse
+            q, k, v, _, _, cu_q, cu_k, bias, bias_start, seed = ctx.saved_tensors
+            max_q, max_k, causal, scale, dropout_p = ctx.args
+            with torch.no_grad():
+                lse = varlen_attention_impl(q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale,
+                                            dropout_p)[1]
+        return *_varlen_backward(ctx, grad, grad_lse, lse), None
 
 
-def varlen_attention_eager(*args):
-    """``mj.varlen_attention(*args)`` for the eager values path (``_VarlenAttention``)."""
-    return _VarlenAttention.apply(*args)
+def varlen_attention_eager(*args, need_lse: bool = True):
+    """``mj.varlen_attention(*args)`` for the eager values path (``_VarlenAttention``);
+    ``need_lse=False``: its caller reads no ``lse``."""
+    return _VarlenAttention.apply(*args, need_lse)

@@ -438,7 +438,7 @@ def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, d
     if _traced(qv):
         out, lse = mj.varlen_attention(*args)
     elif differentiable and torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (qv, kv, vv, bias)):
-        out, lse = cattn.varlen_attention_eager(*args)  # the op's formula, without the dispatcher
+        out, lse = cattn.varlen_attention_eager(*args, need_lse=need_lse)  # the op's formula, no dispatcher
     else:
         # Below autograd already (this is the handler of multijagged::sdpa, whose formula calls
         # the backward op), or above it with no gradient to record (the values path under
