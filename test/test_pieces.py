@@ -150,6 +150,33 @@ def test_pieces_of_images_made_small_go_back_to_the_canvas():
     assert seen == [True, True, True, False], seen
 
 
+@pytest.mark.parametrize("case", ["large output", "strided to small", "16 channels out", "small images"])
+def test_thin_input_conv_goes_image_by_image_when_its_output_does(case):
+    """A conv of a thin input (3 channels: colours) goes image by image, on contiguous images, when
+    its output images would on their own in the loop's format (``thin_per_image_applies``:
+    ≥ ``CHANNELS_FIRST_FROM`` output channels, large output images); its result then holds
+    contiguous pieces. Otherwise it runs on the canvas. Either way the result and every gradient
+    are the dense conv's on each image."""
+    sizes = [(20, 18), (0, 5), (16, 21)] if case == "small images" else [(40, 40), (0, 7), (36, 45), (38, 34)]
+    c_out = 16 if case == "16 channels out" else 32
+    stride = 4 if case == "strided to small" else 1
+    g = torch.Generator().manual_seed(5)
+    w = torch.randn(c_out, 3, 3, 3, generator=g, dtype=F64).requires_grad_()
+    b = torch.randn(c_out, generator=g, dtype=F64).requires_grad_()
+    seen = []
+
+    def net(t, record=False):
+        y = F.conv2d(t, w, b, stride=stride, padding=1)
+        if record:
+            seen.append(pieces.holds_pieces(y))
+            seen.extend(p.is_contiguous() for p in pieces.split(y) if p is not None)
+        return torch.tanh(y).mean((-2, -1))
+
+    _per_image_check(lambda t: net(t, True), net, _images(sizes, 3, c=3), [w, b], rtol=1e-6, atol=1e-6)
+    held = case == "large output"
+    assert seen[0] == held and (not held or all(seen[1:])), seen
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_dtypes_as_the_dense_ops(small_images_go_image_by_image, dtype):
     comps = _images([(5, 6), (0, 2), (7, 3)], 0, dtype=dtype)

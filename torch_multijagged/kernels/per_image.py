@@ -38,12 +38,22 @@ over per-image time, 1 thread): 32 input channels, B = 16: 0.91 at 150 px per im
 at 300–600 px, 1.05 at 1,150 px, 1.15 at 2,300 px, 1.21 at 5,800 px, 1.38 at 8,900 px (2 threads:
 0.81 at 580 px, 1.04 at 1,270 px, 1.51 at 4,700 px); B = 64: 0.42 at 34 px, 0.82 at 560 px,
 1.06 at 1,250 px. With 3 input channels the canvas's backward is oneDNN's own, and the two paths
-are within ±13 % of each other from 1,300 to 9,000 px (either way), so thin inputs stay on the
-canvas. Taking them image by image, so that the pieces start one layer earlier, gained 3–12 % on
-``benchmarks/images.py``'s CNN (which keeps its images large) but cost the networks that shrink
-them: every later op then goes image by image, where the canvas batches the small images —
-ResNet-18 on images of 32–64 px (``benchmarks/backbone.py``, 2 threads) fell from 1.8× the loop
-to 1.0×, the NaViT patch embedding from 2.2–2.3× to 1.8–2.0×.
+are within ±13 % of each other from 1,300 to 9,000 px (either way). What decides a thin input's
+conv (``thin_per_image_applies``) is what follows it: taking it image by image makes its output
+pieces, and every later op then goes image by image while the images stay large. So it goes image
+by image where its output images would on their own (≥ ``CHANNELS_FIRST_FROM`` output channels,
+≥ ``PIXELS_PER_IMAGE`` output pixels per image), on contiguous images as the loop's, whose output
+is then the contiguous pieces the next ops run on; else it stays on the canvas. The canvas there
+cost a gather of its output into pixel rows and a copy of each image's rows into a contiguous
+image (and in backward a ``cat`` of the pieces' gradients and a scatter onto a zeroed canvas):
+``benchmarks/images.py``'s BatchNorm CNN (3 → 32, B = 4, interleaved in one process) ran 0.90–0.93×
+the loop with the canvas, 0.94–1.02× so. A first rule that took every thin input image by image
+cost the networks that shrink their images at once: ResNet-18 on images of 32–64 px
+(``benchmarks/backbone.py``, 2 threads; its 7×7 stride-2 stem's outputs are ~600 px) fell from
+1.8× the loop to 1.0×, the NaViT patch embedding (16×16 stride 16) from 2.2–2.3× to 1.8–2.0×; under
+this rule both keep the canvas. A 3 → 16 conv keeps it too (16 output channels: each image's
+format is kept there, and image by image it measured 0.97–0.98× against 1.00–1.03× the loop on a
+3 → 16 → 16 → 32 CNN with eval-mode batch norm).
 
 NOTE [ Pooling image by image ]
 
@@ -118,7 +128,7 @@ from typing import Callable, Optional
 import torch
 from torch import Tensor
 
-__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "HELD_PIXELS_PER_IMAGE", "CHANNELS_FIRST_FROM", "as_image", "per_image_applies", "pack_images", "pool_per_image_applies",
+__all__ = ["PIXELS_PER_IMAGE", "MIN_CHANNELS", "HELD_PIXELS_PER_IMAGE", "CHANNELS_FIRST_FROM", "as_image", "per_image_applies", "thin_per_image_applies", "pack_images", "pool_per_image_applies",
            "signals_per_sample_applies", "adaptive_each_applies", "adaptive_signals_each_applies", "adaptive_pool_each"]
 
 PIXELS_PER_IMAGE = 1024
@@ -144,6 +154,14 @@ def per_image_applies(sizes: list, channels: int, held: bool = False) -> bool:
     if held:
         return b > 0 and px >= max(1, HELD_PIXELS_PER_IMAGE * b)
     return b > 0 and channels >= MIN_CHANNELS and px >= max(1, PIXELS_PER_IMAGE * b)
+
+
+def thin_per_image_applies(channels: int, out_channels: int, out_sizes: list) -> bool:
+    """A conv of a thin input (fewer than ``MIN_CHANNELS`` channels: colours) goes image by image
+    when its output images would on their own, in the loop's contiguous format (NOTE
+    [ Convolutions image by image ]); ``out_sizes``: host ``(h', w')`` per image."""
+    return channels < MIN_CHANNELS and out_channels >= CHANNELS_FIRST_FROM and per_image_applies(out_sizes,
+                                                                                               out_channels)
 
 
 def pack_images(images, rows: int, channels: int, dtype: torch.dtype, device: torch.device) -> Tensor:

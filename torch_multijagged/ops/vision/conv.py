@@ -266,9 +266,10 @@ def conv(op: str, nspatial: int, input: MJT, weight, bias=None, stride=1, paddin
     fn = _CONV[nspatial]
     pad_canvas = tuple(pl for pl, _ in pads)
     if nspatial == 2 and _canonical(input, 2) and all(pl == pr for pl, pr in pads):
-        if pim.per_image_applies(pieces.image_sizes(input._partition), c, pieces.holds_pieces(input)):
-            # large images: the dense op per image on views of the rows (NOTE [ Convolutions
-            # image by image ] in kernels/per_image.py)
+        if pim.per_image_applies(pieces.image_sizes(input._partition), c, pieces.holds_pieces(input)) or (
+                pim.thin_per_image_applies(c, weight.shape[0], per_sample.window_out_sizes(op, input, windows))):
+            # large images (or a thin input whose output images are): the dense op per image on
+            # views of the rows (NOTE [ Convolutions image by image ] in kernels/per_image.py)
             return per_sample.conv_per_image(op, input, windows, weight, bias, s, pad_canvas, d, groups)
     if (nspatial == 1 and _canonical(input, 1) and pads[0][0] == pads[0][1] and input._values.numel()
             and pim.signals_per_sample_applies(per_sample.sample_lengths(input), c * weight.shape[0] * k[0] // groups)):

@@ -84,9 +84,12 @@ def conv_per_image(op: str, x: MJT, windows, weight, bias, stride, padding, dila
     in ``pieces.py``), read by the next image-by-image op without packing."""
     hw = window_out_sizes(op, x, windows)
     ps = pieces.split(x)
+    # a thin input (``thin_per_image_applies``): the loop's contiguous images in, so that the
+    # output is contiguous too
+    planar = x._size[1] < pim.MIN_CHANNELS
     outs = pieces.in_size_order(lambda i: None if ps[i] is None or hw[i][0] * hw[i][1] == 0
-                               else cv.onednn_safe_conv(pim.as_image(ps[i]), weight, bias, stride, padding, dilation,
-                                                        groups),
+                               else cv.onednn_safe_conv(pim.as_image(ps[i], planar), weight, bias, stride, padding,
+                                                        dilation, groups),
                                 ps, largest_last=True)
     live = [o for o in outs if o is not None]
     if not live:
