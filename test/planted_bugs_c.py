@@ -190,4 +190,7 @@ BUGS_C = [
     Bug("batch norm image by image's first-order input gradient drops the centring", "kernels/norms.py",
         "gi = torch.batch_norm(x, a, b0, mean, one, False, 0.0, 0.0, False)",
         "gi = torch.batch_norm(x, a, b0, mean * 0, one, False, 0.0, 0.0, False)", ("test_pieces.py", "test_image_norms.py")),
+    Bug("short segments' unfused forward drops the scale", "kernels/attention_common.py",
+        "k3.transpose(-1, -2), beta=0, alpha=scale)", "k3.transpose(-1, -2), beta=0, alpha=1.0)",
+        ("test_attention.py", "test_attention_kernels.py")),
 ]
