@@ -97,6 +97,8 @@ key                                   value (method that builds it)
 ``("canvas", s, windows, rd, static)`` the canvas plan of a windowed op over ``s`` spatial dims
                                       (``kernels/canvas.py``: ``plan_canvas``; ops/vision/conv.py,
                                       ``max_pool1d`` in ops/nn/ragged.py)
+``("canvas_sizes", s, windows, rd, static)`` (B, s) spatial sizes and output sizes of that op
+                                      (ops/vision/conv.py: ``_plan``)
 ``("keep_along", p, rd, key)``        the rows of a tensor of partition ``p`` that an op along a ragged dim reads,
                                       its fill mask and gradient blocks (ops/indexing/along.py: ``keep_along``)
 ``("drop_along", k, key)``            the rows ``x[:, i]`` reads along ragged dim k (``drop_along``)

@@ -183,11 +183,16 @@ _WHY = (
 
 
 def _plan(op: str, x: MJT, windows, nspatial: int):
-    sizes = per_sample.spatial_sizes(x, nspatial)
-    out_sizes = cv.output_sizes(op, sizes, windows)
     # the static spatial sizes too: one partition serves every width of a static dim
     # (``x`` and ``x[..., :1]`` of a ragged height), and each needs its own canvas
     static = tuple(x._size[d] for d in range(2, 2 + nspatial) if d not in x._ragged_dims)
+
+    def sizes_of(p):  # raises where dense torch does, naming ``op`` (a failure is not cached)
+        sizes = per_sample.spatial_sizes(x, nspatial)
+        return sizes, cv.output_sizes(op, sizes, windows)
+
+    sizes, out_sizes = x._partition.derived(("canvas_sizes", nspatial, tuple(windows), x._ragged_dims, static),
+                                            sizes_of)
     key = ("canvas", nspatial, tuple(windows), x._ragged_dims, static)
     plan = x._partition.derived(key, lambda p: cv.plan_canvas(sizes, windows, x._values.device))
     return sizes, out_sizes, plan
