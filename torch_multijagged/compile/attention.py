@@ -387,12 +387,13 @@ torch.library.register_fake("multijagged::varlen_attention", _varlen_fake, lib=L
 torch.library.register_fake("multijagged::varlen_attention_backward", _varlen_backward_fake, lib=LIB)
 
 
-def _varlen_setup(ctx, inputs, output):
+def _varlen_setup(ctx, inputs, output, kept=()):
+    """``kept``: tensors saved after the op's own ten (the eager formula's probabilities)."""
     q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale, dropout_p = inputs
     _no_zero_fill(ctx)
     ctx.mark_non_differentiable(output[1])
     ctx.save_for_backward(q.detach(), k.detach(), v.detach(), output[0].detach(), output[1], cu_q, cu_k,
-                          None if bias is None else bias.detach(), bias_start, seed)
+                          None if bias is None else bias.detach(), bias_start, seed, *kept)
     ctx.args = (max_q, max_k, causal, scale, dropout_p)
 
 
@@ -400,7 +401,7 @@ def _varlen_backward(ctx, grad, _grad_lse, lse_now=None):
     """``lse_now``: the forward's ``lse`` when it was not written then."""
     if grad is None:
         return (None,) * 13
-    q, k, v, out, lse, cu_q, cu_k, bias, bias_start, seed = ctx.saved_tensors
+    q, k, v, out, lse, cu_q, cu_k, bias, bias_start, seed = ctx.saved_tensors[:10]
     lse = lse if lse_now is None else lse_now
     max_q, max_k, causal, scale, dropout_p = ctx.args
     need_bias = bias is not None and ctx.needs_input_grad[7]
@@ -424,13 +425,13 @@ torch.library.register_autograd(
 KEEP_PROBS_MAX = 1 << 26
 
 
-def keeps_probs(q, cu_q, cu_k, max_k, bias, needs_bias_grad: bool, dropout_p: float) -> bool:
+def keeps_probs(q, k, v, cu_q, cu_k, max_k, bias, needs_bias_grad: bool, dropout_p: float) -> bool:
     """Whether the eager formula keeps the probabilities for its backward: the ``blocks``
     backend with a bias that needs a gradient (dense SDPA's math path, which a per-sample loop
     takes then, keeps them too), float32 or float64, up to ``KEEP_PROBS_MAX`` entries."""
     if bias is None or not needs_bias_grad or dropout_p or q.dtype not in (torch.float32, torch.float64):
         return False
-    if choose_backend(q, q, q, cu_q, cu_k, max_k, bias, dropout_p) != "blocks":
+    if choose_backend(q, k, v, cu_q, cu_k, max_k, bias, dropout_p) != "blocks":
         return False
     # SYNC: none (the CPU's lengths are host tensors)
     return int((cu_q.diff() * cu_k.diff()).sum()) * q.shape[1] <= KEEP_PROBS_MAX
@@ -441,38 +442,39 @@ class _VarlenAttention(torch.autograd.Function):
     path ] in ops/fastpath.py: no dispatch mode, functorch transform or trace is active there),
     without the op's trip through the dispatcher and ``torch.library``'s autograd layer, whose
     argument binding alone costs ≈ 20 µs a call. Traced code and everything else call the op.
-    It keeps the probabilities where ``keeps_probs`` says so; its ``lse`` output is then written
-    only when ``need_lse``, and a backward that records a graph (second order) recomputes it."""
+    It keeps the probabilities where ``keeps_probs`` says so, saved as the op's tensors are (freed
+    by the backward that reads them); its ``lse`` output is then written only when ``need_lse``,
+    and a backward that records a graph (second order) recomputes it."""
 
     @staticmethod
     def forward(ctx, q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale, dropout_p,  # type: ignore[override]
                 need_lse=True):
         args = (q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale, dropout_p)
-        ctx.probs = None
-        if keeps_probs(q, cu_q, cu_k, max_k, bias, ctx.needs_input_grad[7], dropout_p):
-            ctx.probs = []
+        probs = None
+        if keeps_probs(q, k, v, cu_q, cu_k, max_k, bias, ctx.needs_input_grad[7], dropout_p):
+            probs = []
             out, lse = kattn.attention_blocks(q, k, v, cu_q, cu_k, bias, bias_start, None, causal, scale,
-                                              need_lse=need_lse, probs=ctx.probs)
+                                              need_lse=need_lse, probs=probs)
         else:
             need_lse = True
             out, lse = varlen_attention_impl(*args)
-        ctx.lse_written = need_lse
-        _varlen_setup(ctx, args, (out, lse))
+        ctx.kept, ctx.lse_written = probs is not None, need_lse
+        _varlen_setup(ctx, args, (out, lse), probs or ())
         return out, lse
 
     @staticmethod
     def backward(ctx, grad, grad_lse):  # type: ignore[override]
-        if grad is not None and ctx.probs is not None and not torch.is_grad_enabled():
-            q, k, v, out, lse, cu_q, cu_k, bias, bias_start, _ = ctx.saved_tensors
+        if grad is not None and ctx.kept and not torch.is_grad_enabled():
+            q, k, v, out, lse, cu_q, cu_k, bias, bias_start, _, *probs = ctx.saved_tensors
             _, _, causal, scale, _ = ctx.args
             n = ctx.needs_input_grad
             dq, dk, dv, db = kattn.attention_blocks_backward(grad, q, k, v, out, lse, cu_q, cu_k, bias, bias_start,
-                                                             None, causal, scale, 0.0, True, probs=ctx.probs)
+                                                             None, causal, scale, 0.0, True, probs=probs)
             return (dq if n[0] else None, dk if n[1] else None, dv if n[2] else None, None, None, None, None, db,
                     None, None, None, None, None, None)
         lse = None
         if grad is not None and not ctx.lse_written:  # a backward recording a graph reads lse
-            q, k, v, _, _, cu_q, cu_k, bias, bias_start, seed = ctx.saved_tensors
+            q, k, v, _, _, cu_q, cu_k, bias, bias_start, seed = ctx.saved_tensors[:10]
             max_q, max_k, causal, scale, dropout_p = ctx.args
             with torch.no_grad():
                 lse = varlen_attention_impl(q, k, v, cu_q, cu_k, max_q, max_k, bias, bias_start, seed, causal, scale,

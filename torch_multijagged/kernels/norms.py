@@ -196,12 +196,10 @@ class _BatchNormImages(torch.autograd.Function):
                     gi = -gb.view(1, c, 1, 1) / n if g is None else g - gb.view(1, c, 1, 1) / n
                     gx[i] = (gi - xh * (gw / n).view(1, c, 1, 1)) * scale
         else:
-            # first order: Σ g·(x − μ) = ∂w / σ⁻¹ per channel, then one fused pass per image
-            # (x − μ is formed twice per image rather than kept for every image at once: the
-            # backward's peak is the step's)
-            # aten's own fused passes, with the batch's mean as the "running" mean and a unit
-            # variance (eps 0): Σ g·(x − μ) per channel in one pass over each image (eval-mode
-            # batch norm's weight gradient), and (x − μ)·a + b₀ in one
+            # first order, in aten's fused passes with the batch's mean as the "running" mean and
+            # a unit variance (eps 0): Σ g·(x − μ) = ∂w / σ⁻¹ per channel in one pass over each
+            # image (eval-mode batch norm's weight gradient), then (x − μ)·a + b₀ in one (eval-mode
+            # batch norm), x − μ never held for every image at once (the backward's peak is the step's)
             one = torch.ones_like(mean)
             gb = sum(_channel_sum(g) for _, g in live)
             gd = sum(torch.ops.aten.native_batch_norm_backward(g, x, None, mean, one, None, None, False, 0.0,

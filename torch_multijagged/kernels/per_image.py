@@ -47,7 +47,7 @@ is then the contiguous pieces the next ops run on; else it stays on the canvas. 
 cost a gather of its output into pixel rows and a copy of each image's rows into a contiguous
 image (and in backward a ``cat`` of the pieces' gradients and a scatter onto a zeroed canvas):
 ``benchmarks/images.py``'s BatchNorm CNN (3 → 32, B = 4, interleaved in one process) ran 0.90–0.93×
-the loop with the canvas, 0.94–1.02× so. A first rule that took every thin input image by image
+the loop with the canvas, 0.94–1.02× image by image. A first rule that took every thin input image by image
 cost the networks that shrink their images at once: ResNet-18 on images of 32–64 px
 (``benchmarks/backbone.py``, 2 threads; its 7×7 stride-2 stem's outputs are ~600 px) fell from
 1.8× the loop to 1.0×, the NaViT patch embedding (16×16 stride 16) from 2.2–2.3× to 1.8–2.0×; under
