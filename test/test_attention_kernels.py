@@ -138,7 +138,7 @@ def _grads(case, name):
 def test_kernel_matches_oracle(name, case):
     out, lse, ref, got, ref_grads, _ = _grads(case, name)
     assert out.shape == ref.shape and out.dtype == ref.dtype
-    torch.testing.assert_close(out, ref.detach(), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
     for what, a, b in zip(("dq", "dk", "dv", "dbias"), got, ref_grads):
         if b is None and a is None:
             continue
@@ -389,6 +389,26 @@ def _pair_rows(ns):
     return _cu(seg), torch.tensor(starts, dtype=torch.int64), acc
 
 
+def _pair_rows_case(ns, heads, hb_all, causal, seed, hidden_bias_rows=0):
+    """Pair rows ``_pair_rows(ns)`` with float64 ``q, k, v`` (heads ``(Hq, Hk)``, head size 3) and a
+    bias of ``Hq`` heads or one, its first ``hidden_bias_rows`` rows -inf; the oracle's output, a
+    random cotangent and the oracle's gradients of the four (zeros where unused). Returns
+    ``(cu, start, (q, k, v, bias), out, cotangent, gradients)``."""
+    cu, start, tb = _pair_rows(ns)
+    hq, hk = heads
+    g = torch.Generator().manual_seed(seed)
+    t = int(cu[-1])
+    q = torch.randn(t, hq, 3, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(t, hk, 3, generator=g, dtype=torch.float64) for _ in range(2))
+    bias = torch.randn(tb, hq if hb_all else 1, generator=g, dtype=torch.float64)
+    bias[:hidden_bias_rows] = float("-inf")
+    leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
+    ref = oracle(*leaves[:3], cu, cu, leaves[3], start, None, causal, None, 0.0)
+    go = torch.randn(ref.shape, generator=g, dtype=torch.float64)
+    want = torch.autograd.grad(ref, leaves, go, allow_unused=True, materialize_grads=True)
+    return cu, start, (q, k, v, bias), ref.detach(), go, want
+
+
 @pytest.mark.parametrize("chunk", [1, 40])
 @few(10)
 @given(ns=st.lists(st.integers(0, 5), min_size=1, max_size=3).filter(any), heads=st.sampled_from([(1, 1), (2, 1), (2, 2)]),
@@ -397,17 +417,7 @@ def test_blocks_backward_in_chunks_matches_oracle(chunk, ns, heads, hb_all, caus
     """``attention_blocks_backward`` splits a run into chunks of ``_BLOCKS_CHUNK`` score entries
     (at least one segment each); chunk boundaries inside a run (one segment per chunk, or a few)
     change no gradient, the bias's summed over every chunk of the run included."""
-    cu, start, tb = _pair_rows(ns)
-    hq, hk = heads
-    g = torch.Generator().manual_seed(seed)
-    t = int(cu[-1])
-    q = torch.randn(t, hq, 3, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(t, hk, 3, generator=g, dtype=torch.float64) for _ in range(2))
-    bias = torch.randn(tb, hq if hb_all else 1, generator=g, dtype=torch.float64)
-    leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
-    ref = oracle(*leaves[:3], cu, cu, leaves[3], start, None, causal, None, 0.0)
-    go = torch.randn(ref.shape, generator=g, dtype=torch.float64)
-    want = torch.autograd.grad(ref, leaves, go, allow_unused=True)
+    cu, start, (q, k, v, bias), _, go, want = _pair_rows_case(ns, heads, hb_all, causal, seed)
     old = kblocks._BLOCKS_CHUNK
     kblocks._BLOCKS_CHUNK = chunk
     try:
@@ -416,7 +426,6 @@ def test_blocks_backward_in_chunks_matches_oracle(chunk, ns, heads, hb_all, caus
     finally:
         kblocks._BLOCKS_CHUNK = old
     for what, a, b in zip(("dq", "dk", "dv", "dbias"), got, want):
-        b = torch.zeros_like(a) if b is None else b
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
 
 
@@ -429,26 +438,16 @@ def test_blocks_keeping_probabilities_matches_oracle(ns, heads, hb_all, causal, 
     ``lse`` (when asked) equal the oracle's, and ``attention_blocks_backward`` reading them gives
     the oracle's gradients — with GQA heads, causal masks, and a bias hiding every key of a row
     (zero output row, zero probabilities, zero gradients, never nan)."""
-    cu, start, tb = _pair_rows(ns)
-    hq, hk = heads
-    g = torch.Generator().manual_seed(seed)
-    t = int(cu[-1])
-    q = torch.randn(t, hq, 3, generator=g, dtype=torch.float64)
-    k, v = (torch.randn(t, hk, 3, generator=g, dtype=torch.float64) for _ in range(2))
-    bias = torch.randn(tb, hq if hb_all else 1, generator=g, dtype=torch.float64)
     n0 = next(n for n in ns if n)
-    if hide:  # the first sample's query row 0 sees no key (every head, when the bias has one)
-        bias[:n0] = float("-inf")
-    leaves = [x.clone().requires_grad_() for x in (q, k, v, bias)]
-    ref = oracle(*leaves[:3], cu, cu, leaves[3], start, None, causal, None, 0.0)
-    go = torch.randn(ref.shape, generator=g, dtype=torch.float64)
-    want = torch.autograd.grad(ref, leaves, go, allow_unused=True)
+    # with ``hide``, the first sample's query row 0 sees no key (every head, when the bias has one)
+    cu, start, (q, k, v, bias), ref, go, want = _pair_rows_case(ns, heads, hb_all, causal, seed, n0 if hide else 0)
+    hq = heads[0]
     probs = []
     out, lse = kattn.attention_blocks(q, k, v, cu, cu, bias, start, None, causal, None, need_lse=need_lse,
                                       probs=probs)
     runs = kattn.block_runs(cu, cu, start)
     assert [tuple(p.shape) for p in probs] == [(m, hq, lq, lk) for _, m, lq, lk in runs]
-    torch.testing.assert_close(out, ref.detach(), rtol=1e-9, atol=1e-9)
+    torch.testing.assert_close(out, ref, rtol=1e-9, atol=1e-9)
     if need_lse:
         torch.testing.assert_close(lse, kattn.attention_reference(q, k, v, cu, cu, bias, start, None, causal, None)[1])
     for p in probs:
@@ -456,7 +455,6 @@ def test_blocks_keeping_probabilities_matches_oracle(ns, heads, hb_all, causal, 
     got = kattn.attention_blocks_backward(go, q, k, v, out, lse, cu, cu, bias, start, None, causal, None, 0.0, True,
                                           probs=probs)
     for what, a, b in zip(("dq", "dk", "dv", "dbias"), got, want):
-        b = torch.zeros_like(a) if b is None else b
         torch.testing.assert_close(a, b, rtol=1e-9, atol=1e-9, msg=lambda m: f"{what}: {m}")
     if hide:
         rows = [int(cu[s]) for s in range(n0)]  # query row 0 of each of the first sample's segments
