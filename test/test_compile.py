@@ -460,3 +460,86 @@ def test_attention_operands_built_apart_under_compile():
     _, v, _, _ = _apart((3, 0, 5), seed=4)
     with pytest.raises(Exception, match="operands built apart combine only where their ragged sizes are equal"):
         f(q, k, v)
+
+
+def _pair_of(x):
+    return x.unsqueeze(-2) + x.unsqueeze(-3)
+
+
+# reductions over ragged dims whose eager form depends on the sizes (a reduction sample by sample
+# from 256 rows a sample): traced, no size may be compared with those thresholds
+_SIZE_RULED = {
+    "pair.sum(-2)": lambda x: _pair_of(x).sum(-2),
+    "pair.mean(-2)": lambda x: _pair_of(x).mean(-2),
+    "pair.amax(-3)": lambda x: _pair_of(x).amax(-3),
+    "pair.logsumexp(-2)": lambda x: _pair_of(x).logsumexp(-2),
+    "pair.var(-2)": lambda x: _pair_of(x).var(-2),
+    "pair.sum((1, 2))": lambda x: _pair_of(x).sum((1, 2)),
+    "x.sum(1)": lambda x: x.sum(1),
+}
+
+
+@pytest.mark.parametrize("case", _SIZE_RULED)
+def test_reductions_over_ragged_dims_one_graph_whatever_the_sizes(case):
+    """Traced first on short samples, then on samples past every eager size rule, then short
+    again: one graph, forward and input gradient equal to eager's."""
+    cc = CompileCounterWithBackend("aot_eager")
+    f = _SIZE_RULED[case]
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for ls in ((3, 5, 2), (40, 30, 35) if case.startswith("pair") else (300, 280, 310), (4, 0, 6)):
+        x = mj.nested_tensor([torch.randn(n, 4, dtype=torch.float64) for n in ls], requires_grad=True)
+        got, want = cf(x), f(x)
+        torch.testing.assert_close(_values_or_dense(got), _values_or_dense(want), equal_nan=True)
+        g1, = torch.autograd.grad(_values_or_dense(got).nansum(), x)
+        g2, = torch.autograd.grad(_values_or_dense(want).nansum(), x)
+        torch.testing.assert_close(g1.values(), g2.values(), equal_nan=True)
+    assert cc.frame_count == 1
+
+
+_FALLBACK_CASES = {
+    "cummax along the ragged dim (an eager-only route)": lambda x: (x * 2).cummax(1).values + 1,
+    "x[:, 1:]": lambda x: (x * 2)[:, 1:] + 1,
+    "unbind": lambda x: torch.stack([t.sum() for t in (x * 2).unbind()]),
+}
+
+
+@pytest.mark.parametrize("case", _FALLBACK_CASES)
+def test_graph_break_fallback_runs_our_ops_eagerly(case):
+    """An op that breaks the graph runs eagerly between the compiled regions: an eager-only route
+    calls no frame dynamo would compile per sample (a recompile per new length before), and the
+    size reads dynamo's own code makes there answer (a ``TypeError`` before: the recurrent-layer
+    check hashed code objects whose constants are unhashable)."""
+    cc = CompileCounterWithBackend("aot_eager")
+    f = _FALLBACK_CASES[case]
+    cf = torch.compile(f, backend=cc)
+    frames = []
+    for ls in ((3, 5, 2), (30, 20, 26), (4, 1, 6), (7, 7, 7)):
+        x = mj.nested_tensor([torch.randn(n, 4) for n in ls], requires_grad=True)
+        got, want = cf(x), f(x)
+        torch.testing.assert_close(_values_or_dense(got), _values_or_dense(want))
+        g1, = torch.autograd.grad(_values_or_dense(got).sum(), x)
+        g2, = torch.autograd.grad(_values_or_dense(want).sum(), x)
+        torch.testing.assert_close(g1.values(), g2.values())
+        frames.append(cc.frame_count)
+    if case != "unbind":  # dense components of new shapes: dynamo's own automatic dynamic shapes
+        assert frames[1:] == frames[:1] * 3, frames
+
+
+@pytest.mark.parametrize("weight", [False, True])
+@pytest.mark.parametrize("pair", [False, True])
+def test_rms_norm_compiles_over_two_ragged_dims(pair, weight):
+    """``F.rms_norm`` (dynamo inlines it: ``torch.rms_norm`` is routed too) of a pair: fullgraph,
+    one graph over new lengths, output and the gradients of input and weight equal to eager's."""
+    cc = CompileCounterWithBackend("aot_eager")
+    w = torch.randn(4, dtype=torch.float64, requires_grad=True) if weight else None
+    f = (lambda x: F.rms_norm(_pair_of(x), (4,), w)) if pair else (lambda x: F.rms_norm(x, (4,), w, 1e-3))
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for ls in ((3, 5, 2), (7, 1, 4), (2, 0, 3)):
+        x = mj.nested_tensor([torch.randn(n, 4, dtype=torch.float64) for n in ls], requires_grad=True)
+        got, want = cf(x), f(x)
+        torch.testing.assert_close(got.values(), want.values())
+        leaves = [x] + ([w] if weight else [])
+        for a, b in zip(torch.autograd.grad((got.values() ** 2).sum(), leaves),
+                        torch.autograd.grad((want.values() ** 2).sum(), leaves)):
+            torch.testing.assert_close(_values_or_dense(a), _values_or_dense(b))
+    assert cc.frame_count == 1

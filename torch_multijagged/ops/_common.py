@@ -7,6 +7,7 @@ import functools
 import math
 
 import torch
+from torch._C._dynamo.eval_frame import get_eval_frame_callback as _dynamo_callback
 
 from ..structure import Partition
 from ..tensor import MultiJaggedTensor
@@ -116,12 +117,19 @@ def eager_route(reason: str, traceable=None):
         # ``torch.compiler.disable`` imports dynamo, and with it ``torch.distributed.nn``.
         disabled: list = []
 
+        def run_disabled(*args, **kwargs):
+            if not disabled:
+                disabled.append(torch.compiler.disable(eager, reason=reason))
+            return disabled[0](*args, **kwargs)
+
         @functools.wraps(fn)
         def routed(*args, **kwargs):
-            if torch.compiler.is_compiling() and not (traceable is not None and traceable(*args, **kwargs)):
-                if not disabled:
-                    disabled.append(torch.compiler.disable(eager, reason=reason))
-                return disabled[0](*args, **kwargs)
+            if torch.compiler.is_compiling():
+                if traceable is not None and traceable(*args, **kwargs):
+                    return fn(*args, **kwargs)
+                return run_disabled(*args, **kwargs)
+            if _dynamo_callback() is not None:  # the eager fallback of a graph break (see the NOTE)
+                return run_disabled(*args, **kwargs)
             return fn(*args, **kwargs)
 
         return routed
@@ -138,6 +146,9 @@ def eager_route(reason: str, traceable=None):
 # record it as a graph node (the route refuses, raising NotImplementedError, and dynamo breaks the
 # graph there), and, in the eager fallback at that break, it compiles the frames this package
 # runs (the route calls a ``torch.compiler.disable``d function: another break, then plain eager).
+# Where the route itself runs untraced in that fallback (dynamo's frame callback set, nothing
+# compiling), it also calls the disabled function: else dynamo would compile every frame the route
+# calls, its per-sample dense ops with each sample's sizes as guards, a recompile per new length.
 # The regions around the op still compile; ``fullgraph=True`` reports the reason. Frames compiled
 # in that fallback must not compare two symbolic nested ints: dynamo cannot name the guard
 # (``structure.same_extent`` compares traced extents by identity).

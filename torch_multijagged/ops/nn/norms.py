@@ -9,8 +9,11 @@ aten's double-backward formulas of ``native_layer_norm_backward`` and
 M = Π leading sizes — a product with a nested int, which no handler can honour. Eagerly, when a
 gradient is needed, ``layer_norm`` / ``rms_norm`` are therefore routed through the values bridge
 (the norm runs on the packed ``(T, *static)`` values under torch's own autograd, every order
-included). Under ``torch.compile`` (dynamo cannot trace the bridge) the handlers below serve
-first-order gradients; a double backward there raises from the ``view``.
+included). Under ``torch.compile`` ``layer_norm`` keeps the handlers below, which serve
+first-order gradients (a double backward there raises from the ``view``). ``rms_norm`` takes the
+bridge there too: on CPU aten's ``_fused_rms_norm`` is itself a composite, whose input check
+multiplies the sizes before the normalised dims, and traced, the product of two ragged sizes
+fails (their hints are nested ints).
 """
 
 from __future__ import annotations
@@ -109,11 +112,12 @@ def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     return bridged.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
-@route(F.rms_norm)
+@route(F.rms_norm, torch.rms_norm)
 def _rms_norm(input, normalized_shape, weight=None, eps=None):
     if isinstance(input, MJT) and ragged_nn.covers_ragged(input, normalized_shape):
         return ragged_nn.rms_norm_ragged(input, normalized_shape, weight, eps)
-    if not _bridged(input, weight):
+    traced = isinstance(input, MJT) and torch.compiler.is_compiling() and (weight is None or _dense(weight))
+    if not (traced or _bridged(input, weight)):  # NOTE [ Norms under double backward ]
         return NotImplemented
     _check_trailing("rms_norm", input, normalized_shape)
     return bridged.rms_norm(input, normalized_shape, weight, eps)

@@ -212,6 +212,8 @@ def by_sample(plan: _Plan, x: MJT, v: torch.Tensor, kind: str) -> bool:
     (NOTE [ Reductions sample by sample ])."""
     if plan.index is None or plan.batch or kind not in ("sum", "amax", "amin") or not v.is_floating_point():
         return False
+    if not along.eager(x):  # first: traced sizes compared with the thresholds would become guards
+        return False
     p = x._partition
     row = math.prod(v.shape[1:])
     if kind == "sum":
@@ -219,7 +221,7 @@ def by_sample(plan: _Plan, x: MJT, v: torch.Tensor, kind: str) -> bool:
                 and p.rows * row >= max(SUM_ELEMENTS * p.batch, SUM_TOTAL))
     else:
         take = row > 0 and (p.batch <= EXTREME_SAMPLES or p.rows * row >= EXTREME_ELEMENTS * p.batch)
-    return take and along.eager(x)
+    return take
 
 
 def extreme_on_values(plan: _Plan, x: MJT, v: torch.Tensor, kind: str) -> bool:

@@ -148,7 +148,7 @@ class BatchMoved(torch.Tensor):
 # path's ``Tensor.size``) or a token's — looks at its caller, and from one of those forwards raises
 # the layout error instead: a few frames walked only where a ragged size is read by ``size``,
 # nothing on any other call.
-_RECURRENT_FORWARDS = {torch.nn.RNN.forward.__code__, torch.nn.LSTM.forward.__code__, torch.nn.GRU.forward.__code__}
+_RECURRENT_FORWARDS = (torch.nn.RNN.forward.__code__, torch.nn.LSTM.forward.__code__, torch.nn.GRU.forward.__code__)
 
 
 def refuse_recurrent_batch_read(x) -> None:
@@ -159,7 +159,10 @@ def refuse_recurrent_batch_read(x) -> None:
         frame = frame.f_back
         if frame is None:
             return
-        if frame.f_code in _RECURRENT_FORWARDS:
+        # by identity: code that dynamo generates may hold unhashable constants (a slice, a
+        # dict), and a code object hashes its constants
+        code = frame.f_code
+        if any(code is c for c in _RECURRENT_FORWARDS):
             break
     else:
         return
