@@ -206,4 +206,13 @@ BUGS_C = [
         ("test_compile.py",)),
     Bug("torch.rms_norm is not routed", "ops/nn/norms.py", "@route(F.rms_norm, torch.rms_norm)", "@route(F.rms_norm)",
         ("test_compile.py",)),
+    Bug("the rows conv's weight gradient keeps the canvas's channels-last strides", "compile/spatial.py",
+        "    return gw.contiguous() if need_weight else weight.new_empty(0)", "    return gw if need_weight else weight.new_empty(0)",
+        ("test_spatial.py",)),
+    Bug("traced batch norm goes image by image", "ops/vision/norms.py",
+        "    if not torch.compiler.is_compiling() and _image_by_image(input)", "    if _image_by_image(input)",
+        ("test_spatial.py", "test_image_norms.py")),
+    Bug("batch norm is an eager-only route again", "ops/vision/norms.py",
+        "    return not (isinstance(input, MJT) and input._ragged_dims == (1,) and input.dim() in (3, 4))",
+        "    return not isinstance(input, MJT)", ("test_spatial.py", "test_image_norms.py")),
 ]

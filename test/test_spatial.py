@@ -426,6 +426,40 @@ def test_compiled_size_keeping_convs_one_graph_over_new_sizes():
     assert cc.frame_count == 1
 
 
+@pytest.mark.parametrize("train", [True, False])
+def test_compiled_cnn_with_batch_norm_inductor_one_graph(train):
+    """conv → batch norm → ReLU → conv under Inductor, ``fullgraph=True``: batch norm traces on the
+    packed pixel rows (its statistics are over them), the convolutions' parameter gradients come
+    back in the strides their fake says (Inductor checks them). One graph over new sizes; the
+    output, the gradients of the input and of every parameter, and the running statistics equal
+    eager's."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    make = lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(),  # noqa: E731
+                                 nn.Conv2d(8, 8, 3, padding=1)).double().train(train)
+    model = make()
+    ref = make()
+    ref.load_state_dict(model.state_dict())
+    cc = CompileCounterWithBackend("inductor" if train else "aot_eager")
+    cf = torch.compile(model, backend=cc, fullgraph=True)
+    for sizes in ([(5, 7), (4, 6), (0, 2)], [(20, 13), (9, 30), (16, 16)], [(2, 3), (7, 1), (6, 9)]):
+        comps = _images(sizes, c=3)
+        x1, x2 = _batch(comps, True), _batch(comps, True)
+        out, want = cf(x1), ref(x2)
+        torch.testing.assert_close(out.values(), want.values())
+        got = torch.autograd.grad((out.values() ** 2).sum(), [x1, *model.parameters()])
+        exp = torch.autograd.grad((want.values() ** 2).sum(), [x2, *ref.parameters()])
+        torch.testing.assert_close(got[0].values(), exp[0].values())
+        for a, b in zip(got[1:], exp[1:]):
+            torch.testing.assert_close(a, b)
+        torch.testing.assert_close(model[1].running_mean, ref[1].running_mean)
+        torch.testing.assert_close(model[1].running_var, ref[1].running_var)
+    assert cc.frame_count == 1
+    torch._dynamo.reset()
+
+
 def test_compiled_size_changing_window_raises_naming_the_op():
     torch._dynamo.reset()
     x = _batch(_images(SIZES2))

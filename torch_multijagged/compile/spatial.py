@@ -126,7 +126,9 @@ def _rows_param_grads(grad, rows, sizes, weight, padding, dilation, groups, need
         g, cv.to_canvas(rows, plan), weight, [weight.shape[0]] if need_bias else None, [1] * s, pad, list(dilation),
         False, [0] * s, groups, [False, need_weight, need_bias],
     )
-    return gw if need_weight else weight.new_empty(0), gb if need_bias else weight.new_empty(0)
+    # contiguous, as the fake says: from a channels-last canvas aten's weight gradient is channels
+    # last, and Inductor checks the strides a custom op returns against its fake's
+    return gw.contiguous() if need_weight else weight.new_empty(0), gb if need_bias else weight.new_empty(0)
 
 
 def _rows_param_grads_fake(grad, rows, sizes, weight, padding, dilation, groups, need_weight, need_bias):

@@ -41,10 +41,11 @@ pixel of the ragged sides (``(ΣHᵢWᵢ, C)`` for ``(B, C, j0, j1)``; ``(ΣWᵢ
   other sizes build their window maps on the host from the partition's host sizes (no device
   sync) and run eagerly only, as the 1-d pooling of ``ops/nn/ragged.py``.
 
-Eager only, except global average pooling: under ``torch.compile`` the norms and the other pools
-are a graph break (``fullgraph=True``: an error naming the op; NOTE [ Eager-only routes ] in
-``_common.py``): the values bridge would rebuild a ``(j0, j1)`` partition inside the traced
-region, and the window maps need host sizes.
+Eager only, except batch norm and global average pooling: under ``torch.compile`` the other norms
+and pools are a graph break (``fullgraph=True``: an error naming the op; NOTE [ Eager-only routes ]
+in ``_common.py``): their per-sample statistics and window maps are built from host sizes. Batch
+norm traces as ``F.batch_norm`` of the packed values (the image-by-image form, which needs the
+host sizes, is eager's), except for images of one size whose dim 1 is the ragged one.
 """
 
 from __future__ import annotations
@@ -124,8 +125,14 @@ def _norm_input(op: str, input: MJT, weight, bias, running_mean, running_var):
     return input, c
 
 
+def _batch_norm_traceable(input, *args, **kwargs) -> bool:
+    """Batch norm traces on the packed values (no host sizes), except for a batch of images of one
+    size whose dim 1 ``nested_tensor`` called ragged (``as_spatial`` moves it, eagerly)."""
+    return not (isinstance(input, MJT) and input._ragged_dims == (1,) and input.dim() in (3, 4))
+
+
 @route(F.batch_norm)
-@eager_route(_WHY, traceable=_declined)
+@eager_route(_WHY, traceable=_batch_norm_traceable)
 def _batch_norm(input, running_mean, running_var, weight=None, bias=None, training=False, momentum=0.1, eps=1e-5):
     """Channel statistics over the valid pixels of the batch: ``F.batch_norm`` on the packed
     values ``(P, C, *static)`` (NOTE [ Norms and adaptive pooling over ragged spatial dims ])."""
@@ -133,7 +140,7 @@ def _batch_norm(input, running_mean, running_var, weight=None, bias=None, traini
         return NotImplemented
     op = "batch_norm"
     input, c = _norm_input(op, input, weight, bias, running_mean, running_var)
-    if _image_by_image(input) and input.is_floating_point():
+    if not torch.compiler.is_compiling() and _image_by_image(input) and input.is_floating_point():
         out = _batch_norm_images(input, c, running_mean, running_var, weight, bias, training, momentum, eps)
         if out is not None:
             return out
