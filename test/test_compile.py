@@ -555,3 +555,31 @@ def test_in_place_op_on_a_compiled_input_that_requires_grad():
         return y * 3
 
     torch.compile(f, backend="aot_eager")(x * 1)
+
+
+_SIGN_CASES = {
+    "sgn": lambda t: t.sgn() * t,
+    "abs": lambda t: t.abs() * t,
+    "copysign": lambda t: torch.copysign(t, t - 0.1),
+    "nextafter": lambda t: torch.nextafter(t, t * 2) * 3,
+    "special.i0e": torch.special.i0e,
+    "special.i1e": torch.special.i1e,
+}
+
+
+@pytest.mark.parametrize("pair", [False, True])
+@pytest.mark.parametrize("case", _SIGN_CASES)
+def test_ops_whose_aten_derivative_builds_zeros_compile(case, pair):
+    """``sgn`` / ``copysign`` / ``nextafter`` (aten's derivatives build zeros of the operand's
+    sizes, nested ints here) and the ops whose formulas record ``sgn``: compiled with
+    ``fullgraph=True``, one graph over new lengths, output and input gradient equal to eager's."""
+    cc = CompileCounterWithBackend("aot_eager")
+    f = _SIGN_CASES[case]
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for ls in ((3, 5, 2), (7, 1, 4), (2, 0, 3)):
+        x = mj.nested_tensor([torch.randn(n, 4, dtype=torch.float64) for n in ls], requires_grad=True)
+        outs = [fn(_pair_of(x) if pair else x) for fn in (cf, f)]
+        torch.testing.assert_close(outs[0].values(), outs[1].values())
+        g1, g2 = (torch.autograd.grad(o.values().sum(), x)[0] for o in outs)
+        torch.testing.assert_close(g1.values(), g2.values())
+    assert cc.frame_count == 1

@@ -1,7 +1,8 @@
 """``abs``, ``sgn``, ``softsign``, ``special.i0e`` / ``i1e``, ``copysign`` and ``nextafter`` with
 derivatives that need no concrete sizes: aten's formulas record ``sgn``, whose double backward
 builds zeros of the input's sizes (nested ints here), and give ``copysign``'s / ``nextafter``'s
-``other`` a zero tensor of its sizes."""
+``other`` a zero tensor of its sizes. Eagerly and under ``torch.compile`` alike (dynamo traces the
+Functions; aten's formulas failed there too, asking for the sizes)."""
 
 from __future__ import annotations
 
@@ -50,7 +51,6 @@ def _sgn_route(fn):
         if (
             not isinstance(input, MJT)
             or not input.dtype.is_floating_point
-            or torch.compiler.is_compiling()
             or not _needs_grad(input)
         ):
             return NotImplemented
@@ -135,7 +135,7 @@ def _zero_derivative_route(fn):
     ragged dims, or an op the path does not take)."""
 
     def routed(input, other, *, out=None):
-        if out is not None or not isinstance(other, MJT) or not _needs_grad(other) or torch.compiler.is_compiling():
+        if out is not None or not isinstance(other, MJT) or not _needs_grad(other):
             return NotImplemented
         return _ZeroDerivative.apply(fn(input, other.detach()), other)
 

@@ -370,6 +370,13 @@ def _pad(input, pad, mode="constant", value=None):
         pad = pad[:-2]  # the batch dim's (0, 0): each sample's pad has one dim fewer
     if not pads and mode == "constant":
         return input.clone()
+    last = max(input._ragged_dims, default=0)
+    if mode == "constant" and all(d > last for d in pads):
+        # only static dims after every ragged dim: the values' trailing dims, padded as they are
+        # (no host sizes: it traces)
+        k = input.dim() - 1 - last
+        v = F.pad(values_of(input), pad[:2 * k], value=0.0 if value is None else value)
+        return wrap_values(v, input._partition, input._ragged_dims)
     return pad_ragged("pad", input, pad, pads, mode, 0.0 if value is None else value)
 
 
