@@ -226,4 +226,12 @@ BUGS_C = [
         "            or not input.dtype.is_floating_point\n            or not _needs_grad(input)",
         "            or not input.dtype.is_floating_point\n            or torch.compiler.is_compiling()\n            or not _needs_grad(input)",
         ("test_compile.py",)),
+    Bug("a traced gather's index is not relabelled onto its input", "ops/_routing.py",
+        "    if func in _INDEX_ALIGNED:\n        args, kwargs = _assume_index_aligned(func, args, kwargs or {})",
+        "    if False:\n        args, kwargs = _assume_index_aligned(func, args, kwargs or {})", ("test_compile.py",)),
+    Bug("a traced scatter's source is not relabelled onto its index", "ops/_routing.py",
+        "    if isinstance(src, MJT):\n        args, kwargs = _replaced(", "    if False:\n        args, kwargs = _replaced(",
+        ("test_compile.py",)),
+    Bug("a traced gather assumes the indexed ragged dim equal too", "ops/_routing.py",
+        "dims={d for d in x._ragged_dims if d != dim % len(x._size)}", "dims=set(x._ragged_dims)", ("test_compile.py",)),
 ]

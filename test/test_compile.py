@@ -583,3 +583,52 @@ def test_ops_whose_aten_derivative_builds_zeros_compile(case, pair):
         g1, g2 = (torch.autograd.grad(o.values().sum(), x)[0] for o in outs)
         torch.testing.assert_close(g1.values(), g2.values())
     assert cc.frame_count == 1
+
+
+_INDEXING = {
+    "gather": lambda x, i, s: x.gather(-1, i),
+    "take_along_dim": lambda x, i, s: torch.take_along_dim(x, i, dim=2),
+    "scatter_add": lambda x, i, s: x.scatter_add(-1, i, s),
+    "scatter": lambda x, i, s: x.scatter(-1, i, s),
+    "scatter_reduce": lambda x, i, s: x.scatter_reduce(-1, i, s, "sum"),
+}
+
+
+@pytest.mark.parametrize("op", _INDEXING)
+def test_index_built_apart_from_its_input_under_compile(op):
+    """Class labels (and a scatter's source) built apart from the logits (equal lengths, other
+    nested ints) index them under ``fullgraph=True`` as eagerly: one graph over new lengths,
+    values and the gradients of input and source equal to eager's; labels of other lengths raise
+    as eager does."""
+    cc = CompileCounterWithBackend("aot_eager")
+    f = _INDEXING[op]
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for ls in ((3, 5, 2), (7, 1, 4), (2, 0, 3)):
+        x = mj.nested_tensor([torch.randn(n, 6, dtype=torch.float64) for n in ls], requires_grad=True)
+        labels = mj.nested_tensor([torch.randint(0, 6, (n, 1)) for n in ls])
+        src = mj.nested_tensor([torch.randn(n, 1, dtype=torch.float64) for n in ls], requires_grad=True)
+        got, want = cf(x, labels, src), f(x, labels, src)
+        torch.testing.assert_close(got.values(), want.values())
+        leaves = [x, src] if op.startswith("scatter") else [x]
+        for a, b in zip(*(torch.autograd.grad((o.values() ** 2).sum(), leaves) for o in (got, want))):
+            torch.testing.assert_close(a.values(), b.values())
+    assert cc.frame_count == 1
+    x = mj.nested_tensor([torch.randn(n, 6, dtype=torch.float64) for n in (3, 5, 2)])
+    with pytest.raises(Exception, match="structure of self|built apart|shape"):
+        cf(x, mj.nested_tensor([torch.randint(0, 6, (n, 1)) for n in (3, 4, 2)]),
+           mj.nested_tensor([torch.randn(n, 1, dtype=torch.float64) for n in (3, 4, 2)]))
+
+
+def test_gather_along_the_ragged_dim_with_an_index_of_other_lengths_under_compile():
+    """Along the ragged dim the index may have other lengths than its input (dense gather's rule):
+    nothing is assumed there, and the compiled result equals eager's."""
+    cc = CompileCounterWithBackend("aot_eager")
+    f = lambda x, i: x.gather(1, i)  # noqa: E731
+    cf = torch.compile(f, backend=cc, fullgraph=True)
+    for ls, ks in (((3, 5, 2), (2, 2, 1)), ((4, 1, 6), (1, 3, 6))):
+        x = mj.nested_tensor([torch.randn(n, 4, dtype=torch.float64) for n in ls], requires_grad=True)
+        idx = mj.nested_tensor([torch.randint(0, n, (k, 4)) for n, k in zip(ls, ks)])
+        got, want = cf(x, idx), f(x, idx)
+        torch.testing.assert_close(got.values(), want.values())
+        g1, g2 = (torch.autograd.grad(o.values().sum(), x)[0] for o in (got, want))
+        torch.testing.assert_close(g1.values(), g2.values())

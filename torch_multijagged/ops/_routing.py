@@ -288,6 +288,8 @@ def _unify_cotangents(func, args: tuple, kwargs: dict) -> dict:
 def unify_call(func, args: tuple, kwargs: dict | None):
     """``(args, kwargs)`` of a ``__torch_function__`` call with operands unified as the NOTE
     [ Equal sizes, different nested ints ] allows; ``out=`` is never relabelled."""
+    if func in _INDEX_ALIGNED:
+        args, kwargs = _assume_index_aligned(func, args, kwargs or {})
     policy = relabel_policy(func)
     if policy == NEVER:
         if func in _HELD and kwargs:
@@ -316,6 +318,46 @@ def unify_call(func, args: tuple, kwargs: dict | None):
         if func in _ALIGNED or func in _MASK_ALIGNED:
             args = _assume_aligned(func, args)
     return args, kwargs
+
+
+# an index that must have its input's ragged sizes at every dim but the one it indexes along, and
+# a source that must have the index's (position of the index, of the dim, of the source or None,
+# the index's keyword name)
+_INDEX_ALIGNED = {torch.gather: (2, 1, None, "index"), torch.Tensor.gather: (2, 1, None, "index"),
+                  torch.take_along_dim: (1, 2, None, "indices"), torch.Tensor.take_along_dim: (1, 2, None, "indices")}
+_INDEX_ALIGNED.update(dict.fromkeys((
+    torch.scatter, torch.Tensor.scatter, torch.Tensor.scatter_, torch.scatter_add, torch.Tensor.scatter_add,
+    torch.Tensor.scatter_add_, torch.scatter_reduce, torch.Tensor.scatter_reduce, torch.Tensor.scatter_reduce_),
+    (2, 1, 3, "index")))
+
+
+def _assume_index_aligned(func, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """Under tracing, the index of ``gather`` / ``take_along_dim`` / ``scatter*`` relabelled onto
+    its input's extents at every ragged dim but the indexed one, and a ``scatter``'s source onto
+    the index's (``assume_unified``, NOTE [ Traced operands built apart ] in bridge.py: an index
+    built apart from its input with equal lengths, as class labels are); eagerly, and where the
+    input is dense, unchanged (eager relabels equal sizes)."""
+    pos, dim_pos, src_pos, name = _INDEX_ALIGNED[func]
+    x = args[0] if args else kwargs.get("input")
+    index = args[pos] if len(args) > pos else kwargs.get(name)
+    dim = args[dim_pos] if len(args) > dim_pos else kwargs.get("dim")
+    if not (isinstance(x, MJT) and isinstance(index, MJT) and type(dim) is int and -len(x._size) <= dim < len(x._size)):
+        return args, kwargs
+    if not (torch.compiler.is_compiling() or _is_traced(x._partition.offsets)):
+        return args, kwargs
+    op = getattr(func, "__name__", "gather")
+    index = assume_unified(x, index, op, dims={d for d in x._ragged_dims if d != dim % len(x._size)})
+    args, kwargs = _replaced(args, kwargs, pos, name, index)
+    src = None if src_pos is None else args[src_pos] if len(args) > src_pos else kwargs.get("src")
+    if isinstance(src, MJT):
+        args, kwargs = _replaced(args, kwargs, src_pos, "src", assume_unified(index, src, op))
+    return args, kwargs
+
+
+def _replaced(args: tuple, kwargs: dict, pos: int, name: str, value) -> tuple[tuple, dict]:
+    if len(args) > pos:
+        return (*args[:pos], value, *args[pos + 1:]), kwargs
+    return args, {**kwargs, name: value}
 
 
 def _assume_aligned(func, args: tuple) -> tuple:
