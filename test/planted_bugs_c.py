@@ -234,4 +234,10 @@ BUGS_C = [
         ("test_compile.py",)),
     Bug("a traced gather assumes the indexed ragged dim equal too", "ops/_routing.py",
         "dims={d for d in x._ragged_dims if d != dim % len(x._size)}", "dims=set(x._ragged_dims)", ("test_compile.py",)),
+    Bug("traced group norm takes the per-sample native kernel", "ops/vision/norms.py",
+        "    if not traced and w.dim() == 2 and input._partition.rows >=", "    if w.dim() == 2 and input._partition.rows >=",
+        ("test_spatial.py", "test_image_norms.py")),
+    Bug("group norm is an eager-only route again", "ops/vision/norms.py",
+        "@eager_route(_WHY, traceable=lambda *args, **kwargs: True)\ndef group_norm(", "@eager_route(_WHY)\ndef group_norm(",
+        ("test_spatial.py", "test_image_norms.py")),
 ]

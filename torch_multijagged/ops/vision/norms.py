@@ -41,11 +41,13 @@ pixel of the ragged sides (``(ΣHᵢWᵢ, C)`` for ``(B, C, j0, j1)``; ``(ΣWᵢ
   other sizes build their window maps on the host from the partition's host sizes (no device
   sync) and run eagerly only, as the 1-d pooling of ``ops/nn/ragged.py``.
 
-Eager only, except batch norm and global average pooling: under ``torch.compile`` the other norms
-and pools are a graph break (``fullgraph=True``: an error naming the op; NOTE [ Eager-only routes ]
-in ``_common.py``): their per-sample statistics and window maps are built from host sizes. Batch
-norm traces as ``F.batch_norm`` of the packed values (the image-by-image form, which needs the
-host sizes, is eager's), except for images of one size whose dim 1 is the ragged one.
+Eager only, except batch norm, group norm and global average pooling: under ``torch.compile``
+instance norm and the other pools are a graph break (``fullgraph=True``: an error naming the op;
+NOTE [ Eager-only routes ] in ``_common.py``): their running statistics and window maps are built
+from host sizes. Batch norm traces as ``F.batch_norm`` of the packed values (except for images of
+one size whose dim 1 is the ragged one), group norm as its segment statistics (``_normalise``);
+their image-by-image forms, and group norm's per-sample native kernel, need the host sizes and
+are eager's.
 """
 
 from __future__ import annotations
@@ -274,7 +276,7 @@ def _update_running(x: MJT, pixels, mean, var, running_mean, running_var, moment
             running_var.mul_(1 - momentum).add_((unbiased * w).sum(0).to(running_var.dtype), alpha=momentum)
 
 
-@eager_route(_WHY)
+@eager_route(_WHY, traceable=lambda *args, **kwargs: True)
 def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     """``group_norm`` of a channels-first ``(B, C, *spatial)`` input with ragged spatial dims:
     per sample and group over the group's channels and the sample's pixels (the route in
@@ -287,7 +289,8 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     _check_param(op, "bias", bias, c)
     if not input.is_floating_point():  # dense torch's own dtype check (its kernels take floats only)
         F.group_norm(torch.zeros((1, c, 2), dtype=input.dtype, device=input.device), num_groups)
-    if _image_by_image(input):
+    traced = torch.compiler.is_compiling()  # the segment statistics alone: no host sizes
+    if not traced and _image_by_image(input):
         # images held one by one, or large enough for the convolutions to go image by image
         # (NOTE [ Per-image pieces ]): aten's kernel on each image, as the loop, pieces out
         return pieces.map_pieces(lambda p: _group_norm_image(p, num_groups, weight, bias, eps), input)
@@ -296,7 +299,7 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     if input._partition.rows * (c // num_groups) * math.prod(v.shape[2:]) == 1:
         raise ValueError(f"{op}(): expected more than 1 value per group when training, got input size {describe(input)}")
     w = _float(v)
-    if w.dim() == 2 and input._partition.rows >= _kernels.ROWS_PER_SAMPLE_NATIVE * input._partition.batch:
+    if not traced and w.dim() == 2 and input._partition.rows >= _kernels.ROWS_PER_SAMPLE_NATIVE * input._partition.batch:
         cast = (lambda t: t if t is None or t.dtype == w.dtype else t.to(w.dtype))
         lengths = _pixels_per_sample(input, v).tolist()
         return _finish(input, group_norm_rows(w, lengths, num_groups, cast(weight), cast(bias), eps).to(v.dtype))
