@@ -240,4 +240,7 @@ BUGS_C = [
     Bug("group norm is an eager-only route again", "ops/vision/norms.py",
         "@eager_route(_WHY, traceable=lambda *args, **kwargs: True)\ndef group_norm(", "@eager_route(_WHY)\ndef group_norm(",
         ("test_spatial.py", "test_image_norms.py")),
+    Bug("repeat takes the values' repeat with ragged repeats too", "ops/indexing/joins.py",
+        "    if reps[0] == 1 and all(reps[d] == 1 for d in input._ragged_dims):", "    if reps[0] == 1:",
+        ("test_indexing_ops.py", "test_ragged_indexing.py")),
 ]

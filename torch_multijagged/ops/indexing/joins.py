@@ -417,6 +417,10 @@ def _repeat(input, *sizes):
             f"repeat(): repeats {tuple(reps)} of {describe(input)} would add leading dims, before the batch dim "
             "(layout torch.multi_jagged)"
         )
+    if reps[0] == 1 and all(reps[d] == 1 for d in input._ragged_dims):
+        # static dims alone: the values' repeat (no new extent, no host sizes: it traces)
+        static_reps = [1] + [int(reps[d]) for d in static_dims(input.dim(), input._ragged_dims)]
+        return wrap_values(values_of(input).repeat(static_reps), input._partition, input._ragged_dims)
     if reps[0] != 1:  # the batch repeated: every sample again, in order, then each sample's own repeats
         b = input._partition.batch
         input = constructors.select_batch(input, torch.arange(b).repeat(int(reps[0])))
