@@ -243,4 +243,9 @@ BUGS_C = [
     Bug("repeat takes the values' repeat with ragged repeats too", "ops/indexing/joins.py",
         "    if reps[0] == 1 and all(reps[d] == 1 for d in input._ragged_dims):", "    if reps[0] == 1:",
         ("test_indexing_ops.py", "test_ragged_indexing.py")),
+    Bug("traced instance norm skips the one-pixel check", "ops/vision/norms.py",
+        "        torch._assert_async(~one.any(),", "        torch._assert_async(~one.any() | True,", ("test_image_norms.py",)),
+    Bug("instance norm traces with running statistics too", "ops/vision/norms.py",
+        "    return not isinstance(input, MJT) or (running_mean is None and running_var is None)", "    return True",
+        ("test_image_norms.py",)),
 ]

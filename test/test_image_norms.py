@@ -475,21 +475,25 @@ def test_global_average_pool_compiles():
             assert_close(gi, torch.full_like(c, 1 / c[0].numel()), "compiled gradient")
 
 
-def test_eager_only_ops_raise_under_compile_and_batch_and_group_norm_trace():
+def test_eager_only_ops_raise_under_compile_and_the_norms_trace():
     comps, rd = fixed("rect")
     x = mj.nested_tensor(comps, ragged_dims=rd)
     for op, fn in (("adaptive_avg_pool2d", lambda t: F.adaptive_avg_pool2d(t, 2)),
                    ("adaptive_max_pool2d", lambda t: F.adaptive_max_pool2d(t, 2)),
-                   ("instance_norm", lambda t: F.instance_norm(t))):
+                   ("instance_norm", lambda t: F.instance_norm(t, torch.zeros(3, dtype=DT), torch.ones(3, dtype=DT)))):
         torch._dynamo.reset()
         with pytest.raises(Exception, match=op + r"\(\): .*torch.compile cannot trace"):
             torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
-    # batch norm's statistics are over the packed pixel rows, group norm's segment sums over each
-    # sample's: they trace
+    # batch norm's statistics are over the packed pixel rows, group norm's and instance norm's
+    # (without running statistics) segment sums over each sample's: they trace
     for op, fn in (("batch_norm", lambda t: F.batch_norm(t, None, None, training=True)),
-                   ("group_norm", lambda t: F.group_norm(t, 1))):
+                   ("group_norm", lambda t: F.group_norm(t, 1)), ("instance_norm", lambda t: F.instance_norm(t))):
         torch._dynamo.reset()
         assert_close(torch.compile(fn, backend="aot_eager", fullgraph=True)(x).values(), fn(x).values(), "compiled " + op)
+    # a sample of one pixel raises in training, as eagerly (checked when the graph runs)
+    one = mj.nested_tensor([torch.randn(3, 4, 5, dtype=DT), torch.randn(3, 1, 1, dtype=DT)], ragged_dims=(2, 3))
+    with pytest.raises(RuntimeError, match=r"instance_norm\(\): expected more than 1 spatial element"):
+        torch.compile(lambda t: F.instance_norm(t), backend="aot_eager", fullgraph=True)(one)
 
 
 def _compiled_vs_eager(f, batches, params):
@@ -508,9 +512,9 @@ def _compiled_vs_eager(f, batches, params):
 
 
 def test_compiled_norms_and_adaptive_pools_are_graph_breaks():
-    """Without fullgraph, instance norm and each adaptive pool between compiled convolutions break
-    the graph there and run eagerly (NOTE [ Eager-only routes ]; batch and group norm trace):
-    results and gradients equal eager."""
+    """Without fullgraph, each adaptive pool between compiled convolutions breaks the graph there
+    and runs eagerly (NOTE [ Eager-only routes ]; the norms trace): results and gradients equal
+    eager."""
     torch._dynamo.reset()
     g = torch.Generator().manual_seed(0)
     w1, w2 = (torch.randn(4, 4, 3, 3, dtype=DT, generator=g, requires_grad=True) for _ in range(2))

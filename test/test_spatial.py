@@ -427,10 +427,10 @@ def test_compiled_size_keeping_convs_one_graph_over_new_sizes():
 
 
 @pytest.mark.parametrize("norm, train, backend", [("batch", True, "inductor"), ("batch", False, "aot_eager"),
-                                                  ("group", True, "inductor")])
+                                                  ("group", True, "inductor"), ("instance", True, "aot_eager")])
 def test_compiled_cnn_with_norms_one_graph(norm, train, backend):
     """conv → norm → ReLU → conv, ``fullgraph=True``: batch norm traces on the packed pixel rows
-    (its statistics are over them), group norm as segment sums over each image's rows, and the
+    (its statistics are over them), group and instance norm as segment sums over each image's rows, and the
     convolutions' parameter gradients come back in the strides their fake says (Inductor checks
     them). One graph over new sizes; the output, the gradients of the input and of every
     parameter, and the running statistics equal eager's."""
@@ -438,7 +438,8 @@ def test_compiled_cnn_with_norms_one_graph(norm, train, backend):
 
     torch._dynamo.reset()
     torch.manual_seed(0)
-    layer = (lambda: nn.BatchNorm2d(8)) if norm == "batch" else (lambda: nn.GroupNorm(2, 8))
+    layer = {"batch": lambda: nn.BatchNorm2d(8), "group": lambda: nn.GroupNorm(2, 8),
+             "instance": lambda: nn.InstanceNorm2d(8, affine=True)}[norm]
     make = lambda: nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), layer(), nn.ReLU(),  # noqa: E731
                                  nn.Conv2d(8, 8, 3, padding=1)).double().train(train)
     model = make()

@@ -41,13 +41,14 @@ pixel of the ragged sides (``(ΣHᵢWᵢ, C)`` for ``(B, C, j0, j1)``; ``(ΣWᵢ
   other sizes build their window maps on the host from the partition's host sizes (no device
   sync) and run eagerly only, as the 1-d pooling of ``ops/nn/ragged.py``.
 
-Eager only, except batch norm, group norm and global average pooling: under ``torch.compile``
-instance norm and the other pools are a graph break (``fullgraph=True``: an error naming the op;
-NOTE [ Eager-only routes ] in ``_common.py``): their running statistics and window maps are built
-from host sizes. Batch norm traces as ``F.batch_norm`` of the packed values (except for images of
-one size whose dim 1 is the ragged one), group norm as its segment statistics (``_normalise``);
-their image-by-image forms, and group norm's per-sample native kernel, need the host sizes and
-are eager's.
+Eager only, except the norms and global average pooling: under ``torch.compile`` the other pools
+and instance norm with running statistics are a graph break (``fullgraph=True``: an error naming
+the op; NOTE [ Eager-only routes ] in ``_common.py``): their window maps and the running update
+(which counts the samples with pixels) are built from host sizes. Batch norm traces as
+``F.batch_norm`` of the packed values (except for images of one size whose dim 1 is the ragged
+one), group norm and instance norm as their segment statistics (``_normalise``; instance norm's
+one-pixel check made when the graph runs); their image-by-image forms, and group norm's
+per-sample native kernel, need the host sizes and are eager's.
 """
 
 from __future__ import annotations
@@ -231,8 +232,14 @@ def _pixels_per_sample(x: MJT, v: torch.Tensor) -> torch.Tensor:
     return x._partition.host_sizes().prod(1) * s if x._partition.nragged else torch.zeros(x._partition.batch, dtype=torch.int64)
 
 
+def _instance_norm_traceable(input, running_mean=None, running_var=None, *args, **kwargs) -> bool:
+    """Instance norm traces where it keeps no running statistics (their update counts the samples
+    with pixels on the host): its statistics are the segment ones of group norm."""
+    return not isinstance(input, MJT) or (running_mean is None and running_var is None)
+
+
 @route(F.instance_norm)
-@eager_route(_WHY, traceable=_declined)
+@eager_route(_WHY, traceable=_instance_norm_traceable)
 def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
                    momentum=0.1, eps=1e-5):
     if not isinstance(input, MJT):
@@ -247,10 +254,16 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
             raise ValueError(f"{op}(): expected running_mean and running_var when use_input_stats=False")
         return _batch_norm(input, running_mean, running_var, weight, bias, False, momentum, eps)
     v = _values(input)
-    pixels = _pixels_per_sample(input, v)
-    if bool((pixels == 1).any()):
-        i = int((pixels == 1).nonzero()[0, 0])
-        raise ValueError(f"{op}(): expected more than 1 spatial element when training, got sample {i} with 1 pixel")
+    if torch.compiler.is_compiling():
+        # dense torch's check, made when the graph runs (the pixel counts are not on the host)
+        sizes = input._partition.device_sizes()
+        one = (sizes.prod(1) if sizes.shape[1] else torch.zeros_like(sizes[:, 0])) * math.prod(v.shape[2:]) == 1
+        torch._assert_async(~one.any(), f"{op}(): expected more than 1 spatial element when training")
+    else:
+        pixels = _pixels_per_sample(input, v)
+        if bool((pixels == 1).any()):
+            i = int((pixels == 1).nonzero()[0, 0])
+            raise ValueError(f"{op}(): expected more than 1 spatial element when training, got sample {i} with 1 pixel")
     w = _float(v)
     out, mean, var = _normalise(input, w.reshape(w.shape[0], c, math.prod(w.shape[2:])), c, weight, bias, eps)
     if running_mean is not None or running_var is not None:
