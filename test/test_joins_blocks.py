@@ -260,3 +260,60 @@ def test_non_constant_pad_refuses_what_a_dense_batch_refuses(mode):
         F.pad(mj.nested_tensor(tokens), (1, 1, 1, 1, 0, 0), mode=mode)
     empty = [torch.randn(n, 4, generator=g) for n in (3, 0, 4)]
     check(lambda x: F.pad(x, (0, 0, 1, 1), mode=mode), _batch_of_one((0, 0, 1, 1), mode), empty, (1,))
+
+
+# --------------------------------------------------------------------------- static dims only: the values' own op
+@pytest.mark.parametrize("dtype", [torch.float64, torch.int64, torch.bool])
+def test_constant_pad_of_static_dims_after_the_ragged_ones(dtype):
+    """``F.pad`` of only static dims after every ragged dim pads the packed values: per sample as
+    dense (a crop by a negative pad, two dims at once, the fill value, every dtype), gradients for
+    floats, and under ``torch.compile(fullgraph=True)`` one graph over new lengths (it needs no
+    host sizes; it was a graph break)."""
+    g = torch.Generator().manual_seed(0)
+    fill = True if dtype == torch.bool else 3
+    for pad in [(1, 2), (-1, 2), (2, 0, 1, 1)]:
+        for ls in [(3, 0, 2), (1, 4, 2)]:
+            comps = [(torch.randn(n, 3, 5, generator=g, dtype=torch.float64) * 3).to(dtype) for n in ls]
+            per_sample_check(lambda x: F.pad(x, pad, value=fill), R(comps, (1,)), ref=lambda c: F.pad(c, pad, value=fill),
+                             grad=dtype.is_floating_point)
+            pair = [(torch.randn(n, n, 5, generator=g, dtype=torch.float64) * 3).to(dtype) for n in ls]
+            per_sample_check(lambda x: F.pad(x, pad[:2], value=fill), R(pair, (1, 2)), ref=lambda c: F.pad(c, pad[:2], value=fill),
+                             grad=dtype.is_floating_point)
+    if dtype.is_floating_point:
+        from torch._dynamo.testing import CompileCounterWithBackend
+
+        torch._dynamo.reset()
+        cc = CompileCounterWithBackend("aot_eager")
+        f = torch.compile(lambda x: F.pad(x * 2, (1, 2), value=0.5), backend=cc, fullgraph=True)
+        for ls in [(3, 0, 2), (5, 1, 4)]:
+            x = mj.nested_tensor([torch.randn(n, 4, dtype=dtype) for n in ls], requires_grad=True)
+            out = f(x)
+            for o, c in zip(out.unbind(), x.unbind()):
+                torch.testing.assert_close(o, F.pad(c.detach() * 2, (1, 2), value=0.5))
+            gx, = torch.autograd.grad((out.values() ** 2).sum(), x)
+            torch.testing.assert_close(gx.values(), 8 * x.values().detach())
+        assert cc.frame_count == 1
+
+
+def test_repeat_and_tile_of_static_dims_trace():
+    """``repeat`` / ``tile`` that repeat static dims only repeat the packed values: per sample as
+    dense (two static dims, one ragged dim between), gradients, and under
+    ``torch.compile(fullgraph=True)`` one graph over new lengths (a graph break before)."""
+    from torch._dynamo.testing import CompileCounterWithBackend
+
+    g = torch.Generator().manual_seed(0)
+    for ls in [(3, 0, 2), (1, 4, 2)]:
+        comps = [torch.randn(2, n, 3, generator=g, dtype=torch.float64) for n in ls]  # (B, 2, j0, 3)
+        per_sample_check(lambda x: x.repeat(1, 2, 1, 3), R(comps, (2,)), ref=lambda c: c.repeat(2, 1, 3))
+        per_sample_check(lambda x: x.tile((3, 1, 2)), R(comps, (2,)), ref=lambda c: c.tile((3, 1, 2)))
+    torch._dynamo.reset()
+    cc = CompileCounterWithBackend("aot_eager")
+    f = torch.compile(lambda x: (x * 2).repeat(1, 1, 3), backend=cc, fullgraph=True)
+    for ls in [(3, 0, 2), (5, 1, 4)]:
+        x = mj.nested_tensor([torch.randn(n, 4, dtype=torch.float64) for n in ls], requires_grad=True)
+        out = f(x)
+        for o, c in zip(out.unbind(), x.unbind()):
+            torch.testing.assert_close(o, (c.detach() * 2).repeat(1, 3))
+        gx, = torch.autograd.grad(out.values().sum(), x)
+        torch.testing.assert_close(gx.values(), torch.full_like(x.values(), 6.0))
+    assert cc.frame_count == 1

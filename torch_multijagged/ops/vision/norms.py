@@ -225,11 +225,15 @@ def _normalise(x: MJT, v3: torch.Tensor, channels: int, weight, bias, eps: float
     return segment_norm(v3, p.row_sample(), p.batch, cnt, channels, cast(weight), cast(bias), eps)
 
 
-def _pixels_per_sample(x: MJT, v: torch.Tensor) -> torch.Tensor:
-    """(B,) host count of pixels (rows × static spatial) per sample."""
+def _pixels_per_sample(x: MJT, v: torch.Tensor, device: bool = False) -> torch.Tensor:
+    """(B,) count of pixels (rows × static spatial) per sample: on the host, or with ``device`` on
+    the values' device (no host sizes: traced code)."""
     s = math.prod(v.shape[2:])
-    # SYNC: none — host sizes
-    return x._partition.host_sizes().prod(1) * s if x._partition.nragged else torch.zeros(x._partition.batch, dtype=torch.int64)
+    p = x._partition
+    if not p.nragged:
+        return torch.zeros(p.batch, dtype=torch.int64, device=v.device if device else "cpu")
+    # SYNC: none — host sizes, or the device's own
+    return (p.device_sizes() if device else p.host_sizes()).prod(1) * s
 
 
 def _instance_norm_traceable(input, running_mean=None, running_var=None, *args, **kwargs) -> bool:
@@ -256,8 +260,7 @@ def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias
     v = _values(input)
     if torch.compiler.is_compiling():
         # dense torch's check, made when the graph runs (the pixel counts are not on the host)
-        sizes = input._partition.device_sizes()
-        one = (sizes.prod(1) if sizes.shape[1] else torch.zeros_like(sizes[:, 0])) * math.prod(v.shape[2:]) == 1
+        one = _pixels_per_sample(input, v, device=True) == 1
         torch._assert_async(~one.any(), f"{op}(): expected more than 1 spatial element when training")
     else:
         pixels = _pixels_per_sample(input, v)
