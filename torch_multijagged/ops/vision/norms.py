@@ -143,7 +143,7 @@ def _batch_norm(input, running_mean, running_var, weight=None, bias=None, traini
         return NotImplemented
     op = "batch_norm"
     input, c = _norm_input(op, input, weight, bias, running_mean, running_var)
-    if not torch.compiler.is_compiling() and _image_by_image(input) and input.is_floating_point():
+    if _image_by_image(input) and input.is_floating_point():
         out = _batch_norm_images(input, c, running_mean, running_var, weight, bias, training, momentum, eps)
         if out is not None:
             return out
@@ -154,8 +154,8 @@ def _batch_norm(input, running_mean, running_var, weight=None, bias=None, traini
 def _image_by_image(input: MJT) -> bool:
     """Whether a norm of images ``(B, C, j0, j1)`` goes image by image: they are held as pieces, or
     large enough for the convolutions around the norm to go image by image (NOTE [ Per-image
-    pieces ])."""
-    if input._ragged_dims != (2, 3) or len(input._size) != 4:
+    pieces ]). Never traced: the rule reads host sizes."""
+    if input._ragged_dims != (2, 3) or len(input._size) != 4 or torch.compiler.is_compiling():
         return False
     return pim.per_image_applies(pieces.image_sizes(input._partition), max(input._size[1], pim.MIN_CHANNELS),
                                  pieces.holds_pieces(input))
@@ -305,8 +305,7 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     _check_param(op, "bias", bias, c)
     if not input.is_floating_point():  # dense torch's own dtype check (its kernels take floats only)
         F.group_norm(torch.zeros((1, c, 2), dtype=input.dtype, device=input.device), num_groups)
-    traced = torch.compiler.is_compiling()  # the segment statistics alone: no host sizes
-    if not traced and _image_by_image(input):
+    if _image_by_image(input):
         # images held one by one, or large enough for the convolutions to go image by image
         # (NOTE [ Per-image pieces ]): aten's kernel on each image, as the loop, pieces out
         return pieces.map_pieces(lambda p: _group_norm_image(p, num_groups, weight, bias, eps), input)
@@ -315,7 +314,7 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     if input._partition.rows * (c // num_groups) * math.prod(v.shape[2:]) == 1:
         raise ValueError(f"{op}(): expected more than 1 value per group when training, got input size {describe(input)}")
     w = _float(v)
-    if not traced and w.dim() == 2 and input._partition.rows >= _kernels.ROWS_PER_SAMPLE_NATIVE * input._partition.batch:
+    if not torch.compiler.is_compiling() and w.dim() == 2 and input._partition.rows >= _kernels.ROWS_PER_SAMPLE_NATIVE * input._partition.batch:
         cast = (lambda t: t if t is None or t.dtype == w.dtype else t.to(w.dtype))
         lengths = _pixels_per_sample(input, v).tolist()
         return _finish(input, group_norm_rows(w, lengths, num_groups, cast(weight), cast(bias), eps).to(v.dtype))
