@@ -21,11 +21,13 @@ cache between layers; the nodes below add ≈ 60 µs per op).
   values and forgets the pieces. Every other op, and every other path (dispatch, compile,
   pickling, deep copy), sees an ordinary tensor.
 * **Autograd.** A result is the differentiable output of its pieces (``_AdoptPieces``: one node whose
-  backward splits the gradient into pieces). A consumer does not read another tensor's pieces
-  directly but through ``_PiecesOf``, a node on that tensor's wrapper whose backward hands the
-  per-piece gradients back as a wrapper *holding them as pieces*: every gradient of a tensor
-  reaches its wrapper, so hooks, ``retain_grad``, ``torch.autograd.grad(…, inputs=x)`` and every
-  order of gradients behave as on any tensor, and no gradient is packed unless something reads it.
+  backward splits the gradient into pieces). When those pieces all carry a graph, consumers read
+  them directly, and the autograd API asks them for the result's gradient (NOTE [ Pieces read
+  directly ]). Otherwise (a leaf, a tensor whose pieces need no gradient, one the API sealed) a
+  consumer reads them through ``_PiecesOf``, a node on that tensor's wrapper whose backward hands the
+  per-piece gradients back as a wrapper *holding them as pieces*: every gradient of such a tensor
+  reaches its wrapper. Either way hooks, ``retain_grad``, ``torch.autograd.grad(…, inputs=x)`` and
+  every order of gradients behave as on any tensor, and no gradient is packed unless something reads it.
   A gradient that was packed (something read the values) reaches a contiguous piece as a
   contiguous image: an elementwise backward given a channels-last gradient and a contiguous saved
   input runs several times slower than on either format alone.
@@ -46,7 +48,7 @@ cache between layers; the nodes below add ≈ 60 µs per op).
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 from torch import Tensor
@@ -155,6 +157,95 @@ class _AdoptPieces(torch.autograd.Function):
         return (None, *_grads_as(grad, ctx.planar))
 
 
+# NOTE [ Pieces read directly ]
+#
+# A result made of pieces that all carry a graph (``from_pieces`` under autograd: a conv's, a
+# norm's, an activation's outputs) hands every gradient it receives to them: its node's backward
+# splits the gradient into pieces. Its consumers may then read the pieces themselves instead of
+# through ``_PiecesOf``, as the values path reads a result's values (NOTE [ Eager values path ] in
+# ``ops/fastpath.py``): a chain conv → norm → activation → conv records the loop's dense graph and
+# nothing else, and its backward runs no Python (two nodes per op fewer, each a pass over the
+# images; 3–4 % of the benchmarks' CNN step at B = 4). The gradient *with respect to the result*
+# is then the gradient with respect to its pieces, which the autograd API answers
+# (``torch.autograd.grad(…, inputs=y)``, ``retain_grad``/``grad``, ``register_hook``, ``grad_fn``:
+# ``read_directly`` below). A result that no consumer read yet when the API asks is *sealed*
+# instead: its later consumers read through its node, and the API runs on the wrapper as on any
+# tensor. A hook registered after a direct read sees the whole gradient but cannot replace it
+# (the images' backwards do not wait for one another): one that returns a new gradient raises.
+# The record lives apart from the pieces (``_own_pieces``: the live pieces, the wrapper's version,
+# whether a consumer read them), so packing the values keeps it; an in-place write through the
+# wrapper (a new version, whose graph starts at the write) ends it.
+
+
+def _own(x: MJT, live: list[Tensor]) -> None:
+    x.__dict__["_own_pieces"] = (live, wrapper_version(x), [False])
+
+
+def _own_record(x: MJT):
+    rec = x.__dict__.get("_own_pieces")
+    if rec is not None and rec[1] != wrapper_version(x):
+        del x.__dict__["_own_pieces"]  # written in place since: its graph starts at the write
+        return None
+    return rec
+
+
+def read_directly(x) -> Optional[list[Tensor]]:
+    """The live pieces of ``x`` that consumers read directly (NOTE [ Pieces read directly ]): its
+    gradient is theirs. None otherwise; a result whose pieces no consumer read yet is sealed (its
+    consumers read through its node from now on)."""
+    if not isinstance(x, MJT):
+        return None
+    rec = _own_record(x)
+    if rec is None:
+        return None
+    if not rec[2][0]:
+        del x.__dict__["_own_pieces"]
+        return None
+    return rec[0]
+
+
+def gradient_from(x: MJT, grads) -> Optional[MJT]:
+    """``x``'s gradient from its live pieces' gradients ``grads`` (zeros for a piece that got none;
+    None when none did), holding them as pieces."""
+    return _gradient_maker(x)(grads)
+
+
+def _gradient_maker(x: MJT) -> Callable[[list], Optional[MJT]]:
+    """``gradient_from`` bound to ``x``'s structure only (a hook must not hold ``x``: the pieces
+    hold the hook)."""
+    partition, ragged_dims, c, device = x._partition, x._ragged_dims, x._size[1], x.device
+    shapes = [(p.shape, p.dtype) for p in x.__dict__["_own_pieces"][0]]
+
+    def make(grads) -> Optional[MJT]:
+        grads = list(grads)
+        if all(g is None for g in grads):
+            return None
+        grads = [torch.zeros(s, dtype=d, device=device) if g is None else g for g, (s, d) in zip(grads, shapes)]
+        it = iter(grads)
+        full = [None if h * w == 0 else next(it) for h, w in image_sizes(partition)]
+        return from_pieces(full, partition, ragged_dims, c, grads[0].dtype, device)
+
+    return make
+
+
+def register_hook(x: MJT, live: list[Tensor], hook) -> Any:
+    """``x.register_hook(hook)`` for ``x`` read directly: ``hook`` is called with the whole
+    gradient once every piece's is computed (``register_multi_grad_hook``)."""
+    make = _gradient_maker(x)
+
+    def on_pieces(grads) -> None:
+        g = make(grads)
+        r = None if g is None else hook(g)
+        if r is not None and r is not g:
+            raise RuntimeError(
+                "register_hook(): this multi_jagged tensor holds its images one by one and other ops "
+                "already read them, so a hook can see its gradient but not replace it; register the "
+                "hook before the tensor is used (or return None from it)"
+            )
+
+    return torch.autograd.graph.register_multi_grad_hook(live, on_pieces)
+
+
 def split(x: MJT) -> list[Optional[Tensor]]:
     """``x``'s images as ``(1, C, hᵢ, wᵢ)`` tensors (``None`` without pixels), carrying ``x``'s
     gradient: its pieces when it holds them, else views of its pixel rows."""
@@ -163,6 +254,10 @@ def split(x: MJT) -> list[Optional[Tensor]]:
         pieces = rec[0]
         if not torch.is_grad_enabled() or not wrapper_requires_grad(x):
             return [None if p is None else p.detach() for p in pieces]
+        own = _own_record(x)
+        if own is not None:
+            own[2][0] = True  # NOTE [ Pieces read directly ]
+            return pieces
         if len(rec) == 3:
             return rec[2]  # every consumer shares one node: the engine sums their gradients per piece
         it = iter(_PiecesOf.apply(x, [p for p in pieces if p is not None]))
@@ -204,9 +299,13 @@ def from_pieces(pieces: list[Optional[Tensor]], partition: Partition, ragged_dim
     y = _wrapper(partition, ragged_dims, channels, dtype, device)
     live = [p for p in pieces if p is not None]
     y.__dict__["_pieces"] = (pieces, None)
+    own = False
     if torch.is_grad_enabled() and any(p.requires_grad for p in live):
         y = _AdoptPieces.apply([y], *live)
+        own = all(p.requires_grad for p in live)
     y.__dict__["_pieces"] = (pieces, wrapper_version(y))
+    if own:
+        _own(y, live)
     return y
 
 
@@ -287,11 +386,15 @@ def rewrite_with(fn: Callable[[Tensor, Tensor], Tensor], x: MJT, other: MJT) -> 
 
 def _rewritten(x: MJT, out: list[Optional[Tensor]]) -> MJT:
     live = [p for p in out if p is not None]
+    own = False
     if torch.is_grad_enabled() and (wrapper_requires_grad(x) or any(p.requires_grad for p in live)):
         x = _Rewrite.apply(x, *live)
+        own = bool(live) and all(p.requires_grad for p in live)
     elif not x.is_inference():
         torch.autograd.graph.increment_version(x)
     x.__dict__["_pieces"] = (out, wrapper_version(x))
+    if own:
+        _own(x, live)
     return x
 
 

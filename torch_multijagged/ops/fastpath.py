@@ -35,6 +35,7 @@ unless something else consumed the wrapper. Correctness rests on three rules:
 
 from __future__ import annotations
 
+import inspect
 import operator
 import weakref
 from typing import Any, Callable
@@ -745,6 +746,9 @@ def _autograd_grad(outputs, inputs, *args, **kwargs):
     single = isinstance(inputs, torch.Tensor)
     ins = (inputs,) if single else tuple(inputs)
     owned = [own_values(t) for t in ins]
+    held = [_pieces.read_directly(t) if o is None else None for t, o in zip(ins, owned)]
+    if any(h is not None for h in held):
+        return _grad_of_pieces(outputs, ins, owned, held, args, kwargs)
     if all(o is None for o in owned):
         return NotImplemented
     new = tuple(t if o is None else o for t, o in zip(ins, owned))
@@ -756,16 +760,66 @@ def _autograd_grad(outputs, inputs, *args, **kwargs):
     return out
 
 
+_GRAD_SIGNATURE = inspect.signature(torch.autograd.grad)
+
+
+def _grad_of_pieces(outputs, ins, owned, held, args, kwargs):
+    """``torch.autograd.grad`` where some inputs were read image by image (NOTE [ Pieces read
+    directly ] in ``pieces.py``): their pieces are asked instead, and the answers put together."""
+    bound = _GRAD_SIGNATURE.bind(outputs, ins, *args, **kwargs)
+    bound.apply_defaults()
+    opts = dict(bound.arguments)
+    if opts["is_grads_batched"]:
+        raise NotImplementedError("torch.autograd.grad(): is_grads_batched with a multi_jagged input held as "
+                                  "per-image pieces is not supported")
+    materialize = opts["materialize_grads"]
+    allow_unused = opts["allow_unused"] if opts["allow_unused"] is not None else materialize
+    flat, spans = [], []
+    for t, o, h in zip(ins, owned, held):
+        parts = h if h is not None else [t if o is None else o]
+        spans.append((len(flat), len(parts)))
+        flat.extend(parts)
+    opts.update(inputs=flat, allow_unused=True, materialize_grads=False)
+    with _DisableTF():
+        grads = torch.autograd.grad(**opts)
+    out = []
+    for t, o, h, (start, n) in zip(ins, owned, held, spans):
+        gs = grads[start:start + n]
+        if h is not None:
+            g = _pieces.gradient_from(t, gs)
+        elif o is not None:
+            g = None if gs[0] is None else _wrap_grad(gs[0]._values if isinstance(gs[0], MJT) else gs[0], t)
+        else:
+            g = gs[0]
+        if g is None:
+            if materialize:
+                g = torch.zeros_like(t)
+            elif not allow_unused:
+                raise RuntimeError("One of the differentiated Tensors appears to not have been used in the graph. "
+                                   "Set allow_unused=True if this is the desired behavior.")
+        out.append(g)
+    return tuple(out)
+
+
 def _retain_grad(self):
     v = own_values(self)
     if v is None:
-        return NotImplemented
+        held = _pieces.read_directly(self)
+        if held is None:
+            return NotImplemented
+        for p in held:
+            p.retain_grad()
+        self.__dict__["_retained_pieces"] = held
+        return None
     v.retain_grad()
     self.__dict__["_retained"] = v
     return None
 
 
 def _grad_get(self):
+    held = self.__dict__.get("_retained_pieces")
+    if held is not None:
+        return _pieces.gradient_from(self, [p.grad for p in held])
     v = self.__dict__.get("_retained")
     if v is None:
         return NotImplemented
@@ -775,7 +829,8 @@ def _grad_get(self):
 def _register_hook(self, hook):
     v = own_values(self)
     if v is None:
-        return NotImplemented
+        held = _pieces.read_directly(self)
+        return NotImplemented if held is None else _pieces.register_hook(self, held, hook)
 
     def on_values(g):
         r = hook(MJT(g, self._partition, self._ragged_dims))
@@ -788,9 +843,12 @@ def _grad_fn_get(self):
     """A values-path result's node is its values' (``_register_hook``, above): its own wrapper-level
     node is passed by every op that reads the values, and never runs. Code that waits for a
     tensor's node to run (``torch.autograd.graph.register_multi_grad_hook``) then waits for the
-    node that does."""
+    node that does. A result read image by image answers with its first image's node."""
     v = own_values(self)
-    return NotImplemented if v is None else v.grad_fn
+    if v is None:
+        held = _pieces.read_directly(self)
+        return NotImplemented if held is None else held[0].grad_fn
+    return v.grad_fn
 
 
 FAST[torch.autograd.grad] = _autograd_grad
