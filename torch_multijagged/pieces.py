@@ -177,6 +177,12 @@ class _AdoptPieces(torch.autograd.Function):
 # wrapper (a new version, whose graph starts at the write) ends it.
 
 
+# Pieces exist outside functorch transforms only (``holds_pieces``), where ``Function.apply``'s
+# Python layer (functorch's unwrapping) has nothing to do: its C++ ``apply`` is called directly.
+_functorch = torch._C._are_functorch_transforms_active
+_apply_adopt_pieces = torch._C._FunctionBase.__dict__["apply"].__get__(None, _AdoptPieces)
+
+
 def _own(x: MJT, live: list[Tensor]) -> None:
     x.__dict__["_own_pieces"] = (live, wrapper_version(x), [False])
 
@@ -301,7 +307,7 @@ def from_pieces(pieces: list[Optional[Tensor]], partition: Partition, ragged_dim
     y.__dict__["_pieces"] = (pieces, None)
     own = False
     if torch.is_grad_enabled() and any(p.requires_grad for p in live):
-        y = _AdoptPieces.apply([y], *live)
+        y = (_AdoptPieces.apply if _functorch() else _apply_adopt_pieces)([y], *live)
         own = all(p.requires_grad for p in live)
     y.__dict__["_pieces"] = (pieces, wrapper_version(y))
     if own:
