@@ -256,3 +256,46 @@ def test_second_order_through_a_direct_read():
     for a, b in zip(g2[0].unbind(), want[:-1]):
         torch.testing.assert_close(a, b)
     torch.testing.assert_close(g2[1], want[-1])
+
+
+def _module_patterns_net():
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.GroupNorm(2, 8), torch.nn.ReLU(),
+                              torch.nn.Conv2d(8, 8, 3, padding=1), torch.nn.ReLU()).to(F64)
+    return net, torch.nn.Linear(8, 5).to(F64)
+
+
+@pytest.mark.parametrize("pattern", ["checkpoint", "full backward hook", "hook from a forward hook"])
+def test_module_patterns_on_images_read_directly(pattern):
+    """What model code does around image-by-image results: activation checkpointing, a module's
+    full backward hook replacing its input gradient, and a tensor hook registered on a module's
+    output from a forward hook (Grad-CAM); parameter gradients and the hooked gradient against the
+    loop's."""
+    net, head = _module_patterns_net()
+    imgs = _images([(5, 6), (4, 7), (6, 3)], 13, c=3)
+    seen = []
+    if pattern == "full backward hook":
+        net[3].register_full_backward_hook(lambda m, gi, go: (gi[0] * 2,))
+    elif pattern == "hook from a forward hook":
+        def on_output(module, inputs, out):
+            out.register_hook(lambda g: seen.append(g) or g * 3)  # a forward hook returning None
+
+        net[2].register_forward_hook(on_output)
+
+    def run(fwd, xs):
+        for p in [*net.parameters(), *head.parameters()]:
+            p.grad = None
+        sum(head(fwd(x).mean((2, 3))).square().sum() for x in xs).backward()
+        return [p.grad.clone() for p in [*net.parameters(), *head.parameters()]]
+
+    fwd = (lambda x: torch.utils.checkpoint.checkpoint(net, x, use_reentrant=False)) if pattern == "checkpoint" else net
+    got = run(fwd, [_batch(imgs, grad=False)])
+    hooked = list(seen)
+    seen.clear()
+    want = run(net, [i.unsqueeze(0) for i in imgs])
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    if pattern == "hook from a forward hook":
+        assert len(hooked) == 1 and len(seen) == len(imgs)
+        for a, b in zip(hooked[0].unbind(), seen[::-1]):  # the loop's backward runs its last image first
+            torch.testing.assert_close(a, b[0])
