@@ -230,11 +230,11 @@ def test_gradient_from_pieces_without_one_is_zero_there():
     live = pieces.read_directly(y)
     assert live is not None and len(live) == 3
     g = [torch.full_like(p, 2.0) for p in live]
-    got = pieces.gradient_from(y, [g[0], None, g[2]])
+    got = pieces.gradient_from(y, live, [g[0], None, g[2]])
     parts = got.unbind()
     assert torch.equal(parts[0], g[0][0]) and parts[1].numel() == 0 and torch.equal(parts[3], g[2][0])
     assert torch.equal(parts[2], torch.zeros_like(parts[2]))
-    assert pieces.gradient_from(y, [None, None, None]) is None
+    assert pieces.gradient_from(y, live, [None, None, None]) is None
 
 
 def test_second_order_through_a_direct_read():
@@ -299,3 +299,18 @@ def test_module_patterns_on_images_read_directly(pattern):
         assert len(hooked) == 1 and len(seen) == len(imgs)
         for a, b in zip(hooked[0].unbind(), seen[::-1]):  # the loop's backward runs its last image first
             torch.testing.assert_close(a, b[0])
+
+
+def test_retained_gradient_survives_a_later_write():
+    comps = _images(SIZES, 14)
+    P = _params(14)
+    y = _conv(_batch(comps), P)
+    loss = _loss(y)  # a direct read
+    y.retain_grad()
+    loss.backward()
+    want = y.grad
+    y.detach().mul_(1.0)  # a write through an alias of y: its record ends
+    assert y.grad_fn is not None  # asks the record, which the write ended
+    got = y.grad  # still the gradient retained by the backward
+    for a, b in zip(got.unbind(), want.unbind()):
+        torch.testing.assert_close(a, b)

@@ -210,17 +210,17 @@ def read_directly(x) -> Optional[list[Tensor]]:
     return rec[0]
 
 
-def gradient_from(x: MJT, grads) -> Optional[MJT]:
-    """``x``'s gradient from its live pieces' gradients ``grads`` (zeros for a piece that got none;
-    None when none did), holding them as pieces."""
-    return _gradient_maker(x)(grads)
+def gradient_from(x: MJT, live: list[Tensor], grads) -> Optional[MJT]:
+    """``x``'s gradient from the gradients ``grads`` of its live pieces ``live`` (zeros for a piece
+    that got none; None when none did), holding them as pieces."""
+    return _gradient_maker(x, live)(grads)
 
 
-def _gradient_maker(x: MJT) -> Callable[[list], Optional[MJT]]:
+def _gradient_maker(x: MJT, live: list[Tensor]) -> Callable[[list], Optional[MJT]]:
     """``gradient_from`` bound to ``x``'s structure only (a hook must not hold ``x``: the pieces
     hold the hook)."""
     partition, ragged_dims, c, device = x._partition, x._ragged_dims, x._size[1], x.device
-    shapes = [(p.shape, p.dtype) for p in x.__dict__["_own_pieces"][0]]
+    shapes = [(p.shape, p.dtype) for p in live]
 
     def make(grads) -> Optional[MJT]:
         grads = list(grads)
@@ -237,7 +237,7 @@ def _gradient_maker(x: MJT) -> Callable[[list], Optional[MJT]]:
 def register_hook(x: MJT, live: list[Tensor], hook) -> Any:
     """``x.register_hook(hook)`` for ``x`` read directly: ``hook`` is called with the whole
     gradient once every piece's is computed (``register_multi_grad_hook``)."""
-    make = _gradient_maker(x)
+    make = _gradient_maker(x, live)
 
     def on_pieces(grads) -> None:
         g = make(grads)
@@ -263,7 +263,7 @@ def split(x: MJT) -> list[Optional[Tensor]]:
         own = _own_record(x)
         if own is not None:
             own[2][0] = True  # NOTE [ Pieces read directly ]
-            return pieces
+            return list(pieces)
         if len(rec) == 3:
             return rec[2]  # every consumer shares one node: the engine sums their gradients per piece
         it = iter(_PiecesOf.apply(x, [p for p in pieces if p is not None]))

@@ -786,7 +786,7 @@ def _grad_of_pieces(outputs, ins, owned, held, args, kwargs):
     for t, o, h, (start, n) in zip(ins, owned, held, spans):
         gs = grads[start:start + n]
         if h is not None:
-            g = _pieces.gradient_from(t, gs)
+            g = _pieces.gradient_from(t, h, gs)
         elif o is not None:
             g = None if gs[0] is None else _wrap_grad(gs[0]._values if isinstance(gs[0], MJT) else gs[0], t)
         else:
@@ -819,7 +819,7 @@ def _retain_grad(self):
 def _grad_get(self):
     held = self.__dict__.get("_retained_pieces")
     if held is not None:
-        return _pieces.gradient_from(self, [p.grad for p in held])
+        return _pieces.gradient_from(self, held, [p.grad for p in held])
     v = self.__dict__.get("_retained")
     if v is None:
         return NotImplemented
