@@ -269,4 +269,10 @@ BUGS_C = [
     Bug("retain_grad after a direct read reads the wrapper's gradient", "ops/fastpath.py",
         "    held = self.__dict__.get(\"_retained_pieces\")\n    if held is not None:",
         "    held = self.__dict__.get(\"_retained_pieces\")\n    if False:", ("test_pieces_autograd.py",)),
+    Bug("backward(inputs=…) accumulates into a values-path result's wrapper", "ops/fastpath.py",
+        "            t.__dict__[\"_retained\"] = v\n            subs.append(v)", "            subs.append(t)",
+        ("test_fastpath.py",)),
+    Bug("backward(inputs=…) accumulates into a result read image by image's wrapper", "ops/fastpath.py",
+        "            t.__dict__[\"_retained_pieces\"] = held\n            subs.extend(held)", "            subs.append(t)",
+        ("test_pieces_autograd.py",)),
 ]

@@ -142,6 +142,28 @@ def test_retain_grad_and_hook_on_an_intermediate():
     torch.testing.assert_close(x.grad.values(), 6 * expect)
 
 
+@pytest.mark.parametrize("entry", ["Tensor.backward", "autograd.backward", "multi_jagged loss"])
+def test_backward_with_inputs_accumulates_into_an_intermediate(entry):
+    """``backward(inputs=[y])`` for a values-path result ``y``: its ``.grad`` holds the gradient
+    (accumulated over two calls), as for a dense non-leaf; the leaf gets none."""
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    y = x * 2
+    w = torch.ones_like(y) * 3
+    for _ in range(2):
+        out = y.sin() * y
+        if entry == "Tensor.backward":
+            out.values().sum().backward(inputs=[y], retain_graph=True)
+        elif entry == "autograd.backward":
+            torch.autograd.backward(out.values().sum(), inputs=y, retain_graph=True)
+        else:
+            out.backward(w, inputs=[y], retain_graph=True)
+    ref = (x.detach() * 2).values()
+    expect = 2 * (ref.cos() * ref + ref.sin()) * (3 if entry == "multi_jagged loss" else 1)
+    assert isinstance(y.grad, mj.MultiJaggedTensor) and y.grad.shape == y.shape
+    torch.testing.assert_close(y.grad.values(), expect)
+    assert x.grad is None
+
+
 def test_in_place_on_a_fast_result_is_differentiated():
     x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
     y = x * 1

@@ -314,3 +314,25 @@ def test_retained_gradient_survives_a_later_write():
     got = y.grad  # still the gradient retained by the backward
     for a, b in zip(got.unbind(), want.unbind()):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("consumers", ["read the pieces", "read the values"])
+def test_backward_with_inputs_a_result_held_as_pieces(consumers):
+    """``loss.backward(inputs=[y])``: ``y.grad`` is the per-image reference's gradient (twice:
+    accumulated), whether the consumers read ``y``'s pieces directly or its packed values."""
+    comps = _images(SIZES, 15)
+    P = _params(15)
+    if consumers == "read the pieces":
+        loss_of = _loss
+    else:
+        def loss_of(t):
+            v = t.values() if isinstance(t, mj.MultiJaggedTensor) else t[0].permute(1, 2, 0).reshape(-1, C)
+            return (v * v.tanh()).sum()
+    refs = _reference(comps, P, loss_of)
+    y = _conv(_batch(comps), P)
+    loss = loss_of(y)
+    loss.backward(inputs=[y], retain_graph=True)
+    loss.backward(inputs=[y])
+    assert P["w1"].grad is None
+    for i, (a, b) in enumerate(zip(y.grad.unbind(), refs)):
+        torch.testing.assert_close(a, 2 * b, msg=lambda m: f"image {i}: {m}")

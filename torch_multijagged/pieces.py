@@ -167,7 +167,8 @@ class _AdoptPieces(torch.autograd.Function):
 # nothing else, and its backward runs no Python (two nodes per op fewer, each a pass over the
 # images; 3–4 % of the benchmarks' CNN step at B = 4). The gradient *with respect to the result*
 # is then the gradient with respect to its pieces, which the autograd API answers
-# (``torch.autograd.grad(…, inputs=y)``, ``retain_grad``/``grad``, ``register_hook``, ``grad_fn``:
+# (``torch.autograd.grad(…, inputs=y)``, ``backward(inputs=[y])``, ``retain_grad``/``grad``,
+# ``register_hook``, ``grad_fn``:
 # ``read_directly`` below). A result that no consumer read yet when the API asks is *sealed*
 # instead: its later consumers read through its node, and the API runs on the wrapper as on any
 # tensor. A hook registered after a direct read sees the whole gradient but cannot replace it

@@ -24,8 +24,9 @@ unless something else consumed the wrapper. Correctness rests on three rules:
   ``values_of`` again, whose graph includes the write.
 * Every gradient of a fast result reaches ``v``: through the dense graph of fast consumers, or
   through the wrapper's node. So the gradient *with respect to the result* is the gradient with
-  respect to ``v``: ``torch.autograd.grad(..., inputs=y)``, ``y.retain_grad()``/``y.grad`` and
-  ``y.register_hook`` are answered on ``v`` (``AUTOGRAD_API`` below). A leaf or a slow-path
+  respect to ``v``: ``torch.autograd.grad(..., inputs=y)``, ``backward(inputs=[y])``,
+  ``y.retain_grad()``/``y.grad`` and ``y.register_hook`` are answered on ``v`` (the autograd API
+  below). A leaf or a slow-path
   tensor read through ``values_of`` remembers that ``v`` too, but not as its own (other paths
   reach the wrapper directly), so the autograd API leaves it alone.
 * Eager only: under ``torch.compile``, a dispatch mode or a functorch transform the general
@@ -801,6 +802,38 @@ def _grad_of_pieces(outputs, ins, owned, held, args, kwargs):
     return tuple(out)
 
 
+def _autograd_backward(tensors, grad_tensors=None, retain_graph=None, create_graph=False, grad_variables=None,
+                       inputs=None):
+    """``torch.autograd.backward(…, inputs=…)`` (``Tensor.backward`` comes here too) where an input
+    is a values-path result or was read image by image: its gradient accumulates into its values'
+    or pieces' ``.grad``, which its own ``.grad`` then reads (as after ``retain_grad``). Its
+    wrapper's node never runs for the consumers that read those, so accumulating into the
+    wrapper would leave its ``.grad`` None."""
+    if inputs is None:
+        return NotImplemented
+    ins = (inputs,) if isinstance(inputs, torch.Tensor) else tuple(inputs.values() if isinstance(inputs, dict) else inputs)
+    subs, changed = [], False
+    for t in ins:
+        v = own_values(t)
+        if v is not None:
+            t.__dict__["_retained"] = v
+            subs.append(v)
+            changed = True
+            continue
+        held = _pieces.read_directly(t)
+        if held is not None:
+            t.__dict__["_retained_pieces"] = held
+            subs.extend(held)
+            changed = True
+            continue
+        subs.append(t)
+    if not changed:
+        return NotImplemented
+    with _DisableTF():
+        torch.autograd.backward(tensors, grad_tensors, retain_graph, create_graph, grad_variables, inputs=tuple(subs))
+    return None
+
+
 def _retain_grad(self):
     v = own_values(self)
     if v is None:
@@ -852,6 +885,7 @@ def _grad_fn_get(self):
 
 
 FAST[torch.autograd.grad] = _autograd_grad
+FAST[torch.autograd.backward] = _autograd_backward
 FAST[torch.Tensor.grad_fn.__get__] = _grad_fn_get
 FAST[torch.Tensor.retain_grad] = _retain_grad
 FAST[torch.Tensor.grad.__get__] = _grad_get
