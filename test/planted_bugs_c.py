@@ -275,4 +275,12 @@ BUGS_C = [
     Bug("backward(inputs=…) accumulates into a result read image by image's wrapper", "ops/fastpath.py",
         "            t.__dict__[\"_retained_pieces\"] = held\n            subs.extend(held)", "            subs.append(t)",
         ("test_pieces_autograd.py",)),
+    Bug("a values-path result's output_nr is its wrapper's", "ops/fastpath.py",
+        "    if v is not None:\n        return v.output_nr", "    if False:\n        return v.output_nr",
+        ("test_fastpath.py",)),
+    Bug("setting the grad of an intermediate leaves its values' gradient", "ops/fastpath.py",
+        "            v.grad = None if value is None else value._values", "            pass", ("test_fastpath.py",)),
+    Bug("setting the grad of a result read directly leaves its pieces' gradients", "ops/fastpath.py",
+        "                p.grad = None if g is None else g.detach().reshape(p.shape)", "                pass",
+        ("test_pieces_autograd.py",)),
 ]

@@ -164,6 +164,34 @@ def test_backward_with_inputs_accumulates_into_an_intermediate(entry):
     assert x.grad is None
 
 
+def test_gradient_edge_of_a_fast_result_names_its_own_output():
+    """``get_gradient_edge(b)`` for the second chunk of a split: the edge of ``b``'s values (output
+    1 of the split's node), so that the gradient asked along it is ``b``'s, not the first chunk's."""
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    a, b = x.chunk(2, dim=-1)
+    out = (a * 1.0 + b * 2.0).values().sum()
+    edge = torch.autograd.graph.get_gradient_edge(b)
+    (g,) = torch.autograd.grad(out, edge)
+    torch.testing.assert_close(g, torch.full_like(b.values(), 2.0))
+
+
+@pytest.mark.parametrize("how", ["retain_grad", "backward inputs"])
+def test_grad_of_an_intermediate_can_be_reset(how):
+    x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
+    y = x * 2
+    loss = (y * y).values().sum()
+    if how == "retain_grad":
+        y.retain_grad()
+        loss.backward()
+    else:
+        loss.backward(inputs=[y])
+    assert y.grad is not None
+    y.grad = None  # as zero_grad(set_to_none=True) does
+    assert y.grad is None
+    y.grad = torch.ones_like(y)
+    torch.testing.assert_close(y.grad.values(), torch.ones_like(y.values()))
+
+
 def test_in_place_on_a_fast_result_is_differentiated():
     x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
     y = x * 1

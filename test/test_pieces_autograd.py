@@ -336,3 +336,20 @@ def test_backward_with_inputs_a_result_held_as_pieces(consumers):
     assert P["w1"].grad is None
     for i, (a, b) in enumerate(zip(y.grad.unbind(), refs)):
         torch.testing.assert_close(a, 2 * b, msg=lambda m: f"image {i}: {m}")
+
+
+def test_gradient_edge_and_grad_reset_of_a_result_read_directly():
+    comps = _images(SIZES, 16)
+    P = _params(16)
+    y = _conv(_batch(comps), P)
+    loss = _loss(y)  # a direct read
+    with pytest.raises(RuntimeError, match="no single GradientEdge"):
+        torch.autograd.graph.get_gradient_edge(y)
+    loss.backward(inputs=[y])
+    assert y.grad is not None
+    y.grad = None
+    assert y.grad is None
+    ones = y.detach() * 0 + 1
+    y.grad = ones
+    for a in y.grad.unbind():
+        assert torch.equal(a, torch.ones_like(a))

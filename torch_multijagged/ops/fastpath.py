@@ -884,7 +884,47 @@ def _grad_fn_get(self):
     return v.grad_fn
 
 
+def _grad_set(self, value):
+    """``y.grad = g`` (``None`` too) for a ``y`` whose gradient its values or pieces hold
+    (``retain_grad``, ``backward(inputs=[y])``): theirs is set, which ``y.grad`` reads."""
+    v = self.__dict__.get("_retained")
+    held = self.__dict__.get("_retained_pieces")
+    if v is None and held is None:
+        return NotImplemented
+    if value is not None and not (isinstance(value, MJT) and value._partition is self._partition
+                                  and value._ragged_dims == self._ragged_dims):
+        return NotImplemented  # the general path sets it, or refuses it as dense torch does
+    with torch.no_grad():
+        if v is not None:
+            v.grad = None if value is None else value._values
+        else:
+            parts = [None] * len(held) if value is None else [p for p in _pieces.split(value) if p is not None]
+            for p, g in zip(held, parts):
+                p.grad = None if g is None else g.detach().reshape(p.shape)
+    return NotImplemented  # the wrapper's own field too
+
+
+def _output_nr(self):
+    """The output number of a values-path result is its values' (its node is theirs:
+    ``_grad_fn_get``), so that ``torch.autograd.graph.get_gradient_edge(y)`` names the edge its
+    gradient flows along. A result read image by image has one edge per image, which no single
+    ``GradientEdge`` stands for: refused."""
+    v = own_values(self)
+    if v is not None:
+        return v.output_nr
+    held = _pieces.read_directly(self)
+    if held is None:
+        return NotImplemented
+    raise RuntimeError(
+        "output_nr: this multi_jagged tensor holds its images one by one and other ops already read "
+        "them, so its gradient flows along one edge per image and no single GradientEdge names it; "
+        "use torch.autograd.grad(..., inputs=tensor) instead"
+    )
+
+
 FAST[torch.autograd.grad] = _autograd_grad
+FAST[torch.Tensor.grad.__set__] = _grad_set
+FAST[torch.Tensor.output_nr.__get__] = _output_nr
 FAST[torch.autograd.backward] = _autograd_backward
 FAST[torch.Tensor.grad_fn.__get__] = _grad_fn_get
 FAST[torch.Tensor.retain_grad] = _retain_grad
