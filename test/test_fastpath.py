@@ -180,8 +180,10 @@ def test_grad_of_an_intermediate_can_be_reset(how):
     x = mj.nested_tensor(comps(LENGTHS), requires_grad=True)
     y = x * 2
     loss = (y * y).values().sum()
+    assert not y.retains_grad
     if how == "retain_grad":
         y.retain_grad()
+        assert y.retains_grad
         loss.backward()
     else:
         loss.backward(inputs=[y])

@@ -94,6 +94,7 @@ def test_gradient_with_respect_to_a_result_read_directly(api, when):
         loss = _loss(y)  # consumers read the pieces first
     if api == "retain_grad":
         y.retain_grad()
+        assert y.retains_grad
     elif api == "hook":
         y.register_hook(lambda g: hooked.append(g))
     if when == "before":

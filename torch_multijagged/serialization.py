@@ -31,7 +31,7 @@ __all__ = ["partition_from_file", "load_error", "user_state", "is_internal_attr"
 # Attributes set by ``__new__``; with torch's size/stride caches (``_sym_*``) they are the wrapper's
 # internal state, rebuilt from ``_rebuild``'s arguments and never serialized.
 INTERNAL_ATTRS = frozenset({"_values", "_partition", "_ragged_dims", "_size", "_strides", "_vgraph", "_retained", "_split_piece",
-                            "_pieces", "_own_pieces", "_retained_pieces", "_storage_ptr", "_view_of", "_view_root", "_alias_bumps", "_storage"})
+                            "_pieces", "_own_pieces", "_retained_pieces", "_retains_grad", "_storage_ptr", "_view_of", "_view_root", "_alias_bumps", "_storage"})
 
 
 def is_internal_attr(name: str, value) -> bool:

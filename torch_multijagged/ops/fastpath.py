@@ -843,10 +843,18 @@ def _retain_grad(self):
         for p in held:
             p.retain_grad()
         self.__dict__["_retained_pieces"] = held
+        self.__dict__["_retains_grad"] = True
         return None
     v.retain_grad()
     self.__dict__["_retained"] = v
+    self.__dict__["_retains_grad"] = True
     return None
+
+
+def _retains_grad_get(self):
+    """True after ``retain_grad`` answered on the values or pieces (the wrapper's own flag is
+    never set there)."""
+    return True if self.__dict__.get("_retains_grad") else NotImplemented
 
 
 def _grad_get(self):
@@ -924,6 +932,7 @@ def _output_nr(self):
 
 FAST[torch.autograd.grad] = _autograd_grad
 FAST[torch.Tensor.grad.__set__] = _grad_set
+FAST[torch.Tensor.retains_grad.__get__] = _retains_grad_get
 FAST[torch.Tensor.output_nr.__get__] = _output_nr
 FAST[torch.autograd.backward] = _autograd_backward
 FAST[torch.Tensor.grad_fn.__get__] = _grad_fn_get
