@@ -354,3 +354,28 @@ def test_gradient_edge_and_grad_reset_of_a_result_read_directly():
     y.grad = ones
     for a in y.grad.unbind():
         assert torch.equal(a, torch.ones_like(a))
+
+
+def test_grad_of_a_values_path_result_and_a_result_read_directly_together():
+    comps = _images(SIZES, 17)
+    P = _params(17)
+    x = _batch(comps)
+    xv = x * 2  # a values-path result (its values carry its gradient)
+    y = _conv(xv, P)  # pieces, read directly by the loss
+    loss = _loss(y)
+    gxv, gy = torch.autograd.grad(loss, [xv, y], retain_graph=True)
+    (gy_alone,) = torch.autograd.grad(loss, [y], retain_graph=True)
+    (gxv_alone,) = torch.autograd.grad(loss, [xv], retain_graph=True)
+    for a, b in zip(gy.unbind(), gy_alone.unbind()):
+        torch.testing.assert_close(a, b)
+    for a, b in zip(gxv.unbind(), gxv_alone.unbind()):
+        torch.testing.assert_close(a, b)
+    # against the loop: d loss / d (2 x) per image
+    for c, g in zip(comps, gxv.unbind()):
+        if not c.numel():
+            continue
+        xi = (2 * c).unsqueeze(0).requires_grad_()
+        (want,) = torch.autograd.grad(_loss(_conv(xi, P)), [xi])
+        torch.testing.assert_close(g, want[0])
+    with pytest.raises(NotImplementedError, match="is_grads_batched"):
+        torch.autograd.grad(loss, [y], torch.ones(2), is_grads_batched=True)
