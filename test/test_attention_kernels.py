@@ -604,6 +604,16 @@ def test_forward_without_lse_matches_oracle(name, causal, heads, dv, monkeypatch
         return real(qb, *args)
 
     monkeypatch.setattr(kcommon, "_softmax_forward", spy)
+    from torch_multijagged.kernels import attention_bucketed as kbucketed
+    real_into = kbucketed.segment_softmax_into
+
+    def spy_into(dest, qs, *args):  # the loop's segments of their own, straight into the output rows
+        took = real_into(dest, qs, *args)
+        if took:
+            calls.append(qs.shape[0])
+        return took
+
+    monkeypatch.setattr(kbucketed, "segment_softmax_into", spy_into)
     out, _ = BACKENDS[name][0](q, k, v, _cu(lq), _cu(lk), None, None, None, causal, 0.3, 0.0, need_lse=False)
     want = oracle(q.double(), k.double(), v.double(), _cu(lq), _cu(lk), None, None, None, causal, 0.3, 0.0)
     assert out.dtype == torch.float32
@@ -674,3 +684,27 @@ def test_a_non_finite_output_gradient_stays_in_its_segment(name, fused):
         for got, w in zip((dq, dk, dv), want):
             torch.testing.assert_close(got[a:b], torch.zeros_like(got[a:b]) if w is None else w)
     assert not bool(torch.isfinite(dq[:3]).all())  # segment 0's own gradients are non-finite, as dense
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_loop_segments_into_the_output_rows_are_the_gathered_path_s_bits(causal, monkeypatch):
+    """The ``loop`` backend's segments of their own go straight from the packed rows into the
+    output rows (``segment_softmax_into``): with one intra-op thread the product writes the rows
+    itself, with two through a copy. Both give the bits of the gathered path it replaces."""
+    from torch_multijagged.kernels import attention_bucketed as kbucketed
+
+    lq, lk = [40, 48, 0, 40, 3], [40, 30, 5, 40, 3]
+    g = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(sum(n), 4, 16, generator=g) for n in (lq, lk, lk))
+    run = BACKENDS["loop"][0]
+    threads = torch.get_num_threads()
+    try:
+        outs = []
+        for t in (1, 2):
+            torch.set_num_threads(t)
+            outs.append(run(q, k, v, _cu(lq), _cu(lk), None, None, None, causal, 0.3, 0.0, need_lse=False)[0])
+        monkeypatch.setattr(kbucketed, "segment_softmax_into", lambda *args: False)
+        gathered = run(q, k, v, _cu(lq), _cu(lk), None, None, None, causal, 0.3, 0.0, need_lse=False)[0]
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(outs[0], gathered) and torch.equal(outs[1], gathered)

@@ -10,6 +10,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .attention_common import (
     NEG_INF, _compute_dtype, _dense_backward, _dense_forward, _expand_heads, _grad_buffers, _host_lengths,
+    segment_softmax_into,
     _reduce_heads, _scale, score_offsets,
 )
 from .reference import _is_traced, building
@@ -297,7 +298,16 @@ def attention_bucketed(q, k, v, cu_q, cu_k, bias=None, bias_start=None, keep=Non
     else:
         lse = torch.empty((t + 1, hq), dtype=lse_dtype, device=q.device)
     cs = score_offsets(cu_q, cu_k) if keep is not None else None
+    # no backward will read lse: a segment of its own goes straight from the packed rows into its
+    # output rows where the unfused product takes it (NOTE [ Short segments without the row
+    # log-sum-exp ] in attention_common.py)
+    lean = not need_lse and fused and keep is None and bias is None and k.shape[1] == hq and v.shape[1] == hq
     for bk in plan:
+        if lean and bk.single is not None:
+            a, ka = bk.single
+            if segment_softmax_into(out[a:a + bk.lm], q[a:a + bk.lm], k[ka:ka + bk.sm], v[ka:ka + bk.sm], causal,
+                                    scale):
+                continue
         qb = bk.gather_q(q)
         kb = bk.gather_k(k)
         vb = kb if v is k else bk.gather_k(v)
