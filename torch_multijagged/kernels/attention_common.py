@@ -133,11 +133,18 @@ def _softmax_forward(qb, kb, vb, causal, scale):
     of 64, 1.09–1.10× faster than scaling the scores)."""
     n, h, lq, d = qb.shape
     lk = kb.shape[-2]
-    q3, k3 = qb.reshape(n * h, lq, d), kb.reshape(n * h, lk, d)
-    s = torch.baddbmm(q3.new_empty(n * h, lq, lk), q3, k3.transpose(-1, -2), beta=0, alpha=scale)
+    p = _probabilities(qb.reshape(n * h, lq, d), kb.reshape(n * h, lk, d), causal, scale)
+    return torch.matmul(p.view(n, h, lq, lk), vb), None
+
+
+def _probabilities(q3, k3, causal: bool, scale: float):
+    """``softmax(q kᵀ · scale)`` of ``(N, Lq, D)`` and ``(N, Lk, D)``, the scale as the product's
+    ``alpha``; the future keys masked when ``causal``."""
+    n, lq, lk = q3.shape[0], q3.shape[1], k3.shape[1]
+    s = torch.baddbmm(q3.new_empty(n, lq, lk), q3, k3.transpose(-1, -2), beta=0, alpha=scale)
     if causal:
         s.masked_fill_(torch.ones(lq, lk, dtype=torch.bool, device=s.device).triu(1), NEG_INF)
-    return torch.matmul(torch.softmax(s, -1).view(n, h, lq, lk), vb), None
+    return torch.softmax(s, -1)
 
 
 def segment_softmax_into(dest, q, k, v, causal: bool, scale: float) -> bool:
@@ -152,11 +159,8 @@ def segment_softmax_into(dest, q, k, v, causal: bool, scale: float) -> bool:
     lo, hi = _UNFUSED_SCORES
     if q.dtype != torch.float32 or q.device.type != "cpu" or not lo <= h * lq * lk <= hi:
         return False
-    q3, k3, v3, d3 = q.transpose(0, 1), k.transpose(0, 1), v.transpose(0, 1), dest.transpose(0, 1)
-    s = torch.baddbmm(q3.new_empty(h, lq, lk), q3, k3.transpose(-1, -2), beta=0, alpha=scale)
-    if causal:
-        s.masked_fill_(torch.ones(lq, lk, dtype=torch.bool, device=s.device).triu(1), NEG_INF)
-    p = torch.softmax(s, -1)
+    v3, d3 = v.transpose(0, 1), dest.transpose(0, 1)
+    p = _probabilities(q.transpose(0, 1), k.transpose(0, 1), causal, scale)
     if torch.get_num_threads() == 1:
         torch.bmm(p, v3, out=d3)
     else:
