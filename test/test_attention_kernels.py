@@ -708,3 +708,29 @@ def test_loop_segments_into_the_output_rows_are_the_gathered_path_s_bits(causal,
     finally:
         torch.set_num_threads(threads)
     assert torch.equal(outs[0], gathered) and torch.equal(outs[1], gathered)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_forward_without_lse_keeps_reduced_precision_fused(dtype, monkeypatch):
+    """The unfused formula is float32's: in half precision its products would round the scores,
+    where the fused kernel accumulates in float32. Half-precision segments in its score range keep
+    the fused kernel, and attend as the oracle within the dtype's tolerance."""
+    from torch_multijagged.kernels import attention_common as kcommon
+
+    lq = lk = [40, 48, 0, 40]
+    g = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(sum(lq), 4, 16, generator=g).to(dtype) for _ in range(3))
+    took = []
+    real = kcommon._unfused_fits
+
+    def spy(t, scores):
+        ok = real(t, scores)
+        took.append(ok)
+        return ok
+
+    monkeypatch.setattr(kcommon, "_unfused_fits", spy)
+    out, _ = BACKENDS["loop"][0](q, k, v, _cu(lq), _cu(lk), None, None, None, False, 0.3, 0.0, need_lse=False)
+    assert took and not any(took)
+    want = oracle(q.double(), k.double(), v.double(), _cu(lq), _cu(lk), None, None, None, False, 0.3, 0.0)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out.double(), want, rtol=2e-2, atol=2e-2)

@@ -119,12 +119,18 @@ def _unit_last(t):
 _UNFUSED_SCORES = (1 << 12, 1 << 19)  # score entries H·Lq·Lk per call: 16 KB to 2 MB in float32
 
 
+def _unfused_fits(t, scores: int) -> bool:
+    """Whether one segment of ``scores`` entries ``H·Lq·Lk`` with queries like ``t`` takes the
+    unfused formula: float32 on the CPU, in ``_UNFUSED_SCORES``."""
+    lo, hi = _UNFUSED_SCORES
+    return t.dtype == torch.float32 and t.device.type == "cpu" and lo <= scores <= hi
+
+
 def _unfused_ok(qb, kb, bias_b, keep_b, need_lse: bool) -> bool:
-    if need_lse or bias_b is not None or keep_b is not None or qb.dtype != torch.float32:
+    if need_lse or bias_b is not None or keep_b is not None:
         return False
     n, h, lq, _ = qb.shape
-    lo, hi = _UNFUSED_SCORES
-    return n == 1 and qb.device.type == "cpu" and lo <= h * lq * kb.shape[-2] <= hi
+    return n == 1 and _unfused_fits(qb, h * lq * kb.shape[-2])
 
 
 def _softmax_forward(qb, kb, vb, causal, scale):
@@ -155,9 +161,7 @@ def segment_softmax_into(dest, q, k, v, causal: bool, scale: float) -> bool:
     strided ``bmm``, which aten runs head by head); with more it writes a contiguous block that is
     copied, since the batched product parallelises better than the heads' (NOTE [ Short segments
     without the row log-sum-exp ]). The same products as ``_softmax_forward``: the same bits."""
-    h, lq, lk = q.shape[1], q.shape[0], k.shape[0]
-    lo, hi = _UNFUSED_SCORES
-    if q.dtype != torch.float32 or q.device.type != "cpu" or not lo <= h * lq * lk <= hi:
+    if not _unfused_fits(q, q.shape[1] * q.shape[0] * k.shape[0]):
         return False
     v3, d3 = v.transpose(0, 1), dest.transpose(0, 1)
     p = _probabilities(q.transpose(0, 1), k.transpose(0, 1), causal, scale)

@@ -8,8 +8,9 @@ module here:
 * ``_routing.py`` — the ``__torch_function__`` routes (NOTE [ Routes ]) of composite ops that
   must not decompose, and operand unification (NOTE [ Equal sizes, different nested ints ]);
 * ``fastpath.py`` — the eager values path (NOTE [ Eager values path ]): hot ops computed on the
-  packed values under torch's own autograd; ``bridged.py`` holds the computations that routes
-  send to the values.
+  packed values under torch's own autograd; ``autograd_api.py`` answers the autograd API
+  (``autograd.grad(…, inputs=y)``, hooks, ``.grad``) of its results on their values, entries of the
+  same table; ``bridged.py`` holds the computations that routes send to the values.
 
 The families register handlers and routes into the first two on import. Each family's handlers,
 routes and values-path entries live in its subpackage (CONTRIBUTING.md, "Where does X live"):
@@ -25,6 +26,7 @@ from ._table import MULTI_JAGGED_OPS, dispatch, op_name, register_multi_jagged_f
 from ._routing import ROUTES, SIZED, unify_call
 from . import elementwise, shape, indexing, reductions, contractions, nn, attention, vision  # noqa: F401  (register)
 from . import fastpath
+from . import autograd_api  # noqa: F401  (registers its values-path entries)
 from .shape import views
 
 __all__ = ["register_multi_jagged_func", "dispatch", "MULTI_JAGGED_OPS", "op_name", "ROUTES", "unify_call", "SIZED", "fastpath", "views"]
