@@ -290,4 +290,12 @@ BUGS_C = [
     Bug("the unfused attention takes reduced precision too", "kernels/attention_common.py",
         "    return t.dtype == torch.float32 and t.device.type == \"cpu\" and lo <= scores <= hi",
         "    return t.device.type == \"cpu\" and lo <= scores <= hi", ("test_attention_kernels.py", "test_attention.py")),
+    Bug("take_along_dim without dim accepts a negative index", "ops/indexing/slicing.py",
+        "    if bool(negative.any()):\n        raise RuntimeError(f\"take_along_dim(): index",
+        "    if False:\n        raise RuntimeError(f\"take_along_dim(): index", ("test_ragged_indexing.py",)),
+    Bug("take_along_dim without dim keeps the indices' dims", "ops/indexing/slicing.py",
+        "    return picked if picked.dim() == 2 else picked.flatten(1)", "    return picked", ("test_ragged_indexing.py",)),
+    Bug("a float's node beside a ragged size has no arithmetic", "ragged_sizes.py",
+        "    add = sub = mul = truediv = float_truediv = pow = float_pow = mod = floordiv = int_floordiv = _refuse\n    sym_min = sym_max = _refuse\n",
+        "", ("test_errors.py",)),
 ]

@@ -404,6 +404,18 @@ def test_a_comparison_with_a_float_is_each_samples_alike():
         _ = n * 0.5
 
 
+@pytest.mark.parametrize("use", [
+    lambda n: 1.0 / n, lambda n: 2.0 * n, lambda n: 1.0 - n, lambda n: 1.5 + n, lambda n: 2.0 ** n,
+    lambda n: n / 2.0, lambda n: n * 1.0,
+])
+def test_float_arithmetic_with_a_ragged_size_raises_naming_it(use):
+    """``scale = 1.0 / x.shape[1]``: a float on either side of a ragged size raises the package's
+    error (the float first reached its node, which had no arithmetic: an ``AttributeError``)."""
+    n = mj.nested_tensor([torch.randn(k, 2) for k in (3, 1, 5)]).shape[1]
+    with pytest.raises(TypeError, match=r"float arithmetic.*j\d+.*no single value"):
+        use(n)
+
+
 def test_a_comparison_samples_answer_differently_raises_naming_it():
     x = mj.nested_tensor([torch.randn(k, 4) for k in (2, 0, 5)])
     n = x.shape[1]

@@ -694,6 +694,24 @@ def test_take_along_dim_takes_indices_modulo_each_samples_size_as_dense(dtype):
         torch.gather(mj.nested_tensor(comps), 1, idx)
 
 
+@pytest.mark.parametrize("shape", [lambda n: (2,), lambda n: (n, 3)], ids=["1d", "2d"])
+def test_take_along_dim_without_dim_flattens_each_sample_as_dense(shape):
+    """Without ``dim`` dense gathers from the input flattened by the indices flattened: each
+    sample's indices address its own elements, and its result is one dim (the indices' dims
+    flattened into one ragged dim); gradients scatter back per sample; a negative index raises,
+    as ``gather``."""
+    g = torch.Generator().manual_seed(0)
+    lengths = (3, 1, 0, 5)
+    comps = [torch.randn(n, 4, dtype=torch.float64, generator=g, requires_grad=True) for n in lengths]
+    idx = [torch.randint(0, max(4 * n, 1), shape(n), generator=g) if n else torch.zeros((0,) + shape(n)[1:], dtype=torch.int64)
+           for n in lengths]
+    out = torch.take_along_dim(mj.as_nested_tensor(comps), mj.nested_tensor(idx))
+    assert out.dim() == 2
+    assert_samples_and_grads(out, [torch.take_along_dim(c, i) for c, i in zip(comps, idx)], comps)
+    with pytest.raises(RuntimeError, match="index -1 is out of bounds"):
+        torch.take_along_dim(mj.as_nested_tensor(comps), mj.nested_tensor([torch.tensor([-1])] * len(lengths)))
+
+
 def test_take_along_dim_of_an_empty_sample_with_indices_raises():
     x = mj.nested_tensor([torch.zeros(2, 3), torch.zeros(0, 3)])
     idx = mj.nested_tensor([torch.zeros(1, 3, dtype=torch.int64), torch.zeros(1, 3, dtype=torch.int64)])

@@ -333,6 +333,15 @@ class _FloatBesideRagged:
     def is_constant(self) -> bool:
         return True
 
+    def _refuse(self, other, *args):
+        # a reflected op (``1.0 / n``, ``2.0 * n``) asks the float's node, with the size's as ``other``
+        if isinstance(other, _RaggedAsFloat):
+            other._refuse()
+        raise TypeError(f"float arithmetic of {self.val} with {other}: {_NO_VALUE}")
+
+    add = sub = mul = truediv = float_truediv = pow = float_pow = mod = floordiv = int_floordiv = _refuse
+    sym_min = sym_max = _refuse
+
 
 class _RaggedAsFloat:
     """A ragged size promoted to a float for a comparison with one (``n > math.inf``): order

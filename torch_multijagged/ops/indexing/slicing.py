@@ -512,6 +512,8 @@ def _ragged_along(input: MJT, dim: int, index) -> bool:
 
 @route(torch.take_along_dim, torch.Tensor.take_along_dim)
 def _take_along_dim(input, indices, dim=None, *, out=None):
+    if isinstance(input, MJT) and dim is None and out is None and isinstance(indices, MJT):
+        return _take_along_flattened(input, indices)
     if not isinstance(input, MJT) or dim is None or out is not None:
         return NotImplemented
     hit = ragged_dim("take_along_dim", input, dim)
@@ -535,6 +537,22 @@ def _take_along_dim(input, indices, dim=None, *, out=None):
     if not isinstance(indices, MJT) and indices.dim() == input.dim():
         indices = indices.expand(*[indices.shape[e] if e in (0, hit[0]) else input.shape[e] for e in range(input.dim())])
     return gather_ragged("take_along_dim", input, *hit, indices, wrap=True, broadcast=True)
+
+
+def _take_along_flattened(input: MJT, indices: MJT) -> MJT:
+    """``take_along_dim`` without ``dim``: dense gathers from the input flattened, by the indices
+    flattened (``input.view(-1).gather(0, indices.view(-1))``), so each sample's indices address
+    its own elements in row-major order (``torch.take``'s handler) and its result is one dim: the
+    indices' ragged and static dims flattened into one ragged dim. As ``gather``, a negative
+    index raises."""
+    if indices.dtype not in (torch.int32, torch.int64):
+        raise RuntimeError(f"take_along_dim(): Expected dtype int32/int64 for indices, got {indices.dtype}")
+    negative = indices._values < 0
+    if bool(negative.any()):
+        raise RuntimeError(f"take_along_dim(): index {int(indices._values[negative][0])} is out of bounds: without dim, "
+                           "the indices address each sample's elements flattened, from 0")
+    picked = torch.take(input, indices.long())
+    return picked if picked.dim() == 2 else picked.flatten(1)
 
 
 def _broadcast_along(input: MJT, indices: MJT, d: int):
