@@ -353,6 +353,33 @@ def test_operands_built_apart_combine_under_compile_as_eager(backend):
     assert cc.frame_count == 1
 
 
+@pytest.mark.parametrize("join", ["cat", "stack"])
+def test_joins_of_operands_built_apart_along_a_static_dim_under_compile(join):
+    """``torch.cat([x, y], -1)`` / ``torch.stack([x, y], -1)`` of batches built apart from equal
+    lengths (the concat-features idiom) compile as they run eagerly, values and both gradients,
+    one graph for new lengths; a reordering of the lengths (equal sums) raises when it runs."""
+    cc = CompileCounterWithBackend("aot_eager")
+    fn = (lambda a, b: torch.cat([a, b], -1).sin()) if join == "cat" else (lambda a, b: torch.stack([a, b], -1).sin())
+    f = torch.compile(fn, backend=cc, fullgraph=True)
+    for lengths in ((3, 0, 5), (4, 2, 1)):
+        a, b, ca, cb = _apart(lengths)
+        out = f(a, b)
+        ga, gb = torch.autograd.grad((out * out).sum(), (a, b))
+        dense = torch.cat if join == "cat" else torch.stack
+        for i, (x, y) in enumerate(zip(ca, cb)):
+            x, y = x.requires_grad_(), y.requires_grad_()
+            ref = dense([x, y], -1).sin()
+            rx, ry = torch.autograd.grad((ref * ref).sum(), (x, y))
+            torch.testing.assert_close(out.unbind()[i], ref)
+            torch.testing.assert_close(ga.unbind()[i], rx)
+            torch.testing.assert_close(gb.unbind()[i], ry)
+    assert cc.frame_count == 1
+    a, _, _, _ = _apart((3, 0, 5))
+    _, b, _, _ = _apart((5, 0, 3))
+    with pytest.raises(Exception, match="operands built apart combine only where their ragged sizes are equal"):
+        f(a, b)
+
+
 def test_operands_built_apart_with_other_lengths_raise_under_compile():
     """Compiled, operands built apart with other lengths raise as eagerly: lengths whose sums
     agree (a reordering) in the compiled code, lengths whose sums differ when traced."""

@@ -4,6 +4,7 @@ dim (aten's backward: ``new_zeros`` + ``scatter``), the tie rule, three ragged d
 and the dense kernel of ``multijagged::reduce_backward`` against dense autograd.
 """
 
+import contextlib
 import itertools
 import math
 import re
@@ -411,6 +412,44 @@ def test_complex_reductions_per_sample_with_gradients(name):
     shapes, rd, fn, ref, second = COMPLEX_REDUCTIONS[name]
     for seed in range(3):
         complex_grad_check(fn, R(_complex_comps(shapes, seed), rd), ref=ref, seed=seed, second_order=second)
+
+
+class _Passthrough(torch.utils._python_dispatch.TorchDispatchMode):
+    """A dispatch mode that changes nothing: under it the eager values path is off, and ops run
+    the general mechanism (their backward is ``multijagged::reduce_backward``)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("path", ["values", "general"])
+@pytest.mark.parametrize("layout, dims", [("tokens", (1,)), ("pair", (1, 2)), ("pair", (2,))])
+def test_mean_double_backward_with_an_empty_sample_as_dense(layout, dims, path):
+    """A gradient penalty through a mean over ragged dims with an empty sample (masked out of the
+    loss, as a NaN mean must be): dense's second derivative is finite there — its mean divides
+    after expanding the gradient to no elements — and so is ours, to every leaf. The division by
+    the empty row's count of 0 made it NaN, which reached the weights."""
+    g = torch.Generator().manual_seed(0)
+    lengths = (2, 0, 1)
+    shapes = [(n, 3) if layout == "tokens" else (n, n, 3) for n in lengths]
+    comps = [torch.randn(s, dtype=D, generator=g, requires_grad=True) for s in shapes]
+    w = torch.randn(3, dtype=D, generator=g, requires_grad=True)
+    keep = torch.tensor([n > 0 for n in lengths])
+
+    def penalty(means, leaves):
+        loss = torch.where(keep.reshape(-1, *[1] * (means.dim() - 1)), means * w, 0).sum()
+        grads = torch.autograd.grad(loss, leaves, create_graph=True)
+        return sum((gr * gr).sum() for gr in grads)
+
+    with _Passthrough() if path == "general" else contextlib.nullcontext():
+        means = torch.nested.as_nested_tensor(comps, layout=mj.multi_jagged).mean(dims)
+        ours = torch.autograd.grad(penalty(means.to_padded_tensor(0.0) if mj.is_nested(means) else means, comps),
+                                   [w, *comps], allow_unused=True, materialize_grads=True)
+    dense_means = torch.nn.utils.rnn.pad_sequence([c.mean(tuple(d - 1 for d in dims)) for c in comps], batch_first=True)
+    ref = torch.autograd.grad(penalty(dense_means, comps), [w, *comps], allow_unused=True, materialize_grads=True)
+    for a, b in zip(ours, ref):
+        assert not a.isnan().any()
+        torch.testing.assert_close(a, b)
 
 
 def test_reduce_backward_mean_golden():

@@ -611,6 +611,18 @@ def assume_unified(first: MJT, other: MJT, op: str, dims=None, shift: int = 0) -
     return assume_relabel(other, first._partition if same else partition_for(extents), pairs, op)
 
 
+def assume_joined(op: str, tensors, first: MJT, d) -> list:
+    """Under tracing, the multi_jagged ``tensors`` of a join along dim ``d`` (None: a new dim)
+    relabelled onto ``first``'s extents at its every other ragged dim, where they must agree
+    (eager raises for other lengths): tensors built apart keep nested ints of their own there, so
+    the traced call assumes the sizes equal and checks them when it runs (NOTE [ Traced operands
+    built apart ] in bridge.py); ``tensors`` as a list, the same tensors, eagerly."""
+    dims = tuple(r for r in first._ragged_dims if r != d)
+    if not dims:
+        return list(tensors)
+    return [assume_unified(first, t, op, dims) if isinstance(t, MJT) and t is not first else t for t in tensors]
+
+
 def _dense(t) -> bool:
     return isinstance(t, torch.Tensor) and not isinstance(t, MJT)
 

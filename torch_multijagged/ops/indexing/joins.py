@@ -16,7 +16,7 @@ from ...errors import StructureError
 from ...kernels.along import join_blocks, packed_rows, plan_blocks
 from ...structure import Partition, RaggedExtent, mapped_extent, partition_for, same_extent
 from .._common import MJT, autocast_float32, canonical_dim, describe, sample_rows, static_dims
-from .._routing import route, static_sizes_as_ragged
+from .._routing import assume_joined, route, static_sizes_as_ragged
 from .along import by_blocks, eager, keep_along
 
 _MODES = ("constant", "reflect", "replicate", "circular")
@@ -138,6 +138,9 @@ def _cat(tensors, dim=0, *, out=None, axis=None):
         if all(isinstance(t, MJT) for t in tensors):
             return constructors.cat_batch(list(tensors))  # the batches' samples one after another
         raise RuntimeError("cat(): along the batch dim, expected only multi_jagged tensors (a dense tensor has no samples)")
+    joined = assume_joined("cat", tensors, first, d)
+    if any(a is not b for a, b in zip(joined, tensors)):
+        return torch.cat(joined, d)
     # a static size (a dense operand's too) that is every sample's size of another's ragged dim
     # joins as that dim (NOTE [ Static sizes equal to a ragged dim ] in ops/_routing.py)
     joined = static_sizes_as_ragged(tuple(tensors), False, skip=d)

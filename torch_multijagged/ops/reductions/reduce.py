@@ -101,6 +101,33 @@ class _Plan:
             )
         return c.reshape(-1, *([1] * (v.dim() - 1)))
 
+    def _may_be_empty(self, x: MJT, v: torch.Tensor) -> bool:
+        """Whether a K row may have no elements reduced into it: a static reduced dim of size 0, or
+        (eagerly, from the host sizes, cached) a sample whose reduced ragged extent is 0; traced,
+        always."""
+        if any(v.shape[vd] == 0 for vd in self.vdims):
+            return True
+        if not self.red_r:
+            return False
+        p = x._partition
+        if ref._is_traced(p.offsets):
+            return True
+        red = list(self.red_r)
+        return p.derived(("empty_in", self.red_r), lambda p: bool((p.host_sizes()[:, red] == 0).any()))
+
+    def mean(self, x: MJT, s: torch.Tensor, v: torch.Tensor | None = None) -> torch.Tensor:
+        """The K rows' sums ``s`` divided by their counts: NaN where a count is 0, as dense's mean
+        of no elements, put there by a ``where`` whose backward sends that row nothing. Dividing by
+        the 0 would give its gradient ``1 / 0``, which the double backward multiplies by the sum of
+        the row's (no) elements: NaN, where dense, which divides after expanding the gradient to
+        the elements, has 0."""
+        v = x._values if v is None else v
+        c = self.count(x, s.dtype, v)
+        if not self._may_be_empty(x, v):
+            return s / c
+        empty = c == 0
+        return torch.where(empty, s.new_zeros(()) / 0, s / c.masked_fill(empty, 1))  # 0 / 0: dense's NaN of the dtype
+
 
 def plan_cached(func, x: MJT, dims, name: str | None = None) -> _Plan:
     """``_Plan(func, x, dims)``, cached on x's partition: a plan is a function of the structure
@@ -343,7 +370,7 @@ def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str 
             f"or complex dtype. Got: {str(v.dtype).replace('torch.', '').capitalize()}"
         )
     if kind == "mean":
-        k = _forward_k(plan, x, v, "sum") / plan.count(x, v.dtype, v)
+        k = plan.mean(x, _forward_k(plan, x, v, "sum"), v)
     elif kind == "logsumexp":
         if low is not None:
             # dense torch's steps: ``x - max`` and ``exp`` in the input's dtype, their sum

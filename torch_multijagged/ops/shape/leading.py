@@ -32,7 +32,7 @@ import torch
 
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, canonical_dims, describe
-from .._routing import route
+from .._routing import assume_joined, route
 
 __all__ = ["BatchMoved", "token_op", "batch_transpose"]
 
@@ -583,6 +583,9 @@ def _stack(tensors, dim=0, *, out=None):
     if out is not None or not isinstance(tensors, (list, tuple)) or not tensors or not isinstance(tensors[0], MJT):
         return NotImplemented
     if canonical_dim("stack", tensors[0].dim() + 1, dim) != 0:
+        joined = assume_joined("stack", tensors, tensors[0], None)
+        if any(a is not b for a, b in zip(joined, tensors)):
+            return torch.stack(joined, dim)
         return NotImplemented  # static dims: the op table's handler
     stacked = torch.stack(list(tensors), 1)  # (B, K, …)
     perm = (1, 0) + tuple(range(2, stacked.dim()))
