@@ -304,4 +304,8 @@ BUGS_C = [
     Bug("a traced join along a static dim does not assume its operands' ragged sizes equal", "ops/_routing.py",
         "    dims = tuple(r for r in first._ragged_dims if r != d)\n    if not dims:",
         "    dims = ()\n    if not dims:", ("test_compile.py",)),
+    Bug("x.data shares the values' version counter", "ops/autograd_api.py",
+        "FAST[torch.Tensor.data.__get__] = _data_get\n", "", ("test_writes_through_views.py",)),
+    Bug("a write through x.data is stamped as a write through an alias", "writes.py",
+        "    if _through_data(x, cls):\n        return\n", "", ("test_writes_through_views.py",)),
 ]

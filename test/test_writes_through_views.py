@@ -307,3 +307,33 @@ def test_a_write_into_a_tensor_whose_detached_alias_was_saved_raises_as_dense():
     x.mul_(2)
     with pytest.raises(RuntimeError, match="modified by an inplace operation"):
         torch.autograd.grad(z.sum(1).sum(), w)
+
+
+@pytest.mark.parametrize("write", [
+    lambda t: t.data.mul_(2),
+    lambda t: t.data[..., :2].mul_(2),
+    lambda t: t.data.transpose(-1, -2).mul_(2),
+    lambda t: t.data.copy_(t.data * 2),
+], ids=["data", "slice of data", "transpose of data", "copy into data"])
+def test_a_write_through_data_is_no_write_autograd_sees(write):
+    """``x.data`` shares the storage, not the version counter, as in dense torch: a write through
+    it (or a view of it) after ``x`` was saved for backward is not refused, the backward reads the
+    written values, and ``x`` is not stale for later ops (its ``_version`` unchanged); ``x.data``
+    needs no gradient. Per sample as dense, with an empty sample."""
+    comps = _comps([(3, 4), (0, 4), (1, 4)])
+    x = torch.nested.nested_tensor(comps, layout=mj.multi_jagged).requires_grad_()
+    assert not x.data.requires_grad and x.data._values.data_ptr() == x._values.data_ptr()
+    z = (x * x).sum()
+    write(x)
+    z.backward()
+    (x * 3).sum().backward()
+    assert x._version == 0
+    for c, got in zip(comps, x.grad.unbind()):
+        c = c.clone().requires_grad_()
+        zz = (c * c).sum()
+        write(c)
+        zz.backward()
+        (c * 3).sum().backward()
+        torch.testing.assert_close(got, c.grad)
+    for c, now in zip(comps, x.detach().unbind()):
+        torch.testing.assert_close(now[..., :2], 2 * c[..., :2])

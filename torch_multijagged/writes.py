@@ -225,8 +225,12 @@ def record_write(x, cls: type) -> None:
     bumped (the handler wrote them below autograd, where it is not) and its storage stamped. A
     handler's view has values whose counter is not its base's (made below autograd): the bases'
     values are bumped too, so a backward that saved them raises, as dense torch's shared counter
-    makes it. So are the wrappers ``x`` is a values-path view of (``_bump_viewed``, above)."""
+    makes it. So are the wrappers ``x`` is a values-path view of (``_bump_viewed``, above). A
+    write through ``y.data`` (or a view of it) is none autograd sees, as in dense torch: only its
+    own counter moves."""
     _bump_values(x)
+    if _through_data(x, cls):
+        return
     stamp_write(x._values)
     _bump_viewed(x, cls)
     with torch._C.DisableTorchFunctionSubclass():
@@ -235,6 +239,22 @@ def record_write(x, cls: type) -> None:
         _bump_values(base)
         with torch._C.DisableTorchFunctionSubclass():
             base = base._base
+
+
+def _through_data(x, cls: type) -> bool:
+    """Whether ``x`` is a tensor's ``.data`` (marked ``_data_alias``) or a view of one, through
+    values-path views (``_view_root``) and autograd views (``_base``)."""
+    for _ in range(64):
+        if not isinstance(x, cls):
+            return False
+        if "_data_alias" in x.__dict__:
+            return True
+        root = x.__dict__.get("_view_root")
+        if root is None:
+            with torch._C.DisableTorchFunctionSubclass():
+                root = x._base
+        x = root
+    return False
 
 
 def writes_since(v: torch.Tensor, clock: int) -> int:

@@ -208,7 +208,18 @@ def _output_nr(self):
     )
 
 
+def _data_get(self):
+    """``x.data``: the values' ``.data`` — their storage with a version counter of its own, as
+    dense ``.data`` — so that a write through it (``x.data.mul_(2)``, an old-style update) is not
+    seen by autograd, as in dense; the aten ``detach`` that the getter runs otherwise shares the
+    values' counter, and a backward that saved them refused to run."""
+    out = MJT(self._values.data, self._partition, self._ragged_dims)
+    out.__dict__["_data_alias"] = True  # its writes are no writes of ``self`` (writes.py)
+    return out
+
+
 FAST[torch.autograd.grad] = _autograd_grad
+FAST[torch.Tensor.data.__get__] = _data_get
 FAST[torch.Tensor.grad.__set__] = _grad_set
 FAST[torch.Tensor.retains_grad.__get__] = _retains_grad_get
 FAST[torch.Tensor.output_nr.__get__] = _output_nr
