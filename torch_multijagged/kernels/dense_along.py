@@ -72,11 +72,15 @@ class _PackRows(torch.autograd.Function):
     each result the view of its rows (differentiable: any order)."""
 
     @staticmethod
-    def forward(ctx, r: int, *results):  # type: ignore[override]
+    def forward(ctx, r: int, like, *results):  # type: ignore[override]
         ctx.set_materialize_grads(False)
         ctx.shapes = [t.shape for t in results]
         ctx.counts = [math.prod(t.shape[:r]) for t in results]
-        out = results[0].new_empty((sum(ctx.counts), *results[0].shape[r:]))
+        shape = (sum(ctx.counts), *results[0].shape[r:])
+        if like is not None and like.shape == shape:
+            out = _new_rows(like, results[0].dtype)
+        else:
+            out = results[0].new_empty(shape)
         for t, rows in zip(results, out.split(ctx.counts, 0)):
             rows.view(t.shape).copy_(t)
         return out
@@ -84,14 +88,29 @@ class _PackRows(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):  # type: ignore[override]
         if grad is None:
-            return (None,) * (len(ctx.shapes) + 1)
-        return (None, *(g.reshape(shape) for g, shape in zip(grad.split(ctx.counts, 0), ctx.shapes)))
+            return (None,) * (len(ctx.shapes) + 2)
+        return (None, None, *(g.reshape(shape) for g, shape in zip(grad.split(ctx.counts, 0), ctx.shapes)))
 
 
-def pack_rows(r: int, results: Sequence[torch.Tensor]) -> torch.Tensor:
+def _static_major(t: torch.Tensor) -> bool:
+    """Whether packed values ``t`` lie static dims first (``(*static, T)`` in memory: a product's
+    lead-major scores, NOTE [ Lead-major products ] in ragged_mm.py)."""
+    return t.dim() > 1 and t.stride(0) == 1 and t.shape[0] > 1 and not t.is_contiguous()
+
+
+def _new_rows(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Uninitialised packed rows shaped as ``like``, in its memory order where it lies static dims
+    first (so that every sample's result is copied in as contiguous blocks), else row-major."""
+    if _static_major(like):
+        return torch.empty_like(like, dtype=dtype)
+    return like.new_empty(like.shape, dtype=dtype)
+
+
+def pack_rows(r: int, results: Sequence[torch.Tensor], like: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Results ``(*ragged sizes, *static)`` of ``r`` ragged dims each, in any strides, as packed rows
-    ``(T, *static)``: one copy each, differentiably (``_PackRows``)."""
-    return _PackRows.apply(r, *results)
+    ``(T, *static)``: one copy each, differentiably (``_PackRows``); in ``like``'s memory order
+    where it lies static dims first (``_new_rows``)."""
+    return _PackRows.apply(r, None if like is None else like.detach(), *results)
 
 
 @functools.lru_cache(maxsize=None)
@@ -125,7 +144,7 @@ def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_s
     if out_dtypes and not recording and not identity:
         # a sample's result is a permuted view of the packed result: the functional op, copied in
         rows, static = tensors[0].shape[0], tensors[0].shape[1:]
-        outs_packed = [tensors[0].new_empty((rows, *static), dtype=dt) for dt in out_dtypes]
+        outs_packed = [_new_rows(tensors[0], dt) for dt in out_dtypes]
         out_pieces = [o.split_with_sizes(counts) for o in outs_packed]
         for i, ns in enumerate(sizes):
             if counts[i]:
@@ -167,7 +186,7 @@ def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_s
         if not identity:
             # a result in the component's order is not its rows: written into them with one copy,
             # where merging its ragged dims (a copy) and then a ``cat`` (another) would take two
-            packed.append(pack_rows(r, [o[j].permute(to_storage) for o in outs]))
+            packed.append(pack_rows(r, [o[j].permute(to_storage) for o in outs], tensors[0]))
             continue
         rows_j = []
         for o in outs:
