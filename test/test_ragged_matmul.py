@@ -327,38 +327,42 @@ def test_integer_products_by_broadcasting_keep_their_dtype_and_bool_raises():
         assert torch.equal(a, c @ c.mT)
 
 
+@pytest.mark.parametrize("plan", PLANS)
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("grad", [False, True])
-def test_attention_scores_lie_lead_major_through_the_unfused_chain(threads, grad):
+def test_attention_scores_lie_lead_major_through_the_unfused_chain(threads, grad, plan):
     """``softmax(q @ kᵀ · s) @ v`` written out (eager attention): the scores ``(B, H, j0, j0)``
     come out lead-major (``(H, T)`` in memory: NOTE [ Lead-major products ]), each sample's
     ``(H, n, n)`` block written by its product, and the softmax keeps that order; values and the
     gradients of q, k and v are the per-sample chain's, with an empty and a one-token sample, on
-    one thread (the product writes the blocks) and two (it copies them)."""
+    one thread (the product writes the blocks) and two (it copies them), for every plan (a
+    group gathers the lead-major rows along the buffer's last dim)."""
     g = torch.Generator().manual_seed(0)
     lengths, h, d = (5, 0, 1, 7), 3, 4
     comps = [[torch.randn(n, h, d, dtype=F64, generator=g) for n in lengths] for _ in range(3)]
     leaves = [[c.clone().requires_grad_(grad) for c in cs] for cs in comps]
     x = [mj.nested_tensor(cs, requires_grad=grad) for cs in comps]  # (B, j0, H, D)
     q, k, v = (t.transpose(1, 2) for t in x)  # (B, H, j0, D), as a head split gives
+    refs = [((a.transpose(0, 1) @ b.transpose(0, 1).transpose(-2, -1)) * 0.5).softmax(-1) @ c.transpose(0, 1)
+            for a, b, c in zip(*leaves)]
+    w = [torch.randn(r.shape, dtype=F64, generator=g) for r in refs]
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        scores = q @ k.transpose(-2, -1)
-        rows = scores._values.shape[0]
-        assert scores._values.stride() == (1, rows)
-        p = (scores * 0.5).softmax(-1)
-        assert p._values.stride() == (1, rows)
-        out = p @ v
+        with kmm.force_plan(plan):
+            scores = q @ k.transpose(-2, -1)
+            rows = scores._values.shape[0]
+            assert scores._values.stride() == (1, rows)
+            p = (scores * 0.5).softmax(-1)
+            assert p._values.stride() == (1, rows)
+            out = p @ v
+            if grad:
+                ours = torch.autograd.grad(out, x, mj.nested_tensor([c.transpose(0, 1) for c in w]).transpose(1, 2))
     finally:
         torch.set_num_threads(before)
-    refs = [((a.transpose(0, 1) @ b.transpose(0, 1).transpose(-2, -1)) * 0.5).softmax(-1) @ c.transpose(0, 1)
-            for a, b, c in zip(*leaves)]
     for got, ref in zip(out.unbind(), refs):
         torch.testing.assert_close(got, ref)
     if grad:
-        w = [torch.randn(r.shape, dtype=F64, generator=g) for r in refs]
-        ours = torch.autograd.grad(out, x, mj.nested_tensor([c.transpose(0, 1) for c in w]).transpose(1, 2))
         dense = torch.autograd.grad(refs, [c for cs in leaves for c in cs], w)
         for i, t in enumerate(ours):
             for j, got in enumerate(t.unbind()):

@@ -45,7 +45,7 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from .reference import storage_perm
+from .reference import lead_major, storage_perm
 
 __all__ = ["PADDED_BELOW", "use_padded", "by_sample", "pack_rows", "reduce_by_sample", "extreme_backward_by_sample",
            "padded_positions_along", "padded"]
@@ -92,16 +92,10 @@ class _PackRows(torch.autograd.Function):
         return (None, None, *(g.reshape(shape) for g, shape in zip(grad.split(ctx.counts, 0), ctx.shapes)))
 
 
-def _static_major(t: torch.Tensor) -> bool:
-    """Whether packed values ``t`` lie static dims first (``(*static, T)`` in memory: a product's
-    lead-major scores, NOTE [ Lead-major products ] in ragged_mm.py)."""
-    return t.dim() > 1 and t.stride(0) == 1 and t.shape[0] > 1 and not t.is_contiguous()
-
-
 def _new_rows(like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Uninitialised packed rows shaped as ``like``, in its memory order where it lies static dims
     first (so that every sample's result is copied in as contiguous blocks), else row-major."""
-    if _static_major(like):
+    if lead_major(like):
         return torch.empty_like(like, dtype=dtype)
     return like.new_empty(like.shape, dtype=dtype)
 

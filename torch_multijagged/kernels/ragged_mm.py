@@ -47,8 +47,10 @@ copied it back to read it. Its values are made lead-major instead: ``(H, T)`` in
 ``(T, H)`` (strides ``(1, T)``), where each sample's head block is an ``(n, n)`` matrix of unit
 stride that the product writes itself (one intra-op thread: aten's strided ``out=`` runs the batch
 serially, so with more the batched product is copied in, as a block) and that ``attn @ v`` reads
-as it lies. The dense ops along a ragged dim keep the order (``dense_along._new_rows``), and
-elementwise ops keep their input's. The written-out chain ``softmax(q @ kᵀ · s) @ v`` (H = 12,
+as it lies (a group of short samples gathers its rows along the buffer's own last dim,
+``_gather_rows``). The dense ops along a ragged dim keep the order (``dense_along._new_rows``),
+and elementwise ops keep their input's. The cost model still prices a single's pair operand as
+copied first (plans are cached by sizes, not strides). The written-out chain ``softmax(q @ kᵀ · s) @ v`` (H = 12,
 D = 64, B = 32 of 50–197 tokens, one thread, against the per-sample chain): 1.73× → 1.42× forward,
 1.63× → 1.33× with backward (docs/design.md §18).
 """
@@ -62,7 +64,7 @@ from typing import Optional
 
 import torch
 
-from .reference import built_outside_inference_mode
+from .reference import built_outside_inference_mode, lead_major
 
 __all__ = ["ragged_matmul", "force_plan"]
 
@@ -340,8 +342,8 @@ def _compute(x: torch.Tensor, y: torch.Tensor, spec, out_static) -> torch.Tensor
     empty = x.numel() == 0 or y.numel() == 0
     nlead = len(spec[6])
     new = x.new_zeros if plan.zero or empty else x.new_empty
-    lead_major = not plan.out_contiguous and nlead and len(out_static) == nlead and len(plan.sides[2][0]) > 1
-    if lead_major:
+    heads_first = not plan.out_contiguous and nlead and len(out_static) == nlead and len(plan.sides[2][0]) > 1
+    if heads_first:
         # NOTE [ Lead-major products ]: ``(*lead, T)`` in memory, values ``(T, *lead)``
         out = new((*out_static, plan.out_rows)).permute(nlead, *range(nlead))
     else:
@@ -352,7 +354,7 @@ def _compute(x: torch.Tensor, y: torch.Tensor, spec, out_static) -> torch.Tensor
     xo, yo = x.storage_offset(), y.storage_offset()
     # a permuted result view is written by the product itself where BLAS can (a unit stride:
     # lead-major blocks) and one thread runs it (aten's strided ``out=`` runs the batch serially)
-    direct = plan.out_contiguous or (lead_major and torch.get_num_threads() == 1)
+    direct = plan.out_contiguous or (heads_first and torch.get_num_threads() == 1)
     for (sa, ta, oa), (sb, tb, ob), (so_, to_, oo), copy in _views(plan, x.stride(), y.stride(), out.stride()):
         a, b = x.as_strided(sa, ta, xo + oa), y.as_strided(sb, tb, yo + ob)
         if copy:
@@ -364,10 +366,10 @@ def _compute(x: torch.Tensor, y: torch.Tensor, spec, out_static) -> torch.Tensor
             out.as_strided(so_, to_, oo).copy_(mm(a, b))
     dev = x.device
     for ix, kx, iy, ky, dst, pos, (shx, shy, _) in plan.groups:
-        a = x.index_select(0, ix.to(dev))
+        a = _gather_rows(x, ix.to(dev))
         if kx is not None:
             a.masked_fill_(kx.to(dev).view(-1, *[1] * (a.dim() - 1)), 0)
-        b = y.index_select(0, iy.to(dev))
+        b = _gather_rows(y, iy.to(dev))
         if ky is not None:
             b.masked_fill_(ky.to(dev).view(-1, *[1] * (b.dim() - 1)), 0)
         a = a.view(shx).permute(0, *(p + 1 for p in px))
@@ -378,6 +380,16 @@ def _compute(x: torch.Tensor, y: torch.Tensor, spec, out_static) -> torch.Tensor
             r = r.index_select(0, pos.to(dev))
         out.index_copy_(0, dst.to(dev), r)
     return out
+
+
+def _gather_rows(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t.index_select(0, index)``. The rows of lead-major values lie T apart: they are gathered
+    along the lead-major buffer's own last dim (the result lead-major too: a group's block view
+    splits only its rows)."""
+    if not lead_major(t):
+        return t.index_select(0, index)
+    last = t.dim() - 1
+    return t.permute(*range(1, t.dim()), 0).index_select(last, index).permute(last, *range(last))
 
 
 def _conj(t: torch.Tensor) -> torch.Tensor:

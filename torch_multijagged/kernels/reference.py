@@ -68,6 +68,12 @@ _functorch_wrapped = torch._C._functorch.is_functorch_wrapped_tensor
 _NULL = contextlib.nullcontext()
 
 
+def lead_major(t: torch.Tensor) -> bool:
+    """Whether packed values ``t`` lie static dims first: ``(*static, T)`` in memory, seen as
+    ``(T, *static)`` (a product's attention scores, NOTE [ Lead-major products ] in ragged_mm.py)."""
+    return t.dim() > 1 and t.stride(0) == 1 and t.shape[0] > 1 and not t.is_contiguous()
+
+
 def building():
     """The context a cached map is built in: outside ``torch.inference_mode``. Maps are shared by
     every later op on the structure, and a map first built as an inference tensor could not be
