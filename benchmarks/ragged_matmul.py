@@ -4,7 +4,7 @@ interleaved in one process (min over repeats), forward and forward + backward.
 
 Forms: ``x @ x.mT`` (B, j0, 64); ``q @ k.mT`` and ``attn @ v`` with 4 heads of 16;
 ``einsum("bic,bjc->bij")``; ``nn.MultiheadAttention`` with ``need_weights=True`` (64 wide, 4
-heads). Regimes: B ∈ {4, 32} × lengths (uniform 8–200, near-uniform 40–48, short 2–16, skewed
+heads); the chain ``softmax(q @ k.mT · s) @ v`` written out. Regimes: B ∈ {4, 32} × lengths (uniform 8–200, near-uniform 40–48, short 2–16, skewed
 one of 200 and the rest 8–14).
 
 ``--sample-forms`` runs instead the forms of NOTE [ Contractions sample by sample ] and the
@@ -82,7 +82,13 @@ def _cases(lens, g, backward: bool):
         "einsum bic,bjc->bij": ((x,), lambda x: torch.einsum("bic,bjc->bij", x, x), lambda s: s @ s.T),
         "attn @ v (4-D)": ((attn, v), lambda a, v: a @ v, lambda a, v: a @ v),
         "MHA need_weights": ((x,), lambda x: mha(x, x, x)[0], lambda s: mha(s, s, s)[0]),
+        "softmax(q k.mT) v": ((q, k, v), _chain, _chain),
     }
+
+
+def _chain(q, k, v):
+    """Attention written out, as eager model code has it."""
+    return torch.softmax(q @ k.transpose(-1, -2) * 0.25, -1) @ v
 
 
 def _sample_cases(lens, g, backward: bool):
