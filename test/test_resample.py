@@ -16,7 +16,7 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from hypothesis import example, given, strategies as st
+from hypothesis import assume, example, given, strategies as st
 
 import torch_multijagged as mj
 from torch_multijagged import pieces
@@ -41,9 +41,17 @@ def _out_sides(side, scale):
     return [math.floor(float(n) * s) for n, s in zip(side, scales)]
 
 
+def _vanishes(sides, kw) -> bool:
+    """Whether an image with pixels would be scaled to a side of 0 (dense raises, and so does the
+    batch: ``test_interpolate_by_a_scale_to_an_empty_side_raises_as_dense``; ``area`` pools to it)."""
+    if "scale_factor" not in kw or kw.get("mode") == "area":
+        return False
+    return any(0 not in side and 0 in _out_sides(side, kw["scale_factor"]) for side in sides)
+
+
 def _dense_interp(img, **kw):
     """Dense interpolate of one image ``(C, *side)``; an empty result where dense torch raises
-    for a zero side (what the layout gives)."""
+    for an empty image (what the layout gives) or pools to an empty size (``area``)."""
     out = _out_sides(img.shape[1:], kw["scale_factor"]) if "scale_factor" in kw else list(kw["size"])
     if 0 in out or 0 in img.shape[1:]:
         return img.new_zeros((img.shape[0], *out)) + 0 * img.sum()
@@ -118,6 +126,7 @@ def interp_cases(draw, nsp: int):
 @given(interp_cases(2), seeds, st.sampled_from([torch.float32, torch.float64]))
 def test_interpolate_2d_matches_dense_per_image(case, seed, dtype):
     sides, c, kw = case
+    assume(not _vanishes(sides, kw))
     leaves, x = _images(sides, c, seed, dtype)
     tol = 1e-5 if dtype == torch.float32 else 1e-7
     _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x,
@@ -129,6 +138,7 @@ def test_interpolate_2d_matches_dense_per_image(case, seed, dtype):
 @example(([(3,)], 1, {"scale_factor": 1.3, "mode": "nearest", "recompute_scale_factor": None}), 2, torch.float32)
 def test_interpolate_1d_matches_dense_per_signal(case, seed, dtype):
     sides, c, kw = case
+    assume(not _vanishes(sides, kw))
     leaves, x = _images(sides, c, seed, dtype)
     tol = 1e-5 if dtype == torch.float32 else 1e-7
     _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x,
@@ -165,11 +175,12 @@ def test_interpolate_bicubic_area_antialias_match_dense_per_image(case, seed, dt
     own, the output a dense batch for ``size=`` and the scaled extents (those of every mode) for a
     scale."""
     sides, c, kw = case
+    assume(not _vanishes(sides, kw))
     leaves, x = _images(sides, c, seed, dtype)
     tol = 1e-5 if dtype == torch.float32 else 1e-7
     out = _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x, exact=False,
                  rtol=tol, atol=tol, dense_out="size" in kw, seed=seed)
-    if "scale_factor" in kw:
+    if "scale_factor" in kw and not _vanishes(sides, dict(kw, mode="nearest")):
         linear = F.interpolate(x.detach(), scale_factor=kw["scale_factor"], mode="nearest")
         assert out.shape == linear.shape  # one nested int per size rule, whatever the mode
 
@@ -223,6 +234,24 @@ def test_interpolate_each_image_to_another_batch_s_sizes(case, seed, dtype):
     assert (out + skip).shape[2] is skip.shape[2]
 
 
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
+def test_interpolate_by_a_scale_to_an_empty_side_raises_as_dense(mode):
+    """A 1×1 image scaled by 0.5 (or a 5×1 one: one side) would be empty: dense raises, and so
+    does the batch, naming the sample; an empty image scaled stays empty (the batch's extension).
+    ``area`` pools to the empty size, in dense and here."""
+    _, x = _images([(4, 5), (1, 1)], 2, 0)
+    assert [tuple(t.shape[1:]) for t in F.interpolate(x, scale_factor=0.5, mode="area").unbind()] == [(2, 2), (0, 0)]
+    with pytest.raises(ValueError, match=r"sample 1 .* \(1, 1\) and cannot be resized to \(0, 0\)"):
+        F.interpolate(x, scale_factor=0.5, mode=mode)
+    with pytest.raises(RuntimeError, match="sizes should be greater than 0"):
+        F.interpolate(x.unbind()[1].unsqueeze(0), scale_factor=0.5, mode=mode)
+    _, tall = _images([(5, 1), (4, 2)], 2, 1)
+    with pytest.raises(ValueError, match=r"sample 0 .* cannot be resized to \(2, 0\)"):
+        F.interpolate(tall, scale_factor=0.5, mode=mode)
+    _, some_empty = _images([(4, 6), (0, 3)], 2, 2)
+    assert [tuple(t.shape[1:]) for t in F.interpolate(some_empty, scale_factor=0.5, mode=mode).unbind()] == [(2, 3), (0, 1)]
+
+
 def test_interpolate_to_nested_ints_refuses_what_dense_refuses():
     _, x = _images([(4, 5), (0, 3)], 2, 0)
     _, skip = _images([(8, 10), (2, 3)], 1, 1)
@@ -245,10 +274,11 @@ def test_interpolate_nearest_picks_dense_pixels_on_many_sizes(mode, dtype):
     for k, scale in enumerate([2.0001, 1.0001, 0.9999, 1.9999, 0.37, 1.7, 3.0, 0.5, (2.0001, 1.1), (0.61, 2.0)]):
         for rec in (None, True):
             kw = dict(scale_factor=scale, mode=mode, recompute_scale_factor=rec)
-            leaves, x = _images(sides, 2, k, dtype, requires_grad=False)
-            _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x, exact=True, grad=False)
-            signals, s = _images([(n,) for n, _ in sides], 2, k, dtype, requires_grad=False)
             kw1 = dict(kw, scale_factor=scale if isinstance(scale, float) else scale[0])
+            kept = [side for side in sides if not _vanishes([side], kw)]  # the others raise, as dense
+            leaves, x = _images(kept, 2, k, dtype, requires_grad=False)
+            _check(lambda t: F.interpolate(t, **kw), lambda t: _dense_interp(t, **kw), leaves, x, exact=True, grad=False)
+            signals, s = _images([(n,) for n, _ in sides if not _vanishes([(n,)], kw1)], 2, k, dtype, requires_grad=False)
             _check(lambda t: F.interpolate(t, **kw1), lambda t: _dense_interp(t, **kw1), signals, s, exact=True, grad=False)
 
 
@@ -348,9 +378,13 @@ def test_interpolate_large_images_to_sizes_and_from_pieces(mode):
                                    rtol=1e-4, atol=1e-4)
 
 
-def test_interpolate_downscale_to_zero_is_empty():
+def test_interpolate_downscale_to_zero_raises_but_area_pools_to_it():
+    """floor(1 · 0.5) = 0: dense raises for nearest, and so does the batch; ``area`` pools to the
+    empty side, in dense and here."""
     leaves, x = _images([(1, 3), (4, 4)], 2, 3)
-    out = F.interpolate(x, scale_factor=0.5)
+    with pytest.raises(ValueError, match=r"sample 0 .* \(1, 3\) and cannot be resized to \(0, 1\)"):
+        F.interpolate(x, scale_factor=0.5)
+    out = F.interpolate(x, scale_factor=0.5, mode="area")
     assert out.sizes().tolist() == [[0, 1], [2, 2]]  # = floor([1, 3] · 0.5), floor([4, 4] · 0.5)
     assert out.unbind()[0].shape == (2, 0, 1)
 

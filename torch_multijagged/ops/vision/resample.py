@@ -309,6 +309,8 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
             )
     elif own is not None:
         _check_own_sizes(op, input, own)
+    elif mode != "area":  # a side scaled to 0 (a 1×1 image by 0.5): dense raises (``area`` pools to it)
+        _check_own_sizes(op, input, _scaled_extents(p, scales))
     if mode in _PER_SAMPLE_MODES or antialias:
         return _interpolate_per_sample(input, sizes, scales, own, mode, align_corners, recompute_scale_factor, antialias)
     if nsp == 2:
