@@ -299,7 +299,9 @@ def from_packed(
     ``offsets`` itself. Differentiable w.r.t. ``values``.
 
     Args:
-        values (Tensor): the packed ``(T, *static)`` values.
+        values (Tensor): the packed ``(T, *static)`` values, rows first. ``x.values()`` of a batch
+            whose one ragged dim ``r`` is not dim 1 (``(B, S, j0, C)``) is torch.jagged's layout,
+            ``(S, T, C)``: pass ``x.values().movedim(r - 1, 0)``.
         offsets (Tensor): ``(B+1,)`` int64 row offsets, on the values' device.
         sizes (Tensor): ``(B, R)`` (or ``(B,)`` for ``R = 1``) int64 per-sample extents of
             ``ragged_dims``.
@@ -537,7 +539,13 @@ def from_jagged(njt: torch.Tensor) -> MultiJaggedTensor:
     r = jagged._ragged_idx
     values = njt.values().movedim(r - 1, 0)
     offsets = jagged.offsets()
-    host = offsets.diff().cpu().unsqueeze(1)  # SYNC: once per conversion
+    off = offsets.detach().cpu()  # SYNC: once per conversion
+    # torch.jagged does not check its offsets against its values (nested_tensor_from_jagged takes
+    # them as given): rows no sample owns would be counted by whole-tensor ops
+    problem = offsets_problem("offsets", off, values.shape[0], off.diff())
+    if problem:
+        raise ValueError(f"from_jagged(): the torch.jagged tensor's {problem}")
+    host = off.diff().unsqueeze(1)
     partition = partition_from_sizes(host, values.device, offsets)
     return wrap_values(values, partition, (r,))
 

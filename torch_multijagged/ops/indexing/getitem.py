@@ -4,6 +4,8 @@ indexing with the ops that have handlers (``select``, ``slice``, ``unsqueeze`` o
 
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from ... import constructors
@@ -95,8 +97,23 @@ def _as_int(i):
     return i
 
 
+def _uint8_as_masks(index):
+    """``index`` with every uint8 tensor read as a mask, as dense indexing reads one (deprecated
+    there, with this warning): not as sample or element numbers."""
+    def mask(i):
+        if isinstance(i, torch.Tensor) and i.dtype == torch.uint8:
+            warnings.warn("indexing with dtype torch.uint8 is now deprecated, please use a dtype torch.bool instead.",
+                          UserWarning, stacklevel=4)
+            return i.bool()
+        return i
+
+    return tuple(mask(i) for i in index) if isinstance(index, tuple) else mask(index)
+
+
 @route(torch.Tensor.__getitem__)
 def _getitem(input, index):
+    if isinstance(input, MJT):
+        index = _uint8_as_masks(index)
     if isinstance(index, tuple) and len(index) == 1:
         index = index[0]
     if isinstance(index, bool):  # a 0-d mask (a new leading dim), as dense reads it: not a sample number
@@ -138,6 +155,8 @@ def _setitem(input, index, value):
     selected by index or mask (``x[mask] = v``, ``x[[0, 1], 1:] = v``, ``x[b] = batch``); a sample
     (``x[i] = v``) and integer index tensors alone (``x[b, k] = v``) go to torch's
     ``__setitem__`` (``select`` / ``index_put_``, which have handlers)."""
+    if isinstance(input, MJT):
+        index = _uint8_as_masks(index)
     items = index if isinstance(index, tuple) else (index,)
     plain = all(i is None or i is Ellipsis or isinstance(i, slice) or type(i) is int or _index_tensor(i) is not None
                 for i in items)
@@ -255,7 +274,7 @@ def _getitem_static(input, items):
         if isinstance(first, slice):
             start, stop, step = first.indices(input._partition.batch)
             picked = (input.narrow(0, start, max(stop - start, 0)) if step == 1
-                      else constructors.select_batch(input, torch.arange(start, stop, step)))
+                      else constructors.select_batch(input, torch.tensor(range(start, stop, step), dtype=torch.int64)))
         else:
             picked = constructors.select_batch(input, _advanced(first, input._partition.batch))
         return picked[(slice(None),) + tuple(items[1:])] if len(items) > 1 else picked

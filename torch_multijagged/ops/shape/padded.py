@@ -71,6 +71,10 @@ def _envelope(x: MJT, output_size):
         for m, w, d in zip(maxes, want, x._ragged_dims):
             if w < m:
                 raise ValueError(f"to_padded_tensor(): output_size[{d}] = {w} is smaller than the longest extent {m}")
+        for d in range(1, len(x._size)):
+            if d not in x._ragged_dims and output_size[d] < x._size[d]:  # a static dim: padded, never cut
+                raise ValueError(f"to_padded_tensor(): output_size[{d}] = {output_size[d]} is smaller than dim {d}'s "
+                                 f"size {x._size[d]}")
         maxes = want
     return maxes
 
