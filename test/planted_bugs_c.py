@@ -330,4 +330,11 @@ BUGS_C = [
         ("test_getitem.py",)),
     Bug("interpolate scales an image with pixels to an empty side", "ops/vision/resample.py",
         "    elif mode != \"area\":  # a side scaled to 0", "    elif False:  # a side scaled to 0", ("test_resample.py",)),
+    Bug("batches joined along dim 0 must share nested ints alike", "constructors.py",
+        "                or t._values.shape[1:] != first._values.shape[1:]):",
+        "                or sharing(t) != sharing(first) or t._values.shape[1:] != first._values.shape[1:]):",
+        ("test_getitem.py",)),
+    Bug("batches joined along dim 0 promote two dtypes only", "constructors.py",
+        "    dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])",
+        "    dtype = torch.result_type(*[t._values for t in tensors])", ("test_getitem.py",)),
 ]

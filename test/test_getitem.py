@@ -267,6 +267,30 @@ def test_batches_joined_reversed_and_repeated(pair):
         torch.testing.assert_close(a, b)
 
 
+def test_joining_a_rectangular_batch_with_square_or_empty_ones_is_rectangular():
+    """Two ragged dims share a nested int in ``cat([...], 0)`` only where every batch with samples
+    shares it: a rectangular batch joined with one whose samples happen to be square (inference
+    gives it one nested int), or with an empty batch of one shared nested int (``from_packed``,
+    ``from_padded`` of B = 0), is rectangular; samples and gradients as the components'."""
+    g = torch.Generator().manual_seed(0)
+    rect = [torch.randn(2, 3, 1, generator=g, requires_grad=True), torch.randn(1, 2, 1, generator=g, requires_grad=True)]
+    square = [torch.randn(2, 2, 1, generator=g, requires_grad=True), torch.randn(3, 3, 1, generator=g, requires_grad=True)]
+    r, q = tmj.as_nested_tensor(rect), tmj.as_nested_tensor(square)
+    assert q.shape[1] is q.shape[2]
+    empty = tmj.from_packed(torch.zeros(0, 1), torch.tensor([0]), torch.zeros(0, 2, dtype=torch.long), (1, 2))
+    for parts, comps in (([r, q], rect + square), ([q, r], square + rect), ([empty, r], rect), ([q, empty, q], square * 2)):
+        z = torch.cat(parts, 0)
+        assert (z.shape[1] is z.shape[2]) == all(c.shape[0] == c.shape[1] for c in comps)
+        assert [a.tolist() for a in z.unbind()] == [c.tolist() for c in comps]
+    z = torch.cat([r, q], 0)
+    got = torch.autograd.grad(sum((a * a).sum() for a in z.unbind()), rect + square)
+    for a, c in zip(got, rect + square):
+        torch.testing.assert_close(a, 2 * c)
+    parts = [tmj.nested_tensor([torch.ones(2, 3, dtype=dt)]) for dt in (torch.int32, torch.float32, torch.float64)]
+    joined = torch.cat(parts, 0)  # three batches of three dtypes: promoted as dense cat
+    assert joined.dtype == torch.float64 and joined.shape[0] == 3
+
+
 def test_joining_batches_of_other_layouts_raises():
     _, x = _batch_of((3, 1))
     _, p = _batch_of((2, 2), pair=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import operator
 from typing import Any, Optional, Sequence
 
@@ -652,8 +653,10 @@ def select_batch(x: MultiJaggedTensor, index: torch.Tensor) -> MultiJaggedTensor
 def cat_batch(tensors: Sequence[MultiJaggedTensor]) -> MultiJaggedTensor:
     """``torch.cat(tensors, 0)``: the batches' samples one after another — their packed values
     concatenated, new offsets and so new nested ints. The batches must have one layout: the same
-    ragged dims, extent sharing (square pairs stay square), static sizes, dtype and device, as
-    dense ``cat`` needs equal sizes on every other dim. Differentiable; eager only."""
+    ragged dims, static sizes and device, as dense ``cat`` needs equal sizes on every other dim.
+    Two ragged dims share one nested int in the result where they share one in every batch with
+    samples (square pairs stay square; a rectangular batch and one whose samples happen to be
+    square, or an empty one, give a rectangular batch). Differentiable; eager only."""
     first = tensors[0]
     p0 = first._partition
 
@@ -663,7 +666,7 @@ def cat_batch(tensors: Sequence[MultiJaggedTensor]) -> MultiJaggedTensor:
 
     for t in tensors[1:]:
         if (not isinstance(t, MultiJaggedTensor) or t._ragged_dims != first._ragged_dims or t.dim() != first.dim()
-                or sharing(t) != sharing(first) or t._values.shape[1:] != first._values.shape[1:]):
+                or t._values.shape[1:] != first._values.shape[1:]):
             raise RuntimeError(
                 f"cat(): along the batch dim, expected multi_jagged tensors of one layout (ragged dims, static sizes), "
                 f"got {tuple(first.shape)} and {tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__}"
@@ -677,15 +680,17 @@ def cat_batch(tensors: Sequence[MultiJaggedTensor]) -> MultiJaggedTensor:
         )
     if len(tensors) == 1:  # a copy of one batch: its own shape, nested ints included, as dense cat's
         return wrap_values(torch.cat([values_of(first)]), p0, first._ragged_dims)
-    moved: dict[int, RaggedExtent] = {}
+    live = [sharing(t) for t in tensors if t._partition.batch] or [sharing(first)]
+    moved: dict[tuple, RaggedExtent] = {}
     extents = []
-    for k, e in enumerate(p0.extents):
-        if id(e) not in moved:
+    for k in range(len(p0.extents)):
+        key = tuple(s[k] for s in live)  # the dims sharing dim k's extent in every batch
+        if key not in moved:
             lengths = torch.cat([t._partition.extents[k].host_lengths() for t in tensors])
-            moved[id(e)] = RaggedExtent.from_lengths(lengths, p0.offsets.device)
-        extents.append(moved[id(e)])
+            moved[key] = RaggedExtent.from_lengths(lengths, p0.offsets.device)
+        extents.append(moved[key])
     part = register_partition(Partition.from_extents(extents))
-    dtype = torch.result_type(*[t._values for t in tensors]) if len(tensors) > 1 else first.dtype
+    dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])  # as dense cat, over any number
     return wrap_values(torch.cat([values_of(t).to(dtype) for t in tensors]), part, first._ragged_dims)
 
 
