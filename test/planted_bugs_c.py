@@ -337,4 +337,7 @@ BUGS_C = [
     Bug("batches joined along dim 0 promote two dtypes only", "constructors.py",
         "    dtype = functools.reduce(torch.promote_types, [t.dtype for t in tensors])",
         "    dtype = torch.result_type(*[t._values for t in tensors])", ("test_getitem.py",)),
+    Bug("an empty list index is no index", "ops/indexing/getitem.py",
+        "    if isinstance(it, list) and all(isinstance(i, (int, bool)) for i in it):",
+        "    if isinstance(it, list) and it and all(isinstance(i, (int, bool)) for i in it):", ("test_getitem.py",)),
 ]

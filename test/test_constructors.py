@@ -448,6 +448,15 @@ def test_from_padded_errors():
         mj.from_padded(p, torch.tensor([1, 2]), ragged_dims=(3,))
 
 
+def test_from_padded_of_no_sample_takes_an_empty_list():
+    """B = 0 with its lengths as a Python list: ``[]`` has no dtype of its own (torch reads it as
+    float), it is no sample's length."""
+    x = mj.from_padded(torch.zeros(0, 4, 3), [])
+    assert x.shape[0] == 0 and x.shape[2] == 3 and x.unbind() == ()
+    with pytest.raises(TypeError, match="integer dtype"):
+        mj.from_padded(torch.zeros(2, 4, 3), [1.0, 2.0])
+
+
 # ----------------------------------------------------------------------------- torch.jagged bridge
 def test_to_padded_tensor_output_size_pads_and_never_cuts():
     """``output_size`` pads every dim; an entry smaller than a static dim (as one smaller than a

@@ -61,6 +61,16 @@ def test_a_strided_slice_of_the_batch_is_the_samples_it_names(sl):
     assert y.shape[0] == len(want) and all(torch.equal(a, b) for a, b in zip(y.unbind(), want))
 
 
+def test_an_empty_list_index_selects_nothing_as_dense():
+    """``x[[]]`` is an empty batch; ``x[:, []]`` and ``x[..., []]`` select no position of each
+    sample (dense ``c[[]]``, ``c[..., []]`` per sample)."""
+    comps = [torch.randn(n, 3) for n in (2, 0, 1)]
+    x = tmj.nested_tensor(comps)
+    assert x[[]].shape[0] == 0 and x[[]].unbind() == ()
+    for idx, per in (((slice(None), []), lambda c: c[[]]), ((Ellipsis, []), lambda c: c[..., []])):
+        assert [t.shape for t in x[idx].unbind()] == [per(c).shape for c in comps]
+
+
 def test_a_uint8_index_is_a_mask_as_dense():
     """Dense indexing reads a uint8 tensor as a mask (deprecated, with a warning), not as
     numbers: on the batch dim and on a static dim alike."""

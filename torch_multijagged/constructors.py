@@ -423,7 +423,9 @@ def from_padded(
         raise TypeError(f"{op}(): expected padded to be a tensor, got {type(padded).__name__}")
     _check_dense(op, "padded", padded)
     ragged_dims = _check_ragged_dims(op, ragged_dims, padded.dim())
-    host = _host_ints(op, "lengths", lengths if isinstance(lengths, torch.Tensor) else torch.as_tensor(lengths))
+    if not isinstance(lengths, torch.Tensor):  # a list; an empty one (B = 0) has no dtype of its own
+        lengths = torch.as_tensor(lengths, dtype=torch.int64 if len(lengths) == 0 else None)
+    host = _host_ints(op, "lengths", lengths)
     if host.dim() == 1:
         host = host.unsqueeze(1)
     if host.shape != (padded.shape[0], len(ragged_dims)):

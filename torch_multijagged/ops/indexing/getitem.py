@@ -195,8 +195,8 @@ def _advanced(it, size=None, dim: int = 0) -> torch.Tensor | None:
     mask: its positions), or None for anything else. ``size``: the indexed dim's (dim ``dim``), to
     which a mask's length must be equal, as dense indexing requires (a nested int where the dim is
     ragged: a mask cannot cover it)."""
-    if isinstance(it, list) and it and all(isinstance(i, (int, bool)) for i in it):
-        it = torch.tensor(it)
+    if isinstance(it, list) and all(isinstance(i, (int, bool)) for i in it):
+        it = torch.tensor(it, dtype=None if it else torch.int64)  # ``x[[]]``: no position, as dense
     if isinstance(it, torch.Tensor) and not isinstance(it, MJT) and it.dim() == 1:
         if it.dtype == torch.bool:
             if size is not None and (type(size) is not int or it.shape[0] != size):
