@@ -15,7 +15,7 @@ import torch_multijagged as tmj
 def test_a_strided_slice_of_the_batch_is_the_samples_it_names(sl):
     """``x[a:b:step]`` is the samples ``range(4)[a:b:step]`` names, an empty batch included (as
     dense and ``x[3:1]``)."""
-    comps = [torch.full((n, 2), float(n)) for n in (1, 2, 3, 4)]
+    comps = [torch.full((n, 2), float(n)) for n in (1, 0, 3, 4)]
     y = tmj.nested_tensor(comps)[sl]
     want = comps[sl]
     assert y.shape[0] == len(want) and all(torch.equal(a, b) for a, b in zip(y.unbind(), want))
@@ -34,12 +34,12 @@ def test_an_empty_list_index_selects_nothing_as_dense():
 def test_a_uint8_index_is_a_mask_as_dense():
     """Dense indexing reads a uint8 tensor as a mask (deprecated, with a warning), not as
     numbers: on the batch dim and on a static dim alike."""
-    comps = [torch.arange(2.0 * n).view(n, 2) for n in (1, 2, 3)]
+    comps = [torch.arange(2.0 * n).view(n, 2) for n in (1, 2, 0, 3)]
     x = tmj.nested_tensor(comps)
-    m = torch.tensor([1, 0, 1], dtype=torch.uint8)
+    m = torch.tensor([1, 0, 1, 1], dtype=torch.uint8)
     with pytest.warns(UserWarning, match="uint8 is now deprecated"):
         y = x[m]
-    assert [t.tolist() for t in y.unbind()] == [comps[0].tolist(), comps[2].tolist()]
+    assert [t.tolist() for t in y.unbind()] == [comps[0].tolist(), comps[2].tolist(), comps[3].tolist()]
     with pytest.warns(UserWarning, match="uint8 is now deprecated"):
         z = x[..., torch.tensor([0, 1], dtype=torch.uint8)]
     assert [t.tolist() for t in z.unbind()] == [c[..., [1]].tolist() for c in comps]

@@ -461,13 +461,14 @@ def test_from_padded_of_no_sample_takes_an_empty_list():
 def test_to_padded_tensor_output_size_pads_and_never_cuts():
     """``output_size`` pads every dim; an entry smaller than a static dim (as one smaller than a
     ragged dim's longest extent) raises instead of cutting every sample's data."""
-    x = mj.nested_tensor([torch.arange(6.0).view(2, 3), torch.arange(3.0).view(1, 3)])
-    big = torch.nested.to_padded_tensor(x, -1.0, output_size=(2, 3, 4))
-    assert big[0, :2, :3].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and big[1, 1:].eq(-1).all()
+    x = mj.nested_tensor([torch.arange(6.0).view(2, 3), torch.zeros(0, 3), torch.arange(3.0).view(1, 3)])
+    big = torch.nested.to_padded_tensor(x, -1.0, output_size=(3, 3, 4))
+    assert big[0, :2, :3].tolist() == [[0.0, 1.0, 2.0], [3.0, 4.0, 5.0]] and big[1].eq(-1).all()
+    assert big[2, 0, :3].tolist() == [0.0, 1.0, 2.0] and big[2, 1:].eq(-1).all() and big[:, :, 3].eq(-1).all()
     with pytest.raises(ValueError, match=r"output_size\[2\] = 2 is smaller than dim 2's size 3"):
-        x.to_padded_tensor(0.0, output_size=(2, 2, 2))
+        x.to_padded_tensor(0.0, output_size=(3, 2, 2))
     with pytest.raises(ValueError, match=r"output_size\[1\] = 1 is smaller than the longest extent 2"):
-        x.to_padded_tensor(0.0, output_size=(2, 1, 3))
+        x.to_padded_tensor(0.0, output_size=(3, 1, 3))
     lead = mj.nested_tensor([torch.ones(3, 2, 4), torch.ones(3, 1, 4)])  # (B, S, j0, C)
     with pytest.raises(ValueError, match=r"output_size\[1\] = 1 is smaller than dim 1's size 3"):
         lead.to_padded_tensor(0.0, output_size=(2, 1, 2, 4))

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 __all__ = ["written_args", "check_not_written_through_alias", "refuse_split_piece_write", "record_write", "stamp_write",
-           "written_since"]
+           "written_since", "chain_root"]
 
 
 # NOTE [ Writes into shared values ]
@@ -241,20 +241,24 @@ def record_write(x, cls: type) -> None:
             base = base._base
 
 
-def _through_data(x, cls: type) -> bool:
-    """Whether ``x`` is a tensor's ``.data`` (marked ``_data_alias``) or a view of one, through
-    values-path views (``_view_root``) and autograd views (``_base``)."""
-    for _ in range(64):
-        if not isinstance(x, cls):
-            return False
-        if "_data_alias" in x.__dict__:
-            return True
+def chain_root(x, cls: type):
+    """The first tensor of ``x``'s chain of views (``x`` of type ``cls``, the subclass):
+    values-path views (``_view_root``) and autograd views (``_base``) alike, as dense torch's views
+    all name their one base."""
+    while True:
         root = x.__dict__.get("_view_root")
-        if root is None:
-            with torch._C.DisableTorchFunctionSubclass():
-                root = x._base
-        x = root
-    return False
+        if root is not None:
+            return root
+        with torch._C.DisableTorchFunctionSubclass():
+            base = x._base
+        if not isinstance(base, cls):
+            return x
+        x = base
+
+
+def _through_data(x, cls: type) -> bool:
+    """Whether ``x`` is a tensor's ``.data`` (marked ``_data_alias``) or a view of one."""
+    return "_data_alias" in chain_root(x, cls).__dict__
 
 
 def writes_since(v: torch.Tensor, clock: int) -> int:

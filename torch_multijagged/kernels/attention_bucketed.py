@@ -10,8 +10,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from .attention_common import (
     NEG_INF, _compute_dtype, _dense_backward, _dense_forward, _expand_heads, _grad_buffers, _host_lengths,
-    segment_softmax_into,
-    _reduce_heads, _scale, score_offsets,
+    _reduce_heads, _scale, score_offsets, segment_softmax_into,
 )
 from .reference import _is_traced, building
 

@@ -18,7 +18,10 @@ __all__: list[str] = []
 
 
 def _wrap_grad(g, like: MJT):
-    return None if g is None else result(g, like._partition, like._ragged_dims)
+    """A gradient of ``like``'s values (or a wrapper of them) as a gradient of ``like``."""
+    if g is None:
+        return None
+    return result(g._values if isinstance(g, MJT) else g, like._partition, like._ragged_dims)
 
 
 def _autograd_grad(outputs, inputs, *args, **kwargs):
@@ -33,10 +36,7 @@ def _autograd_grad(outputs, inputs, *args, **kwargs):
     new = tuple(t if o is None else o for t, o in zip(ins, owned))
     with _DisableTF():
         grads = torch.autograd.grad(outputs, new[0] if single else new, *args, **kwargs)
-    out = tuple(
-        g if o is None else _wrap_grad(g._values if isinstance(g, MJT) else g, t) for g, t, o in zip(grads, ins, owned)
-    )
-    return out
+    return tuple(g if o is None else _wrap_grad(g, t) for g, t, o in zip(grads, ins, owned))
 
 
 _GRAD_SIGNATURE = inspect.signature(torch.autograd.grad)
@@ -67,7 +67,7 @@ def _grad_of_pieces(outputs, ins, owned, held, args, kwargs):
         if h is not None:
             g = _pieces.gradient_from(t, h, gs)
         elif o is not None:
-            g = None if gs[0] is None else _wrap_grad(gs[0]._values if isinstance(gs[0], MJT) else gs[0], t)
+            g = _wrap_grad(gs[0], t)
         else:
             g = gs[0]
         if g is None:

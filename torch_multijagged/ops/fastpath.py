@@ -46,7 +46,7 @@ from .. import pieces as _pieces
 from ..bridge import _Adopt
 from ..errors import StructureError
 from ..tensor import MultiJaggedTensor, _ValuesOf
-from ..writes import WRITE_CLOCK, check_not_written_through_alias, written_since
+from ..writes import WRITE_CLOCK, chain_root, check_not_written_through_alias, written_since
 from .attention import sdpa as _att
 from ..kernels import ragged_mm as _kmm
 from ..structure import partition_for
@@ -147,24 +147,10 @@ def _view_of(out: MJT, input: MJT) -> MJT:
         # the first tensor of a chain of such views is held, as a dense view holds its base; the
         # views in between only weakly (``y = y.unsqueeze(-1).squeeze(-1)`` in a loop must not
         # keep, and walk on each write, every view made before)
-        root = _chain_root(input)
+        root = chain_root(input, MJT)
         out.__dict__["_view_root"] = root
         out.__dict__["_view_of"] = input if root is input else weakref.ref(input)
     return out
-
-
-def _chain_root(x: MJT) -> MJT:
-    """The first tensor of ``x``'s chain of views: values-path views (``_view_root``) and autograd
-    views (``_base``) alike, as dense torch's views all name their one base."""
-    while True:
-        root = x.__dict__.get("_view_root")
-        if root is not None:
-            return root
-        with _DisableTF():
-            base = x._base
-        if not isinstance(base, MJT):
-            return x
-        x = base
 
 
 def own_values(x) -> torch.Tensor | None:
