@@ -340,4 +340,12 @@ BUGS_C = [
     Bug("an empty list index is no index", "ops/indexing/getitem.py",
         "    if isinstance(it, list) and all(isinstance(i, (int, bool)) for i in it):",
         "    if isinstance(it, list) and it and all(isinstance(i, (int, bool)) for i in it):", ("test_batch_indexing.py",)),
+    Bug("a per-sample argmin runs argmax", "kernels/dense_along.py",
+        "    op = torch.argmax if kind == \"amax\" else torch.argmin", "    op = torch.argmax",
+        ("test_reductions_by_sample.py",)),
+    Bug("a per-sample arg-extreme over an empty extent gives the kept rows nothing", "kernels/dense_along.py",
+        "            if kept:\n                outs.append(values.new_zeros((kept, *static), dtype=torch.int64))",
+        "            if False:\n                pass", ("test_reductions_by_sample.py",)),
+    Bug("a per-sample logsumexp over an empty extent gives 0", "ops/reductions/reduce.py",
+        "\"logsumexp\", -math.inf)", "\"logsumexp\", 0.0)", ("test_reductions_by_sample.py",)),
 ]

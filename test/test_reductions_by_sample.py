@@ -1,6 +1,7 @@
 """Reductions over ragged dims sample by sample (NOTE [ Reductions sample by sample ] in
 ops/reductions/reduce.py): ``sum`` / ``mean`` / ``amax`` / ``amin`` (and what builds on them:
-``logsumexp``, ``var``) over ragged dims of long samples run dense torch's own reduction on every
+``var``), ``logsumexp`` and the arg-extremes (``argmax`` / ``argmin``, ``max(dim)`` /
+``min(dim)``'s indices) over ragged dims of long samples run dense torch's own reduction on every
 sample's component. Values and gradients bit-equal to the dense op per sample (float32 and
 float64, every layout, with static dims reduced too), on the eager values path and the general
 path; empty extents and B = 0; second order; no leakage; writes after the reduction; the rule
@@ -261,3 +262,72 @@ def test_compiled_reduction_keeps_the_segment_form(monkeypatch):
         assert not calls
     for o, c in zip(out.unbind(0), comps):
         assert_close(o, c.sum((0, 1)) + c.amax(1).sum(0), rtol=1e-5, atol=1e-5)
+
+
+ARG_KINDS = {
+    "argmax": lambda t, d, keepdim: t.argmax(d, keepdim=keepdim),
+    "argmin": lambda t, d, keepdim: torch.argmin(t, d, keepdim=keepdim),
+    "max": lambda t, d, keepdim: t.max(d, keepdim=keepdim),
+    "min": lambda t, d, keepdim: torch.min(t, d, keepdim=keepdim),
+}
+
+
+@pytest.mark.parametrize("which", ["sample", "segment"])
+@pytest.mark.parametrize("kind", list(ARG_KINDS))
+@pytest.mark.parametrize("layout,d", [(lay, d) for lay, ds in DIMS.items() for d in ds if len(d) == 1],
+                         ids=lambda v: str(v))
+def test_arg_extremes_equal_dense_per_sample(layout, d, kind, which, monkeypatch):
+    """``argmax`` / ``argmin`` and the indices of ``max(dim)`` / ``min(dim)`` over a ragged dim are
+    dense's per sample in both forms: the first extreme, ties (rounded values) and NaN (which
+    counts as the extreme) included; integers too. An empty reduced extent gives index 0 (and
+    the empty rule's value), as torch.jagged; dense torch refuses it."""
+    real, calls = da.arg_extreme_by_sample, []
+    monkeypatch.setattr(da, "arg_extreme_by_sample", lambda *a: calls.append(a[-1]) or real(*a))
+    for dtype in (torch.float32, torch.int64):
+        comps = _comps(layout, torch.float64, seed=7, ties=True)
+        if dtype.is_floating_point:
+            for c in comps:
+                if c.numel() > 4:
+                    c.view(-1)[[1, 3]] = float("nan")
+        comps = [c.to(dtype) for c in comps]
+        x = _nested(comps, layout)
+        for keep in (False, True):
+            with form(which):
+                out = ARG_KINDS[kind](x, d[0] + 1, keep)
+            pairs = zip(*(o.unbind() if isinstance(o, mj.MultiJaggedTensor) else o.unbind(0)
+                          for o in (out if isinstance(out, tuple) else (out,))))
+            for i, (c, got) in enumerate(zip(comps, pairs)):
+                if c.shape[d[0]] == 0:
+                    assert not got[-1].any(), f"sample {i}: an empty extent's index"
+                    continue
+                want = ARG_KINDS[kind](c, d[0], keep)
+                want = tuple(want) if isinstance(want, tuple) else (want,)
+                for a, b in zip(got, want):
+                    assert_close(a, b, f"{dtype} keepdim={keep}: sample {i}", rtol=0, atol=0)
+    assert bool(calls) == (which == "sample"), calls
+
+
+@pytest.mark.parametrize("layout,d", [("seq", (0,)), ("pair", (1,)), ("pair", (0, 1)), ("rect", (0, 2)),
+                                      ("cube", (1, 3))])
+def test_logsumexp_per_sample_is_dense_bit_for_bit(layout, d, monkeypatch):
+    """Long samples' ``logsumexp`` over ragged dims is dense torch's own per sample (one call,
+    not the shifted segment form): each value bit-equal, -inf entries and an all -inf slice
+    included, an empty extent -inf; gradients as dense's (an all -inf slice's NaN included)."""
+    comps = _comps(layout, torch.float32, seed=8)
+    for c in comps:
+        if c.numel() > 4:
+            c.view(-1)[:3] = float("-inf")
+    with form("sample"), spy(monkeypatch) as calls:
+        x = _nested(comps, layout, requires_grad=True)
+        out = x.logsumexp(_batch_dims(d))
+    assert "logsumexp" in calls
+    outs = out.unbind() if isinstance(out, mj.MultiJaggedTensor) else out.unbind(0)
+    grads = [torch.randn(o.shape, generator=torch.Generator().manual_seed(i)) for i, o in enumerate(outs)]
+    gx, = torch.autograd.grad(outs, x, grads)
+    for i, (c, o, g) in enumerate(zip(comps, outs, grads)):
+        leaf = c.clone().requires_grad_()
+        want = leaf.logsumexp(d)
+        assert bit_equal(o, want.detach()), f"sample {i}'s value"
+        if c.numel():
+            gw, = torch.autograd.grad(want, leaf, g)
+            assert_close(gx.unbind()[i], gw, f"sample {i}'s gradient", rtol=1e-6, atol=1e-6)

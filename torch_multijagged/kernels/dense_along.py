@@ -192,8 +192,8 @@ def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_s
 
 def reduce_by_sample(values: torch.Tensor, sizes: Sequence[Sequence[int]], counts: Sequence[int],
                      reduced: Sequence[int], vdims: Sequence[int], kind: str, empty) -> torch.Tensor:
-    """Dense torch's reduction ``kind`` (``"sum"``, ``"amax"`` or ``"amin"``) of every sample's
-    component, packed as rows: ``(Σ kept rows, *static with vdims as 1)``.
+    """Dense torch's reduction ``kind`` (``"sum"``, ``"amax"``, ``"amin"`` or ``"logsumexp"``) of
+    every sample's component, packed as rows: ``(Σ kept rows, *static with vdims as 1)``.
 
     ``values``: packed rows ``(T, *static)`` whose sample i holds ``counts[i]`` rows of ragged
     sizes ``sizes[i]`` (host ints); ``reduced``: the ragged dims reduced (their indices among the
@@ -216,6 +216,27 @@ def reduce_by_sample(values: torch.Tensor, sizes: Sequence[Sequence[int]], count
         outs.append(y.view(-1, *out_static))  # n > 0: no size is 0
     if not outs:
         return values.new_full((0, *out_static), empty)
+    return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+
+
+def arg_extreme_by_sample(values: torch.Tensor, sizes: Sequence[Sequence[int]], counts: Sequence[int],
+                          reduced: int, kind: str) -> torch.Tensor:
+    """Dense torch's ``argmax`` (``kind`` ``"amax"``) or ``argmin`` (``"amin"``) of every sample's
+    component along its ragged dim ``reduced`` (an index among the ragged dims), packed as rows
+    ``(Σ kept rows, *static)``, as ``reduce_by_sample`` packs them: the first extreme's position,
+    a NaN counting as the extreme. Where a sample's reduced extent is empty, its kept rows hold 0."""
+    static = list(values.shape[1:])
+    op = torch.argmax if kind == "amax" else torch.argmin
+    outs = []
+    for piece, ns, n in zip(values.split_with_sizes(list(counts)), sizes, counts):
+        if n == 0:
+            kept = math.prod(m for k, m in enumerate(ns) if k != reduced)
+            if kept:
+                outs.append(values.new_zeros((kept, *static), dtype=torch.int64))
+            continue
+        outs.append(op(piece.view(*ns, *static), reduced, keepdim=True).view(-1, *static))
+    if not outs:
+        return values.new_zeros((0, *static), dtype=torch.int64)
     return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
 
 
