@@ -348,4 +348,9 @@ BUGS_C = [
         "            if False:\n                pass", ("test_reductions_by_sample.py",)),
     Bug("a per-sample logsumexp over an empty extent gives 0", "ops/reductions/reduce.py",
         "\"logsumexp\", -math.inf)", "\"logsumexp\", 0.0)", ("test_reductions_by_sample.py",)),
+    Bug("diag_embed of a ragged last dim fills with an int 0", "ops/elementwise/trailing.py",
+        "input.unsqueeze(-1), zero)", "input.unsqueeze(-1), 0)", ("test_trailing_ops.py",)),
+    Bug("a token's keepdim reduction to a dense result keeps the batch-first order", "ops/shape/leading.py",
+        "        if isinstance(out, torch.Tensor) and not isinstance(out, MJT):\n            return out.permute(t._perm) if",
+        "        if False:\n            return out.permute(t._perm) if", ("test_batch_moved.py",)),
 ]

@@ -171,6 +171,48 @@ def test_sequence_first_ops_over_one_dim_per_sample(op, dim):
         torch.testing.assert_close(a, b, equal_nan=True)
 
 
+@pytest.mark.parametrize("op", ["sum", "mean", "amax", "amin"])
+def test_keepdim_reduction_over_a_ragged_dim_keeps_the_token_order(op):
+    """``t.mean(0, keepdim=True)`` of a sequence-first ``(N, B, C)`` token is dense ``(1, B, C)``
+    (every ragged dim reduced), and of the packed-qkv token ``(3, B, H, N, D)`` over dims
+    ``(0, 3)`` ``(1, B, H, 1, D)``: the token's order, not the batch-first tensor's. CLIP's
+    ``AttentionPool2d`` prepends that mean with ``cat`` along dim 0."""
+    comps = _comps()
+    x = mj.nested_tensor(comps, requires_grad=True)
+    t = x.transpose(0, 1)
+    f = getattr(torch.Tensor, op)
+    m = f(t, 0, keepdim=True)
+    assert type(m) is torch.Tensor and m.shape == (1, B, 3 * H * D)
+    ok = [c for c in comps if c.shape[0]]
+    want = torch.stack([f(c, 0, keepdim=True) for c in ok], 1)
+    torch.testing.assert_close(m[:, [i for i, c in enumerate(comps) if c.shape[0]]], want)
+    qkv = x.reshape(B, x.shape[1], 3, H, D).permute(2, 0, 3, 1, 4)
+    r = f(qkv, (0, 3), keepdim=True)
+    assert type(r) is torch.Tensor and r.shape == (1, B, H, 1, D)
+    for i, c in enumerate(comps):
+        if c.shape[0]:
+            torch.testing.assert_close(r[:, i], f(c.view(-1, 3, H, D).permute(1, 2, 0, 3), (0, 2), keepdim=True))
+    if op in ("sum", "mean"):
+        gx, = torch.autograd.grad(m.sum() + r.sum(), x)
+        refs = torch.autograd.grad(sum(f(c, 0).sum() + f(c.view(-1, 3, H, D), (0, 1)).sum() for c in ok), ok)
+        for a, b in zip([g for g, c in zip(gx.unbind(), comps) if c.shape[0]], refs):
+            torch.testing.assert_close(a, b)
+
+
+def test_clip_attention_pool_per_sample():
+    """CLIP's ``AttentionPool2d`` as written: sequence-first tokens, their mean prepended."""
+    mha = torch.nn.MultiheadAttention(8, 2, dtype=F64).eval()
+
+    def pool(x):
+        x = x.transpose(0, 1)
+        x = torch.cat([x.mean(dim=0, keepdim=True), x], dim=0)
+        return mha(x[:1], x, x, need_weights=False)[0][0]
+
+    comps = _comps((3, 2, 5), width=8)
+    got = pool(mj.nested_tensor(comps))
+    torch.testing.assert_close(got, torch.cat([pool(c[None]) for c in comps]))
+
+
 def test_sequence_first_cat_with_a_dense_token_per_sample():
     """``torch.cat([cls, t], 0)`` of a sequence-first token and a dense ``(1, B, C)`` prepends the
     dense row to each sample, with gradients of both; ``cat`` of tokens along other dims too; along

@@ -168,6 +168,20 @@ def test_diag_embed_of_a_ragged_last_dim_is_a_square_pair(ns, seed, c):
     assert out.shape[-1] is out.shape[-2]
 
 
+@pytest.mark.parametrize("dtype", [torch.bool, torch.uint8, torch.int32, torch.float16, torch.complex64])
+def test_diag_embed_of_a_ragged_last_dim_keeps_the_dtype(dtype):
+    """A bool mask's ``diag_embed`` is each sample's bool identity-like mask (``~eye`` excludes
+    self-edges), not an integer one; every dtype stays as dense's."""
+    g = torch.Generator().manual_seed(0)
+    comps = [(torch.rand(n, generator=g) * 4).to(dtype) for n in (3, 0, 2)]
+    out = torch.diag_embed(torch.nested.nested_tensor(comps, layout=mj.multi_jagged))
+    for a, c in zip(out.unbind(), comps):
+        want = torch.diag_embed(c)
+        assert a.dtype == want.dtype and torch.equal(a, want)
+        if dtype == torch.bool:
+            assert torch.equal(~a, ~want)
+
+
 def test_diag_embed_elsewhere_raises():
     x = torch.nested.nested_tensor([torch.rand(3, 2), torch.rand(1, 2)], layout=mj.multi_jagged)
     with pytest.raises(StructureError, match="only into two new last dims"):

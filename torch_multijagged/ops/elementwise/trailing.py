@@ -214,7 +214,8 @@ def _diag_embed(input, offset=0, dim1=-2, dim2=-1):
         # a ragged last dim: each sample's (…, n, n) with the values on the diagonal, a square pair
         # made by broadcasting each position against the others
         pos = torch.ones_like(input, dtype=torch.int64).cumsum(-1)
-        return torch.where(pos.unsqueeze(-1) == pos.unsqueeze(-2), input.unsqueeze(-1), 0)
+        zero = torch.zeros((), dtype=input.dtype, device=input.device)  # a bool batch stays bool
+        return torch.where(pos.unsqueeze(-1) == pos.unsqueeze(-2), input.unsqueeze(-1), zero)
     return wrap_values(torch.diag_embed(values_of(input), offset, d1 - n, d2 - n), input._partition, input._ragged_dims)
 
 

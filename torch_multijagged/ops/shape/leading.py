@@ -462,7 +462,9 @@ def _reduce(func, t: "BatchMoved", dim=None, keepdim=False, *rest, **kwargs):
     dims = [dim] if isinstance(dim, int) else list(dim)
     dims = canonical_dims(name, n, dims)
     out = func(t._mjt, [t._perm[d] for d in dims], keepdim, *rest, **kwargs)
-    if keepdim:
+    if keepdim:  # every dim stays: the result back in the token's order, dense (ragged dims gone) too
+        if isinstance(out, torch.Tensor) and not isinstance(out, MJT):
+            return out.permute(t._perm) if t._perm != tuple(range(n)) else out
         return _rewrap(out, t._perm)
     gone = {t._perm[d] for d in dims}
     kept = [p for i, p in enumerate(t._perm) if i not in dims]
