@@ -353,4 +353,13 @@ BUGS_C = [
     Bug("a token's keepdim reduction to a dense result keeps the batch-first order", "ops/shape/leading.py",
         "        if isinstance(out, torch.Tensor) and not isinstance(out, MJT):\n            return out.permute(t._perm) if",
         "        if False:\n            return out.permute(t._perm) if", ("test_batch_moved.py",)),
+    Bug("detach_ keeps a values-path result's remembered graph", "ops/autograd_api.py",
+        "    for key in (\"_vgraph\", \"_own_pieces\", \"_retained\", \"_retained_pieces\"):",
+        "    for key in ():", ("test_fastpath.py",)),
+    Bug("a values-path hook's gradient of another structure is taken", "ops/autograd_api.py",
+        "        if not (isinstance(r, MJT) and r._ragged_dims == self._ragged_dims and r._partition.same_as(self._partition)",
+        "        if not (isinstance(r, torch.Tensor)", ("test_fastpath.py",)),
+    Bug("diff of order 0 along a ragged dim returns its input", "ops/indexing/slicing.py",
+        "        return input.clone()  # a new tensor, as dense's", "        return input  # a new tensor, as dense's",
+        ("test_ragged_indexing.py",)),
 ]

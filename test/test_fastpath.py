@@ -142,6 +142,27 @@ def test_retain_grad_and_hook_on_an_intermediate():
     torch.testing.assert_close(x.grad.values(), 6 * expect)
 
 
+@pytest.mark.parametrize("returned", ["other lengths", "dense rows", "other ragged dims"])
+def test_hook_returning_another_structure_raises_as_dense(returned):
+    """A hook on a values-path result that returns a gradient of another structure (the same
+    number of rows) raises dense's "changed the size" error, as on a leaf: sample 0's rows would
+    otherwise feed sample 1. An equal structure built apart is taken."""
+    lengths = [3, 5]
+    x = mj.nested_tensor(comps(lengths, c=2), requires_grad=True)
+    y = x * 2
+    bad = {"other lengths": lambda g: mj.nested_tensor(comps([5, 3], c=2)),
+           "dense rows": lambda g: torch.ones(8, 2, dtype=DT),
+           "other ragged dims": lambda g: mj.nested_tensor([torch.ones(2, n, dtype=DT) for n in lengths])}[returned]
+    y.register_hook(bad)
+    with pytest.raises(RuntimeError, match="has changed the size of value"):
+        y.sum().backward()
+    y = x * 2
+    y.register_hook(lambda g: mj.nested_tensor(comps(lengths, c=2)) * 0 + 3)
+    y.sum().backward()
+    for gi in x.grad.unbind():
+        torch.testing.assert_close(gi, torch.full_like(gi, 6.0))
+
+
 @pytest.mark.parametrize("entry", ["Tensor.backward", "autograd.backward", "multi_jagged loss"])
 def test_backward_with_inputs_accumulates_into_an_intermediate(entry):
     """``backward(inputs=[y])`` for a values-path result ``y``: its ``.grad`` holds the gradient
@@ -344,6 +365,35 @@ def test_detached_in_place_result_lends_no_graph():
     y = x * 2
     y.detach_()
     assert not (y * 3).requires_grad
+
+
+_CONV = torch.nn.Conv2d(2, 3, 3, padding=1, dtype=DT)
+
+
+@pytest.mark.parametrize("case", ["mul", "linear", "pair", "einsum", "conv", "conv_read"])
+@pytest.mark.parametrize("form", ["method", "function"])
+def test_detached_in_place_result_is_a_leaf_after_requires_grad(case, form):
+    """``y.detach_(); y.requires_grad_()`` makes ``y`` a leaf, as dense: its gradient is its own and
+    nothing reaches ``x`` (values-path results, and an image result whose pieces were read)."""
+    w = torch.randn(5, 4, dtype=DT)
+    f, shapes = {
+        "mul": (lambda x: x * 3, None), "linear": (lambda x: F.linear(x, w), None),
+        "pair": (lambda x: x.unsqueeze(1) * x.unsqueeze(2), None),
+        "einsum": (lambda x: torch.einsum("bnc,bmc->bnm", x, x), None),
+        "conv": (_CONV, [(2, 5, 4), (2, 3, 6)]), "conv_read": (_CONV, [(2, 5, 4), (2, 3, 6)]),
+    }[case]
+    cs = comps(LENGTHS) if shapes is None else [torch.randn(s, dtype=DT) for s in shapes]
+    x = mj.nested_tensor(cs, requires_grad=True)
+    y = f(x)
+    if case == "conv_read":
+        y * 2  # a consumer reads its images directly
+    y.detach_() if form == "method" else torch.detach_(y)
+    assert y.grad_fn is None and not y.requires_grad and y.is_leaf
+    y.requires_grad_()
+    (y * y).sum().backward()
+    assert x.grad is None
+    for a, b in zip(y.grad.unbind(), y.detach().unbind()):
+        torch.testing.assert_close(a, 2 * b)
 
 
 def test_identity_transpose_and_permute_give_new_results():

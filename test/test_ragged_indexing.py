@@ -413,6 +413,17 @@ def test_diff_along_a_ragged_dim_leaves_other_samples_alone():
     assert torch.equal(base[0], changed[0]) and torch.equal(base[1], changed[1])
 
 
+@pytest.mark.parametrize("dim", [1, 2])
+def test_diff_of_order_zero_is_a_new_tensor(dim):
+    """``diff(n=0)`` returns a copy, as dense: a write into it leaves the input as it was."""
+    x = mj.nested_tensor([torch.arange(2.0 * k).view(k, 2) for k in (3, 0, 5)])
+    before = [c.clone() for c in x.unbind()]
+    d = x.diff(n=0, dim=dim)
+    assert d is not x
+    d.zero_()
+    assert all(torch.equal(a, b) for a, b in zip(x.unbind(), before))
+
+
 def test_diff_along_a_ragged_dim_errors():
     x = mj.nested_tensor([torch.randn(3, 2), torch.randn(1, 2)])
     with pytest.raises(RuntimeError, match="order must be non-negative but got -1"):

@@ -2,7 +2,8 @@
 values path ] in ``fastpath.py``, NOTE [ Pieces read directly ] in ``pieces.py``): such a
 result's wrapper node is passed by the consumers that read those, so ``torch.autograd.grad(…,
 inputs=y)``, ``backward(inputs=[y])``, ``retain_grad`` / ``grad`` (get and set), ``retains_grad``,
-``register_hook``, ``grad_fn`` and ``output_nr`` are answered on the values or pieces instead.
+``register_hook``, ``grad_fn`` and ``output_nr`` are answered on the values or pieces instead, and
+``detach_`` forgets them.
 Entries of the values path's table (``FAST``), registered on import."""
 
 from __future__ import annotations
@@ -153,7 +154,14 @@ def _register_hook(self, hook):
 
     def on_values(g):
         r = hook(MJT(g, self._partition, self._ragged_dims))
-        return None if r is None else (r._values if isinstance(r, MJT) else r)
+        if r is None:
+            return None
+        if not (isinstance(r, MJT) and r._ragged_dims == self._ragged_dims and r._partition.same_as(self._partition)
+                and r._values.shape == g.shape):
+            # dense torch's refusal (as for this hook on a leaf): another structure's rows, or a
+            # dense tensor of the values' shape, would be taken sample by sample as they lie
+            raise RuntimeError(f"hook '{getattr(hook, '__name__', hook)}' has changed the size of value")
+        return r._values
 
     return v.register_hook(on_values)
 
@@ -218,7 +226,17 @@ def _data_get(self):
     return out
 
 
+def _detach_(self):
+    """``y.detach_()``: ``y`` becomes a leaf, as dense. What the values path remembered of its
+    history goes with it: the graph-carrying values (whose gradient reached ``y``'s inputs after
+    ``requires_grad_()``), pieces read directly, and a retained gradient."""
+    for key in ("_vgraph", "_own_pieces", "_retained", "_retained_pieces"):
+        self.__dict__.pop(key, None)
+    return NotImplemented  # the wrapper's own detach_ follows
+
+
 FAST[torch.autograd.grad] = _autograd_grad
+FAST[torch.Tensor.detach_] = FAST[torch.detach_] = _detach_
 FAST[torch.Tensor.data.__get__] = _data_get
 FAST[torch.Tensor.grad.__set__] = _grad_set
 FAST[torch.Tensor.retains_grad.__get__] = _retains_grad_get

@@ -697,6 +697,8 @@ def _diff(input, n=1, dim=-1, prepend=None, append=None):
         input = torch.cat([t for t in (prepend, input, append) if t is not None], d)
     if n < 0:
         raise RuntimeError(f"order must be non-negative but got {n}")  # dense's words
+    if n == 0:
+        return input.clone()  # a new tensor, as dense's (never the input itself)
     head = (slice(None),) * d
     step = torch.ne if input.dtype == torch.bool else torch.sub  # dense: logical_xor for bool
     for _ in range(n):
