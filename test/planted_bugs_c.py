@@ -362,4 +362,13 @@ BUGS_C = [
     Bug("diff of order 0 along a ragged dim returns its input", "ops/indexing/slicing.py",
         "        return input.clone()  # a new tensor, as dense's", "        return input  # a new tensor, as dense's",
         ("test_ragged_indexing.py",)),
+    Bug("a slice bounded by a ragged size records its bounds as per-sample lengths", "ops/indexing/slicing.py",
+        "    return mark_view_copy(out, x, index)",
+        "    return mark_view_copy(out, x, (slice(None),) * d + (slice(start, stop, step),))", ("test_joins_blocks.py",)),
+    Bug("a dense mask with a batch dim over static queries is read as it lies", "ops/attention/sdpa.py",
+        "    m = m.squeeze(tuple(q._ragged_dims))  # (B or 1, static dims)", "    return mask",
+        ("test_attention_equal_sizes.py",)),
+    Bug("a pair bias of equal lengths keeps its ragged dim where the scores are static", "ops/attention/sdpa.py",
+        "            if d not in scores and isinstance(size, int) and _uniform(e, size):",
+        "            if False:", ("test_attention_equal_sizes.py",)),
 ]

@@ -221,6 +221,29 @@ def test_slice_writes_through_in_both_forms(how):
         assert torch.equal(g, expect)
 
 
+@pytest.mark.parametrize("case", ["narrow(1, 0, n)", "[:, :n - 1]", "[:, 1:n]", "[:, :n - 1][..., 0]"])
+def test_slice_bounded_by_a_ragged_size_writes_through(case):
+    """A slice whose bound is a ragged size (``x.narrow(1, 0, n)``, ``x[:, : n - 1]``) written in
+    place writes its base, as one with int bounds, gradients as for a dense view."""
+    f = {"narrow(1, 0, n)": lambda t, n: t.narrow(1 if t.dim() == 3 else 0, 0, n),
+         "[:, :n - 1]": lambda t, n: t[:, : n - 1] if t.dim() == 3 else t[: n - 1],
+         "[:, 1:n]": lambda t, n: t[:, 1:n] if t.dim() == 3 else t[1:n],
+         "[:, :n - 1][..., 0]": lambda t, n: (t[:, : n - 1] if t.dim() == 3 else t[: n - 1])[..., 0]}[case]
+    comps = comps_for([(4, 3), (1, 3), (6, 3)], 3)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    x = mj.as_nested_tensor(leaves) * 1
+    f(x, x.shape[1]).mul_(3)
+    want = [c * 1 for c in leaves]
+    for w in want:
+        f(w, w.shape[0]).mul_(3)
+    for a, w in zip(x.unbind(), want):
+        torch.testing.assert_close(a, w)
+    got = torch.autograd.grad((x * x).sum(), leaves)
+    exp = torch.autograd.grad(sum((w * w).sum() for w in want), leaves)
+    for a, b in zip(got, exp):
+        torch.testing.assert_close(a, b)
+
+
 # ----------------------------------------------------------------------------- non-constant pads
 _MODES = ("reflect", "replicate", "circular")
 

@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import constructors
-from ...bridge import values_of
+from ...bridge import dense_as_ragged, ragged_as_static, static_as_ragged, values_of
 from ...compile import attention as cattn
 from ...compile.attention import BACKENDS, backend  # noqa: F401  (public: re-exported)
 from ...errors import TRACED_EXTENTS, StructureError
@@ -45,7 +45,7 @@ from ...kernels import attention as kattn
 from ...structure import _is_traced, building, partition_for, same_extent
 from .._table import register_multi_jagged_func
 from .._common import MJT, autocast_lower, describe, static_dims, wrap
-from .._routing import _call, _needs_grad, assume_unified, route
+from .._routing import _call, _needs_grad, _uniform, assume_unified, route
 
 __all__ = ["backend", "BACKENDS", "segments", "dense_as_rows"]
 
@@ -121,6 +121,41 @@ def _check(query, key, value, attn_mask, is_causal, enable_gqa):
     if attn_mask is not None and is_causal:
         raise RuntimeError(f"{_OP}(): Explicit attn_mask should not be set when is_causal=True")
     return ragged_l
+
+
+def _mask_sizes_as_scores(mask, query, key, ragged_l):
+    """``mask`` with each dim that has one size in every sample where the scores have another kind
+    of dim made the scores' kind, eagerly (NOTE [ Static sizes equal to a ragged dim ] in
+    ops/_routing.py), as elementwise ops take such operands: a pair bias of equal-length samples,
+    which inference makes ``(B, j0, n, C)`` (a cropped batch, B = 1), beside scores ragged only along
+    the other pair dim; a dense mask of one length beside an equal-length batch."""
+    n = len(query._size)
+    scores = dict(zip(query._ragged_dims, query._partition.extents))
+    if ragged_l:
+        scores[n - 1] = key._partition.extents[-1]
+    if isinstance(mask, MJT):
+        if len(mask._size) != n or mask._partition.batch != query._partition.batch:
+            return mask
+        for d, e in zip(mask._ragged_dims, mask._partition.extents):
+            size = query._size[d] if d < n - 1 else key._size[-2]
+            if d not in scores and isinstance(size, int) and _uniform(e, size):
+                mask = ragged_as_static(mask, d, size)
+                if not isinstance(mask, MJT):
+                    break
+        if isinstance(mask, MJT):
+            for d, e in scores.items():
+                if d not in mask._ragged_dims and mask._size[d] != 1 and _uniform(e, mask._size[d]):
+                    own = next((f for f in mask._partition.extents if same_extent(f, e)), e)
+                    mask = static_as_ragged(mask, d, own)
+        if isinstance(mask, MJT):
+            return mask
+    if mask.dim() > n or (mask.dim() == n and mask.shape[0] not in (1, query._partition.batch)):
+        return mask
+    shift = n - mask.dim()
+    dims = {d: e for d, e in scores.items() if d >= shift and mask.shape[d - shift] != 1}
+    if dims and all(_uniform(e, mask.shape[d - shift]) for d, e in dims.items()):
+        return dense_as_ragged(mask, query._partition.batch, n, dims)
+    return mask
 
 
 def _float_mask(mask, dtype):
@@ -264,6 +299,8 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     if torch.is_autocast_enabled(query.device.type):
         query, key, value, attn_mask = autocast_lower(query, key, value, attn_mask)  # as dense SDPA's autocast
     ragged_l = _check(query, key, value, attn_mask, is_causal, enable_gqa)
+    if attn_mask is not None and not torch.compiler.is_compiling():
+        attn_mask = _mask_sizes_as_scores(attn_mask, query, key, ragged_l)
     if ragged_l and isinstance(attn_mask, MJT):
         attn_mask = _mask_over_both(attn_mask, query, key)
     mask = None
@@ -374,6 +411,29 @@ def _bias(mask, q: MJT, k: MJT, cu_q, cu_k, seg_sample):
     return bias, rows[:-1], restore
 
 
+def _dense_mask_rows(mask: torch.Tensor, q: MJT) -> torch.Tensor:
+    """A dense mask (size 1 at ``q``'s ragged dims, checked) laid out as ``q``'s values: the
+    rows dim first (1, or each row's sample's slice of a mask with a batch dim), then the static
+    dims, so that it broadcasts against the values whatever its rank."""
+    n = len(q._size)
+    m = mask.reshape((1,) * (n - mask.dim()) + tuple(mask.shape))
+    m = m.squeeze(tuple(q._ragged_dims))  # (B or 1, static dims)
+    if m.shape[0] != 1:
+        m = m.index_select(0, q._partition.row_sample())
+    return m
+
+
+def _dense_mask_grad(dm: torch.Tensor, mask: torch.Tensor, q: MJT) -> torch.Tensor:
+    """The gradient ``dm`` of ``_dense_mask_rows(mask, q)`` as a gradient of ``mask``."""
+    n = len(q._size)
+    shape = (1,) * (n - mask.dim()) + tuple(mask.shape)
+    if dm.shape[0] != 1 or shape[0] != 1:  # rows → their samples
+        dm = dm.new_zeros(q._partition.batch, *dm.shape[1:]).index_add_(0, q._partition.row_sample(), dm)
+    for d in sorted(q._ragged_dims):
+        dm = dm.unsqueeze(d)
+    return dm.sum_to_size(shape).reshape(mask.shape)
+
+
 def _score_rows(q: MJT, k: MJT, rows) -> int:
     # SYNC: the number of score entries sizes a dense mask's bias (dense masks only)
     return int(rows[-1])
@@ -422,7 +482,7 @@ def sdpa_default(func, q, k, v, mask=None, seed=None, causal=False, scale=1.0, d
     formula (``varlen_attention_eager``: the op's formula without the dispatcher)."""
     n = len(q._size)
     if n - 2 not in q._ragged_dims:
-        mv = None if mask is None else (mask._values if isinstance(mask, MJT) else mask)
+        mv = None if mask is None else (mask._values if isinstance(mask, MJT) else _dense_mask_rows(mask, q))
         out, lse = cattn.sdpa_dense(q._values, k._values, v._values, mv, seed, causal, scale, dropout_p)
         return wrap(out, q._partition, q._ragged_dims), lse
     cu_q, seg_sample = segments(q)
@@ -458,11 +518,13 @@ def sdpa_backward_default(func, grad, q, k, v, mask, seed, out, lse, causal, sca
     n = len(q._size)
     empty = q._values.new_empty(0)
     if n - 2 not in q._ragged_dims:
-        mv = None if mask is None else (mask._values if isinstance(mask, MJT) else mask)
+        mv = None if mask is None else (mask._values if isinstance(mask, MJT) else _dense_mask_rows(mask, q))
         dq, dk, dv, dm = cattn.sdpa_backward_dense(grad._values, q._values, k._values, v._values, mv, seed,
                                                    out._values, lse, causal, scale, dropout_p, mask_grad)
         if mask_grad and isinstance(mask, MJT):
             dm = wrap(dm, mask._partition, mask._ragged_dims)
+        elif mask_grad and mask is not None:
+            dm = _dense_mask_grad(dm.sum_to_size(mv.shape), mask, q)
         return (wrap(dq, q._partition, q._ragged_dims), wrap(dk, k._partition, k._ragged_dims),
                 wrap(dv, v._partition, v._ragged_dims), dm if mask_grad else empty)
     cu_q, seg_sample = segments(q)

@@ -55,6 +55,7 @@ def slice_ragged(op: str, x: MJT, d: int, k: int, start, stop, step: int):
     if step <= 0:
         raise ValueError("step must be greater than zero")
     e = x._partition.extents[k]
+    index = (slice(None),) * d + (slice(start, stop, step),)  # as given: a write back slices again
     (start, skey, _), (stop, tkey, named) = _bound(op, x, start), _bound(op, x, stop)
     key = ("slice", skey, tkey, step)
     out = e.cache.get(("mapped", key))
@@ -85,7 +86,7 @@ def slice_ragged(op: str, x: MJT, d: int, k: int, start, stop, step: int):
         return back, sum(back[0][1])
 
     out = keep_along(x, extents, source, key=("slice", k, skey, tkey, step), runs=runs if k == 0 and step == 1 else None)
-    return mark_view_copy(out, x, (slice(None),) * d + (slice(start, stop, step),))
+    return mark_view_copy(out, x, index)
 
 
 def _bound(op: str, x: MJT, v):
