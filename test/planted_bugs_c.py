@@ -371,4 +371,12 @@ BUGS_C = [
     Bug("a pair bias of equal lengths keeps its ragged dim where the scores are static", "ops/attention/sdpa.py",
         "            if d not in scores and isinstance(size, int) and _uniform(e, size):",
         "            if False:", ("test_attention_equal_sizes.py",)),
+    Bug("repeat_interleave of counts alone gives the positions unrepeated", "ops/indexing/joins.py",
+        "        return repeat_interleave_ragged(\"repeat_interleave\", positions, input)",
+        "        return positions", ("test_ragged_indexing.py",)),
+    Bug("take_along_dim of a dense table by ragged indices takes negative indices as they are", "ops/indexing/slicing.py",
+        "        return torch.gather(input, d, torch.remainder(indices, input.shape[d]) if input.shape[d] else indices)",
+        "        return torch.gather(input, d, indices)", ("test_per_sample_indices.py",)),
+    Bug("norm(p, dim) of folded heads reads its p as the dim", "ops/shape/merged.py",
+        "        at = 1 if kind == \"dim\" else 2", "        at = 1", ("test_batch_merged.py",)),
 ]

@@ -180,6 +180,29 @@ def test_dense_operands_reductions_and_in_place():
         assert (z.values() <= 0).all()  # the write reached the batch-first tensor
 
 
+@pytest.mark.parametrize("op", ["max_keepdim", "max_indices", "min", "logsumexp", "norm", "norm_p", "vector_norm",
+                                "argmax"])
+def test_more_reductions_over_folded_heads_per_sample(op):
+    """The stable-softmax shift ``w.max(-1, keepdim=True)[0]``, ``logsumexp``, ``norm(dim=-1)`` and the
+    arg-extremes on ``(B·H, j0, …)`` tokens, over their other dims, as each sample's dense code:
+    values, and gradients of every leaf."""
+    heads, d = 2, 2
+    f = {"max_keepdim": lambda w, q: w.max(-1, keepdim=True).values, "max_indices": lambda w, q: w.max(-1)[1],
+         "min": lambda w, q: torch.min(w, dim=1)[0], "logsumexp": lambda w, q: w.logsumexp(-1),
+         "norm": lambda w, q: q.norm(dim=-1), "norm_p": lambda w, q: q.norm(2, -1),
+         "vector_norm": lambda w, q: torch.linalg.vector_norm(q, 2, -1), "argmax": lambda w, q: w.argmax(-1)}[op]
+
+    def fn(x):
+        b, n, c = x.shape
+        q = x.view(b, n, heads, d).transpose(1, 2).reshape(b * heads, n, d)
+        w = torch.bmm(q, q.transpose(1, 2))
+        r = f(w, q).to(x.dtype)  # (B·H, N) or (B·H, N, 1); indices as floats
+        r = r.reshape(b, heads, n, -1).sum((1, 3))  # (B, N)
+        return r.unsqueeze(-1) * x
+
+    _check(fn, _comps((3, 0, 4), heads * d, seed=5), ())
+
+
 def test_errors_name_the_op():
     x = mj.as_nested_tensor(_comps((3, 1, 4), 4))
     t = x.view(3, x.shape[1], 2, 2).transpose(1, 2).reshape(6, -1, 2)

@@ -172,6 +172,38 @@ def test_take_along_dim_broadcast_does_not_leak():
     assert not torch.equal(a.unbind()[1], b.unbind()[1])
 
 
+def test_take_along_dim_of_a_dense_table_by_ragged_indices_is_gather_per_sample():
+    """``torch.take_along_dim(table, idx, 1)`` with a dense ``(B, V)`` table and multi_jagged ``(B, j)``
+    indices reads each sample's row of the table, negative indices from its end, as dense per
+    sample; gradients reach the table. Other shapes, and ``out=``, raise naming the op."""
+    g = torch.Generator().manual_seed(3)
+    table = torch.randn(3, 6, dtype=F64, generator=g, requires_grad=True)
+    idx = [torch.tensor([5, 0, -1]), torch.tensor([], dtype=torch.long), torch.tensor([1, 1, 4, -6])]
+    out = torch.take_along_dim(table, mj.nested_tensor(idx), 1)
+    refs = [torch.take_along_dim(table[b], i, 0) for b, i in enumerate(idx)]
+    for a, r in zip(out.unbind(), refs):
+        assert torch.equal(a, r)
+    w = [torch.randn(r.shape, dtype=F64, generator=g) for r in refs]
+    got, = torch.autograd.grad(sum((a * c).sum() for a, c in zip(out.unbind(), w)), table)
+    exp, = torch.autograd.grad(sum((r * c).sum() for r, c in zip(refs, w)), table)
+    assert torch.equal(got, exp)
+    with pytest.raises(NotImplementedError, match="take_along_dim"):
+        torch.take_along_dim(table[:2], mj.nested_tensor(idx), 1)
+    with pytest.raises(NotImplementedError, match="out= variants"):
+        torch.take_along_dim(mj.nested_tensor([torch.ones(2, 2)]), mj.nested_tensor([torch.zeros(2, 2, dtype=torch.long)]),
+                             1, out=torch.empty(0))
+
+
+def test_a_dense_operand_where_a_multi_jagged_one_is_read_names_the_combination():
+    """A dense tensor where an op's multi_jagged form reads a multi_jagged one (``isin(dense, x)``) is
+    named as the unsupported combination, not as a wrong argument type."""
+    x = mj.nested_tensor([torch.tensor([1, 2]), torch.tensor([3])])
+    with pytest.raises(TypeError, match=r"isin\(\): a dense elements \(2,\) with multi_jagged operands is not supported"):
+        torch.isin(torch.tensor([1, 2]), x)
+    with pytest.raises(NotImplementedError, match="an index per sample"):
+        mj.nested_tensor([torch.randn(2, 4), torch.randn(3, 4)]).index_select(2, x)
+
+
 # ----------------------------------------------------------------------------- x[b, idx]
 @st.composite
 def _rows_case(draw):

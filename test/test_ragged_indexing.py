@@ -560,6 +560,22 @@ def test_repeat_interleave_other_forms_and_errors():
         pair.repeat_interleave(2, dim=1)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+def test_repeat_interleave_of_counts_alone_gives_each_sample_its_segment_ids(dtype):
+    """``torch.repeat_interleave(counts)`` of a ``(B, j)`` integer batch: each sample's positions,
+    each repeated its count, as dense per sample (an empty sample, zero counts); other ranks and
+    negative counts raise as dense."""
+    counts = [torch.tensor(c, dtype=dtype) for c in ([2, 0, 1], [], [3, 1], [0])]
+    out = torch.repeat_interleave(torch.nested.nested_tensor(counts, layout=mj.multi_jagged))
+    for a, c in zip(out.unbind(), counts):
+        want = torch.repeat_interleave(c)
+        assert a.dtype == want.dtype and torch.equal(a, want)
+    with pytest.raises(RuntimeError, match="1D vector"):
+        torch.repeat_interleave(mj.nested_tensor([torch.ones(2, 2, dtype=torch.long), torch.ones(3, 2, dtype=torch.long)]))
+    with pytest.raises(RuntimeError, match="negative"):
+        torch.repeat_interleave(mj.nested_tensor([torch.tensor([-1, 2]), torch.tensor([1])]))
+
+
 def test_gather_along_a_ragged_dim_with_a_static_number_of_positions():
     """k nearest neighbours (EGNN): ``d.gather(2, idx)`` / ``take_along_dim`` / ``scatter`` with the
     indices ``topk`` gives ``(B, j0, k)`` over a pair ``(B, j0, j0)`` (and over pair features

@@ -77,6 +77,14 @@ class _Schema:
             if kind == "any" or (optional and a is None):
                 continue
             if not _KINDS[kind](a):
+                if kind == "mjt" and isinstance(a, torch.Tensor):
+                    # a dense tensor where this op's multi_jagged form reads a multi_jagged one: the
+                    # combination is what is missing, not a wrong argument of the user's
+                    raise TypeError(
+                        f"{op_name(func)}(): a dense {name} {tuple(a.shape)} with multi_jagged operands is not "
+                        "supported for layout torch.multi_jagged (this op takes a multi_jagged "
+                        f"{name}: {self.text})"
+                    )
                 raise TypeError(
                     f"{op_name(func)}(): expected {name} to be {_DESC[kind]}, got "
                     f"{type(a).__name__} for layout torch.multi_jagged"

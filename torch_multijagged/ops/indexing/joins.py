@@ -477,6 +477,15 @@ def repeat_interleave_ragged(op: str, x: MJT, repeats) -> MJT:
 def _repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
     if not isinstance(input, MJT):
         return NotImplemented  # repeat_interleave(repeats) of a multi_jagged repeats: dense torch's error
+    if repeats is None and dim is None:
+        # ``repeat_interleave(counts)``: each sample's positions, each repeated its count (segment
+        # ids from counts), a ``(B, j)`` batch of each sample's result
+        if input.dim() != 2 or input._ragged_dims != (1,):
+            raise RuntimeError(f"repeat_interleave(): repeat_interleave only accept 1D vector as repeat, got "
+                               f"samples of {describe(input)}")  # dense's words
+        _, coords = input._partition.row_coords()
+        positions = MJT(coords[:, 0].to(input.dtype), input._partition, input._ragged_dims)
+        return repeat_interleave_ragged("repeat_interleave", positions, input)
     if dim is None:  # dense torch repeats the flattened input's elements: the batch flattened into rows
         return torch.repeat_interleave(input.reshape(-1), repeats, output_size=output_size)
     d = canonical_dim("repeat_interleave", input.dim(), dim)

@@ -477,6 +477,11 @@ def _index_select(input, dim, index, *, out=None):
         return constructors.select_batch(input, index)  # samples, in the index's order
     hit = ragged_dim("index_select", input, dim)
     if hit is None:
+        if isinstance(index, MJT):
+            raise NotImplementedError(
+                f"index_select(): along static dim {d} of {describe(input)} by a multi_jagged index {describe(index)} "
+                "(an index per sample) for layout torch.multi_jagged: index by a dense vector, or gather along the "
+                "dim with the index expanded to the input's other dims")
         vd = static_dims(input.dim(), input._ragged_dims).index(d) + 1
         return _static_values(input, lambda v: v.index_select(vd, index))
     return index_select_ragged("index_select", input, *hit, index)
@@ -513,9 +518,22 @@ def _ragged_along(input: MJT, dim: int, index) -> bool:
 
 @route(torch.take_along_dim, torch.Tensor.take_along_dim)
 def _take_along_dim(input, indices, dim=None, *, out=None):
-    if isinstance(input, MJT) and dim is None and out is None and isinstance(indices, MJT):
+    if out is not None:
+        raise NotImplementedError("take_along_dim(): out= variants are not supported for layout torch.multi_jagged")
+    if isinstance(input, MJT) and dim is None and isinstance(indices, MJT):
         return _take_along_flattened(input, indices)
-    if not isinstance(input, MJT) or dim is None or out is not None:
+    if not isinstance(input, MJT) and isinstance(indices, MJT) and dim is not None:
+        # a dense table read per sample by multi_jagged indices along a static dim: ``gather``'s
+        # (dense input, multi_jagged index), with take_along_dim's modulo; its sizes elsewhere are
+        # the indices' (dense broadcasting of a size-1 dim is not taken)
+        d = canonical_dim("take_along_dim", input.dim(), dim)
+        if input.dim() != indices.dim() or any(input.shape[e] != indices.shape[e] for e in range(input.dim())
+                                               if e != d and e not in indices._ragged_dims):
+            raise NotImplementedError(
+                f"take_along_dim(): a dense input {tuple(input.shape)} with multi_jagged indices {describe(indices)} "
+                "takes one of equal rank and sizes but along dim (gather's rule) for layout torch.multi_jagged")
+        return torch.gather(input, d, torch.remainder(indices, input.shape[d]) if input.shape[d] else indices)
+    if not isinstance(input, MJT) or dim is None:
         return NotImplemented
     hit = ragged_dim("take_along_dim", input, dim)
     d = canonical_dim("take_along_dim", input.dim(), dim)

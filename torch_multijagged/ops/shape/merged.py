@@ -230,6 +230,8 @@ def _outer(out):
         return out.flatten(0, 1)
     if isinstance(out, tuple) and not isinstance(out, torch.Size):
         items = [_outer(o) for o in out]
+        if hasattr(out, "n_fields"):  # a torch.return_types structseq (``max(dim)``'s values, indices)
+            return type(out)(items)
         return type(out)(*items) if hasattr(out, "_fields") else tuple(items)
     return out
 
@@ -250,11 +252,12 @@ def _forward(func, kind: str, args, kwargs):
     op = getattr(func, "__name__", str(func))
     if kind == "reduce":
         return _reduce(func, op, *args, **kwargs)
-    if kind == "dim":
-        if "dim" in kwargs:
-            kwargs = {**kwargs, "dim": t._dim(op, kwargs["dim"])}
-        elif len(args) > 1 and isinstance(args[1], int):
-            args = (args[0], t._dim(op, args[1]), *args[2:])
+    if kind == "dim" or kind == "dim2":  # the dim is the second argument, or the third (``norm(p, dim)``)
+        at = 1 if kind == "dim" else 2
+        if kwargs.get("dim") is not None:
+            kwargs = {**kwargs, "dim": _dims(t, op, kwargs["dim"])}
+        elif len(args) > at and isinstance(args[at], (int, list, tuple)):
+            args = (*args[:at], _dims(t, op, args[at]), *args[at + 1:])
     if kind == "last":  # parameters (a linear's weight) are not operands broadcast against the token
         args = (_inner(args[0], t, op), *args[1:])
         return _outer(func(*args, **kwargs))
@@ -266,6 +269,11 @@ def _forward(func, kind: str, args, kwargs):
         func(*args, **kwargs)
         return t
     return _outer(func(*args, **kwargs))
+
+
+def _dims(t: BatchMerged, op: str, dim):
+    """A dim argument (an int or a list of them) mapped to the batch-first tensor's dims."""
+    return t._dim(op, dim) if isinstance(dim, int) else [t._dim(op, d) for d in dim]
 
 
 def _reduce(func, op, t, dim=None, keepdim=False, *rest, **kwargs):
@@ -575,7 +583,10 @@ _UNARY = ["sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "log1p", 
           "isfinite", "logical_and", "logical_or"]
 _MORE_ELEMENTWISE += [f for n in _UNARY for f in (getattr(torch, n, None), getattr(T, n, None)) if f is not None]
 _FORWARDED = {**dict.fromkeys(_ELEMENTWISE + _MORE_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAST, "last"),
-              **dict.fromkeys(_DIM + [torch.cumsum, T.cumsum, torch.cumprod, T.cumprod, torch.logcumsumexp, T.logcumsumexp],
-                                "dim"), **dict.fromkeys(_REDUCE, "reduce"),
+              **dict.fromkeys(_DIM + [torch.cumsum, T.cumsum, torch.cumprod, T.cumprod, torch.logcumsumexp, T.logcumsumexp,
+                                      torch.max, T.max, torch.min, T.min, torch.argmax, T.argmax, torch.argmin, T.argmin],
+                                "dim"),
+              **dict.fromkeys([torch.norm, T.norm, torch.linalg.vector_norm], "dim2"),
+              **dict.fromkeys(_REDUCE + [torch.logsumexp, T.logsumexp], "reduce"),
               **dict.fromkeys([torch.Tensor.masked_fill_, torch.Tensor.div_, torch.Tensor.mul_, torch.Tensor.add_,
                                torch.Tensor.sub_, torch.Tensor.clamp_], "inplace")}
