@@ -379,4 +379,9 @@ BUGS_C = [
         "        return torch.gather(input, d, indices)", ("test_per_sample_indices.py",)),
     Bug("norm(p, dim) of folded heads reads its p as the dim", "ops/shape/merged.py",
         "        at = 1 if kind == \"dim\" else 2", "        at = 1", ("test_batch_merged.py",)),
+    Bug("x.data = new keeps the old values", "ops/autograd_api.py",
+        "    self.__dict__[\"_values\"] = v.detach()", "    self.__dict__.setdefault(\"_values\", v.detach())",
+        ("test_writes_through_views.py",)),
+    Bug("gather with sparse_grad along a static dim keeps aten's sparse backward", "ops/indexing/slicing.py",
+        "    if sparse_grad and (hit is None or hit[0] == 0):", "    if False:", ("test_per_sample_indices.py",)),
 ]

@@ -584,3 +584,27 @@ def test_second_order():
     assert _gradgrad(lambda x, i, m: x.index_reduce(1, i, m, "amax") ** 2, (feats, (1,)), (dst, (1,)), (msg, (1,)))
     assert _gradgrad(lambda x, i, m: x.scatter_reduce(1, i.unsqueeze(-1).expand(-1, -1, 3), m, "mean") ** 2,
                      (feats, (1,)), (dst, (1,)), (msg, (1,)))
+
+
+def test_gather_with_sparse_grad_gives_the_dense_gradient():
+    """``gather(..., sparse_grad=True)`` along a static dim differentiates, its gradient dense (no
+    sparse multi_jagged tensor exists) with the sparse one's values; ``backward`` and
+    ``autograd.grad`` alike."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(k, 4, dtype=F64, generator=g) for k in (3, 0, 5)]
+    ids = [torch.randint(0, 4, (k, 2), generator=g) for k in (3, 0, 5)]
+    i = mj.nested_tensor(ids)
+    for entry in ("backward", "grad"):
+        x = mj.nested_tensor(xs, requires_grad=True)
+        y = torch.gather(x, 2, i, sparse_grad=True)
+        for a, c, ii in zip(y.unbind(), xs, ids):
+            assert torch.equal(a, c.gather(1, ii))
+        if entry == "backward":
+            (y * y).sum().backward()
+            gx = x.grad
+        else:
+            gx, = torch.autograd.grad((y * y).sum(), x)
+        for a, c, ii in zip(gx.unbind(), xs, ids):
+            leaf = c.clone().requires_grad_()
+            want, = torch.autograd.grad((torch.gather(leaf, 1, ii, sparse_grad=True) ** 2).sum(), leaf)
+            assert torch.equal(a, want.to_dense())

@@ -337,3 +337,27 @@ def test_a_write_through_data_is_no_write_autograd_sees(write):
         torch.testing.assert_close(got, c.grad)
     for c, now in zip(comps, x.detach().unbind()):
         torch.testing.assert_close(now[..., :2], 2 * c[..., :2])
+
+
+def test_assigning_data_replaces_the_values_as_dense():
+    """``p.data = new`` (an old-style update) makes ``p`` hold ``new``'s values, unseen by autograd:
+    ``p`` stays the same leaf with its ``requires_grad`` and ``grad``, and its next gradient reads
+    the new values. A value of another structure, dtype or kind raises instead of being dropped."""
+    cs = [torch.randn(2, 3, dtype=DT), torch.randn(4, 3, dtype=DT), torch.randn(0, 3, dtype=DT)]
+    p = torch.nn.Parameter(mj.nested_tensor(cs))
+    (p * 2).sum().backward()
+    grad = p.grad
+    y = p * 1.0  # a values-path result that remembered p's values
+    p.data = mj.nested_tensor([5 * c for c in cs])
+    assert p.requires_grad and p.is_leaf and p.grad is grad
+    for a, c in zip(p.unbind(), cs):
+        assert torch.equal(a, 5 * c)
+    (p * p).sum().backward()
+    for g, c in zip(p.grad.unbind(), cs):
+        torch.testing.assert_close(g, 2 + 10 * c)
+    for a, c in zip(y.unbind(), cs):  # an earlier result keeps what it computed
+        assert torch.equal(a, c)
+    for bad in (torch.zeros(6, 3, dtype=DT), mj.nested_tensor([c.float() for c in cs]),
+                mj.nested_tensor([cs[1], cs[0], cs[2]])):
+        with pytest.raises(RuntimeError, match="same samples, dtype, device and strides"):
+            p.data = bad

@@ -235,7 +235,29 @@ def _detach_(self):
     return NotImplemented  # the wrapper's own detach_ follows
 
 
+def _data_set(self, value):
+    """``x.data = value`` (an old-style update, ``p.data = new``): ``x`` holds ``value``'s values
+    from now on, as dense — unseen by autograd, ``x``'s identity, ``requires_grad`` and ``grad`` kept.
+    ``value`` must be a multi_jagged tensor of ``x``'s structure, dtype, device and strides (the
+    wrapper's own sizes and strides stay); otherwise it raises rather than keep the old values."""
+    v = value._values if isinstance(value, MJT) else None
+    if v is None or not (value._ragged_dims == self._ragged_dims and value._partition.same_as(self._partition)
+                         and v.shape == self._values.shape and v.stride() == self._values.stride()
+                         and v.dtype == self.dtype and v.device == self.device):
+        what = f"a {type(value).__name__}" if not isinstance(value, MJT) else f"{tuple(value.shape)} {value.dtype}"
+        raise RuntimeError(
+            f"data: assigning {what} to the .data of a multi_jagged tensor {tuple(self.shape)} {self.dtype} takes "
+            "a multi_jagged tensor of the same samples, dtype, device and strides; copy into it instead "
+            "(with torch.no_grad(): x.copy_(value)) or build a new tensor"
+        )
+    for key in ("_vgraph", "_own_pieces", "_retained", "_retained_pieces"):
+        self.__dict__.pop(key, None)
+    self.__dict__["_values"] = v.detach()
+    return None
+
+
 FAST[torch.autograd.grad] = _autograd_grad
+FAST[torch.Tensor.data.__set__] = _data_set
 FAST[torch.Tensor.detach_] = FAST[torch.detach_] = _detach_
 FAST[torch.Tensor.data.__get__] = _data_get
 FAST[torch.Tensor.grad.__set__] = _grad_set

@@ -502,6 +502,10 @@ def _gather(input, dim, index, *, sparse_grad=False, out=None):
     hit = ragged_dim("gather", input, dim)
     if hit is None and _ragged_along(input, dim, index):
         return gather_static("gather", input, canonical_dim("gather", input.dim(), dim), index)
+    if sparse_grad and (hit is None or hit[0] == 0):
+        # a sparse gradient of a multi_jagged tensor does not exist: the gradient is dense, its
+        # values the sparse one's (along a ragged dim, gather_ragged's is dense already)
+        return torch.gather(input, dim, index)
     if hit is None or hit[0] == 0:
         return NotImplemented  # static dims: the op table's handler
     return gather_ragged("gather", input, *hit, index)
