@@ -226,12 +226,18 @@ def _data_get(self):
     return out
 
 
+def _forget_history(x: MJT) -> None:
+    """Drop what the values path remembered of ``x``'s history: the graph-carrying values, pieces
+    read directly, a retained gradient."""
+    for key in ("_vgraph", "_own_pieces", "_retained", "_retained_pieces"):
+        x.__dict__.pop(key, None)
+
+
 def _detach_(self):
     """``y.detach_()``: ``y`` becomes a leaf, as dense. What the values path remembered of its
     history goes with it: the graph-carrying values (whose gradient reached ``y``'s inputs after
     ``requires_grad_()``), pieces read directly, and a retained gradient."""
-    for key in ("_vgraph", "_own_pieces", "_retained", "_retained_pieces"):
-        self.__dict__.pop(key, None)
+    _forget_history(self)
     return NotImplemented  # the wrapper's own detach_ follows
 
 
@@ -250,8 +256,7 @@ def _data_set(self, value):
             "a multi_jagged tensor of the same samples, dtype, device and strides; copy into it instead "
             "(with torch.no_grad(): x.copy_(value)) or build a new tensor"
         )
-    for key in ("_vgraph", "_own_pieces", "_retained", "_retained_pieces"):
-        self.__dict__.pop(key, None)
+    _forget_history(self)
     self.__dict__["_values"] = v.detach()
     return None
 
