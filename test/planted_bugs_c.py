@@ -383,4 +383,9 @@ BUGS_C = [
         ("test_writes_through_views.py",)),
     Bug("gather with sparse_grad along a static dim keeps aten's sparse backward", "ops/indexing/slicing.py",
         "    if sparse_grad and (hit is None or hit[0] == 0):", "    if False:", ("test_per_sample_indices.py",)),
+    Bug("a token's chunk without dim splits the batch-first tensor's dim 0", "ops/shape/leading.py",
+        "    elif dim is None and func in _FIRST_BY_DEFAULT:\n        dim = 0", "", ("test_batch_moved.py",)),
+    Bug("a token's chunk along its last dim is refused", "ops/shape/leading.py",
+        "    **dict.fromkeys([torch.chunk, torch.Tensor.chunk, torch.split, torch.Tensor.split], 2),\n", "",
+        ("test_batch_moved.py",)),
 ]

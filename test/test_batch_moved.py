@@ -213,6 +213,39 @@ def test_clip_attention_pool_per_sample():
     torch.testing.assert_close(got, torch.cat([pool(c[None]) for c in comps]))
 
 
+def test_sequence_first_chunk_squeeze_and_comparisons_per_sample():
+    """fairseq's in-projection ``F.linear(t, w).chunk(3, dim=-1)`` on a sequence-first ``(N, B, C)``
+    token, CLIP's ``t[:1].squeeze(0)``, and comparisons / logical ops building a mask from the token,
+    as each sample's dense code; gradients through the chunks."""
+    comps = _comps((3, 0, 4), width=4)
+    x = mj.nested_tensor(comps, requires_grad=True)
+    w = torch.randn(12, 4, dtype=F64, requires_grad=True)
+    t = x.transpose(0, 1)
+    q, k, v = F.linear(t, w).chunk(3, dim=-1)
+    s0, s1 = torch.split(F.linear(t, w), [4, 8], -1)
+    assert s1.shape[-1] == 8
+    m = (t > 0) & ~(t.abs() < 0.1)
+    first = mj.nested_tensor([c for c in comps if c.shape[0]]).transpose(0, 1)[:1].squeeze(0)  # (B, C): first tokens
+    for i, c in enumerate(comps):
+        qi, ki, vi = F.linear(c, w).chunk(3, -1)
+        torch.testing.assert_close(q.transpose(0, 1).unbind()[i], qi)
+        torch.testing.assert_close(v.transpose(0, 1).unbind()[i], vi)
+        torch.testing.assert_close(s0.transpose(0, 1).unbind()[i], F.linear(c, w)[:, :4])
+        assert torch.equal(m.transpose(0, 1).unbind()[i], (c > 0) & ~(c.abs() < 0.1))
+    torch.testing.assert_close(first, torch.stack([c[0] for c in comps if c.shape[0]]))
+    gx, gw = torch.autograd.grad((q * k).sum() + v.sum(), [x, w])
+    leaves = [c.detach().clone().requires_grad_() for c in comps]
+    refs = [F.linear(c, w).chunk(3, -1) for c in leaves]
+    want = torch.autograd.grad(sum((a * b).sum() + c.sum() for a, b, c in refs), [*leaves, w])
+    for a, b in zip(gx.unbind(), want[:-1]):
+        torch.testing.assert_close(a, b)
+    torch.testing.assert_close(gw, want[-1])
+    with pytest.raises(NotImplementedError, match="squeeze"):
+        t.squeeze()
+    with pytest.raises((NotImplementedError, mj.StructureError), match="chunk"):
+        t.chunk(2)  # along the token's dim 0, each sample's sequence: never the batch-first tensor's samples
+
+
 def test_sequence_first_cat_with_a_dense_token_per_sample():
     """``torch.cat([cls, t], 0)`` of a sequence-first token and a dense ``(1, B, C)`` prepends the
     dense row to each sample, with gradients of both; ``cat`` of tokens along other dims too; along

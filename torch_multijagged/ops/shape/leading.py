@@ -413,6 +413,8 @@ def _dim_op(func, t: "BatchMoved", args, kwargs):
         dim = args[at] if len(args) > at else None
     if dim is None and func in _LAST_BY_DEFAULT:
         dim = -1
+    elif dim is None and func in _FIRST_BY_DEFAULT:
+        dim = 0
     if dim is None:
         if func in _NEEDS_DIM:
             return NotImplemented
@@ -486,6 +488,20 @@ _ELEMENTWISE = [
     torch.Tensor.double, torch.Tensor.half, torch.Tensor.bfloat16, torch.where, torch.Tensor.masked_fill,
     F.relu, F.gelu, F.silu, F.elu, F.leaky_relu, F.sigmoid, F.tanh, F.dropout, F.mish, F.hardswish,
 ]
+T = torch.Tensor
+# comparisons, logical ops and more elementwise math, as torch functions and tensor methods
+_MORE_ELEMENTWISE = [
+    torch.gt, torch.lt, torch.ge, torch.le, torch.eq, torch.ne, T.gt, T.lt, T.ge, T.le, T.eq, T.ne, T.__gt__, T.__lt__,
+    T.__ge__, T.__le__, T.__eq__, T.__ne__, T.__and__, T.__or__, T.__invert__, T.__rpow__, torch.logical_not,
+    T.logical_not, torch.abs, T.abs, torch.log, T.log, torch.clamp, T.clamp, torch.maximum, torch.minimum,
+    T.bool, T.long, T.int, T.type, torch.masked_fill, torch.nan_to_num, T.nan_to_num, torch.erf, F.softplus,
+]
+# elementwise math without a dim, as torch functions and tensor methods
+_UNARY = ["sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "log1p", "log2", "log10", "exp2", "expm1",
+          "reciprocal", "square", "neg", "floor", "ceil", "round", "trunc", "frac", "sign", "erfc", "clamp_min",
+          "clamp_max", "atan2", "hypot", "fmod", "remainder", "lerp", "addcmul", "addcdiv", "isnan", "isinf",
+          "isfinite", "logical_and", "logical_or"]
+_MORE_ELEMENTWISE += [f for n in _UNARY for f in (getattr(torch, n, None), getattr(T, n, None)) if f is not None]
 _LAST = [F.linear, F.layer_norm, F.rms_norm, F.glu]
 _DIM = [F.softmax, F.log_softmax, torch.softmax, torch.log_softmax, torch.Tensor.softmax, torch.Tensor.log_softmax]
 _REDUCE = [torch.sum, torch.mean, torch.amax, torch.amin, torch.Tensor.sum, torch.Tensor.mean, torch.Tensor.amax,
@@ -501,16 +517,20 @@ _DIM_AT = {
     **dict.fromkeys([torch.norm, torch.Tensor.norm, torch.linalg.vector_norm], 2),
     **dict.fromkeys([torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort], 1),
     **dict.fromkeys([torch.topk, torch.Tensor.topk, torch.kthvalue, torch.Tensor.kthvalue], 2),
+    **dict.fromkeys([torch.chunk, torch.Tensor.chunk, torch.split, torch.Tensor.split], 2),
+    **dict.fromkeys([torch.squeeze, torch.Tensor.squeeze], 1),
 }
+# ops over one dim whose dim defaults to the first (``qkv.chunk(3)``)
+_FIRST_BY_DEFAULT = {torch.chunk, torch.Tensor.chunk, torch.split, torch.Tensor.split}
 # ops over one dim whose dim defaults to the last
 _LAST_BY_DEFAULT = {torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.argsort, torch.topk, torch.Tensor.topk,
                     torch.kthvalue, torch.Tensor.kthvalue}
 # ops over a list of dims, by its position (none: not a leading-dim op)
 _DIMS_AT = {torch.flip: 1, torch.Tensor.flip: 1, torch.roll: 2, torch.Tensor.roll: 2}
-_NEEDS_DIM = {torch.argmax, torch.Tensor.argmax, torch.argmin, torch.Tensor.argmin, torch.cumsum, torch.Tensor.cumsum,
+_NEEDS_DIM = {torch.squeeze, torch.Tensor.squeeze, torch.argmax, torch.Tensor.argmax, torch.argmin, torch.Tensor.argmin, torch.cumsum, torch.Tensor.cumsum,
               torch.cumprod, torch.Tensor.cumprod, torch.logsumexp, torch.Tensor.logsumexp, torch.cummax,
               torch.Tensor.cummax, torch.cummin, torch.Tensor.cummin}
-_FORWARDED = {**dict.fromkeys(_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAST, "last"),
+_FORWARDED = {**dict.fromkeys(_ELEMENTWISE + _MORE_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAST, "last"),
               **dict.fromkeys(_DIM, "dim"), **dict.fromkeys(_REDUCE, "reduce"), **dict.fromkeys(_DIM_AT, "dim1"),
               **dict.fromkeys(_DIMS_AT, "dims")}
 

@@ -42,7 +42,7 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, canonical_dims, describe
 from .tokens import _shape_arg
-from .leading import _DIM, _ELEMENTWISE, _LAST, _REDUCE, is_metadata, token_dispatch
+from .leading import _DIM, _ELEMENTWISE, _LAST, _MORE_ELEMENTWISE, _REDUCE, is_metadata, token_dispatch
 
 __all__ = ["BatchMerged", "merge_request", "merge_batch", "flatten_merge"]
 
@@ -570,18 +570,6 @@ _SIZE = {
     torch.Tensor.shape.__get__: lambda t: torch.Size(t._size),
 }
 T = torch.Tensor
-_MORE_ELEMENTWISE = [
-    torch.gt, torch.lt, torch.ge, torch.le, torch.eq, torch.ne, T.gt, T.lt, T.ge, T.le, T.eq, T.ne, T.__gt__, T.__lt__,
-    T.__ge__, T.__le__, T.__eq__, T.__ne__, T.__and__, T.__or__, T.__invert__, T.__rpow__, torch.logical_not,
-    T.logical_not, torch.abs, T.abs, torch.log, T.log, torch.clamp, T.clamp, torch.maximum, torch.minimum,
-    T.bool, T.long, T.int, T.type, torch.masked_fill, torch.nan_to_num, T.nan_to_num, torch.erf, F.softplus,
-]
-# elementwise math without a dim, as torch functions and tensor methods
-_UNARY = ["sin", "cos", "tan", "asin", "acos", "atan", "sinh", "cosh", "log1p", "log2", "log10", "exp2", "expm1",
-          "reciprocal", "square", "neg", "floor", "ceil", "round", "trunc", "frac", "sign", "erfc", "clamp_min",
-          "clamp_max", "atan2", "hypot", "fmod", "remainder", "lerp", "addcmul", "addcdiv", "isnan", "isinf",
-          "isfinite", "logical_and", "logical_or"]
-_MORE_ELEMENTWISE += [f for n in _UNARY for f in (getattr(torch, n, None), getattr(T, n, None)) if f is not None]
 _FORWARDED = {**dict.fromkeys(_ELEMENTWISE + _MORE_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAST, "last"),
               **dict.fromkeys(_DIM + [torch.cumsum, T.cumsum, torch.cumprod, T.cumprod, torch.logcumsumexp, T.logcumsumexp,
                                       torch.max, T.max, torch.min, T.min, torch.argmax, T.argmax, torch.argmin, T.argmin],
