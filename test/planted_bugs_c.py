@@ -388,4 +388,10 @@ BUGS_C = [
     Bug("a token's chunk along its last dim is refused", "ops/shape/leading.py",
         "    **dict.fromkeys([torch.chunk, torch.Tensor.chunk, torch.split, torch.Tensor.split], 2),\n", "",
         ("test_batch_moved.py",)),
+    Bug("squeeze() keeps a ragged dim of size 1 in every sample", "ops/shape/reshape.py",
+        "    units = [d for d in input._ragged_dims if ragged_flatten.unit_ragged(input, [d])]", "    units = []",
+        ("test_one_size_ragged.py",)),
+    Bug("unflatten of a ragged dim not made by flattening ragged dims is refused", "ops/shape/flatten.py",
+        "        try:\n            return x.reshape(shape)", "        try:\n            raise StructureError(\"no\")",
+        ("test_flatten_ragged.py",)),
 ]

@@ -161,7 +161,7 @@ def test_flatten_errors_name_the_op():
     with pytest.raises(StructureError, match=r"unflatten\(\): ragged dim 2 .* flattened from ragged sizes"):
         t.unflatten(2, (3, -1))
     _, seq = _batch([(3, 4), (2, 4)], (1,))
-    with pytest.raises(StructureError, match=r"unflatten\(\): expected a static dim, or a ragged dim made by flattening.*got ragged dim 1"):
+    with pytest.raises(StructureError, match=r"unflatten\(\): cannot split ragged dim 1 .* not made by flattening ragged"):
         seq.unflatten(1, (seq.shape[1], seq.shape[1]))
     with pytest.raises(StructureError):
         x.view(2, 4, 7)  # not a merge: the ordinary view error
@@ -404,6 +404,21 @@ def test_split_a_ragged_dim_into_static_parts():
         _batch([(3, 3), (2, 3)], (1,))[1].unflatten(1, (-1, 2))
     with pytest.raises(StructureError, match=r"unflatten\(\): ragged dim 1 .* splits into"):
         x.unflatten(1, (x.shape[1], 2))  # the part is another nested int
+
+
+def test_unflatten_a_ragged_dim_into_a_static_part_first():
+    """``flat.unflatten(1, (S, -1))`` of documents flattened from ``(B, S, j0, C)`` (or of any ragged
+    dim whose every sample holds a multiple of S) splits each sample as its dense ``unflatten``:
+    ``(S, nᵢ, C)``, with gradients; a sample that does not divide raises naming it."""
+    leaves, doc = _batch([(3, 4, 2), (3, 0, 2), (3, 5, 2)], (2,))
+    flat = doc.flatten(1, 2)
+    back = flat.unflatten(1, (3, -1))
+    assert back.ragged_dims == (2,) and back.shape[1] == 3
+    _same(back, [t.detach() for t in leaves])
+    _grads_agree(back, [t.flatten(0, 1).unflatten(0, (3, -1)) for t in leaves], leaves)
+    _, seq = _batch([(4, 3), (2, 3)], (1,))
+    with pytest.raises((RuntimeError, StructureError), match="sample"):
+        seq.unflatten(1, (4, -1))
 
 
 def test_packed_qkv_reshape_with_the_head_size_left_to_minus_one():

@@ -147,3 +147,22 @@ def test_a_static_size_for_a_ragged_dim_under_torch_compile_raises_saying_so():
     for f in (lambda y: y.reshape(2, 2, 4), lambda y: y.view(2, 8), lambda y: y[..., :1].expand(2, 2, 3)):
         with pytest.raises(Exception, match="under torch.compile"):
             torch.compile(f, backend="aot_eager", fullgraph=True)(x)
+
+
+def test_squeeze_without_dims_drops_ragged_dims_of_size_one_in_every_sample():
+    """``x[:, :1].squeeze()`` drops the sliced ragged dim of size 1 in every sample and the static
+    ones, as each sample's ``squeeze()`` (a dense ``(B, C)``); a ragged dim of size 1 in some samples
+    only stays. Gradients reach the input."""
+    comps = [torch.randn(n, 1, 4, dtype=torch.float64, requires_grad=True) for n in (3, 2, 5)]
+    x = mj.as_nested_tensor(comps)
+    y = x[:, :1].squeeze()
+    assert type(y) is torch.Tensor and y.shape == (3, 4)
+    torch.testing.assert_close(y, torch.stack([c[:1].squeeze() for c in comps]))
+    got = torch.autograd.grad((y * y).sum(), comps)
+    want = torch.autograd.grad(sum((c[:1].squeeze() ** 2).sum() for c in comps), comps)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    pair = mj.nested_tensor([torch.randn(1, n, 1) for n in (2, 3)], ragged_dims=(1, 2)).squeeze()
+    assert pair.shape[0] == 2 and pair.dim() == 2 and pair.ragged_dims == (1,)
+    some = mj.nested_tensor([torch.randn(1, 2), torch.randn(3, 2)]).squeeze()
+    assert some.dim() == 3 and some.ragged_dims == (1,)

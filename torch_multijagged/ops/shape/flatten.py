@@ -103,10 +103,16 @@ def unflatten_ragged(op: str, x: MJT, d: int, sizes) -> MJT:
     k = x._ragged_dims.index(d)
     sub = _unflat(x, k)
     if sub is None:
-        raise StructureError(
-            f"{op}(): expected a static dim, or a ragged dim made by flattening ragged dims, of {describe(x)}; got "
-            f"ragged dim {d}, which was not made by flattening, so it cannot be split into {tuple(sizes)}"
-        )
+        # not a flattening of ragged dims: the split ``reshape`` makes of each sample (a static
+        # dim flattened with a ragged one, ``(B, S, j0, C).flatten(1, 2)``; an even split)
+        shape = (*x.shape[:d], *sizes, *x.shape[d + 1:])
+        try:
+            return x.reshape(shape)
+        except (StructureError, RuntimeError) as e:
+            raise StructureError(
+                f"{op}(): cannot split ragged dim {d} of {describe(x)} into {tuple(sizes)}: it was not made by "
+                f"flattening ragged dims, and as a reshape to {tuple(shape)}: {e}"
+            ) from None
     want = [e.nested_int for e in sub.extents]
     sizes = list(sizes)
     if len(sizes) != len(want) or not all(s == -1 or (is_nested_int(s) and s == w) for s, w in zip(sizes, want)):

@@ -446,8 +446,10 @@ route(torch.dsplit, torch.Tensor.dsplit)(_xsplit_route("dsplit", lambda n: 2))
 
 @route(torch.squeeze, torch.Tensor.squeeze)
 def _squeeze(input, dim=None):
-    """``squeeze()`` drops static size-1 dims only; aten's backward for it would unsqueeze every
-    size-1 dim, the batch dim (B = 1) included, so name the dims."""
+    """``squeeze()`` drops the static size-1 dims and the ragged dims of size 1 in every sample (as
+    each sample's ``squeeze()``); a ragged dim of size 1 in some samples only stays (their results'
+    ranks would differ). aten's backward for it would unsqueeze every size-1 dim, the batch dim
+    (B = 1) included, so name the dims."""
     if not isinstance(input, MJT):
         return NotImplemented
     if dim is not None:
@@ -458,6 +460,9 @@ def _squeeze(input, dim=None):
             return torch.squeeze(ragged_flatten.as_static(input, units), dim)
         return NotImplemented
     dims = [d for d in range(1, input.dim()) if d not in input._ragged_dims and input.shape[d] == 1]
+    units = [d for d in input._ragged_dims if ragged_flatten.unit_ragged(input, [d])]
+    if units:
+        return torch.squeeze(ragged_flatten.as_static(input, units), sorted(dims + units))
     return torch.squeeze(input, dims) if dims else input.view(input.shape)
 
 
