@@ -320,3 +320,55 @@ def test_autocast_linear_loss_compiled():
     assert hdt == torch.bfloat16 and got.dtype == torch.float32
     torch.testing.assert_close(got, want)
     torch.testing.assert_close(torch.autograd.grad(got, lin.weight)[0], torch.autograd.grad(want, lin.weight)[0])
+
+
+_OPTIMIZERS = {
+    "sgd": lambda p, **k: torch.optim.SGD(p, lr=0.1, momentum=0.9, weight_decay=0.01, **k),
+    "adam": lambda p, **k: torch.optim.Adam(p, lr=0.05, **k),
+    "adamw": lambda p, **k: torch.optim.AdamW(p, lr=0.05, weight_decay=0.1, amsgrad=True, **k),
+    "rmsprop": lambda p, **k: torch.optim.RMSprop(p, lr=0.01, momentum=0.5, **k),
+    "adagrad": lambda p, **k: torch.optim.Adagrad(p, lr=0.1, **k),
+    "nadam": lambda p, **k: torch.optim.NAdam(p, lr=0.05, **k),
+}
+_FUSED = ("sgd", "adam", "adamw", "adagrad")  # the optimizers with a fused CPU kernel
+
+
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+@pytest.mark.parametrize("opt", list(_OPTIMIZERS))
+def test_foreach_and_fused_optimizers_on_multi_jagged_parameters(opt, impl):
+    """A multi_jagged parameter (per-sample embeddings) beside dense ones, stepped by the
+    ``foreach`` and ``fused`` implementations (CUDA's defaults), with ``clip_grad_norm_``'s foreach
+    form: each sample's parameter moves as a dense parameter stepped with ``foreach=False``."""
+    if impl == "fused" and opt not in _FUSED:
+        pytest.skip("no fused kernel")
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, generator=g, dtype=torch.float64) for n in (2, 0, 4)]
+    w0 = torch.randn(3, 3, generator=g, dtype=torch.float64)
+    p = torch.nn.Parameter(mj.nested_tensor(comps))
+    w = torch.nn.Parameter(w0.clone())
+    ref = [torch.nn.Parameter(c.clone()) for c in comps]
+    wr = torch.nn.Parameter(w0.clone())
+    ours = _OPTIMIZERS[opt]([p, w], **{impl: True})
+    dense = _OPTIMIZERS[opt]([*ref, wr], foreach=False)
+    for step in range(3):
+        ours.zero_grad()
+        dense.zero_grad()
+        ((p @ w).sin() ** 2).sum().backward()
+        sum(((c @ wr).sin() ** 2).sum() for c in ref).backward()
+        torch.nn.utils.clip_grad_norm_([p, w], 1.0, foreach=True)
+        torch.nn.utils.clip_grad_norm_([*ref, wr], 1.0, foreach=False)
+        ours.step()
+        dense.step()
+    assert isinstance(p.data, mj.MultiJaggedTensor)
+    for a, b in zip(p.unbind(), ref):
+        torch.testing.assert_close(a, b.detach())
+    torch.testing.assert_close(w.detach(), wr.detach())
+
+
+def test_foreach_op_of_mismatched_structures_raises():
+    a = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
+    b = mj.nested_tensor([torch.ones(1, 3), torch.ones(2, 3)])
+    with pytest.raises(mj.StructureError, match="list position 0"):
+        torch._foreach_add_([a], [b])
+    with pytest.raises(mj.StructureError, match="only one-number tensors"):
+        torch._foreach_add_([a], [torch.ones(3, 3)])

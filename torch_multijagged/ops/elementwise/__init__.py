@@ -3,6 +3,7 @@
 ``per_sample.py``), copies / fills / ``*_like`` / dtype
 conversions (``factory.py``), the ``abs`` / ``sgn`` / ``softsign`` routes (``signs.py``), and ops on
 the static trailing dims or every element — FFTs, complex views, ``unique``, ``histc``
-(``trailing.py``, NOTE [ Ops on the trailing dims ])."""
+(``trailing.py``, NOTE [ Ops on the trailing dims ]), and the list ops of optimizers
+(``_foreach_*``, ``_fused_adam_``: ``foreach.py``)."""
 
-from . import pointwise, factory, signs, sizes, trailing  # noqa: F401  (register)
+from . import pointwise, factory, signs, sizes, trailing, foreach  # noqa: F401  (register)
