@@ -185,6 +185,31 @@ def test_interpolate_bicubic_area_antialias_match_dense_per_image(case, seed, dt
         assert out.shape == linear.shape  # one nested int per size rule, whatever the mode
 
 
+@pytest.mark.parametrize("kw", [dict(scale_factor=2, mode="trilinear"), dict(scale_factor=(1.5, 2, 0.5), mode="nearest"),
+                                dict(size=(4, 3, 5), mode="trilinear", align_corners=True),
+                                dict(scale_factor=0.5, mode="area"), dict(scale_factor=2, mode="nearest-exact")],
+                         ids=lambda kw: ",".join(f"{k}={v}" for k, v in kw.items()))
+def test_interpolate_volumes_match_dense_per_volume(kw):
+    """Volumes ``(B, C, j0, j1, j2)`` (a 3-d U-Net's decoder, video): every mode, dense torch per
+    volume, values and gradients; ``size=`` gives a dense batch, a scale the scaled extents; each
+    volume to another batch's sizes (a skip connection)."""
+    g = torch.Generator().manual_seed(0)
+    vols = [torch.randn(2, d, h, w, dtype=torch.float64, generator=g, requires_grad=True)
+            for d, h, w in [(4, 5, 3), (3, 4, 6), (2, 2, 2)]]
+    x = mj.as_nested_tensor(vols)
+    out = F.interpolate(x, **kw)
+    assert isinstance(out, mj.MultiJaggedTensor) != ("size" in kw)
+    assert_samples_and_grads(out, [F.interpolate(v[None], **kw)[0] for v in vols], vols)
+    skip = mj.nested_tensor([torch.zeros(1, 6, 7, 5), torch.zeros(1, 5, 5, 5), torch.zeros(1, 3, 3, 3)])
+    up = F.interpolate(x, size=skip.shape[-3:], mode="trilinear")
+    assert up.shape[-3:] == skip.shape[-3:]
+    assert_samples_and_grads(up, [F.interpolate(v[None], size=s.shape[-3:], mode="trilinear")[0]
+                                  for v, s in zip(vols, skip.unbind())], vols)
+    with pytest.raises(ValueError, match="sample 1"):
+        F.interpolate(mj.nested_tensor([torch.ones(1, 2, 2, 2), torch.ones(1, 0, 2, 2)], ragged_dims=(2, 3, 4)),
+                      size=(2, 2, 2))
+
+
 def test_interpolate_per_sample_modes_to_another_batch_and_double_backward():
     """``size=`` another batch's nested ints (an FPN's skip connection) and second-order
     gradients, for a mode run per image."""

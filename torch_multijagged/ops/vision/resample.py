@@ -90,6 +90,7 @@ __all__ = []
 _LAYOUT = "layout torch.multi_jagged"
 _MODES = ("nearest", "nearest-exact", "linear", "bilinear")
 _PER_SAMPLE_MODES = ("bicubic", "area")  # and antialias=True: a dense call per image
+_VOLUME_MODES = ("trilinear",)  # volumes (B, C, j0, j1, j2) take every mode image by image
 _VEC_LIMIT = 128  # aten's _use_vectorized_kernel_cond_2d: out_h + out_w <= 128
 # average output pixels per image from which 2-d images run one by one (NOTE [ Resampling image by image ])
 _PER_IMAGE_PIXELS = {"linear": 128, "nearest": 2048}
@@ -114,7 +115,7 @@ def _spatial(op: str, x: MJT, nsp_allowed: tuple[int, ...]) -> int:
     # (the channel dim the only static one: read from the sizes, so that pieces stay unpacked)
     if nsp in nsp_allowed and x._ragged_dims == tuple(range(2, 2 + nsp)):
         return nsp
-    shapes = " or ".join({1: "(B, C, j0)", 2: "(B, C, j0, j1)"}[n] for n in nsp_allowed)
+    shapes = " or ".join({1: "(B, C, j0)", 2: "(B, C, j0, j1)", 3: "(B, C, j0, j1, j2)"}[n] for n in nsp_allowed)
     raise NotImplementedError(
         f"{op}(): expected {shapes} with every spatial dim ragged and a static channel dim, got "
         f"{describe(x)} with ragged dims {x._ragged_dims} for {_LAYOUT}"
@@ -239,10 +240,10 @@ def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_cor
     probe; returns ``(sizes, scales, extents)``, one of them set, with one entry per spatial dim
     (``extents``: the extents of another batch's nested ints given as ``size``)."""
     op = "interpolate"
-    if mode not in _MODES + _PER_SAMPLE_MODES:
+    if mode not in _MODES + _PER_SAMPLE_MODES + _VOLUME_MODES:
         raise NotImplementedError(
             f"{op}(): mode {mode!r} over ragged spatial dims is not supported for {_LAYOUT} (supported: "
-            f"{', '.join(_MODES + _PER_SAMPLE_MODES)})"
+            f"{', '.join(_MODES + _PER_SAMPLE_MODES + _VOLUME_MODES)})"
         )
     if size is not None and scale_factor is not None:
         raise ValueError(f"{op}(): only one of size or scale_factor should be defined")
@@ -291,7 +292,7 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     if side is not None:
         return _interpolate_static_side(input, side, size, scale_factor, mode, align_corners, recompute_scale_factor,
                                         antialias)
-    nsp = _spatial(op, input, (1, 2))
+    nsp = _spatial(op, input, (1, 2, 3))
     sizes, scales, own = _check_interp_args(input, nsp, size, scale_factor, mode, align_corners, recompute_scale_factor,
                                             antialias)
     p = input._partition
@@ -311,7 +312,7 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         _check_own_sizes(op, input, own)
     elif mode != "area":  # a side scaled to 0 (a 1×1 image by 0.5): dense raises (``area`` pools to it)
         _check_own_sizes(op, input, _scaled_extents(p, scales))
-    if mode in _PER_SAMPLE_MODES or antialias:
+    if nsp == 3 or mode in _PER_SAMPLE_MODES or antialias:
         return _interpolate_per_sample(input, sizes, scales, own, mode, align_corners, recompute_scale_factor, antialias)
     if nsp == 2:
         targets = _image_targets(input, sizes, scales, own)
@@ -467,7 +468,7 @@ def _interpolate_static_side(x: MJT, d: int, size, scale_factor, mode, align_cor
 
 
 def _interpolate_per_sample(input: MJT, sizes, scales, own, mode, align_corners, recompute_scale_factor, antialias):
-    """``bicubic``, ``area`` and ``antialias=True``, which have no packed form here: dense
+    """``bicubic``, ``area``, ``antialias=True`` and volumes, which have no packed form here: dense
     ``F.interpolate`` on each image, a loop over the samples on views of the packed values (so
     gradients of every order are dense torch's). The result is what the packed modes give: a
     dense ``(B, C, h, w)`` for ``size=(h, w)``, else the batch on the scaled extents (or on the
