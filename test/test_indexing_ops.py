@@ -288,6 +288,22 @@ def test_masked_scatter_double_backward_and_errors():
         x.detach().masked_scatter(mask, other_batch)
 
 
+def test_masked_scatter_with_a_mask_broadcast_over_static_dims():
+    """A per-token mask ``(B, j0, 1)`` broadcasts over the features, as dense ``masked_scatter``'s
+    (and ``masked_fill``'s) does: values and gradients of input and source per sample."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(k, 4, dtype=torch.float64, generator=g, requires_grad=True) for k in (3, 0, 5)]
+    ms = [torch.rand(k, 1, generator=g) > 0.5 for k in (3, 0, 5)]
+    ss = [torch.randn(k, 4, dtype=torch.float64, generator=g, requires_grad=True) for k in (3, 0, 5)]
+    out = mj.as_nested_tensor(xs).masked_scatter(mj.nested_tensor(ms), mj.as_nested_tensor(ss))
+    refs = [a.masked_scatter(m, s) for a, m, s in zip(xs, ms, ss)]
+    _components_equal(out.detach(), [r.detach() for r in refs])
+    got = torch.autograd.grad((out * out).sum(), xs + ss)
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs), xs + ss)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
 @pytest.mark.parametrize("ragged_dims", [(1,), (2,)], ids=["ragged_lead", "static_lead"])
 def test_masked_scatter_compiles_fullgraph(ragged_dims):
     """One graph (no data-dependent size) for every length, values and the gradients of x and the

@@ -137,6 +137,11 @@ def _scattered(x: MJT, mask: MJT, source: torch.Tensor, xv: torch.Tensor, sv: to
     """The values of ``x.masked_scatter(mask, source)`` from ``xv`` and ``sv`` standing for x's and
     the source's values (``values_of`` on the route: the result is then differentiable in both,
     to any order, by dense ops)."""
+    if (mask._ragged_dims == x._ragged_dims and mask._partition.same_as(x._partition)
+            and mask._values.dim() == xv.dim() and mask._values.shape[1:] != xv.shape[1:]
+            and all(a in (1, b) for a, b in zip(mask._values.shape[1:], xv.shape[1:]))):
+        # a mask of size 1 at static dims broadcasts there, as dense masked_scatter's does
+        mask = MJT(mask._values.expand(xv.shape), x._partition, x._ragged_dims)
     _same_structure("masked_scatter", x, mask, "a mask")
     if isinstance(source, MJT) and source._partition.batch != x._partition.batch:
         raise RuntimeError(f"masked_scatter(): expected a source of batch size {x._partition.batch}, got {describe(source)}")
