@@ -405,4 +405,8 @@ BUGS_C = [
     Bug("masked_scatter's mask does not broadcast over static dims", "ops/indexing/gather.py",
         "            and all(a in (1, b) for a, b in zip(mask._values.shape[1:], xv.shape[1:]))):",
         "            and False):", ("test_indexing_ops.py",)),
+    Bug("searchsorted per position ignores right=", "ops/elementwise/pointwise.py",
+        "        found = torch.searchsorted(sorted_sequence._values, input._values, out_int32=out_int32, right=right, sorter=sv)",
+        "        found = torch.searchsorted(sorted_sequence._values, input._values, out_int32=out_int32, sorter=sv)",
+        ("test_searchsorted.py",)),
 ]

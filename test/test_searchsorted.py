@@ -113,3 +113,24 @@ def test_bucketize_with_per_sample_boundaries(right, path):
     got = torch.bucketize(dense, b, right=right)
     for i, bd in enumerate(bounds):
         assert torch.equal(got[i], torch.bucketize(dense[i], bd, right=right))
+
+
+@pytest.mark.parametrize("right", [False, True])
+def test_searchsorted_with_boundaries_per_position(right):
+    """NeRF's inverse-CDF sampling over rays: boundaries ``(B, j0, K)`` (a sorted CDF per position)
+    and values ``(B, j0, M)`` of the same structure, each row searched among its own boundaries as
+    dense's N-d form does per sample; with a sorter, int32 output; other structures raise."""
+    g = torch.Generator().manual_seed(0)
+    n = (3, 0, 5)
+    raw = [torch.rand(k, 4, generator=g) for k in n]
+    us = [torch.rand(k, 3, generator=g) for k in n]
+    cdf, u = mj.nested_tensor([c.sort(-1)[0] for c in raw]), mj.nested_tensor(us)
+    out = torch.searchsorted(cdf, u, right=right)
+    for o, c, v in zip(out.unbind(), cdf.unbind(), us):
+        assert torch.equal(o, torch.searchsorted(c, v, right=right))
+    sorter = mj.nested_tensor([c.argsort(-1) for c in raw])
+    out = torch.searchsorted(mj.nested_tensor(raw), u, right=right, sorter=sorter, out_int32=True)
+    for o, c, s, v in zip(out.unbind(), raw, sorter.unbind(), us):
+        assert torch.equal(o, torch.searchsorted(c, v, right=right, sorter=s, out_int32=True))
+    with pytest.raises(mj.StructureError, match="per-position"):
+        torch.searchsorted(cdf, mj.nested_tensor([torch.rand(k, 3) for k in (1, 2, 3)]))
