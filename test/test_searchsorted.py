@@ -123,7 +123,7 @@ def test_searchsorted_with_boundaries_per_position(right):
     g = torch.Generator().manual_seed(0)
     n = (3, 0, 5)
     raw = [torch.rand(k, 4, generator=g) for k in n]
-    us = [torch.rand(k, 3, generator=g) for k in n]
+    us = [torch.cat([torch.rand(k, 2, generator=g), r[:, 1:2]], 1) for k, r in zip(n, raw)]  # a tie per row
     cdf, u = mj.nested_tensor([c.sort(-1)[0] for c in raw]), mj.nested_tensor(us)
     out = torch.searchsorted(cdf, u, right=right)
     for o, c, v in zip(out.unbind(), cdf.unbind(), us):
