@@ -283,9 +283,11 @@ def test_scaled_fp8_matmuls_per_sample():
     ws = torch.randn(3, 16, 8, generator=g).to(torch.float8_e4m3fn).transpose(-1, -2).contiguous().transpose(-1, -2)
     out = F.scaled_mm(x, w, sa, tw, sb, tw, output_dtype=torch.float32)
     grouped = F.scaled_grouped_mm(x, ws, sa, tw, sb, tw, output_dtype=torch.float32)
+    legacy = torch._scaled_mm(x, w, sa, sb, out_dtype=torch.float32)  # the older API (torchao's)
     for i, c in enumerate(comps):
         assert torch.equal(out.unbind()[i], F.scaled_mm(c, w, sa, tw, sb, tw, output_dtype=torch.float32))
         assert torch.equal(grouped.unbind()[i], F.scaled_mm(c, ws[i], sa, tw, sb, tw, output_dtype=torch.float32))
+        assert torch.equal(legacy.unbind()[i], torch._scaled_mm(c, w, sa, sb, out_dtype=torch.float32))
     rw = F.ScalingType.RowWise
     with pytest.raises(NotImplementedError, match="tensor-wise scales"):
         F.scaled_mm(x, w, torch.ones(21, 1), rw, torch.ones(1, 8), rw, output_dtype=torch.float32)

@@ -193,6 +193,19 @@ def _scaled_mm(mat_a, mat_b, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, sw
     return wrap_values(out, mat_a._partition, mat_a._ragged_dims)
 
 
+@route(torch._scaled_mm)
+def _scaled_mm_legacy(self, mat2, scale_a, scale_b, bias=None, scale_result=None, out_dtype=None, use_fast_accum=False):
+    """The older ``torch._scaled_mm(x, w, scale_a, scale_b, …)`` (torchao's and Transformer Engine's
+    calls): as ``F.scaled_mm``, the dense op on the packed rows with tensor-wise scales."""
+    if not isinstance(self, MJT) or isinstance(mat2, MJT):
+        return NotImplemented
+    _tensorwise("_scaled_mm", self, (scale_a,))
+    rows = values_of(self) if _needs_grad(self) else self._values
+    out = torch._scaled_mm(rows, mat2, scale_a, scale_b, bias=bias, scale_result=scale_result, out_dtype=out_dtype,
+                           use_fast_accum=use_fast_accum)
+    return wrap_values(out, self._partition, self._ragged_dims)
+
+
 @route(torch._scaled_grouped_mm_v2)
 def _scaled_grouped_mm(mat_a, mat_b, scale_a, recipe_a, swizzle_a, scale_b, recipe_b, swizzle_b, offs=None, bias=None,
                        output_dtype=None, contraction_dim=(), use_fast_accum=False):
