@@ -604,6 +604,10 @@ def check_view_shape(op: str, inp, size) -> tuple[list, tuple[int, ...]]:
                        "it is known eagerly only)" if torch.compiler.is_compiling() else
                        f" (a static size stands for a ragged dim where every sample has it; sizes "
                        f"{inp._partition.extents[inp._ragged_dims.index(d)].host_lengths().tolist()})")
+            elif is_nested_int(size[d]):  # ragged sizes swapped: each sample's elements regrouped
+                why = (" (regrouping a sample's elements across its ragged dims, as Transformer-XL's rel_shift does "
+                       "with a pad and a view, is not supported: gather with relative positions, or index with "
+                       "mj.position_ids, instead)")
             raise StructureError(f"{head()}: dim {d} must be the ragged size {inp._size[d]} or -1, got {size[d]}{why}")
         why = ""
         if torch.compiler.is_compiling() and not any(is_nested_int(s) for s in size):
