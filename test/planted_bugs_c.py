@@ -409,4 +409,12 @@ BUGS_C = [
         "        found = torch.searchsorted(sorted_sequence._values, input._values, out_int32=out_int32, right=right, sorter=sv)",
         "        found = torch.searchsorted(sorted_sequence._values, input._values, out_int32=out_int32, sorter=sv)",
         ("test_searchsorted.py",)),
+    Bug("torch.layer_norm over a ragged dim goes to the op table", "ops/nn/norms.py",
+        "@route(torch.layer_norm)\ndef _torch_layer_norm", "def _torch_layer_norm", ("test_torch_twins.py",)),
+    Bug("torch.batch_norm reads its arguments in F.batch_norm's order", "ops/vision/norms.py",
+        "    return _batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)",
+        "    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)",
+        ("test_torch_twins.py",)),
+    Bug("torch.binary_cross_entropy_with_logits reads the reduction enum as mean", "ops/nn/losses.py",
+        "reduction=_REDUCTIONS.get(reduction, reduction)", "reduction=\"mean\"", ("test_torch_twins.py",)),
 ]

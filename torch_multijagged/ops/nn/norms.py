@@ -112,6 +112,15 @@ def _layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5):
     return bridged.layer_norm(input, normalized_shape, weight, bias, eps)
 
 
+@route(torch.layer_norm)
+def _torch_layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True):
+    """``torch.layer_norm`` (``F.layer_norm``'s own call, with cuDNN's flag) over ragged dims, as
+    ``F.layer_norm``; over static dims the op table (``F.layer_norm`` declines to it)."""
+    if isinstance(input, MJT) and ragged_nn.covers_ragged(input, normalized_shape):
+        return ragged_nn.layer_norm_ragged(input, normalized_shape, weight, bias, eps)
+    return NotImplemented
+
+
 @route(F.rms_norm, torch.rms_norm)
 def _rms_norm(input, normalized_shape, weight=None, eps=None):
     if isinstance(input, MJT) and ragged_nn.covers_ragged(input, normalized_shape):

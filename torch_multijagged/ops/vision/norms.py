@@ -242,6 +242,12 @@ def _instance_norm_traceable(input, running_mean=None, running_var=None, *args, 
     return not isinstance(input, MJT) or (running_mean is None and running_var is None)
 
 
+@route(torch.batch_norm)
+def _torch_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps, cudnn_enabled=True):
+    """``torch.batch_norm`` (``F.batch_norm``'s own call, its arguments in aten's order)."""
+    return _batch_norm(input, running_mean, running_var, weight, bias, training, momentum, eps)
+
+
 @route(F.instance_norm)
 @eager_route(_WHY, traceable=_instance_norm_traceable)
 def _instance_norm(input, running_mean=None, running_var=None, weight=None, bias=None, use_input_stats=True,
@@ -621,6 +627,13 @@ route(F.adaptive_max_pool3d, F._adaptive_max_pool3d)(_adaptive_max_route(torch._
 route(F.adaptive_max_pool3d_with_indices)(_adaptive_max_route(torch._C._nn.adaptive_max_pool3d, 3, True))
 
 
+@route(torch.instance_norm)
+def _torch_instance_norm(input, weight, bias, running_mean, running_var, use_input_stats, momentum, eps,
+                         cudnn_enabled=True):
+    """``torch.instance_norm`` (``F.instance_norm``'s own call, its arguments in aten's order)."""
+    return _instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
+
+
 @route(F.group_norm)
 def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """To the values (``bridged.group_norm``) when the only ragged dim is dim 1: its decomposition
@@ -664,6 +677,12 @@ def _lp_pool_route(nsp: int):
 route(F.lp_pool1d)(_lp_pool_route(1))
 route(F.lp_pool2d)(_lp_pool_route(2))
 route(F.lp_pool3d)(_lp_pool_route(3))
+
+
+@route(torch.group_norm)
+def _torch_group_norm(input, num_groups, weight=None, bias=None, eps=1e-5, cudnn_enabled=True):
+    """``torch.group_norm`` (``F.group_norm``'s own call, with cuDNN's flag)."""
+    return _group_norm(input, num_groups, weight, bias, eps)
 
 
 @route(F.local_response_norm)
