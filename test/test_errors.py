@@ -355,6 +355,12 @@ def test_a_ragged_size_plus_zero_and_abs_are_itself():
         assert m == n and x.new_zeros(2 * 0 + 3, m, 4).shape == x.shape
     # times 0: every sample's 0, a plain int (a dense dim of that size)
     assert type(n * 0) is int and n * 0 == 0 == 0 * n and torch.zeros(n * 0, 4).shape == (0, 4)
+    # a size minus itself (Hugging Face's ``kv_length + kv_offset - mask.shape[-1]``): every sample's
+    # 0, also for equal lengths built apart; other sizes still raise
+    same = mj.nested_tensor([torch.randn(k, 1) for k in (2, 0, 3)]).shape[1]
+    assert type(n - n) is int and n - n == 0 and (n + 0) - same == 0 and (2 * n) - (2 * n) == 0
+    with pytest.raises(TypeError, match="arithmetic other than"):
+        n - mj.nested_tensor([torch.randn(k, 1) for k in (3, 0, 2)]).shape[1]
 
 
 @pytest.mark.parametrize("lengths, expected", [

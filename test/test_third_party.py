@@ -243,6 +243,25 @@ def test_transformers_llama_model_called_the_default_way():
     _run_module(model, call, [_tokens((3, 1, 4))])
 
 
+def test_transformers_llama_model_with_a_tokenizer_s_attention_mask():
+    """The same model given the all-ones ``attention_mask`` a tokenizer or collator returns for
+    unpadded tokens (``torch.ones_like(position_ids)``): its mask preparation subtracts the mask's
+    length from the keys' (``n - n``), each sample's 0."""
+    _hf()
+    from transformers import LlamaConfig, LlamaModel
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, vocab_size=10, attn_implementation="sdpa")
+    model = LlamaModel(cfg).double().eval()
+
+    def call(m, x):
+        pos = mj.position_ids(x) if isinstance(x, mj.MultiJaggedTensor) else torch.arange(x.shape[1])[None]
+        return m(inputs_embeds=x, position_ids=pos, attention_mask=torch.ones_like(pos), use_cache=False).last_hidden_state
+
+    _run_module(model, call, [_tokens((3, 1, 4))])
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_transformers_gpt2_block_conv1d(attn):
     """GPT-2's block: its ``Conv1D`` projections flatten the batch into rows and view them back

@@ -73,7 +73,8 @@ class _RaggedSizeNode(NestedIntNode):
     names what to write instead. What has a per-sample meaning is answered: the product of two
     ragged sizes of one batch (the nested int of the two dims flattened, ``_product_extent``),
     floor division by a positive int (each size divided, a mapped extent), adding or subtracting
-    0 (Hugging Face's cache length 0 plus the sequence length), ``abs``, and an order comparison
+    0 (Hugging Face's cache length 0 plus the sequence length), a size minus itself (0), ``abs``,
+    and an order comparison
     (``n <= max_len``, ``min(n, k)``, ``q_len > 1``, two ragged sizes) with the answer every sample
     gives (NOTE [ Comparing ragged sizes ]). Everything else (equality, products with ints,
     hashing, tracing) is the base class's."""
@@ -115,6 +116,10 @@ class _RaggedSizeNode(NestedIntNode):
     def sub(self, other):
         if other.is_constant():
             return self.add(_IntBesideRagged(-other.constant_int()))
+        if isinstance(other, _RaggedSizeNode) and self.coeff == other.coeff and _equal_sizes(self, other):
+            # ``n - n`` (Hugging Face's ``kv_length + kv_offset - mask.shape[-1]`` for a mask of the
+            # tokens' lengths): every sample's difference is 0, the int 0
+            return ConstantIntNode(0)
         self._arith(other)
 
     # NOTE [ Ragged sizes plus an int ]
@@ -426,6 +431,15 @@ class _IntBesideRagged(ConstantIntNode):
         if isinstance(other, _RaggedSizeNode):
             return other._shifted(-1, self.val)  # ``k - n``: NOTE [ Ragged sizes plus an int ]
         return super().sub(other)
+
+
+def _equal_sizes(a, b) -> bool:
+    """Whether two eager nested-int nodes of ours hold the same size in every sample (one nested
+    int, or equal per-sample sizes: equal lengths built apart)."""
+    if a.t_id == b.t_id:
+        return True
+    sa, sb = _node_sizes(a), _node_sizes(b)
+    return sa is not None and sb is not None and sa.shape == sb.shape and bool(torch.equal(sa, sb))
 
 
 def _derived(node) -> bool:
