@@ -420,4 +420,11 @@ BUGS_C = [
     Bug("a ragged size minus itself raises", "ragged_sizes.py",
         "        if isinstance(other, _RaggedSizeNode) and self.coeff == other.coeff and _equal_sizes(self, other):",
         "        if False:", ("test_errors.py",)),
+    Bug("rms_norm over a ragged dim defaults eps to the input dtype's", "ops/nn/ragged.py",
+        "    eps = torch.finfo(x.dtype).eps if eps is None else eps", "    eps = torch.finfo(input.dtype).eps if eps is None else eps",
+        ("test_ragged_nn.py",)),
+    Bug("layer_norm over a ragged dim runs in low precision", "ops/nn/ragged.py",
+        "    dims = _ragged_norm_dims(\"layer_norm\", input, normalized_shape, weight is not None or bias is not None)\n    low = _low(input)",
+        "    dims = _ragged_norm_dims(\"layer_norm\", input, normalized_shape, weight is not None or bias is not None)\n    low = None",
+        ("test_ragged_nn.py",)),
 ]

@@ -140,6 +140,30 @@ def test_layer_norm_module_without_affine_over_ragged_dims():
         assert_close(o, F.layer_norm(c, c.shape))
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("op", ["layer_norm", "rms_norm"])
+def test_norms_over_ragged_dims_in_low_precision_are_as_accurate_as_dense(op, dtype):
+    """float16 / bfloat16 over a ragged dim compute in float32 and round once, as dense torch's
+    CPU norms (rms_norm's default eps is float32's, dense's compute dtype): each sample's result
+    is dense's, and its gradient at least as close to the float64 truth as dense's."""
+    f = getattr(F, op)
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 16, generator=g).to(dtype).requires_grad_() for n in (3, 1, 6, 9)]
+    x = mj.as_nested_tensor(comps)
+    out = f(x, x.shape[1:])
+    refs = [f(c, c.shape) for c in comps]
+    truth_in = [c.detach().double().requires_grad_() for c in comps]
+    truths = [f(c, c.shape) for c in truth_in]
+    for o, r in zip(out.unbind(), refs):
+        assert o.dtype == dtype and torch.equal(o, r)
+    ws = [torch.randn(t.shape, dtype=torch.float64, generator=g) for t in truths]
+    ours = torch.autograd.grad(sum((o * w.to(dtype)).sum() for o, w in zip(out.unbind(), ws)), comps)
+    dense = torch.autograd.grad(sum((r * w.to(dtype)).sum() for r, w in zip(refs, ws)), comps)
+    exact = torch.autograd.grad(sum((t * w.to(dtype).double()).sum() for t, w in zip(truths, ws)), truth_in)
+    err = lambda gs: max((a.double() - t).abs().max().item() for a, t in zip(gs, exact))  # noqa: E731
+    assert err(ours) <= err(dense) * 1.05 + 1e-6
+
+
 def test_layer_norm_over_ragged_dims_rejects_weight_and_bias():
     x = mj.nested_tensor(COMPS_SEQ(3), ragged_dims=(1,))
     with pytest.raises(ValueError, match="weight and bias to be None"):

@@ -316,20 +316,32 @@ def _ragged_norm_dims(op: str, input: MJT, normalized_shape, affine: bool) -> li
     return dims
 
 
+def _low(input: MJT):
+    """float16 / bfloat16 inputs run in float32 and round once, as dense torch's CPU norms do."""
+    return input.dtype if input.dtype in (torch.float16, torch.bfloat16) else None
+
+
 def layer_norm_ragged(input: MJT, normalized_shape, weight, bias, eps):
     dims = _ragged_norm_dims("layer_norm", input, normalized_shape, weight is not None or bias is not None)
-    centred = input - _rows(_call(mj.reduce.default, input, "mean", dims, True), input, dims)
+    low = _low(input)
+    x = input.float() if low is not None else input
+    centred = x - _rows(_call(mj.reduce.default, x, "mean", dims, True), x, dims)
     var = _call(mj.reduce.default, centred * centred, "mean", dims, True)
-    return centred * _rows((var + eps).rsqrt(), input, dims)
+    out = centred * _rows((var + eps).rsqrt(), x, dims)
+    return out.to(low) if low is not None else out
 
 
 def rms_norm_ragged(input: MJT, normalized_shape, weight, eps):
     """``F.rms_norm`` over dims that hold a ragged one: each sample's elements over its own extent,
-    ``x · rsqrt(mean(x²) + eps)`` (``eps`` None: the dtype's machine epsilon, as dense torch)."""
+    ``x · rsqrt(mean(x²) + eps)`` (``eps`` None: the compute dtype's machine epsilon, float32's for
+    float16 / bfloat16, as dense torch)."""
     dims = _ragged_norm_dims("rms_norm", input, normalized_shape, weight is not None)
-    eps = torch.finfo(input.dtype).eps if eps is None else eps
-    ms = _call(mj.reduce.default, input * input, "mean", dims, True)
-    return input * _rows((ms + eps).rsqrt(), input, dims)
+    low = _low(input)
+    x = input.float() if low is not None else input
+    eps = torch.finfo(x.dtype).eps if eps is None else eps  # dense's: the compute dtype's epsilon
+    ms = _call(mj.reduce.default, x * x, "mean", dims, True)
+    out = x * _rows((ms + eps).rsqrt(), x, dims)
+    return out.to(low) if low is not None else out
 
 
 @route(F.normalize)
