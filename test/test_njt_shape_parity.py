@@ -330,6 +330,20 @@ def test_nested_tensor_from_jagged_matches_torch_jagged(kind, mode):
         assert_close(got, want)
 
 
+def test_nested_tensor_from_jagged_with_lengths_alone():
+    """``nested_tensor_from_jagged(values, lengths=…)`` without offsets, as torch.nested takes it:
+    the samples one after another, a view of the values (as torch.jagged's), an empty one too;
+    neither offsets nor lengths raises torch's error."""
+    v = torch.arange(8.0).view(4, 2)
+    lengths = torch.tensor([1, 0, 3])
+    x = mj.nested_tensor_from_jagged(v, lengths=lengths)
+    ref = torch.nested.nested_tensor_from_jagged(v, lengths=lengths)
+    assert [a.tolist() for a in x.unbind()] == [a.tolist() for a in ref.unbind()]
+    assert x.values().data_ptr() == v.data_ptr()
+    with pytest.raises(RuntimeError, match="At least one of offsets or lengths"):
+        mj.nested_tensor_from_jagged(v)
+
+
 def test_nested_tensor_from_jagged_errors():
     with pytest.raises(ValueError, match=r"^nested_tensor_from_jagged\(\).*within the 4 rows"):
         mj.nested_tensor_from_jagged(torch.randn(4, 2), torch.tensor([0, 3, 6]))

@@ -26,7 +26,7 @@ def _jagged_dim(op: str, jagged_dim, ndim: int) -> int:
 @eager_constructor("nested_tensor_from_jagged")  # NOTE [ Constructors under torch.compile ] in _frames.py
 def nested_tensor_from_jagged(
     values: torch.Tensor,
-    offsets: torch.Tensor,
+    offsets: Optional[torch.Tensor] = None,
     lengths: Optional[torch.Tensor] = None,
     jagged_dim: Optional[int] = None,
     min_seqlen=None,
@@ -44,9 +44,10 @@ def nested_tensor_from_jagged(
 
     Args:
         values (Tensor): the packed values; dim ``jagged_dim - 1`` holds the samples' rows.
-        offsets (Tensor): ``(B+1,)`` integer offsets of the samples along that dim.
+        offsets (Tensor, optional): ``(B+1,)`` integer offsets of the samples along that dim.
+            Default: ``None``: the samples follow one another, ``lengths`` long.
         lengths (Tensor, optional): ``(B,)`` integer lengths of the samples, for offsets that
-            leave holes. Default: ``None`` (each sample runs to the next offset).
+            leave holes, or alone. Default: ``None`` (each sample runs to the next offset).
         jagged_dim (int, optional): the logical ragged dim, at least 1. Default: ``None`` (1).
         min_seqlen (int, optional): accepted for compatibility and unused: the extents are known
             exactly. Default: ``None``.
@@ -72,6 +73,13 @@ def nested_tensor_from_jagged(
         raise TypeError(f"{op}(): expected values to be a tensor of at least 1 dim, got {type(values).__name__}")
     _check_dense(op, "values", values)
     jd = _jagged_dim(op, jagged_dim, values.dim())
+    if offsets is None:  # lengths alone: the samples one after another, as torch.nested's
+        if lengths is None:
+            raise RuntimeError(f"{op}(): At least one of offsets or lengths is required.")
+        if not isinstance(lengths, torch.Tensor) or lengths.dim() != 1:
+            raise ValueError(f"{op}(): expected lengths to be a 1-D tensor, got {getattr(lengths, 'shape', lengths)}")
+        offsets = _exclusive_cumsum_host(_host_ints(op, "lengths", lengths)).to(values.device)
+        lengths = None
     if not isinstance(offsets, torch.Tensor) or offsets.dim() != 1 or offsets.shape[0] < 1:
         raise ValueError(f"{op}(): expected offsets to be a 1-D tensor of B + 1 >= 1 entries, got {getattr(offsets, 'shape', offsets)}")
     packed = values.movedim(jd - 1, 0)
