@@ -478,3 +478,15 @@ def test_ops_refuse_what_dense_refuses(name):
         f(comps[0], 0)
     with pytest.raises(type(dense.value)):
         f(mj.nested_tensor(comps), 1)
+
+
+def test_a_torch_jagged_tensor_beside_a_multi_jagged_one_names_the_mix():
+    """``x + njt`` (code migrating between the layouts) says the layouts do not mix and how to
+    convert, instead of reading the torch.jagged tensor as a dense operand."""
+    comps = [torch.randn(2, 3), torch.randn(4, 3)]
+    x = mj.nested_tensor(comps)
+    njt = torch.nested.nested_tensor(comps, layout=torch.jagged)
+    for f in (lambda: x + njt, lambda: torch.mul(x, njt), lambda: torch.cat([x, njt], -1)):
+        with pytest.raises((mj.StructureError, TypeError), match="torch.jagged"):
+            f()
+    torch.testing.assert_close((x + mj.from_jagged(njt)).values(), 2 * x.values())

@@ -41,6 +41,7 @@ import torch
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _frames
+from .errors import StructureError
 from .layout import multi_jagged
 from .kernels.per_image import pack_images
 from .serialization import INTERNAL_ATTRS, copy_partition, partition_from_file, user_state
@@ -650,6 +651,8 @@ class MultiJaggedTensor(torch.Tensor):
 
     @classmethod
     def _torch_function(cls, func, types, args, kwargs, fast=None):
+        if types and any(t is _NJT for t in types):
+            _refuse_mixed_layouts(func)
         if kwargs or (len(args) > 1 and not _nothing_to_unify(args, func)) or (args and type(args[0]) in (list, tuple)):
             # Operands with equal sizes but other nested ints (a list's too: ``torch.dstack([a,
             # b])``) are relabelled onto the first's, except where a tensor is held by identity
@@ -716,6 +719,18 @@ class MultiJaggedTensor(torch.Tensor):
 # own function is named.
 _AUTOGRAD_ENTRIES = (torch.autograd.grad, torch.autograd.backward, torch.Tensor.backward)
 _OP_PREFIX = re.compile(r"^([A-Za-z_][\w.]*)\(\): ")
+
+
+_NJT = torch.nested._internal.nested_tensor.NestedTensor
+
+
+def _refuse_mixed_layouts(func) -> None:
+    """An op given a ``torch.jagged`` tensor beside a multi_jagged one (code migrating between the
+    layouts) says so: each layout would read the other's tensor as a dense one."""
+    name = getattr(func, "__name__", str(func)).split(".")[0]
+    # (not a TypeError: Python reads one from ``x + njt`` as NotImplemented and asks ``njt`` next)
+    raise StructureError(f"{name}(): a torch.jagged tensor beside a multi_jagged one: the layouts do not mix; convert "
+                         "it with mj.from_jagged(njt) (which keeps its nested int), or x.to_jagged() the other way")
 
 
 def _rename(e: BaseException, func) -> None:
