@@ -450,9 +450,11 @@ def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=
     scalar = isinstance(input, (int, float, bool)) or (isinstance(input, torch.Tensor) and not isinstance(input, MJT) and input.dim() == 0)
     if scalar:  # one number for every sample: each sample's answer a 0-d tensor, as dense's
         input = torch.as_tensor(input, device=sorted_sequence.device).expand(sorted_sequence.shape[0]).reshape(-1, 1)
-    if (sorted_sequence.dim() > 2 and isinstance(input, MJT) and sorted_sequence.dim() - 1 not in sorted_sequence._ragged_dims
-            and input._ragged_dims == sorted_sequence._ragged_dims and input.dim() == sorted_sequence.dim()
-            and input._partition.same_as(sorted_sequence._partition)):
+    per_position = (sorted_sequence.dim() > 2 and isinstance(input, MJT) and input.dim() == sorted_sequence.dim()
+                    and sorted_sequence.dim() - 1 not in sorted_sequence._ragged_dims
+                    and input._ragged_dims == sorted_sequence._ragged_dims
+                    and input._partition.same_as(sorted_sequence._partition))
+    if per_position:
         # boundaries per position (B, j0, K) (NeRF's per-ray CDF): dense's N-d form, whose leading
         # dims match the values', on the packed rows, which line up
         sv = sorter._values if isinstance(sorter, MJT) else sorter
@@ -460,8 +462,8 @@ def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=
         return wrap(found, input._partition, input._ragged_dims)
     if sorted_sequence.dim() != 2 or not isinstance(input, torch.Tensor) or input.shape[0] != sorted_sequence.shape[0]:
         raise StructureError(
-            f"searchsorted(): expected per-sample boundaries (B, j0) or per-position (B, j0, …, K) with values of their "
-            f"structure, and values with the same batch, got "
+            f"searchsorted(): expected per-sample boundaries (B, j0) and values with the same batch, or "
+            f"per-position (B, j0, …, K) with values of their structure, got "
             f"{describe(sorted_sequence)} and {describe(input)}"
         )
     n = sorted_sequence._partition.extents[0].lengths()

@@ -366,7 +366,8 @@ def _soft_margin_loss(input, target, size_average=None, reduce=None, reduction="
 @route(torch.binary_cross_entropy_with_logits)
 def _torch_bce_with_logits(input, target, weight=None, pos_weight=None, reduction=1):
     """``torch.binary_cross_entropy_with_logits`` (aten's call: the reduction as its enum)."""
-    return _bce_with_logits(input, target, weight, reduction=_REDUCTIONS.get(reduction, reduction), pos_weight=pos_weight)
+    reduction = _REDUCTIONS.get(reduction, reduction)
+    return _bce_with_logits(input, target, weight, reduction=reduction, pos_weight=pos_weight)
 
 
 _REDUCTIONS = {0: "none", 1: "mean", 2: "sum"}  # aten's Reduction enum

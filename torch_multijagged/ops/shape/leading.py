@@ -527,7 +527,8 @@ _LAST_BY_DEFAULT = {torch.sort, torch.Tensor.sort, torch.argsort, torch.Tensor.a
                     torch.kthvalue, torch.Tensor.kthvalue}
 # ops over a list of dims, by its position (none: not a leading-dim op)
 _DIMS_AT = {torch.flip: 1, torch.Tensor.flip: 1, torch.roll: 2, torch.Tensor.roll: 2}
-_NEEDS_DIM = {torch.squeeze, torch.Tensor.squeeze, torch.argmax, torch.Tensor.argmax, torch.argmin, torch.Tensor.argmin, torch.cumsum, torch.Tensor.cumsum,
+_NEEDS_DIM = {torch.squeeze, torch.Tensor.squeeze,
+              torch.argmax, torch.Tensor.argmax, torch.argmin, torch.Tensor.argmin, torch.cumsum, torch.Tensor.cumsum,
               torch.cumprod, torch.Tensor.cumprod, torch.logsumexp, torch.Tensor.logsumexp, torch.cummax,
               torch.Tensor.cummax, torch.cummin, torch.Tensor.cummin}
 _FORWARDED = {**dict.fromkeys(_ELEMENTWISE + _MORE_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAST, "last"),

@@ -571,9 +571,9 @@ _SIZE = {
 }
 T = torch.Tensor
 _FORWARDED = {**dict.fromkeys(_ELEMENTWISE + _MORE_ELEMENTWISE, "elementwise"), **dict.fromkeys(_LAST, "last"),
-              **dict.fromkeys(_DIM + [torch.cumsum, T.cumsum, torch.cumprod, T.cumprod, torch.logcumsumexp, T.logcumsumexp,
-                                      torch.max, T.max, torch.min, T.min, torch.argmax, T.argmax, torch.argmin, T.argmin],
-                                "dim"),
+              **dict.fromkeys(_DIM + [torch.cumsum, T.cumsum, torch.cumprod, T.cumprod, torch.logcumsumexp,
+                                      T.logcumsumexp, torch.max, T.max, torch.min, T.min, torch.argmax, T.argmax,
+                                      torch.argmin, T.argmin], "dim"),
               **dict.fromkeys([torch.norm, T.norm, torch.linalg.vector_norm], "dim2"),
               **dict.fromkeys(_REDUCE + [torch.logsumexp, T.logsumexp], "reduce"),
               **dict.fromkeys([torch.Tensor.masked_fill_, torch.Tensor.div_, torch.Tensor.mul_, torch.Tensor.add_,
