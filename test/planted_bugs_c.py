@@ -416,7 +416,7 @@ BUGS_C = [
         "    return _batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps)",
         ("test_torch_twins.py",)),
     Bug("torch.binary_cross_entropy_with_logits reads the reduction enum as mean", "ops/nn/losses.py",
-        "reduction=_REDUCTIONS.get(reduction, reduction)", "reduction=\"mean\"", ("test_torch_twins.py",)),
+        "    reduction = _REDUCTIONS.get(reduction, reduction)", "    reduction = \"mean\"", ("test_torch_twins.py",)),
     Bug("a ragged size minus itself raises", "ragged_sizes.py",
         "        if isinstance(other, _RaggedSizeNode) and self.coeff == other.coeff and _equal_sizes(self, other):",
         "        if False:", ("test_errors.py",)),
