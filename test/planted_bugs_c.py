@@ -430,4 +430,9 @@ BUGS_C = [
     Bug("a torch.jagged operand is read as a dense one", "tensor.py",
         "        if types and any(t is _NJT for t in types):\n            _refuse_mixed_layouts(func)\n", "",
         ("test_errors.py",)),
+    Bug("integer addmm / addmv promote a float alpha / beta", "ops/contractions/matmul.py",
+        "        beta, alpha = int(beta), int(alpha)\n", "", ("test_matmul.py",)),
+    Bug("bool addr adds its scalars as numbers", "ops/contractions/matmul.py",
+        "        if dtype == torch.bool:\n            product = product if alpha", "        if False:\n            product = product if alpha",
+        ("test_matmul.py",)),
 ]

@@ -154,6 +154,50 @@ _DENSE_RESULTS = ("dot", "vdot", "mm_contract_ragged", "matmul_vector_vector", "
                   "matmul_rows_vector", "addmv")
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.bfloat16])
+def test_scaled_products_keep_the_dtype_and_scalars_of_dense(dtype):
+    """``addr`` / ``addmm`` / ``addmv`` / ``baddbmm`` with integer, bool and bfloat16 operands: each
+    sample's result is dense's, dtype included — integer products truncate a float ``alpha`` /
+    ``beta`` as dense casts it (``addr`` refuses one, as dense), bool reads them as bools, bfloat16
+    within an ulp."""
+    g = torch.Generator().manual_seed(0)
+
+    def rnd(*shape):
+        t = torch.randn(*shape, generator=g) * 3
+        return t > 0 if dtype == torch.bool else t.to(dtype)
+
+    u, w = rnd(2), rnd(2, 2)
+    # (an empty sample with integer samples and float scalars: dense addmm's empty product takes
+    # another path, which refuses the float where the others truncate it)
+    for ns, kw in [((3, 0, 2), dict(beta=3, alpha=2)), ((3, 2), dict(beta=0.5, alpha=2.5)),
+                   ((3, 0, 2), dict(beta=0, alpha=1))]:
+        mats = [rnd(2, n) for n in ns]
+        vecs = [rnd(n) for n in ns]
+        M, V = mj.nested_tensor(mats), mj.nested_tensor(vecs)
+        cases = [("addr", lambda: torch.addr(M, u, V, **kw), lambda i: torch.addr(mats[i], u, vecs[i], **kw))]
+        if dtype != torch.bool:  # dense addmm / addmv / baddbmm have no bool kernel
+            cases += [("addmv", lambda: torch.addmv(u, M, V, **kw), lambda i: torch.addmv(u, mats[i], vecs[i], **kw)),
+                      ("addmm", lambda: torch.addmm(w, M, M.mT, **kw),
+                       lambda i: torch.addmm(w, mats[i], mats[i].mT, **kw))]
+        for name, ours, dense in cases:  # noqa: B023  (each case runs in its iteration)
+            try:
+                want = [dense(i) for i in range(len(ns))]
+            except RuntimeError as e:
+                with pytest.raises(RuntimeError, match="must not be a floating point"):
+                    ours()
+                assert "must not be a floating point" in str(e)
+                continue
+            out = ours()
+            got = out.unbind() if isinstance(out, mj.MultiJaggedTensor) else list(out)
+            for a, b in zip(got, want):
+                # (bfloat16: dense's kernels round in their own places — addr scales a vector before
+                # the outer product, addmm accumulates in one pass —, ours rounds the product and
+                # then the sum once: within an ulp)
+                exact = dtype != torch.bfloat16
+                assert a.dtype == b.dtype
+                torch.testing.assert_close(a, b, rtol=0 if exact else 1.6e-2, atol=0 if exact else 1e-2)
+
+
 @pytest.mark.parametrize("name", PRODUCTS)
 def test_matrix_products_per_sample(name):
     """``mm``, ``mv``, ``outer``/``ger``, ``dot``/``vdot``, ``inner``, ``addmm``, ``addr`` and

@@ -276,14 +276,28 @@ def _involves(*ts) -> bool:
     return any(isinstance(t, MJT) for t in ts)
 
 
-def _scaled_sum(input, product, beta, alpha):
-    """``beta * input + alpha * product``, with ``input`` ignored for ``beta == 0`` (dense torch's
-    rule: its nan and inf do not propagate)."""
+def _scaled_sum(op: str, input, product, beta, alpha):
+    """``beta * input + alpha * product`` as dense ``addmm`` / ``addmv`` / ``addr`` / ``baddbmm``
+    compute it: ``input`` ignored for ``beta == 0`` (its nan and inf do not propagate); in the
+    operands' dtype — for integers ``addr`` refuses a float ``beta`` / ``alpha`` (dense's message)
+    and the others truncate it to an int, as dense casts it; bool reads them as bools (``or`` of
+    ``and``s); float16 / bfloat16 in float32, rounded once."""
+    dtype = product.dtype
+    if not (dtype.is_floating_point or dtype.is_complex):
+        for name, v in (("beta", beta), ("alpha", alpha)):
+            if op == "addr" and (isinstance(v, float) or (isinstance(v, torch.Tensor) and v.is_floating_point())):
+                raise RuntimeError(f"For integral input tensors, argument {name} must not be a floating point number.")
+        beta, alpha = int(beta), int(alpha)
+        if dtype == torch.bool:
+            product = product if alpha else product.logical_and(False)
+            return product if not beta else product.logical_or(input)
+    low = dtype if dtype in (torch.float16, torch.bfloat16) else None
+    if low is not None and (alpha != 1 or beta not in (0, 1)):
+        product, input = product.float(), input.float()
     if alpha != 1:
         product = product * alpha
-    if beta == 0:
-        return product
-    return (input if beta == 1 else input * beta) + product
+    out = product if beta == 0 else (input if beta == 1 else input * beta) + product
+    return out.to(low) if low is not None and out.dtype != low else out
 
 
 @route(torch.mm, torch.Tensor.mm)
@@ -355,28 +369,28 @@ def _inner(input, other, *, out=None):
 def _addmm(input, mat1, mat2, *, beta=1, alpha=1, out=None):
     if out is not None or not _involves(input, mat1, mat2):
         return NotImplemented
-    return _scaled_sum(input, _mm(mat1, mat2), beta, alpha)
+    return _scaled_sum("addmm", input, _mm(mat1, mat2), beta, alpha)
 
 
 @route(torch.addmv, torch.Tensor.addmv)
 def _addmv(input, mat, vec, *, beta=1, alpha=1, out=None):
     if out is not None or not _involves(input, mat, vec):
         return NotImplemented
-    return _scaled_sum(input, _mv(mat, vec), beta, alpha)
+    return _scaled_sum("addmv", input, _mv(mat, vec), beta, alpha)
 
 
 @route(torch.addr, torch.Tensor.addr)
 def _addr(input, vec1, vec2, *, beta=1, alpha=1, out=None):
     if out is not None or not _involves(input, vec1, vec2):
         return NotImplemented
-    return _scaled_sum(input, _outer(vec1, vec2), beta, alpha)
+    return _scaled_sum("addr", input, _outer(vec1, vec2), beta, alpha)
 
 
 @route(torch.baddbmm, torch.Tensor.baddbmm)
 def _baddbmm(input, batch1, batch2, *, beta=1, alpha=1, out=None):
     if out is not None or not _involves(input, batch1, batch2):
         return NotImplemented
-    return _scaled_sum(input, torch.bmm(batch1, batch2), beta, alpha)
+    return _scaled_sum("baddbmm", input, torch.bmm(batch1, batch2), beta, alpha)
 
 
 @route(F.bilinear, torch.bilinear)
