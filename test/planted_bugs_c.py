@@ -435,4 +435,7 @@ BUGS_C = [
     Bug("bool addr adds its scalars as numbers", "ops/contractions/matmul.py",
         "        if dtype == torch.bool:\n            product = product if alpha", "        if False:\n            product = product if alpha",
         ("test_matmul.py",)),
+    Bug("the Hermitian 2-d transforms have no route", "ops/elementwise/trailing.py",
+        "for _f in (torch.fft.hfft2, torch.fft.ihfft2):\n    route(_f)(_fft_nd(_f, (-2, -1)))\n", "",
+        ("test_trailing_ops.py",)),
 ]

@@ -95,6 +95,29 @@ def test_fft_along_a_ragged_dim_per_sample(name, ns, c, seed):
     per_sample_check(fn, R(comps, {"pair": (1, 2), "lead": (2,)}.get(kind, (1,))), ref=ref, seed=seed)
 
 
+@pytest.mark.parametrize("name", ["hfft2", "hfftn", "ihfft2", "ihfftn"])
+def test_hermitian_nd_ffts_over_static_dims_and_their_refusal(name):
+    """``fft.hfft2`` / ``hfftn`` / ``ihfft2`` / ``ihfftn`` over the static dims of ``(B, j0, H, W)``
+    are the dense transform per sample, gradients included; along a ragged dim they raise as
+    ``hfft`` does (each sample's output length would be a new ragged size)."""
+    f = getattr(torch.fft, name)
+    real = name.startswith("i")
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 6, 5, dtype=F64 if real else torch.complex128, generator=g).requires_grad_() for n in (7, 3)]
+    kw = {} if name.endswith("2") else dict(dim=(-2, -1))
+    out = f(mj.as_nested_tensor(comps), **kw)
+    refs = [f(c, **kw) for c in comps]
+    for a, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    got = torch.autograd.grad(sum((a.abs() ** 2).sum() for a in out.unbind()), comps)
+    want = torch.autograd.grad(sum((r.abs() ** 2).sum() for r in refs), comps)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    x = mj.nested_tensor([torch.randn(6, n, dtype=F64 if real else torch.complex128) for n in (7, 6)])
+    with pytest.raises(StructureError, match="ragged dim 2.*new ragged size"):
+        f(x, dim=(-2, -1))
+
+
 def test_fft_along_a_ragged_dim_refusals():
     x = torch.nested.nested_tensor([torch.rand(3, 2), torch.rand(1, 2)], layout=mj.multi_jagged)
     with pytest.raises(StructureError, match=r"fft.rfft\(\).*ragged dim 1.*new ragged size"):

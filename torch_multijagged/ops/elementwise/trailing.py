@@ -147,6 +147,11 @@ for _f in (torch.fft.fftn, torch.fft.ifftn, torch.fft.rfftn, torch.fft.irfftn):
     route(_f)(_fft_nd(_f))
 for _f in (torch.fft.fft2, torch.fft.ifft2, torch.fft.rfft2, torch.fft.irfft2):
     route(_f)(_fft_nd(_f, (-2, -1)))
+# the Hermitian n-d transforms: along static dims, and raising as ``hfft`` along a ragged one
+for _f in (torch.fft.hfftn, torch.fft.ihfftn):
+    route(_f)(_fft_nd(_f))
+for _f in (torch.fft.hfft2, torch.fft.ihfft2):
+    route(_f)(_fft_nd(_f, (-2, -1)))
 
 
 @route(torch.view_as_complex)
