@@ -118,6 +118,29 @@ def test_hermitian_nd_ffts_over_static_dims_and_their_refusal(name):
         f(x, dim=(-2, -1))
 
 
+@pytest.mark.parametrize("name", ["fftshift", "ifftshift"])
+def test_fftshift_over_static_dims_per_sample(name):
+    """``fft.fftshift`` / ``ifftshift`` over static dims roll each sample by dense's half sizes
+    (odd sizes tell the two apart), gradients included; without dims, or over a ragged one (a shift
+    per sample), they raise."""
+    f = getattr(torch.fft, name)
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 4, 5, dtype=F64, generator=g, requires_grad=True) for n in (3, 0, 2)]
+    x = mj.as_nested_tensor(comps)
+    for dims in ((-2, -1), -1, 2):
+        out = f(x, dim=dims)
+        ref_dims = tuple(d - 1 if d > 0 else d for d in (dims if isinstance(dims, tuple) else (dims,)))
+        for a, c in zip(out.unbind(), comps):
+            assert torch.equal(a, f(c, dim=ref_dims))
+    gx = torch.autograd.grad((f(x, dim=-1) * x).sum(), comps)
+    want = torch.autograd.grad(sum((f(c, dim=-1) * c).sum() for c in comps), comps)
+    for a, b in zip(gx, want):
+        torch.testing.assert_close(a, b)
+    for bad in (dict(), dict(dim=1), dict(dim=0)):
+        with pytest.raises(StructureError, match=name):
+            f(x, **bad)
+
+
 def test_fft_along_a_ragged_dim_refusals():
     x = torch.nested.nested_tensor([torch.rand(3, 2), torch.rand(1, 2)], layout=mj.multi_jagged)
     with pytest.raises(StructureError, match=r"fft.rfft\(\).*ragged dim 1.*new ragged size"):

@@ -154,6 +154,29 @@ for _f in (torch.fft.hfft2, torch.fft.ihfft2):
     route(_f)(_fft_nd(_f, (-2, -1)))
 
 
+def _fftshift(name: str, inverse: bool):
+    def routed(input, dim=None):
+        """``fft.fftshift`` / ``ifftshift`` over static dims: ``roll`` by half of each (dense's
+        shifts). Over every dim, or a ragged one (a shift per sample), it raises."""
+        if not isinstance(input, MJT):
+            return NotImplemented
+        if dim is None:
+            raise StructureError(f"{name}(): over every dim of {describe(input)}, the batch and ragged dims too; give dim")
+        dims = [canonical_dim(name, input.dim(), d) for d in ([dim] if isinstance(dim, int) else dim)]
+        ragged = [d for d in dims if d == 0 or d in input._ragged_dims]
+        if ragged:
+            raise StructureError(f"{name}(): along dim {ragged[0]} of {describe(input)}, the batch or a ragged dim (a shift "
+                                 "per sample), for layout torch.multi_jagged: shift static dims, or roll each sample")
+        shifts = [(input.shape[d] + 1) // 2 if inverse else input.shape[d] // 2 for d in dims]
+        return torch.roll(input, shifts, dims)
+
+    return routed
+
+
+route(torch.fft.fftshift)(_fftshift("fft.fftshift", False))
+route(torch.fft.ifftshift)(_fftshift("fft.ifftshift", True))
+
+
 @route(torch.view_as_complex)
 def _view_as_complex(input):
     if not isinstance(input, MJT):
