@@ -490,3 +490,13 @@ def test_a_torch_jagged_tensor_beside_a_multi_jagged_one_names_the_mix():
         with pytest.raises((mj.StructureError, TypeError), match="torch.jagged"):
             f()
     torch.testing.assert_close((x + mj.from_jagged(njt)).values(), 2 * x.values())
+
+
+def test_comparisons_of_a_ragged_size_of_an_empty_batch_agree_with_one_another():
+    """B = 0: no sample answers, so torch's rule decides where it can (``n > n`` and ``n < n`` are
+    False, ``n >= 1`` True, as with samples) and the rest hold vacuously (``assert n <= max_len``):
+    code branching on ``k_len > q_len`` takes the branch it takes with samples of one length."""
+    x = mj.from_padded(torch.zeros(0, 3, 8), torch.zeros(0, 1, dtype=torch.long))
+    n = x.shape[1]
+    assert not (n > n) and not (n < n) and n >= n and n <= n and n >= 1 and not (n < 1)
+    assert n <= 64

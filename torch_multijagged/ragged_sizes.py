@@ -192,6 +192,14 @@ class _RaggedSizeNode(NestedIntNode):
         theirs = other.constant_int() if other.is_constant() else _node_sizes(other)
         symbol = {"ge": ">=", "gt": ">", "le": "<=", "lt": "<"}[name]
         split = None
+        if mine is not None and mine.numel() == 0:
+            # no sample to answer (B = 0): torch's rule where it decides, whose answers agree with
+            # one another (``n > n`` False, as with samples); else every sample's, vacuously True
+            # (``assert n <= max_len`` holds for an empty batch)
+            try:
+                return _DecidedBool(rule(self, other))
+            except ValueError:
+                return _DecidedBool(True)
         if mine is not None and theirs is not None and not (isinstance(theirs, torch.Tensor) and theirs.shape != mine.shape):
             held = getattr(torch, name)(mine, theirs)
             answer = _alike(held)
