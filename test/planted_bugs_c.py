@@ -444,4 +444,6 @@ BUGS_C = [
     Bug("comparisons of an empty batch's ragged size are all True", "ragged_sizes.py",
         "            try:\n                return _DecidedBool(rule(self, other))\n            except ValueError:\n                return _DecidedBool(True)",
         "            return _DecidedBool(True)", ("test_errors.py",)),
+    Bug("a ragged size times a factor of the next static dim is not split first", "ops/shape/flatten.py",
+        "        factored = _factored_for_merge(x, size)\n", "        factored = None\n", ("test_flatten_ragged.py",)),
 ]

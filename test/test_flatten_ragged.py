@@ -421,6 +421,20 @@ def test_unflatten_a_ragged_dim_into_a_static_part_first():
         seq.unflatten(1, (4, -1))
 
 
+@pytest.mark.parametrize("op", ["reshape", "view"])
+def test_a_ragged_size_times_a_factor_of_the_next_static_dim(op):
+    """openfold3's per-atom logits: ``(B, N, A·C)`` as ``(B, A·N, C)`` with ``N = x.shape[1]`` — the
+    static dim split into ``(A, C)`` and ``A`` merged into the ragged dim, each sample's dense
+    ``reshape`` (``(n, 15) → (3n, 5)``), with gradients; a factor that does not divide raises."""
+    leaves, x = _batch([(3, 15), (0, 15), (2, 15)], (1,))
+    b, n = x.shape[0], x.shape[1]
+    out = getattr(x, op)(b, n * 3, 5)
+    _same(out, [t.detach().reshape(t.shape[0] * 3, 5) for t in leaves])
+    _grads_agree(getattr(x, op)(b, n * 3, 5), [t.reshape(t.shape[0] * 3, 5) for t in leaves], leaves)
+    with pytest.raises((StructureError, RuntimeError)):
+        getattr(x, op)(b, n * 4, -1)
+
+
 def test_packed_qkv_reshape_with_the_head_size_left_to_minus_one():
     """``qkv.reshape(B, N, 3, H, -1)`` (BEiT's attention): the ragged dim named by its own nested
     int stays whole and the -1 is the head size — not a split of the ragged dim into (N, 3, H)."""
@@ -547,7 +561,8 @@ def test_floor_division_of_a_ragged_size_is_per_sample():
     h = x.shape[2]
     assert h // 1 == h and (h // 2) == (h // 2) and (h // 2) != h
     assert extent_of(h // 2).host_lengths().tolist() == [5 // 2, 4 // 2, 0 // 2]
-    for bad in (lambda: h // 0, lambda: (2 * h) // 2, lambda: h % 2, lambda: h - h):
+    assert h - h == 0  # a size minus itself: every sample's 0
+    for bad in (lambda: h // 0, lambda: (2 * h) // 2, lambda: h % 2, lambda: h - x.shape[3]):
         with pytest.raises((TypeError, ZeroDivisionError)):
             bad()
 

@@ -293,6 +293,9 @@ def view_plan(op: str, x: MJT, size) -> Optional[Callable[[], MJT]]:
         merges = _ragged_merges(x, size)
         if merges is not None:
             return lambda: _merge_ragged_dims(op, x, merges)
+        factored = _factored_for_merge(x, size)
+        if factored is not None:  # (B, j0, 15) as (B, 3 * n, 5): (B, j0, 3, 5) first
+            return lambda: getattr(factored(), op)(tuple(size))
         k = _divided_by(x, size)
         if k is not None:
             return lambda: _split_then_view(op, x, size, k)
@@ -488,6 +491,22 @@ def _times_of(size, e: RaggedExtent, f: int) -> bool:
         return True
     named = extent_of(size)
     return named is not None and named is e.cache.get(("mapped", ("times", f)))
+
+
+def _factored_for_merge(x: MJT, size) -> Optional[Callable[[], MJT]]:
+    """For a ``size`` that names a ragged dim times ``f`` where ``x`` has that ragged dim followed
+    by a static dim of ``f·m`` (openfold3's ``(B, N, A·C)`` logits viewed as ``(B, N·A, C)``): a
+    thunk splitting that static dim into ``(f, m)``, after which the size is a merge
+    (``_ragged_merges``); else None."""
+    for s in size:
+        if not (is_nested_int(s) and isinstance(s, torch.SymInt)):
+            continue
+        f = getattr(s.node, "coeff", 1)
+        for k, d in enumerate(x._ragged_dims):
+            if (f > 1 and d + 1 < x.dim() and d + 1 not in x._ragged_dims and x._size[d + 1] % f == 0
+                    and x._size[d + 1] != f and _times_of(s, x._partition.extents[k], f)):
+                return lambda: x.unflatten(d + 1, (f, x._size[d + 1] // f))  # noqa: B023  (returned at once)
+    return None
 
 
 def _ragged_merges(x: MJT, size) -> Optional[dict[int, tuple[int, bool]]]:
