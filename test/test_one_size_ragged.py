@@ -166,3 +166,70 @@ def test_squeeze_without_dims_drops_ragged_dims_of_size_one_in_every_sample():
     assert pair.shape[0] == 2 and pair.dim() == 2 and pair.ragged_dims == (1,)
     some = mj.nested_tensor([torch.randn(1, 2), torch.randn(3, 2)]).squeeze()
     assert some.dim() == 3 and some.ragged_dims == (1,)
+
+
+@pytest.mark.parametrize("op", ["mul_", "add_", "sub_"])
+def test_in_place_into_a_dense_tensor_of_an_operand_of_one_size(op):
+    """``x *= g`` with a dense ``x (B, n, n, C)`` and a multi_jagged ``g`` whose ragged dims have
+    ``x``'s size in every sample (a pair of one protein, or of equal lengths, inferred
+    ``(B, j0, n, C)``: openfold3's in-place triangle update) writes each sample's dense result
+    into ``x``; gradients reach both. Other sizes still raise."""
+    g_comps = [torch.randn(3, 3, 2, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    g = mj.as_nested_tensor(g_comps)
+    x0 = torch.randn(2, 3, 3, 2, dtype=torch.float64, requires_grad=True)
+    x = x0 * 1
+    getattr(x, op)(g)
+    want = [getattr(x0[i] * 1, op)(c) for i, c in enumerate(g_comps)]
+    torch.testing.assert_close(x, torch.stack(want))
+    got = torch.autograd.grad((x * x).sum(), [x0, *g_comps])
+    exp = torch.autograd.grad(sum((w * w).sum() for w in want), [x0, *g_comps])
+    for a, b in zip(got, exp):
+        torch.testing.assert_close(a, b)
+    other = mj.nested_tensor([torch.randn(3, 3, 2), torch.randn(2, 3, 2)])
+    with pytest.raises(Exception, match="ragged|broadcast"):
+        getattr(torch.randn(2, 3, 3, 2), op)(other)
+
+
+def test_setitem_of_a_value_ragged_where_the_selection_is_static_of_that_size():
+    """``a[:, 0:2] = v`` where ``a`` ``(B, C, j0, n)`` has a static last dim that every sample's ``j0``
+    equals (a pair of equal lengths, inferred with one ragged dim) and ``v`` is ``(B, 2, j0, j0)``
+    (openfold3's chunked in-place triangle update): each sample's dense ``__setitem__``, gradients
+    reaching ``a`` and ``v``."""
+    zs = [torch.randn(4, 4, 3, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    a = mj.as_nested_tensor(zs).permute(0, 3, 1, 2).contiguous()  # (2, 3, j0, 4)
+    b = a.clone()
+    v = b[:, :2, :, :1] * b[:, :2, :, :1].transpose(-1, -2)  # (2, 2, j0, j0)
+    a[:, 0:2] = v
+    refs = []
+    for t in zs:
+        at = t.permute(2, 0, 1).contiguous()
+        bt = at.clone()
+        at[0:2] = bt[:2, :, :1] * bt[:2, :, :1].transpose(-1, -2)
+        refs.append(at)
+    for got, ref in zip(a.unbind(), refs):
+        torch.testing.assert_close(got, ref)
+    ga = torch.autograd.grad((a * a).sum(), zs)
+    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), zs)
+    for x, y in zip(ga, gb):
+        torch.testing.assert_close(x, y)
+
+
+@pytest.mark.parametrize("how", ["expand", "expand_minus_one", "expand_as"])
+def test_expand_a_static_dim_to_a_ragged_size_every_sample_has(how):
+    """``x.expand(B, n, n)`` of a pair of equal lengths inferred ``(B, j0, 4)`` with ``n = x.shape[1]``
+    (openfold3's LMA bias): the static dim, of ``n``'s size in every sample, becomes that ragged dim;
+    each sample unchanged, as its dense ``expand(4, 4)``; gradients. Another size still raises."""
+    xs = [torch.randn(4, 4, dtype=torch.float64, requires_grad=True) for _ in range(2)]
+    x = mj.as_nested_tensor(xs)
+    n = x.shape[1]
+    y = {"expand": lambda: x.expand(2, n, n), "expand_minus_one": lambda: x.expand(-1, -1, n),
+         "expand_as": lambda: x.expand_as(x + x.transpose(1, 2))}[how]()
+    assert y.shape[2] is n
+    for a, c in zip(y.unbind(), xs):
+        assert torch.equal(a, c)
+    got = torch.autograd.grad((y * y).sum(), xs)
+    for g, c in zip(got, xs):
+        torch.testing.assert_close(g, 2 * c)
+    other = mj.nested_tensor([torch.randn(3, 4), torch.randn(3, 4)])
+    with pytest.raises(mj.StructureError):
+        other.expand(2, other.shape[1], other.shape[1])

@@ -493,7 +493,10 @@ def static_sizes_as_ragged(args: tuple, keep_first: bool, skip: int | None = Non
     static one, the others' ragged dim made static; a dense operand made multi_jagged at such dims
     (NOTE [ Static sizes equal to a ragged dim ]). ``skip``: a dim left alone (``cat``'s)."""
     if keep_first and args and _dense(args[0]):
-        return args  # an in-place op writes into its dense ``self`` as it is: refused as before, as dense refuses
+        # an in-place op writes into its dense ``self`` as it is: an operand ragged only where every
+        # sample has ``self``'s size there reads as that dense tensor (openfold3's ``x *= g`` of a
+        # pair of one protein); else refused as before, as dense refuses
+        return _ragged_as_dense_self(args)
     if any(_dense(a) for a in args):
         args = _dense_sizes_as_ragged(args, skip)
     ms = [a for a in args if isinstance(a, MJT)]
@@ -526,6 +529,24 @@ def static_sizes_as_ragged(args: tuple, keep_first: bool, skip: int | None = Non
             for i in stat:  # a square pair stays one nested int: the operand's own equal extent first
                 own = next((f for f in out[i]._partition.extents if same_extent(f, e)), e)
                 out[i] = static_as_ragged(out[i], d, own)
+    return tuple(out)
+
+
+def _ragged_as_dense_self(args: tuple) -> tuple:
+    """``args`` with each multi_jagged operand of ``args[0]``'s rank whose every ragged dim has
+    ``args[0]``'s size there in every sample made dense (``ragged_as_static``), eagerly."""
+    self = args[0]
+    if torch.compiler.is_compiling():
+        return args
+    out = list(args)
+    for i, a in enumerate(args[1:], 1):
+        if not isinstance(a, MJT) or len(a._size) != self.dim() or a._partition.batch != self.shape[0]:
+            continue
+        dims = list(zip(a._ragged_dims, a._partition.extents))
+        if all(_uniform(e, self.shape[d]) for d, e in dims):
+            for d, _ in sorted(dims, reverse=True):
+                a = ragged_as_static(a, d, self.shape[d])
+            out[i] = a
     return tuple(out)
 
 

@@ -647,6 +647,9 @@ def _expand_as(input, other):
     if not isinstance(other, MJT):
         return NotImplemented
     if isinstance(input, MJT):
+        if (len(input._size) == len(other._size) and set(input._ragged_dims) < set(other._ragged_dims)
+                and all(input._size[d] != 1 for d in set(other._ragged_dims) - set(input._ragged_dims))):
+            return input.expand(other.shape)  # static dims of other's ragged sizes: ``expand``'s route
         if input._ragged_dims != other._ragged_dims or len(input._size) != len(other._size) or all(
                 same_extent(a, b) for a, b in zip(input._partition.extents, other._partition.extents)):
             return NotImplemented  # the expand handler's (size-1 static dims)

@@ -23,7 +23,7 @@ import math
 
 import torch
 
-from ...bridge import values_of, wrap_values
+from ...bridge import ragged_as_static, values_of, wrap_values
 from ...compile import segment as seg
 from ...errors import StructureError
 from ...structure import same_extent
@@ -223,6 +223,20 @@ def _shape_of_selection(src, pos) -> bool:
     return not isinstance(src, MJT) and not isinstance(pos, MJT) and src.shape == pos.shape
 
 
+def _static_where_selected(src, pos):
+    """``src`` with each ragged dim where the selection ``pos`` is static made static (every sample
+    has that size there: the broadcast made ``pos``'s static dim ragged to meet ``value``'s, as
+    elementwise ops do; the write needs the selection's own shape)."""
+    if not isinstance(src, MJT) or len(src._size) != pos.dim():
+        return src
+    ragged_pos = pos._ragged_dims if isinstance(pos, MJT) else ()
+    for d in sorted((d for d in src._ragged_dims if d not in ragged_pos), reverse=True):
+        src = ragged_as_static(src, d, pos.shape[d])
+        if not isinstance(src, MJT):
+            break
+    return src
+
+
 def assign_index(x: MJT, index, value, getitem):
     """``x[index] = value`` for any index that ``x[index]`` reads (``getitem``, its route): along
     ragged dims per sample (``x[:, 1:] = v``, ``x[:, 0] = cls``, ``x[:, [0, 1]] = v``) as along
@@ -243,6 +257,7 @@ def assign_index(x: MJT, index, value, getitem):
     value = value.to(x.dtype)
     try:
         src = torch.where(torch.ones_like(pos, dtype=torch.bool), value, value)  # value broadcast to the selection
+        src = _static_where_selected(src, pos)
         fits = _shape_of_selection(src, pos)
     except (RuntimeError, StructureError):
         fits = False

@@ -11,11 +11,13 @@ pieces, ``-1``) and their errors are exactly dense torch's.
 from __future__ import annotations
 
 import torch
+from torch.fx.experimental.symbolic_shapes import is_nested_int
 
 from ... import constructors
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
-from .._routing import _needs_grad, _static_dim, route, unify_shape
+from ...bridge import static_as_ragged
+from .._routing import _needs_grad, _static_dim, _uniform, route, unify_shape
 from ...structure import broadcast_extent, extent_of, partition_for, same_extent
 from ..indexing.slicing import narrow_ragged, slice_ragged
 from .views import check_view_shape
@@ -115,6 +117,9 @@ def _expand(input, *size, implicit=False):
     size = _normalize_shape(size)
     if len(size) == input.dim() and any(_wider(input, d, size[d]) for d in input._ragged_dims):
         return _broadcast_ragged(input, size, implicit)
+    grown = _static_as_named_ragged(input, size)
+    if grown is not None:
+        return grown.expand(size, implicit=implicit)
     fixed = [d for d in input._ragged_dims if d < len(size) and type(size[d]) is int and size[d] != -1]
     if not fixed or len(size) != input.dim():
         return NotImplemented
@@ -130,6 +135,27 @@ def _expand(input, *size, implicit=False):
             raise StructureError(f"expand(): ragged dim {d} of {describe(input)} cannot be expanded to {size[d]}: its "
                                  f"size is not {size[d]} in every sample (sizes {sizes}); give -1 or its ragged size")
     return ragged_flatten.as_static(input, fixed).expand(size, implicit=implicit)
+
+
+def _static_as_named_ragged(input: MJT, size):
+    """``input`` with each static dim that ``size`` names by a ragged size of this batch, every
+    sample of which has the static size there, made that ragged dim (NOTE [ Static sizes equal to a
+    ragged dim ] in ops/_routing.py): a pair of equal lengths, inferred ``(B, j0, n)``, expanded to
+    ``(B, n, n)`` with ``n = x.shape[1]`` (openfold3's LMA bias). None where there is none (or
+    under torch.compile, where whether every sample has a size is unknown)."""
+    if len(size) != input.dim() or torch.compiler.is_compiling():
+        return None
+    out = None
+    for d in range(1, input.dim()):
+        s = size[d]
+        if d in input._ragged_dims or input._size[d] == 1 or not (isinstance(s, torch.SymInt) and is_nested_int(s)):
+            continue
+        e = next((f for f in input._partition.extents if f.nested_int is s or f.nested_int == s), None) or extent_of(s)
+        if e is None or e.batch != input._partition.batch or not _uniform(e, input._size[d]):
+            return None
+        x = input if out is None else out
+        out = static_as_ragged(x, d, next((f for f in x._partition.extents if same_extent(f, e)), e))
+    return out
 
 
 def _wider(input: MJT, d: int, s) -> bool:
