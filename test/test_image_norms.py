@@ -625,3 +625,28 @@ def test_norms_refuse_the_dtypes_dense_refuses(kind, dtype):
         with pytest.raises(type(dense.value)) as ours:
             fn(x)
         assert str(dense.value).split(" not implemented")[0] in str(ours.value)
+
+
+@pytest.mark.parametrize("pool", ["avg", "max"])
+@pytest.mark.parametrize("size", [(1, None), (None, 1)])
+def test_adaptive_pool_of_a_ragged_side_to_one_beside_a_kept_ragged_side(pool, size):
+    """``nn.AdaptiveAvgPool2d((1, None))`` on images of any height and width (text lines of varying
+    height, each pooled to one row, its width kept): each image's dense pooling, gradients included
+    (the max's to the first maximum, ties included); an image empty along the pooled side raises."""
+    m = torch.nn.AdaptiveAvgPool2d(size) if pool == "avg" else torch.nn.AdaptiveMaxPool2d(size)
+    g = torch.Generator().manual_seed(0)
+    comps = [(torch.randn(2, h, w, generator=g, dtype=torch.float64) * 2).round() for h, w in [(3, 5), (4, 2), (1, 6)]]
+    comps[0] = comps[0][:, :1, :1].expand(2, 3, 5).clone()  # every pixel tied in each channel
+    comps = [c.requires_grad_() for c in comps]
+    out = m(mj.as_nested_tensor(comps, ragged_dims=(2, 3)))
+    refs = [m(c[None])[0] for c in comps]
+    for o, r in zip(out.unbind(), refs):
+        assert_close(o, r)
+    got = torch.autograd.grad((out * out).sum(), comps)
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs), comps)
+    for a, b in zip(got, want):
+        assert_close(a, b)
+    empty = mj.nested_tensor([torch.randn(2, 3, 4), torch.randn(2, 0, 4) if size[0] == 1 else torch.randn(2, 3, 0)],
+                             ragged_dims=(2, 3))
+    with pytest.raises(RuntimeError, match="non-zero size"):
+        m(empty)

@@ -506,6 +506,16 @@ def _keeping_ragged(op: str, x: MJT, sizes: tuple, kind: str):
         d = n - len(sizes) + k
         if o is None:
             continue
+        if d in x._ragged_dims and o == 1:
+            # a ragged side pooled to 1 (images of any height, each text line's height pooled, its
+            # width kept): the whole extent of each sample; the max's gradient to its first maximum
+            lengths = x._partition.extents[x._ragged_dims.index(d)].host_lengths()
+            if bool((lengths == 0).any()):
+                i = int((lengths == 0).nonzero()[0, 0])
+                raise RuntimeError(f"{op}(): Expected input to have non-zero size for non-batch dimensions, but sample "
+                                   f"{i} of {describe(x)} is empty along dimension {d}")
+            out = out.mean(d, keepdim=True) if kind == "avg" else out.max(d, keepdim=True).values
+            continue
         if d in x._ragged_dims:
             raise NotImplementedError(
                 f"{op}(): pooling ragged dim {d} of {describe(x)} to {o} beside a ragged dim kept by None is not "
