@@ -154,6 +154,23 @@ _DENSE_RESULTS = ("dot", "vdot", "mm_contract_ragged", "matmul_vector_vector", "
                   "matmul_rows_vector", "addmv")
 
 
+def test_dense_matrix_times_a_ragged_dim_every_sample_has_its_size():
+    """``w @ x`` with a dense ``(m, k)`` and ``x (B, j0, n)`` whose samples all have ``k`` rows (a
+    batch of equal lengths, inferred ragged): each sample's dense product, a dense ``(B, m, n)``,
+    gradients included; other lengths raise naming the sizes."""
+    cs = [torch.randn(3, 4, dtype=torch.float64, requires_grad=True) for _ in range(3)]
+    w = torch.randn(2, 3, dtype=torch.float64, requires_grad=True)
+    y = w @ mj.as_nested_tensor(cs)
+    assert type(y) is torch.Tensor
+    assert_close(y, torch.stack([w @ c for c in cs]))
+    got = torch.autograd.grad((y * y).sum(), [w, *cs])
+    want = torch.autograd.grad(sum(((w @ c) ** 2).sum() for c in cs), [w, *cs])
+    for a, b in zip(got, want):
+        assert_close(a, b)
+    with pytest.raises(RuntimeError, match=r"sizes \[3, 2\]"):
+        torch.ones(2, 3) @ mj.nested_tensor([torch.randn(3, 4), torch.randn(2, 4)])
+
+
 @pytest.mark.parametrize("dtype", [torch.int64, torch.bool, torch.bfloat16])
 def test_scaled_products_keep_the_dtype_and_scalars_of_dense(dtype):
     """``addr`` / ``addmm`` / ``addmv`` / ``baddbmm`` with integer, bool and bfloat16 operands: each

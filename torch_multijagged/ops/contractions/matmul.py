@@ -19,11 +19,11 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ...bridge import values_of, wrap_values
+from ...bridge import ragged_as_static, values_of, wrap_values
 from ...compile import library
 from .. import bridged
 from .._common import MJT, autocast_lower, describe, wrap
-from .._routing import _call, _dense, _needs_grad, route
+from .._routing import _call, _dense, _needs_grad, _uniform, route
 from .._table import register_multi_jagged_func
 from .pair_mm import pair_product
 from .ragged_mm import matmul_spec
@@ -60,6 +60,19 @@ def _matmul(input, other, *, out=None):
         # (k,) @ (B, …, k, n) = (B, …, n, k) @ (k,)
         return torch.matmul(other.transpose(-1, -2), input)
     if out is None and isinstance(other, MJT) and _dense(input) and input.dim() == 2 and other.dim() >= 3:
+        d = other.dim() - 2
+        if d in other._ragged_dims:
+            # the contracted dim ragged: every sample's size there must be the matrix's k, and then
+            # it is that static size (NOTE [ Static sizes equal to a ragged dim ] in ops/_routing.py)
+            e = other._partition.extents[other._ragged_dims.index(d)]
+            if torch.compiler.is_compiling() or not _uniform(e, input.shape[1]):
+                raise RuntimeError(
+                    f"matmul(): a dense ({input.shape[0]}, {input.shape[1]}) matrix times {describe(other)} contracts its "
+                    f"ragged dim {d}, whose size must be {input.shape[1]} in every sample (sizes "
+                    f"{e.host_lengths().tolist() if not torch.compiler.is_compiling() else 'traced'})")
+            other = ragged_as_static(other, d, input.shape[1])
+            if not isinstance(other, MJT):
+                return torch.matmul(input, other)
         # (m, k) @ (B, …, k, n) = ((B, …, n, k) @ (k, m))ᵀ: a linear map of other's rows
         return torch.matmul(other.transpose(-1, -2), input.transpose(0, 1)).transpose(-1, -2)
     if out is not None or input.dim() < 3 or other.dim() < 2:
