@@ -244,6 +244,29 @@ def test_slice_bounded_by_a_ragged_size_writes_through(case):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("case", ["prepend row", "diff prepend", "middle column"])
+def test_cat_along_a_ragged_dim_of_an_operand_static_there(case):
+    """A pair's first row ``P.narrow(1, 0, 1)`` (static size 1 along dim 1) joined to the pair along
+    its ragged dim 1 (``diff(prepend=…)``, a start token row): every sample takes that many rows;
+    values and gradients as each sample's dense ``cat``."""
+    g = torch.Generator().manual_seed(0)
+    cs = [torch.randn(k, k, 2, dtype=torch.float64, generator=g, requires_grad=True) for k in (3, 1, 5)]
+    pair = mj.as_nested_tensor(cs, ragged_dims=(1, 2))
+    f, ref = {
+        "prepend row": (lambda p: torch.cat([p.narrow(1, 0, 1), p], 1), lambda c: torch.cat([c[:1], c], 0)),
+        "diff prepend": (lambda p: p.diff(dim=1, prepend=p.narrow(1, 0, 1)), lambda c: c.diff(dim=0, prepend=c[:1])),
+        "middle column": (lambda p: torch.cat([p, p.narrow(2, 0, 1), p], 2), lambda c: torch.cat([c, c[:, :1], c], 1)),
+    }[case]
+    out = f(pair)
+    refs = [ref(c) for c in cs]
+    for a, r in zip(out.unbind(), refs):
+        assert torch.equal(a, r)
+    got = torch.autograd.grad((out * out).sum(), cs)
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs), cs)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
 # ----------------------------------------------------------------------------- non-constant pads
 _MODES = ("reflect", "replicate", "circular")
 

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from ... import constructors, pieces
-from ...bridge import values_of, wrap_values
+from ...bridge import static_as_ragged, values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import join_blocks, packed_rows, plan_blocks
 from ...structure import Partition, RaggedExtent, mapped_extent, partition_for, same_extent
@@ -146,6 +146,16 @@ def _cat(tensors, dim=0, *, out=None, axis=None):
     joined = static_sizes_as_ragged(tuple(tensors), False, skip=d)
     if any(a is not b for a, b in zip(joined, tensors)):
         return torch.cat(list(joined), d)
+    ms = [t for t in tensors if isinstance(t, MJT)]
+    mixed = any(d in t._ragged_dims for t in ms) and any(d not in t._ragged_dims for t in ms)
+    if mixed and not torch.compiler.is_compiling():
+        # along a ragged dim of some operands, a static one of others (a pair's first row,
+        # ``P.narrow(1, 0, 1)``, prepended to it): each of those holds that many rows in every sample
+        b = first._partition.batch
+        tensors = [static_as_ragged(t, d, RaggedExtent.from_lengths(torch.full((b,), t._size[d], dtype=torch.int64),
+                                                                    t.device))
+                   if isinstance(t, MJT) and d not in t._ragged_dims else t for t in tensors]
+        return cat_ragged("cat", list(tensors), d)
     if d not in first._ragged_dims:
         return NotImplemented  # static dims: the op table's handler
     return cat_ragged("cat", list(tensors), d)
