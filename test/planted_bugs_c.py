@@ -462,4 +462,10 @@ BUGS_C = [
         ("test_matmul.py",)),
     Bug("cat along a ragged dim refuses an operand static there", "ops/indexing/joins.py",
         "    if mixed and not torch.compiler.is_compiling():", "    if False:", ("test_joins_blocks.py",)),
+    Bug("mse_loss promotes where dense's kernel refuses", "ops/nn/losses.py",
+        "    dtype = _dense_dtype(F.mse_loss, input, target)\n", "    dtype = torch.result_type(input, target)\n",
+        ("test_losses.py",)),
+    Bug("binary_cross_entropy_with_logits takes an integer target", "ops/nn/losses.py",
+        "    dtype = _dense_dtype(F.binary_cross_entropy_with_logits, input, target, weight, pos_weight=pos_weight)\n",
+        "    dtype = input.dtype\n", ("test_losses.py",)),
 ]

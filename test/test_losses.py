@@ -669,3 +669,30 @@ def test_class_index_dtypes_as_dense(dtype):
     else:
         with pytest.raises(RuntimeError, match="expected target dtype"):
             F.cross_entropy(x, t)
+
+
+@pytest.mark.parametrize("name", ["mse_loss", "l1_loss", "smooth_l1_loss", "huber_loss", "binary_cross_entropy_with_logits"])
+def test_elementwise_losses_take_dense_dtypes_and_refusals(name):
+    """The elementwise losses computed by routes give dense's result dtype for every pair of input
+    and target dtypes, and raise where dense's kernel refuses (an integer or complex ``mse_loss``,
+    an integer target of ``binary_cross_entropy_with_logits``) instead of promoting; values per
+    sample."""
+    f = getattr(F, name)
+    dtypes = [torch.int64, torch.float32, torch.float64, torch.float16, torch.complex64, torch.bool]
+    g = torch.Generator().manual_seed(0)
+    for a in dtypes:
+        for b in dtypes:
+            xs = [(torch.randn(n, 4, generator=g) * 3).to(a) for n in (3, 0, 2)]
+            ts = [(torch.rand(n, 4, generator=g) * 2).to(b) for n in (3, 0, 2)]
+            try:
+                want = [f(u, v, reduction="none") for u, v in zip(xs, ts)]
+            except (RuntimeError, NotImplementedError) as e:
+                with pytest.raises(type(e)):
+                    f(mj.nested_tensor(xs), mj.nested_tensor(ts), reduction="none")
+                continue
+            out = f(mj.nested_tensor(xs), mj.nested_tensor(ts), reduction="none")
+            for o, w in zip(out.unbind(), want):
+                assert o.dtype == w.dtype, (a, b)
+                # (a float16 operand: dense rounds its steps in it, the route in the result's dtype)
+                tol = 1e-2 if torch.float16 in (a, b, w.dtype) else 1e-5
+                torch.testing.assert_close(o, w, rtol=tol, atol=tol)

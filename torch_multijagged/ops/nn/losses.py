@@ -86,13 +86,35 @@ def _autocast_fp32(*ts):
     return tuple(t.float() if isinstance(t, torch.Tensor) and t.dtype in _LOWER else t for t in ts)
 
 
+def _dense_dtype(fn, *tensors, **kwargs) -> torch.dtype:
+    """The dtype dense ``fn`` gives for operands of these dtypes, from a one-element call: it
+    raises where dense refuses them (an integer ``mse_loss``, an integer target of
+    ``binary_cross_entropy_with_logits``), with dense's message; the routes below compute with
+    elementwise ops, which would promote where the aten kernels refuse or cast."""
+    def one(t):
+        return torch.zeros(1, dtype=t.dtype, device=t.device) if isinstance(t, torch.Tensor) else t
+
+    return fn(*map(one, tensors), reduction="none", **{k: one(v) for k, v in kwargs.items()}).dtype
+
+
+def _as(loss, dtype: torch.dtype):
+    return loss if loss.dtype == dtype else loss.to(dtype)
+
+
+def _unbool(dtype: torch.dtype, *ts):
+    """Bool operands as ``dtype`` (the kernels read a bool target as 0 / 1, where ``-`` refuses it)."""
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.dtype == torch.bool else t for t in ts)
+
+
 @route(F.mse_loss)
 def _mse_loss(input, target, size_average=None, reduce=None, reduction="mean", weight=None):
     if not _involved(input, target) or weight is not None:
         return NotImplemented
     reduction = _legacy("mse_loss", size_average, reduce, reduction)
     input, target = _autocast_fp32(input, target)
-    return _reduce("mse_loss", (input - target).square(), reduction)
+    dtype = _dense_dtype(F.mse_loss, input, target)
+    input, target = _unbool(dtype, input, target)
+    return _reduce("mse_loss", _as((input - target).square(), dtype), reduction)
 
 
 @route(F.l1_loss)
@@ -102,7 +124,9 @@ def _l1_loss(input, target, size_average=None, reduce=None, reduction="mean", we
         return NotImplemented
     reduction = _legacy("l1_loss", size_average, reduce, reduction)
     input, target = _autocast_fp32(input, target)
-    return _reduce("l1_loss", (input - target).abs(), reduction)
+    dtype = _dense_dtype(F.l1_loss, input, target)
+    input, target = _unbool(dtype, input, target)
+    return _reduce("l1_loss", _as((input - target).abs(), dtype), reduction)
 
 
 @route(F.smooth_l1_loss)
@@ -113,9 +137,11 @@ def _smooth_l1_loss(input, target, size_average=None, reduce=None, reduction="me
     input, target = _autocast_fp32(input, target)
     if beta < 0:
         raise RuntimeError("smooth_l1_loss(): expected beta >= 0, got " + str(beta))
+    dtype = _dense_dtype(F.smooth_l1_loss, input, target)
+    input, target = _unbool(dtype, input, target)
     d = (input - target).abs()
     loss = d if beta == 0 else torch.where(d < beta, 0.5 * d * d / beta, d - 0.5 * beta)
-    return _reduce("smooth_l1_loss", loss, reduction)
+    return _reduce("smooth_l1_loss", _as(loss, dtype), reduction)
 
 
 @route(F.huber_loss)
@@ -125,8 +151,10 @@ def _huber_loss(input, target, reduction="mean", delta=1.0, weight=None):
     if delta <= 0:
         raise RuntimeError("huber_loss(): expected delta > 0, got " + str(delta))
     input, target = _autocast_fp32(input, target)
+    dtype = _dense_dtype(F.huber_loss, input, target)
+    input, target = _unbool(dtype, input, target)
     d = (input - target).abs()
-    return _reduce("huber_loss", torch.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), reduction)
+    return _reduce("huber_loss", _as(torch.where(d < delta, 0.5 * d * d, delta * (d - 0.5 * delta)), dtype), reduction)
 
 
 @route(F.binary_cross_entropy_with_logits)
@@ -140,6 +168,8 @@ def _bce_with_logits(input, target, weight=None, size_average=None, reduce=None,
             raise RuntimeError(f"The function 'binary_cross_entropy_with_logits' is not differentiable with respect to "
                                f"argument '{arg}'. This input cannot have requires_grad True.")
     input, target, weight, pos_weight = _autocast_fp32(input, target, weight, pos_weight)
+    dtype = _dense_dtype(F.binary_cross_entropy_with_logits, input, target, weight, pos_weight=pos_weight)
+    input, target, weight, pos_weight = _unbool(dtype, input, target, weight, pos_weight)
     # dense torch's stable form: (1 - y)·x + l·(log1p(exp(-|x|)) + max(-x, 0)), l = 1 + (p - 1)·y
     soft = torch.log1p(torch.exp(-input.abs())) + torch.clamp(-input, min=0)
     if pos_weight is None:
@@ -148,7 +178,7 @@ def _bce_with_logits(input, target, weight=None, size_average=None, reduce=None,
         loss = (1 - target) * input + (1 + (pos_weight - 1) * target) * soft
     if weight is not None:
         loss = loss * weight
-    return _reduce("binary_cross_entropy_with_logits", loss, reduction)
+    return _reduce("binary_cross_entropy_with_logits", _as(loss, dtype), reduction)
 
 
 # ----------------------------------------------------------------------------- class losses
