@@ -435,6 +435,25 @@ def test_a_ragged_size_times_a_factor_of_the_next_static_dim(op):
         getattr(x, op)(b, n * 4, -1)
 
 
+def test_swin_window_partition_and_reverse_round_trip():
+    """Swin's ``window_partition`` (windows of every image as one flat batch) and
+    ``window_reverse`` (``view(B, H // w, W // w, w, w, -1)``, permute, ``view(B, H, W, -1)``: the
+    -1 standing for the channels) give each image back, with gradients."""
+    w = 4
+    leaves, x = _batch([(8, 12, 3), (4, 4, 3), (0, 8, 3)], (1, 2))
+    b, h, wd, c = x.shape
+
+    def partition(t):
+        return t.view(b, h // w, w, wd // w, w, c).permute(0, 1, 3, 2, 4, 5).contiguous().view(-1, w, w, c)
+
+    def reverse(wins):
+        return wins.view(b, h // w, wd // w, w, w, -1).permute(0, 1, 3, 2, 4, 5).contiguous().view(b, h, wd, -1)
+
+    out = reverse(partition(x) * 2)
+    _same(out, [2 * t.detach() for t in leaves])
+    _grads_agree(reverse(partition(x)), list(leaves), leaves)  # the identity: each cotangent back
+
+
 def test_packed_qkv_reshape_with_the_head_size_left_to_minus_one():
     """``qkv.reshape(B, N, 3, H, -1)`` (BEiT's attention): the ragged dim named by its own nested
     int stays whole and the -1 is the head size — not a split of the ragged dim into (N, 3, H)."""

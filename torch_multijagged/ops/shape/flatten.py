@@ -516,6 +516,7 @@ def _ragged_merges(x: MJT, size) -> Optional[dict[int, tuple[int, bool]]]:
     every other dim kept — unless the only merge is the last ragged dim with the static dim after
     it (a view: ``flatten_ragged_static``); else None."""
     merges: dict[int, tuple[int, bool]] = {}
+    one_inferred = sum(1 for s in size if type(s) is int and s == -1) == 1
     i, d = 1, 1
     while d < x.dim():
         if i >= len(size):
@@ -528,7 +529,8 @@ def _ragged_merges(x: MJT, size) -> Optional[dict[int, tuple[int, bool]]]:
                     merges[k] = (x._size[d], True)
                     i, d = i + 1, d + 2
                     continue
-            if not (type(size[i]) is int and size[i] == x._size[d]):
+            # a kept static dim, or the one -1 standing for it (Swin's ``view(B, H, W, -1)``)
+            if not (type(size[i]) is int and (size[i] == x._size[d] or (size[i] == -1 and one_inferred))):
                 return None
             i, d = i + 1, d + 1
             continue
