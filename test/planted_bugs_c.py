@@ -470,4 +470,9 @@ BUGS_C = [
         "    dtype = input.dtype\n", ("test_losses.py",)),
     Bug("a merge of ragged dims with their factors takes no -1 for a kept static dim", "ops/shape/flatten.py",
         "(size[i] == -1 and one_inferred)", "(size[i] == -1 and False)", ("test_flatten_ragged.py",)),
+    Bug("select_scatter's handler scatters as a slice", "ops/shape/views.py",
+        "        take = aten.slice.Tensor if func is aten.slice_scatter.default else aten.select.int",
+        "        take = aten.slice.Tensor", ("test_structure_ops.py",)),
+    Bug("slice_scatter with gradients reads the src's values without their graph", "ops/shape/reshape.py",
+        "            sv = values_of(src)\n", "            sv = src._values.detach()\n", ("test_structure_ops.py",)),
 ]

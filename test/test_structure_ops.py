@@ -711,3 +711,37 @@ def test_view_as_a_tensor_built_apart_takes_its_shape(op, dtype):
             return out
 
         per_sample_check(fn, rx, ry, ref=lambda c, d: getattr(pre_ref(c), op)(d), new_ragged=True)
+
+
+@pytest.mark.parametrize("grad", [True, False])
+def test_slice_and_select_scatter_along_a_static_dim(grad):
+    """``torch.slice_scatter`` / ``select_scatter`` along a static dim (what a functionalised write
+    through ``x[..., :2]`` becomes): each sample's dense op, with ``src`` of the batch's structure or
+    one dense ``src`` for every row; gradients of every leaf; along a ragged dim they raise."""
+    g = torch.Generator().manual_seed(0)
+    cs = [torch.randn(n, 4, dtype=torch.float64, generator=g).requires_grad_(grad) for n in (3, 0, 2)]
+    ss = [torch.randn(n, 2, dtype=torch.float64, generator=g).requires_grad_(grad) for n in (3, 0, 2)]
+    x = mj.as_nested_tensor(cs)
+    src = mj.as_nested_tensor(ss) + 0 * x[..., :2]  # x's nested int
+    cases = [
+        (torch.slice_scatter(x, src, 2, 0, 2), [torch.slice_scatter(c, s, 1, 0, 2) for c, s in zip(cs, ss)]),
+        (torch.slice_scatter(x, src, -1, 1, 4, 2), [torch.slice_scatter(c, s, 1, 1, 4, 2) for c, s in zip(cs, ss)]),
+        (torch.select_scatter(x, src[..., 0], 2, 1), [torch.select_scatter(c, s[:, 0], 1, 1) for c, s in zip(cs, ss)]),
+    ]
+    for out, refs in cases:
+        for a, r in zip(out.unbind(), refs):
+            torch.testing.assert_close(a, r)
+        if grad:
+            got = torch.autograd.grad((out * out).sum(), cs + ss, retain_graph=True)
+            want = torch.autograd.grad(sum((r * r).sum() for r in refs), cs + ss, retain_graph=True)
+            for a, b in zip(got, want):
+                torch.testing.assert_close(a, b)
+    row = torch.tensor([5.0, 6.0], dtype=torch.float64)
+    out = torch.slice_scatter(x, row, 2, 0, 2)
+    for a, c in zip(out.unbind(), cs):
+        torch.testing.assert_close(a, torch.slice_scatter(c, row.expand(c.shape[0], 2), 1, 0, 2))
+    out = torch.select_scatter(x, torch.tensor(7.0, dtype=torch.float64), 2, 1)
+    for a, c in zip(out.unbind(), cs):
+        torch.testing.assert_close(a, torch.select_scatter(c, torch.full((c.shape[0],), 7.0, dtype=torch.float64), 1, 1))
+    with pytest.raises(mj.StructureError, match="static dim"):
+        torch.slice_scatter(x, src, 1, 0, 2)

@@ -16,7 +16,7 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int
 from ... import constructors
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
-from ...bridge import static_as_ragged
+from ...bridge import static_as_ragged, values_of, wrap_values
 from .._routing import _needs_grad, _static_dim, _uniform, route, unify_shape
 from ...structure import broadcast_extent, extent_of, partition_for, same_extent
 from ..indexing.slicing import narrow_ragged, slice_ragged
@@ -105,6 +105,36 @@ def _view(input, *shape, dtype=None):
     if plan is not None:
         return plan()
     return ragged_flatten.traced_static_view("view", input, size)
+
+
+def _scatter_into_static(name: str):
+    def routed(input, src, dim=0, *args, **kwargs):
+        """``torch.slice_scatter`` / ``select_scatter`` along a static dim: on the packed values, under
+        autograd (aten's derivative builds a zero tensor of ``src``'s nested-int sizes)."""
+        if not isinstance(input, MJT) or not _needs_grad(input, src):
+            return NotImplemented  # without gradients: the op table's handler
+        d = _static_dim(name, input, dim)
+        vd = [e for e in range(1, input.dim()) if e not in input._ragged_dims].index(d) + 1
+        if isinstance(src, MJT):
+            if src._ragged_dims != input._ragged_dims or not same_extent_all(src, input):
+                raise StructureError(f"{name}(): expected src of {describe(input)}'s structure, got {describe(src)}")
+            sv = values_of(src)
+        else:
+            take = torch.ops.aten.slice.Tensor if name == "slice_scatter" else torch.ops.aten.select.int
+            sv = src.broadcast_to(take(input._values, vd, *args, **kwargs).shape)
+        out = getattr(torch, name)(values_of(input), sv, vd, *args, **kwargs)
+        return wrap_values(out, input._partition, input._ragged_dims)
+
+    return routed
+
+
+def same_extent_all(a: MJT, b: MJT) -> bool:
+    return len(a._partition.extents) == len(b._partition.extents) and all(
+        same_extent(x, y) for x, y in zip(a._partition.extents, b._partition.extents))
+
+
+route(torch.slice_scatter)(_scatter_into_static("slice_scatter"))
+route(torch.select_scatter)(_scatter_into_static("select_scatter"))
 
 
 @route(torch.Tensor.expand, sequence="size")

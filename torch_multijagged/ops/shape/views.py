@@ -475,6 +475,23 @@ def _static_vdim(op: str, inp, dim) -> tuple[int, int]:
     return d, static_dims(len(inp._size), inp._ragged_dims).index(d) + 1
 
 
+@register_multi_jagged_func([aten.slice_scatter.default, aten.select_scatter.default], "self: mjt, src: any, dim: any, ...")
+def slice_scatter_default(func, inp, src, dim=0, *args, **kwargs):
+    """``slice_scatter`` / ``select_scatter`` along a static dim (what a functionalised write
+    through ``x[..., :2]`` becomes): on the values, ``src`` of ``inp``'s structure (or a dense
+    tensor of the slice's static shape, the same for every row)."""
+    op = "slice_scatter" if func is aten.slice_scatter.default else "select_scatter"
+    _, vd = _static_vdim(op, inp, dim)
+    if isinstance(src, MJT):
+        if src._ragged_dims != inp._ragged_dims or not same_partition(src._partition, inp._partition):
+            raise StructureError(f"{op}(): expected src of {describe(inp)}'s structure, got {describe(src)}")
+        sv = src._values
+    else:  # one dense src for every row: broadcast to the values' slice (ragged dims: size 1 or absent)
+        take = aten.slice.Tensor if func is aten.slice_scatter.default else aten.select.int
+        sv = src.broadcast_to(take(inp._values, vd, *args, **kwargs).shape)
+    return wrap(func(inp._values, sv, vd, *args, **kwargs), inp._partition, inp._ragged_dims)
+
+
 @register_multi_jagged_func(aten.glu.default, "self: mjt, dim: any?")
 def glu_default(func, inp, dim=-1):
     """``F.glu`` halves a static dim; each element's pair lies in its own row."""
