@@ -58,6 +58,19 @@ def linear(input: MJT, weight: torch.Tensor, bias: torch.Tensor | None) -> MJT:
     return wrap_values_like(F.linear(values_of(input), weight, bias), input)
 
 
+def scatter_into_static(name: str, input: MJT, src, vd: int, args, kwargs) -> MJT:
+    """``slice_scatter`` / ``select_scatter`` (``name``) of ``src`` into ``input``'s values dim
+    ``vd`` (a static dim): ``src`` of ``input``'s structure, or one dense ``src`` broadcast to every
+    row's slice."""
+    if isinstance(src, MJT):
+        sv = values_of(src)
+    else:
+        take = torch.ops.aten.slice.Tensor if name == "slice_scatter" else torch.ops.aten.select.int
+        sv = src.broadcast_to(take(input._values, vd, *args, **kwargs).shape)
+    return wrap_values(getattr(torch, name)(values_of(input), sv, vd, *args, **kwargs), input._partition,
+                       input._ragged_dims)
+
+
 def layer_norm(input: MJT, normalized_shape, weight, bias, eps) -> MJT:
     return wrap_values_like(F.layer_norm(values_of(input), normalized_shape, weight, bias, eps), input)
 

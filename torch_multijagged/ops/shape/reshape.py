@@ -14,9 +14,10 @@ import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int
 
 from ... import constructors
+from .. import bridged
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
-from ...bridge import static_as_ragged, values_of, wrap_values
+from ...bridge import static_as_ragged
 from .._routing import _needs_grad, _static_dim, _uniform, route, unify_shape
 from ...structure import broadcast_extent, extent_of, partition_for, same_extent
 from ..indexing.slicing import narrow_ragged, slice_ragged
@@ -115,15 +116,9 @@ def _scatter_into_static(name: str):
             return NotImplemented  # without gradients: the op table's handler
         d = _static_dim(name, input, dim)
         vd = [e for e in range(1, input.dim()) if e not in input._ragged_dims].index(d) + 1
-        if isinstance(src, MJT):
-            if src._ragged_dims != input._ragged_dims or not same_extent_all(src, input):
-                raise StructureError(f"{name}(): expected src of {describe(input)}'s structure, got {describe(src)}")
-            sv = values_of(src)
-        else:
-            take = torch.ops.aten.slice.Tensor if name == "slice_scatter" else torch.ops.aten.select.int
-            sv = src.broadcast_to(take(input._values, vd, *args, **kwargs).shape)
-        out = getattr(torch, name)(values_of(input), sv, vd, *args, **kwargs)
-        return wrap_values(out, input._partition, input._ragged_dims)
+        if isinstance(src, MJT) and (src._ragged_dims != input._ragged_dims or not same_extent_all(src, input)):
+            raise StructureError(f"{name}(): expected src of {describe(input)}'s structure, got {describe(src)}")
+        return bridged.scatter_into_static(name, input, src, vd, args, kwargs)
 
     return routed
 
