@@ -476,4 +476,11 @@ BUGS_C = [
     Bug("slice_scatter with gradients reads the src's values without their graph", "ops/bridged.py",
         "        sv = values_of(src)\n    else:\n        take = torch.ops.aten.slice.Tensor",
         "        sv = src._values.detach()\n    else:\n        take = torch.ops.aten.slice.Tensor", ("test_structure_ops.py",)),
+    Bug("flipud flips each sample's rows", "ops/indexing/slicing.py",
+        "    return _flip(input, [0]) if isinstance(input, MJT) else NotImplemented\n\n\n@route(torch.roll",
+        "    return _flip(input, [1]) if isinstance(input, MJT) else NotImplemented\n\n\n@route(torch.roll",
+        ("test_getitem.py",)),
+    Bug("linalg.norm refuses the matrix norms over two dims", "ops/reductions/routes.py",
+        "    if dims is not None and len(dims) == 2:  # the other matrix norms", "    if False:  # the other matrix norms",
+        ("test_linalg.py",)),
 ]

@@ -154,10 +154,12 @@ def test_samples_selected_by_index_mask_or_slice(pair, index):
 
 def test_reversed_gives_the_samples_in_reverse_order():
     comps, x = _batch_of((3, 0, 2))
-    out = reversed(x)
-    assert [tuple(t.shape) for t in out.unbind()] == [(2, 3), (0, 3), (3, 3)]
-    for a, c in zip(out.unbind(), comps[::-1]):
-        torch.testing.assert_close(a, c)
+    for out in (reversed(x), torch.flipud(x), x.flipud()):  # dense torch's flip(0)
+        assert [tuple(t.shape) for t in out.unbind()] == [(2, 3), (0, 3), (3, 3)]
+        for a, c in zip(out.unbind(), comps[::-1]):
+            torch.testing.assert_close(a, c)
+    for a, c in zip(torch.fliplr(x).unbind(), comps):  # flip(1): each sample's rows reversed
+        torch.testing.assert_close(a, c.flip(0))
 
 
 def test_samples_then_other_dims_and_bad_indices():

@@ -684,6 +684,12 @@ def _fliplr(input):
     return _flip(input, [1]) if isinstance(input, MJT) else NotImplemented
 
 
+@route(torch.flipud, torch.Tensor.flipud)
+def _flipud(input):
+    """``flipud``: dense torch's ``flip(0)``, the samples in reverse order."""
+    return _flip(input, [0]) if isinstance(input, MJT) else NotImplemented
+
+
 @route(torch.roll, torch.Tensor.roll)
 def _roll(input, shifts, dims=None):
     if not isinstance(input, MJT):

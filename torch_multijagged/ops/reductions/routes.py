@@ -284,6 +284,8 @@ def _abs_pow(a, p):
 def _norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
     if p == "fro":
         p = 2
+    if p == "nuc" and isinstance(input, MJT) and out is None and dim is not None and len(dim) == 2:
+        return torch.linalg.matrix_norm(input, "nuc", dim, keepdim, dtype=dtype)  # each sample's matrices
     if not isinstance(p, (int, float)) or out is not None:
         return NotImplemented
     return _vector_norm(input, p, dim, keepdim, dtype=dtype)
@@ -291,9 +293,8 @@ def _norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
 
 @route(torch.linalg.norm)
 def _linalg_norm(input, ord=None, dim=None, keepdim=False, *, out=None, dtype=None):
-    """Vector norms (``dim`` one dim, or ``dim=None`` with ``ord=None``: the flattened tensor) and
-    the Frobenius norm over two dims; other matrix norms (nuclear, spectral, induced) are not
-    supported for this layout."""
+    """Vector norms (``dim`` one dim, or ``dim=None`` with ``ord=None``: the flattened tensor), the
+    Frobenius norm over two dims, and the other matrix norms over two dims (``matrix_norm``'s)."""
     if not isinstance(input, MJT) or out is not None:
         return NotImplemented
     dims = None if dim is None else ([dim] if isinstance(dim, int) else list(dim))
@@ -301,6 +302,8 @@ def _linalg_norm(input, ord=None, dim=None, keepdim=False, *, out=None, dtype=No
         return _vector_norm(input, 2, dims, keepdim, dtype=dtype)
     if (dims is None and ord is None) or (dims is not None and len(dims) == 1 and not isinstance(ord, str)):
         return _vector_norm(input, 2 if ord is None else ord, dims, keepdim, dtype=dtype)
+    if dims is not None and len(dims) == 2:  # the other matrix norms: each sample's matrices, as dense
+        return torch.linalg.matrix_norm(input, ord, dims, keepdim, dtype=dtype)
     raise NotImplementedError(
         f"linalg.norm(): ord={ord!r} over dims {dim} is not supported for layout torch.multi_jagged "
         "(vector norms over one dim and the Frobenius norm over two are)"
