@@ -745,3 +745,6 @@ def test_slice_and_select_scatter_along_a_static_dim(grad):
         torch.testing.assert_close(a, torch.select_scatter(c, torch.full((c.shape[0],), 7.0, dtype=torch.float64), 1, 1))
     with pytest.raises(mj.StructureError, match="static dim"):
         torch.slice_scatter(x, src, 1, 0, 2)
+    other = mj.nested_tensor([torch.randn(n, 2, dtype=torch.float64) for n in (1, 1, 1)])
+    with pytest.raises(mj.StructureError, match="structure"):
+        torch.slice_scatter(x, other, 2, 0, 2)

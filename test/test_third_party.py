@@ -223,11 +223,14 @@ def test_transformers_dinov2_layer_layer_scale_swiglu():
     _run_module(Dinov2Layer(cfg).double().eval(), _call, [_tokens((3, 0, 4))], dense_refuses_empty=True)
 
 
-def test_transformers_llama_model_called_the_default_way():
+@pytest.mark.parametrize("mask", [False, True], ids=["default", "tokenizer_mask"])
+def test_transformers_llama_model_called_the_default_way(mask):
     """A whole ``LlamaModel(inputs_embeds=x, position_ids=mj.position_ids(x))``, called as users
     call it: ``use_cache`` on, so its cache length (0) is added to the sequence length and its
     empty key cache ``torch.tensor([])`` is joined to the keys (dense torch skips a 1-d empty
-    tensor in ``cat``)."""
+    tensor in ``cat``); or given the all-ones ``attention_mask`` a tokenizer or collator returns
+    for unpadded tokens (``torch.ones_like(position_ids)``), whose preparation subtracts the mask's
+    length from the keys' (``n - n``, each sample's 0)."""
     _hf()
     from transformers import LlamaConfig, LlamaModel
 
@@ -238,26 +241,8 @@ def test_transformers_llama_model_called_the_default_way():
 
     def call(m, x):
         pos = mj.position_ids(x) if isinstance(x, mj.MultiJaggedTensor) else torch.arange(x.shape[1])[None]
-        return m(inputs_embeds=x, position_ids=pos).last_hidden_state
-
-    _run_module(model, call, [_tokens((3, 1, 4))])
-
-
-def test_transformers_llama_model_with_a_tokenizer_s_attention_mask():
-    """The same model given the all-ones ``attention_mask`` a tokenizer or collator returns for
-    unpadded tokens (``torch.ones_like(position_ids)``): its mask preparation subtracts the mask's
-    length from the keys' (``n - n``), each sample's 0."""
-    _hf()
-    from transformers import LlamaConfig, LlamaModel
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(hidden_size=8, intermediate_size=16, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, vocab_size=10, attn_implementation="sdpa")
-    model = LlamaModel(cfg).double().eval()
-
-    def call(m, x):
-        pos = mj.position_ids(x) if isinstance(x, mj.MultiJaggedTensor) else torch.arange(x.shape[1])[None]
-        return m(inputs_embeds=x, position_ids=pos, attention_mask=torch.ones_like(pos), use_cache=False).last_hidden_state
+        kw = dict(attention_mask=torch.ones_like(pos), use_cache=False) if mask else {}
+        return m(inputs_embeds=x, position_ids=pos, **kw).last_hidden_state
 
     _run_module(model, call, [_tokens((3, 1, 4))])
 

@@ -9,7 +9,7 @@ import math
 import torch
 from torch._C._dynamo.eval_frame import get_eval_frame_callback as _dynamo_callback
 
-from ..structure import Partition
+from ..structure import Partition, RaggedExtent
 from ..tensor import MultiJaggedTensor
 
 __all__ = [
@@ -66,6 +66,12 @@ def sample_rows(p: Partition) -> tuple[list[tuple[int, ...]], list[int]]:
         return sizes, [math.prod(ns) for ns in sizes]
 
     return p.derived("sample_rows", compute)
+
+
+def equal_sizes(x: MultiJaggedTensor, n: int) -> RaggedExtent:
+    """An extent of size ``n`` in each of ``x``'s samples (a static size made ragged)."""
+    b = x._partition.batch
+    return RaggedExtent.from_lengths(torch.full((b,), n, dtype=torch.int64), x._partition.offsets.device)
 
 
 def component_rows(c: torch.Tensor, ragged: list[int]) -> torch.Tensor:

@@ -27,7 +27,8 @@ from ..bridge import values_of, wrap_values, wrap_values_like
 from ..kernels import ragged_mm as kmm, reference as ref
 from ..kernels.dense_along import pack_rows
 from ..structure import Partition, partition_for
-from ._common import MJT, sample_rows, wrap
+from ..errors import StructureError
+from ._common import MJT, describe, sample_rows, wrap
 
 __all__ = ["linear", "layer_norm", "rms_norm", "group_norm", "einsum", "conv", "sample", "samples", "ragged_matmul",
            "sample_einsum", "class_loss"]
@@ -63,6 +64,8 @@ def scatter_into_static(name: str, input: MJT, src, vd: int, args, kwargs) -> MJ
     ``vd`` (a static dim): ``src`` of ``input``'s structure, or one dense ``src`` broadcast to every
     row's slice."""
     if isinstance(src, MJT):
+        if src._ragged_dims != input._ragged_dims or not src._partition.same_as(input._partition):
+            raise StructureError(f"{name}(): expected src of {describe(input)}'s structure, got {describe(src)}")
         sv = values_of(src)
     else:
         take = torch.ops.aten.slice.Tensor if name == "slice_scatter" else torch.ops.aten.select.int

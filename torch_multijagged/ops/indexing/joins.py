@@ -15,7 +15,7 @@ from ...bridge import static_as_ragged, values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import join_blocks, packed_rows, plan_blocks
 from ...structure import Partition, RaggedExtent, mapped_extent, partition_for, same_extent
-from .._common import MJT, autocast_float32, canonical_dim, describe, sample_rows, static_dims
+from .._common import MJT, autocast_float32, canonical_dim, describe, equal_sizes, sample_rows, static_dims
 from .._routing import assume_joined, route, static_sizes_as_ragged
 from .along import by_blocks, eager, keep_along
 
@@ -151,10 +151,8 @@ def _cat(tensors, dim=0, *, out=None, axis=None):
     if mixed and not torch.compiler.is_compiling():
         # along a ragged dim of some operands, a static one of others (a pair's first row,
         # ``P.narrow(1, 0, 1)``, prepended to it): each of those holds that many rows in every sample
-        b = first._partition.batch
-        tensors = [static_as_ragged(t, d, RaggedExtent.from_lengths(torch.full((b,), t._size[d], dtype=torch.int64),
-                                                                    t.device))
-                   if isinstance(t, MJT) and d not in t._ragged_dims else t for t in tensors]
+        tensors = [static_as_ragged(t, d, equal_sizes(t, t._size[d])) if isinstance(t, MJT) and d not in t._ragged_dims
+                   else t for t in tensors]
         return cat_ragged("cat", list(tensors), d)
     if d not in first._ragged_dims:
         return NotImplemented  # static dims: the op table's handler

@@ -56,9 +56,9 @@ from ...kernels import canvas as cv
 from ...kernels import per_image as pim
 from ...kernels import reference as ref
 from ...errors import StructureError
-from ...structure import RaggedExtent, extent_of, mapped_extent, partition_for
+from ...structure import extent_of, mapped_extent, partition_for
 from .._table import register_multi_jagged_func
-from .._common import MJT, canonical_dim, canonical_dims, describe, eager_route, sample_rows, static_dims, wrap
+from .._common import MJT, canonical_dim, canonical_dims, describe, eager_route, equal_sizes, sample_rows, static_dims, wrap
 from .._routing import _call, _needs_grad, in_place_route, route
 from .. import _along as along
 
@@ -564,7 +564,7 @@ def _adaptive_windows(x: MJT, size: int):
     """Dense torch's adaptive windows ``[⌊o·n/L⌋, ⌈(o+1)·n/L⌉)`` of every (sample, o): out rows
     are B·L (a dense result); the widest window is ⌈max n / L⌉ + 1."""
     b = x._partition.batch
-    out_part = partition_for([RaggedExtent.from_lengths(torch.full((b,), size, dtype=torch.int64), x._values.device)])
+    out_part = partition_for([equal_sizes(x, size)])
     k = -(-int(x._partition.extents[0].max) // size) + 1
     rows, ok, pos, start, n = _windows(
         x, out_part, lambda o, n: torch.div(o * n, size, rounding_mode="floor"), k, 1,

@@ -226,8 +226,8 @@ def _forward_k(plan: _Plan, x: MJT, v: torch.Tensor, kind: str, empty_ok: bool =
 # * ``logsumexp``: dense's per sample where ``amax`` is taken (one pass over the rows; the shifted
 #   segment form reads them six times: max, gather, subtract, exp, sum, and the count), its
 #   gradient the route's. ``argmax`` / ``argmin`` (and ``max(dim)``'s indices) likewise: the
-#   segment form finds the first element equal to the segment's extreme, 4-8× the loop's time
-#   at 32 samples of 20-200 rows of 256 (measured); dense's per sample is the loop.
+#   segment form finds the first element equal to the segment's extreme, 3.5-4× the loop's time
+#   at 8 and 32 samples of 20-200 rows of 256 (measured); dense's per sample is the loop.
 #
 # A sample whose reduced extents are empty gives the empty segment's value, as the segment
 # reduction (an ``amax`` per sample would raise; an arg-extreme gives 0, a logsumexp -inf).
@@ -250,11 +250,15 @@ def by_sample(plan: _Plan, x: MJT, v: torch.Tensor, kind: str) -> bool:
     p = x._partition
     row = math.prod(v.shape[1:])
     if kind == "sum":
-        take = (p.rows >= SUM_ROWS * p.batch and 0 < row < SUM_ROW_MAX
+        return (p.rows >= SUM_ROWS * p.batch and 0 < row < SUM_ROW_MAX
                 and p.rows * row >= max(SUM_ELEMENTS * p.batch, SUM_TOTAL))
-    else:
-        take = row > 0 and (p.batch <= EXTREME_SAMPLES or p.rows * row >= EXTREME_ELEMENTS * p.batch)
-    return take
+    return _extremes_by_sample(p, row)
+
+
+def _extremes_by_sample(p, row: int) -> bool:
+    """The rule for ``amax`` / ``amin`` and the arg-extremes: rows with elements, and few samples
+    or long ones (NOTE [ Reductions sample by sample ])."""
+    return row > 0 and (p.batch <= EXTREME_SAMPLES or p.rows * row >= EXTREME_ELEMENTS * p.batch)
 
 
 def _arg_by_sample(plan: _Plan, x: MJT, v: torch.Tensor) -> bool:
@@ -264,8 +268,7 @@ def _arg_by_sample(plan: _Plan, x: MJT, v: torch.Tensor) -> bool:
     more."""
     if plan.index is None or plan.batch or not along.eager(x):
         return False
-    p, row = x._partition, math.prod(v.shape[1:])
-    return row > 0 and (p.batch <= EXTREME_SAMPLES or p.rows * row >= EXTREME_ELEMENTS * p.batch)
+    return _extremes_by_sample(x._partition, math.prod(v.shape[1:]))
 
 
 def extreme_on_values(plan: _Plan, x: MJT, v: torch.Tensor, kind: str) -> bool:

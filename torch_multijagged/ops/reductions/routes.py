@@ -284,7 +284,7 @@ def _abs_pow(a, p):
 def _norm(input, p="fro", dim=None, keepdim=False, out=None, dtype=None):
     if p == "fro":
         p = 2
-    if p == "nuc" and isinstance(input, MJT) and out is None and dim is not None and len(dim) == 2:
+    if p == "nuc" and isinstance(input, MJT) and out is None and isinstance(dim, (list, tuple)) and len(dim) == 2:
         return torch.linalg.matrix_norm(input, "nuc", dim, keepdim, dtype=dtype)  # each sample's matrices
     if not isinstance(p, (int, float)) or out is not None:
         return NotImplemented

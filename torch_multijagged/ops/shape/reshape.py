@@ -116,16 +116,9 @@ def _scatter_into_static(name: str):
             return NotImplemented  # without gradients: the op table's handler
         d = _static_dim(name, input, dim)
         vd = [e for e in range(1, input.dim()) if e not in input._ragged_dims].index(d) + 1
-        if isinstance(src, MJT) and (src._ragged_dims != input._ragged_dims or not same_extent_all(src, input)):
-            raise StructureError(f"{name}(): expected src of {describe(input)}'s structure, got {describe(src)}")
         return bridged.scatter_into_static(name, input, src, vd, args, kwargs)
 
     return routed
-
-
-def same_extent_all(a: MJT, b: MJT) -> bool:
-    return len(a._partition.extents) == len(b._partition.extents) and all(
-        same_extent(x, y) for x, y in zip(a._partition.extents, b._partition.extents))
 
 
 route(torch.slice_scatter)(_scatter_into_static("slice_scatter"))

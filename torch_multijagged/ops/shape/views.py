@@ -10,6 +10,7 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int
 
 from ...errors import StructureError
 from ...kernels import reference as ref
+from .. import bridged
 from .._table import register_multi_jagged_func
 from ...structure import extent_of, partition_for
 from .._common import MJT, canonical_dim, canonical_dims, describe, same_partition, static_dims, wrap
@@ -482,14 +483,7 @@ def slice_scatter_default(func, inp, src, dim=0, *args, **kwargs):
     tensor of the slice's static shape, the same for every row)."""
     op = "slice_scatter" if func is aten.slice_scatter.default else "select_scatter"
     _, vd = _static_vdim(op, inp, dim)
-    if isinstance(src, MJT):
-        if src._ragged_dims != inp._ragged_dims or not same_partition(src._partition, inp._partition):
-            raise StructureError(f"{op}(): expected src of {describe(inp)}'s structure, got {describe(src)}")
-        sv = src._values
-    else:  # one dense src for every row: broadcast to the values' slice (ragged dims: size 1 or absent)
-        take = aten.slice.Tensor if func is aten.slice_scatter.default else aten.select.int
-        sv = src.broadcast_to(take(inp._values, vd, *args, **kwargs).shape)
-    return wrap(func(inp._values, sv, vd, *args, **kwargs), inp._partition, inp._ragged_dims)
+    return bridged.scatter_into_static(op, inp, src, vd, args, kwargs)  # (below autograd: nothing records)
 
 
 @register_multi_jagged_func(aten.glu.default, "self: mjt, dim: any?")

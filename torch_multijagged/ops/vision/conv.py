@@ -42,10 +42,10 @@ from ...compile import spatial as csp
 from ...errors import StructureError
 from ...kernels import canvas as cv
 from ...kernels import per_image as pim
-from ...structure import RaggedExtent, flat_extent, mapped_extent, partition_for
+from ...structure import flat_extent, mapped_extent, partition_for
 from . import per_sample
 from .._table import register_multi_jagged_func
-from .._common import MJT, autocast_lower, component_rows, describe, eager_route, wrap
+from .._common import MJT, autocast_lower, component_rows, describe, eager_route, equal_sizes, wrap
 from .._routing import _needs_grad, route
 
 mj = torch.ops.multijagged
@@ -82,7 +82,7 @@ def as_spatial(op: str, x: MJT, nspatial: int) -> MJT:
     by_size: dict[int, object] = {}
     for n in spatial:
         if n not in by_size:
-            by_size[n] = RaggedExtent.from_lengths(torch.full((b,), n, dtype=torch.int64), x._values.device)
+            by_size[n] = equal_sizes(x, n)
     part = partition_for([by_size[n] for n in spatial])
     dims = tuple(range(2, 2 + nspatial))
     return wrap_values(rows, part, dims) if grad else wrap(rows, part, dims)

@@ -81,8 +81,8 @@ import torch.nn.functional as F
 from ... import pieces
 from ...bridge import ragged_as_static, static_as_ragged, values_of, wrap_values
 from ...errors import StructureError
-from ...structure import RaggedExtent, extent_of, mapped_extent, partition_for
-from .._common import MJT, describe, eager_route, wrap
+from ...structure import extent_of, mapped_extent, partition_for
+from .._common import MJT, describe, eager_route, equal_sizes, wrap
 from .._routing import _needs_grad, route
 
 __all__ = []
@@ -431,12 +431,6 @@ def _static_side(x: MJT):
     if x.dim() != 4 or len(x._ragged_dims) != 1 or x._ragged_dims[0] not in (2, 3):
         return None
     return 5 - x._ragged_dims[0]
-
-
-def equal_sizes(x: MJT, n: int) -> RaggedExtent:
-    """An extent of size ``n`` in each of ``x``'s samples."""
-    b = x._partition.batch
-    return RaggedExtent.from_lengths(torch.full((b,), n, dtype=torch.int64), x._partition.offsets.device)
 
 
 def static_side_as_ragged(xs, d: int) -> list:

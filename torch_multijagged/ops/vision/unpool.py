@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...structure import extent_of, mapped_extent, partition_for
-from .._common import MJT, describe, eager_route
+from .._common import MJT, describe, eager_route, equal_sizes
 from .._routing import route
 from .conv import _WHY, _tuple
-from .resample import _static_side, equal_sizes, ragged_side_as_static, static_side_as_ragged
+from .resample import _static_side, ragged_side_as_static, static_side_as_ragged
 
 
 def _unpool(op: str, nspatial: int, input, indices, kernel_size, stride=None, padding=0, output_size=None):
