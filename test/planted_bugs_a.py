@@ -273,7 +273,7 @@ BUGS_A = [
     # ------------------------------------------------------------------ indexing and joins along ragged dims
     Bug("slice start not clamped at the sample's end", "kernels/along.py",
         "        return torch.minimum(b.clamp_min(0), n)", "        return b.clamp_min(0)", ("test_ragged_indexing.py",)),
-    Bug("flip reads one past the sample's end", "ops/indexing/slicing.py",
+    Bug("flip reads one past the sample's end", "ops/indexing/order.py",
         "a[:, k] = nk - 1 - a[:, k]", "a[:, k] = nk - a[:, k]", ("test_ragged_indexing.py",)),
     Bug("select: a negative index counts from the longest sample", "ops/indexing/slicing.py",
         "return n + index if index < 0 else torch.full_like(n, index)",

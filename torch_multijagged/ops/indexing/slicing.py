@@ -1,7 +1,6 @@
 """Indexing along ragged dims, per sample: ``select`` / ``x[:, i]``, slices ``x[:, a:b:s]``,
 ``narrow``, ``index_select``, ``gather`` / ``take_along_dim`` / ``scatter`` / ``scatter_add`` /
-``scatter_reduce`` (message passing over a batch of graphs), ``flip``, ``roll``, ``rot90``,
-``unfold`` (sliding windows) (NOTE [ Indexing along ragged dims ] in ``along.py``: which results are ragged, static or dense).
+``scatter_reduce`` (message passing over a batch of graphs), ``unfold`` (sliding windows) (NOTE [ Indexing along ragged dims ] in ``along.py``: which results are ragged, static or dense).
 Along static dims these ops act on the values; ``gather`` / ``scatter*`` along a static dim by an
 index ragged along it (each sample's own number of positions) read and write the values' elements
 (``_static_places``)."""
@@ -17,13 +16,13 @@ import torch.nn.functional as F
 from ... import constructors
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
-from ...kernels.along import join_blocks, packed_rows, plan_blocks, slice_bounds
+from ...kernels.along import packed_rows, plan_blocks, slice_bounds
 from ...structure import _is_traced, building, extent_of, mapped_extent, same_extent
 from .._common import MJT, canonical_dim, describe, sample_rows, static_dims
 from .._routing import in_place_route, route
 from ..shape.views import _mark_reorder_copy, mark_view_copy
 from .scatter import gather_from_dense, same_shape, scatter_into_dense
-from .along import by_blocks, check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
+from .along import check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
 
 __all__ = ["select_ragged", "slice_ragged", "narrow_ragged", "positions_ragged", "take_static"]
 
@@ -426,45 +425,6 @@ def scatter_static(op: str, x: MJT, d: int, index: MJT, src, add, include_self: 
     return wrap_values(out.view(v.shape), x._partition, x._ragged_dims)
 
 
-@eager_or_traced
-def flip_ragged(op: str, x: MJT, ragged: list[int], shifts=None):
-    """Flip (``shifts`` None) or roll the ragged dims ``ragged`` (indices) of each sample (sizes
-    kept: no new extent, so it traces)."""
-    n = x._partition.device_sizes()
-
-    def source(sample, a):
-        a = a.clone()
-        for j, k in enumerate(ragged):
-            nk = n[sample, k]
-            if shifts is None:
-                a[:, k] = nk - 1 - a[:, k]
-            else:
-                a[:, k] = torch.remainder(a[:, k] - shifts[j], nk)
-        return a
-
-    if shifts is not None and ragged == [0] and by_blocks(x):
-        # each sample's last ``shift`` positions, then the rest: one cat (NOTE [ Blocks of
-        # consecutive rows ] in kernels/along.py)
-        plan = x._partition.derived(("roll_blocks", shifts[0]), lambda p: _roll_blocks(p, shifts[0]))
-        return wrap_values(join_blocks((values_of(x),), plan), x._partition, x._ragged_dims)
-    return keep_along(x, list(x._partition.extents), source, key=("flip", tuple(ragged), None if shifts is None else tuple(shifts)))
-
-
-def _roll_blocks(p, shift: int):
-    """The blocks of ``roll(shift)`` along the first ragged dim: per sample its rows from position
-    ``n - shift % n`` on, then those before."""
-    sizes, counts = sample_rows(p)
-    splits: list[int] = []
-    order = []
-    for ns, r in zip(sizes, counts):
-        inner = math.prod(ns[1:])  # rows per position along the dim
-        head = (ns[0] - shift % ns[0]) * inner if ns[0] else 0
-        first = len(splits)
-        splits += [c for c in (head, r - head) if c]
-        order += [(0, first + 1), (0, first)] if head and r - head else [(0, first)] if r else []
-    return [splits], order
-
-
 # ----------------------------------------------------------------------------- routes
 @route(torch.index_select, torch.Tensor.index_select)
 def _index_select(input, dim, index, *, out=None):
@@ -655,86 +615,6 @@ for _name in ("scatter_", "scatter_add_", "scatter_reduce_"):
     route(getattr(torch.Tensor, _name))(in_place_route(_name, dense_self=True))
 
 
-@route(torch.flip, torch.Tensor.flip, sequence="dims")
-def _flip(input, *dims):
-    if not isinstance(input, MJT):
-        return NotImplemented
-    dims = dims[0] if len(dims) == 1 and isinstance(dims[0], (list, tuple)) else dims
-    canon = [canonical_dim("flip", input.dim(), d) for d in dims]
-    if 0 in canon:  # the samples in reverse order, then the other dims
-        rest = [d for d in canon if d != 0]
-        out = constructors.select_batch(input, torch.arange(input._partition.batch - 1, -1, -1))
-        return out.flip(rest) if rest else out
-    ragged = [input._ragged_dims.index(d) for d in canon if d in input._ragged_dims]
-    statics = [static_dims(input.dim(), input._ragged_dims).index(d) + 1 for d in canon if d not in input._ragged_dims]
-    out = flip_ragged("flip", input, ragged) if ragged else input
-    if statics or not ragged:  # flip of no dim at all is a copy, as in dense torch
-        out = _static_values(out, lambda v: v.flip(statics))
-    return out
-
-
-@route(torch.Tensor.__reversed__)
-def _reversed(input):
-    """``reversed(x)``: the samples in reverse order (dense torch's ``flip(0)``)."""
-    return _flip(input, [0]) if isinstance(input, MJT) else NotImplemented
-
-
-@route(torch.fliplr, torch.Tensor.fliplr)
-def _fliplr(input):
-    return _flip(input, [1]) if isinstance(input, MJT) else NotImplemented
-
-
-@route(torch.flipud, torch.Tensor.flipud)
-def _flipud(input):
-    """``flipud``: dense torch's ``flip(0)``, the samples in reverse order."""
-    return _flip(input, [0]) if isinstance(input, MJT) else NotImplemented
-
-
-@route(torch.roll, torch.Tensor.roll)
-def _roll(input, shifts, dims=None):
-    if not isinstance(input, MJT):
-        return NotImplemented
-    if dims is None:
-        raise NotImplementedError(f"roll(): without dims (the flattened tensor) of {describe(input)} for layout torch.multi_jagged; name the dims")
-    shifts = [shifts] if isinstance(shifts, int) else list(shifts)
-    dims = [dims] if isinstance(dims, int) else list(dims)
-    if len(shifts) != len(dims):
-        raise RuntimeError(f"roll(): shifts and dimensions must align. shifts: {len(shifts)}, dims:{len(dims)}")
-    canon = [canonical_dim("roll", input.dim(), d) for d in dims]
-    if 0 in canon:
-        raise NotImplementedError(f"roll(): along the batch dim of {describe(input)} for layout torch.multi_jagged")
-    ragged = [(input._ragged_dims.index(d), s) for d, s in zip(canon, shifts) if d in input._ragged_dims]
-    statics = [(static_dims(input.dim(), input._ragged_dims).index(d) + 1, s) for d, s in zip(canon, shifts)
-               if d not in input._ragged_dims]
-    out = flip_ragged("roll", input, [k for k, _ in ragged], [s for _, s in ragged]) if ragged else input
-    if statics:
-        out = _static_values(out, lambda v: v.roll([s for _, s in statics], [vd for vd, _ in statics]))
-    return out
-
-
-@route(torch.diff, torch.Tensor.diff)
-def _diff(input, n=1, dim=-1, prepend=None, append=None):
-    """``diff`` along a ragged dim: per sample ``x[1:] - x[:-1]`` along it (each sample one row
-    shorter, an empty one stays empty), ``n`` times; along a static dim it acts on the values."""
-    if not isinstance(input, MJT):
-        return NotImplemented
-    d = canonical_dim("diff", input.dim(), dim)
-    if d not in input._ragged_dims:
-        return NotImplemented
-    if prepend is not None or append is not None:
-        # as dense: joined along the dim first (each sample's own pieces, torch.cat's rule)
-        input = torch.cat([t for t in (prepend, input, append) if t is not None], d)
-    if n < 0:
-        raise RuntimeError(f"order must be non-negative but got {n}")  # dense's words
-    if n == 0:
-        return input.clone()  # a new tensor, as dense's (never the input itself)
-    head = (slice(None),) * d
-    step = torch.ne if input.dtype == torch.bool else torch.sub  # dense: logical_xor for bool
-    for _ in range(n):
-        input = step(input[head + (slice(1, None),)], input[head + (slice(None, -1),)])
-    return input
-
-
 @route(F.glu)
 def _glu(input, dim=-1):
     """``F.glu`` along a ragged dim: each sample's first half gated by its second,
@@ -804,26 +684,3 @@ def _unfold(input, dimension, size, step):
     if hit is None:
         return NotImplemented
     return unfold_ragged("unfold", input, *hit, size, step)
-
-
-@route(torch.rot90, torch.Tensor.rot90)
-def _rot90(input, k=1, dims=(0, 1)):
-    """dense torch's composition: ``flip`` of one of the two dims and a ``transpose`` (ragged dims
-    included: a rectangular pair ``(B, j0, j1)`` turns into ``(B, j1, j0)``)."""
-    if not isinstance(input, MJT):
-        return NotImplemented
-    if len(dims) != 2:
-        raise RuntimeError(f"rot90(): expected total rotation dims == 2, but got dims = {len(dims)}")
-    d0, d1 = (canonical_dim("rot90", input.dim(), d) for d in dims)
-    if d0 == d1:
-        raise RuntimeError(f"rot90(): expected rotation dims to be different, but got dim0 = {d0} and dim1 = {d1}")
-    if 0 in (d0, d1):
-        raise NotImplementedError(f"rot90(): along the batch dim of {describe(input)} for layout torch.multi_jagged")
-    k %= 4
-    if k == 1:
-        return _flip(input, [d1]).transpose(d0, d1)
-    if k == 2:
-        return _flip(input, [d0, d1])
-    if k == 3:
-        return _flip(input, [d0]).transpose(d0, d1)
-    return input.clone()
