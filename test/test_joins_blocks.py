@@ -267,6 +267,29 @@ def test_cat_along_a_ragged_dim_of_an_operand_static_there(case):
         torch.testing.assert_close(a, b)
 
 
+def test_cat_back_to_the_sizes_along_either_dim_of_a_square_pair():
+    """Pieces of a square pair sliced along dim 1 and joined back to each sample's own size, then
+    the same slices along dim 2 joined: both outputs have the pair's partition and their pieces
+    the same extents along the dim (``torch.gradient``'s one-sided ends and central differences);
+    the second join must not reuse the first's row map."""
+    g = torch.Generator().manual_seed(0)
+    cs = [torch.randn(k, k, 2, dtype=torch.float64, generator=g, requires_grad=True) for k in (3, 2, 5)]
+    pair = mj.as_nested_tensor(cs, ragged_dims=(1, 2))
+
+    def join(t, d):
+        h = (slice(None),) * d
+        return torch.cat([t[h + (slice(1, 2),)], t[h + (slice(2, None),)] * 2, t[h + (slice(-1, None),)] * 3], d)
+
+    for d in (1, 2, 1):
+        out = join(pair, d)
+        refs = [join(c, d - 1) for c in cs]
+        for a, r in zip(out.unbind(), refs):
+            assert torch.equal(a, r)
+        got = torch.autograd.grad((out * out).sum(), cs)
+        want = torch.autograd.grad(sum((r * r).sum() for r in refs), cs)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+
 # ----------------------------------------------------------------------------- non-constant pads
 _MODES = ("reflect", "replicate", "circular")
 

@@ -102,8 +102,9 @@ key                                   value (method that builds it)
 ``("keep_along", p, rd, key)``        the rows of a tensor of partition ``p`` that an op along a ragged dim reads,
                                       its fill mask and gradient blocks (ops/indexing/along.py: ``keep_along``)
 ``("drop_along", k, key)``            the rows ``x[:, i]`` reads along ragged dim k (``drop_along``)
-``("cat_blocks", key)``               a ``cat``'s blocks of its operands' rows (ops/indexing/joins.py;
-                                      ``("cat_rows", key)``: the rows of its joined operands, as a map)
+``("cat_blocks", key)``               a ``cat``'s blocks of its operands' rows along the first ragged dim
+                                      (ops/indexing/joins.py; ``("cat_rows", k, key)``: the rows of its
+                                      operands joined along ragged dim k, as a map)
 ``("pad_blocks", p, lo, hi)``         a constant pad's blocks of fill and of the rows of ``p`` (joins.py)
 ``("pad_checked", rd, …)``            a pad of these arguments passed dense's checks on every sample (joins.py)
 ====================================  ===========================================================

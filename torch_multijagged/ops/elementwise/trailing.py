@@ -186,6 +186,15 @@ def _view_as_complex(input):
     return wrap_values(torch.view_as_complex(values_of(input)), input._partition, input._ragged_dims)
 
 
+def view_dtype(input: MJT, dtype: torch.dtype) -> MJT:
+    """``x.view(dtype)``: the values reinterpreted, as dense; between dtypes of other element sizes
+    the last dim, which must then be static, is rescaled (dense's checks and errors)."""
+    if input.dtype.itemsize != dtype.itemsize and input.dim() - 1 in input._ragged_dims:
+        raise RuntimeError(f"view(): to a dtype of another element size, the last dim must be static, got "
+                           f"{describe(input)} (its last dim is ragged)")
+    return wrap_values(values_of(input).view(dtype), input._partition, input._ragged_dims)
+
+
 @route(torch.view_as_real)
 def _view_as_real(input):
     if not isinstance(input, MJT):

@@ -77,7 +77,9 @@ def cat_ragged(op: str, tensors, d: int):
         # of consecutive rows ] in kernels/along.py)
         plan = out.derived(("cat_blocks", key), lambda out: _cat_blocks(parts, p.batch))
         return wrap_values(join_blocks(sources, plan), out, first._ragged_dims)
-    rows = out.derived(("cat_rows", key), lambda out: _cat_rows(out, k, parts))
+    # the ragged dim is part of the key: joined back to the sizes it had, a cat along either dim of a
+    # square pair has the pair's own partition as output, its operands' extents along the dim alike
+    rows = out.derived(("cat_rows", k, key), lambda out: _cat_rows(out, k, parts))
     return wrap_values(torch.cat(sources, 0).index_select(0, rows), out, first._ragged_dims)
 
 

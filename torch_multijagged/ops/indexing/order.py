@@ -1,6 +1,6 @@
 """Order along ragged dims, per sample: ``flip`` (and ``fliplr`` / ``flipud`` / ``reversed``),
-``roll``, ``rot90`` and ``diff`` — each sample's positions reversed, shifted or differenced
-within its own extent; along static dims they act on the values (NOTE [ Indexing along ragged
+``roll``, ``rot90``, ``diff`` and ``gradient`` — each sample's positions reversed, shifted or
+differenced within its own extent; along static dims they act on the values (NOTE [ Indexing along ragged
 dims ] in ``along.py``)."""
 
 from __future__ import annotations
@@ -137,6 +137,69 @@ def _diff(input, n=1, dim=-1, prepend=None, append=None):
     for _ in range(n):
         input = step(input[head + (slice(1, None),)], input[head + (slice(None, -1),)])
     return input
+
+
+@route(torch.gradient)
+def _gradient(input, *, spacing=1, dim=None, edge_order=1):
+    """``torch.gradient`` along given dims, ragged ones included: dense's own formula (central
+    differences inside, one-sided ones of ``edge_order`` at each sample's ends), from slices of the
+    dim and their ``cat``, so that each sample's result is dense's on it. Coordinates as tensors
+    are taken along static dims only (along a ragged dim they would differ per sample)."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if dim is None:
+        raise NotImplementedError(f"gradient(): over every dim of {describe(input)}, the batch dim too, for layout "
+                                  "torch.multi_jagged; give dim")
+    dims = [canonical_dim("gradient", input.dim(), d) for d in ([dim] if isinstance(dim, int) else dim)]
+    if len(set(dims)) != len(dims):
+        raise RuntimeError("torch.gradient expected each dimension to be given once")  # dense's duplicate-dim check
+    if 0 in dims:
+        raise NotImplementedError(f"gradient(): along the batch dim of {describe(input)} for layout torch.multi_jagged")
+    if edge_order not in (1, 2):
+        raise RuntimeError("torch.gradient only supports edge_order=1 and edge_order=2.")
+    steps = list(spacing) if isinstance(spacing, (list, tuple)) else [spacing] * len(dims)
+    if len(steps) != len(dims):
+        raise RuntimeError(f"torch.gradient expected spacing to be unspecified, a scalar or it's spacing and dim "
+                           f"arguments to have the same length, but got a spacing argument of length {len(steps)} "
+                           f"and a dim argument of length {len(dims)}.")
+    p = input._partition
+    for d in dims:
+        if d in input._ragged_dims:
+            lengths = p.extents[input._ragged_dims.index(d)].host_lengths()
+            # SYNC: none — host lengths
+            small = lengths.numel() > 0 and int(lengths.min()) < edge_order + 1
+        else:
+            small = input.shape[d] < edge_order + 1
+        if small:
+            raise RuntimeError("torch.gradient expected each dimension size to be at least edge_order+1")
+    out = []
+    for d, h in zip(dims, steps):
+        if isinstance(h, torch.Tensor) and h.dim() > 0:
+            if d in input._ragged_dims:
+                raise NotImplementedError(f"gradient(): coordinates along ragged dim {d} of {describe(input)} (they "
+                                          "would differ per sample); give a scalar spacing")
+            out.append(_gradient_coordinates(input, d, h, edge_order))
+            continue
+        head = (slice(None),) * d
+
+        def at(a, b):
+            return input[head + (slice(a, b),)]
+
+        center = (at(2, None) - at(None, -2)) / h
+        if edge_order == 1:
+            first = (at(1, 2) - at(0, 1)) / h
+            last = (at(-1, None) - at(-2, -1)) / h
+        else:
+            first = (at(0, 1) * -1.5 + at(1, 2) * 2 - at(2, 3) * 0.5) / h
+            last = (at(-3, -2) * 0.5 + at(-2, -1) * -2 + at(-1, None) * 1.5) / h
+        out.append(torch.cat([first, center / 2, last], d))
+    return tuple(out)
+
+
+def _gradient_coordinates(input: MJT, d: int, coords: torch.Tensor, edge_order: int):
+    """``gradient`` along static dim ``d`` with coordinates: dense's op on the values."""
+    vd = static_dims(input.dim(), input._ragged_dims).index(d) + 1
+    return _static_values(input, lambda v: torch.gradient(v, spacing=[coords], dim=vd, edge_order=edge_order)[0])
 
 
 @route(torch.rot90, torch.Tensor.rot90)

@@ -6,6 +6,7 @@ dims ]), elements regrouped across a ragged dim (``regroup.py``, NOTE [ Regroupi
 ragged dim ]), the batch as components or a padded envelope (``padded.py``), static dims moved
 before the batch dim (``leading.py``, NOTE [ Batch-moved tokens ]), the batch merged with the
 static dims after it (``merged.py``, NOTE [ Batch-merged tokens ]), and per-sample matrix
-structure: ``tril``/``triu``/``trace``/``diag``/``diagflat`` (``matrices.py``)."""
+structure: ``tril``/``triu``/``trace``/``diag``/``diagflat`` (``matrices.py``), and the ``*_copy``
+variants of the views (``copies.py``)."""
 
-from . import views, diagonal, metadata, padded, flatten, reshape, leading, merged, matrices  # noqa: F401  (register)
+from . import views, diagonal, metadata, padded, flatten, reshape, leading, merged, matrices, copies  # noqa: F401  (register)

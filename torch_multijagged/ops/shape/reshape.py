@@ -21,6 +21,7 @@ from ...bridge import static_as_ragged
 from .._routing import _needs_grad, _static_dim, _uniform, route, unify_shape
 from ...structure import broadcast_extent, extent_of, partition_for, same_extent
 from ..indexing.slicing import narrow_ragged, slice_ragged
+from ..elementwise import trailing
 from .views import check_view_shape
 from . import flatten as ragged_flatten
 from . import merged, regroup, rows, tokens
@@ -89,7 +90,13 @@ def _reshape(input, *shape):
 def _view(input, *shape, dtype=None):
     """``view`` that merges or splits ragged dims (``view_plan`` in flatten.py) or regroups elements
     across one (``regroup.py``); anything else goes on to aten's ``view`` (ops/shape/views.py)."""
-    if not isinstance(input, MJT) or not shape or isinstance(shape[0], torch.dtype) or dtype is not None:
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if dtype is not None or (len(shape) == 1 and isinstance(shape[0], torch.dtype)):
+        if shape and dtype is not None:
+            raise TypeError("view() received an invalid combination of arguments: both a size and dtype")
+        return trailing.view_dtype(input, dtype if dtype is not None else shape[0])
+    if not shape:
         return NotImplemented
     size = _normalize_shape(shape)
     relabelled = unify_shape(input, size)  # equal sizes, other nested ints
