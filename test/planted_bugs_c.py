@@ -499,4 +499,9 @@ BUGS_C = [
     Bug("view(dtype) reinterprets a ragged last dim", "ops/elementwise/trailing.py",
         "    if input.dtype.itemsize != dtype.itemsize and input.dim() - 1 in input._ragged_dims:",
         "    if False:", ("test_view_copies.py",)),
+    Bug("a strided slice of the batch is a copy that drops writes", "ops/indexing/getitem.py",
+        '                picked = mark_view_copy(picked, input, (first,), "a strided slice of the batch dim")',
+        "                pass", ("test_getitem.py",)),
+    Bug("index assignment refuses a 0-d integer tensor index", "ops/indexing/getitem.py",
+        "    if isinstance(input, MJT) and any(_int_tensor(i) for i in items):", "    if False:", ("test_getitem.py",)),
 ]

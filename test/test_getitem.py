@@ -590,6 +590,56 @@ def test_writes_through_pair_selects_and_slices_with_gradients():
         leaf[:, 1:].mul_(0)  # as dense: a view of a leaf that requires grad
 
 
+@pytest.mark.parametrize("index", [slice(None, None, 2), slice(0, 4, 3), slice(1, None, 2)])
+def test_writes_through_a_strided_slice_of_the_batch_reach_the_original(index):
+    """Dense ``x[::2]`` is a view: ``x[::2].mul_(0)`` and ``x[::2][:, 0] = 7`` change ``x``. Ours
+    gathers the samples' rows, a copy that writes itself back; reading it after ``x`` was written
+    raises rather than show stale values."""
+    comps = [torch.arange(n * 3, dtype=torch.float64).view(n, 3) + 1 for n in (2, 1, 3, 0, 2)]
+    for write in (lambda t: t.mul_(0), lambda t: t.__setitem__((Ellipsis, 0), 7.0), lambda t: t.add_(t)):
+        x = tmj.nested_tensor(comps)
+        write(x[index])
+        want = [c.clone() for c in comps]
+        picked = list(range(5))[index]
+        for i in picked:
+            write(want[i][None])
+        for a, b in zip(x.unbind(), want):
+            torch.testing.assert_close(a, b)
+    x = tmj.nested_tensor(comps)
+    v = x[index]
+    x.add_(1)
+    with pytest.raises(NotImplementedError, match="strided slice of the batch dim"):
+        v.sum()
+    # with gradients: the write reaches x's graph as dense's write through a view
+    leaves = [c.clone().requires_grad_() for c in comps]
+    x = tmj.as_nested_tensor(leaves) * 1
+    x[index].mul_(3)
+    refs = [c * 1 for c in leaves]
+    for i in list(range(5))[index]:
+        refs[i] = refs[i] * 3
+    got = torch.autograd.grad((x * x).sum(), leaves)
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+
+
+def test_index_assignment_with_0d_integer_tensors():
+    """A 0-d integer tensor index writes as the int it holds (as ``x[index]`` reads it)."""
+    comps = [torch.zeros(2, 3), torch.zeros(4, 3)]
+    for index, per in [((slice(None), torch.tensor(-1)), lambda t: t[-1]),
+                       ((slice(None), torch.tensor(0), 1), lambda t: t[0, 1]),
+                       ((slice(None), slice(None), torch.tensor(2)), lambda t: t[:, 2]),
+                       (torch.tensor(1), lambda t: t)]:
+        x = tmj.nested_tensor(comps)
+        x[index] = 2.0
+        want = [c.clone() for c in comps]
+        for i, w in enumerate(want):
+            if isinstance(index, tuple) or i == 1:
+                per(w).fill_(2.0)
+        for a, b in zip(x.unbind(), want):
+            assert torch.equal(a, b)
+
+
 def test_writes_into_windows_of_a_ragged_dim_raise():
     x = tmj.nested_tensor([torch.ones(3, 2), torch.ones(4, 2)])
     w = x.unfold(1, 2, 1)

@@ -19,6 +19,7 @@ from .gather import mask_index, rows_by_index, table_lookup
 from .pairwise import pairwise_index
 from .scatter import assign_index
 from .slicing import positions_ragged, select_ragged, slice_ragged
+from ..shape.views import mark_view_copy
 
 mj = torch.ops.multijagged
 
@@ -158,6 +159,10 @@ def _setitem(input, index, value):
     if isinstance(input, MJT):
         index = _uint8_as_masks(index)
     items = index if isinstance(index, tuple) else (index,)
+    if isinstance(input, MJT) and any(_int_tensor(i) for i in items):
+        # a 0-d integer index is the int it holds, as ``x[index]`` reads it
+        items = tuple(_as_int(i) for i in items)
+        index = items if isinstance(index, tuple) else items[0]
     plain = all(i is None or i is Ellipsis or isinstance(i, slice) or type(i) is int or _index_tensor(i) is not None
                 for i in items)
     if not isinstance(input, MJT) or not plain or not items:
@@ -273,8 +278,11 @@ def _getitem_static(input, items):
         first = items[0]
         if isinstance(first, slice):
             start, stop, step = first.indices(input._partition.batch)
-            picked = (input.narrow(0, start, max(stop - start, 0)) if step == 1
-                      else constructors.select_batch(input, torch.tensor(range(start, stop, step), dtype=torch.int64)))
+            if step == 1:
+                picked = input.narrow(0, start, max(stop - start, 0))
+            else:  # a gather of the samples' rows where dense gives a view: it writes through
+                picked = constructors.select_batch(input, torch.tensor(range(start, stop, step), dtype=torch.int64))
+                picked = mark_view_copy(picked, input, (first,), "a strided slice of the batch dim")
         else:
             picked = constructors.select_batch(input, _advanced(first, input._partition.batch))
         return picked[(slice(None),) + tuple(items[1:])] if len(items) > 1 else picked

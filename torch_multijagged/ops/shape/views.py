@@ -170,7 +170,8 @@ def _permute(inp, perm):
 # NOTE [ Slices of ragged dims write through ]
 #
 # A slice, ``select`` or ``narrow`` along a ragged dim (``x[:, 1:]``, ``x[:, -1]`` of a pair,
-# ``x.narrow(1, 0, 2)``) gathers rows too, where dense torch gives a view. Those copies are
+# ``x.narrow(1, 0, 2)``), and a strided slice of the batch dim (``x[::2]``), gather rows too,
+# where dense torch gives a view. Those copies are
 # registered with the index that made them (``mark_view_copy``), and an in-place op on one (or
 # on a view of it: ``x[:, 1:].mul_(0)``, ``x[:, 1:][..., 0].zero_()``, ``t = x[:, 1:]; t += 1``)
 # writes through: ``__torch_function__`` runs the op on the copy (``write_through``) and then
@@ -236,13 +237,13 @@ def _versions(x: MJT) -> tuple[int, int]:
         return x._version, x._values._version
 
 
-def mark_view_copy(out, base: MJT, index: tuple):
+def mark_view_copy(out, base: MJT, index: tuple, origin: str = "a slice of a ragged dim"):
     """``out``, the rows of ``base[index]`` gathered where dense indexing gives a view, made to
     write through (NOTE [ Slices of ragged dims write through ]); ``out`` unchanged otherwise."""
     if isinstance(out, MJT) and type(out._values) is torch.Tensor:
         # the base is held, as a dense view holds its base's storage: a base that is itself a view
         # (``y.view(…)[:, 1:]``, ``y[..., 0][:, 1:]``) is written back even when no one else holds it
-        _mark_copy(out._values, "a slice of a ragged dim", (weakref.ref(out), base, index, _state(base)))
+        _mark_copy(out._values, origin, (weakref.ref(out), base, index, _state(base)))
     return out
 
 
