@@ -118,6 +118,75 @@ def test_einsum_errors():
         torch.einsum("bic,bic->bi", x, y)  # per-sample sizes differ along i (2 and 3: no broadcast)
 
 
+@pytest.mark.parametrize("equation", ["bic,bjc->bik", "bic->bk", "bic,cd->bkd", "bic->bik"])
+def test_einsum_output_letter_of_no_input_raises(equation):
+    """A typo in the output (``->bik`` for ``->bij``) raises dense's error, never a new dim of 1."""
+    x = mj.nested_tensor([torch.randn(n, 4) for n in (2, 3)])
+    ops = (x, torch.randn(4, 2)) if "cd" in equation else (x, x) if "," in equation else (x,)
+    with pytest.raises(ValueError, match="output subscript k does not appear"):
+        torch.einsum(equation, *ops)
+    with pytest.raises(ValueError, match="must be in \\[a-zA-Z\\]"):
+        torch.einsum("b1c->bc", x)
+
+
+_INT_EQUATIONS = ["bic->bc", "bic->b", "bic,bjc->bc", "bic,bjc->bij", "bic,bic->bi", "bic,bjc->bijc", "bic,bic->b",
+                  "bic,c->bc", "bic,c->bi", "bii->b", "bii->bi", "bij,bjc->bic"]
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int32, torch.int64, torch.bool], ids=str)
+@pytest.mark.parametrize("equation", _INT_EQUATIONS)
+def test_einsum_integer_and_bool_dtypes_per_sample(equation, dtype):
+    """Dense einsum sums the subscripts only one operand has with ``sum`` (integers accumulate into
+    int64, a bool sum counts) before its products, whose ``bmm`` keeps the dtype (and has no bool
+    kernel): values and dtypes per sample, no wrap-around."""
+    g = torch.Generator().manual_seed(0)
+    ns = (3, 2, 0)
+    hi = 2 if dtype == torch.bool else 120
+    terms = equation.split("->")[0].split(",")
+
+    def operand(t):
+        if t == "c":
+            return torch.randint(0, hi, (4,), generator=g).to(dtype), None
+        shape = {"bic": lambda n: (n, 4), "bjc": lambda n: (n, 4), "bii": lambda n: (n, n), "bij": lambda n: (n, n)}[t]
+        comps = [torch.randint(0, hi, shape(n), generator=g).to(dtype) for n in ns]
+        return mj.nested_tensor(comps, ragged_dims=(1, 2) if t in ("bii", "bij") else (1,)), comps
+
+    ops = [operand(t) for t in terms]
+    per = [[o if c is None else c[i] for o, c in ops] for i in range(len(ns))]
+    sub = equation.replace("b", "")
+    try:
+        refs = [torch.einsum(sub, *p) for p in per]
+    except RuntimeError as e:  # bool products dense has no kernel for
+        with pytest.raises(RuntimeError, match="not implemented for 'Bool'"):
+            torch.einsum(equation, *[o for o, _ in ops])
+        assert "Bool" in str(e)
+        return
+    out = torch.einsum(equation, *[o for o, _ in ops])
+    got = out.unbind() if mj.is_nested(out) else list(out)
+    for a, b in zip(got, refs):
+        assert a.dtype == b.dtype and torch.equal(a, b)
+
+
+@pytest.mark.parametrize("equation,n", [("bic->bc", 1), ("bic,bjc->bijc", 2), ("bic,bjc->bij", 2), ("bic,bic->bi", 2),
+                                        ("bic,bic->bic", 2), ("bic,bic,bic->bi", 3), ("bic,bjc,bjc->bic", 3)])
+def test_einsum_under_autocast_lowers_where_dense_runs_a_bmm(equation, n):
+    """Autocast lowers dense einsum's ``bmm`` only: a sum, an outer or elementwise product stays
+    float32. Per sample, values and dtype."""
+    xs = [torch.randn(k, 4) for k in (3, 2, 0)]
+    x = mj.nested_tensor(xs)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = torch.einsum(equation, *([x] * n))
+        refs = [torch.einsum(equation.replace("b", ""), *([c] * n)) for c in xs]
+        vd = torch.linalg.vecdot(x, x)
+        vrefs = [torch.linalg.vecdot(c, c) for c in xs]
+    for a, b in zip(out.unbind(), refs):
+        assert a.dtype == b.dtype
+        torch.testing.assert_close(a, b, rtol=2e-2, atol=2e-2)
+    for a, b in zip(vd.unbind(), vrefs):
+        assert a.dtype == b.dtype == torch.bfloat16
+        torch.testing.assert_close(a, b)
+
+
 def test_compiled_attention_scores_are_one_graph():
     from torch._dynamo.testing import CompileCounterWithBackend
 

@@ -687,6 +687,32 @@ def test_stft_of_waveforms_per_sample(center):
             torch.stft(short, **kw)
 
 
+@pytest.mark.parametrize("kw", [
+    dict(n_fft=63, hop_length=16, center=True),  # an odd n_fft's centring pads n_fft - 1
+    dict(n_fft=31, hop_length=7, center=False),
+    dict(n_fft=32, hop_length=8, win_length=16, center=False, align_to_window=True),
+    dict(n_fft=32, hop_length=8, win_length=16, center=True),
+    dict(n_fft=33, hop_length=5, win_length=20, center=True, pad_mode="constant"),
+], ids=["odd centred", "odd", "aligned to window", "short window centred", "odd constant pad"])
+def test_stft_frame_counts_are_dense_ones(kw):
+    """The ragged frame count of every sample is the one dense torch gives it, for every framing
+    argument: the sizes, offsets and values agree (a formula for the count once disagreed for an
+    odd ``n_fft`` and ``align_to_window``, leaving offsets that did not match the values)."""
+    g = torch.Generator().manual_seed(1)
+    ws = [torch.randn(n, dtype=DT, generator=g) for n in (64, 50, 0, 97)]
+    win = torch.hann_window(kw.get("win_length") or kw["n_fft"], dtype=DT)
+    kw = dict(kw, window=win, return_complex=True)
+    out = torch.stft(mj.nested_tensor(ws), **kw)
+    refs = [torch.stft(w, **kw) if w.shape[0] else None for w in ws]
+    assert out.sizes()[:, 0].tolist() == [r.shape[-1] if r is not None else 0 for r in refs]
+    assert out.values().shape[1] == sum(r.shape[-1] for r in refs if r is not None)
+    for o, r in zip(out.unbind(), refs):
+        if r is None:
+            assert o.shape[-1] == 0
+        else:
+            torch.testing.assert_close(o, r, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize("center", [True, False])
 def test_istft_round_trip_to_the_waveforms_own_nested_int(center):
     """``istft(stft(x), length=x.shape[1])`` gives back each waveform, with ``x``'s nested int;

@@ -68,6 +68,10 @@ def _explicit_dims(equation: str, ndims: tuple[int, ...]) -> tuple[tuple[str, ..
     ell = free[: max(widths, default=0)][::-1]
     if any(w < 0 for w in widths) or len(ell) < max(widths, default=0):
         raise ValueError(f"einsum(): an ellipsis covers more dims than operand has in {equation!r}")
+    bad = next((i for i, c in enumerate(lhs) if not (c.isascii() and c.isalpha()) and c not in ",."), None)
+    if bad is not None:  # dense's words
+        raise ValueError(f"einsum(): invalid subscript given at index {bad} in the equation string, subscripts must "
+                         "be in [a-zA-Z]")
     terms = [t.replace("...", "".join(ell[len(ell) - w:])) for t, w in zip(terms, widths)]
     for k, (term, nd) in enumerate(zip(terms, ndims)):
         if len(term) != nd or not (term.isalpha() or not term):  # '' is a 0-d operand's term
@@ -82,6 +86,10 @@ def _explicit_dims(equation: str, ndims: tuple[int, ...]) -> tuple[tuple[str, ..
         out = out.replace("...", "".join(ell))
         if not out.isalpha() and out:
             raise ValueError(f"einsum(): invalid output subscripts {out!r} in {equation!r}")
+        missing = next((c for c in out if c not in "".join(terms)), None)
+        if missing is not None:  # dense's words: a letter for no dim, never a new dim of size 1
+            raise ValueError(f"einsum(): output subscript {missing} does not appear in the equation for any input "
+                             "operand")
     return tuple(terms), out
 
 
@@ -98,7 +106,11 @@ def _einsum(equation, *operands):
     terms, out = _explicit(equation, operands)
     if len(set(out)) != len(out):
         raise ValueError(f"einsum(): expected each output subscript once, got {out!r} in {equation!r}")
-    if torch.is_autocast_enabled(operands[0].device.type):
+    if not all(o.is_floating_point() or o.is_complex() for o in operands):
+        summed = _sum_alone(equation, terms, list(operands), out)
+        if summed is not None:
+            return summed
+    if torch.is_autocast_enabled(operands[0].device.type) and _contracts(terms, out):
         operands = autocast_lower(*operands)  # as dense einsum's products (bmm) under autocast
     operands, terms = list(operands), list(terms)
     product = pair_product(terms, operands, out)  # NOTE [ Contracting a ragged dim ]
@@ -141,6 +153,51 @@ def _einsum(equation, *operands):
 
     packed_eq = ",".join(packed(t) if isinstance(o, MJT) else t for t, o in zip(terms, operands)) + "->" + packed(out)
     return bridged.einsum(packed_eq, operands, ref._partition, tuple(positions[1:]))
+
+
+def _contracts(terms: list, out: str) -> bool:
+    """Whether dense einsum runs a ``bmm``, which autocast lowers: a subscript that the output drops
+    appears in two operands (one operand's sums, outer and elementwise products are a ``sum`` and a
+    ``mul``, which it does not)."""
+    seen: set = set()
+    for t in terms:
+        if (set(t) - set(out)) & seen:
+            return True
+        seen |= set(t) - set(out)
+    return False
+
+
+def _sum_alone(equation: str, terms: list, operands: list, out: str):
+    """Integer and bool operands: dense einsum first takes each operand's diagonals and sums the
+    subscripts that only it has and the output drops, with ``sum`` — which accumulates into int64
+    (a bool sum counts) — before any product, whose ``bmm`` keeps the dtype. The equation with
+    those sums done, or None where there are none."""
+    changed = False
+    for k, (t, o) in enumerate(zip(terms, operands)):
+        if o.is_floating_point() or o.is_complex():
+            continue
+        if isinstance(o, MJT) and len(set(t)) < len(t):
+            o, t = _diagonals(o, t, equation)
+        elif len(set(t)) < len(t):
+            o, t = _dense_diagonals(o, t)
+        others = "".join(u for j, u in enumerate(terms) if j != k) + out
+        alone = [i for i, c in enumerate(t) if c not in others]
+        if alone or t != terms[k]:
+            changed = True
+            operands[k] = o.sum(alone) if alone else o
+            terms[k] = "".join(c for i, c in enumerate(t) if i not in alone)
+    if not changed:
+        return None
+    return torch.einsum(",".join(terms) + "->" + out, *operands)
+
+
+def _dense_diagonals(o: torch.Tensor, t: str):
+    """A dense operand's repeated subscripts as its diagonals (dense einsum's first step)."""
+    for i, c in enumerate(t):
+        j = t.find(c, i + 1)
+        if j != -1:
+            return _dense_diagonals(torch.diagonal(o, 0, i, j).movedim(-1, i), t[:j] + t[j + 1:])
+    return o, t
 
 
 def _permuted_product(terms: list, operands: list, out: str):

@@ -35,7 +35,7 @@ import torch
 from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...structure import partition_for
-from .._common import MJT, canonical_dim, describe, eager_route, static_dims
+from .._common import MJT, autocast_lower, canonical_dim, describe, eager_route, static_dims
 from .._routing import route
 
 __all__: list[str] = []
@@ -279,6 +279,8 @@ def _vecdot(x, y, *, dim=-1, out=None):
     sizes, nested ints included, which needs concrete sizes."""
     if out is not None or not (isinstance(x, MJT) or isinstance(y, MJT)):
         return NotImplemented
+    if torch.is_autocast_enabled(x.device.type) and not x.is_complex():
+        x, y = autocast_lower(x, y)  # dense's real vecdot is a matmul, which autocast lowers
     if not (x.is_floating_point() or x.is_complex()):
         raise RuntimeError(f"linalg.vecdot(): expected a floating point or complex tensor as input, got {x.dtype}")
     if x.dtype != y.dtype:

@@ -691,12 +691,6 @@ route(F.adaptive_max_pool1d_with_indices, torch.adaptive_max_pool1d)(_adaptive_m
 
 
 # ----------------------------------------------------------------------------- STFT of waveforms
-def _stft_frames(n: torch.Tensor, n_fft: int, hop: int, center: bool) -> torch.Tensor:
-    """Frames of waveforms of lengths ``n`` (dense torch's count; 0 for an empty waveform)."""
-    frames = 1 + n // hop if center else 1 + torch.div(n - n_fft, hop, rounding_mode="floor")
-    return torch.where(n > 0, frames.clamp_min(0), torch.zeros_like(n))
-
-
 @route(torch.stft, torch.Tensor.stft)
 def _stft(input, n_fft, hop_length=None, win_length=None, window=None, center=True, pad_mode="reflect",
           normalized=False, onesided=None, return_complex=None, align_to_window=None):
@@ -716,16 +710,21 @@ def _stft(input, n_fft, hop_length=None, win_length=None, window=None, center=Tr
 def _stft_samples(x: MJT, kw: dict) -> MJT:
     hop = kw["hop_length"] or kw["n_fft"] // 4
     e = x._partition.extents[0]
-    frames = mapped_extent(e, ("stft", kw["n_fft"], hop, bool(kw["center"])),
-                           lambda n: _stft_frames(n, kw["n_fft"], hop, bool(kw["center"])))
     parts = []
+    counts = []
     for i, w in enumerate(x.unbind()):
         if w.shape[0] == 0:
+            counts.append(0)
             continue
         try:
             parts.append(torch.stft(w, **kw).transpose(0, 1))  # (frames, F, …)
         except RuntimeError as err:
             raise RuntimeError(f"stft(): sample {i} of {describe(x)} (length {w.shape[0]}): {err}") from None
+        counts.append(parts[-1].shape[0])
+    # the frame counts dense torch gave each waveform (they depend on every framing argument: an odd
+    # ``n_fft``'s centring pads ``n_fft - 1``, ``align_to_window`` shifts the frames), under a key of all of them
+    key = ("stft", kw["n_fft"], hop, kw["win_length"], bool(kw["center"]), kw["align_to_window"])
+    frames = mapped_extent(e, key, lambda n: torch.tensor(counts, dtype=n.dtype))
     if not parts:  # no frame at all: the width from a waveform of n_fft ones
         probe = torch.stft(torch.ones(kw["n_fft"], dtype=x.dtype, device=x.device), **kw).transpose(0, 1)
         values = probe[:0] + values_of(x).sum() * 0
