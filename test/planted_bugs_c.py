@@ -520,4 +520,11 @@ BUGS_C = [
     Bug("vecdot under autocast stays float32", "ops/contractions/linalg.py",
         "    if torch.is_autocast_enabled(x.device.type) and not x.is_complex():\n        x, y = autocast_lower(x, y)",
         "    if False:\n        x, y = autocast_lower(x, y)", ("test_contractions.py",)),
+    Bug("n // k of all-empty samples is n itself", "ragged_sizes.py",
+        'rounding_mode="floor"), k > 1)', 'rounding_mode="floor"), False)', ("test_flatten_ragged.py",)),
+    Bug("a named factor of a flattened dim relabels it where the sizes are equal", "ops/_routing.py",
+        "              and not _derived_from(e, extents)]", "              and True]", ("test_flatten_ragged.py",)),
+    Bug("1 * n is a new nested int", "ragged_sizes.py",
+        "            if c == 1:\n                return self", "            if c == -1:\n                return self",
+        ("test_flatten_ragged.py",)),
 ]

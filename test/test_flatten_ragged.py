@@ -658,6 +658,64 @@ def test_floor_division_names_the_split_part_and_quotients_of_products():
         x.shape[2] // W  # not a factor of it
 
 
+@pytest.mark.parametrize("lens", [(0,), (0, 0), (0, 4), (2, 0, 6)])
+def test_floor_division_of_empty_samples_is_its_own_size(lens):
+    """``T // 2`` of a batch whose samples are all empty has ``T``'s sizes (zeros) but is another
+    quantity: ``reshape(B, T // 2, 2 * C)`` regroups as each sample's dense reshape does, and a
+    patchify of empty images too."""
+    xs = [torch.arange(n * 6, dtype=torch.float64).view(n, 6) for n in lens]
+    x = mj.nested_tensor(xs)
+    B, T, C = x.shape
+    y = x.reshape(B, T // 2, 2 * C)
+    for a, c in zip(y.unbind(), xs):
+        assert torch.equal(a, c.reshape(c.shape[0] // 2, 2 * C))
+    ims = [torch.randn(3, h, 8) for h in (0,) * len(lens)]
+    im = mj.nested_tensor(ims, ragged_dims=(2, 3))
+    B, C, H, W = im.shape
+    p = im.reshape(B, C, H // 4, 4, W // 4, 4)
+    assert [t.shape for t in p.unbind()] == [c.reshape(3, 0, 4, 2, 4).shape for c in ims]
+
+
+@pytest.mark.parametrize("sides", [((1, 5), (1, 3)), ((1, 1), (1, 1)), ((0, 4),), ((3, 1), (2, 1))])
+def test_tokens_back_to_images_whose_flat_sizes_equal_a_side(sides):
+    """``x.flatten(2).transpose(1, 2)`` then ``.transpose(1, 2).reshape(B, C, H, W)`` (and
+    ``view_as``): where each image's ``H·W`` equals its ``W`` (one pixel high) or its ``H``, the
+    named sizes are the factors of the flattened dim, not another name for it; a square pair's
+    ``flatten(1, 2)`` likewise goes back to ``(B, N, N, C)``."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(3, h, w, generator=g, dtype=torch.float64) for h, w in sides]
+    x = mj.nested_tensor(comps, ragged_dims=(2, 3), requires_grad=True)
+    B, C, H, W = x.shape
+    t = x.flatten(2).transpose(1, 2) * 2
+    for back in (t.transpose(1, 2).reshape(B, C, H, W), t.transpose(1, 2).contiguous().view_as(x)):
+        assert back._ragged_dims == (2, 3)
+        for a, c in zip(back.unbind(), comps):
+            torch.testing.assert_close(a, c * 2)
+    got, = torch.autograd.grad(t.transpose(1, 2).reshape(B, C, H, W).sum(), x)
+    for a, c in zip(got.unbind(), comps):
+        torch.testing.assert_close(a, torch.full_like(c, 2.0))
+    pairs = [torch.randn(n, n, 4, generator=g) for n, _ in sides]
+    z = mj.nested_tensor(pairs, ragged_dims=(1, 2))
+    B, N, _, Cz = z.shape
+    for a, c in zip(z.flatten(1, 2).reshape(B, N, N, Cz).unbind(), pairs):
+        assert torch.equal(a, c)
+
+
+def test_slices_and_expand_by_one_times_a_ragged_size():
+    """``1 * n`` is ``n`` itself (einops' ``unpack`` slices ``y[:, 0 : 1 * n]``)."""
+    einops = pytest.importorskip("einops")
+    xs = [torch.randn(n, 8) for n in (3, 0, 5)]
+    x = mj.nested_tensor(xs)
+    n = x.shape[1]
+    assert (1 * n) is not n and extent_of(1 * n) is extent_of(n)
+    assert torch.equal(x[:, : 1 * n].values(), x.values())
+    assert x.expand(3, 1 * n, 8).shape[1] is not None
+    reg = torch.randn(3, 4, 8)
+    y, ps = einops.pack([x, reg], "b * d")
+    x2, r2 = einops.unpack(y, ps, "b * d")
+    assert all(torch.equal(a, b) for a, b in zip(x2.unbind(), xs)) and torch.equal(r2, reg)
+
+
 @pytest.mark.parametrize("pattern", ["b c (p1 h) (p2 w) -> b h w p1 p2 c", "b c (h p1) (p2 w) -> b (h w) (p1 p2 c)",
                                      "b c (p1 h) w -> b h p1 w c"])
 def test_grids_with_the_factor_outside_the_part(pattern):

@@ -250,7 +250,9 @@ class _RaggedSizeNode(NestedIntNode):
         if not other.is_constant() or other.constant_int() <= 0 or self.coeff != 1 or e is None:
             self._arith(other)
         k = other.constant_int()
-        out = EXTENTS.mapped_extent(e, ("floordiv", k), lambda n: torch.div(n, k, rounding_mode="floor"))
+        # ``n // k`` for k > 1 is its own size even where it equals ``n`` (every sample empty): a view
+        # to ``(n // k, k)`` reads it as a factor of ``n``
+        out = EXTENTS.mapped_extent(e, ("floordiv", k), lambda n: torch.div(n, k, rounding_mode="floor"), k > 1)
         if out is not e:
             out.cache.setdefault(("floordiv_of",), (e, k))  # read back by ``floordiv_of``
         return out.nested_int.node
@@ -266,6 +268,8 @@ class _RaggedSizeNode(NestedIntNode):
             c = other.constant_int()
             if c == 0:
                 return ConstantIntNode(0)  # every sample's size times 0
+            if c == 1:
+                return self  # ``1 * n`` is ``n`` itself (einops' ``prod`` of a packed shape), the same nested int
             if c < 0:
                 self._no_value("a product with a negative int")  # as negation: no size is negative
             return _RaggedSizeNode(self.t_id, self.coeff * c)

@@ -623,21 +623,23 @@ def partition_for(extents: Sequence[RaggedExtent]) -> Partition:
     return p
 
 
-def mapped_extent(e: RaggedExtent, key, lengths_of) -> RaggedExtent:
+def mapped_extent(e: RaggedExtent, key, lengths_of, distinct: bool = False) -> RaggedExtent:
     """The extent whose per-sample sizes are ``lengths_of(e.host_lengths())`` (a (B,) int64 host
     tensor), cached on ``e`` under ``("mapped", key)``: ``key`` names the size map (e.g. a
     strided window's ``(kernel, stride, padding, dilation)``), so two ops that map the same extent
     by the same rule give one nested int (a strided conv and a pooling of the same geometry can be
     added). A map that keeps every size returns ``e`` itself, and one that gives back the sizes of
     an extent ``e`` was mapped from returns that extent (``_source_with``: ``cat([x[:, :1],
-    x[:, 1:]], 1)`` has ``x``'s nested int). Eager only (host lengths)."""
+    x[:, 1:]], 1)`` has ``x``'s nested int) — unless ``distinct``: a size that is another
+    quantity whatever the sizes (``n // k`` of a batch whose samples are all empty). Eager only (host
+    lengths)."""
     k = ("mapped", key)
     hit = e.cache.get(k)
     if hit is None:
         with building():
             host = e.host_lengths()
             out = lengths_of(host).to(torch.int64)
-            hit = e if torch.equal(out, host) else _source_with(e, out)
+            hit = None if distinct else e if torch.equal(out, host) else _source_with(e, out)
             if hit is None:
                 hit = RaggedExtent.from_lengths(out, e.offsets.device)
                 hit.cache[("source",)] = weakref.ref(e)

@@ -28,7 +28,8 @@ import torch
 from ..bridge import assume_relabel, dense_as_ragged, expand_ragged, ragged_as_static, relabel, static_as_ragged
 from ..compile import library  # noqa: F401  (defines the multijagged:: ops that routes call)
 from ..errors import StructureError
-from ..structure import _factors, _is_traced, broadcast_extent, extent_of, flat_extent, partition_for, same_extent
+from ..structure import (_factors, _is_traced, broadcast_extent, extent_of, flat_extent, mapped_from, partition_for,
+                         same_extent)
 from ._common import MJT, canonical_dim
 from ._table import dispatch as _dispatch
 
@@ -180,7 +181,8 @@ def unify_shape(x: MJT, shape) -> MJT:
     if not named or torch.compiler.is_compiling() or _is_traced(x._partition.offsets):
         return x
     extents = x._partition.extents
-    wanted = [e for e in (extent_of(s) for s in named) if e is not None and all(e is not f for f in extents)]
+    wanted = [e for e in (extent_of(s) for s in named) if e is not None and all(e is not f for f in extents)
+              and not _derived_from(e, extents)]
     # an extent the shape also names by its own nested int keeps it (a square pair's two dims
     # named apart: relabelling both would make the other name foreign in turn)
     kept = {id(e) for d, e in zip(x._ragged_dims, extents) if any(s is x._size[d] for s in shape)}
@@ -194,6 +196,15 @@ def unify_shape(x: MJT, shape) -> MJT:
     if not swap:
         return x
     return relabel(x, partition_for([swap.get(id(e), e) for e in extents]))
+
+
+def _derived_from(w, extents) -> bool:
+    """Whether the named extent ``w`` is a factor of one of ``extents`` (``H`` of the flattened
+    ``H * W``), mapped from one (``n // 2``) or one's source (``n`` of ``n // 2``): the shape then
+    unflattens or regroups ``x``'s dims, and sizes that happen to be equal (images one pixel high,
+    samples all empty) are no relabelling."""
+    return (any(w is f for e in extents for f in _factors(e)) or mapped_from(w, extents)
+            or any(mapped_from(e, [w]) for e in extents))
 
 
 def _product_swap(extents, wanted: list, kept: set) -> dict:
