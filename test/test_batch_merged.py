@@ -333,3 +333,19 @@ def test_cat_of_folded_heads():
         torch.testing.assert_close(a, w)
     with pytest.raises(NotImplementedError, match="along dim 0"):
         torch.cat([q, q], 0)
+
+
+@pytest.mark.parametrize("how", ["reshape", "view", "flatten"])
+def test_merging_the_batch_with_a_dim_of_one_is_the_batch(how):
+    """``(B, 1, j0)`` waveforms as ``(B·1, j0)`` (torchaudio's ``Spectrogram`` reshapes to
+    ``(-1, L)``): the batch itself, on which ``stft`` runs per sample."""
+    g = torch.Generator().manual_seed(0)
+    ws = [torch.randn(1, n, dtype=torch.float64, generator=g) for n in (300, 100, 64)]
+    x = mj.nested_tensor(ws, ragged_dims=(2,))
+    y = {"reshape": lambda: x.reshape(-1, x.shape[-1]), "view": lambda: x.view(-1, x.shape[-1]),
+         "flatten": lambda: x.flatten(0, 1)}[how]()
+    assert not isinstance(y, BatchMerged) and y.shape[0] == 3 and y._ragged_dims == (1,)
+    win = torch.hann_window(64, dtype=torch.float64)
+    s = torch.stft(y, 64, 16, window=win, return_complex=True)
+    for a, w in zip(s.unbind(), ws):
+        torch.testing.assert_close(a, torch.stft(w[0], 64, 16, window=win, return_complex=True))

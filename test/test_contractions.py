@@ -246,3 +246,58 @@ def test_einsum_dense_size_one_dims_broadcast_along_ragged_subscripts(equation):
         torch.testing.assert_close(a, r)
     with pytest.raises(NotImplementedError, match="dense operands cannot index the ragged dims"):
         torch.einsum(equation, mj.as_nested_tensor(leaves), torch.randn(3, 2, w.shape[-1], dtype=torch.float64))
+
+
+_CHAINS = {
+    "pair pair tokens": ("ppx", lambda P, X, V, W: [P, P, X]),
+    "vector pair tokens": ("vpx", lambda P, X, V, W: [V, P, X]),
+    "pair pair vector": ("ppv", lambda P, X, V, W: [P, P, V]),
+    "tokens weight": ("xW", lambda P, X, V, W: [X, W]),
+    "vector tokens weight": ("vxW", lambda P, X, V, W: [V, X, W]),
+    "vector pair vector": ("vpv", lambda P, X, V, W: [V, P, V]),
+    "weight tokens": ("Wx", lambda P, X, V, W: [W.T, X.mT]),
+}
+
+
+@pytest.mark.parametrize("name", list(_CHAINS))
+def test_multi_dot_and_chain_matmul_per_sample(name):
+    """``linalg.multi_dot`` of per-sample matrices (a pair, a token batch, a ragged vector first or
+    last, a dense weight shared by every sample): each sample's chain, values and gradients."""
+    g = torch.Generator().manual_seed(0)
+    ns = (3, 2, 0)
+    P = [torch.randn(n, n, dtype=F64, generator=g, requires_grad=True) for n in ns]
+    X = [torch.randn(n, 4, dtype=F64, generator=g, requires_grad=True) for n in ns]
+    V = [torch.randn(n, dtype=F64, generator=g, requires_grad=True) for n in ns]
+    W = torch.randn(4, 5, dtype=F64, generator=g, requires_grad=True)
+    p, x, v = mj.as_nested_tensor(P, ragged_dims=(1, 2)), mj.as_nested_tensor(X), mj.as_nested_tensor(V)
+    _, chain = _CHAINS[name]
+    out = torch.linalg.multi_dot(chain(p, x, v, W))
+    refs = [torch.linalg.multi_dot(chain(P[i], X[i], V[i], W)) for i in range(len(ns))]
+    got = out.unbind() if mj.is_nested(out) else list(out)
+    for a, b in zip(got, refs):
+        torch.testing.assert_close(a, b)
+    leaves = [*P, *X, *V, W]
+    ws = [torch.randn(b.shape, dtype=F64, generator=g) for b in refs]
+    ga = torch.autograd.grad(sum((a * w).sum() for a, w in zip(got, ws)), leaves, allow_unused=True)
+    gb = torch.autograd.grad(sum((b * w).sum() for b, w in zip(refs, ws)), leaves, allow_unused=True)
+    for a, b in zip(ga, gb):
+        assert (a is None) == (b is None)
+        if a is not None:
+            torch.testing.assert_close(a, b)
+    if all(mj.is_nested(t) and t.dim() == 3 for t in chain(p, x, v, W)):
+        torch.testing.assert_close(torch.chain_matmul(*chain(p, x, v, W)).values(), out.values())
+
+
+def test_multi_dot_errors_as_dense():
+    p = mj.nested_tensor([torch.randn(3, 3), torch.randn(2, 2)], ragged_dims=(1, 2))
+    v = mj.nested_tensor([torch.randn(3), torch.randn(2)])
+    with pytest.raises(RuntimeError, match="expected at least 2 tensors but got 1"):
+        torch.linalg.multi_dot([p])
+    with pytest.raises(RuntimeError, match="tensor 1 must be 2D but got 1D"):
+        torch.linalg.multi_dot([p, v, p])
+    with pytest.raises(RuntimeError, match="the first tensor must be 1D or 2D but got 3D"):
+        torch.linalg.multi_dot([p.unsqueeze(-1), p])
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.linalg.multi_dot([p, p.double()])
+    with pytest.raises(RuntimeError, match="Tensor dimension is 1, expected 2"):
+        torch.chain_matmul(p, v)

@@ -159,3 +159,30 @@ def test_a_derived_size_the_samples_compare_differently_raises():
         (g,) = torch.autograd.grad(p.flatten(-2).values().pow(3).sum(), x, create_graph=True)
         (gg,) = torch.autograd.grad(g.values().pow(2).sum(), x)
     assert [tuple(t.shape) for t in gg.unbind()] == [(3, 6), (5, 6), (1, 6)]
+
+
+def test_a_remainder_every_sample_gives_is_that_int():
+    """``H % p`` is the int every sample gives (timm's ``PatchEmbed`` asserts ``H % p == 0``; Swin's
+    patch merging pads by ``H % 2``): each sample then takes its own branch; remainders that differ
+    raise, naming them."""
+    g = torch.Generator().manual_seed(0)
+    ims = [torch.randn(5, 7, 3, generator=g, dtype=torch.float64) for _ in range(2)]
+    ims[1] = torch.randn(3, 9, 3, generator=g, dtype=torch.float64)
+    x = mj.nested_tensor(ims, ragged_dims=(1, 2))  # (B, H, W, C), odd sides
+    B, H, W, C = x.shape
+    assert H % 2 == 1 and W % 2 == 1 and type(H % 2) is int and H % 1 == 0
+    # Swin's PatchMerging, as written for a dense (B, H, W, C) batch
+    if (H % 2 == 1) or (W % 2 == 1):
+        x = F.pad(x, (0, 0, 0, W % 2, 0, H % 2))
+    merged = torch.cat([x[:, 0::2, 0::2], x[:, 1::2, 0::2], x[:, 0::2, 1::2], x[:, 1::2, 1::2]], -1)
+    for a, im in zip(merged.unbind(), ims):
+        p = F.pad(im, (0, 0, 0, im.shape[1] % 2, 0, im.shape[0] % 2))
+        assert torch.equal(a, torch.cat([p[0::2, 0::2], p[1::2, 0::2], p[0::2, 1::2], p[1::2, 1::2]], -1))
+    even = mj.nested_tensor([torch.randn(3, 32, 48), torch.randn(3, 64, 16)], ragged_dims=(2, 3))
+    _, _, He, We = even.shape
+    assert He % 16 == 0 and (16 - We % 16) % 16 == 0
+    with pytest.raises(ValueError, match=r"% 5 differs per sample \(remainders \[2, 4\]"):
+        He % 5
+    with pytest.raises(TypeError):
+        He % We  # a ragged divisor has no per-sample meaning here
+    assert even[:0].shape[2] % 4 == 0  # no sample: 0

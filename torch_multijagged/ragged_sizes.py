@@ -72,7 +72,8 @@ class _RaggedSizeNode(NestedIntNode):
     missing method. A ragged dim has no one size, so ours raises a ``TypeError`` that says so and
     names what to write instead. What has a per-sample meaning is answered: the product of two
     ragged sizes of one batch (the nested int of the two dims flattened, ``_product_extent``),
-    floor division by a positive int (each size divided, a mapped extent), adding or subtracting
+    floor division by a positive int (each size divided, a mapped extent), the remainder by a
+    positive int where every sample gives the same one (an int), adding or subtracting
     0 (Hugging Face's cache length 0 plus the sequence length), a size minus itself (0), ``abs``,
     and an order comparison
     (``n <= max_len``, ``min(n, k)``, ``q_len > 1``, two ragged sizes) with the answer every sample
@@ -104,7 +105,24 @@ class _RaggedSizeNode(NestedIntNode):
     def _arith(self, other):
         self._no_value("arithmetic other than a product with an int")
 
-    truediv = int_truediv = mod = pow = pow_by_natural = _arith
+    truediv = int_truediv = pow = pow_by_natural = _arith
+
+    def mod(self, other):
+        # ``H % p`` (timm's ``PatchEmbed`` checks ``H % p == 0``; Swin pads where ``H % 2 == 1``): a
+        # remainder is no size of any dim, so it is an int — the one every sample gives — and code
+        # that branches on it takes each sample's own branch; remainders that differ raise
+        e = EXTENTS.node_extent(self)
+        if e is not None and torch.compiler.is_compiling():
+            self._eager_only("n % k")
+        if not other.is_constant() or other.constant_int() <= 0 or self.coeff != 1 or e is None:
+            self._arith(other)
+        k = other.constant_int()
+        rem = torch.remainder(e.host_lengths(), k)
+        if rem.numel() == 0 or bool((rem == rem[0]).all()):
+            return ConstantIntNode(int(rem[0]) if rem.numel() else 0)
+        raise ValueError(f"{self} % {k} differs per sample (remainders {rem.tolist()} of sizes "
+                         f"{e.host_lengths().tolist()}): code that branches on it would treat samples differently; "
+                         f"{_NO_VALUE}")
 
     def add(self, other):
         if other.is_constant() and other.constant_int() == 0:

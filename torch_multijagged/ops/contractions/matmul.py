@@ -321,6 +321,53 @@ def _mm(input, mat2, *, out=None):
     return torch.matmul(input, mat2)
 
 
+@route(torch.linalg.multi_dot)
+def _multi_dot(tensors, *, out=None):
+    """``linalg.multi_dot`` per sample: each sample's chain of matrix products, a first operand of
+    one dim per sample a row vector and a last one a column vector (dense's rule), a dense operand
+    the same for every sample; the products from left to right (dense picks the cheapest order,
+    which differs in rounding only)."""
+    if out is not None or not isinstance(tensors, (list, tuple)) or not _involves(*tensors):
+        return NotImplemented
+    return _chain("multi_dot", list(tensors))
+
+
+@route(torch.chain_matmul)
+def _chain_matmul(*matrices, out=None):
+    """Deprecated ``chain_matmul``: ``multi_dot`` of matrices only (dense's message for a vector)."""
+    if out is not None or not _involves(*matrices):
+        return NotImplemented
+    for t in matrices:
+        if _per_sample_dim(t) != 2:
+            raise RuntimeError(f"Tensor dimension is {_per_sample_dim(t)}, expected 2 instead.")
+    return _chain("chain_matmul", list(matrices))
+
+
+def _chain(op: str, ts: list):
+    if len(ts) < 2:
+        raise RuntimeError(f"{op}(): expected at least 2 tensors but got {len(ts)}")
+    dims = [_per_sample_dim(t) for t in ts]
+    if dims[0] not in (1, 2):
+        raise RuntimeError(f"{op}(): the first tensor must be 1D or 2D but got {dims[0]}D per sample ({describe(ts[0])})")
+    if dims[-1] not in (1, 2):
+        raise RuntimeError(f"{op}(): the last tensor must be 1D or 2D but got {dims[-1]}D per sample ({describe(ts[-1])})")
+    for i, d in enumerate(dims[1:-1], 1):
+        if d != 2:
+            raise RuntimeError(f"{op}(): tensor {i} must be 2D but got {d}D per sample ({describe(ts[i])})")
+    for i, t in enumerate(ts[1:], 1):
+        if t.dtype != ts[0].dtype:
+            raise RuntimeError(f"{op}(): all tensors must have be the same dtype but tensor 0 is {ts[0].dtype} and "
+                               f"tensor {i} {t.dtype}")
+    row, col = dims[0] == 1, dims[-1] == 1
+    ts = [ts[0].unsqueeze(-2) if row else ts[0], *ts[1:-1], ts[-1].unsqueeze(-1) if col else ts[-1]]
+    out = ts[0]
+    for t in ts[1:]:
+        out = torch.matmul(out, t)
+    if col:
+        out = out.squeeze(-1)
+    return out.squeeze(-1 if col else -2) if row else out
+
+
 @route(torch.mv, torch.Tensor.mv)
 def _mv(input, vec, *, out=None):
     if out is not None or not _involves(input, vec):

@@ -99,7 +99,7 @@ def merge_batch(op: str, x: MJT, shape: tuple) -> "BatchMerged":
             f"{op}(): cannot {what} {tuple(shape)}: merging the batch dim with dim 1 ({b}·{k}), the sizes after the "
             f"first must be a view of dims 2… ({e})"
         ) from None
-    return BatchMerged(inner)
+    return inner.squeeze(1) if k == 1 else BatchMerged(inner)  # (B·1, …) is the batch itself
 
 
 def flatten_merge(x: MJT, end: int):
