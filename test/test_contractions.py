@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from hypothesis import given, strategies as st
 
 import torch_multijagged as mj
@@ -301,3 +302,55 @@ def test_multi_dot_errors_as_dense():
         torch.linalg.multi_dot([p, p.double()])
     with pytest.raises(RuntimeError, match="Tensor dimension is 1, expected 2"):
         torch.chain_matmul(p, v)
+
+
+def test_mixed_dtypes_raise_where_dense_contracts_them():
+    """A subscript the output drops, shared by operands of other dtypes, is dense's ``bmm`` of
+    mixed dtypes (an error), for three operands as for two; a product alone promotes."""
+    x = mj.nested_tensor([torch.randn(3, 4), torch.randn(5, 4)])
+    d = x.double()
+    with pytest.raises(RuntimeError, match="expected scalar type"):
+        torch.einsum("bic,bic,bjc->bij", x, x, d)
+    with pytest.raises(RuntimeError, match="expected scalar type"):
+        torch.einsum("bic,bjc->bij", x, d)
+    out = torch.einsum("bic,bic,bj->bij", x, x, d[..., 0])  # c contracted between the float32 two only
+    assert out.dtype == torch.float64
+    refs = [torch.einsum("ic,ic,j->ij", a, a, b[..., 0]) for a, b in zip(x.unbind(), d.unbind())]
+    for a, b in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, b)
+
+
+def test_bilinear_pairs_positions_one_to_one_in_one_dtype():
+    """Dense ``bilinear`` refuses operands of other dtypes, and positions that do not pair one to
+    one (no broadcasting of a length-1 sample); integer operands keep their dtype."""
+    W = torch.randn(5, 4, 4)
+    a = mj.nested_tensor([torch.randn(3, 4), torch.randn(2, 4)])
+    b = mj.nested_tensor([torch.randn(1, 4), torch.randn(2, 4)])
+    with pytest.raises(RuntimeError, match="input batch dimensions do not match"):
+        F.bilinear(a, b, W)
+    with pytest.raises(RuntimeError, match="All tensors must have the same dtype, got input1: float, input2: double"):
+        F.bilinear(a, a.double(), W)
+    with pytest.raises(RuntimeError, match="bias: double"):
+        F.bilinear(a, a, W, torch.zeros(5, dtype=torch.float64))
+    g = torch.Generator().manual_seed(0)
+    xi = [torch.randint(0, 3, (n, 4), dtype=torch.int32, generator=g) for n in (3, 0, 2)]
+    Wi = torch.randint(0, 3, (2, 4, 4), dtype=torch.int32, generator=g)
+    out = F.bilinear(mj.nested_tensor(xi), mj.nested_tensor(xi), Wi)
+    for o, c in zip(out.unbind(), xi):
+        r = F.bilinear(c, c, Wi)
+        assert o.dtype == r.dtype == torch.int32 and torch.equal(o, r)
+
+
+def test_baddbmm_expands_the_input_never_the_product():
+    """``input`` broadcasts to each sample's product (a column of ones is fine), but a product
+    with a length 1 where ``input`` has more raises, as that sample's dense call."""
+    a = mj.nested_tensor([torch.randn(3, 4), torch.randn(2, 4)])
+    b = mj.nested_tensor([torch.randn(1, 4), torch.randn(2, 4)])
+    M = mj.nested_tensor([torch.randn(3, 3), torch.randn(2, 2)], ragged_dims=(1, 2))
+    with pytest.raises(RuntimeError, match="expanded size of the input must match"):
+        torch.baddbmm(M, a, b.mT)
+    col = mj.nested_tensor([torch.randn(3, 1), torch.randn(2, 1)])
+    for inp in (col, M):
+        out = torch.baddbmm(inp, a, a.mT, beta=0.5)
+        for o, i, s in zip(out.unbind(), inp.unbind(), a.unbind()):
+            torch.testing.assert_close(o, torch.baddbmm(i[None], s[None], s.mT[None], beta=0.5)[0])

@@ -116,10 +116,8 @@ def _einsum(equation, *operands):
     product = pair_product(terms, operands, out)  # NOTE [ Contracting a ragged dim ]
     if product is not None:
         return product
-    if len(operands) == 2 and operands[0].dtype != operands[1].dtype and set(terms[0]) & set(terms[1]) - set(out):
-        # a contraction is a bmm in dense einsum, which promotes nothing (a product alone does)
-        raise RuntimeError(f"einsum(): expected scalar type {operands[0].dtype} but found {operands[1].dtype} "
-                           f"(contracting {equation!r})")
+    if len({o.dtype for o in operands}) > 1:
+        _check_contracted_dtypes(equation, terms, operands, out)
     if len(operands) == 2 and operands[0].dtype == operands[1].dtype:
         plan = product_spec(operands[0], terms[0], operands[1], terms[1], out)
         if plan is not None:  # NOTE [ Matmul between multi_jagged tensors ]
@@ -153,6 +151,17 @@ def _einsum(equation, *operands):
 
     packed_eq = ",".join(packed(t) if isinstance(o, MJT) else t for t, o in zip(terms, operands)) + "->" + packed(out)
     return bridged.einsum(packed_eq, operands, ref._partition, tuple(positions[1:]))
+
+
+def _check_contracted_dtypes(equation: str, terms: list, operands: list, out: str) -> None:
+    """A contraction is a ``bmm`` in dense einsum, which promotes nothing (a product alone does):
+    operands of other dtypes that share a subscript the output drops raise, as there."""
+    for c in sorted(set("".join(terms)) - set(out)):
+        dtypes = [o.dtype for t, o in zip(terms, operands) if c in t]
+        if len(set(dtypes)) > 1:
+            other = next(d for d in dtypes if d != dtypes[0])
+            raise RuntimeError(f"einsum(): expected scalar type {dtypes[0]} but found {other} (contracting "
+                               f"subscript {c!r} of {equation!r})")
 
 
 def _contracts(terms: list, out: str) -> bool:

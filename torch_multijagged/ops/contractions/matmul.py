@@ -310,7 +310,22 @@ def _scaled_sum(op: str, input, product, beta, alpha):
     if alpha != 1:
         product = product * alpha
     out = product if beta == 0 else (input if beta == 1 else input * beta) + product
+    _input_broadcasts_to(op, out, product)
     return out.to(low) if low is not None and out.dtype != low else out
+
+
+def _input_broadcasts_to(op: str, out, product) -> None:
+    """Dense ``addmm`` / ``baddbmm`` … expand ``input`` to the product's shape, never the product to
+    ``input``'s: a sample whose product is smaller than its ``input`` (a length 1 where ``input``
+    has more) raises, as that sample's dense call does."""
+    if not isinstance(out, MJT) or not isinstance(product, MJT) or out._partition is product._partition:
+        return
+    mine, theirs = out._partition.host_sizes(), product._partition.host_sizes()
+    if out._ragged_dims != product._ragged_dims or not torch.equal(mine, theirs):
+        bad = int((mine != theirs).any(1).nonzero()[0, 0]) if mine.shape == theirs.shape else 0
+        raise RuntimeError(f"{op}(): the expanded size of the input must match the product's: sample {bad} of the "
+                           f"product has sizes {theirs[bad].tolist()} along its ragged dims where the input has "
+                           f"{mine[bad].tolist()} (product {describe(product)}, result {describe(out)})")
 
 
 @route(torch.mm, torch.Tensor.mm)
@@ -460,7 +475,26 @@ def _bilinear(input1, input2, weight, bias=None):
     ``_trilinear`` flattens the leading dims, ragged ones included)."""
     if not _involves(input1, input2) or isinstance(weight, MJT) or isinstance(bias, MJT):
         return NotImplemented
+    ts = [("input1", input1), ("input2", input2), ("weight", weight)] + ([("bias", bias)] if bias is not None else [])
+    if any(t.dtype != input1.dtype for _, t in ts):  # dense's check and words
+        names = {torch.float32: "float", torch.float64: "double", torch.float16: "half", torch.bfloat16: "bfloat16"}
+        raise RuntimeError("All tensors must have the same dtype, got " + ", ".join(
+            f"{n}: {names.get(t.dtype, str(t.dtype).replace('torch.', ''))}" for n, t in ts))
+    if not (isinstance(input1, MJT) and isinstance(input2, MJT)) or input1._partition is not input2._partition:
+        _same_positions("bilinear", input1, input2)
     o, i1, i2 = weight.shape
     t = torch.matmul(input1, weight.permute(1, 0, 2).reshape(i1, o * i2)).unflatten(-1, (o, i2))
-    out = (t * input2.unsqueeze(-2)).sum(-1)
+    out = (t * input2.unsqueeze(-2)).sum(-1, dtype=t.dtype)  # an integer sum keeps its dtype, as dense's
     return out if bias is None else out + bias
+
+
+def _same_positions(op: str, a, b) -> None:
+    """Dense ``bilinear`` pairs ``input1``'s and ``input2``'s positions one to one (no broadcasting):
+    their sizes before the feature dim must agree in every sample."""
+    if not (isinstance(a, MJT) and isinstance(b, MJT)) or a.dim() != b.dim() or a._ragged_dims != b._ragged_dims:
+        raise RuntimeError(f"{op}(): input batch dimensions do not match: got {describe(a)} and {describe(b)}")
+    sa, sb = a._partition.host_sizes(), b._partition.host_sizes()
+    statics = [d for d in range(1, a.dim() - 1) if d not in a._ragged_dims]
+    if not torch.equal(sa, sb) or any(a.shape[d] != b.shape[d] for d in statics):
+        raise RuntimeError(f"{op}(): input batch dimensions do not match: got {describe(a)} and {describe(b)}"
+                           + ("" if torch.equal(sa, sb) else f" (sizes {sa.tolist()} and {sb.tolist()})"))
