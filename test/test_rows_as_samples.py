@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from einops import pack, rearrange, repeat, unpack
 
 import torch_multijagged as mj
+from torch_multijagged.errors import StructureError
 
 from _reference import R, per_sample_check
 from _structures import comps_for
@@ -88,3 +89,18 @@ def test_a_merge_that_is_not_one_raises_or_stays():
         rows.reshape(z.shape[0], other.shape[1], rows.shape[1], 4)
     x = mj.nested_tensor(comps_for([(3, 4), (2, 4)], 6))
     assert type(x.reshape(-1, 4)) is not mj.MultiJaggedTensor  # no ragged dim left: the flattened batch
+
+
+def test_folding_rows_while_splitting_heads_says_how():
+    """``reshape(B * n, n, H, D)`` folds the rows and splits the features at once: refused for any
+    batch size alike, with the two-step spelling that works."""
+    for lens in [(2, 1), (3, 0, 5), (4,)]:
+        z = mj.nested_tensor([torch.randn(n, n, 8) for n in lens], ragged_dims=(1, 2))
+        B, N, N2, C = z.shape
+        if B == 2:
+            continue  # B equals the first head factor: the request reads as another view
+        with pytest.raises(StructureError, match=r"fold the rows of dim 1 into the batch.*unflatten"):
+            z.reshape(B * N, N2, 2, 4)
+        two = z.reshape(B * N, N2, C).unflatten(-1, (2, 4))
+        ref = [row.reshape(row.shape[0], 2, 4) for zi in z.unbind() for row in zi]
+        assert all(torch.equal(a, b) for a, b in zip(two.unbind(), ref))

@@ -255,8 +255,8 @@ def output_sizes(op: str, sizes: Tensor, windows: Sequence[Window]) -> Tensor:
         size = "×".join(str(int(n)) for n in sizes[i])
         want = "×".join(str(int(n)) for n in raw[i])
         raise ValueError(
-            f"{op}(): sample {i} of spatial size {size} is smaller than the window: its output would have "
-            f"size {want} (the dense op raises for it)"
+            f"{op}(): sample {i} of spatial size {size} is smaller than the window (with its padding, dilation and "
+            f"stride): its output would have size {want} (the dense op raises for it)"
         )
     return torch.where(sizes == 0, torch.zeros_like(raw), raw.clamp(min=0))
 

@@ -601,7 +601,13 @@ def check_view_shape(op: str, inp, size) -> tuple[list, tuple[int, ...]]:
     b = inp._partition.batch
     if not size or is_nested_int(size[0]) or size[0] not in (b, -1):
         got = size[0] if size else "no dims"
-        raise StructureError(f"{head()}: dim 0 must be the batch size {b} or -1, got {got} (the batch and ragged dims must stay)")
+        hint = ""
+        if size and is_nested_int(size[0]) and len(inp._ragged_dims) > 1 and inp._ragged_dims[0] == 1:
+            # rows folded into the batch keep every later dim; features split in a second step
+            hint = ("; to fold the rows of dim 1 into the batch, keep the later dims as they are "
+                    "(x.reshape(B * n, *x.shape[2:])), then reshape the features (.unflatten(-1, (H, D)))")
+        raise StructureError(f"{head()}: dim 0 must be the batch size {b} or -1, got {got} (the batch and ragged dims "
+                             f"must stay){hint}")
     nested = [inp._size[d] for d in inp._ragged_dims]
     for d in range(1, len(size)):
         if is_nested_int(size[d]) and not any(_same_size(size[d], n) for n in nested):
