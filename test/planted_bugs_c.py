@@ -549,4 +549,6 @@ BUGS_C = [
         ("test_contractions.py",)),
     Bug("baddbmm expands the product to its input", "ops/contractions/matmul.py",
         "    _input_broadcasts_to(op, out, product)\n", "", ("test_contractions.py",)),
+    Bug("x[b, keep] = v with a multi_jagged keep refuses", "ops/indexing/getitem.py",
+        " or (_index_tensor(lead) is not None and any(isinstance(i, MJT) for i in items)):", ":", ("test_getitem.py",)),
 ]

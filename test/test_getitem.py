@@ -623,6 +623,37 @@ def test_writes_through_a_strided_slice_of_the_batch_reach_the_original(index):
         torch.testing.assert_close(a, b)
 
 
+def test_index_assignment_by_a_multi_jagged_index_per_sample():
+    """``x[b, keep] = v`` writes what ``x[b, keep]`` reads (``b = arange(B)[:, None]``, ``keep`` each
+    sample's positions): dense ``x_i[keep_i] = v_i`` per sample, a scalar or a value of ``keep``'s
+    structure, with gradients to ``x``'s other rows and to ``v``; an empty sample and an empty
+    index included."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(n, 2, dtype=torch.float64, generator=g) for n in (3, 5, 0, 2)]
+    ks = [torch.tensor(k, dtype=torch.int64) for k in ([2, 0], [4, -1, 3], [], [])]
+    keep = tmj.nested_tensor(ks)
+    b = torch.arange(4)[:, None]
+    vs = [torch.randn(len(k), 2, dtype=torch.float64, generator=g, requires_grad=True) for k in ks]
+    for value, per in [(7.0, lambda i: 7.0), ("mj", lambda i: vs[i] * 3)]:
+        leaves = [c.clone().requires_grad_() for c in xs]
+        x = tmj.as_nested_tensor(leaves) * 1
+        x[b, keep] = 7.0 if value == 7.0 else tmj.as_nested_tensor(vs) * 3
+        refs = []
+        for i, c in enumerate(leaves):
+            r = c * 1
+            r[ks[i]] = per(i)
+            refs.append(r)
+        for a, r in zip(x.unbind(), refs):
+            torch.testing.assert_close(a, r)
+        wrt = leaves + (vs if value == "mj" else [])
+        got = torch.autograd.grad((x * x).sum(), wrt)
+        want = torch.autograd.grad(sum((r * r).sum() for r in refs), wrt)
+        for a, w in zip(got, want):
+            torch.testing.assert_close(a, w)
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        tmj.nested_tensor(xs)[b, keep] = torch.ones(7, 2, dtype=torch.float64)
+
+
 def test_index_assignment_with_0d_integer_tensors():
     """A 0-d integer tensor index writes as the int it holds (as ``x[index]`` reads it)."""
     comps = [torch.zeros(2, 3), torch.zeros(4, 3)]

@@ -164,6 +164,7 @@ def _setitem(input, index, value):
         items = tuple(_as_int(i) for i in items)
         index = items if isinstance(index, tuple) else items[0]
     plain = all(i is None or i is Ellipsis or isinstance(i, slice) or type(i) is int or _index_tensor(i) is not None
+                or (isinstance(i, MJT) and not (i.is_floating_point() or i.is_complex()))  # ``x[b, keep] = v``
                 for i in items)
     if not isinstance(input, MJT) or not plain or not items:
         return NotImplemented
@@ -173,7 +174,7 @@ def _setitem(input, index, value):
         raise RuntimeError(f"Index put requires the source and destination dtypes match, got "
                            f"{_dtype_name(input.dtype)} for the destination and {_dtype_name(value.dtype)} for the source.")
     lead = next((i for i in items if i is not None), slice(None))
-    if _advanced(lead) is not None:
+    if _advanced(lead) is not None or (_index_tensor(lead) is not None and any(isinstance(i, MJT) for i in items)):
         # samples by index or mask: integer index tensors alone (``x[b, k] = v``) are ``index_put_``'s
         # (no sync, compiles); a mask, a slice or int after them, or a multi_jagged value read the
         # selection as ``x[index]`` does
