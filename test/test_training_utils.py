@@ -365,6 +365,37 @@ def test_foreach_and_fused_optimizers_on_multi_jagged_parameters(opt, impl):
     torch.testing.assert_close(w.detach(), wr.detach())
 
 
+@pytest.mark.parametrize("impl", ["foreach", "fused"])
+def test_a_parameter_stepped_by_list_ops_is_read_and_differentiated_after(impl):
+    """After a ``foreach`` / ``fused`` step, ops on the multi_jagged parameter read its new values
+    (its own write, not one through an alias), with gradients; a list op writing it between a
+    forward that saved it and the backward makes the backward raise, as dense torch's version
+    check does (an EMA or optimizer step there would otherwise give a silently wrong gradient)."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 4, generator=g, dtype=torch.float64) for n in (3, 0, 5)]
+    p = torch.nn.Parameter(mj.nested_tensor(comps))
+    opt = torch.optim.Adam([p], lr=0.1, **{impl: True})
+    (p * p).sum().backward()
+    opt.step()
+    moved = [c.detach() for c in p.unbind()]
+    for f, ref in [(torch.tanh, torch.tanh), (lambda t: t * t, lambda t: t * t),
+                   (lambda t: F.layer_norm(t, (4,)), lambda t: F.layer_norm(t, (4,)))]:
+        out = f(p)
+        for a, c in zip(out.unbind(), moved):
+            torch.testing.assert_close(a, ref(c))
+        grad, = torch.autograd.grad(out.sum(), p)
+        for a, c in zip(grad.unbind(), moved):
+            leaf = c.clone().requires_grad_()
+            torch.testing.assert_close(a, torch.autograd.grad(ref(leaf).sum(), leaf)[0])
+    torch.testing.assert_close(p.values(), torch.cat(moved))
+    w = torch.randn(4, 4, dtype=torch.float64, requires_grad=True)
+    loss = (p @ w).pow(2).sum()  # saves p for w's gradient
+    with torch.no_grad():
+        torch._foreach_add_([p], 1.0)
+    with pytest.raises(Exception, match="modified in place|modified by an inplace"):
+        loss.backward()
+
+
 def test_foreach_op_of_mismatched_structures_raises():
     a = mj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
     b = mj.nested_tensor([torch.ones(1, 3), torch.ones(2, 3)])
@@ -372,3 +403,69 @@ def test_foreach_op_of_mismatched_structures_raises():
         torch._foreach_add_([a], [b])
     with pytest.raises(mj.StructureError, match="only one-number tensors"):
         torch._foreach_add_([a], [torch.ones(3, 3)])
+
+
+@pytest.mark.parametrize("opt", ["adam_amsgrad", "adamw_amsgrad", "adamax"])
+def test_single_tensor_steps_writing_with_out_on_multi_jagged_parameters(opt):
+    """The single-tensor steps (the CPU default) of ``amsgrad`` and Adamax write
+    ``torch.maximum(a, b, out=a)`` into the parameter's state: each sample moves as a dense
+    parameter does."""
+    make = {"adam_amsgrad": lambda p: torch.optim.Adam(p, lr=0.05, amsgrad=True, foreach=False),
+            "adamw_amsgrad": lambda p: torch.optim.AdamW(p, lr=0.05, amsgrad=True, foreach=False),
+            "adamax": lambda p: torch.optim.Adamax(p, lr=0.05, foreach=False)}[opt]
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 3, generator=g, dtype=torch.float64) for n in (2, 0, 4)]
+    p = torch.nn.Parameter(mj.nested_tensor(comps))
+    ref = [torch.nn.Parameter(c.clone()) for c in comps]
+    ours, dense = make([p]), make(ref)
+    for step in range(3):
+        ours.zero_grad()
+        dense.zero_grad()
+        (p.sin() ** 2 * (step + 1)).sum().backward()
+        sum((c.sin() ** 2 * (step + 1)).sum() for c in ref).backward()
+        ours.step()
+        dense.step()
+    for a, b in zip(p.unbind(), ref):
+        torch.testing.assert_close(a, b.detach())
+
+
+def test_grad_scaler_unscales_multi_jagged_gradients():
+    """``GradScaler``'s unscale (a list op over the gradients) on a multi_jagged parameter, an
+    inf among them skipping the step, as for a dense parameter."""
+    comps = [torch.randn(n, 3, dtype=torch.float32) for n in (2, 0, 4)]
+    for poison in (False, True):
+        p = torch.nn.Parameter(mj.nested_tensor(comps))
+        ref = [torch.nn.Parameter(c.clone()) for c in comps]
+        ours, dense = torch.optim.SGD([p], lr=0.1), torch.optim.SGD(ref, lr=0.1)
+        scalers = [torch.amp.GradScaler("cpu", init_scale=8.0) for _ in range(2)]
+        bad = float("inf") if poison else 1.0
+        scalers[0].scale((p * p).sum() * bad).backward()
+        scalers[1].scale(sum((c * c).sum() for c in ref) * bad).backward()
+        scalers[0].step(ours)
+        scalers[1].step(dense)
+        for a, b in zip(p.unbind(), ref):
+            torch.testing.assert_close(a, b.detach())
+        assert scalers[0]._found_inf_per_device(ours) == scalers[1]._found_inf_per_device(dense)
+
+
+def test_adafactor_refuses_a_ragged_dim_among_the_last_two():
+    """Adafactor divides by the last two dims' sizes as numbers: a ragged one would make its step
+    silently wrong (torch reads a nested int as a placeholder there), so the step raises; a
+    parameter whose last two dims are static steps as one dense parameter of its packed rows (its
+    norm and element count are the batch's: it is one parameter)."""
+    p = torch.nn.Parameter(mj.nested_tensor([torch.randn(3, 4), torch.randn(5, 4)]))
+    (p * p).sum().backward()
+    with pytest.raises(NotImplementedError, match="Adafactor"):
+        torch.optim.Adafactor([p], lr=0.01).step()
+    comps = [torch.randn(n, 3, 4, dtype=torch.float64) for n in (2, 0, 3)]
+    q = torch.nn.Parameter(mj.nested_tensor(comps))
+    ref = torch.nn.Parameter(torch.cat(comps))
+    ours, dense = torch.optim.Adafactor([q], lr=0.01), torch.optim.Adafactor([ref], lr=0.01)
+    for _ in range(2):
+        ours.zero_grad()
+        dense.zero_grad()
+        (q.sin() ** 2).sum().backward()
+        (ref.sin() ** 2).sum().backward()
+        ours.step()
+        dense.step()
+    torch.testing.assert_close(q.values(), ref.detach())

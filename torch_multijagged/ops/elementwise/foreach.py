@@ -4,15 +4,21 @@
 multi_jagged tensors: elementwise per list position, so each runs on the packed values, every
 position's tensors of one structure (a parameter, its gradient, its optimizer states) or a
 number-like dense tensor (a step count); results of a multi_jagged position are wrapped back.
-``foreach`` is the default on CUDA, ``fused`` on request."""
+``foreach`` is the default on CUDA, ``fused`` on request. Also what the single-tensor steps and
+``GradScaler`` need beyond them: ``torch.maximum(a, b, out=a)`` (``amsgrad``, Adamax) into a
+multi_jagged ``out``, the scaler's ``_amp_foreach_non_finite_check_and_unscale_``, and a refusal
+of ``Adafactor``, whose step would be wrong for a ragged dim among a parameter's last two."""
 
 from __future__ import annotations
 
 import torch
+from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ...errors import StructureError
 from .._common import MJT, describe, wrap
+from .._routing import route
 from .._table import op_name, register_multi_jagged_func
+from ...writes import written_args
 
 aten = torch.ops.aten
 
@@ -63,7 +69,22 @@ def foreach_default(func, *args, **kwargs):
     """``func`` on the packed values of every multi_jagged tensor in its lists (module docstring)."""
     first = _positions(func, args, kwargs)
     out = func(*_unwrap(args), **_unwrap(kwargs))
+    _bump_written(func, args, kwargs)
     return _rewrap(out, first)
+
+
+def _bump_written(func, args, kwargs) -> None:
+    """The version counters of the multi_jagged tensors a list op wrote: autograd bumps a single
+    tensor's for its in-place op (``x.add_(1)``), not a list's elements here, and a backward that
+    saved one must raise after the write (an optimizer step or EMA update between forward and
+    backward), as dense torch's does — the dispatcher bumps their values' counters (``record_write``)."""
+    pos, names = written_args(func)
+    for t in [args[i] for i in pos if i < len(args)] + [kwargs[n] for n in names if n in kwargs]:
+        for x in t if isinstance(t, (list, tuple)) else (t,):
+            if isinstance(x, MJT):
+                with torch._C.DisableTorchFunctionSubclass():
+                    if not x.is_inference():
+                        torch.autograd.graph.increment_version(x)
 
 
 def _list_ops():
@@ -79,7 +100,43 @@ def _list_ops():
     return ops
 
 
-_FUSED = ("_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_")
+_FUSED = ("_fused_adam_", "_fused_adamw_", "_fused_sgd_", "_fused_adagrad_",
+          "_amp_foreach_non_finite_check_and_unscale_")  # (``GradScaler``'s unscale of the gradients)
 
 
 register_multi_jagged_func(_list_ops(), "tensors: any, ...")(foreach_default)
+
+
+def _extreme_out(name: str):
+    dense = getattr(torch, name)
+
+    def routed(input, other, *, out=None):
+        """``torch.maximum(a, b, out=a)`` (Adam's ``amsgrad`` and Adamax's single-tensor steps) into a
+        multi_jagged ``out``: the op, then written into ``out`` (its structure, dense's cast)."""
+        if out is None or not isinstance(out, MJT):
+            return NotImplemented
+        return out.copy_(dense(input, other))
+
+    return routed
+
+
+for _name in ("maximum", "minimum", "fmax", "fmin"):
+    route(getattr(torch, _name))(_extreme_out(_name))
+
+
+def _refuse_adafactor(optimizer, args, kwargs) -> None:
+    """``Adafactor`` divides the norms of a gradient over its last two dims by their sizes as
+    numbers (``grad.size(-2)``): a ragged one reaches it as a placeholder, and the step would be
+    silently wrong, so it raises (an optimizer step pre-hook, run for every optimizer: a type test)."""
+    if type(optimizer).__name__ != "Adafactor":
+        return
+    for group in optimizer.param_groups:
+        for p in group["params"]:
+            if isinstance(p, MJT) and any(d >= p.dim() - 2 for d in p._ragged_dims):
+                raise NotImplementedError(
+                    f"Adafactor.step(): a multi_jagged parameter {describe(p)} with a ragged dim among its last two "
+                    "(Adafactor divides by their sizes as numbers, which a ragged dim does not have) is not supported "
+                    "for layout torch.multi_jagged; use another optimizer, or keep those dims static")
+
+
+register_optimizer_step_pre_hook(_refuse_adafactor)
