@@ -298,7 +298,7 @@ _ONE_VALUE_USES = {
     "arange": lambda n: torch.arange(n),
     "arange_start": lambda n: torch.arange(1, n),
     "power": lambda n: n**0.5,
-    "mod": lambda n: n % 2,
+    "mod by a ragged size": lambda n: n % n,  # (n % 2 is the remainder every sample gives, or raises)
     "floordiv by a negative": lambda n: n // -2,  # (n // 2 is each sample's size halved)
     "floordiv by a ragged size": lambda n: n // n,
     "truediv": lambda n: n / 2,

@@ -574,15 +574,15 @@ def test_flatten_or_unflatten_with_a_static_regrouping_in_one_view():
 
 def test_floor_division_of_a_ragged_size_is_per_sample():
     """``H // s`` (a query stride, a pooled grid): each sample's size floor-divided, one nested int
-    per divisor (``H // 1`` is ``H``'s); other arithmetic (two ragged sizes, a remainder) still
-    raises the ragged-size error."""
+    per divisor (``H // 1`` is ``H``'s); other arithmetic (two ragged sizes, a remainder that
+    differs per sample) still raises the ragged-size error."""
     _, x = _batch([(2, 5, 3), (2, 4, 4), (2, 0, 1)], (2, 3))
     h = x.shape[2]
     assert h // 1 == h and (h // 2) == (h // 2) and (h // 2) != h
     assert extent_of(h // 2).host_lengths().tolist() == [5 // 2, 4 // 2, 0 // 2]
     assert h - h == 0  # a size minus itself: every sample's 0
-    for bad in (lambda: h // 0, lambda: (2 * h) // 2, lambda: h % 2, lambda: h - x.shape[3]):
-        with pytest.raises((TypeError, ZeroDivisionError)):
+    for bad in (lambda: h // 0, lambda: (2 * h) // 2, lambda: h % 2, lambda: h % h, lambda: h - x.shape[3]):
+        with pytest.raises((TypeError, ValueError, ZeroDivisionError)):
             bad()
 
 

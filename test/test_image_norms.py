@@ -324,6 +324,23 @@ def test_group_norm_ragged_batch_of_rows_unchanged():
     check(lambda x: F.group_norm(x, 2), lambda cs: [F.group_norm(c, 2) for c in cs], comps, (1,))
 
 
+@pytest.mark.parametrize("shape,count", [((4, 4, 6), 1), ((4, 4, 6), 3), ((4, 5, 6), 1), ((6, 7), 2), ((4, 2, 3, 2), 2)])
+def test_group_norm_of_one_size_images_reads_dim_1_as_channels(shape, count):
+    """Images (signals, volumes) of one size, whose dim 1 ``nested_tensor`` calls ragged, are
+    channels first as for ``conv2d``, ``batch_norm`` and ``instance_norm``: each image's dense
+    ``group_norm`` (a batch of one), values and gradients; never the rows of a ``(n, C, *)``
+    component (that reading is for a dim 1 that truly varies)."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(shape, dtype=DT, generator=g) for _ in range(count)]
+    params = (torch.randn(shape[0], dtype=DT, generator=g), torch.randn(shape[0], dtype=DT, generator=g))
+    check(lambda x, w, b: F.group_norm(x, 2, w, b), lambda cs, w, b: [F.group_norm(c[None], 2, w, b)[0] for c in cs],
+          comps, (1,), params)
+    x = mj.nested_tensor(comps)
+    assert x._ragged_dims == (1,)
+    for a, c in zip(torch.nn.GroupNorm(2, shape[0]).double()(x).unbind(), comps):
+        torch.testing.assert_close(a, F.group_norm(c[None], 2)[0])
+
+
 # ----------------------------------------------------------------------------- layer_norm (channels last)
 @FEW
 @given(case=batches(kinds=("rect", "square")), seed=seeds)

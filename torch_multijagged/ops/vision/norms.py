@@ -644,12 +644,26 @@ def _torch_instance_norm(input, weight, bias, running_mean, running_var, use_inp
     return _instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
 
 
+def _one_size(x: MJT) -> bool:
+    """Whether every sample has one size along ``x``'s only ragged dim (host lengths; eager)."""
+    if torch.compiler.is_compiling():
+        return False
+    host = x._partition.extents[0].host_lengths()
+    return not host.numel() or bool((host == host[0]).all())
+
+
 @route(F.group_norm)
 def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
-    """To the values (``bridged.group_norm``) when the only ragged dim is dim 1: its decomposition
+    """Channels first: a dim 1 of one size in every sample is the channel dim (images of one size);
+    a dim 1 that truly varies makes components ``(n, C, *)``, whose dim 0 is the dense call's batch
+    (``torch.jagged``'s convention), on the values (``bridged.group_norm``): its decomposition
     would reshape across the ragged dim."""
     if not isinstance(input, MJT):
         return NotImplemented
+    if input._ragged_dims == (1,) and input.dim() >= 3 and _one_size(input):
+        # images (or signals) of one size, whose dim 1 ``nested_tensor`` calls ragged: dim 1 is the
+        # channel dim of every sample's dense call, as for batch and instance norm
+        input = as_spatial("group_norm", input, input.dim() - 2)
     if input._ragged_dims and 1 not in input._ragged_dims and len(input._size) >= 3:
         # channels first with ragged spatial dims (B, C, j0, j1)
         return group_norm(input, num_groups, weight, bias, eps)
