@@ -562,4 +562,7 @@ BUGS_C = [
     Bug("group_norm of one-size images reads their rows as the batch", "ops/vision/norms.py",
         "    if input._ragged_dims == (1,) and input.dim() >= 3 and _one_size(input):", "    if False:",
         ("test_image_norms.py",)),
+    Bug("vision ops refuse images of one size (dim 1 ragged)", "ops/vision/conv.py",
+        "    if isinstance(x, MJT) and x._ragged_dims == (1,) and x.dim() >= 3:\n        return as_spatial(op, x, x.dim() - 2)",
+        "    if False:\n        return as_spatial(op, x, x.dim() - 2)", ("test_one_size_images.py",)),
 ]

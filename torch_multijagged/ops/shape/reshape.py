@@ -523,6 +523,9 @@ def _channel_shuffle(input, groups):
     ``(groups, C / groups)``, ``transpose``, ``flatten`` back."""
     if not isinstance(input, MJT):
         return NotImplemented
+    from ..vision.conv import channels_first  # (vision imports shape)
+
+    input = channels_first("channel_shuffle", input)
     if input.dim() < 3 or 1 in input._ragged_dims:
         raise StructureError(f"channel_shuffle(): expected a static channel dim 1, as dense (N, C, *), got {describe(input)}")
     c = input.shape[1]

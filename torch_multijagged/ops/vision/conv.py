@@ -50,7 +50,7 @@ from .._routing import _needs_grad, route
 
 mj = torch.ops.multijagged
 
-__all__ = ["is_ragged_spatial", "as_spatial", "conv", "conv_transpose", "pool", "unfold"]
+__all__ = ["is_ragged_spatial", "as_spatial", "channels_first", "conv", "conv_transpose", "pool", "unfold"]
 
 
 def is_ragged_spatial(x, nspatial: int) -> bool:
@@ -86,6 +86,14 @@ def as_spatial(op: str, x: MJT, nspatial: int) -> MJT:
     part = partition_for([by_size[n] for n in spatial])
     dims = tuple(range(2, 2 + nspatial))
     return wrap_values(rows, part, dims) if grad else wrap(rows, part, dims)
+
+
+def channels_first(op: str, x):
+    """``x`` with dim 1 read as channels where images of one size made ``nested_tensor`` call it
+    ragged (``as_spatial``); anything else as it is."""
+    if isinstance(x, MJT) and x._ragged_dims == (1,) and x.dim() >= 3:
+        return as_spatial(op, x, x.dim() - 2)
+    return x
 
 
 def _check_layout(op: str, x: MJT, nspatial: int, weight=None) -> None:

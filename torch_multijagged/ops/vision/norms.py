@@ -69,7 +69,7 @@ from ...kernels import norms as _kernels  # noqa: E402
 from ...kernels import per_image as pim  # noqa: E402
 from ...kernels import reference as ref  # noqa: E402
 from ...kernels.norms import batch_norm_images, batch_norm_train, group_norm_rows, segment_norm  # noqa: E402
-from .conv import as_spatial  # noqa: E402
+from .conv import as_spatial, channels_first  # noqa: E402
 
 __all__ = ["group_norm", "spatial_layout"]
 
@@ -715,6 +715,7 @@ def _local_response_norm(input, size, alpha=1e-4, beta=0.75, k=1.0):
     ``(T, C, …)`` it is the dense op with the rows as its batch."""
     if not isinstance(input, MJT):
         return NotImplemented
+    input = channels_first("local_response_norm", input)
     if input.dim() < 3 or 1 in input._ragged_dims:
         raise StructureError(f"local_response_norm(): expected (B, C, *spatial) with a static channel dim 1, got {describe(input)}")
     v = values_of(input)

@@ -84,6 +84,7 @@ from ...errors import StructureError
 from ...structure import extent_of, mapped_extent, partition_for
 from .._common import MJT, describe, eager_route, equal_sizes, wrap
 from .._routing import _needs_grad, route
+from .conv import channels_first
 
 __all__ = []
 
@@ -287,6 +288,7 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     """NOTE [ Resampling ragged images ]."""
     if not isinstance(input, MJT):
         return NotImplemented
+    input = channels_first("interpolate", input)
     op = "interpolate"
     side = _static_side(input)
     if side is not None:
@@ -544,6 +546,7 @@ def _pixel_shuffle(input, upscale_factor):
     pixel ``(h, w)`` channel ``c·r² + i·r + j``, per sample as dense ``pixel_shuffle``."""
     if not isinstance(input, MJT):
         return NotImplemented
+    input = channels_first("pixel_shuffle", input)
     side = _static_side(input)
     if side is not None:  # one static side: shuffled as a ragged one of equal sizes (as interpolate)
         return ragged_side_as_static(F.pixel_shuffle(static_side_as_ragged([input], side)[0], upscale_factor), side)
@@ -571,6 +574,7 @@ def _pixel_unshuffle(input, downscale_factor):
     sides must be divisible by ``r``."""
     if not isinstance(input, MJT):
         return NotImplemented
+    input = channels_first("pixel_unshuffle", input)
     side = _static_side(input)
     if side is not None:  # one static side: as a ragged one of equal sizes (as interpolate)
         return ragged_side_as_static(F.pixel_unshuffle(static_side_as_ragged([input], side)[0], downscale_factor), side)
@@ -609,6 +613,7 @@ def _grid_sample(input, grid, mode="bilinear", padding_mode="zeros", align_corne
     different sizes. The output has the grid's sizes. One dense call per image, eager only."""
     if not isinstance(input, MJT):
         return NotImplemented
+    input = channels_first("grid_sample", input)
     if input.dim() != 4 or 1 in input._ragged_dims:
         raise StructureError(f"grid_sample(): expected images (B, C, H, W) with a static channel dim, got {describe(input)}")
     if isinstance(grid, MJT) and (grid.dim() != 4 or 3 in grid._ragged_dims):
