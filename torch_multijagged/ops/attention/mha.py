@@ -25,7 +25,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ...constructors import as_nested_tensor
+from ...constructors import as_nested_tensor, from_packed
 from .._common import MJT, canonical_dim, describe
 from .._routing import route
 from ..shape.leading import BatchMoved, batch_transpose, token_op
@@ -175,11 +175,20 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
         if dense_q:
             # each sample's weights (…, L, nᵢ): L static, the keys ragged
             out = back(out)
-            weights = as_nested_tensor(list(weights.unbind()), ragged_dims=(weights.dim() - 1,))
+            weights = as_nested_tensor(list(weights.unbind()), ragged_dims=(weights.dim() - 1,)) if weights.shape[0] \
+                else _no_weights(weights, kh, ([] if average_attn_weights else [qh.shape[1]]) + [qh.shape[2]])
     else:
         out = F.scaled_dot_product_attention(qh, kh, vh, attn_mask=mask, dropout_p=p, is_causal=causal)
     out = F.linear(out.transpose(1, 2).flatten(-2), out_proj_weight, out_proj_bias)
     return (out.transpose(0, 1) if dense_q else BatchSecond(out)), weights
+
+
+def _no_weights(weights, keys: MJT, static: list) -> MJT:
+    """The attention weights ``(0, [H,] L, j)`` of an empty batch (dense queries of length ``L``):
+    no sample, the keys' ragged dim last."""
+    values = torch.zeros((0, *static), dtype=weights.dtype, device=weights.device) + weights.sum() * 0  # (on the graph)
+    off = keys._partition.offsets.new_zeros(1)
+    return from_packed(values, off, off.new_zeros(0, 1), (len(static) + 1,))
 
 
 @route(F.multi_head_attention_forward)

@@ -509,7 +509,11 @@ def _static_last(x, fn, two: bool = False):
     """Pooling a static last dim: every packed row pools on its own (components ``(n, C)``
     become dense ``(C'=n, L=C)`` inputs), so the dense op on the values is exact."""
     v = _values(x)
-    r = fn(v)
+    if v.shape[0]:
+        r = fn(v)
+    else:  # no row (an empty batch, or every sample empty): the dense op refuses an empty batch of rows
+        r = fn(v.new_zeros((1, *v.shape[1:])))
+        r = tuple(t[:0] for t in r) if two else r[:0] + v.sum() * 0
     if two:
         return _out(r[0], x._partition, x._ragged_dims, v.requires_grad), wrap(r[1], x._partition, x._ragged_dims)
     return _out(r, x._partition, x._ragged_dims, v.requires_grad)

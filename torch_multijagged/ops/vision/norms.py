@@ -320,7 +320,8 @@ def group_norm(input: MJT, num_groups: int, weight, bias, eps) -> MJT:
     if input._partition.rows * (c // num_groups) * math.prod(v.shape[2:]) == 1:
         raise ValueError(f"{op}(): expected more than 1 value per group when training, got input size {describe(input)}")
     w = _float(v)
-    if not torch.compiler.is_compiling() and w.dim() == 2 and input._partition.rows >= _kernels.ROWS_PER_SAMPLE_NATIVE * input._partition.batch:
+    if not torch.compiler.is_compiling() and w.dim() == 2 and input._partition.batch \
+            and input._partition.rows >= _kernels.ROWS_PER_SAMPLE_NATIVE * input._partition.batch:
         cast = (lambda t: t if t is None or t.dtype == w.dtype else t.to(w.dtype))
         lengths = _pixels_per_sample(input, v).tolist()
         return _finish(input, group_norm_rows(w, lengths, num_groups, cast(weight), cast(bias), eps).to(v.dtype))
