@@ -570,4 +570,7 @@ BUGS_C = [
         "    if not torch.compiler.is_compiling() and w.dim() == 2 and True \\\n", ("test_empty_batches.py",)),
     Bug("pooling the static last dim of no rows calls the dense op on none", "ops/nn/ragged.py",
         "    if v.shape[0]:\n        r = fn(v)", "    if True:\n        r = fn(v)", ("test_empty_batches.py",)),
+    Bug("a batch's lengths made under inference mode stay inference tensors", "structure.py",
+        "            if lengths.is_inference():\n                lengths = lengths.clone()",
+        "            if False:\n                lengths = lengths.clone()", ("test_inference_mode.py",)),
 ]

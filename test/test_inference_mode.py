@@ -97,3 +97,30 @@ def test_maps_built_under_inference_mode_serve_autograd(name):
     assert_close(gw, gw_ref)
     assert_close(out, y_ref.detach())
 
+
+
+@pytest.mark.parametrize("name", ["sdpa", "triangle einsum", "pair", "linear"])
+def test_a_batch_made_under_inference_mode_then_cloned_trains(name):
+    """``x = xi.clone().requires_grad_()`` of a batch built under ``inference_mode`` (torch's advice
+    for training on inference tensors): its structure (offsets, lengths) is no inference tensor,
+    so ops that save it for backward run, values and gradients as each sample's."""
+    g = torch.Generator().manual_seed(0)
+    ts = [torch.randn(n, 2, 4, generator=g) for n in (3, 0, 5)]
+    with torch.inference_mode():
+        xi = torch.nested.nested_tensor(ts, layout=mj.multi_jagged)
+    x = xi.clone().requires_grad_()
+    assert not x.offsets().is_inference() and not x._partition.extents[0].host_lengths().is_inference()
+    w = torch.randn(8, 8, generator=g)
+    f = {"sdpa": lambda t: F.scaled_dot_product_attention(*(t.transpose(-3, -2),) * 3),
+         "triangle einsum": lambda t: torch.einsum("...ikc,...jkc->...ijc", *(t.flatten(-2).unsqueeze(-2)
+                                                                           * t.flatten(-2).unsqueeze(-3),) * 2),
+         "pair": lambda t: t.flatten(-2).unsqueeze(-2) + t.flatten(-2).unsqueeze(-3),
+         "linear": lambda t: t.flatten(-2) @ w}[name]
+    out = f(x)
+    leaves = [t.clone().requires_grad_() for t in ts]
+    refs = [f(t[None])[0] for t in leaves]
+    for a, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    (gx,) = torch.autograd.grad(out.sum(), x)
+    for a, b in zip(gx.unbind(), torch.autograd.grad(sum(r.sum() for r in refs), leaves)):
+        torch.testing.assert_close(a, b)

@@ -297,10 +297,15 @@ class RaggedExtent:
         lengths: torch.Tensor, device: torch.device, offsets: Optional[torch.Tensor] = None
     ) -> "RaggedExtent":
         """``lengths``: (B,) int64 on the CPU. ``offsets`` reuses an existing prefix-sum tensor
-        (and so its nested int) when the caller has one."""
-        lengths = lengths.to(dtype=torch.int64)
-        if offsets is None:
-            offsets = _exclusive_cumsum(lengths).to(device)
+        (and so its nested int) when the caller has one. Built outside ``inference_mode``
+        (``building``): a batch made under it and cloned for training saves its offsets for
+        backward."""
+        with building():
+            lengths = lengths.to(dtype=torch.int64)
+            if lengths.is_inference():
+                lengths = lengths.clone()
+            if offsets is None:
+                offsets = _exclusive_cumsum(lengths).to(device)
         b = lengths.shape[0]
         # SYNC: none — ``lengths`` is a host tensor; these three ints size the shape carriers.
         if b <= 64:  # a few Python ints cost less than four reductions and three ``item``s
@@ -429,10 +434,11 @@ class Partition:
         extents = tuple(extents)
         if len(extents) == 1:
             return Partition(extents, extents[0].offsets, extents[0].total)
-        counts = extents[0].lengths()
-        for e in extents[1:]:
-            counts = counts * e.lengths()
-        offsets = _exclusive_cumsum(counts)
+        with building():  # (as ``RaggedExtent.from_lengths``)
+            counts = extents[0].lengths()
+            for e in extents[1:]:
+                counts = counts * e.lengths()
+            offsets = _exclusive_cumsum(counts)
         return Partition(extents, offsets, _rows_of_product(extents))
 
     @property
