@@ -573,4 +573,13 @@ BUGS_C = [
     Bug("a batch's lengths made under inference mode stay inference tensors", "structure.py",
         "            if lengths.is_inference():\n                lengths = lengths.clone()",
         "            if False:\n                lengths = lengths.clone()", ("test_inference_mode.py",)),
+    Bug("(B, -1, L) of a merged batch reads the -1 as the merged factor", "ops/shape/merged.py",
+        "        if -1 in (shape[0], shape[1]) and len(shape) != t._mjt.dim():\n            return False",
+        "        if False:\n            return False", ("test_batch_merged.py",)),
+    Bug("a reshape to B·f with f splitting dim 1 is no merge", "ops/shape/merged.py",
+        "    if b and first > 0 and first % b == 0 and first != b:", "    if b and first == b * k and first != b:",
+        ("test_batch_merged.py",)),
+    Bug("split of a merged batch's channels splits the batch", "ops/shape/merged.py",
+        "        return _outer(getattr(torch.Tensor, op)(t._mjt, size, t._dim(op, dim)))",
+        "        return _outer(getattr(torch.Tensor, op)(t._mjt, size, dim))", ("test_batch_merged.py",)),
 ]

@@ -5,6 +5,8 @@ every leaf, a zero-length sample, no leakage between samples, second order and c
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -349,3 +351,43 @@ def test_merging_the_batch_with_a_dim_of_one_is_the_batch(how):
     s = torch.stft(y, 64, 16, window=win, return_complex=True)
     for a, w in zip(s.unbind(), ws):
         torch.testing.assert_close(a, torch.stft(w[0], 64, 16, window=win, return_complex=True))
+
+
+def _qkv_attention(qkv, n_heads, legacy):
+    """guided-diffusion's ``QKVAttention`` / ``QKVAttentionLegacy`` (ADM U-Nets), as written there."""
+    bs, width, length = qkv.shape
+    ch = width // (3 * n_heads)
+    scale = 1 / math.sqrt(math.sqrt(ch))
+    if legacy:
+        q, k, v = qkv.reshape(bs * n_heads, ch * 3, length).split(ch, dim=1)
+        weight = torch.einsum("bct,bcs->bts", q * scale, k * scale)
+    else:
+        q, k, v = qkv.chunk(3, dim=1)
+        weight = torch.einsum("bct,bcs->bts", (q * scale).view(bs * n_heads, ch, length),
+                              (k * scale).view(bs * n_heads, ch, length))
+        v = v.reshape(bs * n_heads, ch, length)
+    weight = torch.softmax(weight.float(), dim=-1).type(weight.dtype)
+    a = torch.einsum("bts,bcs->bct", weight, v)
+    return a.reshape(bs, -1, length)
+
+
+@pytest.mark.parametrize("legacy", [False, True])
+def test_guided_diffusion_qkv_attention_per_sample(legacy):
+    """Heads folded into the batch by a reshape that also splits the channels (``B·H, 3·ch``), a
+    ``split`` / ``chunk`` of the folded tensor's channels, and ``reshape(bs, -1, length)`` back (the
+    ``-1`` holding H·ch): each sample's dense attention, values and gradients."""
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(18, n, dtype=torch.float64, generator=g, requires_grad=True) for n in (4, 1, 6)]
+    out = _qkv_attention(mj.as_nested_tensor(xs), 2, legacy)
+    refs = [_qkv_attention(c[None], 2, legacy)[0] for c in xs]
+    for a, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    ga = torch.autograd.grad((out * out).sum(), xs)
+    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), xs)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b)
+    empty = mj.nested_tensor([torch.randn(18, 3), torch.randn(18, 0)])
+    assert [t.shape for t in _qkv_attention(empty, 2, legacy).unbind()] == [(6, 3), (6, 0)]
+    x = mj.nested_tensor([c.detach() for c in xs])
+    with pytest.raises(NotImplementedError, match="along dim 0"):
+        x.reshape(6, 9, x.shape[2]).split(3)  # the merged dim itself

@@ -72,8 +72,10 @@ def merge_request(x: MJT, shape: tuple) -> bool:
     if not isinstance(first, int):
         return False
     b, k = x._size[0], x._size[1]
-    if first == b * k and b * k != b:
-        return True  # dim 0 cannot be the batch: the batch-first view of the rest decides (and raises)
+    if b and first > 0 and first % b == 0 and first != b:
+        # dim 0 cannot be the batch: B·f with f dividing dim 1 (B·K, or B·H of a dim 1 of H·D:
+        # guided-diffusion's ``qkv.reshape(B * H, 3 * ch, L)``); the batch-first view decides (and raises)
+        return True
     if first != -1 or b * k == 0 or any(isinstance(s, int) and s == -1 for s in rest):
         return False
     ragged = [x._size[d] for d in x._ragged_dims]
@@ -88,8 +90,10 @@ def merge_request(x: MJT, shape: tuple) -> bool:
 
 
 def merge_batch(op: str, x: MJT, shape: tuple) -> "BatchMerged":
-    """``x`` (``(B, K, …)``) viewed as ``shape`` (``(B·K, …)``): the token of ``x.view(B, K, *shape[1:])``."""
-    b, k = x._size[0], x._size[1]
+    """``x`` (``(B, K, …)``) viewed as ``shape`` (``(B·f, …)``, ``-1`` for ``B·K``): the token of
+    ``x.view(B, f, *shape[1:])`` (``f`` may split dim 1: ``K = f·K'``)."""
+    b = x._size[0]
+    k = x._size[1] if shape[0] == -1 else shape[0] // b
     inner_shape = (b, k, *shape[1:])
     try:
         inner = x.reshape(inner_shape) if op != "view" else x.view(inner_shape)
@@ -271,6 +275,18 @@ def _forward(func, kind: str, args, kwargs):
     return _outer(func(*args, **kwargs))
 
 
+def _split_like(op: str):
+    def impl(t, size, dim=0):
+        """``split`` / ``chunk`` along a dim other than the merged one (guided-diffusion's
+        ``qkv.reshape(B * H, 3 * ch, L).split(ch, dim=1)``): the batch-first tensor's pieces, each
+        merged again."""
+        if not isinstance(t, BatchMerged):
+            return NotImplemented
+        return _outer(getattr(torch.Tensor, op)(t._mjt, size, t._dim(op, dim)))
+
+    return impl
+
+
 def _dims(t: BatchMerged, op: str, dim):
     """A dim argument (an int or a list of them) mapped to the batch-first tensor's dims."""
     return t._dim(op, dim) if isinstance(dim, int) else [t._dim(op, d) for d in dim]
@@ -295,6 +311,8 @@ def _split_request(t: BatchMerged, shape: tuple) -> bool:
         return False
     b, k = t._mjt._size[0], t._k
     if (shape[0], shape[1]) in ((b, k), (-1, k), (b, -1)):
+        if -1 in (shape[0], shape[1]) and len(shape) != t._mjt.dim():
+            return False  # ``(B, -1, L)`` of ``(B·K, C, L)``: the -1 holds K·C, the batch-first view's
         return b * k != 0 or (shape[0], shape[1]) == (b, k)
     return False
 
@@ -564,6 +582,8 @@ _OPS = {
                              torch.randn_like)},
     torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
     torch.Tensor.numel: lambda t: t._mjt.numel(), torch.numel: lambda t: t._mjt.numel(),
+    **{f: _split_like(f.__name__) for f in (torch.split, torch.Tensor.split, torch.chunk, torch.Tensor.chunk,
+                                            torch.Tensor.split_with_sizes, torch.split_with_sizes)},
 }
 _SIZE = {
     torch.Tensor.size: lambda t, dim=None: torch.Size(t._size) if dim is None else t._size[canonical_dim("size", len(t._size), dim)],
