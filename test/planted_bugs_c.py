@@ -582,4 +582,7 @@ BUGS_C = [
     Bug("split of a merged batch's channels splits the batch", "ops/shape/merged.py",
         "        return _outer(getattr(torch.Tensor, op)(t._mjt, size, t._dim(op, dim)))",
         "        return _outer(getattr(torch.Tensor, op)(t._mjt, size, dim))", ("test_batch_merged.py",)),
+    Bug("(c * n) // k divides n alone", "ragged_sizes.py",
+        'lambda n: torch.div(n * c, k, rounding_mode="floor"))', 'lambda n: torch.div(n, k, rounding_mode="floor"))',
+        ("test_size_shifts.py",)),
 ]

@@ -581,7 +581,8 @@ def test_floor_division_of_a_ragged_size_is_per_sample():
     assert h // 1 == h and (h // 2) == (h // 2) and (h // 2) != h
     assert extent_of(h // 2).host_lengths().tolist() == [5 // 2, 4 // 2, 0 // 2]
     assert h - h == 0  # a size minus itself: every sample's 0
-    for bad in (lambda: h // 0, lambda: (2 * h) // 2, lambda: h % 2, lambda: h % h, lambda: h - x.shape[3]):
+    assert (2 * h) // 2 is not None and bool((2 * h) // 2 == h)  # each sample's multiple divided back
+    for bad in (lambda: h // 0, lambda: h % 2, lambda: h % h, lambda: h - x.shape[3]):
         with pytest.raises((TypeError, ValueError, ZeroDivisionError)):
             bad()
 

@@ -186,3 +186,18 @@ def test_a_remainder_every_sample_gives_is_that_int():
     with pytest.raises(TypeError):
         He % We  # a ragged divisor has no per-sample meaning here
     assert even[:0].shape[2] % 4 == 0  # no sample: 0
+
+
+def test_a_multiple_of_a_ragged_size_floor_divided_is_each_samples():
+    """``(3 * L) // 4`` (MAE's kept length with a 0.25 mask ratio, in ints): each sample's multiple
+    floor-divided, a ragged size slices take."""
+    xs = [torch.randn(n, 4) for n in (4, 9, 0, 1)]
+    x = mj.nested_tensor(xs)
+    L = x.shape[1]
+    keep = (3 * L) // 4
+    kept = x[:, :keep]
+    for a, c in zip(kept.unbind(), xs):
+        assert torch.equal(a, c[: (3 * c.shape[0]) // 4])
+    assert bool((3 * L) // 4 == keep)  # one nested int per rule
+    with pytest.raises(TypeError, match="floor division"):
+        L - L // 4  # two ragged sizes: no per-sample rule

@@ -103,7 +103,8 @@ class _RaggedSizeNode(NestedIntNode):
         return _RaggedAsFloat(self)
 
     def _arith(self, other):
-        self._no_value("arithmetic other than a product with an int")
+        self._no_value("arithmetic other than a product with an int, adding or subtracting an int, floor division or "
+                       "a remainder by a positive int")
 
     truediv = int_truediv = pow = pow_by_natural = _arith
 
@@ -265,9 +266,15 @@ class _RaggedSizeNode(NestedIntNode):
             if rest is None:
                 self._arith(other)
             return rest.nested_int.node
-        if not other.is_constant() or other.constant_int() <= 0 or self.coeff != 1 or e is None:
+        if not other.is_constant() or other.constant_int() <= 0 or e is None:
             self._arith(other)
         k = other.constant_int()
+        if self.coeff != 1:
+            # ``(3 * n) // 4`` (MAE's ``int(L * (1 - mask_ratio))`` written with ints): each sample's
+            # multiple floor-divided, a mapped extent of ``n``
+            c = self.coeff
+            out = EXTENTS.mapped_extent(e, ("scaled_floordiv", c, k), lambda n: torch.div(n * c, k, rounding_mode="floor"))
+            return out.nested_int.node
         # ``n // k`` for k > 1 is its own size even where it equals ``n`` (every sample empty): a view
         # to ``(n // k, k)`` reads it as a factor of ``n``
         out = EXTENTS.mapped_extent(e, ("floordiv", k), lambda n: torch.div(n, k, rounding_mode="floor"), k > 1)
