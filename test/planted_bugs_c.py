@@ -560,7 +560,7 @@ BUGS_C = [
         "            if isinstance(p, MJT) and any(d >= p.dim() - 2 for d in p._ragged_dims):",
         "            if False:", ("test_training_utils.py",)),
     Bug("group_norm of one-size images reads their rows as the batch", "ops/vision/norms.py",
-        "    if input._ragged_dims == (1,) and input.dim() >= 3 and _one_size(input):", "    if False:",
+        "    if input._ragged_dims == (1,) and input.dim() >= 3 and _channels_at_dim_1(input, weight):", "    if False:",
         ("test_image_norms.py",)),
     Bug("vision ops refuse images of one size (dim 1 ragged)", "ops/vision/conv.py",
         "    if isinstance(x, MJT) and x._ragged_dims == (1,) and x.dim() >= 3:\n        return as_spatial(op, x, x.dim() - 2)",
@@ -585,4 +585,7 @@ BUGS_C = [
     Bug("(c * n) // k divides n alone", "ragged_sizes.py",
         'lambda n: torch.div(n * c, k, rounding_mode="floor"))', 'lambda n: torch.div(n, k, rounding_mode="floor"))',
         ("test_size_shifts.py",)),
+    Bug("group_norm of equal-length rows with a weight of C's size reads dim 1 as channels", "ops/vision/norms.py",
+        "    return weight is None or weight.numel() == n or weight.numel() != x.shape[2]", "    return True",
+        ("test_image_norms.py",)),
 ]

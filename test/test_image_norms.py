@@ -319,9 +319,13 @@ def test_group_norm_module_modes_leakage_second_order_errors():
 
 
 def test_group_norm_ragged_batch_of_rows_unchanged():
-    """The existing case (components (n, C, L), only dim 1 ragged: n is group_norm's batch)."""
+    """The existing case (components (n, C, L), only dim 1 ragged: n is group_norm's batch); with
+    every n equal, a weight of C's size (not n's) keeps that reading."""
     comps = [torch.randn(n, 4, 3, dtype=DT) for n in (2, 0, 3)]
     check(lambda x: F.group_norm(x, 2), lambda cs: [F.group_norm(c, 2) for c in cs], comps, (1,))
+    equal = [torch.randn(3, 4, 5, dtype=DT) for _ in range(2)]
+    w = torch.randn(4, dtype=DT)
+    check(lambda x: F.group_norm(x, 2, w), lambda cs: [F.group_norm(c, 2, w) for c in cs], equal, (1,))
 
 
 @pytest.mark.parametrize("shape,count", [((4, 4, 6), 1), ((4, 4, 6), 3), ((4, 5, 6), 1), ((6, 7), 2), ((4, 2, 3, 2), 2)])

@@ -645,23 +645,28 @@ def _torch_instance_norm(input, weight, bias, running_mean, running_var, use_inp
     return _instance_norm(input, running_mean, running_var, weight, bias, use_input_stats, momentum, eps)
 
 
-def _one_size(x: MJT) -> bool:
-    """Whether every sample has one size along ``x``'s only ragged dim (host lengths; eager)."""
+def _channels_at_dim_1(x: MJT, weight) -> bool:
+    """Whether ``x``'s only ragged dim, dim 1, is a channel dim: one size in every sample (images of
+    one size), unless a weight sized as dim 2 and not as dim 1 says the components are ``(n, C, *)``
+    (host lengths; eager)."""
     if torch.compiler.is_compiling():
         return False
     host = x._partition.extents[0].host_lengths()
-    return not host.numel() or bool((host == host[0]).all())
+    if host.numel() and not bool((host == host[0]).all()):
+        return False
+    n = int(host[0]) if host.numel() else None
+    return weight is None or weight.numel() == n or weight.numel() != x.shape[2]
 
 
 @route(F.group_norm)
 def _group_norm(input, num_groups, weight=None, bias=None, eps=1e-5):
     """Channels first: a dim 1 of one size in every sample is the channel dim (images of one size);
-    a dim 1 that truly varies makes components ``(n, C, *)``, whose dim 0 is the dense call's batch
-    (``torch.jagged``'s convention), on the values (``bridged.group_norm``): its decomposition
-    would reshape across the ragged dim."""
+    a dim 1 that truly varies (or a weight of dim 2's size) makes components ``(n, C, *)``, whose dim
+    0 is the dense call's batch (``torch.jagged``'s convention), on the values
+    (``bridged.group_norm``): its decomposition would reshape across the ragged dim."""
     if not isinstance(input, MJT):
         return NotImplemented
-    if input._ragged_dims == (1,) and input.dim() >= 3 and _one_size(input):
+    if input._ragged_dims == (1,) and input.dim() >= 3 and _channels_at_dim_1(input, weight):
         # images (or signals) of one size, whose dim 1 ``nested_tensor`` calls ragged: dim 1 is the
         # channel dim of every sample's dense call, as for batch and instance norm
         input = as_spatial("group_norm", input, input.dim() - 2)
