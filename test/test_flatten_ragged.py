@@ -771,3 +771,39 @@ def test_writes_into_a_merge_stored_apart_refuse(name):
     z.flatten(1, 2).mul_(2)  # a view of the rows: writes through as dense
     for a, c in zip(z.unbind(), comps):
         torch.testing.assert_close(a, c * 2)
+
+
+_GROUPED = {
+    "patchify, one static side": (lambda: [torch.randn(3, 32, w, dtype=torch.float64) for w in (40, 96, 8)], None,
+                                  lambda t, B: t.reshape(B, 3, 4, 8, t.shape[3] // 8, 8)),
+    "einops patchify, one static side": (lambda: [torch.randn(3, 32, w, dtype=torch.float64) for w in (40, 96, 8)], None,
+                                         "b c (h p1) (w p2) -> b (h w) (p1 p2 c)"),
+    "einops patchify, one static width": (lambda: [torch.randn(3, h, 16, dtype=torch.float64) for h in (8, 24, 0)], None,
+                                          "b c (h p1) (w p2) -> b (h w) (p1 p2 c)"),
+    "two merges": (lambda: [torch.randn(n, 4, 8, 3, dtype=torch.float64) for n in (2, 5, 0)], None,
+                   lambda t, B: t.reshape(B, 4 * t.shape[1], 24)),
+    "merge across a static lead": (lambda: [torch.randn(1, 8, n, 64, dtype=torch.float64) for n in (2, 5, 1)], (3,),
+                                   lambda t, B: t.reshape(B, 8 * t.shape[3], 64)),
+}
+
+
+@pytest.mark.parametrize("name", list(_GROUPED))
+def test_a_reshape_splitting_or_merging_several_groups_at_once(name):
+    """One ``reshape`` that splits (or merges) a static and a ragged dim at once — the ViT patchify
+    of images sharing a height or a width, whose shared side ``nested_tensor`` leaves static — runs
+    one group at a time: each sample's dense reshape, values and gradients."""
+    einops = pytest.importorskip("einops")
+    make, rd, f = _GROUPED[name]
+    comps = [c.requires_grad_() for c in make()]
+    x = mj.as_nested_tensor(comps) if rd is None else mj.as_nested_tensor(comps, ragged_dims=rd)
+    if isinstance(f, str):
+        pattern = f
+        f = lambda t, B: einops.rearrange(t, pattern, p1=8, p2=8)  # noqa: E731
+    out = f(x, x.shape[0])
+    refs = [f(c[None], 1)[0] for c in comps]
+    for a, r in zip(out.unbind(), refs):
+        assert torch.equal(a, r)
+    ga = torch.autograd.grad((out * out).sum(), comps)
+    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), comps)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b)

@@ -10,6 +10,8 @@ pieces, ``-1``) and their errors are exactly dense torch's.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int
 
@@ -81,9 +83,80 @@ def _reshape(input, *shape):
     except StructureError:
         # elements regrouped across a ragged dim: NOTE [ Regrouping across a ragged dim ] in regroup.py
         plan = regroup.regroup_plan("reshape", input, _normalize_shape(shape))
-        if plan is None:
+        if plan is not None:
+            return plan()
+        groups = _groups(input, _normalize_shape(shape))
+        if groups is None:
             raise
-        return plan()
+        return _by_groups(input, groups)
+
+
+def _groups(x: MJT, shape):
+    """For a reshape that splits or merges several groups of dims at once (a patchify
+    ``(B, C, H // p, p, W // p, p)`` of images with one static side splits a static and a ragged
+    dim; ``(B, h * w, p * p * C)`` after it merges two groups): ``x``'s dims after the batch dim and
+    ``shape``'s paired into groups of one dim to several or several to one, as dense ``view`` pairs
+    them (ints with ints of the same product, a ragged size with sizes that name one). None where
+    no such pairing exists, or where one group alone changes (the reshape itself decides that one)."""
+    src, dst = list(x.shape[1:]), list(shape[1:])
+    if not shape or (shape[0] != -1 and shape[0] is not x.shape[0] and shape[0] != x._partition.batch):
+        return None
+    if any(isinstance(t, int) and t == -1 for t in dst):
+        return None
+    groups = _pair(src, dst)
+    if groups is None or sum(1 for a, b in groups if len(a) != 1 or len(b) != 1) < 2:
+        return None
+    return groups
+
+
+def _by_groups(x: MJT, groups):
+    """``x`` reshaped one group at a time, every split first, then every merge; a merge into a
+    ragged size names it ``-1`` (the merged dim's nested int is the reshape's own, as for a single
+    merge)."""
+    widths = [len(a) for a, _ in groups]
+    for k, (a, b) in enumerate(groups):  # splits
+        if len(a) == 1 and len(b) > 1:
+            start = 1 + sum(widths[:k])
+            x = x.reshape(*x.shape[:start], *b, *x.shape[start + 1:])
+            widths[k] = len(b)
+    for k, (a, b) in enumerate(groups):  # merges
+        if len(a) > 1:
+            start = 1 + sum(widths[:k])
+            merged = b[0] if isinstance(b[0], int) else -1
+            x = x.reshape(*x.shape[:start], merged, *x.shape[start + len(a):])
+            widths[k] = 1
+    return x
+
+
+def _pair(src: list, dst: list):
+    """``[(source sizes, target sizes), …]`` covering both lists in order, each pair one to many or
+    many to one; ints pair with ints of the same product, a nested int with sizes holding one
+    (backtracking over the ragged groups' extents); None where none fits."""
+    if not src and not dst:
+        return []
+    if not src or not dst:
+        return None
+    for a in range(1, len(src) + 1):
+        for b in range(1, len(dst) + 1):
+            if a > 1 and b > 1:
+                break
+            left, right = src[:a], dst[:b]
+            if not _fits(left, right):
+                continue
+            rest = _pair(src[a:], dst[b:])
+            if rest is not None:
+                return [(left, right), *rest]
+    return None
+
+
+def _fits(left: list, right: list) -> bool:
+    ragged_l = [s for s in left if not isinstance(s, int)]
+    ragged_r = [s for s in right if not isinstance(s, int)]
+    if not ragged_l and not ragged_r:
+        return math.prod(left) == math.prod(right)
+    if len(left) == 1 and len(right) == 1:
+        return left[0] is right[0] or (bool(ragged_l) and bool(ragged_r) and bool(left[0] == right[0]))
+    return bool(ragged_l) and bool(ragged_r)
 
 
 @route(torch.Tensor.view, sequence="size")
