@@ -593,4 +593,13 @@ BUGS_C = [
         "        if len(a) == 1 and len(b) > 1 and False:\n            start = 1 + sum(widths[:k])", ("test_flatten_ragged.py",)),
     Bug("a reshape of several groups at once pairs ints of other products", "ops/shape/reshape.py",
         "        return math.prod(left) == math.prod(right)", "        return True", ("test_flatten_ragged.py",)),
+    Bug("a size every sample has is refused as one number", "ragged_sizes.py",
+        "        first = int(sizes[0])\n        return first if bool((sizes == first).all()) else None",
+        "        return None", ("test_size_shifts.py",)),
+    Bug("a size read as one number is the first sample's", "ragged_sizes.py",
+        "        first = int(sizes[0])\n        return first if bool((sizes == first).all()) else None",
+        "        return int(sizes[0])", ("test_size_shifts.py",)),
+    Bug("an int over a ragged size is taken as the size's arithmetic", "ragged_sizes.py",
+        "    def floordiv(self, other):\n        self._refuse(other, \"floor division\")",
+        "    def floordiv(self, other):\n        return other", ("test_errors.py",)),
 ]

@@ -201,3 +201,23 @@ def test_a_multiple_of_a_ragged_size_floor_divided_is_each_samples():
     assert bool((3 * L) // 4 == keep)  # one nested int per rule
     with pytest.raises(TypeError, match="floor division"):
         L - L // 4  # two ragged sizes: no per-sample rule
+
+
+@pytest.mark.parametrize("lens", [(17,), (5, 5, 5)])
+def test_a_size_every_sample_has_is_that_number(lens):
+    """A batch of one sample, or of equal sizes: ``int(n)``, ``range(n)``, ``torch.arange(n)`` and a
+    dense table sliced by ``n`` (ViT's ``pos_embedding[:, :(n + 1)]``) read the size each sample's
+    own code reads; sizes that differ raise, naming the ragged size."""
+    xs = [torch.randn(n, 4) for n in lens]
+    x = mj.nested_tensor(xs, ragged_dims=(1,))
+    n = x.shape[1]
+    assert int(n) == lens[0] and list(range(n)) == list(range(lens[0])) and torch.equal(torch.arange(n), torch.arange(lens[0]))
+    pos = torch.randn(1, 20, 4)
+    out = torch.cat([torch.zeros(len(lens), 1, 4), x], 1) + pos[:, :(n + 1)]
+    for a, c in zip(out.unbind(), xs):
+        assert torch.equal(a, torch.cat([torch.zeros(1, 4), c]) + pos[0, : lens[0] + 1])
+    ragged = mj.nested_tensor([torch.randn(k, 4) for k in (2, 3)]).shape[1]
+    with pytest.raises(TypeError, match="no single value"):
+        int(ragged)
+    with pytest.raises(TypeError, match="no single value"):
+        pos[:, :ragged]

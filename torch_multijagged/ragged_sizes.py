@@ -88,11 +88,27 @@ class _RaggedSizeNode(NestedIntNode):
                         "size, made from the sizes on the host, which a compiled region does not have; compute it "
                         "eagerly, or per sample from x.sizes()")
 
+    def _one_value(self) -> Optional[int]:
+        """The size every sample has, where they all have one (a batch of one sample, or of equal
+        sizes: what each sample's own code would read there), else None (NOTE [ Comparing ragged
+        sizes ]: the same rule as a comparison every sample answers alike)."""
+        sizes = _node_sizes(self)
+        if sizes is None or not sizes.numel():
+            return None
+        first = int(sizes[0])
+        return first if bool((sizes == first).all()) else None
+
     def int_(self):
-        self._no_value("int(), range() or an index")
+        v = self._one_value()
+        if v is None:
+            self._no_value("int(), range() or an index")
+        return v
 
     def guard_int(self, file, line):
-        self._no_value("an int argument (torch.arange(n), a dense tensor's size or slice)")
+        v = self._one_value()
+        if v is None:
+            self._no_value("an int argument (torch.arange(n), a dense tensor's size or slice)")
+        return v
 
     def guard_float(self, file, line):
         self._no_value("float()")
@@ -457,12 +473,30 @@ class _RaggedAsFloat:
 class _IntBesideRagged(ConstantIntNode):
     """An int on the other side of a ragged size's arithmetic (``_RaggedSizeNode.wrap_int``)."""
 
-    def _refuse(self, other):
+    def _refuse(self, other, op: str = "arithmetic"):
         if isinstance(other, _RaggedSizeNode):
-            other._arith(self)
+            # ``25 // (x * y)`` (einops recovering an unnamed axis: name it, ``b=B``), ``1 / n``, ``2 ** n``
+            raise TypeError(f"{op} of the int {self.val} by the nested int {other} (an int over a ragged size: no "
+                            f"per-sample size; where a library infers an axis this way, give its size, e.g. einops' "
+                            f"b=B): {_NO_VALUE}")
         raise TypeError(f"arithmetic of {self} with {other}: {_NO_VALUE}")
 
-    truediv = int_truediv = floordiv = int_floordiv = mod = pow = pow_by_natural = sym_min = sym_max = _refuse
+    def truediv(self, other):
+        self._refuse(other, "division")
+
+    def floordiv(self, other):
+        self._refuse(other, "floor division")
+
+    def mod(self, other):
+        self._refuse(other, "remainder")
+
+    def pow(self, other):
+        self._refuse(other, "power")
+
+    int_truediv = truediv
+    int_floordiv = floordiv
+    pow_by_natural = pow
+    sym_min = sym_max = _refuse
 
     def sub(self, other):
         if isinstance(other, _RaggedSizeNode):
