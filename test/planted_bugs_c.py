@@ -602,4 +602,13 @@ BUGS_C = [
     Bug("an int over a ragged size is taken as the size's arithmetic", "ragged_sizes.py",
         "    def floordiv(self, other):\n        self._refuse(other, \"floor division\")",
         "    def floordiv(self, other):\n        return other", ("test_errors.py",)),
+    Bug("a reshape of several groups pairs ragged groups of other sizes", "ops/shape/reshape.py",
+        "    return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))",
+        "    return True", ("test_flatten_ragged.py",)),
+    Bug("a fold with a trailing -1 reads equal lengths as one number", "ops/shape/merged.py",
+        "    if len(x._ragged_dims) == 1 and sum(1 for s in shape[1:] if isinstance(s, int) and s == -1) == 1:",
+        "    if False:", ("test_batch_merged.py",)),
+    Bug("a negative step over the batch reverses it", "ops/indexing/getitem.py",
+        "            if step <= 0:\n                raise ValueError", "            if step < -1:\n                raise ValueError",
+        ("test_getitem.py",)),
 ]

@@ -391,3 +391,17 @@ def test_guided_diffusion_qkv_attention_per_sample(legacy):
     x = mj.nested_tensor([c.detach() for c in xs])
     with pytest.raises(NotImplementedError, match="along dim 0"):
         x.reshape(6, 9, x.shape[2]).split(3)  # the merged dim itself
+
+
+@pytest.mark.parametrize("lens", [(5,), (5, 5), (4, 6)])
+def test_heads_folded_with_a_trailing_minus_one_for_any_lengths(lens):
+    """``x.reshape(B * H, D, -1)`` of ``(B, H·D, j0)`` folds the heads whatever the lengths (a
+    batch of one, equal lengths): the -1 stands for the ragged dim, and the fold goes back."""
+    xs = [torch.randn(24, n, dtype=torch.float64) for n in lens]
+    x = mj.nested_tensor(xs, ragged_dims=(2,))
+    B, _, L = x.shape
+    folded = x.reshape(B * 3, 8, -1)
+    assert isinstance(folded, BatchMerged) and folded._mjt._ragged_dims == (3,)  # a batch, whatever the lengths
+    back = (folded * 2).reshape(B, 3, 8, L).reshape(B, 24, L)
+    for a, c in zip(back.unbind(), xs):
+        torch.testing.assert_close(a, c * 2)

@@ -807,3 +807,18 @@ def test_a_reshape_splitting_or_merging_several_groups_at_once(name):
     gb = torch.autograd.grad(sum((r * r).sum() for r in refs), comps)
     for a, b in zip(ga, gb):
         torch.testing.assert_close(a, b)
+
+
+@pytest.mark.parametrize("case", ["merge to another multiple", "merge to a multiple of 8", "split to a wrong width"])
+def test_a_reshape_of_several_groups_checks_each_samples_sizes(case):
+    """Groups pair only where each sample holds as many elements on both sides: a merge named
+    ``2 * n`` of ``(n, 4)`` raises as dense does for every sample, never a silently other shape."""
+    xs = [torch.randn(n, 4, 8, 3) for n in (2, 5)]
+    x = mj.nested_tensor(xs)
+    B, n = x.shape[0], x.shape[1]
+    ims = mj.nested_tensor([torch.randn(3, 16, w) for w in (8, 24)])
+    f = {"merge to another multiple": lambda: x.reshape(B, 2 * n, 24),
+         "merge to a multiple of 8": lambda: x.reshape(B, 8 * n, 24),
+         "split to a wrong width": lambda: ims.reshape(B, 3, 2, 8, 2 * ims.shape[3], 4)}[case]
+    with pytest.raises(RuntimeError):
+        f()

@@ -854,3 +854,9 @@ def test_rows_by_a_multi_jagged_index_per_sample(batch_index, dtype):
     for dtype in (torch.uint8, torch.int16, torch.bool):  # dense reads bytes and bools as masks
         with pytest.raises(IndexError, match="takes int64 or int32 index tensors"):
             x[torch.arange(3)[:, None], index.to(dtype)]
+
+
+def test_a_negative_step_over_the_batch_raises_as_dense():
+    x = tmj.nested_tensor([torch.ones(2, 3), torch.ones(1, 3)])
+    with pytest.raises(ValueError, match="step must be greater than zero"):
+        x[::-1]

@@ -221,3 +221,11 @@ def test_a_size_every_sample_has_is_that_number(lens):
         int(ragged)
     with pytest.raises(TypeError, match="no single value"):
         pos[:, :ragged]
+
+
+def test_the_remainder_of_a_multiple_of_a_ragged_size():
+    x = mj.nested_tensor([torch.randn(n, 4) for n in (3, 5)])
+    n = x.shape[1]
+    assert (2 * n) % 2 == 0 and (2 * n) % 4 == 2
+    with pytest.raises(ValueError, match="differs per sample"):
+        (2 * n) % 3

@@ -131,14 +131,14 @@ class _RaggedSizeNode(NestedIntNode):
         e = EXTENTS.node_extent(self)
         if e is not None and torch.compiler.is_compiling():
             self._eager_only("n % k")
-        if not other.is_constant() or other.constant_int() <= 0 or self.coeff != 1 or e is None:
+        if not other.is_constant() or other.constant_int() <= 0 or e is None:
             self._arith(other)
         k = other.constant_int()
-        rem = torch.remainder(e.host_lengths(), k)
+        rem = torch.remainder(_node_sizes(self), k)  # (a multiple's too: ``(2 * n) % 2``)
         if rem.numel() == 0 or bool((rem == rem[0]).all()):
             return ConstantIntNode(int(rem[0]) if rem.numel() else 0)
         raise ValueError(f"{self} % {k} differs per sample (remainders {rem.tolist()} of sizes "
-                         f"{e.host_lengths().tolist()}): code that branches on it would treat samples differently; "
+                         f"{_node_sizes(self).tolist()}): code that branches on it would treat samples differently; "
                          f"{_NO_VALUE}")
 
     def add(self, other):

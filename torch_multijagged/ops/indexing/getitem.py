@@ -279,6 +279,8 @@ def _getitem_static(input, items):
         first = items[0]
         if isinstance(first, slice):
             start, stop, step = first.indices(input._partition.batch)
+            if step <= 0:
+                raise ValueError("step must be greater than zero")  # dense slicing's words
             if step == 1:
                 picked = input.narrow(0, start, max(stop - start, 0))
             else:  # a gather of the samples' rows where dense gives a view: it writes through

@@ -95,14 +95,26 @@ def merge_batch(op: str, x: MJT, shape: tuple) -> "BatchMerged":
     b = x._size[0]
     k = x._size[1] if shape[0] == -1 else shape[0] // b
     inner_shape = (b, k, *shape[1:])
+    inner = None
+    if len(x._ragged_dims) == 1 and sum(1 for s in shape[1:] if isinstance(s, int) and s == -1) == 1:
+        # a -1 that can stand for the one ragged dim names it (``reshape(B * H, D, -1)`` of ``(B, H·D,
+        # j0)``), so that equal lengths stay a batch too (a -1 alone reads them as one number)
+        named = tuple(x._size[x._ragged_dims[0]] if isinstance(s, int) and s == -1 else s for s in inner_shape)
+        try:
+            inner = x.reshape(named) if op != "view" else x.view(named)
+        except StructureError:
+            pass
     try:
-        inner = x.reshape(inner_shape) if op != "view" else x.view(inner_shape)
+        if inner is None:
+            inner = x.reshape(inner_shape) if op != "view" else x.view(inner_shape)
     except StructureError as e:
         what = f"view {describe(x)} as" if op == "view" else f"{op} {describe(x)} to"
         raise StructureError(
             f"{op}(): cannot {what} {tuple(shape)}: merging the batch dim with dim 1 ({b}·{k}), the sizes after the "
             f"first must be a view of dims 2… ({e})"
         ) from None
+    if not isinstance(inner, MJT):  # every ragged size one number (a batch of one, equal lengths): dense
+        return inner.flatten(0, 1)
     return inner.squeeze(1) if k == 1 else BatchMerged(inner)  # (B·1, …) is the batch itself
 
 

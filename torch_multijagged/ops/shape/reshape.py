@@ -21,7 +21,7 @@ from ...errors import StructureError
 from .._common import MJT, canonical_dim, describe
 from ...bridge import static_as_ragged
 from .._routing import _needs_grad, _static_dim, _uniform, route, unify_shape
-from ...structure import broadcast_extent, extent_of, partition_for, same_extent
+from ...structure import broadcast_extent, extent_of, partition_for, same_extent, sizes_of
 from ..indexing.slicing import narrow_ragged, slice_ragged
 from ..elementwise import trailing
 from .views import check_view_shape
@@ -150,13 +150,29 @@ def _pair(src: list, dst: list):
 
 
 def _fits(left: list, right: list) -> bool:
+    """Whether two groups of sizes hold the same number of elements in every sample (ragged sizes
+    by their per-sample values: a group naming another ragged size, ``2 * n`` for ``4 * n``, is no
+    pair)."""
     ragged_l = [s for s in left if not isinstance(s, int)]
     ragged_r = [s for s in right if not isinstance(s, int)]
     if not ragged_l and not ragged_r:
         return math.prod(left) == math.prod(right)
-    if len(left) == 1 and len(right) == 1:
-        return left[0] is right[0] or (bool(ragged_l) and bool(ragged_r) and bool(left[0] == right[0]))
-    return bool(ragged_l) and bool(ragged_r)
+    if not ragged_l or not ragged_r:
+        return False
+    a, b = _per_sample(left), _per_sample(right)
+    return a is not None and b is not None and a.shape == b.shape and bool(torch.equal(a, b))
+
+
+def _per_sample(sizes: list):
+    """Each sample's product of ``sizes`` (ints and eager nested ints), or None where a size has no
+    per-sample values here."""
+    prod = None
+    for s in sizes:
+        v = s if isinstance(s, int) else sizes_of(s)
+        if v is None:
+            return None
+        prod = v if prod is None else prod * v
+    return prod
 
 
 @route(torch.Tensor.view, sequence="size")
