@@ -611,4 +611,7 @@ BUGS_C = [
     Bug("a negative step over the batch reverses it", "ops/indexing/getitem.py",
         "            if step <= 0:\n                raise ValueError", "            if step < -1:\n                raise ValueError",
         ("test_getitem.py",)),
+    Bug("a grouped reshape skips its static regroups", "ops/shape/reshape.py",
+        "        if len(a) > 1 and len(b) > 1:\n            start = 1 + sum(widths[:k])",
+        "        if False:\n            start = 1 + sum(widths[:k])", ("test_flatten_ragged.py",)),
 ]

@@ -784,6 +784,8 @@ _GROUPED = {
                    lambda t, B: t.reshape(B, 4 * t.shape[1], 24)),
     "merge across a static lead": (lambda: [torch.randn(1, 8, n, 64, dtype=torch.float64) for n in (2, 5, 1)], (3,),
                                    lambda t, B: t.reshape(B, 8 * t.shape[3], 64)),
+    "a merge and a static regroup": (lambda: [torch.randn(n, 4, 8, 3, dtype=torch.float64) for n in (2, 5, 0)], None,
+                                     lambda t, B: t.reshape(B, 4 * t.shape[1], 12, 2)),
 }
 
 

@@ -110,17 +110,22 @@ def _groups(x: MJT, shape):
 
 
 def _by_groups(x: MJT, groups):
-    """``x`` reshaped one group at a time, every split first, then every merge; a merge into a
+    """``x`` reshaped one group at a time: static regroups, then splits, then merges; a merge into a
     ragged size names it ``-1`` (the merged dim's nested int is the reshape's own, as for a single
     merge)."""
     widths = [len(a) for a, _ in groups]
+    for k, (a, b) in enumerate(groups):  # static regroups
+        if len(a) > 1 and len(b) > 1:
+            start = 1 + sum(widths[:k])
+            x = x.reshape(*x.shape[:start], *b, *x.shape[start + len(a):])
+            widths[k] = len(b)
     for k, (a, b) in enumerate(groups):  # splits
         if len(a) == 1 and len(b) > 1:
             start = 1 + sum(widths[:k])
             x = x.reshape(*x.shape[:start], *b, *x.shape[start + 1:])
             widths[k] = len(b)
     for k, (a, b) in enumerate(groups):  # merges
-        if len(a) > 1:
+        if len(a) > 1 and len(b) == 1:
             start = 1 + sum(widths[:k])
             merged = b[0] if isinstance(b[0], int) else -1
             x = x.reshape(*x.shape[:start], merged, *x.shape[start + len(a):])
@@ -130,17 +135,17 @@ def _by_groups(x: MJT, groups):
 
 def _pair(src: list, dst: list):
     """``[(source sizes, target sizes), …]`` covering both lists in order, each pair one to many or
-    many to one; ints pair with ints of the same product, a nested int with sizes holding one
-    (backtracking over the ragged groups' extents); None where none fits."""
+    many to one (or many ints to many ints); ints pair with ints of the same product, ragged sizes
+    with sizes of the same per-sample product (backtracking); None where none fits."""
     if not src and not dst:
         return []
     if not src or not dst:
         return None
     for a in range(1, len(src) + 1):
         for b in range(1, len(dst) + 1):
-            if a > 1 and b > 1:
-                break
             left, right = src[:a], dst[:b]
+            if a > 1 and b > 1 and not all(isinstance(t, int) for t in left + right):
+                break  # several to several: static dims only (a regroup, ``(8, 3)`` as ``(12, 2)``)
             if not _fits(left, right):
                 continue
             rest = _pair(src[a:], dst[b:])
