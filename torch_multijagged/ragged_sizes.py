@@ -93,10 +93,7 @@ class _RaggedSizeNode(NestedIntNode):
         sizes: what each sample's own code would read there), else None (NOTE [ Comparing ragged
         sizes ]: the same rule as a comparison every sample answers alike)."""
         sizes = _node_sizes(self)
-        if sizes is None or not sizes.numel():
-            return None
-        first = int(sizes[0])
-        return first if bool((sizes == first).all()) else None
+        return None if sizes is None or not sizes.numel() else _common(sizes)
 
     def int_(self):
         v = self._one_value()
@@ -135,8 +132,9 @@ class _RaggedSizeNode(NestedIntNode):
             self._arith(other)
         k = other.constant_int()
         rem = torch.remainder(_node_sizes(self), k)  # (a multiple's too: ``(2 * n) % 2``)
-        if rem.numel() == 0 or bool((rem == rem[0]).all()):
-            return ConstantIntNode(int(rem[0]) if rem.numel() else 0)
+        common = _common(rem) if rem.numel() else 0
+        if common is not None:
+            return ConstantIntNode(common)
         raise ValueError(f"{self} % {k} differs per sample (remainders {rem.tolist()} of sizes "
                          f"{_node_sizes(self).tolist()}): code that branches on it would treat samples differently; "
                          f"{_NO_VALUE}")
@@ -502,6 +500,12 @@ class _IntBesideRagged(ConstantIntNode):
         if isinstance(other, _RaggedSizeNode):
             return other._shifted(-1, self.val)  # ``k - n``: NOTE [ Ragged sizes plus an int ]
         return super().sub(other)
+
+
+def _common(values: torch.Tensor) -> Optional[int]:
+    """The one value of a non-empty host int tensor whose entries all equal it, else None."""
+    first = int(values[0])
+    return first if bool((values == first).all()) else None
 
 
 def _equal_sizes(a, b) -> bool:

@@ -106,19 +106,21 @@ def _einsum(equation, *operands):
     terms, out = _explicit(equation, operands)
     if len(set(out)) != len(out):
         raise ValueError(f"einsum(): expected each output subscript once, got {out!r} in {equation!r}")
-    if not all(o.is_floating_point() or o.is_complex() for o in operands):
+    dtypes = [o.dtype for o in operands]  # (each read is a call on a multi_jagged operand: once)
+    if not all(d.is_floating_point or d.is_complex for d in dtypes):
         summed = _sum_alone(equation, terms, list(operands), out)
         if summed is not None:
             return summed
     if torch.is_autocast_enabled(operands[0].device.type) and _contracts(terms, out):
         operands = autocast_lower(*operands)  # as dense einsum's products (bmm) under autocast
+        dtypes = [o.dtype for o in operands]
     operands, terms = list(operands), list(terms)
     product = pair_product(terms, operands, out)  # NOTE [ Contracting a ragged dim ]
     if product is not None:
         return product
-    if len({o.dtype for o in operands}) > 1:
-        _check_contracted_dtypes(equation, terms, operands, out)
-    if len(operands) == 2 and operands[0].dtype == operands[1].dtype:
+    if len(set(dtypes)) > 1:
+        _check_contracted_dtypes(equation, terms, dtypes, out)
+    if len(operands) == 2 and dtypes[0] == dtypes[1]:
         plan = product_spec(operands[0], terms[0], operands[1], terms[1], out)
         if plan is not None:  # NOTE [ Matmul between multi_jagged tensors ]
             return bridged.ragged_matmul(*plan)
@@ -153,14 +155,15 @@ def _einsum(equation, *operands):
     return bridged.einsum(packed_eq, operands, ref._partition, tuple(positions[1:]))
 
 
-def _check_contracted_dtypes(equation: str, terms: list, operands: list, out: str) -> None:
+def _check_contracted_dtypes(equation: str, terms: list, dtypes: list, out: str) -> None:
     """A contraction is a ``bmm`` in dense einsum, which promotes nothing (a product alone does):
-    operands of other dtypes that share a subscript the output drops raise, as there."""
+    operands of other dtypes (``dtypes``, one per term) that share a subscript the output drops
+    raise, as there."""
     for c in sorted(set("".join(terms)) - set(out)):
-        dtypes = [o.dtype for t, o in zip(terms, operands) if c in t]
-        if len(set(dtypes)) > 1:
-            other = next(d for d in dtypes if d != dtypes[0])
-            raise RuntimeError(f"einsum(): expected scalar type {dtypes[0]} but found {other} (contracting "
+        held = [d for t, d in zip(terms, dtypes) if c in t]
+        if len(set(held)) > 1:
+            other = next(d for d in held if d != held[0])
+            raise RuntimeError(f"einsum(): expected scalar type {held[0]} but found {other} (contracting "
                                f"subscript {c!r} of {equation!r})")
 
 

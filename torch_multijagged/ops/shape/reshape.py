@@ -99,7 +99,7 @@ def _groups(x: MJT, shape):
     them (ints with ints of the same product, a ragged size with sizes that name one). None where
     no such pairing exists, or where one group alone changes (the reshape itself decides that one)."""
     src, dst = list(x.shape[1:]), list(shape[1:])
-    if not shape or (shape[0] != -1 and shape[0] is not x.shape[0] and shape[0] != x._partition.batch):
+    if not shape or shape[0] not in (-1, x._partition.batch):
         return None
     if any(isinstance(t, int) and t == -1 for t in dst):
         return None
@@ -114,23 +114,23 @@ def _by_groups(x: MJT, groups):
     ragged size names it ``-1`` (the merged dim's nested int is the reshape's own, as for a single
     merge)."""
     widths = [len(a) for a, _ in groups]
-    for k, (a, b) in enumerate(groups):  # static regroups
-        if len(a) > 1 and len(b) > 1:
+    for kind in ("regroup", "split", "merge"):
+        for k, (a, b) in enumerate(groups):
+            if _kind(a, b) != kind:
+                continue
             start = 1 + sum(widths[:k])
-            x = x.reshape(*x.shape[:start], *b, *x.shape[start + len(a):])
+            to = [-1] if kind == "merge" and not isinstance(b[0], int) else b
+            x = x.reshape(*x.shape[:start], *to, *x.shape[start + widths[k]:])
             widths[k] = len(b)
-    for k, (a, b) in enumerate(groups):  # splits
-        if len(a) == 1 and len(b) > 1:
-            start = 1 + sum(widths[:k])
-            x = x.reshape(*x.shape[:start], *b, *x.shape[start + 1:])
-            widths[k] = len(b)
-    for k, (a, b) in enumerate(groups):  # merges
-        if len(a) > 1 and len(b) == 1:
-            start = 1 + sum(widths[:k])
-            merged = b[0] if isinstance(b[0], int) else -1
-            x = x.reshape(*x.shape[:start], merged, *x.shape[start + len(a):])
-            widths[k] = 1
     return x
+
+
+def _kind(a: list, b: list) -> str:
+    if len(a) > 1 and len(b) > 1:
+        return "regroup"
+    if len(b) > 1:
+        return "split"
+    return "merge" if len(a) > 1 else "same"
 
 
 def _pair(src: list, dst: list):
