@@ -349,7 +349,9 @@ def test_baddbmm_expands_the_input_never_the_product():
     M = mj.nested_tensor([torch.randn(3, 3), torch.randn(2, 2)], ragged_dims=(1, 2))
     with pytest.raises(RuntimeError, match="expanded size of the input must match"):
         torch.baddbmm(M, a, b.mT)
-    col = mj.nested_tensor([torch.randn(3, 1), torch.randn(2, 1)])
+    a = mj.nested_tensor([torch.randn(3, 4), torch.randn(2, 4), torch.randn(0, 4)])
+    M = mj.nested_tensor([torch.randn(3, 3), torch.randn(2, 2), torch.randn(0, 0)], ragged_dims=(1, 2))
+    col = mj.nested_tensor([torch.randn(3, 1), torch.randn(2, 1), torch.randn(0, 1)])
     for inp in (col, M):
         out = torch.baddbmm(inp, a, a.mT, beta=0.5)
         for o, i, s in zip(out.unbind(), inp.unbind(), a.unbind()):
