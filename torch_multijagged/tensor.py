@@ -636,10 +636,12 @@ class MultiJaggedTensor(torch.Tensor):
                 if target is not None:  # NOTE [ Slices of ragged dims write through ] in ops/shape/views.py
                     return _write_through(target, lambda: cls._torch_function(func, types, args, kwargs))
             # The commonest call first, inline (a call level is ≈ 0.2 µs of a ≈ 10 µs op): a
-            # values-path op without keywords whose operands need no relabelling.
+            # values-path op whose operands need no relabelling, without keywords or with plain
+            # ones (``dim=``, ``keepdim=``, ``dtype=``: no tensor a relabel could concern).
             fast = _FAST.get(func)
-            if fast is not None and not kwargs and (len(args) < 2 or _nothing_to_unify(args, func)) and _fast_enabled():
-                result = fast(*args)
+            if (fast is not None and (not kwargs or _plain_kwargs(kwargs))
+                    and (len(args) < 2 or _nothing_to_unify(args, func)) and _fast_enabled()):
+                result = _call_fast(fast, args, kwargs) if kwargs else fast(*args)
                 if result is not NotImplemented:
                     return result
                 fast = None  # tried
@@ -653,22 +655,15 @@ class MultiJaggedTensor(torch.Tensor):
     def _torch_function(cls, func, types, args, kwargs, fast=None):
         if types and any(t is _NJT for t in types):
             _refuse_mixed_layouts(func)
-        if kwargs or (len(args) > 1 and not _nothing_to_unify(args, func)) or (args and type(args[0]) in (list, tuple)):
+        if ((kwargs and not _plain_kwargs(kwargs)) or (len(args) > 1 and not _nothing_to_unify(args, func))
+                or (args and type(args[0]) in (list, tuple))):
             # Operands with equal sizes but other nested ints (a list's too: ``torch.dstack([a,
             # b])``) are relabelled onto the first's, except where a tensor is held by identity
             # (NOTE [ Equal sizes, different nested ints ] in ops/_routing.py).
             args, kwargs = _unify(func, args, kwargs)
         if fast is not None and _fast_enabled():
             # NOTE [ Eager values path ] in ops/fastpath.py
-            try:
-                result = fast(*args, **(kwargs or {}))
-            except TypeError as e:
-                if e.__traceback__ is None or e.__traceback__.tb_next is not None:
-                    raise
-                # the call's binding failed before the body ran: an operand given by keyword
-                # (``torch.add(x, other=y)``, ``F.linear(input=x, weight=w)``) that the values
-                # path takes positionally; the general path binds it as torch does
-                result = NotImplemented
+            result = _call_fast(fast, args, kwargs or {})
             if result is not NotImplemented:
                 return result
         # NOTE [ Writes into shared values ] in writes.py (the values path checks in its own reads)
@@ -883,6 +878,32 @@ def _nothing_to_unify(args, func=None) -> bool:
     if ra == rb or len(a._size) != len(b._size):
         return True
     return all(d in rb or b._size[d] == 1 for d in ra) and all(d in ra or a._size[d] == 1 for d in rb)
+
+
+# keyword values no relabel concerns: ``unify_call`` changes only tensors (and lists of them)
+_PLAIN = frozenset((type(None), bool, int, float, str, torch.dtype, torch.device, torch.memory_format, torch.layout))
+
+
+def _plain_kwargs(kwargs: dict) -> bool:
+    """Whether every keyword value is a plain value or a sequence of ints (``dim=(1, 2)``)."""
+    for v in kwargs.values():
+        t = type(v)
+        if t not in _PLAIN and not ((t is tuple or t is list or t is torch.Size) and all(type(e) is int for e in v)):
+            return False
+    return True
+
+
+def _call_fast(fast, args, kwargs: dict):
+    """``fast(*args, **kwargs)``, NotImplemented where the call's binding failed before the body
+    ran: an operand given by keyword (``torch.add(x, other=y)``, ``F.linear(input=x,
+    weight=w)``), or a keyword the values path does not take (``x.sum(axis=1)``), which the
+    general path binds as torch does."""
+    try:
+        return fast(*args, **kwargs)
+    except TypeError as e:
+        if e.__traceback__ is None or e.__traceback__.tb_next is not None:
+            raise
+        return NotImplemented
 
 
 def _unify_nothing(func, args, kwargs):

@@ -123,21 +123,27 @@ def broadcast_values(func, a: MJT, b: MJT, va: torch.Tensor, vb: torch.Tensor) -
     """``func(a, b)`` for a functional binary op of two multi_jagged operands, computed on values
     ``va``/``vb`` standing for a's and b's (the eager values path's, which carry their gradients):
     the checks, structure and values of ``pointwise`` without building wrappers around them. The
-    output structure is cached per pair of structures (``_out_structure_cached``); large samples
-    on the CPU are computed one by one (``per_sample.pays``), the rest by gathering rows."""
+    output structure and each operand's row map are cached per pair of structures
+    (``_broadcast_plan``); large samples on the CPU are computed one by one (``per_sample.pays``),
+    the rest by gathering rows."""
     if _same_layout(a, b):
         return wrap(func(va, vb), a._partition, a._ragged_dims)
-    partition, ragged_dims, out_static = _out_structure_cached(func, a, b)
+    partition, ragged_dims, out_static, plan = _broadcast_plan(func, a, b, va, vb)
     if func in _PAIR_OPS and use_triton(va):
         out = _pair_kernel(func, (a, b), partition, ragged_dims, out_static, (va, vb))
         if out is not None:
             return out
-    if _per_sample.pays(a, b, va, vb, partition, ragged_dims, out_static):
+    if plan is None:
         # NOTE [ Broadcasting into new ragged dims per sample ] in per_sample.py
         return wrap(_per_sample.broadcast_per_sample(func, a, b, va, vb, partition, ragged_dims, out_static),
                     partition, ragged_dims)
-    aligned = (_align_mjt(m, partition, ragged_dims, out_static, vals=v) for m, v in ((a, va), (b, vb)))
-    return wrap(func(*aligned), partition, ragged_dims)
+    (ia, sa), (ib, sb) = plan
+    if sa is not None:
+        va = va.reshape(va.shape[0], *sa)
+    if sb is not None:
+        vb = vb.reshape(vb.shape[0], *sb)
+    return wrap(func(va if ia is None else va.index_select(0, ia), vb if ib is None else vb.index_select(0, ib)),
+                partition, ragged_dims)
 
 
 def dense_operand_rows(func, x: MJT, t: torch.Tensor, args) -> torch.Tensor | None:
@@ -153,21 +159,25 @@ def dense_operand_rows(func, x: MJT, t: torch.Tensor, args) -> torch.Tensor | No
     return _align_dense(func, args, t, partition, len(x._size), out_static, partition.batch)
 
 
-def _static_sizes(m: MJT) -> tuple:
-    return tuple(s for d, s in enumerate(m._size) if d and d not in m._ragged_dims)
-
-
-def _out_structure_cached(func, a: MJT, b: MJT):
-    """``_out_structure(func, (a, b))``, cached on a's partition: the result is a function of the
-    two partitions (their extents), ragged dims and static sizes alone. The entry holds b's
+def _broadcast_plan(func, a: MJT, b: MJT, va: torch.Tensor, vb: torch.Tensor):
+    """``(partition, ragged_dims, out_static, plan)`` of ``broadcast_values``: the output structure
+    (``_out_structure``) and, where the rows are gathered, each operand's ``(row map, static
+    sizes)`` (``_align_mjt``'s index, or None where the operand has the output's rows; the static
+    sizes it keeps, or None where it keeps them all); ``plan`` None where the samples are computed
+    one by one. Cached on a's partition: all of it is a function of the two partitions (their
+    extents), ragged dims and static sizes (``va``/``vb`` have a's and b's). The entry holds b's
     partition and is checked against it, one entry per key: a long-lived ``a`` met by a new ``b``
     each step replaces its entry rather than collecting them."""
-    key = ("broadcast", a._ragged_dims, b._ragged_dims, _static_sizes(a), _static_sizes(b))
+    key = ("broadcast", a._ragged_dims, b._ragged_dims, va.shape[1:], vb.shape[1:])
     cache = a._partition.cache
     hit = cache.get(key)
     if hit is not None and hit[0] is b._partition:
         return hit[1]
-    out = _out_structure(func, (a, b))
+    partition, out_dims, out_static = _out_structure(func, (a, b))
+    plan = None
+    if not _per_sample.pays(a, b, va, vb, partition, out_dims, out_static):
+        plan = tuple(_align_plan(m, partition, out_dims, out_static) for m in (a, b))
+    out = partition, out_dims, out_static, plan
     cache[key] = (b._partition, out)
     return out
 
@@ -294,28 +304,33 @@ def _output_partition(mjts, out_dims, extents):
     return p
 
 
-def _align_mjt(m: MJT, partition, out_dims, out_static, gather: bool = True, vals: torch.Tensor | None = None):
-    """m's values (or ``vals``, standing for them) aligned to the output rows; with
-    ``gather=False``, ``(values, index)``: the rows not yet gathered and the row map (None where
-    m already has the output's rows)."""
-    vals = m._values if vals is None else vals
+def _align_plan(m: MJT, partition, out_dims, out_static) -> tuple:
+    """``(index, static)``: the row map aligning m's values to the output rows (None where m has
+    them), and the static sizes m's values keep, dropping m's size-1 static dims that sit where
+    the output is ragged (None where m keeps them all)."""
     index = None
     if not _own_extents(m, out_dims, partition.extents):
         # a ragged dim of size 1 in some samples against the output's sizes (its own in the
         # others): each output row reads m's row at coordinate 0 there
         index = partition.broadcast_map(m._partition, tuple(out_dims.index(d) for d in m._ragged_dims))
-        if gather:
-            vals = vals.index_select(0, index)
     elif m._ragged_dims != out_dims:
-        keep = tuple(out_dims.index(d) for d in m._ragged_dims)
-        index, _ = partition.map_to_sub(keep)
-        if gather:
-            vals = vals.index_select(0, index)
-    # Drop m's size-1 static dims that sit where the output is ragged.
+        index, _ = partition.map_to_sub(tuple(out_dims.index(d) for d in m._ragged_dims))
     m_static = static_dims(len(m._size), m._ragged_dims)
-    if len(m_static) != len(out_static):
-        keep_dims = [i + 1 for i, d in enumerate(m_static) if d in out_static]
-        vals = vals.reshape(vals.shape[0], *[vals.shape[i] for i in keep_dims])
+    if len(m_static) == len(out_static):
+        return index, None
+    return index, tuple(m._size[d] for d in m_static if d in out_static)
+
+
+def _align_mjt(m: MJT, partition, out_dims, out_static, gather: bool = True, vals: torch.Tensor | None = None):
+    """m's values (or ``vals``, standing for them) aligned to the output rows; with
+    ``gather=False``, ``(values, index)``: the rows not yet gathered and the row map (None where
+    m already has the output's rows)."""
+    vals = m._values if vals is None else vals
+    index, static = _align_plan(m, partition, out_dims, out_static)
+    if static is not None:
+        vals = vals.reshape(vals.shape[0], *static)
+    if gather and index is not None:
+        vals = vals.index_select(0, index)
     return vals if gather else (vals, index)
 
 
