@@ -51,3 +51,15 @@ def test_pooling_the_static_last_dim_of_no_tokens():
     out, idx = F.max_pool1d(x, 2, return_indices=True)
     assert out._values.shape == idx._values.shape == (0, 3) and idx.dtype == torch.int64
     _backward_runs(F.avg_pool1d(x, 2), x)
+
+
+def test_mode_along_one_of_two_ragged_dims_of_no_samples():
+    # the structure median gives: the other ragged dim kept, the reduced one dropped (or kept as 1)
+    x = _empty((2,), (1, 2), requires_grad=False)
+    for d in (1, 2):
+        for keepdim in (False, True):
+            v, i = x.mode(d, keepdim=keepdim)
+            m = x.median(d, keepdim=keepdim).values
+            assert v.shape[0] == 0 and v._ragged_dims == m._ragged_dims and v.dim() == m.dim()
+            assert v.values().shape == m.values().shape and i.values().shape == m.values().shape
+            assert v.dtype == DT and i.dtype == torch.int64

@@ -781,3 +781,17 @@ def test_nonzero_per_sample_long_and_short(shape, lengths, dtype):
     for j, col in enumerate(torch.nonzero(x, as_tuple=True)):
         for a, c in zip(col.unbind(), comps):
             assert torch.equal(a, torch.nonzero(c, as_tuple=True)[j])
+
+
+def test_scatter_src_of_another_dtype_raises_as_dense():
+    # the src was cast to self's dtype (2.7 into int32 summed to 6); a number is still cast
+    lens = (3, 0, 2)
+    x = mj.nested_tensor([torch.zeros(n, 2, dtype=torch.int32) for n in lens])
+    idx = mj.nested_tensor([torch.zeros(n, 2, dtype=torch.long) for n in lens])
+    src = mj.nested_tensor([torch.full((n, 2), 2.7) for n in lens])
+    for f in (lambda: x.scatter_add(1, idx, src), lambda: x.clone().scatter_(1, idx, src),
+              lambda: x.scatter_reduce(1, idx, src, "amax"), lambda: x.scatter(2, idx, src),
+              lambda: torch.zeros(3, 4).scatter_add_(1, idx.long(), idx)):
+        with pytest.raises(RuntimeError, match="Expected self.dtype to be equal to src.dtype"):
+            f()
+    assert x.scatter(1, idx, 2.7).unbind()[0].tolist() == [[2, 2], [0, 0], [0, 0]]

@@ -161,6 +161,22 @@ def test_cross_of_static_vectors(lengths, seed):
                      R(a, (1,)), R(b, (1,)), share=True, seed=seed)
 
 
+def test_torch_cross_as_linalg_cross():
+    # torch.cross / Tensor.cross take the dim positionally and, without it, dense's deprecated
+    # default: the first dim of size 3, where no ragged dim (of size 3 in some samples) precedes it
+    g = torch.Generator().manual_seed(0)
+    a = [torch.randn(m, 3, dtype=F64, generator=g) for m in (3, 0, 2)]
+    b = [torch.randn(m, 3, dtype=F64, generator=g) for m in (3, 0, 2)]
+    per_sample_check(lambda x, y: torch.cross(x, y, -1), R(a, (1,)), R(b, (1,)), share=True, seed=0)
+    per_sample_check(lambda x, y: x.cross(y, dim=-1), R(a, (1,)), R(b, (1,)), share=True, seed=0)
+    c = [t.t().contiguous() for t in a]  # (3, m): dim 1 is the first of size 3 in every sample
+    d = [t.t().contiguous() for t in b]
+    with pytest.warns(UserWarning, match="dim"):
+        per_sample_check(lambda x, y: torch.cross(x, y), R(c, (2,)), R(d, (2,)), share=True, seed=0)
+    with pytest.raises(StructureError, match="pass dim="):
+        torch.cross(mj.nested_tensor(a), mj.nested_tensor(b))
+
+
 def test_linalg_check_errors_on_the_packed_infos():
     ok = mj.as_nested_tensor([torch.zeros(2, dtype=torch.int32), torch.zeros(0, dtype=torch.int32)])
     assert torch.ops.aten._linalg_check_errors.default(ok, "linalg.inv", is_matrix=False) is None

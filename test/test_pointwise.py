@@ -316,3 +316,23 @@ def test_lower_precision(op, dtype):
     tol = {torch.float32: 1e-6, torch.bfloat16: 1e-2}[dtype]
     out = per_sample_check(fn, R(a, (1, 2)), R(b, (1, 2)), rtol=tol, atol=tol)
     assert out.dtype == dtype
+
+
+def test_results_not_castable_into_self_or_out_raise_as_dense():
+    # dense's rule for in-place ops and out=: no float result into an integer or bool tensor
+    x = mj.nested_tensor([torch.tensor([[3, -2], [5, 1]], dtype=torch.int32), torch.zeros(0, 2, dtype=torch.int32)])
+    with pytest.raises(RuntimeError, match="result type Float can't be cast to the desired output type Int"):
+        x.copysign_(-1.5)
+    assert x.unbind()[0].tolist() == [[3, -2], [5, 1]]
+    b = mj.nested_tensor([torch.tensor([True, False])])
+    with pytest.raises(RuntimeError, match="desired output type Bool"):
+        b.copysign_(torch.tensor(-1.0))
+    a = mj.nested_tensor([torch.tensor([[0.4, -1.7]]), torch.zeros(0, 2)])
+    for dtype in (torch.int32, torch.bool):
+        out = mj.nested_tensor([torch.zeros(1, 2, dtype=dtype), torch.zeros(0, 2, dtype=dtype)])
+        for op in (torch.maximum, torch.minimum, torch.fmax, torch.fmin):
+            with pytest.raises(RuntimeError, match="can't be cast"):
+                op(a, torch.zeros_like(a), out=out)
+    out = mj.nested_tensor([torch.zeros(1, 2, dtype=torch.float64), torch.zeros(0, 2, dtype=torch.float64)])
+    torch.maximum(a, torch.zeros_like(a), out=out)  # a wider out takes it, as dense
+    assert out.unbind()[0].tolist() == [[pytest.approx(0.4), 0.0]]

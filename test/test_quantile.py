@@ -180,3 +180,14 @@ def test_mode_along_a_ragged_dim_is_the_dense_kernel_per_sample(ns, pair, keepdi
         torch.testing.assert_close(a, b)
     with pytest.raises(IndexError, match="sample 1"):
         torch.mode(mj.as_nested_tensor([torch.ones(2, 3), torch.ones(0, 3)]), 1)  # as dense torch refuses it
+
+
+@pytest.mark.parametrize("name", ["quantile", "nanquantile"])
+@pytest.mark.parametrize("dim", [None, 1, 2])
+def test_out_is_refused_and_left_alone(name, dim):
+    # dense's composite quantile resized a dense ``out`` (to nested-int sizes) before failing
+    x = torch.nested.nested_tensor([torch.randn(n, 3) for n in (4, 0, 5)], layout=mj.multi_jagged)
+    out = torch.empty(0)
+    with pytest.raises(NotImplementedError, match=rf"{name}\(\): out= variants are not supported"):
+        getattr(torch, name)(x, 0.5, dim=dim, out=out)
+    assert out.shape == (0,)

@@ -185,3 +185,15 @@ def test_in_place_op_on_a_dense_self_of_the_ragged_size_raises(op, shape):
         else:
             getattr(t, op)(x)
     assert type(t) is torch.Tensor and not t.any()
+
+
+@pytest.mark.parametrize("lengths", [(3, 3), (4,), (1, 1), (2, 3), (0, 0)])
+def test_bmm_of_graphs_of_one_size(lengths):
+    # an adjacency of graphs of one size n is (B, j0, n): bmm (as @) reads its static n as the
+    # features' ragged dim (it raised; with n = 1 its backward failed)
+    g = torch.Generator().manual_seed(0)
+    a = [torch.rand(n, n, dtype=torch.float64, generator=g) for n in lengths]
+    x = [torch.randn(n, 4, dtype=torch.float64, generator=g) for n in lengths]
+    rd = (1,) if len(set(lengths)) == 1 else (1, 2)
+    per_sample_check(torch.bmm, R(a, rd), R(x, (1,)), ref=torch.mm, new_ragged=True)
+    per_sample_check(torch.matmul, R(a, rd), R(x, (1,)), new_ragged=True)

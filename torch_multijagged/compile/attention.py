@@ -49,7 +49,7 @@ def _as4d(q, k, v, mask, keep):
     def flat(t):
         if t.dim() == 3:
             return t.unsqueeze(0)
-        return t.reshape(-1, *t.shape[-3:])
+        return t.flatten(0, -4)  # (not reshape(-1, …): ambiguous for 0 elements)
 
     lead = q.shape[:-3] if q.dim() > 3 else ()
     ms = None if mask is None else flat(mask.expand(*q.shape[:-1], k.shape[-2]))

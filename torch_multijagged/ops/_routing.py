@@ -105,9 +105,23 @@ def in_place_route(name: str, dense_self: bool = False):
             return NotImplemented
         # the op reads a clone when autograd records: what it saves must not be the tensor written
         src = input.clone() if torch.is_grad_enabled() and input.requires_grad else input
-        return input.copy_(out_of_place(src, *args, **kwargs))
+        return input.copy_(castable(out_of_place(src, *args, **kwargs), input.dtype))
 
     return routed
+
+def castable(result: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """``result``, whose dtype an in-place op or ``out=`` of ``dtype`` may take (dense's rule: no
+    float into an integer, no complex into a real, nothing but bool into a bool); else dense's error."""
+    if not torch.can_cast(result.dtype, dtype):
+        raise RuntimeError(f"result type {_scalar_name(result.dtype)} can't be cast to the desired output type "
+                           f"{_scalar_name(dtype)}")
+    return result
+
+
+def _scalar_name(dtype: torch.dtype) -> str:
+    """The name torch's messages give a dtype (``Float``, ``Long``, ``ComplexFloat``)."""
+    return torch.empty(0, dtype=dtype).type().rsplit(".", 1)[-1].removesuffix("Tensor")
+
 
 def unify_extents(args: tuple, keep_first: bool = False) -> tuple:
     """NOTE [ Equal sizes, different nested ints ]

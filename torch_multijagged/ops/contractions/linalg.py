@@ -272,6 +272,22 @@ def _cross(input, other, *, dim=-1, out=None):
     return wrap_values(torch.linalg.cross(values_of(input), values_of(other), dim=vd), input._partition, input._ragged_dims)
 
 
+@route(torch.cross, torch.Tensor.cross)
+def _cross_legacy(input, other, dim=None, *, out=None):
+    """``torch.cross``: ``linalg.cross`` along ``dim``; without one, dense's deprecated default,
+    the first dim of size 3, where that is a static dim no ragged dim precedes (a ragged dim
+    before it would be the first of size 3 in the samples of that length)."""
+    if dim is None and isinstance(input, MJT):
+        first = next((d for d in range(1, input.dim()) if d in input._ragged_dims or input.shape[d] == 3), None)
+        if first is None or first in input._ragged_dims:
+            raise StructureError(
+                f"cross(): without dim, the first dim of size 3 of {describe(input)} "
+                + ("is none" if first is None else "may be a ragged dim in some samples")
+                + "; pass dim= (or use torch.linalg.cross)")
+        dim = first
+    return _cross(input, other, dim=-1 if dim is None else dim, out=out)
+
+
 @route(torch.linalg.vecdot)
 def _vecdot(x, y, *, dim=-1, out=None):
     """``linalg.vecdot`` as the product ``x̄ · y`` summed over ``dim``, ragged or static: aten's

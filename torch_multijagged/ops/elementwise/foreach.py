@@ -16,7 +16,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from ...errors import StructureError
 from .._common import MJT, describe, wrap
-from .._routing import route
+from .._routing import castable, route
 from .._table import op_name, register_multi_jagged_func
 from ...writes import written_args
 
@@ -115,7 +115,7 @@ def _extreme_out(name: str):
         multi_jagged ``out``: the op, then written into ``out`` (its structure, dense's cast)."""
         if out is None or not isinstance(out, MJT):
             return NotImplemented
-        return out.copy_(dense(input, other))
+        return out.copy_(castable(dense(input, other), out.dtype))
 
     return routed
 

@@ -764,6 +764,12 @@ def _bmm(input, mat2, *, out=None):
         plan = matmul_spec(input, mat2)
         if plan is not None:  # NOTE [ Matmul between multi_jagged tensors ] in ops/contractions/ragged_mm.py
             return bridged.ragged_matmul(*plan)
+        if (2 in input._ragged_dims) != (1 in mat2._ragged_dims):
+            # a contracted dim static in one operand and ragged in the other (graphs of one size:
+            # (B, j0, n) @ (B, j1, C), each j1 = n): matmul's per-sample products, which read the
+            # static size as the equal ragged one (NOTE [ Static sizes equal to a ragged dim ] in
+            # ops/_routing.py); for three-dim operands ``bmm`` is ``matmul``
+            return torch.matmul(input, mat2)
     if (out is None and isinstance(input, MJT) and isinstance(mat2, MJT) and input._partition is not mat2._partition
             and input._partition.nragged == mat2._partition.nragged == 1 and input._partition.same_as(mat2._partition)):
         return torch.bmm(input, relabel(mat2, input._partition))

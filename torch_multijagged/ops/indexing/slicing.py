@@ -560,8 +560,15 @@ def _broadcast_along(input: MJT, indices: MJT, d: int):
     return input, indices
 
 
+def _check_src_dtype(name: str, input, src) -> None:
+    """Dense scatters take a ``src`` tensor of ``self``'s dtype only (a number is cast)."""
+    if isinstance(src, torch.Tensor) and isinstance(input, torch.Tensor) and src.dtype != input.dtype:
+        raise RuntimeError(f"{name}(): Expected self.dtype to be equal to src.dtype")
+
+
 def _scatter_route(name: str, add: bool):
     def routed(input, dim, index, src=None, *, value=None, reduce=None, out=None):
+        _check_src_dtype(name, input, src)
         if (isinstance(index, MJT) and isinstance(input, torch.Tensor) and not isinstance(input, MJT) and out is None and reduce is None
                 and isinstance(dim, int)):
             # NOTE [ Scattering a batch into a dense tensor ] in scatter.py
@@ -588,6 +595,7 @@ def _scatter_route(name: str, add: bool):
 
 @route(torch.scatter_reduce, torch.Tensor.scatter_reduce)
 def _scatter_reduce(input, dim, index, src, reduce, *, include_self=True, out=None):
+    _check_src_dtype("scatter_reduce", input, src)
     if isinstance(index, MJT) and isinstance(input, torch.Tensor) and not isinstance(input, MJT) and out is None and isinstance(dim, int):
         if reduce not in ("sum", "prod", "mean", "amax", "amin"):
             raise RuntimeError(f"reduce argument must be either sum, prod, mean, amax or amin, got {reduce}")

@@ -444,8 +444,10 @@ def _quantile_route(name: str, ignore_nan: bool):
     dense = getattr(torch, name)
 
     def routed(input, q, dim=None, keepdim=False, *, interpolation="linear", out=None):
-        if not isinstance(input, MJT) or out is not None:
+        if not isinstance(input, MJT):
             return NotImplemented
+        if out is not None:  # (dense's composite quantile would resize ``out`` before failing)
+            raise NotImplementedError(f"{name}(): out= variants are not supported for layout torch.multi_jagged")
         if interpolation not in _QUANTILE_MODES:
             raise ValueError(f"{name}() interpolation must be one of {', '.join(_QUANTILE_MODES)}. Got {interpolation}")
         if dim is None:
@@ -504,8 +506,10 @@ def _mode_per_sample(x: MJT, d: int, keepdim: bool):
     part = partition_for([p.extents[x._ragged_dims.index(r)] for r in rest])
     ragged = tuple(r if keepdim or r < d else r - 1 for r in rest)
     rag = [r - 1 for r in ragged]
-    if not outs:
-        raise NotImplementedError(f"mode(): along ragged dim {d} of an empty batch {describe(x)}")
+    if not outs:  # an empty batch: no rows, the static sizes the samples' modes would have
+        static = [1 if k == d else x.shape[k] for k in range(1, x.dim()) if (k == d and keepdim) or k not in x._ragged_dims]
+        v = values_of(x).new_zeros((0, *static))
+        return wrap_values(v, part, ragged), wrap(torch.zeros(v.shape, dtype=torch.int64, device=v.device), part, ragged)
     v = torch.cat([component_rows(o.values, rag) for o in outs])
     i = torch.cat([component_rows(o.indices, rag) for o in outs])
     return wrap_values(v, part, ragged), wrap(i, part, ragged)
