@@ -423,3 +423,18 @@ def test_low_precision_golden():
     torch.testing.assert_close(F.cosine_similarity(x, x, 1), torch.full((1, 3), 1.0, dtype=torch.float16), rtol=2e-3, atol=2e-3)
     b = mj.nested_tensor([torch.tensor([[200.0, 201.0]], dtype=torch.bfloat16)])
     assert b.var(-1).unbind()[0].tolist() == [0.5]  # = ((−0.5)² + 0.5²) / 1 (a bfloat16 mean 200.5 rounds to 200)
+
+
+@pytest.mark.parametrize("dim", [1, 2, (1, 2)])
+@pytest.mark.parametrize("dtype", [None, torch.float16, torch.bfloat16, torch.float64])
+def test_nanmean_result_has_the_dtype_asked(dim, dtype):
+    # the count divided in the input's dtype made float16 / bfloat16 results float32
+    samples = [torch.tensor([[1.0, float("nan")], [2.0, 3.0]]), torch.zeros(0, 2), torch.tensor([[4.0, 5.0]])]
+    x = torch.nested.nested_tensor(samples, layout=mj.multi_jagged)
+    d = tuple(k - 1 for k in dim) if isinstance(dim, tuple) else dim - 1
+    out = torch.nanmean(x, dim, dtype=dtype)
+    got = out.unbind() if mj.is_nested(out) else list(out)
+    for a, s in zip(got, samples):
+        torch.testing.assert_close(a, torch.nanmean(s, d, dtype=dtype), equal_nan=True)
+    with pytest.raises(RuntimeError, match="Optional dtype must be either a floating point"):
+        torch.nanmean(x, dim, dtype=torch.int64)

@@ -303,3 +303,18 @@ def test_conj_of_complex_samples_with_gradients():
         torch.testing.assert_close(a, w)
     r = mj.nested_tensor([torch.randn(2, 2)])
     assert r.conj() is r
+
+
+def test_writes_into_a_conjugate_refuse():
+    # dense x.conj() is a view: a write through it changes x; here it is a copy, whose writes
+    # would be lost, so they raise, and reading it after x was written raises too
+    x = mj.nested_tensor([torch.tensor([1 + 2j, 3 - 1j]), torch.zeros(0, dtype=torch.complex64), torch.tensor([5j])])
+    for write in (lambda y: y.mul_(2), lambda y: y.imag.zero_(), lambda y: y.copy_(y * 2)):
+        with pytest.raises(NotImplementedError, match=r"conjugate \(x.conj\(\)\)"):
+            write(x.conj())
+    assert x.unbind()[0].tolist() == [1 + 2j, 3 - 1j]
+    y = x.conj()
+    assert [t.tolist() for t in y.unbind()] == [[1 - 2j, 3 + 1j], [], [-5j]]
+    x.mul_(2)
+    with pytest.raises(NotImplementedError, match="before that tensor was written"):
+        y.sum(dim=1)

@@ -28,6 +28,7 @@ from ...errors import StructureError
 from .._common import MJT, canonical_dim, component_rows, describe, static_dims
 from .._routing import route
 from .._table import register_multi_jagged_func
+from ..shape.views import mark_copy_of
 from .._common import wrap
 
 __all__: list[str] = []
@@ -205,12 +206,15 @@ def _view_as_real(input):
 @route(torch.conj, torch.Tensor.conj)
 def _conj(input):
     """``x.conj()``: the conjugated values (materialized: the wrapper carries no conjugate bit, so
-    ``resolve_conj`` has nothing to resolve); a real tensor is returned as it is, as dense."""
+    ``resolve_conj`` has nothing to resolve); a real tensor is returned as it is, as dense. Dense
+    gives a view, so the copy is registered as one (NOTE [ Reordered ragged dims are copies ] in
+    ops/shape/views.py): a write into it raises rather than miss ``x``."""
     if not isinstance(input, MJT):
         return NotImplemented
     if not input.is_complex():
         return input
-    return wrap_values(torch.conj_physical(values_of(input)), input._partition, input._ragged_dims)
+    out = wrap_values(torch.conj_physical(values_of(input)), input._partition, input._ragged_dims)
+    return mark_copy_of(out, "a conjugate (x.conj())", input)
 
 
 @register_multi_jagged_func(aten._conj.default, "self: mjt")

@@ -363,7 +363,11 @@ def _nanmean(input, dim=None, keepdim=False, *, dtype=None):
         return NotImplemented
     if not input.is_floating_point():
         raise RuntimeError(f"nanmean(): expected input to have floating point or complex dtype but got {input.dtype}")
-    return _nansum(input, dim, keepdim, dtype=dtype) / _nansum((~torch.isnan(input)).to(input.dtype), dim, keepdim)
+    if dtype is not None and not (dtype.is_floating_point or dtype.is_complex):
+        raise RuntimeError("nanmean(): could not infer output dtype. Optional dtype must be either a floating point or "
+                           f"complex dtype. Got: {str(dtype).removeprefix('torch.').capitalize()}")
+    # the count as an integer, as dense: the quotient keeps the sum's dtype (``dtype=`` or the input's)
+    return _nansum(input, dim, keepdim, dtype=dtype) / _nansum(~torch.isnan(input), dim, keepdim)
 
 
 @route(torch.count_nonzero, torch.Tensor.count_nonzero)
