@@ -182,3 +182,18 @@ def test_compiled_pair_block_has_no_searchsorted_and_one_graph(b, _fresh_inducto
         assert "searchsorted" not in code and "repeat_interleave" not in code
     assert counter.frame_count == 1  # zero recompiles over changing lengths
     torch._dynamo.reset()
+
+
+def test_compiled_roll_along_a_ragged_dim_under_autograd(_fresh_inductor_cache):
+    # Inductor's fused roll map evaluated the remainder by a zero size (lanes of no row) and its
+    # integer-division check raised
+    torch._dynamo.reset()
+    comps = [torch.randn(n, 4) for n in (1, 4, 0, 2)]
+    x = mj.nested_tensor(comps, requires_grad=True)
+    out = torch.compile(lambda t: t.roll(1, 1), backend="inductor", fullgraph=True)(x)
+    for a, c in zip(out.unbind(), comps):
+        torch.testing.assert_close(a, c.roll(1, 0))
+    (g,) = torch.autograd.grad((out * out).sum(dim=(1, 2)).sum(), x)
+    for a, c in zip(g.unbind(), comps):
+        torch.testing.assert_close(a, 2 * c)
+    torch._dynamo.reset()

@@ -33,7 +33,9 @@ def flip_ragged(op: str, x: MJT, ragged: list[int], shifts=None):
             if shifts is None:
                 a[:, k] = nk - 1 - a[:, k]
             else:
-                a[:, k] = torch.remainder(a[:, k] - shifts[j], nk)
+                # a row's sample has nk ≥ 1; Inductor's fused kernel may evaluate lanes of no row,
+                # whose 0 would raise its integer-division check
+                a[:, k] = torch.remainder(a[:, k] - shifts[j], nk.clamp_min(1))
         return a
 
     if shifts is not None and ragged == [0] and by_blocks(x):
