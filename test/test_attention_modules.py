@@ -389,3 +389,28 @@ def test_mha_with_a_per_sample_mask_folded_over_heads(need_weights):
     got, = torch.autograd.grad((out * out).sum(), x)
     for a, w in zip(got.unbind(), torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)):
         torch.testing.assert_close(a, w)
+
+
+@pytest.mark.parametrize("norm_first, activation", [(False, "relu"), (True, "gelu")])
+def test_encoder_layer_fused_inference_kernel(norm_first, activation):
+    """``torch._transformer_encoder_layer_fwd``, which ``nn.TransformerEncoderLayer`` calls in eval
+    without gradients where ``has_torch_function`` does not stop it (under ``torch.compile``): the
+    layer per sample, an empty sample included; compiled with ``fullgraph`` it raised."""
+    m = torch.nn.TransformerEncoderLayer(8, 2, dim_feedforward=16, batch_first=True, norm_first=norm_first,
+                                         activation=activation).eval().double()
+    samples = [torch.randn(n, 8, dtype=torch.float64) for n in (3, 1, 0, 5)]
+    x = torch.nested.nested_tensor(samples, layout=tmj.multi_jagged)
+    sa = m.self_attn
+    with torch.no_grad():
+        ref = [m(s.unsqueeze(0))[0] for s in samples]
+        out = torch._transformer_encoder_layer_fwd(
+            x, 8, 2, sa.in_proj_weight, sa.in_proj_bias, sa.out_proj.weight, sa.out_proj.bias, activation == "gelu",
+            norm_first, m.norm1.eps, m.norm1.weight, m.norm1.bias, m.norm2.weight, m.norm2.bias, m.linear1.weight,
+            m.linear1.bias, m.linear2.weight, m.linear2.bias, None, None)
+        for a, b in zip(out.unbind(), ref):
+            torch.testing.assert_close(a, b)
+        torch._dynamo.reset()
+        compiled = torch.compile(m, backend="aot_eager", fullgraph=True)(x)
+        for a, b in zip(compiled.unbind(), ref):
+            torch.testing.assert_close(a, b)
+        torch._dynamo.reset()

@@ -67,3 +67,20 @@ def test_joining_a_rectangular_batch_with_square_or_empty_ones_is_rectangular():
     parts = [tmj.nested_tensor([torch.ones(2, 3, dtype=dt)]) for dt in (torch.int32, torch.float32, torch.float64)]
     joined = torch.cat(parts, 0)  # three batches of three dtypes: promoted as dense cat
     assert joined.dtype == torch.float64 and joined.shape[0] == 3
+
+
+@pytest.mark.parametrize("repeats", [2, torch.tensor(2), torch.tensor([1, 0, 3])])
+def test_repeat_interleave_of_samples(repeats):
+    """``x.repeat_interleave(k, dim=0)`` repeats samples (a history per candidate, a mask per head),
+    with gradients summed over the copies; it raised a view error."""
+    comps = [torch.randn(n, 4, dtype=torch.float64, requires_grad=True) for n in (3, 0, 2)]
+    x = torch.nested.as_nested_tensor(comps, layout=tmj.multi_jagged)
+    counts = torch.as_tensor(repeats).expand(3).tolist()
+    y = x.repeat_interleave(repeats, dim=0)
+    want = [c for c, k in zip(comps, counts) for _ in range(k)]
+    assert y.shape[0] == len(want) and all(torch.equal(a, b) for a, b in zip(y.unbind(), want))
+    got = torch.autograd.grad((y * y).sum(dim=(1, 2)).sum(), comps)
+    for g, c, k in zip(got, comps, counts):
+        torch.testing.assert_close(g, 2 * k * c)
+    with pytest.raises(RuntimeError, match="repeats must have the same size as input along dim"):
+        x.repeat_interleave(torch.tensor([1, 2]), dim=0)

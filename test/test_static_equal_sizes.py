@@ -197,3 +197,15 @@ def test_bmm_of_graphs_of_one_size(lengths):
     rd = (1,) if len(set(lengths)) == 1 else (1, 2)
     per_sample_check(torch.bmm, R(a, rd), R(x, (1,)), ref=torch.mm, new_ragged=True)
     per_sample_check(torch.matmul, R(a, rd), R(x, (1,)), new_ragged=True)
+
+
+@pytest.mark.parametrize("lengths", [(3, 3), (4,), (0,)])
+def test_diffpool_of_graphs_of_one_size(lengths):
+    # Sᵀ A S: (Sᵀ A) is a dense (B, K, n) that contracts S's ragged dim, of size n in every sample
+    # (it raised); the other order too, (B, K, j0) @ a dense (B, n, C)
+    g = torch.Generator().manual_seed(0)
+    a = [torch.rand(n, n, dtype=torch.float64, generator=g) for n in lengths]
+    s = [torch.rand(n, 2, dtype=torch.float64, generator=g) for n in lengths]
+    per_sample_check(lambda x, y: (y.transpose(-1, -2) @ x) @ y, R(a, (1,)), R(s, (1,)), dense_out=True)
+    c = PS(torch.randn(len(lengths), lengths[0], 3, dtype=torch.float64, generator=g))
+    per_sample_check(lambda y, w: y.transpose(-1, -2) @ w, R(s, (1,)), c, dense_out=True)

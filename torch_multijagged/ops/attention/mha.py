@@ -222,3 +222,37 @@ def _native_mha(query, key, value, embed_dim, num_head, qkv_weight, qkv_bias, pr
     out, weights = _mha(q, k, v, embed_dim, num_head, qkv_weight, qkv_bias, None, None, False, 0.0, proj_weight,
                         proj_bias, training=False, need_weights=need_weights, average_attn_weights=average_attn_weights)
     return out._mjt, weights
+
+
+@route(torch._transformer_encoder_layer_fwd)
+def _encoder_layer_fwd(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight, proj_bias, use_gelu, norm_first,
+                       eps, norm_weight_1, norm_bias_1, norm_weight_2, norm_bias_2, ffn_weight_1, ffn_bias_1,
+                       ffn_weight_2, ffn_bias_2, mask=None, mask_type=None):
+    """The fused inference kernel ``nn.TransformerEncoderLayer``'s fast path calls (eval, no
+    gradient; dynamo takes that path where eager's ``has_torch_function`` test does not): the
+    layer's own computation, its attention through ``_native_mha``."""
+    if not isinstance(src, MJT):
+        return NotImplemented
+    if mask is not None:
+        raise NotImplementedError(
+            "_transformer_encoder_layer_fwd(): a dense mask cannot address ragged sequences (layout "
+            "torch.multi_jagged); every sample attends over its own length"
+        )
+
+    def attend(x):
+        return torch._native_multi_head_attention(x, x, x, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
+                                                  proj_bias, None, False)[0]
+
+    def feed_forward(x):
+        h = F.linear(x, ffn_weight_1, ffn_bias_1)
+        return F.linear(F.gelu(h) if use_gelu else F.relu(h), ffn_weight_2, ffn_bias_2)
+
+    def norm(x, w, b):
+        return F.layer_norm(x, (embed_dim,), w, b, eps)
+
+    x = src
+    if norm_first:
+        x = x + attend(norm(x, norm_weight_1, norm_bias_1))
+        return x + feed_forward(norm(x, norm_weight_2, norm_bias_2))
+    x = norm(x + attend(x), norm_weight_1, norm_bias_1)
+    return norm(x + feed_forward(x), norm_weight_2, norm_bias_2)

@@ -111,6 +111,17 @@ def _matmul(input, other, *, out=None):
             input = input.expand(b, -1, -1)
         if _dense(other) and other.shape[0] == 1 and b != 1:
             other = other.expand(b, -1, -1)
+        # the contracted dim ragged in the multi_jagged operand and of the dense one's size in every
+        # sample (DiffPool's Sᵀ A S of graphs of one size): that static size (NOTE [ Static sizes
+        # equal to a ragged dim ] in ops/_routing.py)
+        mjt, d, k = (other, 1, input.shape[2]) if isinstance(other, MJT) else (input, 2, other.shape[1])
+        if d in mjt._ragged_dims and not torch.compiler.is_compiling():
+            e = mjt._partition.extents[mjt._ragged_dims.index(d)]
+            if _uniform(e, k):
+                mjt = ragged_as_static(mjt, d, k)
+                input, other = (input, mjt) if d == 1 else (mjt, other)
+                if not isinstance(mjt, MJT):
+                    return torch.bmm(input, other)
         return torch.bmm(input, other)
     if isinstance(input, MJT) and isinstance(other, MJT) and input.dim() == other.dim():
         # Square pairs contracting a ragged dim: per-sample products (NOTE [ Contracting a ragged

@@ -9,7 +9,7 @@ import warnings
 import torch
 import torch.nn.functional as F
 
-from ...tensor import wrap_values
+from ...tensor import values_of, wrap_values
 from .._table import register_multi_jagged_func
 from .._common import MJT, describe, wrap
 from .._routing import route
@@ -145,6 +145,20 @@ def _embedding_bag(input, weight, offsets=None, max_norm=None, norm_type=2.0, sc
         raise ValueError("mode has to be one of sum, mean or max")
     if mode == "max" and (scale_grad_by_freq or sparse):
         raise ValueError("max mode does not support scaling the gradient by the frequency or sparse weights")
+    nd = len(input._size)
+    if nd > 2 and input._ragged_dims == tuple(range(1, nd - 1)):
+        # a static last dim: each sample is dense's 2-D input, a bag of that many ids per row
+        # (multi-hot fields of a history), so every packed row is a bag
+        psw = None
+        if per_sample_weights is not None:
+            if not (per_sample_weights._partition.same_as(input._partition) and per_sample_weights.shape[-1] == input.shape[-1]
+                    and per_sample_weights._ragged_dims == input._ragged_dims):
+                raise ValueError(f"embedding_bag(): expected per_sample_weights of the input's structure {describe(input)}, "
+                                 f"got {describe(per_sample_weights)}")
+            psw = values_of(per_sample_weights)
+        out = F.embedding_bag(values_of(input), weight, None, max_norm, norm_type, scale_grad_by_freq, mode, sparse, psw,
+                              include_last_offset, padding_idx)
+        return wrap_values(out, input._partition, input._ragged_dims)
     _bag_structure("embedding_bag", input)
     if per_sample_weights is not None and not (
         per_sample_weights._partition.same_as(input._partition) and per_sample_weights._ragged_dims == input._ragged_dims

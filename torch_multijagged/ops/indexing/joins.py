@@ -499,6 +499,12 @@ def _repeat_interleave(input, repeats=None, dim=None, *, output_size=None):
     if dim is None:  # dense torch repeats the flattened input's elements: the batch flattened into rows
         return torch.repeat_interleave(input.reshape(-1), repeats, output_size=output_size)
     d = canonical_dim("repeat_interleave", input.dim(), dim)
+    if d == 0 and not isinstance(repeats, MJT):
+        # samples repeated (a history per candidate, a mask per head): the batch indexed by each
+        # sample's number repeated, as ``x[index]`` gathers samples
+        b = input._partition.batch
+        index = torch.arange(b, device=input.device).repeat_interleave(repeats, output_size=output_size)
+        return input[index]
     if d not in input._ragged_dims:
         return NotImplemented  # a static dim: the op table
     if len(input._ragged_dims) != 1:
