@@ -405,3 +405,19 @@ def test_heads_folded_with_a_trailing_minus_one_for_any_lengths(lens):
     back = (folded * 2).reshape(B, 3, 8, L).reshape(B, 24, L)
     for a, c in zip(back.unbind(), xs):
         torch.testing.assert_close(a, c * 2)
+
+
+def test_heads_fold_into_an_empty_batch():
+    """``(B, H, j0, D).reshape(B * H, j0, D)`` at B = 0 (``0·H == 0 == B``) folds the heads, as for
+    B > 0 (invariant-point-attention's ``(b h) n d``), and unfolds back; sizes that cannot be a
+    fold still raise."""
+    for x in (mj.from_padded(torch.zeros(0, 0, 8), torch.zeros(0, 1, dtype=torch.long)),
+              mj.nested_tensor([torch.randn(n, 8) for n in (3, 0, 5)])):
+        b, n = x.shape[0], x.shape[1]
+        heads = x.unflatten(-1, (2, 4)).transpose(1, 2)  # (B, 2, j0, 4)
+        folded = heads.reshape(b * 2, n, 4)
+        assert isinstance(folded, BatchMerged) and tuple(folded.shape) == (b * 2, n, 4)
+        back = folded.reshape(b, 2, n, 4).transpose(1, 2).flatten(2)
+        assert back.shape[0] == b and all(torch.equal(u, v) for u, v in zip(back.unbind(), x.unbind()))
+        with pytest.raises(Exception):
+            heads.reshape(b * 2, n, 3)

@@ -76,24 +76,49 @@ def merge_request(x: MJT, shape: tuple) -> bool:
         # dim 0 cannot be the batch: B·f with f dividing dim 1 (B·K, or B·H of a dim 1 of H·D:
         # guided-diffusion's ``qkv.reshape(B * H, 3 * ch, L)``); the batch-first view decides (and raises)
         return True
+    if b == 0 and first == 0:
+        # no samples: ``B·f`` is 0 whatever f; a merge where the sizes after the first hold 1/f of
+        # a sample's static elements, f > 1 dividing dim 1 (einops' ``(b h) n d`` of an empty batch)
+        f = _empty_batch_factor(x, rest)
+        return f is not None and f > 1
     if first != -1 or b * k == 0 or any(isinstance(s, int) and s == -1 for s in rest):
         return False
+    statics = _statics_after(x, rest)
+    return statics is not None and math.prod(statics) * k == _own_statics(x)
+
+
+def _statics_after(x: MJT, rest: tuple):
+    """The static sizes of ``rest`` (the sizes after a merged batch dim), where it holds ``x``'s
+    ragged sizes in order and plain ints otherwise; else None."""
     ragged = [x._size[d] for d in x._ragged_dims]
     placed = [s for s in rest if any(_same(s, r) for r in ragged)]
     if len(placed) != len(ragged) or not all(_same(a, r) for a, r in zip(placed, ragged)):
-        return False
+        return None
     statics = [s for s in rest if not any(_same(s, r) for r in ragged)]
-    if not all(isinstance(s, int) for s in statics):
-        return False
-    own = [x._size[d] for d in range(1, x.dim()) if d not in x._ragged_dims]
-    return math.prod(statics) * k == math.prod(own)
+    return statics if all(isinstance(s, int) for s in statics) else None
+
+
+def _own_statics(x: MJT) -> int:
+    return math.prod(x._size[d] for d in range(1, x.dim()) if d not in x._ragged_dims)
+
+
+def _empty_batch_factor(x: MJT, rest: tuple):
+    """``f`` of a batch merged as ``B·f`` into sizes ``rest`` that hold ``1/f`` of a sample's static
+    elements, with ``f`` dividing dim 1; else None."""
+    statics = None if any(isinstance(s, int) and s == -1 for s in rest) else _statics_after(x, rest)
+    if statics is None:
+        return None
+    own, held = _own_statics(x), math.prod(statics)
+    if held == 0 or own % held or x._size[1] % (own // held):
+        return None
+    return own // held
 
 
 def merge_batch(op: str, x: MJT, shape: tuple) -> "BatchMerged":
     """``x`` (``(B, K, …)``) viewed as ``shape`` (``(B·f, …)``, ``-1`` for ``B·K``): the token of
     ``x.view(B, f, *shape[1:])`` (``f`` may split dim 1: ``K = f·K'``)."""
     b = x._size[0]
-    k = x._size[1] if shape[0] == -1 else shape[0] // b
+    k = x._size[1] if shape[0] == -1 else shape[0] // b if b else _empty_batch_factor(x, tuple(shape[1:]))
     inner_shape = (b, k, *shape[1:])
     inner = None
     if len(x._ragged_dims) == 1 and sum(1 for s in shape[1:] if isinstance(s, int) and s == -1) == 1:
