@@ -325,3 +325,21 @@ def test_per_sample_view_of_flattened_rows_is_the_batch_not_an_even_split():
         pair.reshape(-1, 3).view(2, -1)  # -1 cannot stand for two ragged dims
     one = torch.nested.nested_tensor([torch.randn(3, 2)], layout=mj.multi_jagged)
     assert not isinstance(one.view(-1, 2).view(1, 6), mj.MultiJaggedTensor)  # one sample: the even split is it
+
+
+def test_heads_flattened_and_back():
+    """``(B, H, j0, D).reshape(-1, D)`` (the samples' elements in their order, a copy) back to the
+    batch's shape, after ops on the rows too: einops' ``pack`` / ``unpack`` over ``'* d'``
+    (taylor-series linear attention); it raised. Gradients reach the components."""
+    from einops import pack, unpack
+
+    xs = [torch.randn(2, n, 4, dtype=torch.float64, requires_grad=True) for n in (3, 0, 5)]
+    x = mj.as_nested_tensor(xs, ragged_dims=(2,))
+    f = x.reshape(-1, 4)
+    for y, k in ((f.reshape(x.shape), 1), (f.view(3, 2, x.shape[2], 4), 1), ((f * 3).reshape(x.shape), 3),
+                 (unpack(*pack([x], "* d"), "* d")[0], 1)):
+        assert y.shape[2] == x.shape[2] and y._ragged_dims == (2,)
+        assert all(torch.equal(a, k * b) for a, b in zip(y.unbind(), xs))
+    got = torch.autograd.grad((f * 3).reshape(x.shape).sum(dim=(1, 2, 3)).sum(), xs)
+    for g in got:
+        torch.testing.assert_close(g, torch.full_like(g, 3.0))

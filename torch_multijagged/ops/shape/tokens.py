@@ -37,6 +37,7 @@ cannot make one (fake tensors do not become subclasses): the flatten and each op
 from __future__ import annotations
 
 import copy
+import math
 
 import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int
@@ -236,6 +237,12 @@ def _restore(op: str, batch, y: torch.Tensor, shape) -> MJT | object:
                 f"ragged sizes ({', '.join(str(n) for n in nested)}), or -1 for the one ragged dim"
             )
     k = len(nested)
+    at = [i for i, s in enumerate(shape) if is_nested_int(s)]
+    if (len(at) == k and at != list(range(1, k + 1)) and shape[0] in (partition.batch, -1)
+            and all(shape[i] == n for i, n in zip(at, nested))):
+        # static dims before a ragged one (heads (B, H, j0, D)): the flattened rows hold each
+        # sample's elements in its own order, as ``flatten_batch`` copied them
+        return _restore_by_sample(op, partition, y, shape, tuple(at))
     want = f"({partition.batch} or -1, {', '.join(str(n) for n in nested)}, *static sizes)"
     if (
         len(shape) < k + 1
@@ -258,6 +265,23 @@ def _restore(op: str, batch, y: torch.Tensor, shape) -> MJT | object:
                 f"batch of {rows} rows: {e}"
             ) from None
     return wrap_values(values, partition, tuple(range(1, k + 1)))
+
+
+def _restore_by_sample(op: str, partition: Partition, y: torch.Tensor, shape: tuple, ragged_dims: tuple) -> MJT:
+    """``y``, the elements of each sample in the samples' order, as the multi_jagged ``shape`` whose
+    ragged dims ``ragged_dims`` are ``partition``'s (a copy, differentiable)."""
+    from ...bridge import relabel
+    from ...constructors import as_nested_tensor
+
+    shapes = [tuple(ns[ragged_dims.index(d)] if d in ragged_dims else shape[d] for d in range(1, len(shape)))
+              for ns in partition.host_sizes().tolist()]  # SYNC: none — host sizes
+    counts = [math.prod(sh) for sh in shapes]
+    flat = y.as_subclass(torch.Tensor) if isinstance(y, FlatBatch) else y
+    if flat.numel() != sum(counts):
+        raise RuntimeError(f"{op}(): cannot {op} a tensor of {flat.numel()} elements to {shape}, a batch of "
+                           f"{sum(counts)} elements")
+    pieces = [p.view(sh) for p, sh in zip(flat.reshape(-1).split(counts), shapes)]
+    return relabel(as_nested_tensor(pieces, ragged_dims=ragged_dims), partition)
 
 
 def _restore_shape(op: str):
