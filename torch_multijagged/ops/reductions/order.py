@@ -541,3 +541,34 @@ route(torch.cummax, torch.Tensor.cummax)(_scan_route("cummax", True, rt.cummax))
 route(torch.cummin, torch.Tensor.cummin)(_scan_route("cummin", False, rt.cummin))
 
 __all__ = ["sort_ragged", "topk_ragged", "kthvalue_ragged", "median_ragged", "scan_ragged"]
+
+
+@route(torch.multinomial, torch.Tensor.multinomial)
+def _multinomial(input, num_samples, replacement=False, *, generator=None, out=None):
+    """Draws per sample (sampling after a top-k / nucleus filter of each sample's candidates):
+    along a static last dim every packed row is a distribution, as dense's 2-D input; along a
+    ragged last dim of ``(B, j0)`` or ``(B, S, j0)`` each sample's rows, padded with zero
+    probabilities, which are never drawn (a dense ``(B, num_samples)`` or ``(B, S, num_samples)``).
+    Dense's errors stand: a sample with too few categories without replacement, or no mass."""
+    if not isinstance(input, MJT):
+        return NotImplemented
+    if out is not None:
+        raise NotImplementedError("multinomial(): out= variants are not supported for layout torch.multi_jagged")
+    last = input.dim() - 1
+    if input.dim() > 3 or input.dim() < 2:
+        raise RuntimeError(f"multinomial(): prob_dist must be 1 or 2 dim, got samples of {describe(input)}")
+    if last not in input._ragged_dims:  # (B, j0, C): a distribution per packed row
+        return wrap_values(torch.multinomial(values_of(input), num_samples, replacement, generator=generator),
+                           input._partition, input._ragged_dims)
+    if input._ragged_dims != (last,):
+        raise NotImplementedError(f"multinomial(): of {describe(input)}, ragged in its rows and its categories "
+                                  "(layout torch.multi_jagged)")
+    sizes = input._partition.host_sizes()[:, 0]
+    if not replacement and input._partition.batch and int(sizes.min()) < num_samples:  # dense's check, per sample
+        i = int((sizes < num_samples).nonzero()[0])  # SYNC: none — host sizes
+        raise RuntimeError(f"multinomial(): cannot sample n_sample > prob_dist.size(-1) samples without replacement "
+                           f"(sample {i} has {int(sizes[i])} categories, {num_samples} asked)")
+    padded = input.to_padded_tensor(0.0)
+    flat = padded.reshape(-1, padded.shape[-1])
+    drawn = torch.multinomial(flat, num_samples, replacement, generator=generator)
+    return drawn.reshape(*padded.shape[:-1], num_samples)
