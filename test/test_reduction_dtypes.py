@@ -438,3 +438,26 @@ def test_nanmean_result_has_the_dtype_asked(dim, dtype):
         torch.testing.assert_close(a, torch.nanmean(s, d, dtype=dtype), equal_nan=True)
     with pytest.raises(RuntimeError, match="Optional dtype must be either a floating point"):
         torch.nanmean(x, dim, dtype=torch.int64)
+
+
+@pytest.mark.parametrize("data, autocast", [(torch.float16, torch.bfloat16), (torch.bfloat16, torch.float16)])
+def test_reductions_along_a_ragged_dim_under_another_autocast_dtype(data, autocast):
+    # each sample's dense reduction runs; joining them under autocast's "promote" policy raised
+    samples = [torch.randn(n, 3).to(data) for n in (4, 1, 0, 2)]
+    x = torch.nested.nested_tensor(samples, layout=mj.multi_jagged)
+    with torch.autocast("cpu", dtype=autocast):
+        for f in (lambda t, d: torch.amax(t, d), lambda t, d: t.max(d).values):
+            got = f(x, 1)
+            for a, s in zip(got, samples):
+                if len(s):
+                    assert a.dtype == data and torch.equal(a, f(s, 0))
+        got = torch.logsumexp(x, 1)
+        assert got.dtype == data
+        torch.testing.assert_close(got[0], torch.logsumexp(samples[0], 0))
+
+
+def test_matmul_out_is_refused_clearly():
+    x = torch.nested.nested_tensor([torch.randn(n, 3) for n in (3, 0, 2)], layout=mj.multi_jagged)
+    with pytest.raises(NotImplementedError, match=r"matmul\(\): out= variants are not supported"):
+        torch.matmul(x, torch.randn(3, 3), out=torch.nested.nested_tensor([torch.randn(n, 3) for n in (3, 0, 2)],
+                                                                          layout=mj.multi_jagged))

@@ -134,3 +134,21 @@ def test_searchsorted_with_boundaries_per_position(right):
         assert torch.equal(o, torch.searchsorted(c, v, right=right, sorter=s, out_int32=True))
     with pytest.raises(mj.StructureError, match="per-position"):
         torch.searchsorted(cdf, mj.nested_tensor([torch.rand(k, 3) for k in (1, 2, 3)]))
+
+
+@pytest.mark.parametrize("kw", [{}, {"right": True}, {"side": "right"}, {"out_int32": True}])
+def test_dense_boundaries_per_sample(kw):
+    """Dense ``(B, K)`` boundaries (dense's N-d form: row b for sample b's values) with multi_jagged
+    values ``(B, j0)`` and ``(B, j0, C)``, a ``sorter`` of the boundaries' shape too; it raised."""
+    g = torch.Generator().manual_seed(0)
+    bins = torch.randn(3, 4, generator=g).sort(-1).values
+    for vals in ([torch.randn(n, generator=g) for n in (2, 0, 5)], [torch.randn(n, 3, generator=g) for n in (2, 0, 5)]):
+        got = torch.searchsorted(bins, mj.nested_tensor(vals), **kw)
+        for i, a in enumerate(got.unbind()):
+            assert torch.equal(a, torch.searchsorted(bins[i], vals[i], **kw))
+    unsorted = torch.randn(3, 4, generator=g)
+    order = unsorted.argsort(-1)
+    vals = [torch.randn(n, generator=g) for n in (2, 0, 5)]
+    got = torch.searchsorted(unsorted, mj.nested_tensor(vals), sorter=order, **kw)
+    for i, a in enumerate(got.unbind()):
+        assert torch.equal(a, torch.searchsorted(unsorted[i], vals[i], sorter=order[i], **kw))

@@ -55,6 +55,15 @@ __all__ = ["PADDED_BELOW", "use_padded", "by_sample", "pack_rows", "reduce_by_sa
 PADDED_BELOW = 2048
 
 
+def _cat(parts: list) -> torch.Tensor:
+    """``torch.cat(parts)`` of one dtype, outside autocast: its "promote" policy refuses a float16
+    join under a bfloat16 autocast (and the reverse), where each part is what dense gave."""
+    if torch.is_autocast_enabled(parts[0].device.type):
+        with torch.autocast(parts[0].device.type, enabled=False):
+            return torch.cat(parts, 0)
+    return torch.cat(parts, 0)
+
+
 def use_padded(rows: int, static: int, batch: int) -> bool:
     """Whether the padded form is the faster one for ``rows`` packed rows of ``static`` elements
     each over ``batch`` samples."""
@@ -186,7 +195,7 @@ def by_sample(fn: Callable[..., object], tensors: Sequence[torch.Tensor], host_s
         for o in outs:
             n = math.prod(o[j].shape[:r])
             rows_j.append(o[j].reshape(n, *o[j].shape[r:]))  # an explicit row count: a static size may be 0
-        packed.append(rows_j[0] if len(rows_j) == 1 else torch.cat(rows_j, 0))
+        packed.append(rows_j[0] if len(rows_j) == 1 else _cat(rows_j))
     return tuple(packed)
 
 
@@ -211,7 +220,7 @@ def reduce_by_sample(values: torch.Tensor, sizes: Sequence[Sequence[int]], count
         # lie, one result row each (≈ 2.5 µs a sample less than the general form's views)
         for piece, n in zip(values.split_with_sizes(list(counts)), counts):
             outs.append(op(piece, 0, keepdim=True) if n else values.new_full((1, *static), empty))
-        return values.new_full((0, *static), empty) if not outs else outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+        return values.new_full((0, *static), empty) if not outs else outs[0] if len(outs) == 1 else _cat(outs)
     for piece, ns, n in zip(values.split_with_sizes(list(counts)), sizes, counts):
         if n == 0:
             kept = math.prod(m for k, m in enumerate(ns) if k not in reduced)
@@ -222,7 +231,7 @@ def reduce_by_sample(values: torch.Tensor, sizes: Sequence[Sequence[int]], count
         outs.append(y.view(-1, *out_static))  # n > 0: no size is 0
     if not outs:
         return values.new_full((0, *out_static), empty)
-    return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+    return outs[0] if len(outs) == 1 else _cat(outs)
 
 
 def arg_extreme_by_sample(values: torch.Tensor, sizes: Sequence[Sequence[int]], counts: Sequence[int],
@@ -243,7 +252,7 @@ def arg_extreme_by_sample(values: torch.Tensor, sizes: Sequence[Sequence[int]], 
         outs.append(op(piece.view(*ns, *static), reduced, keepdim=True).view(-1, *static))
     if not outs:
         return values.new_zeros((0, *static), dtype=torch.int64)
-    return outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+    return outs[0] if len(outs) == 1 else _cat(outs)
 
 
 def extreme_backward_by_sample(grad: torch.Tensor, values: torch.Tensor, result: torch.Tensor,
@@ -275,7 +284,7 @@ def extreme_backward_by_sample(grad: torch.Tensor, values: torch.Tensor, result:
             torch.mul(scaled, hit, out=gis[i].view(*ns, *static))
     if gi is not None:
         return gi
-    return values.new_zeros(values.shape) if not outs else outs[0] if len(outs) == 1 else torch.cat(outs, 0)
+    return values.new_zeros(values.shape) if not outs else outs[0] if len(outs) == 1 else _cat(outs)
 
 
 def padded_positions_along(segment: torch.Tensor, coord: torch.Tensor, seg_len: torch.Tensor, m: int,

@@ -51,6 +51,9 @@ def _linear(input, weight, bias=None):
 
 @route(torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__)
 def _matmul(input, other, *, out=None):
+    if out is not None and (isinstance(input, MJT) or isinstance(other, MJT)):
+        # (dense's composite matmul would reach a view of the batch, with an error about that)
+        raise NotImplementedError("matmul(): out= variants are not supported for layout torch.multi_jagged")
     if out is None and (_is_vector(input) or _is_vector(other)):
         return _vector_matmul(input, other)
     if out is None and isinstance(input, MJT) and _dense(other) and other.dim() == 1:
