@@ -123,6 +123,20 @@ def test_dynamic_batch_guards_on_a_bucket_not_on_its_value():
     assert counter.frame_count == 2  # B static, then dynamic: as for dense tensors
 
 
+def test_dynamic_batch_takes_two_samples():
+    # the compare-sum map's ``offsets[1:B]`` asked whether B - 1 is 1: B = 2 (a last short batch)
+    # recompiled after B had become dynamic
+    fn = lambda x: (x.relu() + x).sum(1)  # noqa: E731
+    counter = CompileCounterWithBackend("aot_eager")
+    compiled = torch.compile(fn, backend=counter, fullgraph=True)
+    torch._dynamo.reset()
+    for lengths in ((3, 0, 5), (2, 3, 4, 5), (5, 1), (4, 0, 2, 2, 1)):
+        comps = [torch.randn(n, 4) for n in lengths]
+        torch.testing.assert_close(compiled(mj.nested_tensor(comps)), torch.stack([(c.relu() + c).sum(0) for c in comps]))
+    assert counter.frame_count == 2
+    torch._dynamo.reset()
+
+
 class _Pair(nn.Module):
     def __init__(self, c=6, cp=4):
         super().__init__()

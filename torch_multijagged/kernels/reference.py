@@ -110,7 +110,9 @@ def _search_sample(offsets: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
     samples (equal offsets) resolve to the last sample that starts at or before ``r``."""
     b = offsets.shape[0] - 1
     if b <= _SUM_MAX_B:  # a guard on a bucket of B when B is dynamic
-        return (offsets[1:b].unsqueeze(0) <= r.unsqueeze(1)).sum(1)
+        # offsets[B] = T > r counts nothing: the slice to the end keeps a dim of B (≥ 2 where B is
+        # dynamic), where ``offsets[1:B]`` would ask whether B - 1 is 1 (a guard that split B = 2 off)
+        return (offsets[1:].unsqueeze(0) <= r.unsqueeze(1)).sum(1)
     # Binary lifting: ``offsets[pos] <= r`` holds (true at 0); each round tries a step of 2**k. A
     # candidate at or past B reads ``offsets[B] = T > r`` (clamped) and is refused.
     pos = torch.zeros_like(r)
