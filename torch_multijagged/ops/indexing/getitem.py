@@ -15,7 +15,7 @@ from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, route
 from .._table import dispatch as _dispatch
 from .along import ragged_dim
-from .gather import mask_index, rows_by_index, table_lookup
+from .gather import mask_index, rows_by_index, table_lookup, table_rows_by_index
 from .pairwise import pairwise_index
 from .scatter import assign_index
 from .slicing import positions_ragged, select_ragged, slice_ragged
@@ -126,6 +126,10 @@ def _getitem(input, index):
         input, index = (input[(slice(None), *index[1:])] if len(index) > 1 else input), index[0]
     if not isinstance(input, MJT) and isinstance(index, MJT):
         return table_lookup(input, index)
+    if (not isinstance(input, MJT) and isinstance(index, tuple) and len(index) >= 2 and isinstance(index[1], MJT)
+            and isinstance(index[0], torch.Tensor) and not isinstance(index[0], MJT)
+            and all(isinstance(i, slice) and _whole(i) for i in index[2:])):
+        return table_rows_by_index(input, index[0], index[1])  # table[arange(B)[:, None, None], idx]
     if isinstance(input, MJT):
         # a 0-d integer tensor is an int wherever it appears (an index, a slice bound), as in dense
         # indexing: x[t] selects a sample, x[:, :t] slices each sample
