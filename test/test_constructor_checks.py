@@ -169,3 +169,20 @@ def test_zero_size_static_dim_padded_round_trip(case):
     assert gp is None or gp.shape == padded.shape
     back = torch.nested.to_padded_tensor(y, 0.0)
     assert_close(back, padded.detach(), "to_padded_tensor(from_padded(p))")
+
+
+def test_components_of_mixed_dtypes_raise_a_runtime_error_as_torch_jagged():
+    comps = [torch.zeros(2), torch.zeros(3, dtype=torch.float64)]
+    with pytest.raises(RuntimeError, match="same dtype"):
+        torch.nested.nested_tensor(comps, layout=torch.jagged)
+    for build in (mj.nested_tensor, mj.as_nested_tensor):
+        with pytest.raises(RuntimeError, match="one dtype and device"):
+            build(comps)
+
+
+def test_take_along_dim_takes_int64_indices_only():
+    x = mj.nested_tensor([torch.randn(3, 2), torch.randn(2, 2)])
+    i32 = mj.nested_tensor([torch.zeros(3, 2, dtype=torch.int32), torch.zeros(2, 2, dtype=torch.int32)])
+    with pytest.raises(RuntimeError, match="dtype of indices should be Long but got Int$"):
+        torch.take_along_dim(x, i32, 1)
+    assert torch.take_along_dim(x, i32.long(), 1).shape[0] == 2

@@ -94,7 +94,9 @@ def _infer(op: str, tensors: Sequence[torch.Tensor], ragged_dims) -> tuple[tuple
         if t.dim() != first.dim():
             raise ValueError(f"{op}(): expected components of equal rank, got {first.dim()} and {t.dim()}")
         if t.dtype != first.dtype or t.device != first.device:
-            raise ValueError(f"{op}(): expected components of one dtype and device, got {t.dtype}/{t.device} and {first.dtype}/{first.device}")
+            # a RuntimeError, as torch.jagged's ("all tensors in list must have the same dtype")
+            raise RuntimeError(f"{op}(): expected components of one dtype and device, got {t.dtype}/{t.device} and "
+                               f"{first.dtype}/{first.device}")
     if first.dim() == 0:
         raise ValueError(f"{op}(): cannot build a multi_jagged tensor from 0-dim components")
     # plain Python on the shapes: a handful of tensor ops on a (B, rank) table cost more for the

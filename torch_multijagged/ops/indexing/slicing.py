@@ -19,7 +19,7 @@ from ...errors import StructureError
 from ...kernels.along import packed_rows, plan_blocks, slice_bounds
 from ...structure import _is_traced, building, extent_of, mapped_extent, same_extent
 from .._common import MJT, canonical_dim, describe, sample_rows, static_dims
-from .._routing import in_place_route, route
+from .._routing import _scalar_name, in_place_route, route
 from ..shape.views import _mark_reorder_copy, mark_view_copy
 from .scatter import gather_from_dense, same_shape, scatter_into_dense
 from .along import check_samples, drop_along, eager, eager_or_traced, keep_along, ragged_dim, take_static
@@ -484,6 +484,8 @@ def _ragged_along(input: MJT, dim: int, index) -> bool:
 def _take_along_dim(input, indices, dim=None, *, out=None):
     if out is not None:
         raise NotImplementedError("take_along_dim(): out= variants are not supported for layout torch.multi_jagged")
+    if isinstance(indices, torch.Tensor) and indices.dtype != torch.int64:
+        raise RuntimeError(f"take_along_dim(): dtype of indices should be Long but got {_scalar_name(indices.dtype)}")
     if isinstance(input, MJT) and dim is None and isinstance(indices, MJT):
         return _take_along_flattened(input, indices)
     if not isinstance(input, MJT) and isinstance(indices, MJT) and dim is not None:
