@@ -175,9 +175,9 @@ def test_components_of_mixed_dtypes_raise_a_runtime_error_as_torch_jagged():
     comps = [torch.zeros(2), torch.zeros(3, dtype=torch.float64)]
     with pytest.raises(RuntimeError, match="same dtype"):
         torch.nested.nested_tensor(comps, layout=torch.jagged)
-    for build in (mj.nested_tensor, mj.as_nested_tensor):
+    for make in (mj.nested_tensor, mj.as_nested_tensor):
         with pytest.raises(RuntimeError, match="one dtype and device"):
-            build(comps)
+            make(comps)
 
 
 def test_take_along_dim_takes_int64_indices_only():
