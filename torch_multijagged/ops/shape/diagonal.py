@@ -21,6 +21,8 @@ __all__ = ["square_extent"]
 
 
 # ----------------------------------------------------------------------------- diagonal
+_DIAGONAL = "a diagonal of ragged dims (x.diagonal(), a copy where dense gives a view)"
+
 def _diag_dims(op: str, inp_ndim: int, ragged_dims, offset, dim1, dim2):
     a, b = canonical_dim(op, inp_ndim, dim1), canonical_dim(op, inp_ndim, dim2)
     if a == b:
@@ -137,7 +139,7 @@ def diagonal_default(func, inp, offset=0, dim1=0, dim2=1):
         out, row, col, vd = _mixed_plan(inp, a, b, offset)
         picked = inp._values.index_select(0, row).movedim(vd, 1)
         values = picked[torch.arange(picked.shape[0], device=picked.device), col]
-        _mark_reorder_copy(values, base=inp)
+        _mark_reorder_copy(values, _DIAGONAL, base=inp)
         out_ragged = tuple(r - (r > a) - (r > b) for r in inp._ragged_dims if r not in (a, b)) + (ndim - 2,)
         return wrap(values, out, out_ragged)
     if not ragged:
@@ -149,7 +151,7 @@ def diagonal_default(func, inp, offset=0, dim1=0, dim2=1):
     ka, kb = inp._ragged_dims.index(a), inp._ragged_dims.index(b)
     out = _diagonal_partition(p.extents, ka, kb, _diagonal_extent(e, offset))
     values = inp._values.index_select(0, _diagonal_rows(p, out, ka, kb, offset))
-    _mark_reorder_copy(values, base=inp)
+    _mark_reorder_copy(values, _DIAGONAL, base=inp)
     out_ragged = tuple(r - (r > a) - (r > b) for r in inp._ragged_dims if r not in (a, b)) + (ndim - 2,)
     return wrap(values, out, out_ragged)
 
