@@ -294,3 +294,22 @@ def test_unbind_of_the_leading_dim_is_one_unbind():
     assert not any("Select" in n for ns in names for n in ns), names
     unbinds = [{f for f in nodes(p) if "Unbind" in type(f).__name__} for p in pieces]
     assert len(unbinds[0]) == 1 and unbinds[0] == unbinds[1] == unbinds[2], names
+
+
+def test_size_one_dims_added_to_a_token():
+    """``unsqueeze`` and a ``reshape`` that only adds size-1 dims (einops' ``'b n (l h) -> l b h n 1'``,
+    En-transformer's output gates) keep the token, per sample, with gradients."""
+    from einops import rearrange
+
+    xs = [torch.randn(n, 4, dtype=torch.float64, requires_grad=True) for n in (3, 0, 5)]
+    x = torch.nested.as_nested_tensor(xs, layout=mj.multi_jagged)
+    ref = [rearrange(xi[None], "b n (l h) -> l b h n 1", h=2) for xi in xs]
+    for out in (rearrange(x, "b n (l h) -> l b h n 1", h=2), x.unflatten(-1, (2, 2)).permute(2, 0, 3, 1).unsqueeze(-1)):
+        assert out.shape[:3] == (2, 3, 2) and out.shape[4] == 1
+        for l in range(2):
+            for i, r in enumerate(ref):
+                assert torch.equal(out[l].unbind()[i], r[l, 0])
+    out = x.unflatten(-1, (2, 2)).permute(2, 0, 3, 1).unsqueeze(-1) * 3
+    total = sum((out[l] ** 2).sum(dim=(1, 2, 3)).sum() for l in range(2))
+    for g, xi in zip(torch.autograd.grad(total, xs), xs):
+        torch.testing.assert_close(g, 18 * xi)

@@ -29,6 +29,7 @@ from __future__ import annotations
 import sys
 
 import torch
+from torch.fx.experimental.symbolic_shapes import is_nested_int
 
 from ...errors import StructureError
 from .._common import MJT, canonical_dim, canonical_dims, describe
@@ -546,7 +547,35 @@ def _index_select(input, dim, index):
     return _settle(input._mjt.index_select(0, index), input._perm)
 
 
+def _unsqueeze(input, dim):
+    """A new size-1 dim of a token: the batch-first tensor's last (a view), placed at ``dim``."""
+    if not isinstance(input, BatchMoved) or not isinstance(dim, int):
+        return NotImplemented
+    n = len(input._perm)
+    d = canonical_dim("unsqueeze", n + 1, dim)
+    return BatchMoved(input._mjt.unsqueeze(-1), (*input._perm[:d], n, *input._perm[d:]))
+
+
+def _reshape_ones(input, *shape):
+    """``reshape`` / ``view`` of a token that only inserts size-1 dims (einops' ``'… -> l b h n 1'``):
+    one ``unsqueeze`` each; any other shape is refused as for every other op."""
+    shape = shape[0] if len(shape) == 1 and isinstance(shape[0], (list, tuple, torch.Size)) else shape
+    if not isinstance(input, BatchMoved):
+        return NotImplemented
+    have, out, k = input._size, input, 0
+    for i, s in enumerate(shape):
+        if k < len(have) and (s is have[k] or s == have[k] or (s == -1 and not is_nested_int(have[k]))):
+            k += 1
+        elif isinstance(s, int) and s == 1:
+            out = _unsqueeze(out, i)
+        else:
+            return NotImplemented
+    return out if k == len(have) else NotImplemented
+
+
 _TOKEN_OPS = {
+    torch.unsqueeze: _unsqueeze, torch.Tensor.unsqueeze: _unsqueeze,
+    torch.reshape: _reshape_ones, torch.Tensor.reshape: _reshape_ones, torch.Tensor.view: _reshape_ones,
     torch.cat: _cat, torch.concat: _cat, torch.concatenate: _cat,
     torch.index_select: _index_select, torch.Tensor.index_select: _index_select,
     torch.unbind: _unbind, torch.Tensor.unbind: _unbind,
