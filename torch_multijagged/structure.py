@@ -780,9 +780,10 @@ def _rows_of_product(extents: tuple[RaggedExtent, ...]):
         return extents[0].sum_sq
     if any(_is_traced(e.offsets) for e in extents):
         raise NotImplementedError(
-            "multi_jagged: building a partition with distinct ragged extents "
-            f"({len(extents)} dims) inside a traced region needs a shape carrier; "
-            "construct it eagerly and pass it in"
+            "multi_jagged: a new partition of distinct ragged extents "
+            f"({len(extents)} dims) inside a traced region (its row count needs host sizes): reordering the ragged "
+            "dims of a rectangular batch ((B, j0, j1).transpose(1, 2)) or combining rectangular extents anew runs "
+            "eagerly only; without fullgraph it is a graph break, or build that tensor outside the compiled region"
         )
     prod = extents[0].host_lengths()
     for e in extents[1:]:
