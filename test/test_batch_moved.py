@@ -309,6 +309,11 @@ def test_size_one_dims_added_to_a_token():
         for l in range(2):
             for i, r in enumerate(ref):
                 assert torch.equal(out[l].unbind()[i], r[l, 0])
+    mid = x.unflatten(-1, (2, 2)).permute(2, 0, 3, 1).unsqueeze(2)  # (2, B, 1, 2, j0)
+    assert mid.shape[:4] == (2, 3, 1, 2)
+    for l in range(2):
+        for i, xi in enumerate(xs):
+            assert torch.equal(mid[l].unbind()[i], xi[None].unflatten(-1, (2, 2)).permute(2, 0, 3, 1).unsqueeze(2)[l, 0])
     out = x.unflatten(-1, (2, 2)).permute(2, 0, 3, 1).unsqueeze(-1) * 3
     total = sum((out[l] ** 2).sum(dim=(1, 2, 3)).sum() for l in range(2))
     for g, xi in zip(torch.autograd.grad(total, xs), xs):
