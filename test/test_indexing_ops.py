@@ -185,7 +185,7 @@ def test_embedding_bag_errors_no_grad_inference_mode_and_compile():
         F.embedding_bag(idx, w, torch.tensor([0, 1]))
     with pytest.warns(UserWarning, match="Argument order"):  # the deprecated (weight, input) order
         torch.testing.assert_close(F.embedding_bag(w.detach(), idx), expected)
-    static = mj.nested_tensor([torch.zeros(2, 3, dtype=torch.int64)], ragged_dims=(1,))
+    static = mj.nested_tensor([torch.zeros(3, 2, dtype=torch.int64)], ragged_dims=(2,))  # a static dim before the ragged
     with pytest.raises(ValueError, match="embedding_bag"):
         F.embedding_bag(static, w)
     out = _compiled(lambda i, w: F.embedding_bag(i, w, mode="sum") * 2)(idx, w)

@@ -211,6 +211,7 @@ def test_torch_jagged_private_metadata_reads_as_there():
     x, n = mj.nested_tensor(cs), torch.nested.nested_tensor(cs, layout=torch.jagged)
     for a in ("_ragged_idx", "_lengths", "_max_seqlen", "_min_seqlen"):
         assert getattr(x, a) == getattr(n, a), a
+    assert (x._get_max_seqlen(), x._get_min_seqlen()) == (n._get_max_seqlen(), n._get_min_seqlen()) == (5, 0)
     assert x.transpose(1, 2)._ragged_idx == n.transpose(1, 2)._ragged_idx == 2
     pair = x.unsqueeze(-2) + x.unsqueeze(-3)
     assert not hasattr(pair, "_ragged_idx") and not hasattr(pair, "_max_seqlen")

@@ -336,3 +336,36 @@ def test_results_not_castable_into_self_or_out_raise_as_dense():
     out = mj.nested_tensor([torch.zeros(1, 2, dtype=torch.float64), torch.zeros(0, 2, dtype=torch.float64)])
     torch.maximum(a, torch.zeros_like(a), out=out)  # a wider out takes it, as dense
     assert out.unbind()[0].tolist() == [[pytest.approx(0.4), 0.0]]
+
+
+def test_in_place_forms_with_gradients_and_values():
+    # sgn_ / nextafter_ ran aten's in-place derivatives, whose zeros need concrete sizes; rrelu
+    # (inplace=True) and renorm_ had no form
+    g = torch.Generator().manual_seed(0)
+    a = [torch.randn(n, 4, dtype=torch.float64, generator=g) for n in (3, 0, 5)]
+    b = [torch.randn(n, 4, dtype=torch.float64, generator=g) for n in (3, 0, 5)]
+    writes = [(lambda y, o: y.sgn_(), lambda y, o: y.sgn_()),
+              (lambda y, o: y.nextafter_(o), lambda y, o: y.nextafter_(o)),
+              (lambda y, o: y.renorm_(2, 2, 1.0), lambda y, o: y.renorm_(2, 1, 1.0))]  # (batched, per sample)
+    for write, dense in writes:
+        ref_out, ref_grads = [], []
+        for ai, bi in zip(a, b):
+            ai, bi = ai.clone().requires_grad_(), bi.clone().requires_grad_()
+            y = ai * 1
+            dense(y, bi)
+            ref_out.append(y.detach())
+            ref_grads.append(torch.autograd.grad((y * y).sum(), [ai, bi], allow_unused=True, materialize_grads=True))
+        x = mj.nested_tensor(a).requires_grad_()
+        o = mj.nested_tensor(b).requires_grad_()
+        y = x * 1
+        write(y, o)
+        gx, go = torch.autograd.grad((y * y).sum(dim=(1, 2)).sum(), [x, o], allow_unused=True, materialize_grads=True)
+        for k, (out, r) in enumerate(zip(y.unbind(), ref_out)):
+            torch.testing.assert_close(out, r)
+            torch.testing.assert_close(gx.unbind()[k], ref_grads[k][0])
+            torch.testing.assert_close(go.unbind()[k], ref_grads[k][1])
+    for module in (lambda t: F.rrelu(t, training=False, inplace=True), torch.nn.RReLU(inplace=True).eval()):
+        x = mj.nested_tensor(a)
+        assert module(x) is x
+        for got, ai in zip(x.unbind(), a):
+            torch.testing.assert_close(got, F.rrelu(ai, training=False))

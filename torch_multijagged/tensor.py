@@ -370,6 +370,14 @@ class MultiJaggedTensor(torch.Tensor):
         sizes = self.sizes()  # SYNC: host copy of the lengths (cached; none for CPU tensors)
         return int(sizes.min()) if sizes.numel() else 0
 
+    def _get_max_seqlen(self) -> int:
+        """``_max_seqlen``, as ``torch.jagged``'s method reads it (code written for that layout calls it)."""
+        return self._max_seqlen
+
+    def _get_min_seqlen(self) -> int:
+        """``_min_seqlen``, as ``torch.jagged``'s method reads it."""
+        return self._min_seqlen
+
     def _only_ragged(self, name: str) -> int:
         if len(self._ragged_dims) != 1:
             raise AttributeError(f"{name}: defined for one ragged dim, got ragged dims {self._ragged_dims}")

@@ -587,6 +587,10 @@ def _bisect(bounds: torch.Tensor, n: torch.Tensor, values: torch.Tensor, right: 
 # of ``y`` is dense torch's zeros) written in place; aten's in-place derivative builds those zeros
 # at nested-int sizes
 route(torch.Tensor.copysign_)(in_place_route("copysign_"))
+# and so for ``sgn_`` / ``nextafter_``, whose out-of-place routes (ops/elementwise/signs.py) give the
+# derivatives dense torch does
+route(torch.Tensor.sgn_)(in_place_route("sgn_"))
+route(torch.Tensor.nextafter_)(in_place_route("nextafter_"))
 
 
 @route(torch.broadcast_tensors)

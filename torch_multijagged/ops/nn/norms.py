@@ -137,8 +137,12 @@ def _rrelu(input, lower=1.0 / 8, upper=1.0 / 3, training=False, inplace=False, g
     """Eval: ``leaky_relu`` with the mean slope. Training: a slope drawn uniformly in
     ``[lower, upper]`` for every negative element (``uniform_`` on the input's structure), 1 for
     the others — the gradient is the slope, as dense torch's."""
-    if not isinstance(input, MJT) or inplace:
+    if not isinstance(input, MJT):
         return NotImplemented
+    if inplace:  # the out-of-place result written in place, as dense's rrelu_ writes its own
+        out = _rrelu(input.clone() if torch.is_grad_enabled() and input.requires_grad else input, lower, upper,
+                     training, False, generator)
+        return input.copy_(out)
     if not training:
         return F.leaky_relu(input, (lower + upper) / 2)
     slope = torch.empty_like(input).detach().uniform_(lower, upper, generator=generator)

@@ -381,7 +381,7 @@ def _reduce(func, x: MJT, dims, keepdim: bool, kind: str, dtype=None, name: str 
     v = _promote(kind, v) if dtype is None else v.to(dtype)
     # float16 / bfloat16 accumulate in float32 and round once, as dense torch does: a segment
     # sum rounded at every step drifts by several ulps
-    low = v.dtype if v.dtype in (torch.float16, torch.bfloat16) and kind in ("sum", "mean", "prod", "logsumexp") else None
+    low = v.dtype if v.dtype in (torch.float16, torch.bfloat16) and kind in ("sum", "mean", "logsumexp") else None
     if low is not None:
         v = v.float()
     if kind in ("mean", "logsumexp") and not (v.dtype.is_floating_point or v.dtype.is_complex):

@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from .._common import MJT, autocast_float32, canonical_dims
-from .._routing import _call, _needs_grad, route
+from .._routing import _call, _needs_grad, in_place_route, route
 
 mj = torch.ops.multijagged
 
@@ -447,6 +447,9 @@ def _cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
     along it."""
     areas = _trapezoids("cumulative_trapezoid", y, x, dx, dim, static=True)
     return NotImplemented if areas is None else areas[0].cumsum(areas[1])
+
+
+route(torch.Tensor.renorm_)(in_place_route("renorm_"))
 
 
 @route(torch.renorm, torch.Tensor.renorm)
