@@ -149,3 +149,22 @@ def test_cache_key_includes_the_batch_size():
     c = tmj.nested_tensor([torch.randn(n + 1, 16) for n in range(4)])
     assert a._stable_hash_for_caching() != b._stable_hash_for_caching()
     assert a._stable_hash_for_caching() == c._stable_hash_for_caching()  # lengths are dynamic
+
+
+def test_unbind_in_one_graph():
+    """``x.unbind()`` inside ``fullgraph=True`` (tokens and square pairs, a zero-length sample),
+    with gradients: the per-sample sizes were read twice while tracing, and dynamo refused the
+    second read's sizes, left out of the outputs."""
+    def fn(x):
+        return sum((t * t).sum() for t in x.unbind())
+
+    for comps in ([torch.randn(n, 4, dtype=torch.float64) for n in (3, 1, 0, 4)],
+                  [torch.randn(n, n, 2, dtype=torch.float64) for n in (2, 0, 3)]):
+        torch._dynamo.reset()
+        x = mj.nested_tensor(comps, requires_grad=True)
+        out = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+        torch.testing.assert_close(out, sum((c * c).sum() for c in comps))
+        (g,) = torch.autograd.grad(out, x)
+        for a, c in zip(g.unbind(), comps):
+            torch.testing.assert_close(a, 2 * c)
+    torch._dynamo.reset()

@@ -11,6 +11,8 @@ from __future__ import annotations
 import contextlib
 import functools
 
+import math
+
 import torch
 
 __all__ = ["row_sample", "row_coords", "row_map", "segment_reduce", "segment_softmax", "segment_softmax_backward"]
@@ -282,11 +284,13 @@ def unpack_components(
     r = len(ragged_dims)
     ndim = r + values.dim()
     _, to_logical = storage_perm(ndim, ragged_dims)
-    # SYNC: none — ``host_sizes`` lives on the CPU (split sizes must be Python ints)
-    counts = host_sizes.prod(dim=1).tolist() if r else [1] * host_sizes.shape[0]
+    # SYNC: none — ``host_sizes`` lives on the CPU (split sizes must be Python ints). One read: traced,
+    # each read makes new unbacked sizes, and a second one's would be left out of the outputs
+    sizes = host_sizes.tolist()
+    counts = [math.prod(ns) for ns in sizes] if r else [1] * host_sizes.shape[0]
     static = values.shape[1:]
     out = []
-    for piece, ns in zip(values.split(counts, 0), host_sizes.tolist()):
+    for piece, ns in zip(values.split(counts, 0), sizes):
         out.append(piece.reshape(*ns, *static).permute(to_logical))
     return out
 
