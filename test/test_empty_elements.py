@@ -92,3 +92,24 @@ def test_ops_along_a_ragged_dim_with_no_static_elements_under_autograd(op, layou
     for a, c in zip(out.unbind(), comps):
         r = ORDER[op](c, rd[0] - 1)
         assert a.dtype == r.dtype and a.shape == r.shape
+
+
+@pytest.mark.parametrize("shape", [(), (3,)])
+def test_trapezoid_with_sample_points_per_sample(shape):
+    """``trapezoid(y, x)`` / ``cumulative_trapezoid(y, x)`` with sample points of ``y``'s shape along
+    the ragged dim: dense's terms per sample (an empty and a one-point sample give 0), values and
+    gradients of both; it raised from an internal slice."""
+    g = torch.Generator().manual_seed(0)
+    ys = [torch.randn(n, *shape, dtype=torch.float64, generator=g).requires_grad_() for n in (3, 0, 1, 5)]
+    xs = [torch.rand(n, *shape, dtype=torch.float64, generator=g).cumsum(0).requires_grad_() for n in (3, 0, 1, 5)]
+    y, x = (torch.nested.as_nested_tensor(t, layout=mj.multi_jagged) for t in (ys, xs))
+    out = torch.trapezoid(y, x, dim=1)
+    want = torch.stack([torch.trapezoid(a, b, dim=0) for a, b in zip(ys, xs)])
+    assert torch.equal(out, want)
+    got = torch.autograd.grad(out.sum(), ys + xs, allow_unused=True, materialize_grads=True)
+    ref = torch.autograd.grad(want.sum(), ys + xs, allow_unused=True, materialize_grads=True)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+    cum = torch.cumulative_trapezoid(y, x, dim=1)
+    for a, b, c in zip(cum.unbind(), ys, xs):
+        assert torch.equal(a, torch.cumulative_trapezoid(b, c, dim=0))

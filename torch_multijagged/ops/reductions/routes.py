@@ -420,25 +420,38 @@ def _trapezoids(name: str, input, x, dx, dim, static: bool = True):
     decomposition serves: sample points ``x`` given, the batch dim, a non-empty static dim unless
     ``static`` (dense ``trapezoid``'s; of an empty one it builds zeros of the nested-int sizes, and
     dense ``cumulative_trapezoid`` reaches no handler)."""
-    if not isinstance(input, MJT) or x is not None:
+    if not isinstance(input, MJT):
         return None
     d = canonical_dims(name, input.dim(), [dim])[0]
+    if x is not None:
+        # sample points of y's own shape (per sample, along a ragged dim too): dense's terms
+        # ``x.diff() · (y[1:] + y[:-1]) / 2`` in its order; other forms take dense's path
+        if not (isinstance(x, MJT) and d in input._ragged_dims and x._ragged_dims == input._ragged_dims
+                and x._partition.same_as(input._partition) and x.shape[1:] == input.shape[1:]):
+            return None
+        if input.dtype == torch.bool:
+            raise RuntimeError(f"{name}: received a bool input for `y`, but bool is not supported")
+        head = (slice(None),) * d
+        return x.diff(dim=d) * (input[head + (slice(1, None),)] + input[head + (slice(None, -1),)]), d, 2.0
     if d == 0 or (d not in input._ragged_dims and not static and input._size[d] != 0):
         return None
     if input.dtype == torch.bool:
         raise RuntimeError(f"{name}: received a bool input for `y`, but bool is not supported")
     head = (slice(None),) * d
     spacing = 1.0 if dx is None else dx
-    return (input[head + (slice(1, None),)] + input[head + (slice(None, -1),)]) * (spacing / 2), d
+    return (input[head + (slice(1, None),)] + input[head + (slice(None, -1),)]) * (spacing / 2), d, None
 
 
 @route(torch.trapezoid, torch.trapz)
 def _trapezoid(y, x=None, *, dx=None, dim=-1):
     """The trapezoidal rule along a ragged dim, per sample (an empty or one-point sample: 0), as
-    the sum of the trapezoids; uniform spacing ``dx`` only. Along a static dim, dense torch's
+    the sum of the trapezoids; uniform spacing ``dx``, or sample points ``x`` of ``y``'s shape. Along a static dim, dense torch's
     decomposition (its rounding), unless the dim is empty (0, as dense's)."""
     areas = _trapezoids("trapezoid", y, x, dx, dim, static=False)
-    return NotImplemented if areas is None else areas[0].sum(areas[1])
+    if areas is None:
+        return NotImplemented
+    total = areas[0].sum(areas[1])
+    return total if areas[2] is None else total / areas[2]
 
 
 @route(torch.cumulative_trapezoid)
@@ -446,7 +459,9 @@ def _cumulative_trapezoid(y, x=None, *, dx=None, dim=-1):
     """Running trapezoidal rule along any dim but the batch dim, per sample: one fewer point
     along it."""
     areas = _trapezoids("cumulative_trapezoid", y, x, dx, dim, static=True)
-    return NotImplemented if areas is None else areas[0].cumsum(areas[1])
+    if areas is None:
+        return NotImplemented
+    return (areas[0] if areas[2] is None else areas[0] / areas[2]).cumsum(areas[1])
 
 
 route(torch.Tensor.renorm_)(in_place_route("renorm_"))
