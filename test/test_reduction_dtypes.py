@@ -461,3 +461,13 @@ def test_matmul_out_is_refused_clearly():
     with pytest.raises(NotImplementedError, match=r"matmul\(\): out= variants are not supported"):
         torch.matmul(x, torch.randn(3, 3), out=torch.nested.nested_tensor([torch.randn(n, 3) for n in (3, 0, 2)],
                                                                           layout=mj.multi_jagged))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_prod_over_a_static_dim_is_dense_own(dtype):
+    # dense's CPU prod of half values rounds as it goes; accumulating in float32 differed by ulps
+    g = torch.Generator().manual_seed(0)
+    samples = [(torch.randn(n, 8, generator=g) * 3).to(dtype) for n in (7, 0, 300)]
+    x = torch.nested.nested_tensor(samples, layout=mj.multi_jagged)
+    for a, s in zip(x.prod(-1).unbind(), samples):
+        assert torch.equal(a, s.prod(-1))
