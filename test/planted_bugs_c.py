@@ -684,4 +684,10 @@ BUGS_C = [
     Bug("half prod over static dims accumulates in float32", "ops/reductions/reduce.py",
         'kind in ("sum", "mean", "logsumexp") else None', 'kind in ("sum", "mean", "prod", "logsumexp") else None',
         ("test_reduction_dtypes.py", "test_njt_gaps.py")),
+    Bug("numpy's axis= is not read as dim=", "tensor.py",
+        '    for alias, name in (("axis", "dim"), ("keepdims", "keepdim")):', '    for alias, name in ():',
+        ("test_fastpath.py",)),
+    Bug("bmm of a dense operand never reads a ragged dim of its size", "ops/indexing/gather.py",
+        "                and _uniform(mjt._partition.extents[mjt._ragged_dims.index(d)], k)):",
+        "                and False):", ("test_static_equal_sizes.py",)),
 ]

@@ -421,3 +421,11 @@ def test_heads_fold_into_an_empty_batch():
         assert back.shape[0] == b and all(torch.equal(u, v) for u, v in zip(back.unbind(), x.unbind()))
         with pytest.raises(Exception):
             heads.reshape(b * 2, n, 3)
+
+
+def test_heads_fold_into_an_empty_batch_with_minus_one():
+    """``reshape(-1, j0, D)`` (BART's spelling) folds the heads of an empty batch too."""
+    x = mj.nested_tensor([torch.randn(2, 3, 4), torch.randn(2, 1, 4)], ragged_dims=(2,))[0:0]
+    folded = x.reshape(-1, x.shape[2], 4)
+    assert isinstance(folded, BatchMerged) and folded.shape[0] == 0
+    assert folded.reshape(0, 2, x.shape[2], 4).shape[1] == 2

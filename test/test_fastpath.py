@@ -532,3 +532,16 @@ def test_reflected_division_is_dense_rdiv(dtype, path):
             gb = torch.autograd.grad(sum(c.__rtruediv__(other).sum() for c in cs), cs)
             for a, b in zip(ga, gb):
                 torch.testing.assert_close(a, b)
+
+
+def test_numpy_names_for_dim_and_keepdim():
+    """``axis=`` / ``keepdims=``, which torch's argument parser takes for ``dim=`` / ``keepdim=``."""
+    comps = [torch.randn(3, 4), torch.randn(2, 4)]
+    x = torch.nested.nested_tensor(comps, layout=mj.multi_jagged)
+    assert torch.equal(torch.sum(x, axis=1), torch.sum(x, dim=1))
+    for a, c in zip(x.mean(axis=2).unbind(), comps):
+        torch.testing.assert_close(a, c.mean(1))
+    for a, c in zip(torch.cumsum(x, axis=1).unbind(), comps):
+        torch.testing.assert_close(a, c.cumsum(0))
+    for a, c in zip(x.sum(axis=-1, keepdims=True).unbind(), comps):
+        torch.testing.assert_close(a, c.sum(-1, keepdim=True))

@@ -33,3 +33,9 @@ def test_draws_over_a_static_last_dim_per_row():
     assert d.shape[0] == 3 and [t.flatten().tolist() for t in d.unbind()] == [[3, 1], [], [0]]
     with pytest.raises(NotImplementedError, match="out="):
         torch.multinomial(x, 1, out=torch.empty(0, dtype=torch.long))
+
+
+def test_no_samples_draw_nothing():
+    p = torch.nested.nested_tensor([torch.rand(3), torch.rand(2)], layout=mj.multi_jagged)[0:0]
+    d = torch.multinomial(p, 2, replacement=True)
+    assert type(d) is torch.Tensor and d.shape == (0, 2) and d.dtype == torch.int64

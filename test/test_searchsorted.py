@@ -152,3 +152,15 @@ def test_dense_boundaries_per_sample(kw):
     got = torch.searchsorted(unsorted, mj.nested_tensor(vals), sorter=order, **kw)
     for i, a in enumerate(got.unbind()):
         assert torch.equal(a, torch.searchsorted(unsorted[i], vals[i], sorter=order[i], **kw))
+
+
+def test_dense_boundaries_with_no_rows_and_side_checks():
+    bins = torch.tensor([[0.0, 1.0, 2.0], [0.5, 1.5, 2.5]])
+    empty = mj.nested_tensor([torch.zeros(0), torch.zeros(0)])
+    assert [t.shape for t in torch.searchsorted(bins, empty).unbind()] == [(0,), (0,)]
+    assert torch.searchsorted(bins[:0], mj.nested_tensor([torch.rand(3), torch.rand(2)])[0:0]).shape[0] == 0
+    v = mj.nested_tensor([torch.tensor([1.0]), torch.tensor([1.5, 2.0])])
+    with pytest.raises(RuntimeError, match="side can only be 'left' or 'right'"):
+        torch.searchsorted(bins, v, side="bogus")
+    with pytest.raises(RuntimeError, match="can't be set to opposites"):
+        torch.searchsorted(bins, v, right=True, side="left")

@@ -209,3 +209,14 @@ def test_diffpool_of_graphs_of_one_size(lengths):
     per_sample_check(lambda x, y: (y.transpose(-1, -2) @ x) @ y, R(a, (1,)), R(s, (1,)), dense_out=True)
     c = PS(torch.randn(len(lengths), lengths[0], 3, dtype=torch.float64, generator=g))
     per_sample_check(lambda y, w: y.transpose(-1, -2) @ w, R(s, (1,)), c, dense_out=True)
+
+
+def test_bmm_of_a_dense_operand_contracting_a_ragged_dim_of_its_size():
+    g = torch.Generator().manual_seed(0)
+    xs = [torch.randn(4, 5, dtype=torch.float64, generator=g) for _ in range(3)]  # every j0 == 4
+    s = PS(torch.randn(3, 2, 4, dtype=torch.float64, generator=g))
+    per_sample_check(lambda w, x: torch.bmm(w, x), s, R(xs, (1,)), ref=torch.mm, dense_out=True)
+    per_sample_check(lambda x, w: torch.bmm(x.transpose(1, 2), w.transpose(1, 2)), R(xs, (1,)), s,
+                     ref=lambda x, w: torch.mm(x.t(), w.t()), dense_out=True)
+    with pytest.raises(RuntimeError, match="bmm"):
+        torch.bmm(torch.randn(2, 2, 4), mj.nested_tensor([torch.randn(n, 5) for n in (4, 3)]))

@@ -452,19 +452,11 @@ def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=
     searches: by the dense op on each sample up to ``SEARCH_PER_SAMPLE_UP_TO`` samples, above
     that every row at once by ``_bisect`` (its very probes, so boundaries holding NaN, which no
     sort order places, give dense's answer and nothing of another sample)."""
-    if (isinstance(sorted_sequence, torch.Tensor) and not isinstance(sorted_sequence, MJT) and isinstance(input, MJT)
-            and sorted_sequence.dim() == 2 and sorted_sequence.shape[0] == input._partition.batch and out is None
-            and not (isinstance(sorter, torch.Tensor) and (isinstance(sorter, MJT) or sorter.shape != sorted_sequence.shape))):
-        # dense per-sample boundaries (B, K), as dense's N-d form reads them: row b of each packed
-        # row's sample, the row's values searched there
-        if side is not None:
-            right = side == "right"
-        rows = input._partition.row_sample()
-        v = input._values
-        found = torch.searchsorted(sorted_sequence.index_select(0, rows), v.reshape(v.shape[0], -1), out_int32=out_int32,
-                                   right=right, sorter=None if sorter is None else sorter.index_select(0, rows))
-        return wrap(found.reshape(v.shape), input._partition, input._ragged_dims)
-    if not isinstance(sorted_sequence, MJT):
+    per_sample_dense = (
+        isinstance(sorted_sequence, torch.Tensor) and not isinstance(sorted_sequence, MJT) and isinstance(input, MJT)
+        and sorted_sequence.dim() == 2 and sorted_sequence.shape[0] == input._partition.batch and out is None
+        and not (isinstance(sorter, torch.Tensor) and (isinstance(sorter, MJT) or sorter.shape != sorted_sequence.shape)))
+    if not (per_sample_dense or isinstance(sorted_sequence, MJT)):
         return NotImplemented  # dense boundaries: the op table's elementwise handler
     if out is not None:
         raise NotImplementedError("searchsorted(): out= with per-sample boundaries for layout torch.multi_jagged")
@@ -474,6 +466,15 @@ def _searchsorted(sorted_sequence, input, *, out_int32=False, right=False, side=
         if right and side == "left":
             raise RuntimeError("torch.searchsorted(): side and right can't be set to opposites, got side of left while right was True")
         right = side == "right"
+    if per_sample_dense:
+        # dense per-sample boundaries (B, K), as dense's N-d form reads them: row b of each packed
+        # row's sample, the row's values searched there
+        rows = input._partition.row_sample()
+        v = input._values
+        found = torch.searchsorted(sorted_sequence.index_select(0, rows), v.reshape(v.shape[0], math.prod(v.shape[1:])),
+                                   out_int32=out_int32, right=right,
+                                   sorter=None if sorter is None else sorter.index_select(0, rows))
+        return wrap(found.reshape(v.shape), input._partition, input._ragged_dims)
     scalar = isinstance(input, (int, float, bool)) or (isinstance(input, torch.Tensor) and not isinstance(input, MJT) and input.dim() == 0)
     if scalar:  # one number for every sample: each sample's answer a 0-d tensor, as dense's
         input = torch.as_tensor(input, device=sorted_sequence.device).expand(sorted_sequence.shape[0]).reshape(-1, 1)

@@ -44,7 +44,7 @@ from ..shape.padded import _padded_positions
 from .. import bridged
 from ..contractions.matmul import broadcast_matmul
 from ..contractions.ragged_mm import matmul_spec
-from .._routing import _needs_grad, route
+from .._routing import _needs_grad, _uniform, route
 
 aten = torch.ops.aten
 
@@ -794,4 +794,11 @@ def _bmm(input, mat2, *, out=None):
     if (out is None and isinstance(input, MJT) and isinstance(mat2, MJT) and input._partition is not mat2._partition
             and input._partition.nragged == mat2._partition.nragged == 1 and input._partition.same_as(mat2._partition)):
         return torch.bmm(input, relabel(mat2, input._partition))
+    if out is None and isinstance(input, MJT) != isinstance(mat2, MJT) and input.dim() == mat2.dim() == 3:
+        # a dense operand contracting a ragged dim that has its size in every sample (graphs of one
+        # size): matmul reads it as that static size; other sizes raise below
+        mjt, d, k = (mat2, 1, input.shape[2]) if isinstance(mat2, MJT) else (input, 2, mat2.shape[1])
+        if (d in mjt._ragged_dims and not torch.compiler.is_compiling()
+                and _uniform(mjt._partition.extents[mjt._ragged_dims.index(d)], k)):
+            return torch.matmul(input, mat2)
     return NotImplemented

@@ -569,6 +569,8 @@ def _multinomial(input, num_samples, replacement=False, *, generator=None, out=N
         raise RuntimeError(f"multinomial(): cannot sample n_sample > prob_dist.size(-1) samples without replacement "
                            f"(sample {i} has {int(sizes[i])} categories, {num_samples} asked)")
     padded = input.to_padded_tensor(0.0)
+    if padded.numel() == 0 and input._partition.batch == 0:  # no samples: no draws, as dense's (0, n)
+        return torch.zeros((*padded.shape[:-1], num_samples), dtype=torch.int64, device=padded.device)
     flat = padded.reshape(-1, padded.shape[-1])
     drawn = torch.multinomial(flat, num_samples, replacement, generator=generator)
     return drawn.reshape(*padded.shape[:-1], num_samples)

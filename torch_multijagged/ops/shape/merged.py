@@ -81,7 +81,7 @@ def merge_request(x: MJT, shape: tuple) -> bool:
         # a sample's static elements, f > 1 dividing dim 1 (einops' ``(b h) n d`` of an empty batch)
         f = _empty_batch_factor(x, rest)
         return f is not None and f > 1
-    if first != -1 or b * k == 0 or any(isinstance(s, int) and s == -1 for s in rest):
+    if first != -1 or k == 0 or any(isinstance(s, int) and s == -1 for s in rest):
         return False
     statics = _statics_after(x, rest)
     return statics is not None and math.prod(statics) * k == _own_statics(x)
