@@ -690,4 +690,7 @@ BUGS_C = [
     Bug("bmm of a dense operand never reads a ragged dim of its size", "ops/indexing/gather.py",
         "                and _uniform(mjt._partition.extents[mjt._ragged_dims.index(d)], k)):",
         "                and False):", ("test_static_equal_sizes.py",)),
+    Bug("dense take_along_dim indices reach torch's composite", "ops/indexing/slicing.py",
+        "            and indices.shape[0] in (1, input._partition.batch) and all(indices.shape[e] == 1 for e in input._ragged_dims)):",
+        "            and False):", ("test_dense_table_index.py",)),
 ]

@@ -510,6 +510,11 @@ def _take_along_dim(input, indices, dim=None, *, out=None):
             raise RuntimeError(f"take_along_dim(): input and indices should have the same number of dimensions, but got "
                                f"{input.dim()} dimensions for input, and {indices.dim()} dimensions for indices")
         input, indices = _broadcast_along(input, indices, d)
+    if (hit is None and not isinstance(indices, MJT) and isinstance(indices, torch.Tensor) and indices.dim() == input.dim()
+            and indices.shape[0] in (1, input._partition.batch) and all(indices.shape[e] == 1 for e in input._ragged_dims)):
+        # dense indices broadcast over the ragged dims (one index per sample, ``(B, 1, k)``): as a
+        # batch of the input's structure, dense's broadcasting per sample
+        indices = torch.zeros_like(input.narrow(d, 0, 1), dtype=torch.int64) + indices
     if hit is None:
         if not (isinstance(indices, MJT) and indices.dim() == input.dim()):
             return NotImplemented
