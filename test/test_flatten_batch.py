@@ -343,3 +343,12 @@ def test_heads_flattened_and_back():
     got = torch.autograd.grad((f * 3).reshape(x.shape).sum(dim=(1, 2, 3)).sum(), xs)
     for g in got:
         torch.testing.assert_close(g, torch.full_like(g, 3.0))
+
+
+def test_rows_with_a_later_minus_one_say_how_to_flatten():
+    # DGCNN's ``x.view(batch_size * num_points, -1)``: refused, naming the spellings that work
+    x = mj.nested_tensor([torch.randn(n, 4) for n in (3, 2)])
+    b, n, c = x.shape
+    with pytest.raises(StructureError, match=r"takes every later size given \(x.view\(B \* n, C\)\)"):
+        x.view(b * n, -1)
+    assert x.view(b * n, c).shape == (5, 4) and x.view(-1, c).shape == (5, 4)

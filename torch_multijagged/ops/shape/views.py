@@ -606,6 +606,13 @@ def check_view_shape(op: str, inp, size) -> tuple[list, tuple[int, ...]]:
             # rows folded into the batch keep every later dim; features split in a second step
             hint = ("; to fold the rows of dim 1 into the batch, keep the later dims as they are "
                     "(x.reshape(B * n, *x.shape[2:])), then reshape the features (.unflatten(-1, (H, D)))")
+        elif size and is_nested_int(size[0]) and -1 in size[1:]:
+            from .tokens import _rows_size  # (tokens imports this module)
+
+            if _rows_size(inp, size[0]):
+                # ``x.view(B * N, -1)``: flattening the batch dim into rows takes every later size
+                hint = ("; flattening the batch dim into rows takes every later size given (x.view(B * n, C)), "
+                        "or -1 first (x.view(-1, C))")
         raise StructureError(f"{head()}: dim 0 must be the batch size {b} or -1, got {got} (the batch and ragged dims "
                              f"must stay){hint}")
     nested = [inp._size[d] for d in inp._ragged_dims]
