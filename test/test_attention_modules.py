@@ -414,3 +414,23 @@ def test_encoder_layer_fused_inference_kernel(norm_first, activation):
         for a, b in zip(compiled.unbind(), ref):
             torch.testing.assert_close(a, b)
         torch._dynamo.reset()
+
+
+def test_multi_jagged_3d_attn_mask_one_per_sample_and_head():
+    """A multi_jagged ``(B, L, S)`` mask is dense's 3-d form with one head (bool: True masked out;
+    float: added); with several heads dense wants ``(B·H, L, S)``, and the error says how to fold."""
+    torch.manual_seed(0)
+    xs = [torch.randn(n, 4, dtype=torch.float64) for n in (3, 2)]
+    bools = [torch.rand(n, n) > 0.5 for n in (3, 2)]
+    for b in bools:
+        b.fill_diagonal_(False)
+    floats = [torch.randn(n, n, dtype=torch.float64) for n in (3, 2)]
+    x = tmj.nested_tensor(xs)
+    one = nn.MultiheadAttention(4, 1, batch_first=True).double()
+    for masks in (bools, floats):
+        out = one(x, x, x, attn_mask=tmj.nested_tensor(masks), need_weights=False)[0]
+        for a, xi, mi in zip(out.unbind(), xs, masks):
+            torch.testing.assert_close(a, one(xi[None], xi[None], xi[None], attn_mask=mi, need_weights=False)[0][0])
+    two = nn.MultiheadAttention(4, 2, batch_first=True).double()
+    with pytest.raises(RuntimeError, match=r"\(B·2, L, S\): fold the heads in"):
+        two(x, x, x, attn_mask=tmj.nested_tensor(bools))

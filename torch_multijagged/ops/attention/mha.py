@@ -120,6 +120,16 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
         if mask.dtype == torch.bool:  # nn.MultiheadAttention's convention: True is masked out
             mask = ~mask
         attn_mask = None
+    if attn_mask is not None and not is_causal and isinstance(attn_mask, MJT) and attn_mask.dim() == 3:
+        # dense's 3-d mask holds one per (sample, head), B·H of them: with one head, one per sample
+        if num_heads != 1:
+            raise RuntimeError(
+                f"{_OP}(): a multi_jagged attn_mask {describe(attn_mask)} has one mask per sample; as dense, a 3-d "
+                f"mask holds one per sample and head, (B·{num_heads}, L, S): fold the heads in "
+                "(m.unsqueeze(1).expand(-1, H, -1, -1).flatten(0, 1))"
+            )
+        mask = ~attn_mask.unsqueeze(1) if attn_mask.dtype == torch.bool else attn_mask.unsqueeze(1)
+        attn_mask = None
     if attn_mask is not None and not is_causal:
         raise NotImplementedError(
             f"{_OP}(): a dense attn_mask cannot address ragged sequences (layout torch.multi_jagged); pass "
