@@ -46,7 +46,7 @@ from ...bridge import values_of, wrap_values
 from ...errors import StructureError
 from ...structure import Partition
 from .._common import MJT, describe, eager_route
-from .views import _mark_reorder_copy, guard_dense_write
+from .views import _mark_reorder_copy, _rows_size, guard_dense_write
 
 __all__ = ["FlatBatch", "flat_request", "flatten_batch"]
 
@@ -74,21 +74,6 @@ def flat_request(x: MJT, shape) -> bool:
     if not shape or not (shape[0] == -1 if type(shape[0]) is int else _rows_size(x, shape[0])):
         return False
     return all((isinstance(s, int) and s >= 0) or (isinstance(s, torch.SymInt) and not is_nested_int(s)) for s in shape[1:])
-
-
-def _rows_size(x: MJT, size) -> bool:
-    """Whether ``size`` is the product of ``x``'s sizes through its last ragged dim (``B * n`` of
-    ``(B, n, d)``, ``B * S * n`` of ``(B, S, n, d)``): a nested int, as eager products of ragged
-    sizes are the nested int of the dims flattened, times the static sizes."""
-    if not is_nested_int(size) or torch.compiler.is_compiling() or not x._partition.batch:
-        return False
-    want = x._partition.batch
-    try:
-        for d in range(1, max(x._ragged_dims) + 1):
-            want = want * x._size[d]
-        return bool(size == want)
-    except (TypeError, ValueError):  # sizes that do not multiply (traced nested ints)
-        return False
 
 
 def _check_rows(op: str, x: MJT, shape) -> None:

@@ -607,8 +607,6 @@ def check_view_shape(op: str, inp, size) -> tuple[list, tuple[int, ...]]:
             hint = ("; to fold the rows of dim 1 into the batch, keep the later dims as they are "
                     "(x.reshape(B * n, *x.shape[2:])), then reshape the features (.unflatten(-1, (H, D)))")
         elif size and is_nested_int(size[0]) and -1 in size[1:]:
-            from .tokens import _rows_size  # (tokens imports this module)
-
             if _rows_size(inp, size[0]):
                 # ``x.view(B * N, -1)``: flattening the batch dim into rows takes every later size
                 hint = ("; flattening the batch dim into rows takes every later size given (x.view(B * n, C)), "
@@ -737,3 +735,18 @@ def stack_default(func, tensors, dim=0):
         raise StructureError(f"stack(): cannot stack along the batch dim of {describe(first)}")
     pieces = [unsqueeze_default(aten.unsqueeze.default, t, d) if isinstance(t, MJT) else t for t in tensors]
     return cat_default(aten.cat.default, pieces, d, op="stack")
+
+
+def _rows_size(x: MJT, size) -> bool:
+    """Whether ``size`` is the product of ``x``'s sizes through its last ragged dim (``B * n`` of
+    ``(B, n, d)``, ``B * S * n`` of ``(B, S, n, d)``): a nested int, as eager products of ragged
+    sizes are the nested int of the dims flattened, times the static sizes."""
+    if not is_nested_int(size) or torch.compiler.is_compiling() or not x._partition.batch:
+        return False
+    want = x._partition.batch
+    try:
+        for d in range(1, max(x._ragged_dims) + 1):
+            want = want * x._size[d]
+        return bool(size == want)
+    except (TypeError, ValueError):  # sizes that do not multiply (traced nested ints)
+        return False
