@@ -659,7 +659,7 @@ BUGS_C = [
     Bug("the compare-sum row map slices to B - 1", "kernels/reference.py",
         "        return (offsets[1:].unsqueeze(0) <= r.unsqueeze(1)).sum(1)",
         "        return (offsets[1:b].unsqueeze(0) <= r.unsqueeze(1)).sum(1)", ("test_index_maps.py",)),
-    Bug("a dense table's rows are read from sample 0", "ops/indexing/gather.py",
+    Bug("a dense table's rows are read from sample 0", "ops/indexing/scatter.py",
         "    b = batch_index.reshape(-1).index_select(0, q.row_sample())",
         "    b = batch_index.reshape(-1)[:1].expand(q.rows)", ("test_dense_table_index.py",)),
     Bug("a token's new size-1 dim is placed last", "ops/shape/leading.py",

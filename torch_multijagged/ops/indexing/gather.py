@@ -544,27 +544,6 @@ def table_lookup(table: torch.Tensor, index: MJT) -> MJT:
     return wrap_values(table[index._values], index._partition, index._ragged_dims)
 
 
-def table_rows_by_index(table: torch.Tensor, batch_index: torch.Tensor, index: MJT) -> MJT:
-    """``table[b, index]`` of a dense ``(B, K, …)`` table (features of K sampled points per
-    sample, PointNet++'s ``index_points``): sample i is dense ``table[b_i][index_i]``, the index's
-    dims then the table's after dim 1; ``b`` one entry per sample of the index, as
-    ``rows_by_index`` takes it. Differentiable w.r.t. ``table``; dense indexing checks the bounds."""
-    for what, t in (("batch index", batch_index), ("index", index)):
-        if t.dtype not in (torch.int64, torch.int32):
-            raise IndexError(f"index(): table[b, index] takes int64 or int32 index tensors for {_LAYOUT}, got {t.dtype} "
-                             f"({what})")
-    q = index._partition
-    if batch_index.dim() <= index.dim() and batch_index.numel() == 1:
-        batch_index = batch_index.reshape(1).expand(q.batch)
-    if batch_index.dim() == 0 or batch_index.dim() > index.dim() or batch_index.shape[0] != q.batch or any(
-            n != 1 for n in batch_index.shape[1:]):
-        raise IndexError(f"index(): shape mismatch: the batch index {tuple(batch_index.shape)} does not give one sample "
-                         f"per sample of the index {describe(index)}")
-    iv = index._values
-    b = batch_index.reshape(-1).index_select(0, q.row_sample()).view(-1, *([1] * (iv.dim() - 1))).expand(iv.shape)
-    return wrap_values(table[b, iv], q, index._ragged_dims)
-
-
 def rows_by_index(x: MJT, batch_index: torch.Tensor, index: MJT) -> MJT:
     """``x[b, index]``: a dense integer batch index ``b`` of one entry per sample of ``index``
     (``torch.arange(B)[:, None]`` or ``[:, None, None]``, as many trailing 1s as dense

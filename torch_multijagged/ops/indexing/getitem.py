@@ -15,9 +15,9 @@ from .._common import MJT, canonical_dim, describe
 from .._routing import _needs_grad, route
 from .._table import dispatch as _dispatch
 from .along import ragged_dim
-from .gather import mask_index, rows_by_index, table_lookup, table_rows_by_index
+from .gather import mask_index, rows_by_index, table_lookup
 from .pairwise import pairwise_index
-from .scatter import assign_index
+from .scatter import assign_index, table_rows_by_index
 from .slicing import positions_ragged, select_ragged, slice_ragged
 from ..shape.views import mark_view_copy
 

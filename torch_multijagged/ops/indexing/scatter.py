@@ -386,6 +386,27 @@ def scatter_into_dense(op: str, input: torch.Tensor, dim: int, index: MJT, src, 
 
 @eager_route("{op}() of a dense tensor by a multi_jagged index checks the index on the host: a graph break under "
              "torch.compile")
+def table_rows_by_index(table: torch.Tensor, batch_index: torch.Tensor, index: MJT) -> MJT:
+    """``table[b, index]`` of a dense ``(B, K, …)`` table (features of K sampled points per
+    sample, PointNet++'s ``index_points``): sample i is dense ``table[b_i][index_i]``, the index's
+    dims then the table's after dim 1; ``b`` one entry per sample of the index, as
+    ``rows_by_index`` takes it. Differentiable w.r.t. ``table``; dense indexing checks the bounds."""
+    for what, t in (("batch index", batch_index), ("index", index)):
+        if t.dtype not in (torch.int64, torch.int32):
+            raise IndexError(f"index(): table[b, index] takes int64 or int32 index tensors for layout torch.multi_jagged, got {t.dtype} "
+                             f"({what})")
+    q = index._partition
+    if batch_index.dim() <= index.dim() and batch_index.numel() == 1:
+        batch_index = batch_index.reshape(1).expand(q.batch)
+    if batch_index.dim() == 0 or batch_index.dim() > index.dim() or batch_index.shape[0] != q.batch or any(
+            n != 1 for n in batch_index.shape[1:]):
+        raise IndexError(f"index(): shape mismatch: the batch index {tuple(batch_index.shape)} does not give one sample "
+                         f"per sample of the index {describe(index)}")
+    iv = index._values
+    b = batch_index.reshape(-1).index_select(0, q.row_sample()).view(-1, *([1] * (iv.dim() - 1))).expand(iv.shape)
+    return wrap_values(table[b, iv], q, index._ragged_dims)
+
+
 def gather_from_dense(op: str, input: torch.Tensor, dim: int, index: MJT) -> MJT:
     """``dense.gather(dim, index)`` with a multi_jagged index: per sample dense torch's gather,
     ``out[i] = input[i].gather(dim - 1, index[i])``, a multi_jagged tensor of the index's structure

@@ -42,7 +42,8 @@ import math
 import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int
 
-from ...bridge import values_of, wrap_values
+from ...bridge import relabel, values_of, wrap_values
+from ...constructors import as_nested_tensor
 from ...errors import StructureError
 from ...structure import Partition
 from .._common import MJT, describe, eager_route
@@ -255,9 +256,6 @@ def _restore(op: str, batch, y: torch.Tensor, shape) -> MJT | object:
 def _restore_by_sample(op: str, partition: Partition, y: torch.Tensor, shape: tuple, ragged_dims: tuple) -> MJT:
     """``y``, the elements of each sample in the samples' order, as the multi_jagged ``shape`` whose
     ragged dims ``ragged_dims`` are ``partition``'s (a copy, differentiable)."""
-    from ...bridge import relabel
-    from ...constructors import as_nested_tensor
-
     shapes = [tuple(ns[ragged_dims.index(d)] if d in ragged_dims else shape[d] for d in range(1, len(shape)))
               for ns in partition.host_sizes().tolist()]  # SYNC: none — host sizes
     counts = [math.prod(sh) for sh in shapes]
