@@ -256,6 +256,15 @@ def test_vmap_unsupported_raises_naming_op_and_layout():
         torch.func.vmap(lambda a: a * 2, in_dims=1)(x)
 
 
+def test_forward_mode_ad_refused_clearly():
+    """Forward-mode AD is not supported (torch.jagged has none either): ``make_dual`` raises saying
+    so and naming reverse mode, rather than the op table's generic refusal."""
+    x = mj.nested_tensor(_comps())
+    with torch.autograd.forward_ad.dual_level():
+        with pytest.raises(NotImplementedError, match=r"forward-mode AD .* not supported.*reverse mode"):
+            torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+
+
 def test_func_grad_unsupported_like_torch_jagged():
     """torch.func.grad through a multi_jagged tensor fails in the autograd engine (it asks for
     concrete sizes of a gradient with nested-int sizes), exactly as with torch.jagged: use
