@@ -350,7 +350,7 @@ BUGS_A = [
         "return res if order == list(range(len(order))) else res.permute(order)", "return res",
         ("test_pair_matmul.py",)),
     Bug("values-path split pieces not marked as multi-output views", "ops/fastpath.py",
-        'y.__dict__["_split_piece"] = True', "pass",
+        '                y.__dict__["_split_piece"] = True', "                pass",
         ("test_structure_copies_splits.py",)),
     Bug("batch flatten lets a row straddle two samples", "ops/shape/tokens.py",
         "if inner == 0 or tail % inner:", "if inner == 0:", ("test_flatten_batch.py",)),

@@ -698,4 +698,11 @@ BUGS_C = [
         "        mask = None", ("test_attention_modules.py",)),
     Bug("flattening rows with a later -1 gives no hint", "ops/shape/views.py",
         "            if _rows_size(inp, size[0]):", "            if False:", ("test_flatten_batch.py",)),
+    Bug("values-path unbind of a static dim keeps the ragged dims after it", "ops/fastpath.py",
+        "    ragged = tuple(r - 1 if r > d else r for r in input._ragged_dims)\n    pieces = values(input).unbind(",
+        "    ragged = input._ragged_dims\n    pieces = values(input).unbind(", ("test_unbind.py",)),
+    Bug("values-path unbind pieces accept in-place writes", "ops/fastpath.py",
+        "    out = tuple(_view_of(result(p, input._partition, ragged), input) for p in pieces)\n    if pieces and pieces[0].requires_grad:",
+        "    out = tuple(_view_of(result(p, input._partition, ragged), input) for p in pieces)\n    if False:",
+        ("test_unbind.py",)),
 ]

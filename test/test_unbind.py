@@ -79,6 +79,42 @@ def test_unbind_of_a_static_dim_with_unused_pieces_per_sample():
         pieces[0].mul_(2)
 
 
+@pytest.mark.parametrize("case", ["pair_last", "before_ragged", "keyword", "function"])
+def test_unbind_of_a_static_dim_anywhere_per_sample(case):
+    """A static dim before, between or after ragged dims (``(B, 3, j0, C)``, ``(B, j0, j0, 3)``),
+    by keyword and as ``torch.unbind``: each piece equals the samples' own pieces, values and
+    gradients (pieces used with different weights), and the pieces are views of the input."""
+    D = torch.float64
+    g = torch.Generator().manual_seed(1)
+    ns = (3, 0, 2, 1)
+    if case == "pair_last":
+        comps, rd, dim = [torch.randn(n, n, 3, generator=g, dtype=D) for n in ns], (1, 2), -1
+    else:
+        comps, rd, dim = [torch.randn(3, n, 2, generator=g, dtype=D) for n in ns], (2,), 1
+    x = mj.nested_tensor(comps, ragged_dims=rd, requires_grad=True)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    call = {"keyword": lambda t: t.unbind(dim=dim), "function": lambda t: torch.unbind(t, dim)}.get(
+        case, lambda t: t.unbind(dim))
+    got = call(x * 1)
+    refs = [c.unbind(dim - 1 if dim > 0 else dim) for c in leaves]
+    assert len(got) == 3
+    for k in range(3):
+        assert got[k].shape[0] == len(ns) and got[k].dim() == x.dim() - 1
+        for a, r in zip(got[k].unbind(), refs):
+            torch.testing.assert_close(a, r[k])
+    gx, = torch.autograd.grad(sum((k + 1) * (got[k] ** 2).sum() for k in range(3)), x)
+    gr = torch.autograd.grad(sum((k + 1) * (r[k] ** 2).sum() for r in refs for k in range(3)), leaves)
+    for a, b in zip(gx.unbind(), gr):
+        torch.testing.assert_close(a, b)
+    with torch.no_grad():
+        base = x.clone()
+        pieces = call(base)
+        base.add_(1)
+        for k in range(3):
+            for a, c in zip(pieces[k].unbind(), comps):
+                torch.testing.assert_close(a, c.unbind(dim - 1 if dim > 0 else dim)[k] + 1)
+
+
 def test_multihead_attention_weights_alone_carry_the_gradient():
     """A loss on ``nn.MultiheadAttention``'s returned weights only (the value projection unused):
     gradients of the input and the in-projection as the module's on each sample."""

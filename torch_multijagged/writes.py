@@ -101,9 +101,9 @@ def _refuse_traced_alias_write(func, targets) -> None:
 
 
 def refuse_split_piece_write(func, targets) -> None:
-    """Dense ``split``/``chunk`` pieces are views made by one function that returns several, and
+    """Dense ``split``/``chunk``/``unbind`` pieces are views made by one function that returns several, and
     autograd refuses an in-place write into one while it records (it could not rebase the others'
-    history). The values path's pieces (``_split_fast`` in ops/fastpath.py) are marked and refused
+    history). The values path's pieces (``_split_fast``, ``_unbind`` in ops/fastpath.py) are marked and refused
     the same way, in dense's words."""
     for x in targets:
         if x.__dict__.get("_split_piece") and torch.is_grad_enabled():
@@ -112,7 +112,7 @@ def refuse_split_piece_write(func, targets) -> None:
             if needs_grad:
                 name = getattr(func, "__name__", str(func)).split(".")[0]
                 raise RuntimeError(
-                    f"{name}(): a piece of split / chunk is a view and is being modified inplace. This view is "
+                    f"{name}(): a piece of split / chunk / unbind is a view and is being modified inplace. This view is "
                     "the output of a function that returns multiple views. Such functions do not allow the "
                     "output views to be modified inplace. You should replace the inplace operation by an "
                     "out-of-place one."

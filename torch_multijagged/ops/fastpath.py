@@ -523,6 +523,30 @@ def _split_fast(method: str):
 
 
 FAST[torch.chunk] = FAST[torch.Tensor.chunk] = _split_fast("chunk")
+
+
+def _unbind(input, dim=0):
+    """``unbind`` of a static dim (packed projections: ``q, k, v = qkv.unbind(2)``): dense
+    ``unbind`` of the values, each piece a result, marked as ``split``'s (multi-output views).
+    The batch dim (the samples) and ragged dims take the general route."""
+    if not isinstance(input, MJT) or type(dim) is not int:
+        return NotImplemented
+    n = len(input._size)
+    if not -n <= dim < n:
+        return NotImplemented
+    d = dim % n
+    if d == 0 or d in input._ragged_dims:
+        return NotImplemented
+    ragged = tuple(r - 1 if r > d else r for r in input._ragged_dims)
+    pieces = values(input).unbind(_values_dim(input, d))
+    out = tuple(_view_of(result(p, input._partition, ragged), input) for p in pieces)
+    if pieces and pieces[0].requires_grad:
+        for y in out:
+            y.__dict__["_split_piece"] = True
+    return out
+
+
+FAST[torch.unbind] = FAST[torch.Tensor.unbind] = _unbind
 FAST[torch.split] = FAST[torch.Tensor.split] = _split_fast("split")
 
 
