@@ -7,7 +7,7 @@ derivative on wrappers, so each op costs a trip through the C++ autograd layer a
 ``__torch_dispatch__`` in the forward, and its derivative formula costs several more in the
 backward — all Python. For the ops that dominate models (elementwise arithmetic, ``linear``,
 ``layer_norm``, ``softmax``, scans, broadcasting into a pair, reductions, ``unsqueeze``,
-``chunk``/``split``, ``flatten``/``unflatten`` of static dims, ``einsum``'s pair product),
+``chunk``/``split``/``unbind``, ``flatten``/``unflatten`` of static dims, ``einsum``'s pair product),
 eager ``__torch_function__`` computes the result here instead, directly on the packed values, so
 that torch's C++ autograd records *dense* ops (``index_select`` for a broadcast, ``index_add``
 for a segment sum): their backward runs with no Python at all.
