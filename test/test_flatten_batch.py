@@ -305,7 +305,8 @@ def test_flatten_under_compile_breaks_the_graph_and_matches_eager():
 def test_per_sample_view_of_flattened_rows_is_the_batch_not_an_even_split():
     """``loss.view(B, -1).sum(1)`` after a loss over flattened tokens: dense code's per-sample sum.
     On the samples concatenated an even split would silently mix samples: ``(B, -1)`` names the
-    ragged dim instead, and any other ``(B, …)`` raises."""
+    ragged dim instead, any other ``(B, …)`` views each sample's elements, and raises where a
+    sample's elements do not fit it."""
     g = torch.Generator().manual_seed(0)
     lens = (3, 1, 4)
     logits = [torch.randn(n, 5, dtype=F64, generator=g) for n in lens]
@@ -321,10 +322,52 @@ def test_per_sample_view_of_flattened_rows_is_the_batch_not_an_even_split():
         loss.view(3, 2, -1)  # 8 rows would split as 3 × 2 × … across samples
     assert loss.view(4, 2).shape == (4, 2)  # a first size that is not the batch's: a dense view
     pair = torch.nested.nested_tensor([torch.randn(2, 2, 3), torch.randn(1, 1, 3)], layout=mj.multi_jagged)
+    per = pair.reshape(-1, 3).view(2, -1)  # each sample's elements: (12,) and (3,)
+    assert isinstance(per, mj.MultiJaggedTensor)
+    for a, c in zip(per.unbind(), pair.unbind()):
+        torch.testing.assert_close(a, c.reshape(-1))
     with pytest.raises(StructureError, match="split evenly"):
-        pair.reshape(-1, 3).view(2, -1)  # -1 cannot stand for two ragged dims
+        pair.reshape(-1, 3).view(2, 2, 2, -1)  # 3 elements of sample 1 cannot take (2, 2, -1)
     one = torch.nested.nested_tensor([torch.randn(3, 2)], layout=mj.multi_jagged)
     assert not isinstance(one.view(-1, 2).view(1, 6), mj.MultiJaggedTensor)  # one sample: the even split is it
+
+
+@pytest.mark.parametrize("spell", ["view", "reshape", "unflatten"])
+def test_flattened_elements_viewed_per_sample(spell):
+    """``per_elem.view(B, -1).mean(1)`` after an elementwise loss over ``x.view(-1)`` (every element
+    of the batch, not its rows) and ``q.reshape(-1, D).view(B, H, -1, D)``: each sample's own
+    elements, as the batch's ``view(B, -1)`` reads them — an even split mixed samples silently.
+    Values and gradients per sample, a zero-length sample included."""
+    g = torch.Generator().manual_seed(3)
+    comps = [torch.randn(n, 4, dtype=F64, generator=g) for n in (5, 0, 1, 3)]
+    x = mj.as_nested_tensor([c.clone().requires_grad_() for c in comps])
+    leaves = [c.clone().requires_grad_() for c in comps]
+    B = x.shape[0]
+
+    def back(t, *rest):
+        return {"view": lambda: t.view(B, *rest), "reshape": lambda: t.reshape(B, *rest),
+                "unflatten": lambda: t.unflatten(0, (B, *rest[:len(rest) - t.dim() + 1]))}[spell]()
+
+    per_elem = F.binary_cross_entropy_with_logits(x.view(-1), torch.ones(x.numel(), dtype=F64), reduction="none")
+    got = back(per_elem, -1)
+    assert isinstance(got, mj.MultiJaggedTensor)
+    refs = [F.binary_cross_entropy_with_logits(c.view(-1), torch.ones(c.numel(), dtype=F64), reduction="none")
+            for c in leaves]
+    for a, r in zip(got.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    w = torch.arange(1.0, B + 1, dtype=F64)
+    sums = got.sum(1)
+    gx = torch.autograd.grad((sums * w).sum(), x)[0]
+    gr = torch.autograd.grad(sum(wi * r.sum() for wi, r in zip(w, refs)), leaves)
+    for a, b in zip(gx.unbind(), gr):
+        torch.testing.assert_close(a, b)
+    q = (x * 2).unflatten(-1, (2, 2)).transpose(1, 2)  # (B, 2, j0, 2): heads first
+    heads = back(q.reshape(-1, 2), 2, -1, 2)
+    for a, c in zip(heads.unbind(), comps):
+        torch.testing.assert_close(a, (c * 2).unflatten(-1, (2, 2)).transpose(0, 1))
+    same = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(2, 4)], layout=mj.multi_jagged)
+    even = same.view(-1).view(2, -1)  # every sample as long: dense's even split is per sample
+    assert not isinstance(even, mj.MultiJaggedTensor) and torch.equal(even, torch.stack([c.reshape(-1) for c in same.unbind()]))
 
 
 def test_heads_flattened_and_back():

@@ -868,9 +868,11 @@ def _nothing_to_unify(args, func=None) -> bool:
     and no multi_jagged tensor, or has ``a``'s very partition and no static size of one operand
     (other than 1) where the other is ragged (the same partition at other dims: NOTE [ Static sizes
     equal to a ragged dim ] in ops/_routing.py). Most arithmetic is such a call; skipping the
-    relabel policy and operand scan saves ≈ 0.5 µs of its ≈ 10 µs."""
-    if len(args) != 2:
-        return False
+    relabel policy and operand scan saves ≈ 0.5 µs of its ≈ 10 µs. Also True for a call whose
+    first argument is no list and whose others are plain values (``x.transpose(1, 2)``,
+    ``x.permute([0, 2, 1])``): there is no second tensor (≈ 5 µs of a ≈ 20 µs view)."""
+    if len(args) != 2 or type(args[1]) in (list, tuple):
+        return len(args) > 1 and type(args[0]) not in (list, tuple) and _plain_values(args[1:])
     a, b = args
     if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
         return False
@@ -896,7 +898,12 @@ _PLAIN = frozenset((type(None), bool, int, float, str, torch.dtype, torch.device
 
 def _plain_kwargs(kwargs: dict) -> bool:
     """Whether every keyword value is a plain value or a sequence of ints (``dim=(1, 2)``)."""
-    for v in kwargs.values():
+    return _plain_values(kwargs.values())
+
+
+def _plain_values(values) -> bool:
+    """Whether every value is a plain value or a sequence of ints."""
+    for v in values:
         t = type(v)
         if t not in _PLAIN and not ((t is tuple or t is list or t is torch.Size) and all(type(e) is int for e in v)):
             return False

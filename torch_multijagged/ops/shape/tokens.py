@@ -26,10 +26,12 @@ any op on it returns a ``FlatBatch`` again (an alias, no copy), and ``view`` / `
 ``view_as`` / ``reshape_as`` / ``unflatten(0, …)`` to a shape that holds the batch's nested ints
 (``(B, j0, …, *static)``, ``B`` or ``-1`` first, the ragged sizes as the batch had them) give a
 multi_jagged tensor over its elements, with gradients both ways. A shape with nested ints of
-another batch raises. So does a shape that starts with the batch size B while the rows are still
-the batch's (``loss.view(B, -1).sum(1)`` after a loss over flattened tokens): dense torch would
-split the concatenated samples evenly, a silent mix of samples; ``(B, -1, …)`` instead names the
-one ragged dim by ``-1``, as the batch's own ``view`` does, and gives the batch back. ``torch.save`` stores a ``FlatBatch`` as a plain tensor. A compiled region
+another batch raises. A shape that starts with the batch size B is read sample by sample, where
+dense torch would split the concatenated samples evenly, a silent mix of samples: on rows that are
+still the batch's, ``(B, -1, …)`` names the one ragged dim by ``-1``, as the batch's own ``view``
+does, and gives the batch back (``loss.view(B, -1).sum(1)`` after a loss over flattened tokens);
+otherwise each sample's elements take the shape, its ``-1`` each sample's own size
+(``_view_by_sample``). ``torch.save`` stores a ``FlatBatch`` as a plain tensor. A compiled region
 cannot make one (fake tensors do not become subclasses): the flatten and each op on the
 ``FlatBatch`` are graph breaks, run eagerly (NOTE [ Eager-only routes ] in ``_common.py``).
 """
@@ -46,7 +48,7 @@ from ...bridge import relabel, values_of, wrap_values
 from ...constructors import as_nested_tensor
 from ...errors import StructureError
 from ...structure import Partition
-from .._common import MJT, describe, eager_route
+from .._common import MJT, describe, eager_route, sample_rows
 from .views import _mark_reorder_copy, _rows_size, guard_dense_write
 
 __all__ = ["FlatBatch", "flat_request", "flatten_batch"]
@@ -206,22 +208,18 @@ def _restore(op: str, batch, y: torch.Tensor, shape) -> MJT | object:
     """``y`` viewed as the multi_jagged ``shape`` (the NOTE), or ``NotImplemented`` when ``shape``
     is a dense view. A shape that starts with the batch size is read as the batch's own: on a
     ``y`` whose rows are still the batch's, ``(B, -1, …)`` names the one ragged dim by ``-1`` (as
-    the batch's ``view`` does), and any other ``(B, …)`` raises — dense torch would split the
-    concatenated samples evenly, not by sample (``loss.view(B, -1).sum(1)``)."""
+    the batch's ``view`` does); any other ``(B, …)`` views each sample's elements
+    (``_view_by_sample``) — dense torch would split the concatenated samples evenly, not by
+    sample (``loss.view(B, -1).sum(1)``)."""
     shape = tuple(shape)
     partition, nested = batch
     if not any(is_nested_int(s) for s in shape):
         b = partition.batch
-        if not shape or is_nested_int(shape[0]) or shape[0] != b or b < 2 or y.dim() == 0 or y.shape[0] != partition.rows:
+        if not shape or is_nested_int(shape[0]) or shape[0] != b or b < 2 or y.dim() == 0:
             return NotImplemented
-        if len(nested) == 1 and len(shape) >= 2 and shape[1] == -1:
-            shape = (b, nested[0], *shape[2:])
-        else:
-            raise StructureError(
-                f"{op}(): cannot {op} a tensor flattened from a multi_jagged batch {tuple(y.shape)} to {shape}: its "
-                f"rows are the {b} samples concatenated, which {shape} would split evenly, not by sample; give the "
-                f"ragged sizes ({', '.join(str(n) for n in nested)}), or -1 for the one ragged dim"
-            )
+        if y.shape[0] != partition.rows or not (len(nested) == 1 and len(shape) >= 2 and shape[1] == -1):
+            return _view_by_sample(op, partition, nested, y, shape)
+        shape = (b, nested[0], *shape[2:])  # the rows are the batch's: -1 names its ragged dim
     k = len(nested)
     at = [i for i, s in enumerate(shape) if is_nested_int(s)]
     if (len(at) == k and at != list(range(1, k + 1)) and shape[0] in (partition.batch, -1)
@@ -251,6 +249,39 @@ def _restore(op: str, batch, y: torch.Tensor, shape) -> MJT | object:
                 f"batch of {rows} rows: {e}"
             ) from None
     return wrap_values(values, partition, tuple(range(1, k + 1)))
+
+
+def _view_by_sample(op: str, partition: Partition, nested: tuple, y: torch.Tensor, shape: tuple) -> MJT | object:
+    """``y`` (``k`` elements per row of the batch, the samples' elements in order, other than its
+    rows) viewed as ``(B, *shape[1:])`` sample by sample, as the batch's own ``view`` reads
+    ``(B, -1, …)`` (``per_token.view(B, -1).mean(1)``, ``q.reshape(-1, D).view(B, H, -1, D)``): the
+    ``-1`` is each sample's own size, a ragged dim. Where every sample has as many elements, dense
+    torch's even split is that, and a ``y`` without a whole number of elements per row is no longer
+    the samples' (a reduction's result): ``NotImplemented``, a dense view. A shape that cannot take
+    each sample's elements raises — an even split would mix samples."""
+    _, counts = sample_rows(partition)
+    rows = sum(counts)
+    if rows == 0 or y.numel() % rows or len(set(counts)) == 1:
+        return NotImplemented  # no whole number of elements per row (a reduction's result), or one size
+    k = y.numel() // rows
+    rest = shape[1:]
+    at = [i for i, s in enumerate(rest) if s == -1]
+    known = math.prod(s for s in rest if s != -1)
+    elems = [n * k for n in counts]
+    if len(at) != 1 or known == 0 or any(e % known for e in elems):
+        raise StructureError(
+            f"{op}(): cannot {op} a tensor flattened from a multi_jagged batch {tuple(y.shape)} to {shape}: its "
+            f"elements are the {partition.batch} samples concatenated ({', '.join(map(str, elems))} elements), which "
+            f"{shape} would split evenly, not by sample; give -1 for the one size that differs per sample"
+        )
+    shapes = [tuple(e // known if i == at[0] else s for i, s in enumerate(rest)) for e in elems]
+    with _DisableTF():
+        flat = y.as_subclass(torch.Tensor).reshape(-1)
+    pieces = [p.view(sh) for p, sh in zip(flat.split(elems), shapes)]
+    out = as_nested_tensor(pieces, ragged_dims=(at[0] + 1,))
+    if len(nested) == 1 and [sh[at[0]] for sh in shapes] == counts:
+        out = relabel(out, partition)  # the batch's own ragged dim: its nested int
+    return out
 
 
 def _restore_by_sample(op: str, partition: Partition, y: torch.Tensor, shape: tuple, ragged_dims: tuple) -> MJT:
