@@ -370,6 +370,28 @@ def test_flattened_elements_viewed_per_sample(spell):
     assert not isinstance(even, mj.MultiJaggedTensor) and torch.equal(even, torch.stack([c.reshape(-1) for c in same.unbind()]))
 
 
+def test_transposed_flat_batch_stays_a_flat_batch():
+    """``.T`` / ``.mT`` / ``.H`` / ``.real`` of a FlatBatch are results (a FlatBatch), as ``.t()`` is, so a
+    computation through them views back into the batch: ``Categorical(logits=(B, j0, V)).sample()``
+    (whose draw goes through ``.T``) gives each sample's draws; ``.grad`` stays as it is."""
+    g = torch.Generator().manual_seed(0)
+    comps = [torch.randn(n, 5, generator=g) for n in (3, 0, 2)]
+    logits = torch.nested.nested_tensor(comps, layout=mj.multi_jagged)
+    f = logits.view(-1, 5)
+    for t in (f.T, f.mT, f.H, f.real):
+        assert isinstance(t, FlatBatch)
+        assert isinstance(t.mT.view(logits.shape), mj.MultiJaggedTensor)
+    assert f.grad is None
+    torch.manual_seed(0)
+    draws = torch.distributions.Categorical(logits=logits).sample()
+    assert isinstance(draws, mj.MultiJaggedTensor) and draws.shape[1] is logits.shape[1]
+    for d, c in zip(draws.unbind(), comps):
+        assert d.shape == c.shape[:1] and bool(((d >= 0) & (d < 5)).all())
+    torch.manual_seed(0)
+    want = torch.multinomial(torch.cat(comps).softmax(-1), 1, True).T  # Categorical's draw, on the rows
+    torch.testing.assert_close(torch.cat(list(draws.unbind())), want.reshape(-1))
+
+
 def test_heads_flattened_and_back():
     """``(B, H, j0, D).reshape(-1, D)`` (the samples' elements in their order, a copy) back to the
     batch's shape, after ops on the rows too: einops' ``pack`` / ``unpack`` over ``'* d'``

@@ -180,9 +180,12 @@ def _torch_function(func, types, args, kwargs):
             return func(args[0].as_subclass(torch.Tensor), *args[1:], **kwargs)
     with _DisableTF():
         out = func(*args, **kwargs)
-    if getattr(func, "__name__", None) == "__get__":  # attributes (``_base``, ``grad``) as they are
-        return out
+    if getattr(func, "__name__", None) == "__get__" and getattr(func, "__self__", None) not in _VIEW_ATTRS:
+        return out  # attributes (``_base``, ``grad``) as they are; ``.T``, ``.mT``, ``.real`` … are results
     return _mark_all(out, batch)
+
+
+_VIEW_ATTRS = tuple(getattr(torch._C.TensorBase, name) for name in ("T", "mT", "H", "mH", "real", "imag"))
 
 
 def _batch_of(args, kwargs) -> tuple:
