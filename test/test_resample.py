@@ -285,8 +285,10 @@ def test_interpolate_to_nested_ints_refuses_what_dense_refuses():
     _, other = _images([(2, 3), (4, 5), (6, 7)], 1, 2)
     with pytest.raises(ValueError, match="nested ints of another batch of 2 images"):
         F.interpolate(x, size=other.shape[-2:])
-    with pytest.raises(ValueError, match="all of them nested ints"):
-        F.interpolate(x, size=(skip.shape[2], 5))
+    with pytest.raises(ValueError, match=r"sample 1 .* \(0, 3\) and cannot be resized to \(2, 5\)"):
+        F.interpolate(x, size=(skip.shape[2], 5))  # a nested int beside an int: each image's own size
+    with pytest.raises(ValueError, match="positive ints, or nested ints of another batch"):
+        F.interpolate(x, size=(skip.shape[2], 0))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
@@ -712,6 +714,33 @@ def test_interpolate_images_with_one_static_side(sizes, kw):
         ref = F.interpolate(leaf[None], **kw)[0]
         torch.testing.assert_close(o, ref)
         torch.testing.assert_close(g, torch.autograd.grad((ref * gc).sum(), leaf)[0])
+
+
+@pytest.mark.parametrize("sizes", [[(8, 12), (16, 12), (4, 12)], [(6, 10), (6, 4)], [(8, 12), (16, 6), (4, 2)]],
+                         ids=["one width", "one height", "both ragged"])
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bicubic"])
+@pytest.mark.parametrize("second", ["skip", "int"])
+def test_interpolate_to_a_skips_sizes_with_a_static_side(sizes, mode, second):
+    """The U-Net / FPN skip ``F.interpolate(up, size=skip.shape[-2:])`` where the skip has a static
+    side (images of one width): ``size`` mixes a nested int and an int (and ``(skip.shape[2], 7)``
+    on any images). Each image's dense resize to its skip's size, values and gradients; a side
+    given as an int is static in the result, as dense's."""
+    leaves = [torch.randn(3, h, w, dtype=torch.float64, requires_grad=True) for h, w in sizes]
+    skip = mj.as_nested_tensor(leaves)
+    size = skip.shape[-2:] if second == "skip" else (skip.shape[2], 7)
+    up = F.interpolate(F.max_pool2d(skip, 2), size=size, mode=mode)
+    want = [F.interpolate(F.max_pool2d(c[None], 2), size=(c.shape[1], c.shape[2] if second == "skip" else 7),
+                          mode=mode)[0] for c in leaves]
+    dense = not any(isinstance(n, torch.SymInt) for n in size)  # (6, 7) of images of height 6: dense's batch
+    assert isinstance(up, mj.MultiJaggedTensor) != dense
+    for a, b in zip(list(up) if dense else up.unbind(), want):
+        torch.testing.assert_close(a, b)
+    for d, n in zip((2, 3), () if dense else size):
+        assert (d in up.ragged_dims) == isinstance(n, torch.SymInt)
+    got = torch.autograd.grad((up * up).sum(), leaves)
+    ref = torch.autograd.grad(sum((w * w).sum() for w in want), leaves)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
 
 
 _ONE_SIDE = {"one width": ([(6, 8), (4, 8), (0, 8)], (2,)), "one height": ([(8, 6), (8, 4)], (3,))}

@@ -258,8 +258,11 @@ def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_cor
         what = "size" if size is not None else "scale_factor"
         raise ValueError(f"{op}(): expected {what} with {nsp} entries for input {describe(input)}, got {spec}")
     extents = None
-    if size is not None and all(isinstance(s, torch.SymInt) for s in vals):
-        extents = [extent_of(s) for s in vals]
+    if size is not None and any(isinstance(s, torch.SymInt) for s in vals) and all(
+            isinstance(s, torch.SymInt) or (type(s) is int and s > 0) for s in vals):
+        # another batch's sizes, ``skip.shape[-2:]``, where a side may be static (images of one
+        # width): that side as an extent of equal sizes, made static again by the caller
+        extents = [extent_of(s) if isinstance(s, torch.SymInt) else equal_sizes(input, s) for s in vals]
         if any(e is None or e.batch != input._partition.batch for e in extents):
             raise ValueError(
                 f"{op}(): expected size to be positive ints or the nested ints of another batch of {input._partition.batch} "
@@ -268,8 +271,8 @@ def _check_interp_args(input: MJT, nsp: int, size, scale_factor, mode, align_cor
     elif size is not None:
         if not all(isinstance(s, int) and not isinstance(s, bool) for s in vals) or any(s <= 0 for s in vals):
             raise ValueError(
-                f"{op}(): expected size to be positive ints, or all of them nested ints of another batch's ragged dims, "
-                f"got {size}"
+                f"{op}(): expected size to be positive ints, or nested ints of another batch's ragged dims (beside "
+                f"positive ints), got {size}"
             )
     elif not all(isinstance(s, (int, float)) and math.isfinite(s) and s > 0 for s in vals):
         raise ValueError(f"{op}(): expected scale_factor to be positive finite numbers, got {scale_factor}")
@@ -297,6 +300,17 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
     nsp = _spatial(op, input, (1, 2, 3))
     sizes, scales, own = _check_interp_args(input, nsp, size, scale_factor, mode, align_corners, recompute_scale_factor,
                                             antialias)
+    out = _resample(input, op, nsp, sizes, scales, own, mode, align_corners, recompute_scale_factor, antialias)
+    if own is not None:  # a size given as an int beside nested ints: that side static, as dense's
+        for i, n in enumerate(size):
+            if not isinstance(n, torch.SymInt):
+                out = ragged_side_as_static(out, 2 + i)
+    return out
+
+
+def _resample(input: MJT, op: str, nsp: int, sizes, scales, own, mode, align_corners, recompute_scale_factor,
+              antialias):
+    """``_interpolate`` of images whose spatial dims are all ragged, after its checks."""
     p = input._partition
     dev = p.offsets.device
     b = p.batch
