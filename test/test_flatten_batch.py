@@ -392,6 +392,28 @@ def test_transposed_flat_batch_stays_a_flat_batch():
     torch.testing.assert_close(torch.cat(list(draws.unbind())), want.reshape(-1))
 
 
+def test_in_place_write_into_flattened_rows_with_grad_raises_clearly():
+    """``h.view(-1, C).mul_(2)`` (and ``relu_``, a masked write, ``index_add_``) on a batch that records
+    gradients: the rows are a view of its values made inside a custom Function, which autograd
+    cannot rebase; the error says so and names what works (autograd's own message named a
+    function the user never called). Under no_grad the write reaches the batch."""
+    lin = torch.nn.Linear(4, 4)
+    x = torch.nested.nested_tensor([torch.randn(n, 4) for n in (5, 1, 3)], layout=mj.multi_jagged)
+    h = lin(x)
+    writes = [lambda r: r.mul_(2), lambda r: F.relu(r, inplace=True), lambda r: r.__setitem__(r > 0, 0.0),
+              lambda r: r.index_add_(0, torch.tensor([0]), torch.ones(1, 4))]
+    for write in writes:
+        with pytest.raises(RuntimeError, match=r"cannot write in place into the batch flattened into rows .* "
+                                               r"Write into the batch itself"):
+            write(h.view(-1, 4))
+    with torch.no_grad():
+        y = lin(x)
+        before = [t.clone() for t in y.unbind()]
+        y.view(-1, 4).mul_(2)
+    for a, b in zip(y.unbind(), before):
+        torch.testing.assert_close(a, 2 * b)
+
+
 def test_heads_flattened_and_back():
     """``(B, H, j0, D).reshape(-1, D)`` (the samples' elements in their order, a copy) back to the
     batch's shape, after ops on the rows too: einops' ``pack`` / ``unpack`` over ``'* d'``

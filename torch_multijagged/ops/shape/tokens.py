@@ -179,7 +179,18 @@ def _torch_function(func, types, args, kwargs):
         with _DisableTF():
             return func(args[0].as_subclass(torch.Tensor), *args[1:], **kwargs)
     with _DisableTF():
-        out = func(*args, **kwargs)
+        try:
+            out = func(*args, **kwargs)
+        except RuntimeError as e:
+            if "was created inside a custom Function" not in str(e):
+                raise
+            name = getattr(func, "__name__", str(func)).split(".")[0]
+            raise RuntimeError(
+                f"{name}(): cannot write in place into the batch flattened into rows (x.view(-1, C), x.flatten(0, 1)) "
+                "while gradients are recorded: the rows are a view of the batch's values that autograd cannot "
+                "rebase. Write into the batch itself (x.mul_(2), x.masked_fill_(mask, 0) with a multi_jagged mask), "
+                "or compute out of place (rows = rows * 2)"
+            ) from None
     if getattr(func, "__name__", None) == "__get__" and getattr(func, "__self__", None) not in _VIEW_ATTRS:
         return out  # attributes (``_base``, ``grad``) as they are; ``.T``, ``.mT``, ``.real`` … are results
     return _mark_all(out, batch)
