@@ -71,5 +71,40 @@ def test_sdpa_ragged_queries_over_dense_keys(causal, shared):
     exp = torch.autograd.grad(sum((r ** 2).sum() for r in refs), [*qs, k, v])
     for a, e in zip(got, exp):
         torch.testing.assert_close(a, e)
-    with pytest.raises(mj.StructureError, match="attn_mask"):
-        F.scaled_dot_product_attention(mj.as_nested_tensor(qs, ragged_dims=(2,)), k, v, attn_mask=torch.ones(1, s, dtype=torch.bool))
+    with pytest.raises(mj.StructureError, match="attn_mask that broadcasts to the scores"):
+        F.scaled_dot_product_attention(mj.as_nested_tensor(qs, ragged_dims=(2,)), k, v,
+                                       attn_mask=torch.ones(2, s, dtype=torch.bool))  # a query dim of 2: no sample's
+
+
+@pytest.mark.parametrize("kind", ["bool (B, 1, 1, S)", "float (B, 1, 1, S)", "bool (B, H, 1, S)", "float (1, S)",
+                                  "multi_jagged (B, 1, j0, S)"])
+def test_sdpa_ragged_queries_over_padded_dense_keys_with_a_mask(kind):
+    """Ragged queries (image tokens) reading a padded dense context with its padding mask
+    (Stable Diffusion's cross-attention): a dense mask broadcast over the query dim, or a
+    multi_jagged one with the queries' ragged dim; per sample, values and gradients of q, k, v and
+    a float mask (a sample whose every key is masked is NaN, as dense)."""
+    g = torch.Generator().manual_seed(2)
+    ns, h, s, d = (3, 1, 0, 4), 2, 5, 4
+    qs = [torch.randn(h, n, d, dtype=torch.float64, generator=g, requires_grad=True) for n in ns]
+    k = torch.randn(len(ns), h, s, d, dtype=torch.float64, generator=g, requires_grad=True)
+    v = torch.randn(len(ns), h, s, 3, dtype=torch.float64, generator=g, requires_grad=True)
+    pad = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    mask = {"bool (B, 1, 1, S)": ~pad[:, None, None], "bool (B, H, 1, S)": ~pad[:, None, None].expand(-1, h, -1, -1),
+            "float (B, 1, 1, S)": torch.randn(len(ns), 1, 1, s, dtype=torch.float64, generator=g, requires_grad=True),
+            "float (1, S)": torch.randn(1, s, dtype=torch.float64, generator=g, requires_grad=True),
+            "multi_jagged (B, 1, j0, S)": None}[kind]
+    if mask is None:
+        per = [torch.rand(1, n, s, generator=g) > 0.3 for n in ns]
+        mask = mj.nested_tensor(per, ragged_dims=(2,))
+    else:
+        per = [mask[0] if mask.dim() == 2 else mask[i] for i in range(len(ns))]
+    out = F.scaled_dot_product_attention(mj.as_nested_tensor(qs, ragged_dims=(2,)), k, v, attn_mask=mask)
+    refs = [F.scaled_dot_product_attention(qs[i][None], k[i][None], v[i][None], attn_mask=per[i][None])[0]
+            for i in range(len(ns))]
+    for o, r in zip(out.unbind(), refs):
+        torch.testing.assert_close(o, r, equal_nan=True)
+    leaves = [*qs, k, v] + ([mask] if mask.requires_grad else [])
+    got = torch.autograd.grad(sum((o ** 2).sum() for o in out.unbind()), leaves)
+    exp = torch.autograd.grad(sum((r ** 2).sum() for r in refs), leaves)
+    for a, e in zip(got, exp):
+        torch.testing.assert_close(a, e)

@@ -250,11 +250,44 @@ def test_no_leakage_between_samples():
     assert not torch.equal(y1.unbind()[1], y2.unbind()[1])
 
 
-def test_key_padding_mask_is_refused():
+def test_key_padding_mask_is_refused_for_multi_jagged_keys():
     m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)
     x = tmj.nested_tensor(_comps((3, 2)))
-    with pytest.raises(ValueError, match="key_padding_mask is not needed"):
+    with pytest.raises(ValueError, match="key_padding_mask is not needed for multi_jagged keys"):
         m(x, x, x, key_padding_mask=torch.zeros(2, 3, dtype=torch.bool))
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bool, DT], ids=["bool", "float"])
+def test_key_padding_mask_over_a_padded_dense_context(need_weights, dtype):
+    """Ragged queries (image tokens) attending to a padded dense context with its key_padding_mask
+    (Stable Diffusion's cross-attention): dense MHA per sample, output, weights and gradients of the
+    queries and every parameter; a mask beside attn_mask or is_causal, or of the wrong shape,
+    raises."""
+    m = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT)
+    g = torch.Generator().manual_seed(4)
+    comps = [torch.randn(n, E, dtype=DT, generator=g) for n in (3, 1, 0, 4)]
+    ctx = torch.randn(4, 5, E, dtype=DT, generator=g)
+    pad = torch.tensor([[0, 0, 0, 1, 1], [0, 0, 0, 0, 0], [1, 0, 0, 0, 0], [0, 1, 1, 1, 1]], dtype=torch.bool)
+    kpm = pad if dtype == torch.bool else torch.randn(4, 5, dtype=DT, generator=g)
+    leaves = [c.clone().requires_grad_() for c in comps]
+    out, w = m(tmj.as_nested_tensor(leaves), ctx, ctx, key_padding_mask=kpm, need_weights=need_weights)
+    refs = [m(c[None], ctx[i:i + 1], ctx[i:i + 1], key_padding_mask=kpm[i:i + 1], need_weights=need_weights)
+            for i, c in enumerate(leaves)]
+    for i, (o, (r, rw)) in enumerate(zip(out.unbind(), refs)):
+        torch.testing.assert_close(o, r[0])
+        if need_weights:
+            torch.testing.assert_close(w.unbind()[i], rw[0])
+    params = list(m.parameters())
+    got = torch.autograd.grad((out ** 2).sum(), [*leaves, *params])
+    exp = torch.autograd.grad(sum((r ** 2).sum() for r, _ in refs), [*leaves, *params])
+    for a, b in zip(got, exp):
+        torch.testing.assert_close(a, b)
+    x = tmj.nested_tensor(comps)
+    with pytest.raises(NotImplementedError, match="key_padding_mask with attn_mask or is_causal"):
+        m(x, ctx, ctx, key_padding_mask=kpm, is_causal=True, attn_mask=torch.ones(1, 1))
+    with pytest.raises(RuntimeError, match=r"expected key_padding_mask of shape \(4, 5\)"):
+        m(x, ctx, ctx, key_padding_mask=kpm[:, :4])
 
 
 def test_dense_attn_mask_without_is_causal_is_refused():

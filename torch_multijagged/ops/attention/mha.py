@@ -106,12 +106,28 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
         raise NotImplementedError(
             f"{_OP}(): bias_k / bias_v and add_zero_attn with is_causal=True are not supported for layout torch.multi_jagged"
         )
-    if key_padding_mask is not None:
-        raise ValueError(
-            f"{_OP}(): key_padding_mask is not needed for layout torch.multi_jagged (every sample has its own "
-            f"length), got {describe(key_padding_mask)}"
-        )
     mask = None
+    if key_padding_mask is not None:
+        if not dense_kv or isinstance(key_padding_mask, MJT):
+            raise ValueError(
+                f"{_OP}(): key_padding_mask is not needed for multi_jagged keys (every sample has its own "
+                f"length), got {describe(key_padding_mask)}"
+            )
+        # padded dense keys (a text context read by ragged image tokens): dense's mask, -inf where
+        # True (a float mask as given), added to every head's scores
+        s_len = k.shape[1]
+        if key_padding_mask.shape != (k.shape[0], s_len):
+            raise RuntimeError(f"{_OP}(): expected key_padding_mask of shape {(k.shape[0], s_len)}, got "
+                               f"{tuple(key_padding_mask.shape)}")
+        if is_causal or attn_mask is not None:
+            raise NotImplementedError(f"{_OP}(): key_padding_mask with attn_mask or is_causal=True is not supported "
+                                      "for layout torch.multi_jagged")
+        if key_padding_mask.dtype == torch.bool:
+            key_padding_mask = torch.zeros_like(key_padding_mask, dtype=q.dtype).masked_fill_(key_padding_mask,
+                                                                                                float("-inf"))
+        elif not torch.is_floating_point(key_padding_mask):
+            raise AssertionError(f"{_OP}(): only bool and floating types of key_padding_mask are supported")
+        mask = key_padding_mask.view(k.shape[0], 1, 1, s_len)
     if attn_mask is not None and not is_causal and isinstance(attn_mask, BatchMerged):
         # a per-sample mask folded as dense's (B·H, L, S): the batch-first (B, H, L, S) it holds
         mask = attn_mask._mjt

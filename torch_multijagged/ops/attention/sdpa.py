@@ -279,8 +279,6 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     if isinstance(query, MJT) and not isinstance(key, MJT) and not isinstance(value, MJT) and not values_path:
         # ragged queries over dense keys and values (each sample's tokens reading a fixed memory,
         # Perceiver's decoder): the keys as S rows per sample
-        if attn_mask is not None:
-            raise _err(f"dense keys {tuple(key.shape)} with attn_mask are not supported (queries {describe(query)})")
         key, _ = dense_as_rows(_OP, key, query, "key", "queries")
         value, _ = dense_as_rows(_OP, value, query, "value", "queries")
     query, key, value = _broadcast_batch_dims(query, key, value)
