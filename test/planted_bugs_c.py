@@ -713,8 +713,8 @@ BUGS_C = [
     Bug("a padded context's key_padding_mask is ignored", "ops/attention/mha.py",
         "        mask = key_padding_mask.view(k.shape[0], 1, 1, s_len)", "        mask = None",
         ("test_attention_modules.py",)),
-    Bug("a bool key_padding_mask is added as 0 / 1", "ops/attention/mha.py",
+    Bug("a bool key_padding_mask masks the keys it keeps", "ops/attention/mha.py",
         "            key_padding_mask = torch.zeros_like(key_padding_mask, dtype=q.dtype).masked_fill_(key_padding_mask,",
-        "            key_padding_mask = torch.ones_like(key_padding_mask, dtype=q.dtype).masked_fill_(key_padding_mask,",
+        "            key_padding_mask = torch.zeros_like(key_padding_mask, dtype=q.dtype).masked_fill_(~key_padding_mask,",
         ("test_attention_modules.py",)),
 ]

@@ -284,6 +284,14 @@ def test_key_padding_mask_over_a_padded_dense_context(need_weights, dtype):
     for a, b in zip(got, exp):
         torch.testing.assert_close(a, b)
     x = tmj.nested_tensor(comps)
+    if dtype == torch.bool:  # the module makes a bool mask float first; the function takes it as it is
+        args = (E, H, m.in_proj_weight, m.in_proj_bias, None, None, False, 0.0, m.out_proj.weight, m.out_proj.bias)
+        o = F.multi_head_attention_forward(x.transpose(0, 1), ctx.transpose(0, 1), ctx.transpose(0, 1), *args,
+                                           key_padding_mask=pad, need_weights=False)[0].transpose(0, 1)
+        for i, (a, c) in enumerate(zip(o.unbind(), comps)):
+            r = F.multi_head_attention_forward(c[:, None], ctx[i][:, None], ctx[i][:, None], *args,
+                                               key_padding_mask=pad[i:i + 1], need_weights=False)[0][:, 0]
+            torch.testing.assert_close(a, r)
     with pytest.raises(NotImplementedError, match="key_padding_mask with attn_mask or is_causal"):
         m(x, ctx, ctx, key_padding_mask=kpm, is_causal=True, attn_mask=torch.ones(1, 1))
     with pytest.raises(RuntimeError, match=r"expected key_padding_mask of shape \(4, 5\)"):
