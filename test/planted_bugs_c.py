@@ -717,4 +717,7 @@ BUGS_C = [
         "            key_padding_mask = torch.zeros_like(key_padding_mask, dtype=q.dtype).masked_fill_(key_padding_mask,",
         "            key_padding_mask = torch.zeros_like(key_padding_mask, dtype=q.dtype).masked_fill_(~key_padding_mask,",
         ("test_attention_modules.py",)),
+    Bug("a difference of two batches' sizes takes the first sample's", "ragged_sizes.py",
+        "                common = _common(diff) if diff.numel() else 0\n",
+        "                common = int(diff[0]) if diff.numel() else 0\n", ("test_size_shifts.py",)),
 ]

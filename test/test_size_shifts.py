@@ -188,6 +188,37 @@ def test_a_remainder_every_sample_gives_is_that_int():
     assert even[:0].shape[2] % 4 == 0  # no sample: 0
 
 
+def test_a_difference_of_two_batches_sizes_every_sample_gives_is_that_int():
+    """``skip.size(2) - up.size(2)`` before ``F.pad`` (milesial's U-Net ``Up``: odd sides make the
+    upsampled map one pixel short): the int every sample's difference is, so the pad does to each
+    sample what it does alone, values and gradients; differences that differ raise, naming them
+    and the resize that works."""
+    up_conv = torch.nn.ConvTranspose2d(3, 3, 2, stride=2).double()
+
+    def up_block(skip):
+        up = up_conv(F.max_pool2d(skip, 2))
+        dy, dx = skip.size(2) - up.size(2), skip.size(3) - up.size(3)
+        up = F.pad(up, [dx // 2, dx - dx // 2, dy // 2, dy - dy // 2])
+        return torch.cat([up, skip], dim=1)
+
+    g = torch.Generator().manual_seed(0)
+    for sides in ([(13, 9), (9, 5), (5, 21)], [(12, 8), (8, 4)]):
+        leaves = [torch.randn(3, h, w, dtype=torch.float64, generator=g, requires_grad=True) for h, w in sides]
+        x = mj.as_nested_tensor(leaves)
+        out = up_block(x)
+        refs = [up_block(c[None])[0] for c in leaves]
+        for a, r in zip(out.unbind(), refs):
+            torch.testing.assert_close(a, r)
+        got = torch.autograd.grad((out * out).sum(), leaves)
+        want = torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)
+        for a, b in zip(got, want):
+            torch.testing.assert_close(a, b)
+    mixed = mj.nested_tensor([torch.randn(3, 13, 9), torch.randn(3, 8, 4)], ragged_dims=(2, 3))
+    with pytest.raises(TypeError, match=r"differs per sample \(differences \[1, 0\].*F.interpolate"):
+        up_block(mixed.double())
+    assert mixed[:0].shape[2] - F.max_pool2d(mixed, 2)[:0].shape[2] == 0  # no sample: 0
+
+
 def test_a_multiple_of_a_ragged_size_floor_divided_is_each_samples():
     """``(3 * L) // 4`` (MAE's kept length with a 0.25 mask ratio, in ints): each sample's multiple
     floor-divided, a ragged size slices take."""
@@ -199,8 +230,8 @@ def test_a_multiple_of_a_ragged_size_floor_divided_is_each_samples():
     for a, c in zip(kept.unbind(), xs):
         assert torch.equal(a, c[: (3 * c.shape[0]) // 4])
     assert bool((3 * L) // 4 == keep)  # one nested int per rule
-    with pytest.raises(TypeError, match="floor division"):
-        L - L // 4  # two ragged sizes: no per-sample rule
+    with pytest.raises(TypeError, match="differs per sample"):
+        L - L // 4  # two ragged sizes whose difference is no one int
 
 
 @pytest.mark.parametrize("lens", [(17,), (5, 5, 5)])

@@ -117,7 +117,7 @@ class _RaggedSizeNode(NestedIntNode):
 
     def _arith(self, other):
         self._no_value("arithmetic other than a product with an int, adding or subtracting an int, floor division or "
-                       "a remainder by a positive int")
+                       "a remainder by a positive int, or a difference every sample shares")
 
     truediv = int_truediv = pow = pow_by_natural = _arith
 
@@ -153,6 +153,23 @@ class _RaggedSizeNode(NestedIntNode):
             # ``n - n`` (Hugging Face's ``kv_length + kv_offset - mask.shape[-1]`` for a mask of the
             # tokens' lengths): every sample's difference is 0, the int 0
             return ConstantIntNode(0)
+        if isinstance(other, _RaggedSizeNode):
+            # ``n - m`` of two batches' sizes (a U-Net's ``skip.size(2) - up.size(2)`` before
+            # ``F.pad``): an int where every sample's difference is one (as ``n % k``), so code that
+            # pads or crops by it does to each sample what it does alone; differences that differ raise
+            if torch.compiler.is_compiling():
+                self._eager_only("n - m")
+            a, b = _node_sizes(self), _node_sizes(other)
+            if a is not None and b is not None and a.shape == b.shape:
+                diff = a - b
+                common = _common(diff) if diff.numel() else 0
+                if common is not None:
+                    return ConstantIntNode(common)
+                raise TypeError(
+                    f"{self} - {other} differs per sample (differences {diff.tolist()} of sizes {a.tolist()} and "
+                    f"{b.tolist()}): code that pads or crops by it would treat samples differently; resize to the "
+                    f"other batch's sizes instead (F.interpolate(x, size=other.shape[-2:])); {_NO_VALUE}"
+                )
         self._arith(other)
 
     # NOTE [ Ragged sizes plus an int ]
