@@ -720,4 +720,7 @@ BUGS_C = [
     Bug("a difference of two batches' sizes takes the first sample's", "ragged_sizes.py",
         "                common = _common(diff) if diff.numel() else 0\n",
         "                common = int(diff[0]) if diff.numel() else 0\n", ("test_size_shifts.py",)),
+    Bug("volumes with a static side keep it ragged", "ops/vision/resample.py",
+        "    for d in sides:\n        out = ragged_side_as_static(out, d)", "    for d in ():\n        out = ragged_side_as_static(out, d)",
+        ("test_resample.py",)),
 ]

@@ -743,6 +743,32 @@ def test_interpolate_to_a_skips_sizes_with_a_static_side(sizes, mode, second):
         torch.testing.assert_close(a, b)
 
 
+@pytest.mark.parametrize("sizes", [[(4, 6, 8), (4, 4, 2), (4, 1, 3)], [(3, 6, 8), (5, 6, 2)], [(3, 6, 8), (5, 2, 8)]],
+                         ids=["clips of one length", "one height", "one width"])
+@pytest.mark.parametrize("kw", [dict(scale_factor=(1, 2, 2), mode="nearest"), dict(scale_factor=2, mode="trilinear"),
+                                dict(size=(2, 3, 4), mode="trilinear"),
+                                dict(scale_factor=(0.5, 1.5, 2), mode="trilinear", align_corners=True)],
+                         ids=["nearest (1, 2, 2)", "trilinear x2", "size", "trilinear mixed"])
+def test_interpolate_volumes_with_static_sides(sizes, kw):
+    """Videos ``(B, C, T, j0, j1)`` whose clips share a length (or volumes sharing a side): each
+    volume's dense ``interpolate``, values and gradients; a side every volume shares stays static
+    when its new size is one. It raised, asking for every spatial dim ragged."""
+    leaves = [torch.randn(2, *sz, dtype=torch.float64, requires_grad=True) for sz in sizes]
+    x = mj.as_nested_tensor(leaves)
+    assert 0 < len(x.ragged_dims) < 3
+    y = F.interpolate(x, **kw)
+    outs = y.unbind() if mj.is_nested(y) else list(y)
+    want = [F.interpolate(c[None], **kw)[0] for c in leaves]
+    for a, b in zip(outs, want):
+        torch.testing.assert_close(a, b)
+    if mj.is_nested(y):
+        assert all(d not in y.ragged_dims for d in (2, 3, 4) if d not in x.ragged_dims)
+    got = torch.autograd.grad(sum((o * o).sum() for o in outs), leaves)
+    ref = torch.autograd.grad(sum((w * w).sum() for w in want), leaves)
+    for a, b in zip(got, ref):
+        torch.testing.assert_close(a, b)
+
+
 _ONE_SIDE = {"one width": ([(6, 8), (4, 8), (0, 8)], (2,)), "one height": ([(8, 6), (8, 4)], (3,))}
 
 

@@ -293,10 +293,10 @@ def _interpolate(input, size=None, scale_factor=None, mode="nearest", align_corn
         return NotImplemented
     input = channels_first("interpolate", input)
     op = "interpolate"
-    side = _static_side(input)
-    if side is not None:
-        return _interpolate_static_side(input, side, size, scale_factor, mode, align_corners, recompute_scale_factor,
-                                        antialias)
+    sides = _static_sides(input)
+    if sides:
+        return _interpolate_static_sides(input, sides, size, scale_factor, mode, align_corners, recompute_scale_factor,
+                                         antialias)
     nsp = _spatial(op, input, (1, 2, 3))
     sizes, scales, own = _check_interp_args(input, nsp, size, scale_factor, mode, align_corners, recompute_scale_factor,
                                             antialias)
@@ -468,13 +468,29 @@ def ragged_side_as_static(out, d: int):
     return ragged_as_static(out, d, int(lengths[0]))
 
 
-def _interpolate_static_side(x: MJT, d: int, size, scale_factor, mode, align_corners, recompute_scale_factor,
-                             antialias):
-    """Images with one static side (``_static_side``): that side made a ragged dim of equal sizes,
-    resampled as images, and made static again where every image's new size is one (a scale)."""
-    out = F.interpolate(static_side_as_ragged([x], d)[0], size=size, scale_factor=scale_factor, mode=mode,
-                        align_corners=align_corners, recompute_scale_factor=recompute_scale_factor, antialias=antialias)
-    return ragged_side_as_static(out, d)
+def _static_sides(x: MJT) -> tuple[int, ...]:
+    """The static spatial dims of images ``(B, C, j0, W)`` (``_static_side``) or volumes ``(B, C,
+    T, j0, j1)`` (clips of one length, frames of their own sizes) with a static channel dim and
+    some spatial dim ragged, else ``()``."""
+    if x.dim() == 4:
+        side = _static_side(x)
+        return () if side is None else (side,)
+    if x.dim() != 5 or not x._ragged_dims or x._ragged_dims[0] < 2:
+        return ()
+    return tuple(d for d in (2, 3, 4) if d not in x._ragged_dims)
+
+
+def _interpolate_static_sides(x: MJT, sides: tuple[int, ...], size, scale_factor, mode, align_corners,
+                              recompute_scale_factor, antialias):
+    """Images or volumes with static sides (``_static_sides``): those sides made ragged dims of equal
+    sizes, resampled as such, and made static again where every sample's new size is one (a scale)."""
+    for d in sides:
+        x = static_side_as_ragged([x], d)[0]
+    out = F.interpolate(x, size=size, scale_factor=scale_factor, mode=mode, align_corners=align_corners,
+                        recompute_scale_factor=recompute_scale_factor, antialias=antialias)
+    for d in sides:
+        out = ragged_side_as_static(out, d)
+    return out
 
 
 def _interpolate_per_sample(input: MJT, sizes, scales, own, mode, align_corners, recompute_scale_factor, antialias):
