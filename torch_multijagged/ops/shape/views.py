@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import weakref
 from typing import Optional
 
@@ -127,6 +128,17 @@ def expand_default(func, inp, size, implicit=False):
     return wrap(values, partition, out_dims)
 
 
+@functools.lru_cache(maxsize=None)
+def _permute_plan(ndim: int, ragged_dims: tuple[int, ...], perm: tuple[int, ...]):
+    """``(new ragged dims, ragged order, values permutation)`` of a batch-first ``perm``, per layout:
+    ``ragged_order[k]`` is which of the input's ragged dims becomes the output's k-th."""
+    new_ragged = tuple(i for i, p in enumerate(perm) if p in ragged_dims)
+    ragged_order = tuple(ragged_dims.index(perm[i]) for i in new_ragged)
+    stat = static_dims(ndim, ragged_dims)
+    vperm = (0, *(stat.index(p) + 1 for p in perm if p not in ragged_dims and p != 0))
+    return new_ragged, ragged_order, vperm
+
+
 def _permute(inp, perm):
     ndim = len(inp._size)
     perm = [canonical_dim("permute", ndim, p) for p in perm]
@@ -134,11 +146,7 @@ def _permute(inp, perm):
         raise StructureError(f"permute(): expected a permutation of {ndim} dims, got {perm}")
     if perm[0] != 0:
         raise StructureError(f"permute(): the batch dim of {describe(inp)} must stay first")
-    new_ragged = tuple(i for i, p in enumerate(perm) if p in inp._ragged_dims)
-    # ragged_order[k]: which of the input's ragged dims becomes the output's k-th ragged dim
-    ragged_order = tuple(inp._ragged_dims.index(perm[i]) for i in new_ragged)
-    stat = static_dims(ndim, inp._ragged_dims)
-    vperm = [0] + [stat.index(p) + 1 for p in perm if p not in inp._ragged_dims and p != 0]
+    new_ragged, ragged_order, vperm = _permute_plan(ndim, inp._ragged_dims, tuple(perm))
     values, partition = inp._values.permute(vperm), inp._partition
     if ragged_order != tuple(sorted(ragged_order)):
         # The ragged dims change storage order: a per-sample transpose of the packed rows, which
