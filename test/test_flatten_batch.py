@@ -335,9 +335,10 @@ def test_per_sample_view_of_flattened_rows_is_the_batch_not_an_even_split():
 @pytest.mark.parametrize("spell", ["view", "reshape", "unflatten"])
 def test_flattened_elements_viewed_per_sample(spell):
     """``per_elem.view(B, -1).mean(1)`` after an elementwise loss over ``x.view(-1)`` (every element
-    of the batch, not its rows) and ``q.reshape(-1, D).view(B, H, -1, D)``: each sample's own
-    elements, as the batch's ``view(B, -1)`` reads them — an even split mixed samples silently.
-    Values and gradients per sample, a zero-length sample included."""
+    of the batch, not its rows): each sample's own elements, as the batch's ``view(B, -1)`` reads
+    them — an even split mixed samples silently. Values and gradients per sample, a zero-length
+    sample included; ``q.reshape(-1, D).view(B, H, -1, D)`` (each sample's size inside) raises
+    where it mixed samples, and the batch's own shape views it back."""
     g = torch.Generator().manual_seed(3)
     comps = [torch.randn(n, 4, dtype=F64, generator=g) for n in (5, 0, 1, 3)]
     x = mj.as_nested_tensor([c.clone().requires_grad_() for c in comps])
@@ -362,12 +363,49 @@ def test_flattened_elements_viewed_per_sample(spell):
     for a, b in zip(gx.unbind(), gr):
         torch.testing.assert_close(a, b)
     q = (x * 2).unflatten(-1, (2, 2)).transpose(1, 2)  # (B, 2, j0, 2): heads first
-    heads = back(q.reshape(-1, 2), 2, -1, 2)
+    with pytest.raises(StructureError, match="split evenly, not by sample; give -1 right after the batch size"):
+        back(q.reshape(-1, 2), 2, -1, 2)  # each sample's size inside: view back with the batch's shape
+    heads = q.reshape(-1, 2).view(q.shape)
     for a, c in zip(heads.unbind(), comps):
         torch.testing.assert_close(a, (c * 2).unflatten(-1, (2, 2)).transpose(0, 1))
+    rows = x.view(-1, 4)  # (B, -1) of a loss per row: each sample's rows
+    torch.testing.assert_close(back(rows.sum(-1), -1).sum(1), x.sum((1, 2)))
     same = torch.nested.nested_tensor([torch.randn(2, 4), torch.randn(2, 4)], layout=mj.multi_jagged)
     even = same.view(-1).view(2, -1)  # every sample as long: dense's even split is per sample
     assert not isinstance(even, mj.MultiJaggedTensor) and torch.equal(even, torch.stack([c.reshape(-1) for c in same.unbind()]))
+
+
+def test_rows_moved_or_dropped_are_viewed_as_dense():
+    """Only a FlatBatch that still holds the samples' elements in order (the flattening, then ops
+    that keep its shape, its rows or its order) is read sample by sample: after a transpose, a
+    strided or masked selection, a join or a repeat, ``(B, -1)`` is dense's even split, as before;
+    and the per-sample result is a view, whose writes reach the batch and which sees the batch's."""
+    ss = [torch.arange(n * 4.).view(n, 4) + 100 * i for i, n in enumerate((2, 3, 1))]
+    x = torch.nested.nested_tensor(ss, layout=mj.multi_jagged)
+    f = x.reshape(-1, 4)
+    moved = {"t": f.t(), "T": f.T, "step": f[::2], "mask": f[torch.tensor([1, 0, 1, 0, 1, 0]).bool()],
+             "cat": torch.cat([f, f], 0), "repeat": f.repeat(2, 1)}
+    for name, g in moved.items():
+        out = g.reshape(3, -1)
+        assert not isinstance(out, mj.MultiJaggedTensor), name
+        assert torch.equal(out, g.as_subclass(torch.Tensor).reshape(3, -1)), name
+    with pytest.raises(StructureError, match="split evenly"):
+        f.flip(0).reshape(3, -1)  # the batch's rows, reordered: neither per sample nor an even split is meant
+    kept = {"exp": f.exp(), "row sums": f.sum(-1), "linear": F.linear(f, torch.eye(4)), "view": f.view(-1)}
+    for name, g in kept.items():
+        out = g.reshape(3, -1)
+        assert isinstance(out, mj.MultiJaggedTensor), name
+        for a, c in zip(out.unbind(), ss):
+            want = {"exp": c.exp(), "row sums": c.sum(-1), "linear": c, "view": c}[name]
+            torch.testing.assert_close(a, want.reshape(-1))
+    y = x.clone()
+    r = y.view(-1).view(3, -1)
+    r.mul_(2)  # a view: the write reaches the batch
+    for a, c in zip(y.unbind(), ss):
+        torch.testing.assert_close(a, 2 * c)
+    y.add_(1)
+    for a, c in zip(r.unbind(), ss):
+        torch.testing.assert_close(a, (2 * c + 1).reshape(-1))
 
 
 def test_transposed_flat_batch_stays_a_flat_batch():

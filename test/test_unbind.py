@@ -115,6 +115,24 @@ def test_unbind_of_a_static_dim_anywhere_per_sample(case):
                 torch.testing.assert_close(a, c.unbind(dim - 1 if dim > 0 else dim)[k] + 1)
 
 
+@pytest.mark.parametrize("op", ["unbind", "split"])
+def test_pieces_made_under_no_grad_refuse_writes_in_grad_mode(op):
+    """Pieces of a static dim taken under ``no_grad`` from a batch that records gradients, then
+    written in grad mode: dense raises (a view made in no_grad mode); the batch did too, before the
+    pieces ran on the values path, which gave a silently wrong gradient."""
+    leaf = torch.ones(6, 3, requires_grad=True)
+    x = mj.from_packed(leaf * 1, torch.tensor([0, 2, 2, 6]), torch.tensor([[2], [0], [4]]))
+    with torch.no_grad():
+        p = x.unbind(2)[0] if op == "unbind" else x.split(1, 2)[0]
+    with pytest.raises(RuntimeError, match="created in no_grad mode"):
+        p.mul_(5)
+    w = torch.tensor(2.0, requires_grad=True)
+    z = torch.nested.nested_tensor([torch.ones(n, 3) for n in (2, 0, 4)], layout=mj.multi_jagged)
+    if op == "unbind":  # a batch that needs no gradient, written with a value that does: as dense
+        with pytest.raises(RuntimeError, match="created in no_grad mode"):
+            z.unbind(2)[0].mul_(w)
+
+
 def test_multihead_attention_weights_alone_carry_the_gradient():
     """A loss on ``nn.MultiheadAttention``'s returned weights only (the value projection unused):
     gradients of the input and the in-projection as the module's on each sample."""

@@ -512,11 +512,12 @@ def _split_fast(method: str):
                 return NotImplemented
         else:
             return NotImplemented
+        if not _recording(input):
+            return NotImplemented  # (see ``_recording``)
         pieces = getattr(values(input), method)(arg, _values_dim(input, d))
         out = tuple(_view_of(result(p, input._partition, input._ragged_dims), input) for p in pieces)
-        if pieces and pieces[0].requires_grad:
-            for y in out:
-                y.__dict__["_split_piece"] = True
+        for y in out:
+            y.__dict__["_split_piece"] = True
         return out
 
     return impl
@@ -537,13 +538,22 @@ def _unbind(input, dim=0):
     d = dim % n
     if d == 0 or d in input._ragged_dims:
         return NotImplemented
+    if not _recording(input):
+        return NotImplemented  # (see ``_recording``)
     ragged = tuple(r - 1 if r > d else r for r in input._ragged_dims)
     pieces = values(input).unbind(_values_dim(input, d))
     out = tuple(_view_of(result(p, input._partition, ragged), input) for p in pieces)
-    if pieces and pieces[0].requires_grad:
-        for y in out:
-            y.__dict__["_split_piece"] = True
+    for y in out:
+        y.__dict__["_split_piece"] = True
     return out
+
+
+def _recording(input: MJT) -> bool:
+    """Whether autograd records ``input``'s multi-output views (``split`` / ``chunk`` / ``unbind``
+    pieces): only then do they run here. Pieces made under ``no_grad``, or of a tensor that needs
+    no gradient, take the general route, whose views autograd tracks as dense's: a write into one
+    in grad mode raises (a view made in no_grad mode), or records the written value's gradient."""
+    return _grad_enabled() and _requires_grad(input)
 
 
 FAST[torch.unbind] = FAST[torch.Tensor.unbind] = _unbind

@@ -30,8 +30,10 @@ another batch raises. A shape that starts with the batch size B is read sample b
 dense torch would split the concatenated samples evenly, a silent mix of samples: on rows that are
 still the batch's, ``(B, -1, …)`` names the one ragged dim by ``-1``, as the batch's own ``view``
 does, and gives the batch back (``loss.view(B, -1).sum(1)`` after a loss over flattened tokens);
-otherwise each sample's elements take the shape, its ``-1`` each sample's own size
-(``_view_by_sample``). ``torch.save`` stores a ``FlatBatch`` as a plain tensor. A compiled region
+on the samples' elements in order (a ``FlatBatch`` that is ``_ordered``: the flattening, then ops
+that keep its shape, its rows or its order), ``(B, -1, *static)`` is each sample's own elements, a
+view (``_view_by_sample``), and any other ``(B, …)`` raises; a ``FlatBatch`` whose elements moved
+is viewed as dense. ``torch.save`` stores a ``FlatBatch`` as a plain tensor. A compiled region
 cannot make one (fake tensors do not become subclasses): the flatten and each op on the
 ``FlatBatch`` are graph breaks, run eagerly (NOTE [ Eager-only routes ] in ``_common.py``).
 """
@@ -45,7 +47,7 @@ import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int
 
 from ...bridge import relabel, values_of, wrap_values
-from ...constructors import as_nested_tensor
+from ...constructors import as_nested_tensor, from_packed
 from ...errors import StructureError
 from ...structure import Partition
 from .._common import MJT, describe, eager_route, sample_rows
@@ -122,7 +124,7 @@ def flatten_batch(op: str, x: MJT, shape) -> "FlatBatch":
             _mark_reorder_copy(whole, "the batch dim flattened where the elements are not stored in the samples' "
                                "order", base=x)
         flat = whole.view(shape)
-    return FlatBatch._mark(flat, x._partition, tuple(x._size[d] for d in x._ragged_dims))
+    return FlatBatch._mark(flat, x._partition, tuple(x._size[d] for d in x._ragged_dims), ordered=True)
 
 
 class FlatBatch(torch.Tensor):
@@ -133,12 +135,14 @@ class FlatBatch(torch.Tensor):
     multi_jagged tensor. See NOTE [ Flattening the batch dim ] in ``ops/shape/tokens.py``."""
 
     _batch: tuple  # (partition, the ragged sizes as nested ints, in the batch's order)
+    _ordered: bool  # its elements are the samples' elements in order (``_view_by_sample``)
 
     @classmethod
-    def _mark(cls, t: torch.Tensor, partition: Partition, nested: tuple) -> "FlatBatch":
+    def _mark(cls, t: torch.Tensor, partition: Partition, nested: tuple, ordered: bool = False) -> "FlatBatch":
         with _DisableTF():
             out = t.as_subclass(cls)
         out._batch = (partition, nested)
+        out._ordered = ordered
         return out
 
     @classmethod
@@ -154,7 +158,7 @@ class FlatBatch(torch.Tensor):
     def __deepcopy__(self, memo):
         with _DisableTF():
             plain = copy.deepcopy(self.as_subclass(torch.Tensor), memo)
-        return FlatBatch._mark(plain, *self._batch)
+        return FlatBatch._mark(plain, *self._batch, ordered=self._ordered)
 
 
 _WHY_OPS = (
@@ -193,10 +197,40 @@ def _torch_function(func, types, args, kwargs):
             ) from None
     if getattr(func, "__name__", None) == "__get__" and getattr(func, "__self__", None) not in _VIEW_ATTRS:
         return out  # attributes (``_base``, ``grad``) as they are; ``.T``, ``.mT``, ``.real`` … are results
-    return _mark_all(out, batch)
+    return _mark_all(out, batch, _keeps_order(func, args, kwargs, out, batch[0]))
 
 
 _VIEW_ATTRS = tuple(getattr(torch._C.TensorBase, name) for name in ("T", "mT", "H", "mH", "real", "imag"))
+# functions whose result of an input's shape may hold its elements elsewhere
+_REORDERS = frozenset((
+    "__get__", "__getitem__", "flip", "fliplr", "flipud", "roll", "rot90", "sort", "argsort", "msort", "t", "t_",
+    "transpose", "transpose_", "permute", "movedim", "moveaxis", "swapaxes", "swapdims", "gather", "take",
+    "take_along_dim", "index_select", "scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce",
+    "scatter_reduce_", "index_put", "index_put_", "index_copy", "index_copy_", "index_add", "index_add_",
+    "index_fill", "index_fill_", "masked_scatter", "masked_scatter_", "repeat", "tile", "expand", "expand_as",
+    "broadcast_to", "repeat_interleave", "unique", "nonzero", "masked_select", "narrow", "split", "chunk", "unbind",
+))
+# functions that keep the elements' order under another shape
+_VIEWS = frozenset(("view", "reshape", "flatten", "unflatten", "view_as", "reshape_as", "ravel", "contiguous", "clone",
+                    "detach", "to", "float", "double", "half", "bfloat16", "type", "type_as", "squeeze", "unsqueeze"))
+
+
+def _keeps_order(func, args, kwargs, out, partition: Partition) -> bool:
+    """Whether ``out`` holds the samples' elements in order, as an ordered ``FlatBatch`` argument
+    does: an op that keeps its shape (elementwise, a loss per element), its rows (a linear map of
+    each row, a loss per row), or its order under another shape (``view``), and is none of the
+    functions that move elements (``_REORDERS``)."""
+    name = getattr(func, "__name__", "")
+    if name in _REORDERS or not isinstance(out, torch.Tensor):
+        return False
+    rows = partition.rows
+    for a in (*args, *kwargs.values()):
+        if isinstance(a, FlatBatch) and a._ordered:
+            if out.shape == a.shape or (name in _VIEWS and out.numel() == a.numel()):
+                return True
+            if a.dim() and out.dim() and a.shape[0] == rows and out.shape[0] == rows:
+                return True
+    return False
 
 
 def _batch_of(args, kwargs) -> tuple:
@@ -210,9 +244,9 @@ def _batch_of(args, kwargs) -> tuple:
     raise AssertionError("FlatBatch.__torch_function__ without a FlatBatch argument")
 
 
-def _mark_all(out, batch):
+def _mark_all(out, batch, ordered: bool = False):
     if isinstance(out, torch.Tensor) and not isinstance(out, (FlatBatch, MJT)):
-        return FlatBatch._mark(out, *batch)
+        return FlatBatch._mark(out, *batch, ordered=ordered)
     if isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out):
         return type(out)(_mark_all(o, batch) for o in out)
     return out
@@ -222,18 +256,28 @@ def _restore(op: str, batch, y: torch.Tensor, shape) -> MJT | object:
     """``y`` viewed as the multi_jagged ``shape`` (the NOTE), or ``NotImplemented`` when ``shape``
     is a dense view. A shape that starts with the batch size is read as the batch's own: on a
     ``y`` whose rows are still the batch's, ``(B, -1, …)`` names the one ragged dim by ``-1`` (as
-    the batch's ``view`` does); any other ``(B, …)`` views each sample's elements
-    (``_view_by_sample``) — dense torch would split the concatenated samples evenly, not by
-    sample (``loss.view(B, -1).sum(1)``)."""
+    the batch's ``view`` does); on the samples' elements in order, ``(B, -1, *static)`` views each
+    sample's elements (``_view_by_sample``); other ``(B, …)`` raise — dense torch would split the
+    concatenated samples evenly, not by sample (``loss.view(B, -1).sum(1)``)."""
     shape = tuple(shape)
     partition, nested = batch
     if not any(is_nested_int(s) for s in shape):
         b = partition.batch
         if not shape or is_nested_int(shape[0]) or shape[0] != b or b < 2 or y.dim() == 0:
             return NotImplemented
-        if y.shape[0] != partition.rows or not (len(nested) == 1 and len(shape) >= 2 and shape[1] == -1):
+        if (y.shape[0] == partition.rows and len(nested) == 1 and len(shape) >= 2 and shape[1] == -1
+                and y.numel() == partition.rows * math.prod(shape[2:])):
+            shape = (b, nested[0], *shape[2:])  # the rows are the batch's: -1 names its ragged dim
+        elif isinstance(y, FlatBatch) and y._ordered:
             return _view_by_sample(op, partition, nested, y, shape)
-        shape = (b, nested[0], *shape[2:])  # the rows are the batch's: -1 names its ragged dim
+        elif y.shape[0] != partition.rows:
+            return NotImplemented  # no longer the samples' elements in order: dense's view
+        else:
+            raise StructureError(
+                f"{op}(): cannot {op} a tensor flattened from a multi_jagged batch {tuple(y.shape)} to {shape}: its "
+                f"rows are the {b} samples concatenated, which {shape} would split evenly, not by sample; give the "
+                f"ragged sizes ({', '.join(str(n) for n in nested)}), or -1 for the one ragged dim"
+            )
     k = len(nested)
     at = [i for i, s in enumerate(shape) if is_nested_int(s)]
     if (len(at) == k and at != list(range(1, k + 1)) and shape[0] in (partition.batch, -1)
@@ -265,35 +309,36 @@ def _restore(op: str, batch, y: torch.Tensor, shape) -> MJT | object:
     return wrap_values(values, partition, tuple(range(1, k + 1)))
 
 
-def _view_by_sample(op: str, partition: Partition, nested: tuple, y: torch.Tensor, shape: tuple) -> MJT | object:
-    """``y`` (``k`` elements per row of the batch, the samples' elements in order, other than its
-    rows) viewed as ``(B, *shape[1:])`` sample by sample, as the batch's own ``view`` reads
-    ``(B, -1, …)`` (``per_token.view(B, -1).mean(1)``, ``q.reshape(-1, D).view(B, H, -1, D)``): the
-    ``-1`` is each sample's own size, a ragged dim. Where every sample has as many elements, dense
-    torch's even split is that, and a ``y`` without a whole number of elements per row is no longer
-    the samples' (a reduction's result): ``NotImplemented``, a dense view. A shape that cannot take
-    each sample's elements raises — an even split would mix samples."""
+def _view_by_sample(op: str, partition: Partition, nested: tuple, y: "FlatBatch", shape: tuple) -> MJT | object:
+    """``y``, the samples' elements in order (``k`` per row of the batch), viewed as ``(B, -1,
+    *static)`` sample by sample, as the batch's own ``view(B, -1)`` reads it
+    (``per_element.view(B, -1).mean(1)`` after a loss over ``x.view(-1)``): the ``-1`` is each
+    sample's own size, a ragged dim, a view of ``y``. Where every sample has as many elements, dense
+    torch's even split is that (``NotImplemented``); any other ``(B, …)`` raises — an even split
+    would mix samples."""
     _, counts = sample_rows(partition)
     rows = sum(counts)
     if rows == 0 or y.numel() % rows or len(set(counts)) == 1:
-        return NotImplemented  # no whole number of elements per row (a reduction's result), or one size
+        return NotImplemented
     k = y.numel() // rows
     rest = shape[1:]
-    at = [i for i, s in enumerate(rest) if s == -1]
-    known = math.prod(s for s in rest if s != -1)
+    known = math.prod(rest[1:])
     elems = [n * k for n in counts]
-    if len(at) != 1 or known == 0 or any(e % known for e in elems):
+    if not rest or rest[0] != -1 or any(s_ == -1 for s_ in rest[1:]) or known == 0 or any(e % known for e in elems):
         raise StructureError(
             f"{op}(): cannot {op} a tensor flattened from a multi_jagged batch {tuple(y.shape)} to {shape}: its "
             f"elements are the {partition.batch} samples concatenated ({', '.join(map(str, elems))} elements), which "
-            f"{shape} would split evenly, not by sample; give -1 for the one size that differs per sample"
+            f"{shape} would split evenly, not by sample; give -1 right after the batch size, each sample's own "
+            f"size, or view it back with the batch's shape first (the ragged sizes {', '.join(map(str, nested))})"
         )
-    shapes = [tuple(e // known if i == at[0] else s for i, s in enumerate(rest)) for e in elems]
+    lengths = torch.tensor([e // known for e in elems], dtype=torch.int64)
     with _DisableTF():
-        flat = y.as_subclass(torch.Tensor).reshape(-1)
-    pieces = [p.view(sh) for p, sh in zip(flat.split(elems), shapes)]
-    out = as_nested_tensor(pieces, ragged_dims=(at[0] + 1,))
-    if len(nested) == 1 and [sh[at[0]] for sh in shapes] == counts:
+        plain = y.as_subclass(torch.Tensor)
+        values = plain.view(-1, *rest[1:]) if op == "view" else plain.reshape(-1, *rest[1:])
+    offsets = torch.zeros(partition.batch + 1, dtype=torch.int64)
+    torch.cumsum(lengths, 0, out=offsets[1:])
+    out = from_packed(values, offsets.to(values.device), lengths.to(values.device))
+    if len(nested) == 1 and lengths.tolist() == counts:
         out = relabel(out, partition)  # the batch's own ragged dim: its nested int
     return out
 
