@@ -732,4 +732,9 @@ BUGS_C = [
     Bug("the per-sample view of a FlatBatch is a copy", "ops/shape/tokens.py",
         "        values = plain.view(-1, *rest[1:]) if op == \"view\" else plain.reshape(-1, *rest[1:])",
         "        values = plain.reshape(-1, *rest[1:]).clone()", ("test_flatten_batch.py",)),
+    Bug("a dense dual operand's tangent is dropped", "tensor.py",
+        "        if _fwad._current_level >= 0:", "        if False:", ("test_training_utils.py",)),
+    Bug("a dense mask over dense keys is not read as the keys' rows", "ops/attention/sdpa.py",
+        "                and attn_mask.shape[-1] == s_len != 1 and attn_mask.dim() <= len(query._size)):",
+        "                and False):", ("test_attention_dense_sides.py",)),
 ]

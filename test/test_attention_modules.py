@@ -284,6 +284,14 @@ def test_key_padding_mask_over_a_padded_dense_context(need_weights, dtype):
     for a, b in zip(got, exp):
         torch.testing.assert_close(a, b)
     x = tmj.nested_tensor(comps)
+    for kw in (dict(add_bias_kv=True), dict(add_zero_attn=True)):  # appended keys: the mask padded, as dense's
+        extra = nn.MultiheadAttention(E, H, batch_first=True, dtype=DT, **kw)
+        got = extra(x, ctx, ctx, key_padding_mask=kpm, need_weights=need_weights)
+        for i, c in enumerate(comps):
+            want = extra(c[None], ctx[i:i + 1], ctx[i:i + 1], key_padding_mask=kpm[i:i + 1], need_weights=need_weights)
+            torch.testing.assert_close(got[0].unbind()[i], want[0][0])
+            if need_weights:
+                torch.testing.assert_close(got[1].unbind()[i], want[1][0])
     if dtype == torch.bool:  # the module makes a bool mask float first; the function takes it as it is
         args = (E, H, m.in_proj_weight, m.in_proj_bias, None, None, False, 0.0, m.out_proj.weight, m.out_proj.bias)
         o = F.multi_head_attention_forward(x.transpose(0, 1), ctx.transpose(0, 1), ctx.transpose(0, 1), *args,

@@ -260,9 +260,17 @@ def test_forward_mode_ad_refused_clearly():
     """Forward-mode AD is not supported (torch.jagged has none either): ``make_dual`` raises saying
     so and naming reverse mode, rather than the op table's generic refusal."""
     x = mj.nested_tensor(_comps())
-    with torch.autograd.forward_ad.dual_level():
+    fwad = torch.autograd.forward_ad
+    with fwad.dual_level():
         with pytest.raises(NotImplementedError, match=r"forward-mode AD .* not supported.*reverse mode"):
-            torch.autograd.forward_ad.make_dual(x, torch.ones_like(x))
+            fwad.make_dual(x, torch.ones_like(x))
+        w = fwad.make_dual(torch.randn(3, 4), torch.randn(3, 4))  # a dense dual beside a batch: its tangent
+        with pytest.raises(NotImplementedError, match=r"linear\(\): forward-mode AD"):  # would be dropped
+            torch.nn.functional.linear(x, w)
+        assert mj.is_nested(x * 2)  # no dual among the operands: runs
+    t = mj.nested_tensor(_comps())
+    with pytest.raises(NotImplementedError, match="torch.func transforms"):
+        torch.func.jvp(lambda a: a.sin(), (x,), (t,))
 
 
 def test_func_grad_unsupported_like_torch_jagged():

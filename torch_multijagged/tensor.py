@@ -38,6 +38,7 @@ import weakref
 from typing import Optional
 
 import torch
+import torch.autograd.forward_ad as _fwad
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _frames
@@ -638,6 +639,8 @@ class MultiJaggedTensor(torch.Tensor):
     # ------------------------------------------------------------------ dispatch
     @classmethod
     def __torch_function__(cls, func, types, args=(), kwargs=None):
+        if _fwad._current_level >= 0:  # a dual level is open: a dense dual operand's tangent would be dropped
+            _refuse_duals(func, args, kwargs)
         try:
             if _reorder_copies:  # a copy of a ragged slice lives: it may be written through
                 target = _writeback_target(func, args, kwargs)
@@ -657,6 +660,8 @@ class MultiJaggedTensor(torch.Tensor):
                 fast = None  # tried
             return cls._torch_function(func, types, args, kwargs, fast)
         except (RuntimeError, ValueError, TypeError, IndexError) as e:
+            if "must override the setup_context staticmethod" in str(e):
+                raise NotImplementedError(_TRANSFORMS) from None  # our autograd.Functions under torch.func
             # Errors name the op the user called (NOTE [ Error names ])
             _rename(e, func)
             raise
@@ -736,6 +741,22 @@ def _refuse_mixed_layouts(func) -> None:
     # (not a TypeError: Python reads one from ``x + njt`` as NotImplemented and asks ``njt`` next)
     raise StructureError(f"{name}(): a torch.jagged tensor beside a multi_jagged one: the layouts do not mix; convert "
                          "it with mj.from_jagged(njt) (which keeps its nested int), or x.to_jagged() the other way")
+
+
+_FORWARD_AD = ("forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) is not supported for layout "
+               "torch.multi_jagged, as for torch.jagged: differentiate in reverse mode (torch.autograd.grad)")
+_TRANSFORMS = ("torch.func transforms other than vmap over the batch dim (jvp, jacfwd, jacrev, grad) are not "
+               "supported for layout torch.multi_jagged, as for torch.jagged: differentiate with torch.autograd.grad")
+
+
+def _refuse_duals(func, args, kwargs) -> None:
+    """Raise where a dense dual tensor (forward-mode AD) meets a multi_jagged one: its tangent
+    would not reach the result (``torch.jagged`` raises there too)."""
+    for a in (*args, *(kwargs or {}).values()):
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, torch.Tensor) and not isinstance(t, MultiJaggedTensor) \
+                    and _fwad.unpack_dual(t).tangent is not None:
+                raise NotImplementedError(f"{getattr(func, '__name__', func)}(): {_FORWARD_AD}")
 
 
 def _rename(e: BaseException, func) -> None:

@@ -22,7 +22,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
-from ..tensor import MultiJaggedTensor
+from ..tensor import _FORWARD_AD, MultiJaggedTensor
 
 __all__ = ["register_multi_jagged_func", "register_pointwise_fallback", "dispatch", "MULTI_JAGGED_OPS", "FAST", "op_name"]
 
@@ -176,10 +176,7 @@ def dispatch(func, args, kwargs):
     if any(a.is_out for a in func._schema.arguments):  # as the pointwise fallback says (NOTE [ Route arguments ])
         raise NotImplementedError(f"{op_name(func)}(): out= variants are not supported for layout torch.multi_jagged")
     if func in (torch.ops.aten._make_dual.default, torch.ops.aten._has_same_storage_numel.default):
-        raise NotImplementedError(
-            "forward-mode AD (torch.autograd.forward_ad, torch.func.jvp) is not supported for layout "
-            "torch.multi_jagged, as for torch.jagged: differentiate in reverse mode (torch.autograd.grad)"
-        )
+        raise NotImplementedError(_FORWARD_AD)
     raise NotImplementedError(
         f"{op_name(func)}(): not supported for layout torch.multi_jagged "
         "(no handler in the op table; see CONTRIBUTING.md to add one)"

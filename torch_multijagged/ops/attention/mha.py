@@ -180,6 +180,8 @@ def _mha(query, key, value, embed_dim_to_check, num_heads, in_proj_weight, in_pr
     if add_zero_attn:
         kp = torch.cat([kp, kp.new_zeros(kp.shape[0], 1, e)], dim=1)
         vp = torch.cat([vp, vp.new_zeros(vp.shape[0], 1, e)], dim=1)
+    if key_padding_mask is not None and mask.shape[-1] != kp.shape[1]:
+        mask = F.pad(mask, (0, kp.shape[1] - mask.shape[-1]))  # the appended keys are never masked, as dense's
     qh, kh, vh = (t.unflatten(-1, (num_heads, -1)).transpose(1, 2) for t in (qp, kp, vp))
     p = dropout_p if training else 0.0
     weights = None

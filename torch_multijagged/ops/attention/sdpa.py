@@ -279,8 +279,15 @@ def _scaled_dot_product_attention(query, key, value, attn_mask=None, dropout_p=0
     if isinstance(query, MJT) and not isinstance(key, MJT) and not isinstance(value, MJT) and not values_path:
         # ragged queries over dense keys and values (each sample's tokens reading a fixed memory,
         # Perceiver's decoder): the keys as S rows per sample
+        s_len = key.shape[-2]
         key, _ = dense_as_rows(_OP, key, query, "key", "queries")
         value, _ = dense_as_rows(_OP, value, query, "value", "queries")
+        if (isinstance(attn_mask, torch.Tensor) and not isinstance(attn_mask, MJT) and attn_mask.dim()
+                and attn_mask.shape[-1] == s_len != 1 and attn_mask.dim() <= len(query._size)):
+            # a dense mask over the S keys (a padded context's ``(B, 1, 1, S)``): its key dim is
+            # the keys' rows, S in every sample
+            n = len(query._size)
+            attn_mask = dense_as_ragged(attn_mask, query._partition.batch, n, {n - 1: key._partition.extents[-1]})
     query, key, value = _broadcast_batch_dims(query, key, value)
     if all(isinstance(t, MJT) for t in (query, key, value)) and len(query._size) == len(key._size) >= 3:
         # traced operands built apart (torch's transformer tutorial builds q, k and v apart):
