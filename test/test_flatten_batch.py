@@ -445,6 +445,12 @@ def test_in_place_write_into_flattened_rows_with_grad_raises_clearly():
                                                r"Write into the batch itself"):
             write(h.view(-1, 4))
     with torch.no_grad():
+        rows = h.view(-1, 4)  # rows of a batch that records gradients, taken under no_grad
+        first = rows[:1]
+    for t in (rows, first):  # then written with grad mode on: dense's refusal (the gradient would miss it)
+        with pytest.raises(RuntimeError, match="created in no_grad mode and is being modified inplace"):
+            t.mul_(2)
+    with torch.no_grad():
         y = lin(x)
         before = [t.clone() for t in y.unbind()]
         y.view(-1, 4).mul_(2)

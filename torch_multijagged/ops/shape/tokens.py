@@ -51,7 +51,7 @@ from ...constructors import as_nested_tensor, from_packed
 from ...errors import StructureError
 from ...structure import Partition
 from .._common import MJT, describe, eager_route, sample_rows
-from .views import _mark_reorder_copy, _rows_size, guard_dense_write
+from .views import _mark_reorder_copy, _rows_size, _writes_self, guard_dense_write
 
 __all__ = ["FlatBatch", "flat_request", "flatten_batch"]
 
@@ -124,7 +124,10 @@ def flatten_batch(op: str, x: MJT, shape) -> "FlatBatch":
             _mark_reorder_copy(whole, "the batch dim flattened where the elements are not stored in the samples' "
                                "order", base=x)
         flat = whole.view(shape)
-    return FlatBatch._mark(flat, x._partition, tuple(x._size[d] for d in x._ragged_dims), ordered=True)
+    out = FlatBatch._mark(flat, x._partition, tuple(x._size[d] for d in x._ragged_dims), ordered=True)
+    if not torch.is_grad_enabled() and x.requires_grad:
+        out._no_grad_view = True  # (``_refuse_no_grad_view_write``)
+    return out
 
 
 class FlatBatch(torch.Tensor):
@@ -136,6 +139,7 @@ class FlatBatch(torch.Tensor):
 
     _batch: tuple  # (partition, the ragged sizes as nested ints, in the batch's order)
     _ordered: bool  # its elements are the samples' elements in order (``_view_by_sample``)
+    _no_grad_view = False  # a view made under no_grad of a batch that records gradients
 
     @classmethod
     def _mark(cls, t: torch.Tensor, partition: Partition, nested: tuple, ordered: bool = False) -> "FlatBatch":
@@ -171,6 +175,7 @@ _EAGER: list = []
 
 def _torch_function(func, types, args, kwargs):
     guard_dense_write(func, args, kwargs)
+    _refuse_no_grad_view_write(func, args)
     batch = _batch_of(args, kwargs)
     restore = _RESTORE.get(func)
     if restore is not None:
@@ -197,7 +202,24 @@ def _torch_function(func, types, args, kwargs):
             ) from None
     if getattr(func, "__name__", None) == "__get__" and getattr(func, "__self__", None) not in _VIEW_ATTRS:
         return out  # attributes (``_base``, ``grad``) as they are; ``.T``, ``.mT``, ``.real`` … are results
-    return _mark_all(out, batch, _keeps_order(func, args, kwargs, out, batch[0]))
+    out = _mark_all(out, batch, _keeps_order(func, args, kwargs, out, batch[0]))
+    if isinstance(out, FlatBatch) and any(getattr(a, "_no_grad_view", False) for a in args):
+        with _DisableTF():
+            out._no_grad_view = out._is_view()  # a view of such a view
+    return out
+
+
+def _refuse_no_grad_view_write(func, args) -> None:
+    """Dense torch's refusal of an in-place write in grad mode into a view made under no_grad of a
+    tensor that requires grad: the rows of such a batch are a view of values that carry no
+    gradient, so the write would reach the batch without autograd (its gradient would miss it)."""
+    if args and getattr(args[0], "_no_grad_view", False) and torch.is_grad_enabled() and _writes_self(func):
+        raise RuntimeError(
+            f"{getattr(func, '__name__', func)}(): A view was created in no_grad mode and is being modified inplace "
+            "with grad mode enabled. Given that this use case is ambiguous and error-prone, it is forbidden. You "
+            "can clarify your code by moving both the view and the inplace either both inside the no_grad block (if "
+            "you don't want the inplace to be tracked) or both outside (if you want the inplace to be tracked)."
+        )
 
 
 _VIEW_ATTRS = tuple(getattr(torch._C.TensorBase, name) for name in ("T", "mT", "H", "mH", "real", "imag"))
