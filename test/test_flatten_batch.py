@@ -444,8 +444,10 @@ def test_in_place_write_into_flattened_rows_with_grad_raises_clearly():
         with pytest.raises(RuntimeError, match=r"cannot write in place into the batch flattened into rows .* "
                                                r"Write into the batch itself"):
             write(h.view(-1, 4))
+    packed = mj.from_packed(torch.ones(5, 4, requires_grad=True) * 1, torch.tensor([0, 2, 2, 5]),
+                            torch.tensor([[2], [0], [3]]))
     with torch.no_grad():
-        rows = h.view(-1, 4)  # rows of a batch that records gradients, taken under no_grad
+        rows = packed.view(-1, 4)  # rows of a batch that records gradients, taken under no_grad
         first = rows[:1]
     for t in (rows, first):  # then written with grad mode on: dense's refusal (the gradient would miss it)
         with pytest.raises(RuntimeError, match="created in no_grad mode and is being modified inplace"):
