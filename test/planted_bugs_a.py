@@ -360,7 +360,7 @@ BUGS_A = [
     Bug("FlatBatch restores with another batch's nested ints", "ops/shape/tokens.py",
         "s is n or (is_nested_int(s) and s == n)", "is_nested_int(s)", ("test_flatten_batch.py",)),
     Bug("FlatBatch results lose the batch they came from", "ops/shape/tokens.py",
-        "return _mark_all(out, batch, _keeps_order(", "return (lambda o, *_: o)(out, batch, _keeps_order(",
+        "    out = _mark_all(out, batch, _keeps_order(", "    out = (lambda o, *_: o)(out, batch, _keeps_order(",
         ("test_flatten_batch.py",)),
     Bug("recurrent layer's final states left in length order", "ops/nn/rnn.py",
         "finals = [h.to(f.dtype).index_copy(1, order, f) for h, f in zip(states, finals)]",

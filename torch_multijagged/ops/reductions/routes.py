@@ -137,9 +137,7 @@ class _NanWhere(torch.autograd.Function):
         if grad is None:
             return None, None
         (degenerate,) = ctx.saved_tensors
-        # ``grad · nan``, not a constant nan: its own derivative with respect to the incoming
-        # gradient is nan there too, as dense var's double backward gives
-        return torch.where(degenerate, grad * float("nan"), torch.zeros_like(grad)), None
+        return torch.where(degenerate, torch.full_like(grad, float("nan")), torch.zeros_like(grad)), None
 
 
 def _safe_root(t, p=2):
