@@ -118,8 +118,9 @@ def test_unbind_of_a_static_dim_anywhere_per_sample(case):
 @pytest.mark.parametrize("op", ["unbind", "split"])
 def test_pieces_made_under_no_grad_refuse_writes_in_grad_mode(op):
     """Pieces of a static dim taken under ``no_grad`` from a batch that records gradients, then
-    written in grad mode: dense raises (a view made in no_grad mode); the batch did too, before the
-    pieces ran on the values path, which gave a silently wrong gradient."""
+    written in grad mode: dense raises (a view made in no_grad mode), and so does the batch (it
+    gave a silently wrong gradient). Pieces of a batch that needs no gradient refuse a write of a
+    value that does, take plain writes, and a piece saved for backward sees the batch's later write."""
     leaf = torch.ones(6, 3, requires_grad=True)
     x = mj.from_packed(leaf * 1, torch.tensor([0, 2, 2, 6]), torch.tensor([[2], [0], [4]]))
     with torch.no_grad():
@@ -128,9 +129,18 @@ def test_pieces_made_under_no_grad_refuse_writes_in_grad_mode(op):
         p.mul_(5)
     w = torch.tensor(2.0, requires_grad=True)
     z = torch.nested.nested_tensor([torch.ones(n, 3) for n in (2, 0, 4)], layout=mj.multi_jagged)
-    if op == "unbind":  # a batch that needs no gradient, written with a value that does: as dense
-        with pytest.raises(RuntimeError, match="created in no_grad mode"):
-            z.unbind(2)[0].mul_(w)
+    piece = z.unbind(2)[0] if op == "unbind" else z.split(1, 2)[0]
+    with pytest.raises(RuntimeError, match="is being modified inplace"):
+        piece.mul_(w)  # a batch that needs no gradient, written with a value that does: as dense
+    piece.mul_(3)  # a plain write, and one under no_grad, go through
+    with torch.no_grad():
+        piece.mul_(w)
+    assert torch.equal(z.unbind()[0][:, 0], torch.full((2,), 6.0))
+    saved = z.unbind(2)[1] if op == "unbind" else z.split(1, 2)[1]
+    y = (w * saved * saved).sum()  # saves the piece; the batch written afterwards: as dense, backward raises
+    z.mul_(2)
+    with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+        y.backward()
 
 
 def test_multihead_attention_weights_alone_carry_the_gradient():

@@ -708,7 +708,7 @@ class MultiJaggedTensor(torch.Tensor):
         if not _eager():
             _refuse_traced_alias_write(func, targets)
             return _dispatch(func, args, kwargs)
-        refuse_split_piece_write(func, targets)
+        refuse_split_piece_write(func, targets, args, kwargs)
         if torch.is_grad_enabled():
             for x in targets:  # its values were written through an alias since: a write would hide that
                 check_not_written_through_alias(x, func)

@@ -100,23 +100,36 @@ def _refuse_traced_alias_write(func, targets) -> None:
             )
 
 
-def refuse_split_piece_write(func, targets) -> None:
+def refuse_split_piece_write(func, targets, args=(), kwargs=None) -> None:
     """Dense ``split``/``chunk``/``unbind`` pieces are views made by one function that returns several, and
-    autograd refuses an in-place write into one while it records (it could not rebase the others'
-    history). The values path's pieces (``_split_fast``, ``_unbind`` in ops/fastpath.py) are marked and refused
-    the same way, in dense's words."""
+    autograd refuses an in-place write into one in grad mode while the piece or the written value
+    requires grad (it could not rebase the others' history), and a write in grad mode into one made
+    in no_grad mode of a tensor that requires grad. The values path's pieces (``_split_fast``,
+    ``_unbind`` in ops/fastpath.py) are marked and refused the same way, in dense's words."""
+    if not torch.is_grad_enabled():
+        return
     for x in targets:
-        if x.__dict__.get("_split_piece") and torch.is_grad_enabled():
-            with torch._C.DisableTorchFunctionSubclass():
-                needs_grad = x.requires_grad
-            if needs_grad:
-                name = getattr(func, "__name__", str(func)).split(".")[0]
-                raise RuntimeError(
-                    f"{name}(): a piece of split / chunk / unbind is a view and is being modified inplace. This view is "
-                    "the output of a function that returns multiple views. Such functions do not allow the "
-                    "output views to be modified inplace. You should replace the inplace operation by an "
-                    "out-of-place one."
-                )
+        made = x.__dict__.get("_split_piece")
+        if not made:
+            continue
+        name = getattr(func, "__name__", str(func)).split(".")[0]
+        if made == "no_grad":
+            raise RuntimeError(
+                f"{name}(): A view was created in no_grad mode and is being modified inplace with grad mode enabled. "
+                "Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify your code "
+                "by moving both the view and the inplace either both inside the no_grad block (if you don't want "
+                "the inplace to be tracked) or both outside (if you want the inplace to be tracked)."
+            )
+        with torch._C.DisableTorchFunctionSubclass():
+            needs_grad = x.requires_grad or any(
+                isinstance(a, torch.Tensor) and a is not x and a.requires_grad for a in (*args, *(kwargs or {}).values()))
+        if needs_grad:
+            raise RuntimeError(
+                f"{name}(): a piece of split / chunk / unbind is a view and is being modified inplace. This view is "
+                "the output of a function that returns multiple views. Such functions do not allow the "
+                "output views to be modified inplace. You should replace the inplace operation by an "
+                "out-of-place one."
+            )
 
 
 # Dispatched writes stamp the storage they write (``stamp_write``): a view made by a handler (a

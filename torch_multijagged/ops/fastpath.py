@@ -512,13 +512,8 @@ def _split_fast(method: str):
                 return NotImplemented
         else:
             return NotImplemented
-        if not _recording(input):
-            return NotImplemented  # (see ``_recording``)
-        pieces = getattr(values(input), method)(arg, _values_dim(input, d))
-        out = tuple(_view_of(result(p, input._partition, input._ragged_dims), input) for p in pieces)
-        for y in out:
-            y.__dict__["_split_piece"] = True
-        return out
+        pieces = getattr(_piece_values(input), method)(arg, _values_dim(input, d))
+        return _pieces_of(input, pieces, input._ragged_dims)
 
     return impl
 
@@ -538,22 +533,28 @@ def _unbind(input, dim=0):
     d = dim % n
     if d == 0 or d in input._ragged_dims:
         return NotImplemented
-    if not _recording(input):
-        return NotImplemented  # (see ``_recording``)
     ragged = tuple(r - 1 if r > d else r for r in input._ragged_dims)
-    pieces = values(input).unbind(_values_dim(input, d))
+    return _pieces_of(input, _piece_values(input).unbind(_values_dim(input, d)), ragged)
+
+
+def _piece_values(input: MJT) -> torch.Tensor:
+    """The values ``split`` / ``chunk`` / ``unbind`` cut: under no_grad, of an input that records
+    gradients, still its graph-carrying values (the pieces are views of them made in no_grad
+    mode, as dense's are)."""
+    if not _grad_enabled() and _requires_grad(input):
+        with torch.enable_grad():
+            return values(input)
+    return values(input)
+
+
+def _pieces_of(input: MJT, pieces, ragged) -> tuple:
+    """The pieces as results, views of ``input``, each marked as a multi-output view with the grad
+    mode it was made in (``writes.refuse_split_piece_write``: dense's refusals of writes into them)."""
     out = tuple(_view_of(result(p, input._partition, ragged), input) for p in pieces)
+    made = "no_grad" if not _grad_enabled() and _requires_grad(input) else True
     for y in out:
-        y.__dict__["_split_piece"] = True
+        y.__dict__["_split_piece"] = made
     return out
-
-
-def _recording(input: MJT) -> bool:
-    """Whether autograd records ``input``'s multi-output views (``split`` / ``chunk`` / ``unbind``
-    pieces): only then do they run here. Pieces made under ``no_grad``, or of a tensor that needs
-    no gradient, take the general route, whose views autograd tracks as dense's: a write into one
-    in grad mode raises (a view made in no_grad mode), or records the written value's gradient."""
-    return _grad_enabled() and _requires_grad(input)
 
 
 FAST[torch.unbind] = FAST[torch.Tensor.unbind] = _unbind
