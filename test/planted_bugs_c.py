@@ -740,4 +740,12 @@ BUGS_C = [
     Bug("rows taken under no_grad take writes in grad mode", "ops/shape/tokens.py",
         "    if args and getattr(args[0], \"_no_grad_view\", False) and torch.is_grad_enabled() and _writes_self(func):",
         "    if False:", ("test_flatten_batch.py",)),
+    Bug("a FlatBatch keeps its order beside one whose elements moved", "ops/shape/tokens.py",
+        "    if not flats or not all(f._ordered for f in flats) or name in _MOVES",
+        "    if not flats or not any(f._ordered for f in flats) or name in _MOVES", ("test_flatten_batch.py",)),
+    Bug("a matrix applied from the left keeps a FlatBatch's order", "ops/shape/tokens.py",
+        "        return left is a and a.dim() >= 2", "        return True", ("test_flatten_batch.py",)),
+    Bug("a row-wise max drops a FlatBatch's order", "ops/shape/tokens.py",
+        "        out = out[0]  # ``max(-1)``, ``sort(-1)``: values and indices alike", "        return False",
+        ("test_flatten_batch.py",)),
 ]

@@ -408,6 +408,34 @@ def test_rows_moved_or_dropped_are_viewed_as_dense():
         torch.testing.assert_close(a, (2 * c + 1).reshape(-1))
 
 
+def test_rows_kept_after_ops_along_other_dims():
+    """Ops that keep each row where it was (a reduction or a selection along a later dim, ``max`` /
+    ``sort`` along the last, a linear map of each row) keep the samples' elements in order, so
+    ``(B, -1)`` of their result is each sample's (a per-sample loss of ``(B, j0, K, C)`` pairs
+    flattened to ``(B·j0·K, C)`` rows); ops that move elements along dim 0 (a permutation matrix
+    applied, a pad of dim 0, a shift) give dense's view."""
+    g = torch.Generator().manual_seed(5)
+    pr = [torch.randn(n, 2, 4, generator=g) for n in (2, 3, 1)]
+    tg = [torch.randn(n, 2, 4, generator=g) for n in (2, 3, 1)]
+    pred, tgt = (torch.nested.nested_tensor(t, layout=mj.multi_jagged) for t in (pr, tg))
+    per = F.mse_loss(pred.reshape(-1, 4), tgt.reshape(-1, 4), reduction="none").sum(-1).view(3, -1).mean(1)
+    want = [F.mse_loss(p, t, reduction="none").sum(-1).mean() for p, t in zip(pr, tg)]
+    torch.testing.assert_close(per, torch.stack(want))
+    f = pred.reshape(-1, 4)
+    for name, y, fn in [("column", f[:, 0], lambda c: c[..., 0]), ("max", f.max(-1).values, lambda c: c.amax(-1)),
+                        ("sort", f.sort(-1).values, lambda c: c.sort(-1).values), ("norm", f.norm(dim=-1),
+                                                                                 lambda c: c.norm(dim=-1))]:
+        r = y.view(3, -1)
+        assert isinstance(r, mj.MultiJaggedTensor), name
+        for a, c in zip(r.unbind(), pr):
+            torch.testing.assert_close(a, fn(c).reshape(-1))
+    v = pred.view(-1)
+    for name, y in [("permutation", torch.eye(v.numel()).flip(0) @ v), ("pad", F.pad(v, (4, -4))),
+                    ("shift", torch.fft.fftshift(v)), ("where", torch.where(torch.tensor(True), v.flip(0), v))]:
+        r = y.view(3, -1)
+        assert not isinstance(r, mj.MultiJaggedTensor) and torch.equal(r, y.as_subclass(torch.Tensor).view(3, -1)), name
+
+
 def test_transposed_flat_batch_stays_a_flat_batch():
     """``.T`` / ``.mT`` / ``.H`` / ``.real`` of a FlatBatch are results (a FlatBatch), as ``.t()`` is, so a
     computation through them views back into the batch: ``Categorical(logits=(B, j0, V)).sample()``
@@ -452,6 +480,13 @@ def test_in_place_write_into_flattened_rows_with_grad_raises_clearly():
     for t in (rows, first):  # then written with grad mode on: dense's refusal (the gradient would miss it)
         with pytest.raises(RuntimeError, match="created in no_grad mode and is being modified inplace"):
             t.mul_(2)
+    with torch.no_grad():
+        pieces = (rows.unbind(0)[0], rows.split(2)[0], torch.narrow(input=rows, dim=0, start=0, length=2))
+    for write in [lambda t=t: t.mul_(2) for t in pieces] + [lambda: torch.mul(torch.ones(5, 4), 2, out=rows),
+                                                         lambda: F.leaky_relu(rows, 0.5, inplace=True)]:
+        with pytest.raises(RuntimeError, match="created in no_grad mode"):
+            write()
+    rows.detach().mul_(1)  # a detached alias takes writes, as dense's
     with torch.no_grad():
         y = lin(x)
         before = [t.clone() for t in y.unbind()]

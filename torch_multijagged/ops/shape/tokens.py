@@ -175,7 +175,7 @@ _EAGER: list = []
 
 def _torch_function(func, types, args, kwargs):
     guard_dense_write(func, args, kwargs)
-    _refuse_no_grad_view_write(func, args)
+    _refuse_no_grad_view_write(func, args, kwargs)
     batch = _batch_of(args, kwargs)
     restore = _RESTORE.get(func)
     if restore is not None:
@@ -203,17 +203,25 @@ def _torch_function(func, types, args, kwargs):
     if getattr(func, "__name__", None) == "__get__" and getattr(func, "__self__", None) not in _VIEW_ATTRS:
         return out  # attributes (``_base``, ``grad``) as they are; ``.T``, ``.mT``, ``.real`` … are results
     out = _mark_all(out, batch, _keeps_order(func, args, kwargs, out, batch[0]))
-    if isinstance(out, FlatBatch) and any(getattr(a, "_no_grad_view", False) for a in args):
-        with _DisableTF():
-            out._no_grad_view = out._is_view()  # a view of such a view
+    if getattr(func, "__name__", "") != "detach" and any(f._no_grad_view for f in _flat_operands(args, kwargs)):
+        for o in (out if isinstance(out, (tuple, list)) else (out,)):
+            if isinstance(o, FlatBatch):
+                with _DisableTF():
+                    o._no_grad_view = o._is_view()  # a view of such a view (its pieces, ``narrow(input=…)``)
     return out
 
 
-def _refuse_no_grad_view_write(func, args) -> None:
+def _refuse_no_grad_view_write(func, args, kwargs) -> None:
     """Dense torch's refusal of an in-place write in grad mode into a view made under no_grad of a
     tensor that requires grad: the rows of such a batch are a view of values that carry no
     gradient, so the write would reach the batch without autograd (its gradient would miss it)."""
-    if args and getattr(args[0], "_no_grad_view", False) and torch.is_grad_enabled() and _writes_self(func):
+    if not torch.is_grad_enabled():
+        return
+    out = kwargs.get("out") if kwargs else None
+    targets = [t for t in (out if isinstance(out, (tuple, list)) else (out,)) if t is not None]
+    if args and (_writes_self(func) or (kwargs and kwargs.get("inplace") is True)):
+        targets.append(args[0])
+    if any(getattr(t, "_no_grad_view", False) for t in targets):
         raise RuntimeError(
             f"{getattr(func, '__name__', func)}(): A view was created in no_grad mode and is being modified inplace "
             "with grad mode enabled. Given that this use case is ambiguous and error-prone, it is forbidden. You "
@@ -223,36 +231,85 @@ def _refuse_no_grad_view_write(func, args) -> None:
 
 
 _VIEW_ATTRS = tuple(getattr(torch._C.TensorBase, name) for name in ("T", "mT", "H", "mH", "real", "imag"))
-# functions whose result of an input's shape may hold its elements elsewhere
-_REORDERS = frozenset((
-    "__get__", "__getitem__", "flip", "fliplr", "flipud", "roll", "rot90", "sort", "argsort", "msort", "t", "t_",
-    "transpose", "transpose_", "permute", "movedim", "moveaxis", "swapaxes", "swapdims", "gather", "take",
-    "take_along_dim", "index_select", "scatter", "scatter_", "scatter_add", "scatter_add_", "scatter_reduce",
-    "scatter_reduce_", "index_put", "index_put_", "index_copy", "index_copy_", "index_add", "index_add_",
-    "index_fill", "index_fill_", "masked_scatter", "masked_scatter_", "repeat", "tile", "expand", "expand_as",
-    "broadcast_to", "repeat_interleave", "unique", "nonzero", "masked_select", "narrow", "split", "chunk", "unbind",
-))
+# NOTE [ Elements in order ]: a FlatBatch holds the samples' elements in order (``_ordered``) from
+# the flattening on, through ops that keep its order under another shape (``_VIEWS``) or keep its
+# dim 0 (elementwise ops, a linear map or a reduction of each row, a loss per element or per row),
+# and only while every FlatBatch operand holds them so. An op that moves elements along dim 0 —
+# one that always may (``_MOVES``), one given dim 0 (``_ALONG``: its dims, or by default its last,
+# which is dim 0 of a vector), an index that does not keep dim 0 whole, a matrix product of which
+# the FlatBatch is not the left matrix, a pad of dim 0 — drops the mark: ``view(B, -1)`` of the
+# result is then dense's view.
+_MOVES = frozenset(("t", "t_", "repeat", "tile", "expand", "expand_as", "broadcast_to", "repeat_interleave", "unique",
+                    "unique_consecutive", "nonzero", "masked_select", "take", "embedding", "embedding_bag", "einsum",
+                    "tensordot", "kron", "outer", "cartesian_prod", "fftn", "ifftn", "fft2", "ifft2", "rfftn", "irfftn",
+                    "rfft2", "irfft2", "fftshift", "ifftshift", "trapz", "diff", "unfold", "fold", "combinations"))
+_ALONG = frozenset(("flip", "roll", "sort", "argsort", "msort", "topk", "kthvalue", "gather", "index_select", "scatter",
+                    "scatter_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_", "index_put",
+                    "index_put_", "index_copy", "index_copy_", "index_add", "index_add_", "index_fill", "index_fill_",
+                    "take_along_dim", "transpose", "transpose_", "swapaxes", "swapdims", "movedim", "moveaxis",
+                    "permute", "rot90", "fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "cummax", "cummin", "narrow",
+                    "split", "chunk", "unbind", "tensor_split", "select", "stack"))
+_PRODUCTS = frozenset(("matmul", "mm", "bmm", "__matmul__", "__rmatmul__", "linear", "addmm", "baddbmm", "mv", "dot",
+                       "inner", "vdot", "chain_matmul", "multi_dot"))
 # functions that keep the elements' order under another shape
 _VIEWS = frozenset(("view", "reshape", "flatten", "unflatten", "view_as", "reshape_as", "ravel", "contiguous", "clone",
-                    "detach", "to", "float", "double", "half", "bfloat16", "type", "type_as", "squeeze", "unsqueeze"))
+                    "detach", "to", "float", "double", "half", "bfloat16", "type", "type_as"))
+
+
+def _flat_operands(args, kwargs) -> list:
+    out = []
+    for a in (*args, *kwargs.values()):
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if isinstance(t, FlatBatch):
+                out.append(t)
+    return out
+
+
+def _dims_given(name: str, args, kwargs, ndim: int) -> list:
+    """The dims an ``_ALONG`` op is given (ints among its other arguments and its dim keywords),
+    or its default: the last dim (all of them for ``roll`` without dims, ``permute`` / ``rot90``
+    by their lists)."""
+    found = []
+    for v in (*args[1:], *(kwargs.get(k) for k in ("dim", "dims", "dim0", "dim1", "axis", "source", "destination"))):
+        for e in (v if isinstance(v, (list, tuple)) else (v,)):
+            if type(e) is int:
+                found.append(e)
+    if name == "roll" and "dims" not in kwargs and len(args) < 3:
+        return [0]  # rolled as a flat vector
+    if name in ("topk", "kthvalue", "narrow", "split", "chunk", "tensor_split", "index_fill", "index_fill_"):
+        found = found[1:] if name in ("topk", "kthvalue", "split", "chunk", "tensor_split") else found[:1]
+    return found or [-1]
 
 
 def _keeps_order(func, args, kwargs, out, partition: Partition) -> bool:
-    """Whether ``out`` holds the samples' elements in order, as an ordered ``FlatBatch`` argument
-    does: an op that keeps its shape (elementwise, a loss per element), its rows (a linear map of
-    each row, a loss per row), or its order under another shape (``view``), and is none of the
-    functions that move elements (``_REORDERS``)."""
+    """Whether ``out`` holds the samples' elements in order (NOTE [ Elements in order ])."""
     name = getattr(func, "__name__", "")
-    if name in _REORDERS or not isinstance(out, torch.Tensor):
+    flats = _flat_operands(args, kwargs)
+    if not flats or not all(f._ordered for f in flats) or name in _MOVES or name == "__get__" or name.startswith("fft_"):
         return False
-    rows = partition.rows
-    for a in (*args, *kwargs.values()):
-        if isinstance(a, FlatBatch) and a._ordered:
-            if out.shape == a.shape or (name in _VIEWS and out.numel() == a.numel()):
-                return True
-            if a.dim() and out.dim() and a.shape[0] == rows and out.shape[0] == rows:
-                return True
-    return False
+    a = flats[0]
+    if isinstance(out, (tuple, list)) and out and all(isinstance(o, torch.Tensor) for o in out):
+        if len({o.shape for o in out}) != 1 or name in ("split", "chunk", "unbind", "tensor_split"):
+            return False  # pieces of several shapes: not one reading
+        out = out[0]  # ``max(-1)``, ``sort(-1)``: values and indices alike
+    if not isinstance(out, torch.Tensor):
+        return False
+    if name in _VIEWS:
+        return out.numel() == a.numel()
+    if not (out.dim() and a.dim() and out.shape[0] == a.shape[0]):
+        return False
+    if name in _ALONG:
+        return all(d % a.dim() != 0 for d in _dims_given(name, args, kwargs, a.dim()))
+    if name == "__getitem__":
+        i = args[1] if len(args) > 1 else None
+        first = i[0] if isinstance(i, tuple) and i else i
+        return first == slice(None) or (first is Ellipsis and isinstance(i, tuple) and len(i) < a.dim())
+    if name in _PRODUCTS:
+        left = args[1] if name in ("addmm", "baddbmm") and len(args) > 1 else (args[0] if args else None)
+        return left is a and a.dim() >= 2
+    if name == "pad" and len(args) > 1 and isinstance(args[1], (list, tuple)):
+        return len(args[1]) < 2 * a.dim()  # the pad does not reach dim 0
+    return True
 
 
 def _batch_of(args, kwargs) -> tuple:
@@ -270,7 +327,8 @@ def _mark_all(out, batch, ordered: bool = False):
     if isinstance(out, torch.Tensor) and not isinstance(out, (FlatBatch, MJT)):
         return FlatBatch._mark(out, *batch, ordered=ordered)
     if isinstance(out, (tuple, list)) and any(isinstance(o, torch.Tensor) for o in out):
-        return type(out)(_mark_all(o, batch) for o in out)
+        marked = [_mark_all(o, batch, ordered) for o in out]
+        return type(out)(*marked) if hasattr(out, "_fields") else type(out)(marked)  # (named tuples: ``sort``'s)
     return out
 
 
