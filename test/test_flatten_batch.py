@@ -430,10 +430,20 @@ def test_rows_kept_after_ops_along_other_dims():
         for a, c in zip(r.unbind(), pr):
             torch.testing.assert_close(a, fn(c).reshape(-1))
     v = pred.view(-1)
-    for name, y in [("permutation", torch.eye(v.numel()).flip(0) @ v), ("pad", F.pad(v, (4, -4))),
-                    ("shift", torch.fft.fftshift(v)), ("where", torch.where(torch.tensor(True), v.flip(0), v))]:
+    m = torch.zeros(f.shape, dtype=torch.bool)
+    m[3:] = True
+    moved = [("permutation", torch.eye(v.numel()).flip(0) @ v), ("pad", F.pad(v, (4, -4))),
+             ("shift", torch.fft.fftshift(v)), ("where", torch.where(torch.tensor(True), v.flip(0), v)),
+             ("rows merged, then flipped", v.view(1, -1).flip(-1)), ("flipud", torch.flipud(f)),
+             ("msort", torch.msort(-f)), ("rot90", torch.rot90(f, k=2)), ("topk dim=0", f.topk(k=6, dim=0).values),
+             ("masked_scatter", torch.zeros_like(f).masked_scatter(m, f))]
+    for name, y in moved:
+        y = y.reshape(-1)
         r = y.view(3, -1)
         assert not isinstance(r, mj.MultiJaggedTensor) and torch.equal(r, y.as_subclass(torch.Tensor).view(3, -1)), name
+    one = torch.nested.nested_tensor([torch.arange(n * 4.).view(n, 4) for n in (2, 3, 1)], layout=mj.multi_jagged)
+    with pytest.raises(StructureError, match="split evenly"):
+        one.view(-1, 4).flip(0).sum(-1).view(3, -1)  # the batch's row count, rows moved: not read per sample
 
 
 def test_transposed_flat_batch_stays_a_flat_batch():

@@ -239,15 +239,16 @@ _VIEW_ATTRS = tuple(getattr(torch._C.TensorBase, name) for name in ("T", "mT", "
 # which is dim 0 of a vector), an index that does not keep dim 0 whole, a matrix product of which
 # the FlatBatch is not the left matrix, a pad of dim 0 — drops the mark: ``view(B, -1)`` of the
 # result is then dense's view.
-_MOVES = frozenset(("t", "t_", "repeat", "tile", "expand", "expand_as", "broadcast_to", "repeat_interleave", "unique",
+_MOVES = frozenset(("t", "t_", "flipud", "msort", "rot90", "masked_scatter", "masked_scatter_", "put", "put_",
+                    "repeat", "tile", "expand", "expand_as", "broadcast_to", "repeat_interleave", "unique",
                     "unique_consecutive", "nonzero", "masked_select", "take", "embedding", "embedding_bag", "einsum",
                     "tensordot", "kron", "outer", "cartesian_prod", "fftn", "ifftn", "fft2", "ifft2", "rfftn", "irfftn",
                     "rfft2", "irfft2", "fftshift", "ifftshift", "trapz", "diff", "unfold", "fold", "combinations"))
-_ALONG = frozenset(("flip", "roll", "sort", "argsort", "msort", "topk", "kthvalue", "gather", "index_select", "scatter",
+_ALONG = frozenset(("flip", "roll", "sort", "argsort", "topk", "kthvalue", "gather", "index_select", "scatter",
                     "scatter_", "scatter_add", "scatter_add_", "scatter_reduce", "scatter_reduce_", "index_put",
                     "index_put_", "index_copy", "index_copy_", "index_add", "index_add_", "index_fill", "index_fill_",
                     "take_along_dim", "transpose", "transpose_", "swapaxes", "swapdims", "movedim", "moveaxis",
-                    "permute", "rot90", "fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "cummax", "cummin", "narrow",
+                    "permute", "fft", "ifft", "rfft", "irfft", "hfft", "ihfft", "cummax", "cummin", "narrow",
                     "split", "chunk", "unbind", "tensor_split", "select", "stack"))
 _PRODUCTS = frozenset(("matmul", "mm", "bmm", "__matmul__", "__rmatmul__", "linear", "addmm", "baddbmm", "mv", "dot",
                        "inner", "vdot", "chain_matmul", "multi_dot"))
@@ -269,6 +270,8 @@ def _dims_given(name: str, args, kwargs, ndim: int) -> list:
     """The dims an ``_ALONG`` op is given (ints among its other arguments and its dim keywords),
     or its default: the last dim (all of them for ``roll`` without dims, ``permute`` / ``rot90``
     by their lists)."""
+    if type(kwargs.get("dim")) is int:
+        return [kwargs["dim"]]
     found = []
     for v in (*args[1:], *(kwargs.get(k) for k in ("dim", "dims", "dim0", "dim1", "axis", "source", "destination"))):
         for e in (v if isinstance(v, (list, tuple)) else (v,)):
@@ -279,6 +282,15 @@ def _dims_given(name: str, args, kwargs, ndim: int) -> list:
     if name in ("topk", "kthvalue", "narrow", "split", "chunk", "tensor_split", "index_fill", "index_fill_"):
         found = found[1:] if name in ("topk", "kthvalue", "split", "chunk", "tensor_split") else found[:1]
     return found or [-1]
+
+
+def _within_rows(out: torch.Tensor, a: torch.Tensor) -> bool:
+    """Whether each row (along dim 0) of ``out``, ``a``'s elements under another shape, lies inside
+    one row of ``a``."""
+    if not out.shape[0] or not a.dim() or not a.shape[0]:
+        return True
+    old_row, new_row = a.numel() // a.shape[0], out.numel() // out.shape[0]
+    return bool(new_row) and old_row % new_row == 0
 
 
 def _keeps_order(func, args, kwargs, out, partition: Partition) -> bool:
@@ -295,7 +307,9 @@ def _keeps_order(func, args, kwargs, out, partition: Partition) -> bool:
     if not isinstance(out, torch.Tensor):
         return False
     if name in _VIEWS:
-        return out.numel() == a.numel()
+        # the order kept, and each new row inside one old row (so inside one sample), or a vector:
+        # rows that span samples would let a later op along them move elements between samples
+        return out.numel() == a.numel() and (out.dim() <= 1 or _within_rows(out, a))
     if not (out.dim() and a.dim() and out.shape[0] == a.shape[0]):
         return False
     if name in _ALONG:
@@ -305,7 +319,7 @@ def _keeps_order(func, args, kwargs, out, partition: Partition) -> bool:
         first = i[0] if isinstance(i, tuple) and i else i
         return first == slice(None) or (first is Ellipsis and isinstance(i, tuple) and len(i) < a.dim())
     if name in _PRODUCTS:
-        left = args[1] if name in ("addmm", "baddbmm") and len(args) > 1 else (args[0] if args else None)
+        left = args[1] if name in ("addmm", "baddbmm") and len(args) > 1 else (args[0] if args else kwargs.get("input"))
         return left is a and a.dim() >= 2
     if name == "pad" and len(args) > 1 and isinstance(args[1], (list, tuple)):
         return len(args[1]) < 2 * a.dim()  # the pad does not reach dim 0
@@ -345,10 +359,11 @@ def _restore(op: str, batch, y: torch.Tensor, shape) -> MJT | object:
         b = partition.batch
         if not shape or is_nested_int(shape[0]) or shape[0] != b or b < 2 or y.dim() == 0:
             return NotImplemented
-        if (y.shape[0] == partition.rows and len(nested) == 1 and len(shape) >= 2 and shape[1] == -1
+        ordered = isinstance(y, FlatBatch) and y._ordered
+        if (ordered and y.shape[0] == partition.rows and len(nested) == 1 and len(shape) >= 2 and shape[1] == -1
                 and y.numel() == partition.rows * math.prod(shape[2:])):
             shape = (b, nested[0], *shape[2:])  # the rows are the batch's: -1 names its ragged dim
-        elif isinstance(y, FlatBatch) and y._ordered:
+        elif ordered:
             return _view_by_sample(op, partition, nested, y, shape)
         elif y.shape[0] != partition.rows:
             return NotImplemented  # no longer the samples' elements in order: dense's view
