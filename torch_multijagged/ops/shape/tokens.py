@@ -28,7 +28,7 @@ any op on it returns a ``FlatBatch`` again (an alias, no copy), and ``view`` / `
 multi_jagged tensor over its elements, with gradients both ways. A shape with nested ints of
 another batch raises. A shape that starts with the batch size B is read sample by sample, where
 dense torch would split the concatenated samples evenly, a silent mix of samples: on rows that are
-still the batch's, ``(B, -1, …)`` names the one ragged dim by ``-1``, as the batch's own ``view``
+still the batch's, in order, ``(B, -1, …)`` names the one ragged dim by ``-1``, as the batch's own ``view``
 does, and gives the batch back (``loss.view(B, -1).sum(1)`` after a loss over flattened tokens);
 on the samples' elements in order (a ``FlatBatch`` that is ``_ordered``: the flattening, then ops
 that keep its shape, its rows or its order), ``(B, -1, *static)`` is each sample's own elements, a
@@ -232,8 +232,10 @@ def _refuse_no_grad_view_write(func, args, kwargs) -> None:
 
 _VIEW_ATTRS = tuple(getattr(torch._C.TensorBase, name) for name in ("T", "mT", "H", "mH", "real", "imag"))
 # NOTE [ Elements in order ]: a FlatBatch holds the samples' elements in order (``_ordered``) from
-# the flattening on, through ops that keep its order under another shape (``_VIEWS``) or keep its
-# dim 0 (elementwise ops, a linear map or a reduction of each row, a loss per element or per row),
+# the flattening on, through ops that keep its order under another shape whose rows each lie inside
+# one of its rows (``_VIEWS``: rows merged across samples would let a later op along them move
+# elements between samples) or keep its dim 0 (elementwise ops, a linear map or a reduction of each
+# row, a loss per element or per row),
 # and only while every FlatBatch operand holds them so. An op that moves elements along dim 0 —
 # one that always may (``_MOVES``), one given dim 0 (``_ALONG``: its dims, or by default its last,
 # which is dim 0 of a vector), an index that does not keep dim 0 whole, a matrix product of which
