@@ -753,4 +753,6 @@ BUGS_C = [
     Bug("a row-wise max drops a FlatBatch's order", "ops/shape/tokens.py",
         "        out = out[0]  # ``max(-1)``, ``sort(-1)``: values and indices alike", "        return False",
         ("test_flatten_batch.py",)),
+    Bug("a grad value written into a values-path view of a batch without grad is lost", "tensor.py",
+        "        refuse_untracked_view_write(func, targets, args, kwargs)\n", "", ("test_writes_through_views.py",)),
 ]

@@ -361,3 +361,23 @@ def test_assigning_data_replaces_the_values_as_dense():
                 mj.nested_tensor([cs[1], cs[0], cs[2]])):
         with pytest.raises(RuntimeError, match="same samples, dtype, device and strides"):
             p.data = bad
+
+
+@pytest.mark.parametrize("view", ["transpose", "unsqueeze", "view"])
+def test_writing_a_grad_value_into_a_view_of_a_batch_without_grad_raises(view):
+    """Dense rebases the batch's history onto a write of a value that requires grad through a view
+    (``x.transpose(1, 2).mul_(w)``); the batch's values-path views are no autograd views, so the
+    batch kept no history and ``w``'s gradient was silently lost. It raises, naming what works; a
+    plain write, one under no_grad, and the write into the batch itself go through."""
+    w = torch.tensor(2.0, requires_grad=True)
+    make = {"transpose": lambda t: t.transpose(1, 2), "unsqueeze": lambda t: t.unsqueeze(-1),
+            "view": lambda t: t.view(t.shape)}[view]
+    x = torch.nested.nested_tensor([torch.ones(n, 4) for n in (2, 0, 1)], layout=mj.multi_jagged)
+    with pytest.raises(NotImplementedError, match="write into the batch itself"):
+        make(x).mul_(w)
+    make(x).mul_(3)
+    with torch.no_grad():
+        make(x).mul_(w)
+    x.mul_(w)  # the batch itself records it
+    assert torch.autograd.grad(x.sum(), w)[0].item() == 6.0 * 12  # 12 elements of 1 · 3 · 2
+

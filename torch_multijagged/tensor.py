@@ -50,7 +50,8 @@ from .structure import Partition, RaggedExtent, _is_traced
 from .wrappers import _built, _new_wrapper
 from .writes import (
     _differentiable, _eager, _refuse_traced_alias_write, _targets, _written_through_alias,
-    WRITE_CLOCK, check_not_written_through_alias, record_write, refuse_split_piece_write, written_args,
+    WRITE_CLOCK, check_not_written_through_alias, record_write, refuse_split_piece_write,
+    refuse_untracked_view_write, written_args,
 )
 
 __all__ = ["MultiJaggedTensor"]
@@ -709,6 +710,7 @@ class MultiJaggedTensor(torch.Tensor):
             _refuse_traced_alias_write(func, targets)
             return _dispatch(func, args, kwargs)
         refuse_split_piece_write(func, targets, args, kwargs)
+        refuse_untracked_view_write(func, targets, args, kwargs)
         if torch.is_grad_enabled():
             for x in targets:  # its values were written through an alias since: a write would hide that
                 check_not_written_through_alias(x, func)

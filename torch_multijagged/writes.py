@@ -14,8 +14,8 @@ from typing import Optional
 
 import torch
 
-__all__ = ["written_args", "check_not_written_through_alias", "refuse_split_piece_write", "record_write", "stamp_write",
-           "written_since", "chain_root"]
+__all__ = ["written_args", "check_not_written_through_alias", "refuse_split_piece_write", "refuse_untracked_view_write",
+           "record_write", "stamp_write", "written_since", "chain_root"]
 
 
 # NOTE [ Writes into shared values ]
@@ -98,6 +98,29 @@ def _refuse_traced_alias_write(func, targets) -> None:
                 "is not supported with autograd recording: the write would not reach the other's gradient. "
                 "Clone before writing, or write outside the compiled region"
             )
+
+
+def refuse_untracked_view_write(func, targets, args=(), kwargs=None) -> None:
+    """A write of a value that requires grad into a view made on the values path (``transpose``,
+    ``unsqueeze``, ``view``: a wrapper autograd does not know as a view) of a batch that does not:
+    dense torch rebases the batch's history onto the write; here the batch would keep none and the
+    value's gradient would be lost, so it raises, naming what works."""
+    if not torch.is_grad_enabled():
+        return
+    for x in targets:
+        root = x.__dict__.get("_view_root")
+        if root is None or root is x:
+            continue
+        with torch._C.DisableTorchFunctionSubclass():
+            if root.requires_grad or not any(isinstance(a, torch.Tensor) and a is not x and a.requires_grad
+                                             for a in (*args, *(kwargs or {}).values())):
+                continue
+        name = getattr(func, "__name__", str(func)).split(".")[0]
+        raise NotImplementedError(
+            f"{name}(): writing a value that requires grad in place into a view of a multi_jagged batch that does "
+            "not is not supported (the batch would not record the write's gradient): write into the batch itself "
+            "(x.mul_(w)), make it require grad first, or compute out of place"
+        )
 
 
 def refuse_split_piece_write(func, targets, args=(), kwargs=None) -> None:
