@@ -755,4 +755,7 @@ BUGS_C = [
         ("test_flatten_batch.py",)),
     Bug("a grad value written into a values-path view of a batch without grad is lost", "tensor.py",
         "        refuse_untracked_view_write(func, targets, args, kwargs)\n", "", ("test_writes_through_views.py",)),
+    Bug("traced unbind of a static dim takes aten's backward", "ops/indexing/getitem.py",
+        "            return tuple(p.squeeze(d) for p in input.split(1, d))",
+        "            return NotImplemented", ("test_unbind.py",)),
 ]

@@ -143,6 +143,25 @@ def test_pieces_made_under_no_grad_refuse_writes_in_grad_mode(op):
         y.backward()
 
 
+def test_unbind_of_a_static_dim_with_unused_pieces_compiles():
+    """``x.unbind(2)[0] * 2`` under ``torch.compile(fullgraph=True)`` with the other pieces unused
+    (aten's unbind backward failed there on nested-int sizes): each sample's values and gradients,
+    as eager."""
+    g = torch.Generator().manual_seed(2)
+    leaves = [torch.randn(n, 3, generator=g, requires_grad=True) for n in (2, 1, 0, 3)]
+    x = mj.as_nested_tensor(leaves)
+    torch._dynamo.reset()
+    for fn in (lambda t: t.unbind(2)[0] * 2, lambda t: t.unbind(-1)[2].sin() + t.unbind(2)[1]):
+        got = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
+        refs = [fn(c[None])[0] for c in leaves]
+        for a, r in zip(got.unbind(), refs):
+            torch.testing.assert_close(a, r)
+        ga = torch.autograd.grad((got * got).sum(), leaves)
+        gr = torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)
+        for a, b in zip(ga, gr):
+            torch.testing.assert_close(a, b)
+
+
 def test_multihead_attention_weights_alone_carry_the_gradient():
     """A loss on ``nn.MultiheadAttention``'s returned weights only (the value projection unused):
     gradients of the input and the in-projection as the module's on each sample."""

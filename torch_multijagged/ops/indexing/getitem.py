@@ -71,7 +71,10 @@ def _unbind(input, dim=0):
     d = canonical_dim("unbind", input.dim(), dim) if dim != 0 else 0
     if d == 0:
         return _components(input)
-    if d not in input._ragged_dims and _needs_grad(input) and not torch.compiler.is_compiling():
+    if d not in input._ragged_dims and _needs_grad(input):
+        if torch.compiler.is_compiling():
+            # traced: split's pieces (whose backward compiles with pieces unused), each squeezed
+            return tuple(p.squeeze(d) for p in input.split(1, d))
         return _UnbindStatic.apply(input, d)
     return NotImplemented
 
