@@ -758,4 +758,7 @@ BUGS_C = [
     Bug("traced unbind of a static dim takes aten's backward", "ops/indexing/getitem.py",
         "            return tuple(p.squeeze(d) for p in input.split(1, d))",
         "            return NotImplemented", ("test_unbind.py",)),
+    Bug("a pad by a ragged size pads every sample by the first's", "ops/indexing/joins.py",
+        "        amounts = [p if h is None else h[i] for p, h in zip(pad, hosts)]",
+        "        amounts = [p if h is None else h[0] for p, h in zip(pad, hosts)]", ("test_ragged_pad.py",)),
 ]

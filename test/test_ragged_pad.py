@@ -120,3 +120,25 @@ def test_pad_dtypes_are_dense(pad, mode, dtype):
             continue
         for a, w in zip(F.pad(x, pad, mode=mode).unbind(), want):
             assert a.dtype == w.dtype and torch.equal(a, w), (mode, pad, ragged)
+
+
+@pytest.mark.parametrize("pad", [(0, 0, 0, "L-T"), (0, 0, "L-T", 0), (1, 2, 0, "L-T")], ids=["after", "before", "both dims"])
+def test_pad_each_sample_to_a_length(pad):
+    """``F.pad(x, (0, 0, 0, L - T))`` with ``T = x.shape[1]`` (collate code padding every sample to
+    a fixed length): the pad amount is a ragged size, each sample padded by its own (it raised
+    converting it to an int); dense per sample, values and gradients, an empty sample included; a
+    length some sample exceeds raises naming it."""
+    g = torch.Generator().manual_seed(0)
+    leaves = [torch.randn(n, 4, generator=g, requires_grad=True) for n in (3, 1, 0, 5)]
+    x = mj.as_nested_tensor(leaves)
+    T = x.shape[1]
+    y = F.pad(x, [6 - T if p == "L-T" else p for p in pad], value=-1.0)
+    refs = [F.pad(c, [6 - c.shape[0] if p == "L-T" else p for p in pad], value=-1.0) for c in leaves]
+    for a, r in zip(y.unbind(), refs):
+        torch.testing.assert_close(a, r)
+    got = torch.autograd.grad((y * y).sum(), leaves)
+    want = torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)
+    for a, b in zip(got, want):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="negative in sample 3"):
+        F.pad(x, (0, 0, 0, 4 - T))

@@ -14,7 +14,7 @@ from ... import constructors, pieces
 from ...bridge import static_as_ragged, values_of, wrap_values
 from ...errors import StructureError
 from ...kernels.along import join_blocks, packed_rows, plan_blocks
-from ...structure import Partition, RaggedExtent, mapped_extent, partition_for, same_extent
+from ...structure import Partition, RaggedExtent, mapped_extent, partition_for, same_extent, sizes_of
 from .._common import MJT, autocast_float32, canonical_dim, describe, equal_sizes, sample_rows, static_dims
 from .._routing import assume_joined, route, static_sizes_as_ragged
 from .along import by_blocks, eager, keep_along
@@ -372,6 +372,10 @@ def _pad(input, pad, mode="constant", value=None):
     pad = list(pad)
     if len(pad) % 2 or len(pad) // 2 > input.dim():
         raise RuntimeError(f"Padding length should be divisible by 2 and at most twice the number of dims, got {len(pad)}")
+    if mode == "constant" and any(isinstance(p, torch.SymInt) for p in pad) and not torch.compiler.is_compiling():
+        per = [sizes_of(p) if isinstance(p, torch.SymInt) else None for p in pad]
+        if all(v is None or v.shape == (input._partition.batch,) for v in per) and any(v is not None for v in per):
+            return _pad_by_sample(input, pad, per, value)
     pads = {}
     for i in range(len(pad) // 2):
         d = input.dim() - 1 - i
@@ -391,6 +395,21 @@ def _pad(input, pad, mode="constant", value=None):
         v = F.pad(values_of(input), pad[:2 * k], value=0.0 if value is None else value)
         return wrap_values(v, input._partition, input._ragged_dims)
     return pad_ragged("pad", input, pad, pads, mode, 0.0 if value is None else value)
+
+
+def _pad_by_sample(input: MJT, pad: list, per: list, value):
+    """``F.pad`` by amounts that are ragged sizes, each sample by its own (``F.pad(x, (0, 0, 0, L - T))``
+    of ``(B, T, C)`` tokens: every sample padded to L): dense ``F.pad`` on each component, packed
+    again (a dim whose new sizes agree is static); differentiable. Eager only (host sizes)."""
+    # SYNC: none — host sizes
+    hosts = [None if v is None else v.tolist() for v in per]
+    outs = []
+    for i, c in enumerate(input.unbind()):
+        amounts = [p if h is None else h[i] for p, h in zip(pad, hosts)]
+        if len(amounts) // 2 == input.dim():
+            amounts = amounts[:-2]  # the batch dim's pair: each sample has one dim fewer
+        outs.append(F.pad(c, amounts, value=0.0 if value is None else value))
+    return constructors.as_nested_tensor(outs)
 
 
 # ----------------------------------------------------------------------------- repeat / tile
