@@ -8,7 +8,7 @@ import torch
 
 import torch_multijagged as mj
 
-from _reference import PS, R, per_sample_check
+from _reference import PS, R, check_values_and_grads, per_sample_check
 from _structures import comps_for
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: {}}
@@ -206,12 +206,7 @@ def test_setitem_of_a_value_ragged_where_the_selection_is_static_of_that_size():
         bt = at.clone()
         at[0:2] = bt[:2, :, :1] * bt[:2, :, :1].transpose(-1, -2)
         refs.append(at)
-    for got, ref in zip(a.unbind(), refs):
-        torch.testing.assert_close(got, ref)
-    ga = torch.autograd.grad((a * a).sum(), zs)
-    gb = torch.autograd.grad(sum((r * r).sum() for r in refs), zs)
-    for x, y in zip(ga, gb):
-        torch.testing.assert_close(x, y)
+    check_values_and_grads(a, refs, zs)
 
 
 @pytest.mark.parametrize("how", ["expand", "expand_minus_one", "expand_as"])
