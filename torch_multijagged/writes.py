@@ -100,6 +100,20 @@ def _refuse_traced_alias_write(func, targets) -> None:
             )
 
 
+# dense autograd's refusal of a write in grad mode into a view made in no_grad mode
+NO_GRAD_VIEW_WRITE = (
+    "A view was created in no_grad mode and is being modified inplace with grad mode enabled. Given that this use "
+    "case is ambiguous and error-prone, it is forbidden. You can clarify your code by moving both the view and the "
+    "inplace either both inside the no_grad block (if you don't want the inplace to be tracked) or both outside (if "
+    "you want the inplace to be tracked)."
+)
+
+
+def _writes_grad_value(x, args, kwargs) -> bool:
+    """Whether a write into ``x`` takes a tensor (other than ``x``) that requires grad."""
+    return any(isinstance(a, torch.Tensor) and a is not x and a.requires_grad for a in (*args, *(kwargs or {}).values()))
+
+
 def refuse_untracked_view_write(func, targets, args=(), kwargs=None) -> None:
     """A write of a value that requires grad into a view made on the values path (``transpose``,
     ``unsqueeze``, ``view``: a wrapper autograd does not know as a view) of a batch that does not:
@@ -112,8 +126,7 @@ def refuse_untracked_view_write(func, targets, args=(), kwargs=None) -> None:
         if root is None or root is x:
             continue
         with torch._C.DisableTorchFunctionSubclass():
-            if root.requires_grad or not any(isinstance(a, torch.Tensor) and a is not x and a.requires_grad
-                                             for a in (*args, *(kwargs or {}).values())):
+            if root.requires_grad or not _writes_grad_value(x, args, kwargs):
                 continue
         name = getattr(func, "__name__", str(func)).split(".")[0]
         raise NotImplementedError(
@@ -137,15 +150,9 @@ def refuse_split_piece_write(func, targets, args=(), kwargs=None) -> None:
             continue
         name = getattr(func, "__name__", str(func)).split(".")[0]
         if made == "no_grad":
-            raise RuntimeError(
-                f"{name}(): A view was created in no_grad mode and is being modified inplace with grad mode enabled. "
-                "Given that this use case is ambiguous and error-prone, it is forbidden. You can clarify your code "
-                "by moving both the view and the inplace either both inside the no_grad block (if you don't want "
-                "the inplace to be tracked) or both outside (if you want the inplace to be tracked)."
-            )
+            raise RuntimeError(f"{name}(): {NO_GRAD_VIEW_WRITE}")
         with torch._C.DisableTorchFunctionSubclass():
-            needs_grad = x.requires_grad or any(
-                isinstance(a, torch.Tensor) and a is not x and a.requires_grad for a in (*args, *(kwargs or {}).values()))
+            needs_grad = x.requires_grad or _writes_grad_value(x, args, kwargs)
         if needs_grad:
             raise RuntimeError(
                 f"{name}(): a piece of split / chunk / unbind is a view and is being modified inplace. This view is "

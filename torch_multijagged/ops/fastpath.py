@@ -496,14 +496,10 @@ def _split_fast(method: str):
             return NotImplemented
         arg = args[0]
         dim = args[1] if len(args) == 2 else kwargs.get("dim", 0)
-        if (len(args) == 2 and kwargs) or type(dim) is not int:
+        span = None if len(args) == 2 and kwargs else _static_span(input, dim, dim)
+        if span is None:
             return NotImplemented
-        n = len(input._size)
-        if not -n <= dim < n:
-            return NotImplemented
-        d = dim % n
-        if d == 0 or d in input._ragged_dims:
-            return NotImplemented
+        d = span[0]
         if type(arg) is int:
             if arg <= 0:
                 return NotImplemented
@@ -525,14 +521,10 @@ def _unbind(input, dim=0):
     """``unbind`` of a static dim (packed projections: ``q, k, v = qkv.unbind(2)``): dense
     ``unbind`` of the values, each piece a result, marked as ``split``'s (multi-output views).
     The batch dim (the samples) and ragged dims take the general route."""
-    if not isinstance(input, MJT) or type(dim) is not int:
+    span = _static_span(input, dim, dim)
+    if span is None:
         return NotImplemented
-    n = len(input._size)
-    if not -n <= dim < n:
-        return NotImplemented
-    d = dim % n
-    if d == 0 or d in input._ragged_dims:
-        return NotImplemented
+    d = span[0]
     ragged = tuple(r - 1 if r > d else r for r in input._ragged_dims)
     return _pieces_of(input, _piece_values(input).unbind(_values_dim(input, d)), ragged)
 

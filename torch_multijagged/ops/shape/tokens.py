@@ -50,6 +50,7 @@ from ...bridge import relabel, values_of, wrap_values
 from ...constructors import as_nested_tensor, from_packed
 from ...errors import StructureError
 from ...structure import Partition
+from ...writes import NO_GRAD_VIEW_WRITE
 from .._common import MJT, describe, eager_route, sample_rows
 from .views import _mark_reorder_copy, _rows_size, _writes_self, guard_dense_write
 
@@ -222,12 +223,7 @@ def _refuse_no_grad_view_write(func, args, kwargs) -> None:
     if args and (_writes_self(func) or (kwargs and kwargs.get("inplace") is True)):
         targets.append(args[0])
     if any(getattr(t, "_no_grad_view", False) for t in targets):
-        raise RuntimeError(
-            f"{getattr(func, '__name__', func)}(): A view was created in no_grad mode and is being modified inplace "
-            "with grad mode enabled. Given that this use case is ambiguous and error-prone, it is forbidden. You "
-            "can clarify your code by moving both the view and the inplace either both inside the no_grad block (if "
-            "you don't want the inplace to be tracked) or both outside (if you want the inplace to be tracked)."
-        )
+        raise RuntimeError(f"{getattr(func, '__name__', func)}(): {NO_GRAD_VIEW_WRITE}")
 
 
 _VIEW_ATTRS = tuple(getattr(torch._C.TensorBase, name) for name in ("T", "mT", "H", "mH", "real", "imag"))
