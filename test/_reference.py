@@ -350,18 +350,6 @@ def _check_empty_batch(out, ref, args, dense_out: bool):
         assert out.dtype == like.dtype, f"B = 0: dtype {out.dtype} != {like.dtype}"
 
 
-def check_values_and_grads(out, refs, leaves, **tol):
-    """``out``'s samples equal ``refs`` (each sample's dense result, computed from ``leaves``, the
-    leaves ``out`` was built from), and the gradients of ``(out * out).sum()`` with respect to
-    ``leaves`` equal those of the references' sum of squares."""
-    for a, r in zip(out.unbind(), refs):
-        torch.testing.assert_close(a, r, **tol)
-    got = torch.autograd.grad((out * out).sum(), leaves)
-    want = torch.autograd.grad(sum((r * r).sum() for r in refs), leaves)
-    for a, b in zip(got, want):
-        torch.testing.assert_close(a, b, **tol)
-
-
 def per_sample_check(
     fn: Callable[..., Any],
     *args: Any,

@@ -16,7 +16,8 @@ from torch._dynamo.testing import CompileCounterWithBackend
 import torch_multijagged as mj
 from torch_multijagged.ops.shape.merged import BatchMerged
 
-from _reference import check_values_and_grads, few, seeds
+from _reference import few, seeds
+from _structures import assert_samples_and_grads
 
 F64 = torch.float64
 
@@ -380,7 +381,7 @@ def test_guided_diffusion_qkv_attention_per_sample(legacy):
     xs = [torch.randn(18, n, dtype=torch.float64, generator=g, requires_grad=True) for n in (4, 1, 6)]
     out = _qkv_attention(mj.as_nested_tensor(xs), 2, legacy)
     refs = [_qkv_attention(c[None], 2, legacy)[0] for c in xs]
-    check_values_and_grads(out, refs, xs)
+    assert_samples_and_grads(out, refs, xs)
     empty = mj.nested_tensor([torch.randn(18, 3), torch.randn(18, 0)])
     assert [t.shape for t in _qkv_attention(empty, 2, legacy).unbind()] == [(6, 3), (6, 0)]
     x = mj.nested_tensor([c.detach() for c in xs])

@@ -19,8 +19,8 @@ from hypothesis import given, strategies as st
 import torch_multijagged as mj
 from torch_multijagged.ops.indexing import along, joins
 
-from _reference import ALL_LAYOUTS, SEQ, PS, R, check_values_and_grads, few, per_sample_check, seeds, structures
-from _structures import bit_equal, comps_for, packed_args
+from _reference import ALL_LAYOUTS, SEQ, PS, R, few, per_sample_check, seeds, structures
+from _structures import assert_samples_and_grads, bit_equal, comps_for, packed_args
 from test_ragged_indexing import check
 
 FORMS = ("blocks", "maps")
@@ -236,7 +236,7 @@ def test_slice_bounded_by_a_ragged_size_writes_through(case):
     want = [c * 1 for c in leaves]
     for w in want:
         f(w, w.shape[0]).mul_(3)
-    check_values_and_grads(x, want, leaves)
+    assert_samples_and_grads(x, want, leaves)
 
 
 @pytest.mark.parametrize("case", ["prepend row", "diff prepend", "middle column"])
@@ -252,10 +252,10 @@ def test_cat_along_a_ragged_dim_of_an_operand_static_there(case):
         "diff prepend": (lambda p: p.diff(dim=1, prepend=p.narrow(1, 0, 1)), lambda c: c.diff(dim=0, prepend=c[:1])),
         "middle column": (lambda p: torch.cat([p, p.narrow(2, 0, 1), p], 2), lambda c: torch.cat([c, c[:, :1], c], 1)),
     }[case]
-    _check_values_and_grads(f(pair), [ref(c) for c in cs], cs)
+    _assert_samples_and_grads(f(pair), [ref(c) for c in cs], cs)
 
 
-def _check_values_and_grads(out, refs, leaves):
+def _assert_samples_and_grads(out, refs, leaves):
     """``out`` equals the per-sample ``refs`` exactly, and ``Σ out²``'s gradients theirs."""
     for a, r in zip(out.unbind(), refs):
         assert torch.equal(a, r)
@@ -279,7 +279,7 @@ def test_cat_back_to_the_sizes_along_either_dim_of_a_square_pair():
         return torch.cat([t[h + (slice(1, 2),)], t[h + (slice(2, None),)] * 2, t[h + (slice(-1, None),)] * 3], d)
 
     for d in (1, 2, 1):
-        _check_values_and_grads(join(pair, d), [join(c, d - 1) for c in cs], cs)
+        _assert_samples_and_grads(join(pair, d), [join(c, d - 1) for c in cs], cs)
 
 # ----------------------------------------------------------------------------- non-constant pads
 _MODES = ("reflect", "replicate", "circular")

@@ -8,8 +8,8 @@ import torch
 
 import torch_multijagged as mj
 
-from _reference import PS, R, check_values_and_grads, per_sample_check
-from _structures import comps_for
+from _reference import PS, R, per_sample_check
+from _structures import assert_samples_and_grads, comps_for
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: {}}
 DTYPES = [torch.float32, torch.float64]
@@ -206,7 +206,7 @@ def test_setitem_of_a_value_ragged_where_the_selection_is_static_of_that_size():
         bt = at.clone()
         at[0:2] = bt[:2, :, :1] * bt[:2, :, :1].transpose(-1, -2)
         refs.append(at)
-    check_values_and_grads(a, refs, zs)
+    assert_samples_and_grads(a, refs, zs)
 
 
 @pytest.mark.parametrize("how", ["expand", "expand_minus_one", "expand_as"])

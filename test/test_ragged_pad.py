@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 import torch_multijagged as mj
 
-from _reference import check_values_and_grads
+from _structures import assert_samples_and_grads
 from test_ragged_indexing import check
 
 F64 = torch.float64
@@ -135,6 +135,6 @@ def test_pad_each_sample_to_a_length(pad):
     T = x.shape[1]
     y = F.pad(x, [6 - T if p == "L-T" else p for p in pad], value=-1.0)
     refs = [F.pad(c, [6 - c.shape[0] if p == "L-T" else p for p in pad], value=-1.0) for c in leaves]
-    check_values_and_grads(y, refs, leaves)
+    assert_samples_and_grads(y, refs, leaves)
     with pytest.raises(ValueError, match="negative in sample 3"):
         F.pad(x, (0, 0, 0, 4 - T))

@@ -8,8 +8,8 @@ import torch.nn.functional as F
 
 import torch_multijagged as mj
 
-from _reference import R, check_values_and_grads, per_sample_check
-from _structures import comps_for
+from _reference import R, per_sample_check
+from _structures import assert_samples_and_grads, comps_for
 
 TOL = {torch.float32: dict(rtol=1e-5, atol=1e-5), torch.float64: {}}
 
@@ -207,7 +207,7 @@ def test_a_difference_of_two_batches_sizes_every_sample_gives_is_that_int():
         x = mj.as_nested_tensor(leaves)
         out = up_block(x)
         refs = [up_block(c[None])[0] for c in leaves]
-        check_values_and_grads(out, refs, leaves)
+        assert_samples_and_grads(out, refs, leaves)
     mixed = mj.nested_tensor([torch.randn(3, 13, 9), torch.randn(3, 8, 4)], ragged_dims=(2, 3))
     with pytest.raises(TypeError, match=r"differs per sample \(differences \[1, 0\].*F.interpolate"):
         up_block(mixed.double())

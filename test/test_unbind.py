@@ -5,7 +5,7 @@ import torch
 
 import torch_multijagged as mj
 
-from _reference import check_values_and_grads
+from _structures import assert_samples_and_grads
 
 
 def test_unbind_without_grad_returns_views():
@@ -156,7 +156,7 @@ def test_unbind_of_a_static_dim_with_unused_pieces_compiles():
     for fn in (lambda t: t.unbind(2)[0] * 2, lambda t: t.unbind(-1)[2].sin() + t.unbind(2)[1]):
         got = torch.compile(fn, backend="aot_eager", fullgraph=True)(x)
         refs = [fn(c[None])[0] for c in leaves]
-        check_values_and_grads(got, refs, leaves)
+        assert_samples_and_grads(got, refs, leaves)
 
 
 def test_multihead_attention_weights_alone_carry_the_gradient():
