@@ -67,9 +67,15 @@ _DisableTF = torch._C.DisableTorchFunctionSubclass
 
 
 def wrapper_version(x: MJT) -> int:
-    """The wrapper's own version counter (not its values'), read below ``__torch_function__``."""
+    """The wrapper's own version counter (not its values'), read below ``__torch_function__``; 0
+    for an inference tensor, which has none (its writes read the values, which drops its pieces)."""
     with _DisableTF():
-        return x._version
+        try:
+            return x._version
+        except RuntimeError:
+            if x.is_inference():
+                return 0
+            raise
 
 
 def wrapper_requires_grad(x: MJT) -> bool:

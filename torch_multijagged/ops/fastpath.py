@@ -50,7 +50,7 @@ from ..writes import WRITE_CLOCK, chain_root, check_not_written_through_alias, w
 from .attention import sdpa as _att
 from ..kernels import ragged_mm as _kmm
 from ..structure import partition_for
-from .contractions import einsum as _ein, pair_mm as _pm, ragged_mm as _rmm
+from .contractions import einsum as _ein, pair_mm as _pm, ragged_mm as _rmm, sample_mm as _smm
 from .elementwise import pointwise as _pw
 from .nn import ragged as _scans
 from .reductions import reduce as _red
@@ -268,6 +268,42 @@ for _name in _F_UNARY:
     FAST[_f] = _unary(_f)
 
 
+def _masked_fill(input, mask, value):
+    """``masked_fill`` of a tensor holding per-sample pieces by a mask of its structure, with a
+    Python scalar: piece by piece (a causal mask on attention scores held per sample, NOTE
+    [ Attention scores held per sample ]); everything else takes its route."""
+    if not (isinstance(input, MJT) and isinstance(mask, MJT) and _scalar(value) and "_pieces" in input.__dict__):
+        return NotImplemented
+    if (mask._partition is not input._partition or mask._ragged_dims != input._ragged_dims
+            or mask._size != input._size or mask.dtype != torch.bool or not _pieces.holds_pieces(input)):
+        return NotImplemented
+    return _pieces.zip_pieces(lambda p, m: p.masked_fill(m, value), input, mask)
+
+
+FAST[torch.masked_fill] = FAST[torch.Tensor.masked_fill] = _masked_fill
+
+
+def _filled_like(fill: int):
+    """``ones_like`` / ``zeros_like`` (``dtype`` at most) of a tensor holding per-sample pieces:
+    new packed values of its structure, without packing its own (a causal mask built from the
+    scores it masks)."""
+
+    def impl(input, *args, **kwargs):
+        if args or not isinstance(input, MJT) or set(kwargs) - {"dtype"} or "_pieces" not in input.__dict__:
+            return NotImplemented
+        if not _pieces.holds_pieces(input):
+            return NotImplemented
+        dtype = kwargs.get("dtype") or input.dtype
+        v = torch.full((input._partition.rows, *input._size[1:2]), fill, dtype=dtype, device=input.device)
+        return MJT(v, input._partition, input._ragged_dims)
+
+    return impl
+
+
+FAST[torch.ones_like] = _filled_like(1)
+FAST[torch.zeros_like] = _filled_like(0)
+
+
 def _rewritable(x: MJT, args) -> bool:
     """Whether an in-place elementwise op with ``args`` rewrites ``x``'s per-image pieces."""
     return ("_pieces" in x.__dict__ and x.dtype.is_floating_point and _pieces.holds_pieces(x)
@@ -408,6 +444,8 @@ def _softmax_fn(log: bool):
         d = dim % n
         if d == 0:
             return NotImplemented
+        if "_pieces" in input.__dict__ and _pieces.holds_pieces(input):
+            return _pieces.map_pieces(lambda p: dense(p, d, dtype=dtype), input)
         v = values(input)
         if dtype is not None:
             v = v.to(dtype)
@@ -701,8 +739,11 @@ def _ragged_product(plan):
     if plan is None:
         return NotImplemented
     x, y, spec, extents, ragged_dims = plan
-    if x._values.dtype != y._values.dtype or torch.is_autocast_enabled(x._values.device.type):
+    if x.dtype != y.dtype or torch.is_autocast_enabled(x.device.type):
         return NotImplemented  # the route raises as dense does, or casts as autocast does
+    held = _smm.sample_product(x, y, spec, extents, ragged_dims, values, result)
+    if held is not None:
+        return held
     out = _kmm.ragged_matmul(values(x), values(y), spec)
     return result(out, partition_for(extents), ragged_dims) if extents else out
 
