@@ -43,7 +43,10 @@ cache between layers; the nodes below add ≈ 60 µs per op).
   scalar), in place too (``relu_``, ``out += identity``: new pieces, the tensor's history
   rebased onto them as an in-place op's), and a channel ``cat`` of image batches of one partition
   — and read by those and by ``sum`` / ``mean`` over both spatial dims (global pooling: each
-  image's own reduction).
+  image's own reduction). Attention scores ``(B, H, j0, j1)`` are images too, their heads the
+  channels: ``q @ kᵀ`` makes them as pieces where blocks are large, ``softmax`` along any dim, a
+  ``masked_fill`` by a mask of their structure and ``attn @ v`` read them (NOTE [ Attention scores
+  held per sample ] in ``ops/contractions/sample_mm.py``).
 """
 
 from __future__ import annotations

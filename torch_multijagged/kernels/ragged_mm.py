@@ -52,7 +52,9 @@ as it lies (a group of short samples gathers its rows along the buffer's own las
 and elementwise ops keep their input's. The cost model still prices a single's pair operand as
 copied first (plans are cached by sizes, not strides). The written-out chain ``softmax(q @ kᵀ · s) @ v`` (H = 12,
 D = 64, B = 32 of 50–197 tokens, one thread, against the per-sample chain): 1.73× → 1.42× forward,
-1.63× → 1.33× with backward (docs/design.md §18).
+1.63× → 1.33× with backward (docs/design.md §18). Where every sample runs alone and the blocks
+are large, the eager values path holds the scores per sample instead (NOTE [ Attention scores
+held per sample ] in ``ops/contractions/sample_mm.py``); this layout is the rest's.
 """
 
 from __future__ import annotations

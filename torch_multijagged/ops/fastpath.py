@@ -739,9 +739,11 @@ def _ragged_product(plan):
     if plan is None:
         return NotImplemented
     x, y, spec, extents, ragged_dims = plan
-    if x.dtype != y.dtype or torch.is_autocast_enabled(x.device.type):
-        return NotImplemented  # the route raises as dense does, or casts as autocast does
-    held = _smm.sample_product(x, y, spec, extents, ragged_dims, values, result)
+    with _DisableTF():  # (a wrapper holding pieces has no values to read them from)
+        dtype, device = x.dtype, x.device
+        if dtype != y.dtype or torch.is_autocast_enabled(device.type):
+            return NotImplemented  # the route raises as dense does, or casts as autocast does
+    held = _smm.sample_product(x, y, spec, extents, ragged_dims, dtype, device, values, result)
     if held is not None:
         return held
     out = _kmm.ragged_matmul(values(x), values(y), spec)

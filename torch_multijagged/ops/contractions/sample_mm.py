@@ -70,28 +70,29 @@ def _image_shaped(spec, ragged_dims: tuple[int, ...]) -> bool:
     return len(spec[6]) == 1 and ragged_dims == (2, 3)
 
 
-def sample_product(x: MJT, y: MJT, spec, extents, ragged_dims: tuple[int, ...], values_of: Callable,
-                   result: Callable) -> Optional[MJT]:
+def sample_product(x: MJT, y: MJT, spec, extents, ragged_dims: tuple[int, ...], dtype: torch.dtype,
+                   device: torch.device, values_of: Callable, result: Callable) -> Optional[MJT]:
     """The product ``(x, y, spec)`` of ``product_spec`` sample by sample (see the NOTE), when an
     operand holds per-sample pieces or the output would be attention scores and the plan runs
     every sample with a non-empty result alone; else None (nothing read). Eager values path only;
     ``values_of`` and ``result`` are that path's."""
     sx, sy, so, tx, ty, dims_t, lead = spec
-    if not extents or len(lead) != 1 or x.device.type != "cpu":
+    if not extents or len(lead) != 1 or device.type != "cpu":
         return None
     makes = _image_shaped(spec, ragged_dims)
-    if not (makes or _pieces.holds_pieces(x) or _pieces.holds_pieces(y)):
+    reads = _pieces.holds_pieces(x) or _pieces.holds_pieces(y)
+    if not (makes or reads):
         return None
-    dtype = x.dtype
-    plan = _kmm._plan(spec, _kmm._FORCED, x.device.type, dtype)
     dims = dict(dims_t)
     batch = x._partition.batch
-    cells = [_kmm._size(dims, so[0], b) * _kmm._size(dims, so[1], b) for b in range(batch)]
+    rows, cols = ((s if isinstance(s, tuple) else (s,) * batch) for s in (dims[so[0]], dims[so[1]]))
+    cells = [m * n for m, n in zip(rows, cols)]
     live = [b for b in range(batch) if cells[b]]
-    if plan.groups or plan.zero or not live or len(plan.singles[2]) != len(live):
-        return None
-    if makes and sum(cells) * lead[0] < HELD_CELLS * len(live):
+    if not live or (not reads and sum(cells) * lead[0] < HELD_CELLS * len(live)):
         return None  # small blocks: the packed path's copies are cheap, a call per sample is not (see the NOTE)
+    plan = _kmm._plan(spec, _kmm._FORCED, device.type, dtype)
+    if plan.groups or plan.zero or len(plan.singles[2]) != len(live):
+        return None
     xs = _matrices(x, sx, tx, dims, lead, batch, values_of)
     ys = _matrices(y, sy, ty, dims, lead, batch, values_of)
     outs: list = [None] * batch
@@ -100,9 +101,9 @@ def sample_product(x: MJT, y: MJT, spec, extents, ragged_dims: tuple[int, ...], 
     partition = partition_for(extents)
     if makes:
         held = [None if o is None else o.unsqueeze(0) for o in outs]
-        return _pieces.from_pieces(held, partition, ragged_dims, lead[0], dtype, x.device)
+        return _pieces.from_pieces(held, partition, ragged_dims, lead[0], dtype, device)
     ragged, static, perm = _kmm._side(so, dims, lead)
     back = _kmm._inverse(perm)
     static_sizes = [dims[lab] for lab in static]
-    rows = [outs[b].permute(back).reshape(-1, *lead, *static_sizes) for b in live]
-    return result(torch.cat(rows), partition, ragged_dims)
+    packed = [outs[b].permute(back).reshape(-1, *lead, *static_sizes) for b in live]
+    return result(torch.cat(packed), partition, ragged_dims)
