@@ -269,3 +269,46 @@ def test_einsum_forms(equations):
     assert pieces.holds_pieces(s)
     refs = [chain(c[None])[0][0] for c in leaves]
     assert_samples_and_grads(out, refs, leaves)
+
+
+@pytest.mark.parametrize("order", ["scores first", "bias first"])
+def test_scores_plus_a_bias_of_their_structure(order):
+    """``q @ kᵀ + bias`` with a bias ``(B, H, j0, j0)`` of the scores' structure held as packed
+    values (a pair projected to heads, as attention with pair bias has it): block by block, the
+    bias read as views of its rows; values and gradients of the input and the pair."""
+    leaves = _leaves((5, 0, 3, 4))
+    g = torch.Generator().manual_seed(6)
+    proj = torch.randn(H, 2, generator=g, dtype=F64, requires_grad=True)
+
+    def attend(x, pair):
+        q, k, v = _qkv(x)
+        s = q @ k.transpose(-1, -2)
+        bias = (pair @ proj.T).permute(0, 3, 1, 2)
+        s = s + bias if order == "scores first" else bias + s
+        return torch.softmax(s, -1) @ v, s
+
+    x = mj.as_nested_tensor(leaves)
+    rows = x[..., :2]
+    out, s = attend(x, rows.unsqueeze(-2) * rows.unsqueeze(-3))
+    assert pieces.holds_pieces(s)
+    refs = [attend(c[None], (c[:, :2].unsqueeze(-2) * c[:, :2].unsqueeze(-3))[None])[0][0] for c in leaves]
+    assert_samples_and_grads(out, refs, leaves + [proj])
+
+
+def test_image_pieces_with_packed_images_of_their_structure():
+    """An image batch held as pieces combined with one of its structure held as packed rows (and
+    one channel broadcast): image by image, values and gradients."""
+    g = torch.Generator().manual_seed(7)
+    leaves = [torch.randn(2, h, w, generator=g, dtype=F64).requires_grad_() for h, w in ((3, 4), (0, 2), (2, 5))]
+    weight = torch.randn(2, 2, 1, 1, generator=g, dtype=F64, requires_grad=True)
+    x = mj.as_nested_tensor(leaves)
+
+    def f(t):
+        y = pieces.map_pieces(lambda p: F.conv2d(p, weight), t) if isinstance(t, mj.MultiJaggedTensor) else \
+            torch.einsum("oc,bchw->bohw", weight[:, :, 0, 0], t)  # the 1×1 conv (dense refuses 0 rows)
+        return (y * t) - t[:, :1] * 0.5
+
+    out = f(x)
+    assert pieces.holds_pieces(out)
+    refs = [f(c[None])[0] for c in leaves]
+    assert_samples_and_grads(out, refs, leaves + [weight])

@@ -226,7 +226,9 @@ def _binary(func, aten_op=None, reverse: bool = False):
                     # broadcasting into new ragged dims (a pair from singles): gathered with
                     # the cached row maps, under autograd here
                     return _finish(_pw.broadcast_values(aten_op, a, b, values(a), values(b)))
-                if "_pieces" in a.__dict__ and "_pieces" in b.__dict__ and _pieces.holds_pieces(a) and _pieces.holds_pieces(b):
+                if ("_pieces" in a.__dict__ or "_pieces" in b.__dict__) and (_pieces.holds_pieces(a) or _pieces.holds_pieces(b)):
+                    # piece by piece, the other operand's images read as views of its rows
+                    # (``scores + bias``: NOTE [ Attention scores held per sample ])
                     return _pieces.zip_pieces(lambda p, q: func(p, q, **kwargs), a, b)
                 return result(func(values(a), values(b), **kwargs), a._partition, a._ragged_dims)
             if _scalar(b) or (isinstance(b, torch.Tensor) and _dense_ok(b, a)):
