@@ -790,4 +790,7 @@ BUGS_C = [
         "                if (\"_pieces\" in a.__dict__ or \"_pieces\" in b.__dict__) and (_pieces.holds_pieces(a) or _pieces.holds_pieces(b)):",
         "                if (\"_pieces\" in a.__dict__ and \"_pieces\" in b.__dict__) and (_pieces.holds_pieces(a) and _pieces.holds_pieces(b)):",
         ("test_attention_scores_held.py",)),
+    Bug("a 0-dim tensor beside held pieces packs them", "ops/fastpath.py",
+        "    return _scalar(t) or (isinstance(t, torch.Tensor) and t.dim() == 0)", "    return _scalar(t)",
+        ("test_attention_scores_held.py",)),
 ]

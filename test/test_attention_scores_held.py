@@ -312,3 +312,19 @@ def test_image_pieces_with_packed_images_of_their_structure():
     assert pieces.holds_pieces(out)
     refs = [f(c[None])[0] for c in leaves]
     assert_samples_and_grads(out, refs, leaves + [weight])
+
+
+def test_a_zero_dim_tensor_scale_keeps_the_blocks():
+    """``scores * self.scale`` with a 0-dim tensor (one that requires grad too): block by block,
+    its gradient the sum over samples."""
+    leaves = _leaves((5, 0, 3))
+    scale = torch.tensor(0.3, dtype=F64, requires_grad=True)
+
+    def attend(x):
+        q, k, v = _qkv(x)
+        s = scale * (q @ k.transpose(-1, -2) * scale)
+        return torch.softmax(s, -1) @ v, s
+
+    out, s = attend(mj.as_nested_tensor(leaves))
+    assert pieces.holds_pieces(s)
+    assert_samples_and_grads(out, [attend(c[None])[0][0] for c in leaves], leaves + [scale])

@@ -200,6 +200,12 @@ def _unary(func):
     return impl
 
 
+def _piecewise_operand(t) -> bool:
+    """Whether ``t``, beside a tensor holding per-sample pieces, applies to each piece as it is: a
+    Python scalar or a 0-dim tensor (``scores * self.scale``)."""
+    return _scalar(t) or (isinstance(t, torch.Tensor) and t.dim() == 0)
+
+
 def _dense_ok(t: torch.Tensor, like: MJT) -> bool:
     return t.dim() <= _trailing(like)
 
@@ -232,7 +238,7 @@ def _binary(func, aten_op=None, reverse: bool = False):
                     return _pieces.zip_pieces(lambda p, q: func(p, q, **kwargs), a, b)
                 return result(func(values(a), values(b), **kwargs), a._partition, a._ragged_dims)
             if _scalar(b) or (isinstance(b, torch.Tensor) and _dense_ok(b, a)):
-                if "_pieces" in a.__dict__ and _scalar(b) and _pieces.holds_pieces(a):
+                if "_pieces" in a.__dict__ and _piecewise_operand(b) and _pieces.holds_pieces(a):
                     return _pieces.map_pieces(lambda p: func(p, b, **kwargs), a)
                 return result(func(values(a), b, **kwargs), like._partition, like._ragged_dims)
             if _rows_of_dense(b, aten_op, kwargs):
@@ -241,7 +247,7 @@ def _binary(func, aten_op=None, reverse: bool = False):
                     return result(func(values(a), vb), a._partition, a._ragged_dims)
             return NotImplemented
         if isinstance(b, MJT) and (_scalar(a) or (isinstance(a, torch.Tensor) and _dense_ok(a, b))):
-            if "_pieces" in b.__dict__ and _scalar(a) and _pieces.holds_pieces(b):
+            if "_pieces" in b.__dict__ and _piecewise_operand(a) and _pieces.holds_pieces(b):
                 return _pieces.map_pieces(lambda q: func(a, q, **kwargs), b)
             return result(func(a, values(b), **kwargs), b._partition, b._ragged_dims)
         if isinstance(b, MJT) and _rows_of_dense(a, aten_op, kwargs):
