@@ -328,3 +328,48 @@ def test_a_zero_dim_tensor_scale_keeps_the_blocks():
     out, s = attend(mj.as_nested_tensor(leaves))
     assert pieces.holds_pieces(s)
     assert_samples_and_grads(out, [attend(c[None])[0][0] for c in leaves], leaves + [scale])
+
+
+def _sample_scores(c):
+    q, k, _ = _qkv(c[None])
+    return (q @ k.transpose(-1, -2))[0]
+
+
+def test_held_scores_through_the_autograd_api_saving_and_compile():
+    """``retain_grad``, a hook, ``torch.save``, ``deepcopy``, a compiled consumer, a transposed
+    product and a product of two held operands see the per-sample scores."""
+    import copy
+    import io
+
+    leaves = _leaves((5, 0, 3))
+    x = mj.as_nested_tensor(leaves)
+    q, k, v = _qkv(x)
+    s = q @ k.transpose(-1, -2)
+    s.retain_grad()
+    seen = []
+    s.register_hook(seen.append)
+    out = torch.softmax(s, -1) @ v
+    (out * out).sum().backward()
+    for i, c in enumerate(leaves):
+        si = _sample_scores(c.detach()).requires_grad_()
+        oi = torch.softmax(si, -1) @ _qkv(c.detach()[None])[2][0]
+        want = torch.autograd.grad((oi * oi).sum(), [si])[0]
+        torch.testing.assert_close(s.grad.unbind()[i], want)
+        torch.testing.assert_close(seen[0].unbind()[i], want)
+    buf = io.BytesIO()
+    torch.save((q @ k.transpose(-1, -2)).detach(), buf)
+    buf.seek(0)
+    copies = [torch.load(buf, weights_only=False), copy.deepcopy((q @ k.transpose(-1, -2)).detach())]
+    compiled = torch.compile(lambda t: torch.softmax(t, -1) * 2, backend="aot_eager", fullgraph=True)
+    got = compiled(q @ k.transpose(-1, -2))
+    a = torch.softmax(q @ k.transpose(-1, -2), -1)
+    assert pieces.holds_pieces(a)
+    transposed, squared = a.transpose(-1, -2) @ v, a @ a
+    for i, c in enumerate(leaves):
+        ref = _sample_scores(c).detach()
+        ai = torch.softmax(ref, -1)
+        for t in copies:
+            torch.testing.assert_close(t.unbind()[i], ref)
+        torch.testing.assert_close(got.unbind()[i], ai * 2)
+        torch.testing.assert_close(transposed.unbind()[i], ai.mT @ _qkv(c.detach()[None])[2][0])
+        torch.testing.assert_close(squared.unbind()[i], ai @ ai)
