@@ -7,11 +7,15 @@ never taken on these paths (a spy), and the cost rule keeps it for tiny samples.
 
 from __future__ import annotations
 
+import contextlib
+
 import pytest
 import torch
 
 import torch_multijagged as mj
 from torch_multijagged.ops.contractions import einsum as ein, matmul as mm, sample_einsum as se
+
+from _reference import general_path
 
 H, D, S = 2, 3, 2
 
@@ -158,12 +162,15 @@ def test_empty_batch_and_no_leakage(per_sample_only):
 
 @pytest.mark.parametrize("case", ["scores bihd,bjhd->bhij", "attention out bhij,bjhd->bihd", "scores out last bihd,bjhd->bijh",
                                   "contract rows bjhc,bjhd->bhcd"])
-def test_heads_between_rows_take_the_per_sample_matmul(monkeypatch, case):
-    """``einsum`` forms that are a per-sample matmul of permuted operands run as one (``matmul_form``)."""
-    from torch_multijagged.ops import bridged
+@pytest.mark.parametrize("general", [False, True])
+def test_heads_between_rows_take_the_per_sample_matmul(monkeypatch, case, general):
+    """``einsum`` forms that are a per-sample matmul of permuted operands run as one (``matmul_form``),
+    on the eager values path and on the general path alike."""
+    from torch_multijagged.kernels import ragged_mm as kmm
 
     called = []
-    ragged_matmul = bridged.ragged_matmul
-    monkeypatch.setattr(bridged, "ragged_matmul", lambda *a: called.append(1) or ragged_matmul(*a))
-    _check(case, (5, 0, 3), torch.float64)
+    ragged_matmul = kmm.ragged_matmul
+    monkeypatch.setattr(kmm, "ragged_matmul", lambda *a: called.append(1) or ragged_matmul(*a))
+    with general_path() if general else contextlib.nullcontext():
+        _check(case, (5, 0, 3), torch.float64)
     assert called

@@ -738,7 +738,15 @@ def _einsum(equation, *operands):
     product = _pm.pair_product(list(terms), list(operands), out, mm=_pair_mm)
     if product is not None:
         return product
-    return _ragged_product(_rmm.product_spec(operands[0], terms[0], operands[1], terms[1], out))
+    plan = _rmm.product_spec(operands[0], terms[0], operands[1], terms[1], out)
+    form = None if plan is not None else _rmm.matmul_form(terms[0], terms[1], out)
+    if form is None:
+        return _ragged_product(plan)
+    # the same product in another subscript order (``bihd,bjhd->bhij``): permuted operands (views),
+    # the product permuted into ``out``'s order, as the route's ``_permuted_product``
+    pa, pb, (ta, tb, out2), po = form
+    res = _ragged_product(_rmm.product_spec(operands[0].permute(pa), ta, operands[1].permute(pb), tb, out2))
+    return res if res is NotImplemented or po == sorted(po) else res.permute(po)
 
 
 def _ragged_product(plan):
