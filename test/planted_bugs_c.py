@@ -796,4 +796,13 @@ BUGS_C = [
     Bug("the values path's einsum of permuted operands leaves the product in matmul's order", "ops/fastpath.py",
         "    return res if res is NotImplemented or po == sorted(po) else res.permute(po)", "    return res",
         ("test_sample_einsum.py",)),
+    Bug("integer scores are held", "ops/contractions/sample_mm.py",
+        "    makes = _image_shaped(spec, ragged_dims) and (dtype.is_floating_point or dtype.is_complex)",
+        "    makes = _image_shaped(spec, ragged_dims)", ("test_attention_scores_held.py",)),
+    Bug("a full mean of held pieces divides by the sample count", "pieces.py",
+        "    return total if kind == \"sum\" else total / sum(p.numel() for p in parts)",
+        "    return total if kind == \"sum\" else total / len(parts)", ("test_attention_scores_held.py",)),
+    Bug("a full reduction of held pieces packs them", "ops/fastpath.py",
+        "            return _pieces.reduce_all(kind, input, dtype)  # each sample's own, as the loop (no packing)",
+        "            pass", ("test_attention_scores_held.py",)),
 ]

@@ -373,3 +373,37 @@ def test_held_scores_through_the_autograd_api_saving_and_compile():
         torch.testing.assert_close(got.unbind()[i], ai * 2)
         torch.testing.assert_close(transposed.unbind()[i], ai.mT @ _qkv(c.detach()[None])[2][0])
         torch.testing.assert_close(squared.unbind()[i], ai @ ai)
+
+
+def test_integer_scores_stay_packed():
+    """Integer products are never held (pieces are floating images); values as dense."""
+    g = torch.Generator().manual_seed(8)
+    comps = [torch.randint(-3, 4, (H, n, D), generator=g) for n in (4, 0, 3)]
+    q = mj.nested_tensor(comps, ragged_dims=(2,))
+    s = q @ q.transpose(-1, -2)
+    assert s.dtype == torch.int64 and not pieces.holds_pieces(s)
+    for a, c in zip(s.unbind(), comps):
+        assert torch.equal(a, c @ c.mT)
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean"])
+def test_full_reductions_of_held_blocks(kind):
+    """``s.sum()`` / ``s.mean()`` of held scores: each sample's own reduction, added, without
+    packing (values and gradients as dense); a batch of empty samples gives 0 / NaN."""
+    leaves = _leaves((5, 0, 3))
+    x = mj.as_nested_tensor(leaves)
+    q, k, _ = _qkv(x)
+    s = q @ k.transpose(-1, -2)
+    got = getattr(s, kind)()
+    assert pieces.holds_pieces(s)
+    ref = torch.cat([_sample_scores(c).reshape(-1) for c in leaves])
+    ref = getattr(ref, kind)()
+    torch.testing.assert_close(got, ref)
+    ga = torch.autograd.grad(got, leaves)
+    gb = torch.autograd.grad(ref, leaves)
+    for a, b in zip(ga, gb):
+        torch.testing.assert_close(a, b)
+    e = pieces.map_pieces(lambda p: p, mj.nested_tensor([torch.zeros(2, 0, 3, dtype=F64), torch.zeros(2, 4, 0, dtype=F64)]))
+    assert pieces.holds_pieces(e)
+    want = torch.zeros((), dtype=F64) if kind == "sum" else torch.full((), float("nan"), dtype=F64)
+    torch.testing.assert_close(getattr(e, kind)(), want, equal_nan=True)

@@ -63,7 +63,7 @@ from .wrappers import _built, _new_wrapper
 from .writes import _eager
 
 __all__ = ["wrapper_version", "wrapper_requires_grad", "holds_pieces", "split", "pack", "from_pieces", "map_pieces",
-           "zip_pieces", "rewrite", "rewrite_with", "reduce_images", "image_sizes", "in_size_order"]
+           "zip_pieces", "rewrite", "rewrite_with", "reduce_images", "reduce_all", "image_sizes", "in_size_order"]
 
 MJT = MultiJaggedTensor
 _DisableTF = torch._C.DisableTorchFunctionSubclass
@@ -430,6 +430,17 @@ def reduce_images(kind: str, x: MJT, keepdim: bool, dtype: Optional[torch.dtype]
             rows.append(_image_mean(p, dtype) if kind == "mean" else fn(p, (2, 3), keepdim=True, dtype=dtype))
     out = torch.cat(rows) if rows else torch.empty((0, c, 1, 1), dtype=out_dtype, device=x.device)
     return out if keepdim else out.flatten(1)
+
+
+def reduce_all(kind: str, x: MJT, dtype: Optional[torch.dtype]) -> Tensor:
+    """``x.sum()`` / ``x.mean()`` over every element: the images' own sums, added (0 / NaN without
+    a pixel, as dense). Each piece's gradient is then its own expanded scalar, as the loop's."""
+    parts = [p for p in split(x) if p is not None]
+    if not parts:
+        out_dtype = dtype if dtype is not None else x.dtype
+        return torch.full((), float("nan") if kind == "mean" else 0.0, dtype=out_dtype, device=x.device)
+    total = torch.stack([p.sum(dtype=dtype) for p in parts]).sum()
+    return total if kind == "sum" else total / sum(p.numel() for p in parts)
 
 
 def _image_mean(p: Tensor, dtype: Optional[torch.dtype]) -> Tensor:

@@ -662,6 +662,9 @@ def _reduction(kind: str, aten_op):
                 and input.dtype.is_floating_point and not extreme and _pieces.holds_pieces(input)):
             # global pooling of images held one by one: each image's own reduction, as the loop
             return _pieces.reduce_images(kind, input, keepdim, dtype)
+        if (dim is None and not keepdim and not extreme and "_pieces" in input.__dict__
+                and input.dtype.is_floating_point and _pieces.holds_pieces(input)):
+            return _pieces.reduce_all(kind, input, dtype)  # each sample's own, as the loop (no packing)
         v = values(input)
         if not (v.is_floating_point() or (v.is_complex() and not extreme)):
             return NotImplemented  # integer promotion rules live in the general path

@@ -79,7 +79,7 @@ def sample_product(x: MJT, y: MJT, spec, extents, ragged_dims: tuple[int, ...], 
     sx, sy, so, tx, ty, dims_t, lead = spec
     if not extents or len(lead) != 1 or device.type != "cpu":
         return None
-    makes = _image_shaped(spec, ragged_dims)
+    makes = _image_shaped(spec, ragged_dims) and (dtype.is_floating_point or dtype.is_complex)
     reads = _pieces.holds_pieces(x) or _pieces.holds_pieces(y)
     if not (makes or reads):
         return None
