@@ -17,10 +17,12 @@ on its sample's own contiguous block, cost the loop's time (0.92–1.06×).
 So where the product's plan runs every sample alone (``_plan``: no group of short samples, none
 empty), the scores are *held per sample*, as images are (NOTE [ Per-image pieces ] in
 ``pieces.py``): each sample's product is one dense ``bmm`` into its own ``(1, H, n, m)`` piece.
-What images' pieces do then applies to them unchanged: elementwise ops with a scalar (``· s``),
-``dropout``, ``softmax`` along any non-batch dim run piece by piece; a product whose operand holds
-pieces (``attn @ v``) reads them as they are, sample by sample; anything else reads the values,
-packed once on first read (row-major ``(T, H)``). The autograd graph is the loop's own dense graph:
+What images' pieces do then applies to them unchanged: elementwise ops with a scalar or a 0-dim
+tensor (``· s``) or with a tensor of their structure (``+ bias``, read as views of its rows),
+``dropout``, ``softmax`` along any non-batch dim, a ``masked_fill`` by a mask of their structure,
+a full ``sum()`` / ``mean()`` run piece by piece; a product whose operand holds pieces (``attn @
+v``, and ``einsum`` forms of it) reads them as they are, sample by sample; anything else reads
+the values, packed once on first read (row-major ``(T, H)``). The autograd graph is the loop's own dense graph:
 per-sample ``bmm``, ``softmax`` and ``mul`` nodes, with the operands' values split once (one node;
 its backward concatenates the per-sample gradients).
 
