@@ -805,4 +805,8 @@ BUGS_C = [
     Bug("a full reduction of held pieces packs them", "ops/fastpath.py",
         "            return _pieces.reduce_all(kind, input, dtype)  # each sample's own, as the loop (no packing)",
         "            pass", ("test_attention_scores_held.py",)),
+    Bug("a head mean of held pieces reduces over rows", "ops/fastpath.py",
+        "    rows = [fn(p[0], 0, dtype=dtype).reshape(-1) for p in _pieces.split(x) if p is not None]",
+        "    rows = [fn(p[0], 1, dtype=dtype).reshape(-1) for p in _pieces.split(x) if p is not None]",
+        ("test_attention_scores_held.py",)),
 ]

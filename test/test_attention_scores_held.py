@@ -407,3 +407,33 @@ def test_full_reductions_of_held_blocks(kind):
     assert pieces.holds_pieces(e)
     want = torch.zeros((), dtype=F64) if kind == "sum" else torch.full((), float("nan"), dtype=F64)
     torch.testing.assert_close(getattr(e, kind)(), want, equal_nan=True)
+
+
+@pytest.mark.parametrize("kind", ["sum", "mean"])
+@pytest.mark.parametrize("keepdim", [False, True])
+def test_head_reductions_of_held_blocks(kind, keepdim):
+    """Attention weights averaged over heads (``s.mean(1)``, as ``nn.MultiheadAttention`` returns
+    them): each sample's own, the scores not packed; values and gradients."""
+    leaves = _leaves((5, 0, 3))
+    x = mj.as_nested_tensor(leaves)
+    q, k, _ = _qkv(x)
+    s = q @ k.transpose(-1, -2)
+    out = getattr(s, kind)(1, keepdim=keepdim)
+    assert pieces.holds_pieces(s) and out.shape[0] == 3 and len(out.shape) == (4 if keepdim else 3)
+    refs = [getattr(_sample_scores(c), kind)(0, keepdim=keepdim) for c in leaves]
+    assert_samples_and_grads(out, refs, leaves)
+
+
+@pytest.mark.parametrize("average", [True, False])
+def test_multihead_attention_with_weights(average):
+    """``nn.MultiheadAttention(need_weights=True)``: output and weights as the module per sample,
+    gradients of the input and every parameter."""
+    torch.manual_seed(9)
+    mha = torch.nn.MultiheadAttention(H * D, H, batch_first=True, dtype=F64)
+    leaves = _leaves((5, 0, 3), width=H * D)
+    x = mj.as_nested_tensor(leaves)
+    out, w = mha(x, x, x, average_attn_weights=average)
+    refs = [mha(c[None], c[None], c[None], average_attn_weights=average) for c in leaves]
+    for a, b in zip(w.unbind(), refs):
+        torch.testing.assert_close(a, b[1][0])
+    assert_samples_and_grads(out, [r[0][0] for r in refs], leaves + list(mha.parameters()))

@@ -665,6 +665,9 @@ def _reduction(kind: str, aten_op):
         if (dim is None and not keepdim and not extreme and "_pieces" in input.__dict__
                 and input.dtype.is_floating_point and _pieces.holds_pieces(input)):
             return _pieces.reduce_all(kind, input, dtype)  # each sample's own, as the loop (no packing)
+        if ("_pieces" in input.__dict__ and dim in (1, -3, (1,), (-3,), [1], [-3]) and len(input._size) == 4
+                and not extreme and input.dtype.is_floating_point and _pieces.holds_pieces(input)):
+            return _channel_reduction(kind, input, keepdim, dtype)
         v = values(input)
         if not (v.is_floating_point() or (v.is_complex() and not extreme)):
             return NotImplemented  # integer promotion rules live in the general path
@@ -679,6 +682,18 @@ def _reduction(kind: str, aten_op):
         return _finish(_red._reduce(aten_op, input, dims, keepdim, kind, dtype, values=v, plan=plan))
 
     return impl
+
+
+def _channel_reduction(kind: str, x: MJT, keepdim: bool, dtype) -> MJT:
+    """``x.sum(1)`` / ``x.mean(1)`` of images held as pieces (attention weights averaged over
+    heads): each image's own, without packing ``x``; kept as pieces with ``keepdim``."""
+    fn = torch.sum if kind == "sum" else torch.mean
+    if keepdim:
+        return _pieces.map_pieces(lambda p: fn(p, 1, keepdim=True, dtype=dtype), x, channels=1)
+    rows = [fn(p[0], 0, dtype=dtype).reshape(-1) for p in _pieces.split(x) if p is not None]
+    out_dtype = rows[0].dtype if rows else (dtype or x.dtype)
+    v = torch.cat(rows) if rows else torch.empty(0, dtype=out_dtype, device=x.device)
+    return result(v, x._partition, (1, 2))
 
 
 FAST[torch.sum] = FAST[torch.Tensor.sum] = _reduction("sum", aten.sum.dim_IntList)
