@@ -220,7 +220,7 @@ def test_softmax_of_image_pieces_along_every_dim():
         for fn in (torch.softmax, torch.log_softmax):
             y = F.conv2d(x, weight, padding=1)
             if not pieces.holds_pieces(y):
-                y = pieces.map_pieces(lambda p: p, y)  # small images: held as pieces all the same
+                y = pieces.map_pieces(lambda p: p * 1, y)  # small images: held as pieces all the same
             assert pieces.holds_pieces(y)
             out = fn(y, dim)
             assert pieces.holds_pieces(out)
@@ -403,7 +403,7 @@ def test_full_reductions_of_held_blocks(kind):
     gb = torch.autograd.grad(ref, leaves)
     for a, b in zip(ga, gb):
         torch.testing.assert_close(a, b)
-    e = pieces.map_pieces(lambda p: p, mj.nested_tensor([torch.zeros(2, 0, 3, dtype=F64), torch.zeros(2, 4, 0, dtype=F64)]))
+    e = pieces.map_pieces(lambda p: p * 1, mj.nested_tensor([torch.zeros(2, 0, 3, dtype=F64), torch.zeros(2, 4, 0, dtype=F64)]))
     assert pieces.holds_pieces(e)
     want = torch.zeros((), dtype=F64) if kind == "sum" else torch.full((), float("nan"), dtype=F64)
     torch.testing.assert_close(getattr(e, kind)(), want, equal_nan=True)
@@ -437,3 +437,63 @@ def test_multihead_attention_with_weights(average):
     for a, b in zip(w.unbind(), refs):
         torch.testing.assert_close(a, b[1][0])
     assert_samples_and_grads(out, [r[0][0] for r in refs], leaves + list(mha.parameters()))
+
+
+def test_held_scores_pack_lead_major_and_alias_as_dense():
+    """Held scores read as values are lead-major, as the packed path makes them, so they are
+    contiguous as torch.jagged reports it and ``.contiguous()`` is the tensor itself; ``dropout``
+    in eval (and with p = 0) returns its input: writes through the result reach the scores."""
+    leaves = [t.detach() for t in _leaves((5, 0, 3))]
+    x = mj.as_nested_tensor(leaves)
+    q, k, _ = _qkv(x)
+    ops = {"contiguous": lambda t: t.contiguous(), "dropout eval": lambda t: F.dropout(t, 0.3, training=False),
+           "dropout p=0": lambda t: F.dropout(t, 0.0, training=True), "none": lambda t: t}
+    for name, op in ops.items():
+        s = q @ k.transpose(-1, -2)
+        assert pieces.holds_pieces(s)
+        op(s).mul_(2)
+        rows = s._values.shape[0]
+        assert s._values.stride() == (1, rows), name
+        for got, c in zip(s.unbind(), leaves):
+            torch.testing.assert_close(got, _sample_scores(c) * 2, msg=name)
+    s = q @ k.transpose(-1, -2)
+    assert s.is_contiguous() and torch.ones_like(s)._values.stride() == s._values.stride()
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_full_reductions_of_reduced_precision_blocks_accumulate_in_float(dtype):
+    """``mean()`` / ``sum()`` of half scores whose per-sample sums exceed half's range: float
+    accumulation, as dense (the per-sample sums in half overflowed to inf)."""
+    x = mj.nested_tensor([torch.full((n, 3 * H * D), 1.0, dtype=dtype) for n in (40, 30)])
+    q, k, _ = _qkv(x * 4)
+    s = q @ k.transpose(-1, -2)  # every score 64, about 8,000 of them per sample
+    assert pieces.holds_pieces(s)
+    want = torch.cat([t.reshape(-1) for t in s.unbind()])
+    for kind in ("mean", "sum"):
+        s = q @ k.transpose(-1, -2)
+        got = getattr(s, kind)()
+        assert got.dtype == dtype
+        torch.testing.assert_close(got, getattr(want, kind)())
+
+
+def test_in_place_write_under_inference_mode_keeps_the_history():
+    """``s.mul_(c)`` inside ``inference_mode`` on held scores that require grad: the values change
+    and the history is the product's, as dense (new inference-tensor pieces had cut the gradient
+    of q and k); a read there (a logged max) packs them as a normal tensor, which later ops use."""
+    leaves = _leaves((5, 0, 3))
+
+    def attend(x, log=None):
+        q, k, v = _qkv(x)
+        s = q @ k.transpose(-1, -2)
+        with torch.inference_mode():
+            s.mul_(0.5)
+            if log is not None:
+                log.append(s.amax(-1))
+        return torch.softmax(s, -1) @ v
+
+    out = attend(mj.as_nested_tensor(leaves))
+    refs = [attend(c[None])[0] for c in leaves]
+    assert_samples_and_grads(out, refs, leaves)
+    logged: list = []
+    out = attend(mj.as_nested_tensor(leaves), logged)
+    assert_samples_and_grads(out, [attend(c[None])[0] for c in leaves], leaves)

@@ -63,7 +63,8 @@ from .wrappers import _built, _new_wrapper
 from .writes import _eager
 
 __all__ = ["wrapper_version", "wrapper_requires_grad", "holds_pieces", "split", "pack", "from_pieces", "map_pieces",
-           "zip_pieces", "rewrite", "rewrite_with", "reduce_images", "reduce_all", "image_sizes", "in_size_order"]
+           "zip_pieces", "rewrite", "rewrite_with", "reduce_images", "reduce_all", "lead_major", "rewritable_here",
+           "image_sizes", "in_size_order"]
 
 MJT = MultiJaggedTensor
 _DisableTF = torch._C.DisableTorchFunctionSubclass
@@ -94,6 +95,23 @@ def image_sizes(partition: Partition) -> list[tuple[int, int]]:
 
 def _image_sizes(partition: Partition) -> list[tuple[int, int]]:
     return [tuple(hw) for hw in partition.host_sizes().tolist()]  # SYNC: none — host lengths
+
+
+def rewritable_here(x: MJT) -> bool:
+    """Whether an in-place op may give ``x`` new pieces: not under ``inference_mode`` unless ``x``
+    is an inference tensor (new pieces made there would be inference tensors, through which no
+    gradient reaches ``x``'s history; dense's write there changes the values and records nothing,
+    which the general path's write into the packed values does)."""
+    if not torch.is_inference_mode_enabled():
+        return True
+    with _DisableTF():
+        return x.is_inference()
+
+
+def lead_major(x: MJT) -> bool:
+    """Whether the wrapper of images ``x`` reports lead-major values (a ``(C, P)`` buffer: attention
+    scores held per sample), which its pieces are packed into."""
+    return x._strides[1] != 1
 
 
 def holds_pieces(x) -> bool:
@@ -290,15 +308,16 @@ def split(x: MJT) -> list[Optional[Tensor]]:
 
 
 def _wrapper(partition: Partition, ragged_dims: tuple[int, ...], channels: int, dtype: torch.dtype,
-             device: torch.device) -> MJT:
+             device: torch.device, lead_major: bool = False) -> MJT:
     """A wrapper of pixel rows ``(P, channels)`` built as ``MultiJaggedTensor.__new__`` builds one,
     but without values: the caller stores its pieces, which the first read of ``_values`` packs."""
     def geometry():
-        standin = torch.empty((partition.rows, channels), device="meta")
+        standin = (torch.empty((channels, partition.rows), device="meta").T if lead_major
+                   else torch.empty((partition.rows, channels), device="meta"))
         return partition.logical_size_stride(standin, ragged_dims)
 
     if _eager():  # NOTE [ Building a wrapper ] in wrappers.py
-        key = ("pieces_wrapper", ragged_dims, channels, dtype, device, torch.is_inference_mode_enabled())
+        key = ("pieces_wrapper", ragged_dims, channels, dtype, device, torch.is_inference_mode_enabled(), lead_major)
         r, size, stride = _built(MJT, partition, key, geometry, dtype, device, False)
     else:
         size, stride, stored = geometry()
@@ -309,10 +328,10 @@ def _wrapper(partition: Partition, ragged_dims: tuple[int, ...], channels: int, 
 
 
 def from_pieces(pieces: list[Optional[Tensor]], partition: Partition, ragged_dims: tuple[int, ...], channels: int,
-                dtype: torch.dtype, device: torch.device) -> MJT:
+                dtype: torch.dtype, device: torch.device, lead_major: bool = False) -> MJT:
     """The wrapper of per-image pieces ``(1, C, hᵢ, wᵢ)`` (``None`` for an image without pixels)
     with ``partition``; differentiable with respect to every piece."""
-    y = _wrapper(partition, ragged_dims, channels, dtype, device)
+    y = _wrapper(partition, ragged_dims, channels, dtype, device, lead_major)
     live = [p for p in pieces if p is not None]
     y.__dict__["_pieces"] = (pieces, None)
     own = False
@@ -351,10 +370,12 @@ def map_pieces(fn: Callable[[Tensor], Tensor], x: MJT, channels: Optional[int] =
     """``fn`` on each image of ``x`` (pieces in, pieces out; the structure kept)."""
     ps = split(x)
     out = in_size_order(lambda i: None if ps[i] is None else fn(ps[i]), ps, largest_last=False)
+    if any(p is not None for p in ps) and all(o is p for o, p in zip(out, ps)):
+        return x  # ``fn`` returned every image itself (``dropout`` in eval): so does the op, as dense
     live = [p for p in out if p is not None]
     c = live[0].shape[1] if live else (channels if channels is not None else x.shape[1])
     dtype = live[0].dtype if live else x.dtype
-    return from_pieces(out, x._partition, x._ragged_dims, c, dtype, x.device)
+    return from_pieces(out, x._partition, x._ragged_dims, c, dtype, x.device, lead_major(x))
 
 
 def zip_pieces(fn: Callable[[Tensor, Tensor], Tensor], a: MJT, b: MJT) -> MJT:
@@ -363,7 +384,9 @@ def zip_pieces(fn: Callable[[Tensor, Tensor], Tensor], a: MJT, b: MJT) -> MJT:
     out = in_size_order(lambda i: None if ps[i] is None else fn(ps[i], qs[i]), ps, largest_last=False)
     live = [p for p in out if p is not None]
     dtype = live[0].dtype if live else torch.promote_types(a.dtype, b.dtype)
-    return from_pieces(out, a._partition, a._ragged_dims, live[0].shape[1] if live else a.shape[1], dtype, a.device)
+    held = a if holds_pieces(a) else b
+    return from_pieces(out, a._partition, a._ragged_dims, live[0].shape[1] if live else a.shape[1], dtype, a.device,
+                       lead_major(held))
 
 
 class _Rewrite(torch.autograd.Function):
@@ -436,11 +459,14 @@ def reduce_all(kind: str, x: MJT, dtype: Optional[torch.dtype]) -> Tensor:
     """``x.sum()`` / ``x.mean()`` over every element: the images' own sums, added (0 / NaN without
     a pixel, as dense). Each piece's gradient is then its own expanded scalar, as the loop's."""
     parts = [p for p in split(x) if p is not None]
+    out_dtype = dtype if dtype is not None else x.dtype
     if not parts:
-        out_dtype = dtype if dtype is not None else x.dtype
         return torch.full((), float("nan") if kind == "mean" else 0.0, dtype=out_dtype, device=x.device)
-    total = torch.stack([p.sum(dtype=dtype) for p in parts]).sum()
-    return total if kind == "sum" else total / sum(p.numel() for p in parts)
+    # half and bfloat16 accumulate in float32, as dense's reduction does (per-sample sums in half
+    # overflowed where the mean does not)
+    acc = torch.float32 if out_dtype in (torch.float16, torch.bfloat16) else out_dtype
+    total = torch.stack([p.sum(dtype=acc) for p in parts]).sum()
+    return (total if kind == "sum" else total / sum(p.numel() for p in parts)).to(out_dtype)
 
 
 def _image_mean(p: Tensor, dtype: Optional[torch.dtype]) -> Tensor:

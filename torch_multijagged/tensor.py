@@ -28,6 +28,7 @@ together. ``is_nested`` stays False (docs/design.md §14; ``torch_multijagged.is
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import functools
 import hashlib
@@ -114,7 +115,14 @@ class _PackOnRead:
         rec = obj.__dict__.pop("_pieces", None)
         if rec is None:
             raise AttributeError("'MultiJaggedTensor' object has no attribute '_values'")
-        v = obj.__dict__["_values"] = pack_images(rec[0], obj._partition.rows, obj._size[1], obj.dtype, obj.device)
+        with _DisableTF():
+            dtype, device, inference = obj.dtype, obj.device, obj.is_inference()
+        # the layout the wrapper reports (channels of unit stride, or lead-major: a (C, P) buffer);
+        # values of a normal wrapper read under inference_mode must not be inference tensors
+        lead_major = obj._strides[1] != 1
+        with contextlib.nullcontext() if inference else torch.inference_mode(False):
+            v = pack_images(rec[0], obj._partition.rows, obj._size[1], dtype, device, lead_major)
+        obj.__dict__["_values"] = v
         return v
 
 

@@ -164,10 +164,13 @@ def thin_per_image_applies(channels: int, out_channels: int, out_sizes: list) ->
                                                                                                out_channels)
 
 
-def pack_images(images, rows: int, channels: int, dtype: torch.dtype, device: torch.device) -> Tensor:
+def pack_images(images, rows: int, channels: int, dtype: torch.dtype, device: torch.device,
+                lead_major: bool = False) -> Tensor:
     """Pixel rows ``(P, C)`` of images ``(1, C, hᵢ, wᵢ)`` (``None``: no pixel), image after image,
-    row-major: one copy per image, recording no graph."""
-    out = torch.empty((rows, channels), dtype=dtype, device=device)
+    row-major: one copy per image, recording no graph. ``lead_major``: in a ``(C, P)`` buffer
+    (NOTE [ Lead-major products ] in ``ragged_mm.py``; attention scores held per sample)."""
+    out = (torch.empty((channels, rows), dtype=dtype, device=device).T if lead_major
+           else torch.empty((rows, channels), dtype=dtype, device=device))
     o = 0
     with torch.no_grad():
         for p in images:

@@ -302,8 +302,10 @@ def _filled_like(fill: int):
         if not _pieces.holds_pieces(input):
             return NotImplemented
         dtype = kwargs.get("dtype") or input.dtype
-        v = torch.full((input._partition.rows, *input._size[1:2]), fill, dtype=dtype, device=input.device)
-        return MJT(v, input._partition, input._ragged_dims)
+        rows, c = input._partition.rows, input._size[1]
+        lead = _pieces.lead_major(input)  # the values the holder reports, as dense's preserve_format
+        v = torch.full((c, rows) if lead else (rows, c), fill, dtype=dtype, device=input.device)
+        return MJT(v.T if lead else v, input._partition, input._ragged_dims)
 
     return impl
 
@@ -315,7 +317,7 @@ FAST[torch.zeros_like] = _filled_like(0)
 def _rewritable(x: MJT, args) -> bool:
     """Whether an in-place elementwise op with ``args`` rewrites ``x``'s per-image pieces."""
     return ("_pieces" in x.__dict__ and x.dtype.is_floating_point and _pieces.holds_pieces(x)
-            and not any(isinstance(a, torch.Tensor) for a in args))
+            and _pieces.rewritable_here(x) and not any(isinstance(a, torch.Tensor) for a in args))
 
 
 def _unary_(func):
@@ -337,7 +339,8 @@ def _binary_(func):
     pieces ]); everything else takes the general path's in-place write."""
 
     def impl(a, b, *args, **kwargs):
-        if args or "out" in kwargs or not isinstance(a, MJT) or "_pieces" not in a.__dict__ or not _pieces.holds_pieces(a):
+        if (args or "out" in kwargs or not isinstance(a, MJT) or "_pieces" not in a.__dict__ or not _pieces.holds_pieces(a)
+                or not _pieces.rewritable_here(a)):
             return NotImplemented
         if _scalar(b) and a.dtype.is_floating_point and not isinstance(b, complex):
             return _pieces.rewrite(lambda p: func(p, b, **kwargs), a)

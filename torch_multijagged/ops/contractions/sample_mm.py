@@ -22,7 +22,9 @@ tensor (``· s``) or with a tensor of their structure (``+ bias``, read as views
 ``dropout``, ``softmax`` along any non-batch dim, a ``masked_fill`` by a mask of their structure,
 a full ``sum()`` / ``mean()`` run piece by piece; a product whose operand holds pieces (``attn @
 v``, and ``einsum`` forms of it) reads them as they are, sample by sample; anything else reads
-the values, packed once on first read (row-major ``(T, H)``). The autograd graph is the loop's own dense graph:
+the values, packed once on first read, lead-major as the packed path makes them (``(T, H)``
+values of an ``(H, T)`` buffer: what those ops expect, and contiguous as torch.jagged reports it,
+as the per-sample scores are). The autograd graph is the loop's own dense graph:
 per-sample ``bmm``, ``softmax`` and ``mul`` nodes, with the operands' values split once (one node;
 its backward concatenates the per-sample gradients).
 
@@ -103,7 +105,7 @@ def sample_product(x: MJT, y: MJT, spec, extents, ragged_dims: tuple[int, ...], 
     partition = partition_for(extents)
     if makes:
         held = [None if o is None else o.unsqueeze(0) for o in outs]
-        return _pieces.from_pieces(held, partition, ragged_dims, lead[0], dtype, device)
+        return _pieces.from_pieces(held, partition, ragged_dims, lead[0], dtype, device, lead_major=True)
     ragged, static, perm = _kmm._side(so, dims, lead)
     back = _kmm._inverse(perm)
     static_sizes = [dims[lab] for lab in static]
