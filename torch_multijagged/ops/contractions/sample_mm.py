@@ -20,9 +20,9 @@ empty), the scores are *held per sample*, as images are (NOTE [ Per-image pieces
 What images' pieces do then applies to them unchanged: elementwise ops with a scalar or a 0-dim
 tensor (``· s``) or with a tensor of their structure (``+ bias``, read as views of its rows),
 ``dropout``, ``softmax`` along any non-batch dim, a ``masked_fill`` by a mask of their structure,
-a full ``sum()`` / ``mean()`` and one over the heads run piece by piece; a product whose operand holds pieces (``attn @
-v``, and ``einsum`` forms of it) reads them as they are, sample by sample; anything else reads
-the values, packed once on first read, lead-major as the packed path makes them (``(T, H)``
+a full ``sum()`` / ``mean()`` and one over the heads run piece by piece; a product whose
+operand holds pieces (``attn @ v``, and ``einsum`` forms of it) reads them as they are, sample by
+sample; anything else reads the values, packed once on first read, lead-major as the packed path makes them (``(T, H)``
 values of an ``(H, T)`` buffer: what those ops expect, and contiguous as torch.jagged reports it,
 as the per-sample scores are). The autograd graph is the loop's own dense graph:
 per-sample ``bmm``, ``softmax`` and ``mul`` nodes, with the operands' values split once (one node;
