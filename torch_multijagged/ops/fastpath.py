@@ -760,14 +760,12 @@ def _einsum(equation, *operands):
     if product is not None:
         return product
     plan = _rmm.product_spec(operands[0], terms[0], operands[1], terms[1], out)
-    form = None if plan is not None else _rmm.matmul_form(terms[0], terms[1], out)
-    if form is None:
+    # the same product in another subscript order (``bihd,bjhd->bhij``), as the route's
+    hit = None if plan is not None else _rmm.permuted_spec(operands[0], terms[0], operands[1], terms[1], out)
+    if hit is None:
         return _ragged_product(plan)
-    # the same product in another subscript order (``bihd,bjhd->bhij``): permuted operands (views),
-    # the product permuted into ``out``'s order, as the route's ``_permuted_product``
-    pa, pb, (ta, tb, out2), po = form
-    res = _ragged_product(_rmm.product_spec(operands[0].permute(pa), ta, operands[1].permute(pb), tb, out2))
-    return res if res is NotImplemented or po == sorted(po) else res.permute(po)
+    res = _ragged_product(hit[0])
+    return res if res is NotImplemented or hit[1] is None else res.permute(hit[1])
 
 
 def _ragged_product(plan):

@@ -1,6 +1,6 @@
 """``einsum``: contractions of static dims on the packed values, diagonals of square pairs,
 (through ``pair_product``) contractions of a ragged dim of square pairs, (through
-``product_spec`` and ``matmul_form``, eagerly) two-operand products of matmul's shape in any
+``product_spec`` and ``permuted_spec``, eagerly) two-operand products of matmul's shape in any
 subscript order as per-sample matmuls, and (through ``sample_spec``, eagerly) other contractions
 as dense ``einsum`` per sample; the broadcast product otherwise."""
 
@@ -15,7 +15,7 @@ from .._common import MJT, autocast_lower, describe, same_partition
 from .._routing import route
 from ..shape.diagonal import square_extent
 from .pair_mm import pair_product
-from .ragged_mm import matmul_form, product_spec
+from .ragged_mm import permuted_spec, product_spec
 from .sample_einsum import sample_spec
 
 _LAYOUT = "layout torch.multi_jagged"
@@ -216,18 +216,13 @@ def _permuted_product(terms: list, operands: list, out: str):
     """A per-sample matmul (NOTE [ Matmul between multi_jagged tensors ]) in another subscript order:
     the operands permuted into matmul's (``matmul_form``), the product permuted into ``out``'s; None
     where the permuted operands are not one either."""
-    if torch.compiler.is_compiling() or not all(isinstance(o, MJT) for o in operands):
+    if torch.compiler.is_compiling():
         return None  # (traced: product_spec takes none; no permutes into the graph)
-    form = matmul_form(terms[0], terms[1], out)
-    if form is None:
+    hit = permuted_spec(operands[0], terms[0], operands[1], terms[1], out)
+    if hit is None:
         return None
-    pa, pb, (ta, tb, out2), po = form
-    a, b = operands[0].permute(pa), operands[1].permute(pb)
-    plan = product_spec(a, ta, b, tb, out2)
-    if plan is None:
-        return None
-    res = bridged.ragged_matmul(*plan)
-    return res if po == sorted(po) else res.permute(po)
+    res = bridged.ragged_matmul(*hit[0])
+    return res if hit[1] is None else res.permute(hit[1])
 
 
 def _general_einsum(equation: str, terms: list, operands: list, out: str):

@@ -28,7 +28,7 @@ import torch
 from ...structure import RaggedExtent, _is_traced, same_extent
 from .._common import MJT
 
-__all__ = ["product_spec", "matmul_spec", "matmul_form"]
+__all__ = ["product_spec", "matmul_spec", "matmul_form", "permuted_spec"]
 
 _functorch = torch._C._are_functorch_transforms_active
 
@@ -134,3 +134,18 @@ def matmul_form(ta: str, tb: str, out: str):
     if (ta2, tb2, out2) == (ta, tb, out):
         return None
     return ([ta.index(c) for c in ta2], [tb.index(c) for c in tb2], (ta2, tb2, out2), [out2.index(c) for c in out])
+
+
+def permuted_spec(a, ta: str, b, tb: str, out: str):
+    """``(plan, perm_out)`` where ``einsum(f"{ta},{tb}->{out}", a, b)`` is a per-sample matmul of
+    permuted operands (``matmul_form``): ``plan`` is ``product_spec`` of the permuted operands
+    (views: a permute moves no packed row), ``perm_out`` the product's permutation into ``out``'s
+    order (None: already in it); None otherwise. Eager only, as ``product_spec``."""
+    if not (isinstance(a, MJT) and isinstance(b, MJT)):
+        return None
+    form = matmul_form(ta, tb, out)
+    if form is None:
+        return None
+    pa, pb, (ta2, tb2, out2), po = form
+    plan = product_spec(a.permute(pa), ta2, b.permute(pb), tb2, out2)
+    return None if plan is None else (plan, None if po == sorted(po) else po)
