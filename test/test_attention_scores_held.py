@@ -102,8 +102,12 @@ def test_dtypes(dtype):
     refs = [((a @ b.mT) * 0.5) @ c for a, b, c in zip(*[[_qkv(t[None])[i][0] for t in leaves] for i in range(3)])]
     tol = {"atol": 2e-2, "rtol": 2e-2} if dtype == torch.bfloat16 else {}
     assert out.dtype == dtype
-    if dtype.is_complex:
+    if dtype.is_complex:  # gradients of Σ|out|², the conjugate products' own
         for a, b in zip(out.unbind(), refs):
+            torch.testing.assert_close(a, b)
+        ga = torch.autograd.grad((out.abs() ** 2).sum(), leaves)
+        gb = torch.autograd.grad(sum((r.abs() ** 2).sum() for r in refs), leaves)
+        for a, b in zip(ga, gb):
             torch.testing.assert_close(a, b)
         return
     assert_samples_and_grads(out, refs, leaves, **tol)
