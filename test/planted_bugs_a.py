@@ -343,7 +343,7 @@ BUGS_A = [
     Bug("values-path flatten span admits a ragged dim at its ends", "ops/fastpath.py",
         "any(s <= r <= e for r in input._ragged_dims)", "any(s < r < e for r in input._ragged_dims)",
         ("test_structure_copies_splits.py", "test_flatten_ragged.py")),
-    Bug("values-path pair product swaps the transpose flags", "ops/fastpath.py",
+    Bug("values-path pair product swaps the transpose flags", "ops/fastpath_products.py",
         "_pm.pair_matmul_on_values(a._partition, values(a), values(b), tx, ty)",
         "_pm.pair_matmul_on_values(a._partition, values(a), values(b), ty, tx)", ("test_pair_matmul.py",)),
     Bug("pair product skips a needed output permute", "ops/contractions/pair_mm.py",

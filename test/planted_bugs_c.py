@@ -793,7 +793,7 @@ BUGS_C = [
     Bug("a 0-dim tensor beside held pieces packs them", "ops/fastpath.py",
         "    return _scalar(t) or (isinstance(t, torch.Tensor) and t.dim() == 0)", "    return _scalar(t)",
         ("test_attention_scores_held.py",)),
-    Bug("the values path's einsum of permuted operands leaves the product in matmul's order", "ops/fastpath.py",
+    Bug("the values path's einsum of permuted operands leaves the product in matmul's order", "ops/fastpath_products.py",
         "    return res if res is NotImplemented or hit[1] is None else res.permute(hit[1])", "    return res",
         ("test_sample_einsum.py",)),
     Bug("integer scores are held", "ops/contractions/sample_mm.py",

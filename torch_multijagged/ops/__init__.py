@@ -26,6 +26,7 @@ from ._table import MULTI_JAGGED_OPS, dispatch, op_name, register_multi_jagged_f
 from ._routing import ROUTES, SIZED, unify_call
 from . import elementwise, shape, indexing, reductions, contractions, nn, attention, vision  # noqa: F401  (register)
 from . import fastpath
+from . import fastpath_products  # noqa: F401  (registers its values-path entries)
 from . import autograd_api  # noqa: F401  (registers its values-path entries)
 from .shape import views
 
