@@ -6,7 +6,7 @@ extents, batch sizes, or an op over the batch dim that the layout cannot express
 raises for the same mistakes, so code written against NJT keeps catching it).
 """
 
-__all__ = ["StructureError", "TRACED_EXTENTS", "STATIC_TRACED"]
+__all__ = ["StructureError", "TRACED_EXTENTS", "STATIC_TRACED", "op_label"]
 
 
 class StructureError(ValueError, RuntimeError):
@@ -46,3 +46,9 @@ STATIC_TRACED = (
     "torch.compile the sizes are symbols and it does not: build the tensor with that dim ragged, "
     "mj.as_nested_tensor(samples, ragged_dims=...))"
 )
+
+
+def op_label(func) -> str:
+    """The name an error message gives an op: ``mul_`` for ``torch.Tensor.mul_`` and for
+    ``aten.mul_.Tensor`` alike."""
+    return getattr(func, "__name__", str(func)).split(".")[0]

@@ -43,7 +43,7 @@ import torch.autograd.forward_ad as _fwad
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from . import _frames
-from .errors import StructureError
+from .errors import StructureError, op_label
 from .layout import multi_jagged
 from .kernels.per_image import pack_images
 from .serialization import INTERNAL_ATTRS, copy_partition, partition_from_file, user_state
@@ -747,7 +747,7 @@ _NJT = torch.nested._internal.nested_tensor.NestedTensor
 def _refuse_mixed_layouts(func) -> None:
     """An op given a ``torch.jagged`` tensor beside a multi_jagged one (code migrating between the
     layouts) says so: each layout would read the other's tensor as a dense one."""
-    name = getattr(func, "__name__", str(func)).split(".")[0]
+    name = op_label(func)
     # (not a TypeError: Python reads one from ``x + njt`` as NotImplemented and asks ``njt`` next)
     raise StructureError(f"{name}(): a torch.jagged tensor beside a multi_jagged one: the layouts do not mix; convert "
                          "it with mj.from_jagged(njt) (which keeps its nested int), or x.to_jagged() the other way")

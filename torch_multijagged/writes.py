@@ -14,6 +14,8 @@ from typing import Optional
 
 import torch
 
+from .errors import op_label
+
 __all__ = ["written_args", "check_not_written_through_alias", "refuse_split_piece_write", "refuse_untracked_view_write",
            "record_write", "stamp_write", "written_since", "chain_root"]
 
@@ -91,7 +93,7 @@ def _refuse_traced_alias_write(func, targets) -> None:
                 continue
             needs_grad, shape = x.requires_grad, tuple(x.shape)
         if needs_grad:
-            name = getattr(func, "__name__", str(func)).split(".")[0]
+            name = op_label(func)
             raise NotImplementedError(
                 f"{name}(): under torch.compile, writing in place into a multi_jagged tensor of shape "
                 f"{shape} that shares its values with a view / reshape of static dims (or is one) "
@@ -128,7 +130,7 @@ def refuse_untracked_view_write(func, targets, args=(), kwargs=None) -> None:
         with torch._C.DisableTorchFunctionSubclass():
             if root.requires_grad or not _writes_grad_value(x, args, kwargs):
                 continue
-        name = getattr(func, "__name__", str(func)).split(".")[0]
+        name = op_label(func)
         raise NotImplementedError(
             f"{name}(): writing a value that requires grad in place into a view of a multi_jagged batch that does "
             "not is not supported (the batch would not record the write's gradient): write into the batch itself "
@@ -148,7 +150,7 @@ def refuse_split_piece_write(func, targets, args=(), kwargs=None) -> None:
         made = x.__dict__.get("_split_piece")
         if not made:
             continue
-        name = getattr(func, "__name__", str(func)).split(".")[0]
+        name = op_label(func)
         if made == "no_grad":
             raise RuntimeError(f"{name}(): {NO_GRAD_VIEW_WRITE}")
         with torch._C.DisableTorchFunctionSubclass():

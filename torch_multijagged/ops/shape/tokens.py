@@ -48,7 +48,7 @@ from torch.fx.experimental.symbolic_shapes import is_nested_int
 
 from ...bridge import relabel, values_of, wrap_values
 from ...constructors import as_nested_tensor, from_packed
-from ...errors import StructureError
+from ...errors import StructureError, op_label
 from ...structure import Partition
 from ...writes import NO_GRAD_VIEW_WRITE
 from .._common import MJT, describe, eager_route, sample_rows
@@ -194,7 +194,7 @@ def _torch_function(func, types, args, kwargs):
         except RuntimeError as e:
             if "was created inside a custom Function" not in str(e):
                 raise
-            name = getattr(func, "__name__", str(func)).split(".")[0]
+            name = op_label(func)
             raise RuntimeError(
                 f"{name}(): cannot write in place into the batch flattened into rows (x.view(-1, C), x.flatten(0, 1)) "
                 "while gradients are recorded: the rows are a view of the batch's values that autograd cannot "

@@ -9,7 +9,7 @@ from typing import Optional
 import torch
 from torch.fx.experimental.symbolic_shapes import is_nested_int
 
-from ...errors import StructureError
+from ...errors import StructureError, op_label
 from ...kernels import reference as ref
 from .. import bridged
 from .._table import register_multi_jagged_func
@@ -287,7 +287,7 @@ def _check_slices_fresh(func, args) -> None:
             if seen is not None and _written(seen[1], seen[3]):
                 if getattr(func, "__name__", "") in _METADATA_READS:
                     return
-                name = getattr(func, "__name__", str(func)).split(".")[0]
+                name = op_label(func)
                 raise NotImplementedError(
                     f"{name}(): this tensor comes from {hit[1]} of {describe(seen[1])} taken before that tensor was "
                     "written in place: it is a copy for layout torch.multi_jagged, so it does not show the write "
@@ -419,7 +419,7 @@ def guard_dense_write(func, args, kwargs) -> None:
     for t in targets:
         hit = _REORDER_COPIES.get(_storage_ptr(t)) if isinstance(t, torch.Tensor) else None
         if hit is not None and hit[0]() is not None:
-            name = getattr(func, "__name__", str(func)).split(".")[0]
+            name = op_label(func)
             raise NotImplementedError(
                 f"{name}(): cannot write in place to this tensor: it comes from {hit[1]}, which is a copy for layout "
                 "torch.multi_jagged (not a view of the original), so the write would not reach the original; "
