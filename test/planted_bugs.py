@@ -1,7 +1,7 @@
 """Measure what the suite catches: plant plausible one-line bugs, one at a time, and run tests.
 
 Not a test module (pytest collects ``test_*.py`` only). Each entry of the table (``planted_bugs_a.py``,
-``planted_bugs_b.py``, ``planted_bugs_c.py``; a new one goes at the end of the last) is a one-line change a
+``planted_bugs_b.py``, ``planted_bugs_c.py``, ``planted_bugs_d.py``; a new one goes at the end of the last) is a one-line change a
 reviewer could plausibly miss — an off-by-one, a dropped cast, a wrong tie rule, a swapped
 order — in a handler, an index map or a backward formula. For each, the package and its tests are
 copied to a scratch directory, the line is changed there, and pytest runs on the copy
@@ -27,16 +27,17 @@ import sys
 import tempfile
 import time
 
-# the table (its three parts) and its entry type, beside this file
+# the table (its four parts) and its entry type, beside this file
 from planted_bug_types import Bug
 from planted_bugs_a import BUGS_A
 from planted_bugs_b import BUGS_B
 from planted_bugs_c import BUGS_C
+from planted_bugs_d import BUGS_D
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 PKG = ROOT / "torch_multijagged"
 
-BUGS: list[Bug] = BUGS_A + BUGS_B + BUGS_C
+BUGS: list[Bug] = BUGS_A + BUGS_B + BUGS_C + BUGS_D
 
 
 def _tree(dest: pathlib.Path, rev: str | None) -> None:
